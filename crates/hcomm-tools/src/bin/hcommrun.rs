@@ -1,0 +1,477 @@
+//! `hcommrun`: starts the ranks of an hcomm job on this host.
+//!
+//! One rendezvous store runs inside hcommrun; every rank gets its place in the job, the
+//! store's address and the job secret through the environment. Output is prefixed with the
+//! rank; the first rank to fail brings the whole job down, and so does a signal to hcommrun.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{self, BufReader, IsTerminal};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use clap::Parser;
+use hcomm_tools::{copy_prefixed_lines, generate_job_secret, signal_name, write_line_locked};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
+/// Most ranks one hcommrun starts.
+const MAX_RANKS: u32 = 1024;
+/// How long stopped ranks get to exit after SIGTERM (or a forwarded signal) before SIGKILL.
+const GRACE: Duration = Duration::from_secs(2);
+/// How long to wait for ranks to go after SIGKILL; only a process stuck in the kernel takes
+/// longer, and hcommrun must not hang on it.
+const KILL_WAIT: Duration = Duration::from_secs(3);
+/// How long a rank's output may still drain after the rank exited: output is complete once
+/// the pipes close, but a leftover background process of the rank may hold them open.
+const DRAIN_WAIT: Duration = Duration::from_millis(500);
+/// Stack size of the helper threads (three per rank): they only copy lines and wait.
+const THREAD_STACK: usize = 128 * 1024;
+/// Exit status for usage errors and jobs that could not be started.
+const EXIT_USAGE: i32 = 2;
+/// Exit status when `--timeout` ran out, as timeout(1) does.
+const EXIT_TIMEOUT: i32 = 124;
+
+/// Start N local ranks of an hcomm program.
+///
+/// Every rank runs PROG ARGS... with these variables added to hcommrun's environment:
+///
+///   HCOMM_RANK         the rank, 0..N-1
+///   HCOMM_SIZE         N
+///   HCOMM_LOCAL_RANK   the rank on this host (= HCOMM_RANK)
+///   HCOMM_LOCAL_SIZE   ranks on this host (= N)
+///   HCOMM_ROOT_ADDR    host:port of the job's rendezvous store
+///   HCOMM_JOB_SECRET   the job's shared secret
+///
+/// hcommrun runs the rendezvous store itself on 127.0.0.1 with a free port, unless
+/// HCOMM_ROOT_ADDR is already set: then that address is passed on and rank 0 of the job
+/// binds the store there. HCOMM_JOB_SECRET is passed on when set; otherwise hcommrun makes a
+/// fresh one (32 random bytes, hex) for every job.
+///
+/// Each line a rank writes is printed with the rank in front ("[3] text"), stdout to stdout
+/// and stderr to stderr. Standard input goes to rank 0 when it is not a terminal.
+///
+/// When a rank fails (non-zero exit or killed by a signal), the other ranks get SIGTERM and,
+/// two seconds later, SIGKILL; hcommrun then exits with the failed rank's status (128+N for
+/// signal N). SIGINT, SIGTERM and SIGHUP to hcommrun are passed on to every rank and stop the
+/// job the same way. Each rank runs in its own process group, so its children get the
+/// signals too, and a rank is killed if hcommrun dies.
+///
+/// Exit status: 0 when every rank exited 0; the failed rank's status; 128+N after signal N;
+/// 124 when --timeout ran out; 2 for bad arguments or a program that cannot be started.
+#[derive(Debug, Parser)]
+#[command(
+    name = "hcommrun",
+    version,
+    verbatim_doc_comment,
+    override_usage = "hcommrun -n N [--timeout SECS] [--] PROG [ARGS]..."
+)]
+struct Args {
+    /// Number of ranks to start (1..=1024).
+    #[arg(short = 'n', long = "np", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_RANKS)))]
+    ranks: u32,
+
+    /// Stop the whole job after SECS seconds of wall time (exit status 124).
+    #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
+    timeout: Option<Duration>,
+
+    /// The program each rank runs, and its arguments.
+    #[arg(value_name = "PROG", required = true, trailing_var_arg = true,
+          allow_hyphen_values = true, num_args = 1..)]
+    command: Vec<OsString>,
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    // Also rejects NaN, which compares false to everything.
+    if !(secs.is_finite() && secs > 0.0 && secs <= 1e9) {
+        return Err(format!(
+            "{s:?} must be a number of seconds above 0 (at most 1e9)"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// What the main loop waits for.
+enum Event {
+    /// A rank's process ended (its output has drained or [`DRAIN_WAIT`] passed).
+    Exited {
+        rank: u32,
+        status: io::Result<ExitStatus>,
+    },
+    /// hcommrun got a signal to stop.
+    Signal(i32),
+}
+
+fn main() {
+    let args = Args::parse();
+    let code = match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hcommrun: error: {e:#}");
+            EXIT_USAGE
+        }
+    };
+    std::process::exit(code);
+}
+
+/// Runs the job; `Err` means it could not be started (exit status 2).
+fn run(args: &Args) -> anyhow::Result<i32> {
+    let (tx, rx) = mpsc::channel::<Event>();
+
+    // Catch the stop signals before the first rank exists, so that none is lost.
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .context("cannot install signal handlers")?;
+    {
+        let tx = tx.clone();
+        thread::Builder::new()
+            .name("signals".into())
+            .stack_size(THREAD_STACK)
+            .spawn(move || {
+                for sig in signals.forever() {
+                    if tx.send(Event::Signal(sig)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .context("cannot start the signal thread")?;
+    }
+
+    let secret: OsString = match std::env::var_os("HCOMM_JOB_SECRET") {
+        Some(s) if !s.is_empty() => s,
+        _ => generate_job_secret()
+            .context("cannot make a job secret")?
+            .into(),
+    };
+
+    // The store lives until `run` returns: ranks may use it until the very end.
+    let (_store, root_addr): (Option<hcomm::bootstrap::RendezvousStore>, OsString) =
+        match std::env::var_os("HCOMM_ROOT_ADDR") {
+            Some(addr) if !addr.is_empty() => (None, addr),
+            _ => {
+                let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+                let store = hcomm::bootstrap::RendezvousStore::bind(bind, secret.as_bytes())
+                    .map_err(|e| anyhow!("cannot start the rendezvous store: {e}"))?;
+                let addr = store.local_addr().to_string().into();
+                (Some(store), addr)
+            }
+        };
+
+    let nofile = raise_nofile_limit(args.ranks);
+    let start = Instant::now();
+    let deadline = args.timeout.map(|t| start + t);
+
+    let mut job = Job {
+        pids: Vec::with_capacity(args.ranks as usize),
+        running: 0,
+        rx: &rx,
+    };
+    for rank in 0..args.ranks {
+        if let Err(e) = start_rank(args, rank, &root_addr, &secret, nofile, &tx, &mut job) {
+            // Ranks already started would wait for the missing one forever.
+            job.stop(libc::SIGTERM);
+            return Err(e);
+        }
+    }
+    drop(tx);
+
+    Ok(job.supervise(deadline, args.timeout))
+}
+
+/// Starts one rank and the threads that watch it, and adds it to `job`.
+fn start_rank(
+    args: &Args,
+    rank: u32,
+    root_addr: &OsStr,
+    secret: &OsStr,
+    nofile: Option<libc::rlimit>,
+    tx: &Sender<Event>,
+    job: &mut Job<'_>,
+) -> anyhow::Result<()> {
+    let child = spawn_rank(args, rank, root_addr, secret, nofile)?;
+    let pid = libc::pid_t::try_from(child.id()).context("process id out of range")?;
+    // Tracked before anything else can fail, so that stopping the job reaches it.
+    job.pids.push(pid);
+    watch_rank(rank, child, tx.clone())?;
+    job.running += 1;
+    Ok(())
+}
+
+/// Starts one rank with its environment, in its own process group.
+fn spawn_rank(
+    args: &Args,
+    rank: u32,
+    root_addr: &OsStr,
+    secret: &OsStr,
+    nofile: Option<libc::rlimit>,
+) -> anyhow::Result<Child> {
+    let prog = &args.command[0];
+    let mut cmd = Command::new(prog);
+    cmd.args(&args.command[1..])
+        .env("HCOMM_RANK", rank.to_string())
+        .env("HCOMM_SIZE", args.ranks.to_string())
+        .env("HCOMM_LOCAL_RANK", rank.to_string())
+        .env("HCOMM_LOCAL_SIZE", args.ranks.to_string())
+        .env("HCOMM_ROOT_ADDR", root_addr)
+        .env("HCOMM_JOB_SECRET", secret)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Own group: signals to the group reach the rank's children too, and a Ctrl-C on
+        // the terminal reaches only hcommrun, which then stops the ranks in order.
+        .process_group(0);
+    // A rank in a background group that reads the terminal would be stopped (SIGTTIN).
+    if rank == 0 && !io::stdin().is_terminal() {
+        cmd.stdin(Stdio::inherit());
+    } else {
+        cmd.stdin(Stdio::null());
+    }
+    #[cfg(target_os = "linux")]
+    set_parent_death_signal(&mut cmd, nofile);
+    #[cfg(not(target_os = "linux"))]
+    let _ = nofile;
+
+    cmd.spawn().map_err(|e| {
+        let name = prog.to_string_lossy();
+        match e.kind() {
+            io::ErrorKind::NotFound => {
+                anyhow!("cannot start {name:?}: program not found (is it on PATH?)")
+            }
+            io::ErrorKind::PermissionDenied => {
+                anyhow!("cannot start {name:?}: permission denied (is it executable?)")
+            }
+            _ => anyhow!("cannot start rank {rank} ({name:?}): {e}"),
+        }
+    })
+}
+
+/// Makes the rank die with SIGKILL when hcommrun dies, whatever killed hcommrun, and gives
+/// the rank back the open-file limit hcommrun started with.
+#[cfg(target_os = "linux")]
+fn set_parent_death_signal(cmd: &mut Command, nofile: Option<libc::rlimit>) {
+    let parent = std::process::id();
+    let hook = move || -> io::Result<()> {
+        // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers and is async-signal-safe.
+        let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
+        if rc == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: getppid has no preconditions and is async-signal-safe.
+        let ppid = unsafe { libc::getppid() };
+        // hcommrun died between fork and prctl: the death signal would never come.
+        if u32::try_from(ppid).ok() != Some(parent) {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        if let Some(limit) = nofile {
+            // SAFETY: `limit` is a valid rlimit on this stack; setrlimit is async-signal-safe.
+            // Failure only leaves the raised limit in place, which is harmless.
+            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs between fork and exec; it calls only async-signal-safe functions
+    // (prctl, getppid, setrlimit), does not allocate and touches no lock.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+/// Raises the soft limit on open files when N ranks need more pipes than it allows (two per
+/// rank). Returns the old limit, which the ranks get back, when it was raised.
+fn raise_nofile_limit(ranks: u32) -> Option<libc::rlimit> {
+    let needed = libc::rlim_t::from(ranks) * 2 + 64;
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `old` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut old) } != 0 || old.rlim_cur >= needed {
+        return None;
+    }
+    let new = libc::rlimit {
+        rlim_cur: needed.min(old.rlim_max),
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: `new` is a valid rlimit; on failure nothing changed and spawning reports EMFILE.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+        return None;
+    }
+    Some(old)
+}
+
+/// Starts the threads that copy a rank's output and report its exit.
+fn watch_rank(rank: u32, mut child: Child, tx: Sender<Event>) -> anyhow::Result<()> {
+    // The copy threads hold these senders; the channel disconnects when both are done.
+    let (drained_tx, drained_rx) = mpsc::channel::<()>();
+    let prefix = format!("[{rank}] ").into_bytes();
+    if let Some(out) = child.stdout.take() {
+        let (prefix, drained) = (prefix.clone(), drained_tx.clone());
+        spawn_helper(format!("rank{rank}-out"), move || {
+            let _drained = drained;
+            let _ = copy_prefixed_lines(BufReader::new(out), &prefix, |line| {
+                write_line_locked(io::stdout().lock(), line)
+            });
+        })?;
+    }
+    if let Some(err) = child.stderr.take() {
+        let drained = drained_tx.clone();
+        spawn_helper(format!("rank{rank}-err"), move || {
+            let _drained = drained;
+            let _ = copy_prefixed_lines(BufReader::new(err), &prefix, |line| {
+                write_line_locked(io::stderr().lock(), line)
+            });
+        })?;
+    }
+    drop(drained_tx);
+    spawn_helper(format!("rank{rank}-wait"), move || {
+        let status = child.wait();
+        // Let the rank's last lines out before its exit is reported.
+        let _ = drained_rx.recv_timeout(DRAIN_WAIT);
+        let _ = tx.send(Event::Exited { rank, status });
+    })?;
+    Ok(())
+}
+
+fn spawn_helper<F: FnOnce() + Send + 'static>(name: String, f: F) -> anyhow::Result<()> {
+    thread::Builder::new()
+        .name(name)
+        .stack_size(THREAD_STACK)
+        .spawn(f)
+        .context("cannot start a thread (too many ranks for this system?)")?;
+    Ok(())
+}
+
+/// The started ranks and the events about them.
+struct Job<'a> {
+    /// Process id of each rank, which is also its process group id.
+    pids: Vec<libc::pid_t>,
+    /// Ranks whose exit has not been reported yet.
+    running: usize,
+    rx: &'a Receiver<Event>,
+}
+
+impl Job<'_> {
+    /// Waits for the job to end and returns hcommrun's exit status.
+    fn supervise(&mut self, deadline: Option<Instant>, timeout: Option<Duration>) -> i32 {
+        while self.running > 0 {
+            let event = match deadline {
+                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(d) => self
+                    .rx
+                    .recv_timeout(d.saturating_duration_since(Instant::now())),
+            };
+            match event {
+                Ok(Event::Exited { rank, status }) => {
+                    self.running -= 1;
+                    if let Some(code) = failure(rank, &status) {
+                        self.stop(libc::SIGTERM);
+                        return code;
+                    }
+                }
+                Ok(Event::Signal(sig)) => {
+                    eprintln!(
+                        "hcommrun: got {}; passing it on and stopping all ranks",
+                        signal_name(sig)
+                    );
+                    self.stop(sig);
+                    return 128 + sig;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let secs = timeout.map_or(0.0, |t| t.as_secs_f64());
+                    eprintln!(
+                        "hcommrun: timeout: the job ran longer than {secs}s; stopping all ranks"
+                    );
+                    self.stop(libc::SIGTERM);
+                    return EXIT_TIMEOUT;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Cannot happen while a waiter thread lives; never wait on nothing.
+                    eprintln!("hcommrun: lost track of the ranks; stopping them");
+                    self.stop(libc::SIGKILL);
+                    return 1;
+                }
+            }
+        }
+        0
+    }
+
+    /// Sends `sig` to every rank's process group, gives them [`GRACE`] to exit, then kills
+    /// what is left. Returns within about GRACE + KILL_WAIT, whatever the ranks do.
+    fn stop(&mut self, sig: i32) {
+        self.signal_all(sig);
+        if sig != libc::SIGKILL {
+            let grace_end = Instant::now() + GRACE;
+            while self.running > 0 {
+                match self
+                    .rx
+                    .recv_timeout(grace_end.saturating_duration_since(Instant::now()))
+                {
+                    Ok(Event::Exited { .. }) => self.running -= 1,
+                    // A second Ctrl-C: the user does not want to wait for the grace period.
+                    Ok(Event::Signal(_)) => break,
+                    Err(_) => break,
+                }
+            }
+        }
+        // Also the groups of ranks that have exited: their children may still be running.
+        self.signal_all(libc::SIGKILL);
+        let kill_end = Instant::now() + KILL_WAIT;
+        while self.running > 0 {
+            match self
+                .rx
+                .recv_timeout(kill_end.saturating_duration_since(Instant::now()))
+            {
+                Ok(Event::Exited { .. }) => self.running -= 1,
+                Ok(Event::Signal(_)) => {}
+                Err(_) => {
+                    eprintln!(
+                        "hcommrun: {} rank(s) did not exit after SIGKILL",
+                        self.running
+                    );
+                    break;
+                }
+            }
+        }
+    }
+
+    fn signal_all(&self, sig: i32) {
+        for &pid in &self.pids {
+            // SAFETY: kill has no memory preconditions; a negative pid names the rank's
+            // process group, which hcommrun created. ESRCH (group gone) is fine.
+            unsafe { libc::kill(-pid, sig) };
+        }
+    }
+}
+
+/// Reports a failed rank and returns hcommrun's exit status for it; `None` for success.
+fn failure(rank: u32, status: &io::Result<ExitStatus>) -> Option<i32> {
+    match status {
+        Ok(s) if s.success() => None,
+        Ok(s) => {
+            if let Some(sig) = s.signal() {
+                eprintln!(
+                    "hcommrun: rank {rank} was killed by signal {} ({sig}); stopping the other ranks",
+                    signal_name(sig)
+                );
+                Some(128 + sig)
+            } else {
+                let code = s.code().unwrap_or(1);
+                eprintln!(
+                    "hcommrun: rank {rank} exited with status {code}; stopping the other ranks"
+                );
+                Some(code)
+            }
+        }
+        Err(e) => {
+            eprintln!("hcommrun: cannot wait for rank {rank}: {e}; stopping the other ranks");
+            Some(1)
+        }
+    }
+}

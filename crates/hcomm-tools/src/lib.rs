@@ -1,0 +1,198 @@
+//! Helpers shared by the hcomm operator tools (`hcommrun` and friends).
+//!
+//! Kept in the library so that they can be unit-tested without starting processes.
+
+use std::io::{self, BufRead, Write};
+
+/// Number of random bytes in a job secret made by [`generate_job_secret`].
+pub const JOB_SECRET_BYTES: usize = 32;
+
+/// Makes a fresh job secret: [`JOB_SECRET_BYTES`] random bytes from the OS, as lowercase hex.
+///
+/// The library uses the bytes of the `HCOMM_JOB_SECRET` string as the key, so the hex text
+/// itself is the secret; hex keeps it printable and safe to pass through the environment.
+pub fn generate_job_secret() -> io::Result<String> {
+    let mut bytes = [0u8; JOB_SECRET_BYTES];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| io::Error::other(format!("cannot get random bytes from the OS: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// The conventional name of a Unix signal number (`SIGKILL` for 9), or `SIG<n>` for numbers
+/// this table does not know (real-time signals, for instance).
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGCHLD => "SIGCHLD",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGTSTP => "SIGTSTP",
+        libc::SIGTTIN => "SIGTTIN",
+        libc::SIGTTOU => "SIGTTOU",
+        libc::SIGURG => "SIGURG",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGVTALRM => "SIGVTALRM",
+        libc::SIGPROF => "SIGPROF",
+        libc::SIGWINCH => "SIGWINCH",
+        libc::SIGIO => "SIGIO",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("SIG{sig}"),
+    };
+    name.to_string()
+}
+
+/// Copies `input` to `output` line by line, putting `prefix` in front of every line.
+///
+/// Each line goes to `output` as one `write_all` of prefix, bytes and newline, so that a
+/// writer shared between threads (a locked stdout) never mixes two lines. A last line without
+/// a newline gets one; bytes that are not UTF-8 pass through unchanged. `output` is called
+/// once per line, so the caller can take a lock for just that line.
+///
+/// Returns the number of lines copied. Read errors end the copy with that error. After a
+/// write error the remaining input is still read (and dropped), so that the process writing
+/// into `input` never blocks on a full pipe; the first write error is returned at the end.
+pub fn copy_prefixed_lines<R, F>(mut input: R, prefix: &[u8], mut output: F) -> io::Result<u64>
+where
+    R: BufRead,
+    F: FnMut(&[u8]) -> io::Result<()>,
+{
+    let mut line = Vec::with_capacity(256);
+    let mut lines = 0u64;
+    let mut write_error = None;
+    loop {
+        line.clear();
+        line.extend_from_slice(prefix);
+        let n = input.read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
+        lines += 1;
+        if write_error.is_none() {
+            if let Err(e) = output(&line) {
+                write_error = Some(e);
+            }
+        }
+    }
+    match write_error {
+        Some(e) => Err(e),
+        None => Ok(lines),
+    }
+}
+
+/// Writes one whole line to a locked stream and flushes it, for use as the `output` of
+/// [`copy_prefixed_lines`].
+pub fn write_line_locked<W: Write>(mut stream: W, line: &[u8]) -> io::Result<()> {
+    stream.write_all(line)?;
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefixed(input: &[u8], prefix: &[u8]) -> (Vec<u8>, u64) {
+        let mut out = Vec::new();
+        let n = copy_prefixed_lines(input, prefix, |l| {
+            out.push(l.to_vec());
+            Ok(())
+        })
+        .unwrap();
+        // Every call must be exactly one line.
+        for l in &out {
+            assert_eq!(l.iter().filter(|&&b| b == b'\n').count(), 1);
+            assert!(l.ends_with(b"\n"));
+        }
+        (out.concat(), n)
+    }
+
+    #[test]
+    fn prefixes_every_line() {
+        let (out, n) = prefixed(b"a\nbb\n\nccc\n", b"[3] ");
+        assert_eq!(out, b"[3] a\n[3] bb\n[3] \n[3] ccc\n");
+        assert_eq!(n, 4);
+    }
+
+    #[test]
+    fn last_line_without_newline_is_kept() {
+        let (out, n) = prefixed(b"one\ntwo", b"[0] ");
+        assert_eq!(out, b"[0] one\n[0] two\n");
+        assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn empty_input_gives_nothing() {
+        let (out, n) = prefixed(b"", b"[0] ");
+        assert!(out.is_empty());
+        assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn non_utf8_passes_through() {
+        let (out, _) = prefixed(b"\xff\xfe\x00x\n\xc3", b"[1] ");
+        assert_eq!(out, b"[1] \xff\xfe\x00x\n[1] \xc3\n");
+    }
+
+    #[test]
+    fn long_lines_stay_whole() {
+        let long = vec![b'x'; 100_000];
+        let mut input = long.clone();
+        input.push(b'\n');
+        input.extend_from_slice(&long);
+        let reader = io::BufReader::with_capacity(16, &input[..]);
+        let mut calls = 0;
+        copy_prefixed_lines(reader, b"[7] ", |l| {
+            calls += 1;
+            assert_eq!(l.len(), 4 + 100_000 + 1);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(calls, 2);
+    }
+
+    #[test]
+    fn write_error_keeps_draining() {
+        let mut calls = 0;
+        let err = copy_prefixed_lines(&b"a\nb\nc\n"[..], b"", |_| {
+            calls += 1;
+            Err(io::Error::from(io::ErrorKind::BrokenPipe))
+        })
+        .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn secrets_are_fresh_hex() {
+        let a = generate_job_secret().unwrap();
+        let b = generate_job_secret().unwrap();
+        assert_eq!(a.len(), 2 * JOB_SECRET_BYTES);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(15), "SIGTERM");
+        assert_eq!(signal_name(2), "SIGINT");
+        assert_eq!(signal_name(1000), "SIG1000");
+    }
+}

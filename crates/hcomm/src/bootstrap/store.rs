@@ -1,0 +1,1101 @@
+//! The rendezvous store: a small authenticated TCP key/value service that bootstraps a job.
+//!
+//! One [`RendezvousStore`] serves the job (usually in rank 0 or the launcher); every rank
+//! talks to it through a [`StoreClient`]. Keys are strings of at most [`MAX_KEY`] bytes,
+//! values byte strings of at most [`MAX_VALUE`] bytes; [`StoreClient::wait`] blocks on the
+//! server until a key appears, and [`StoreClient::add`] is an atomic counter.
+//!
+//! The listening port is reachable by anyone on the network, so the server assumes hostile
+//! input until a peer has authenticated with the job secret: each connection is handshaken on
+//! its own thread under a deadline ([`HANDSHAKE_TIMEOUT`]), at most
+//! [`MAX_PENDING_HANDSHAKES`] handshakes run at once, every length is checked before anything
+//! is allocated, and whatever is malformed, oversized or slow is logged and dropped without
+//! affecting the authenticated ranks.
+//!
+//! Wire format after the [`super::auth`] handshake (hellos `hcomm-store/1` both ways),
+//! integers little-endian, strictly one reply per request:
+//!
+//! ```text
+//! request:  op u8 | key len u16 | value len u32 | key | value
+//!           op: 1 set (value) | 2 get | 3 wait (value = timeout ms u64)
+//!               4 add (value = delta i64) | 5 delete
+//! reply:    status u8 | len u32 | payload
+//!           status: 0 ok | 1 not found | 2 timed out | 3 invalid (payload = message)
+//!                   4 store full (payload = message)
+//! ```
+//!
+//! A counter made by `add` is stored as its 8 little-endian bytes, so `get` on it returns
+//! those.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use super::auth;
+use super::{read_exact_until, read_vec_until, write_all_until};
+use crate::error::{Error, Result};
+
+/// Longest key, in bytes.
+pub const MAX_KEY: usize = 512;
+/// Longest value, in bytes.
+pub const MAX_VALUE: usize = 16 << 20;
+/// Most bytes (keys plus values) the store holds at once.
+pub const MAX_STORED_BYTES: usize = 256 << 20;
+/// Most unauthenticated connections handshaking at once. When all slots are taken, a new
+/// connection replaces the oldest one if that one has been at it for a while (a legitimate
+/// handshake takes milliseconds), and is closed at once otherwise.
+pub const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Most authenticated connections served at once.
+pub const MAX_CLIENTS: usize = 4096;
+/// Time a connection has to authenticate before the store drops it.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest single server-side wait; [`StoreClient::wait`] repeats requests for longer waits,
+/// so no server thread is parked on a request for more than this.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// Hello of both sides, naming the protocol so a transport peer is not mistaken for a store.
+const STORE_HELLO: &[u8] = b"hcomm-store/1";
+/// Age at which a pending handshake may be evicted to make room for a new connection.
+const STALE_HANDSHAKE: Duration = Duration::from_millis(500);
+/// Time an authenticated client has to finish a request it started, and to take its reply.
+const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the accept loop looks at the shutdown flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+/// How long dropping the store waits for its connection threads.
+const DROP_WAIT: Duration = Duration::from_secs(2);
+/// Stack of a connection thread: it only parses frames and copies values.
+const CONN_STACK: usize = 256 * 1024;
+/// Longest error message in a reply.
+const MAX_MESSAGE: usize = 1024;
+
+const REQUEST_HEADER: usize = 1 + 2 + 4;
+const REPLY_HEADER: usize = 1 + 4;
+
+const OP_SET: u8 = 1;
+const OP_GET: u8 = 2;
+const OP_WAIT: u8 = 3;
+const OP_ADD: u8 = 4;
+const OP_DELETE: u8 = 5;
+
+const ST_OK: u8 = 0;
+const ST_NOT_FOUND: u8 = 1;
+const ST_TIMED_OUT: u8 = 2;
+const ST_INVALID: u8 = 3;
+const ST_FULL: u8 = 4;
+
+fn op_name(op: u8) -> &'static str {
+    match op {
+        OP_SET => "set",
+        OP_GET => "get",
+        OP_WAIT => "wait",
+        OP_ADD => "add",
+        OP_DELETE => "delete",
+        _ => "unknown",
+    }
+}
+
+/// Locks `m`, ignoring poisoning: every critical section leaves the data consistent, so a
+/// panic elsewhere must not take the store down with it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `now + d`, saturating far in the future instead of overflowing.
+fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// A key for log lines: lossy UTF-8, truncated.
+fn show_key(key: &[u8]) -> String {
+    let shown = String::from_utf8_lossy(&key[..key.len().min(64)]);
+    if key.len() > 64 {
+        format!("{shown:?}...")
+    } else {
+        format!("{shown:?}")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server
+// ---------------------------------------------------------------------------------------------
+
+/// The rendezvous store server: binds a port and serves authenticated clients from background
+/// threads until dropped.
+pub struct RendezvousStore {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+/// State shared by the accept loop and the connection threads.
+struct Shared {
+    secret: Vec<u8>,
+    table: Mutex<Table>,
+    /// Signalled on every change of `table` and on shutdown (wakes server-side waits).
+    changed: Condvar,
+    stopping: AtomicBool,
+    conns: Mutex<Conns>,
+    /// Number of live connection threads.
+    threads: Mutex<usize>,
+    threads_done: Condvar,
+}
+
+/// Every open connection, kept so that eviction and shutdown can close them.
+#[derive(Default)]
+struct Conns {
+    next_id: u64,
+    /// Still handshaking, oldest first (ids only grow).
+    pending: BTreeMap<u64, Pending>,
+    clients: HashMap<u64, Arc<TcpStream>>,
+}
+
+struct Pending {
+    stream: Arc<TcpStream>,
+    peer: SocketAddr,
+    since: Instant,
+}
+
+impl RendezvousStore {
+    /// Binds `addr` (port 0 picks a free port) with `SO_REUSEADDR` and starts serving.
+    ///
+    /// `secret` is the job secret every client must prove it holds. Errors:
+    /// [`Error::InvalidArgument`] for an empty secret, [`Error::Transport`] when the address
+    /// cannot be bound.
+    pub fn bind(addr: SocketAddr, secret: &[u8]) -> Result<RendezvousStore> {
+        if secret.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the job secret is empty: set HCOMM_JOB_SECRET to a non-empty value".into(),
+            ));
+        }
+        let listener = listen(addr)?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| Error::transport(format!("rendezvous store: address of {addr}"), e))?;
+        let shared = Arc::new(Shared {
+            secret: secret.to_vec(),
+            table: Mutex::new(Table::new(MAX_STORED_BYTES)),
+            changed: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            conns: Mutex::new(Conns::default()),
+            threads: Mutex::new(0),
+            threads_done: Condvar::new(),
+        });
+        let for_thread = Arc::clone(&shared);
+        let acceptor = thread::Builder::new()
+            .name("hcomm-store-accept".into())
+            .spawn(move || accept_loop(&for_thread, listener))
+            .map_err(|e| Error::transport("rendezvous store: starting the accept thread", e))?;
+        tracing::debug!("rendezvous store listening on {local_addr}");
+        Ok(RendezvousStore {
+            shared,
+            local_addr,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address the store listens on (with the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+impl fmt::Debug for RendezvousStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RendezvousStore")
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl Drop for RendezvousStore {
+    /// Stops accepting, closes every connection and waits (boundedly) for the threads.
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Taking the table lock orders this after any waiter's check of `stopping`.
+        drop(lock(&self.shared.table));
+        self.shared.changed.notify_all();
+        {
+            let conns = lock(&self.shared.conns);
+            let pending = conns.pending.values().map(|p| &p.stream);
+            for stream in pending.chain(conns.clients.values()) {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+        if let Some(acceptor) = self.acceptor.take() {
+            // The accept loop looks at `stopping` every ACCEPT_POLL, so this is quick.
+            let _ = acceptor.join();
+        }
+        let limit = Instant::now() + DROP_WAIT;
+        let mut live = lock(&self.shared.threads);
+        while *live > 0 {
+            let left = limit.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    "rendezvous store {}: {} connection threads still running after shutdown",
+                    self.local_addr,
+                    *live
+                );
+                break;
+            }
+            live = self
+                .shared
+                .threads_done
+                .wait_timeout(live, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+fn listen(addr: SocketAddr) -> Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let fail =
+        |what: &str, e: io::Error| Error::transport(format!("rendezvous store: {what} {addr}"), e);
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .map_err(|e| fail("creating a socket for", e))?;
+    socket
+        .set_reuse_address(true)
+        .map_err(|e| fail("setting SO_REUSEADDR on", e))?;
+    socket.bind(&addr.into()).map_err(|e| fail("binding", e))?;
+    socket.listen(1024).map_err(|e| fail("listening on", e))?;
+    // Nonblocking so the loop can both wait with a timeout and drain bursts.
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| fail("configuring", e))?;
+    Ok(socket.into())
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
+    while !shared.stopping.load(Ordering::SeqCst) {
+        if let Err(e) = wait_readable(&listener, ACCEPT_POLL) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::warn!("rendezvous store: waiting for connections failed: {e}");
+                thread::sleep(ACCEPT_POLL);
+            }
+            continue;
+        }
+        loop {
+            match listener.accept() {
+                Ok((stream, peer)) => admit(shared, stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => {
+                    // Typically out of file descriptors: back off instead of spinning.
+                    tracing::warn!("rendezvous store: accept failed: {e}");
+                    thread::sleep(ACCEPT_POLL);
+                    break;
+                }
+            }
+            if shared.stopping.load(Ordering::SeqCst) {
+                break;
+            }
+        }
+    }
+}
+
+/// Waits until `listener` has a connection to accept or `timeout` passes.
+fn wait_readable(listener: &TcpListener, timeout: Duration) -> io::Result<()> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let timeout = Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    poll(&mut [PollFd::new(listener, PollFlags::IN)], Some(&timeout))?;
+    Ok(())
+}
+
+/// Registers a new connection as pending and starts its thread, or closes it when the
+/// handshake slots are full.
+fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    if let Err(e) = stream.set_nonblocking(false) {
+        tracing::warn!("rendezvous store: dropped connection from {peer}: {e}");
+        return;
+    }
+    let _ = stream.set_nodelay(true);
+    let stream = Arc::new(stream);
+    let id = {
+        let mut conns = lock(&shared.conns);
+        // Checked under the lock that shutdown takes to close everything (see Drop).
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        if conns.pending.len() >= MAX_PENDING_HANDSHAKES {
+            let oldest = conns.pending.iter().next().map(|(id, p)| (*id, p.since));
+            match oldest {
+                Some((old, since)) if since.elapsed() >= STALE_HANDSHAKE => {
+                    if let Some(evicted) = conns.pending.remove(&old) {
+                        tracing::warn!(
+                            "rendezvous store: {MAX_PENDING_HANDSHAKES} handshakes in progress; \
+                             dropped the oldest, from {}, to admit {peer}",
+                            evicted.peer
+                        );
+                        let _ = evicted.stream.shutdown(Shutdown::Both);
+                    }
+                }
+                _ => {
+                    tracing::warn!(
+                        "rendezvous store: {MAX_PENDING_HANDSHAKES} handshakes in progress; \
+                         refused the connection from {peer}"
+                    );
+                    return;
+                }
+            }
+        }
+        let id = conns.next_id;
+        conns.next_id += 1;
+        let pending = Pending {
+            stream: Arc::clone(&stream),
+            peer,
+            since: Instant::now(),
+        };
+        conns.pending.insert(id, pending);
+        id
+    };
+    *lock(&shared.threads) += 1;
+    let for_thread = Arc::clone(shared);
+    let spawned = thread::Builder::new()
+        .name("hcomm-store-conn".into())
+        .stack_size(CONN_STACK)
+        .spawn(move || {
+            let shared = for_thread;
+            let _live = LiveThread(&shared);
+            serve_connection(&shared, id, &stream, peer);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("rendezvous store: dropped connection from {peer}: no thread: {e}");
+        lock(&shared.conns).pending.remove(&id);
+        drop(LiveThread(shared));
+    }
+}
+
+/// Counts a connection thread out when dropped.
+struct LiveThread<'a>(&'a Shared);
+
+impl Drop for LiveThread<'_> {
+    fn drop(&mut self) {
+        let mut live = lock(&self.0.threads);
+        *live = live.saturating_sub(1);
+        self.0.threads_done.notify_all();
+    }
+}
+
+/// Authenticates one connection, then serves its requests until it closes.
+fn serve_connection(shared: &Shared, id: u64, stream: &Arc<TcpStream>, peer: SocketAddr) {
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    let hello = auth::server_handshake_shared(stream, &shared.secret, STORE_HELLO, deadline);
+    {
+        let mut conns = lock(&shared.conns);
+        let still_pending = conns.pending.remove(&id).is_some();
+        let refusal = match &hello {
+            Err(e) => Some(e.to_string()),
+            Ok(h) if h != STORE_HELLO => {
+                Some("authenticated, but not a rendezvous store client".into())
+            }
+            // Evicted or shut down while finishing the handshake: the socket is closed.
+            Ok(_) if !still_pending || shared.stopping.load(Ordering::SeqCst) => return,
+            Ok(_) if conns.clients.len() >= MAX_CLIENTS => {
+                Some(format!("already serving {MAX_CLIENTS} clients"))
+            }
+            Ok(_) => None,
+        };
+        if let Some(why) = refusal {
+            drop(conns);
+            tracing::warn!("rendezvous store: dropped connection from {peer}: {why}");
+            return;
+        }
+        conns.clients.insert(id, Arc::clone(stream));
+    }
+    // An idle client blocks its thread on a read with no deadline; keepalive probes reap the
+    // connection of a host that vanished without closing it.
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10));
+    let _ = socket2::SockRef::from(&**stream).set_tcp_keepalive(&keepalive);
+    serve_requests(shared, stream, peer);
+    lock(&shared.conns).clients.remove(&id);
+}
+
+/// Why a connection stopped being served.
+enum Stop {
+    /// The client closed the connection (or the store is shutting down).
+    Closed,
+    /// The client broke the protocol or timed out: drop it and say why.
+    Dropped(String),
+}
+
+fn serve_requests(shared: &Shared, stream: &TcpStream, peer: SocketAddr) {
+    loop {
+        match serve_one(shared, stream) {
+            Ok(()) => {}
+            Err(Stop::Closed) => {
+                tracing::debug!("rendezvous store: {peer} disconnected");
+                return;
+            }
+            Err(Stop::Dropped(why)) => {
+                tracing::warn!("rendezvous store: dropped client {peer}: {why}");
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one request, answers it.
+fn serve_one(shared: &Shared, stream: &TcpStream) -> std::result::Result<(), Stop> {
+    let mut header = [0u8; REQUEST_HEADER];
+    // An authenticated client may stay idle as long as it likes: block without a deadline.
+    // Shutdown closes the socket, which ends this read.
+    let _ = stream.set_read_timeout(None);
+    let mut reader = stream;
+    loop {
+        match reader.read(&mut header[..1]) {
+            Ok(0) => return Err(Stop::Closed),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Stop::Dropped(format!("reading a request: {e}"))),
+        }
+    }
+    if shared.stopping.load(Ordering::SeqCst) {
+        return Err(Stop::Closed);
+    }
+    let deadline = Instant::now() + FRAME_TIMEOUT;
+    let io_err = |what: &str, e: io::Error| Stop::Dropped(format!("{what}: {e}"));
+    read_exact_until(stream, &mut header[1..], deadline)
+        .map_err(|e| io_err("reading a request header", e))?;
+    let op = header[0];
+    let key_len = u16::from_le_bytes([header[1], header[2]]) as usize;
+    let value_len = u32::from_le_bytes([header[3], header[4], header[5], header[6]]) as usize;
+    let expected_value = match op {
+        OP_SET => value_len <= MAX_VALUE,
+        OP_GET | OP_DELETE => value_len == 0,
+        OP_WAIT | OP_ADD => value_len == 8,
+        _ => return Err(Stop::Dropped(format!("unknown request type {op}"))),
+    };
+    if key_len > MAX_KEY || !expected_value {
+        return Err(Stop::Dropped(format!(
+            "malformed {} request: key of {key_len} bytes, value of {value_len} bytes",
+            op_name(op)
+        )));
+    }
+    let key = read_vec_until(stream, key_len, deadline).map_err(|e| io_err("reading a key", e))?;
+    let value =
+        read_vec_until(stream, value_len, deadline).map_err(|e| io_err("reading a value", e))?;
+
+    let (status, payload) = match op {
+        OP_SET => lock(&shared.table).set(key, value),
+        OP_GET => lock(&shared.table).get(&key),
+        OP_WAIT => {
+            let ms = u64::from_le_bytes(value.as_slice().try_into().unwrap_or_default());
+            wait_for(shared, &key, Duration::from_millis(ms).min(MAX_WAIT))?
+        }
+        OP_ADD => {
+            let delta = i64::from_le_bytes(value.as_slice().try_into().unwrap_or_default());
+            lock(&shared.table).add(key, delta)
+        }
+        _ => lock(&shared.table).delete(&key),
+    };
+    if op == OP_SET || op == OP_ADD {
+        shared.changed.notify_all();
+    }
+
+    let mut head = [0u8; REPLY_HEADER];
+    head[0] = status;
+    head[1..].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    let deadline = Instant::now() + FRAME_TIMEOUT;
+    write_all_until(stream, &head, deadline).map_err(|e| io_err("sending a reply", e))?;
+    write_all_until(stream, &payload, deadline).map_err(|e| io_err("sending a reply", e))?;
+    Ok(())
+}
+
+/// Blocks until `key` exists, `timeout` passes or the store shuts down.
+fn wait_for(
+    shared: &Shared,
+    key: &[u8],
+    timeout: Duration,
+) -> std::result::Result<(u8, Vec<u8>), Stop> {
+    let deadline = Instant::now() + timeout;
+    let mut table = lock(&shared.table);
+    loop {
+        if let Some(value) = table.map.get(key) {
+            return Ok((ST_OK, value.clone()));
+        }
+        if shared.stopping.load(Ordering::SeqCst) {
+            return Err(Stop::Closed);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok((ST_TIMED_OUT, Vec::new()));
+        }
+        table = shared
+            .changed
+            .wait_timeout(table, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
+/// The key/value data and its size accounting.
+struct Table {
+    map: HashMap<Vec<u8>, Vec<u8>>,
+    /// Sum of key and value lengths of all entries.
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl Table {
+    fn new(max_bytes: usize) -> Table {
+        Table {
+            map: HashMap::new(),
+            bytes: 0,
+            max_bytes,
+        }
+    }
+
+    /// Stores `key = value` if it fits; the reply to send.
+    fn set(&mut self, key: Vec<u8>, value: Vec<u8>) -> (u8, Vec<u8>) {
+        let old = self.map.get(&key).map_or(0, |v| key.len() + v.len());
+        let new_total = self.bytes - old + key.len() + value.len();
+        if new_total > self.max_bytes {
+            let msg = format!(
+                "the rendezvous store is full ({} bytes, limit {}): cannot store {}",
+                self.bytes,
+                self.max_bytes,
+                show_key(&key)
+            );
+            return (ST_FULL, msg.into_bytes());
+        }
+        self.bytes = new_total;
+        self.map.insert(key, value);
+        (ST_OK, Vec::new())
+    }
+
+    fn get(&self, key: &[u8]) -> (u8, Vec<u8>) {
+        match self.map.get(key) {
+            Some(v) => (ST_OK, v.clone()),
+            None => (ST_NOT_FOUND, Vec::new()),
+        }
+    }
+
+    fn add(&mut self, key: Vec<u8>, delta: i64) -> (u8, Vec<u8>) {
+        let current = match self.map.get(&key) {
+            None => 0,
+            Some(v) => match <[u8; 8]>::try_from(v.as_slice()) {
+                Ok(bytes) => i64::from_le_bytes(bytes),
+                Err(_) => {
+                    let msg = format!(
+                        "{} holds {} bytes, not a counter made by add",
+                        show_key(&key),
+                        v.len()
+                    );
+                    return (ST_INVALID, msg.into_bytes());
+                }
+            },
+        };
+        let Some(sum) = current.checked_add(delta) else {
+            let msg = format!("adding {delta} to {} ({current}) overflows", show_key(&key));
+            return (ST_INVALID, msg.into_bytes());
+        };
+        let sum_bytes = sum.to_le_bytes().to_vec();
+        match self.set(key, sum_bytes.clone()) {
+            (ST_OK, _) => (ST_OK, sum_bytes),
+            failed => failed,
+        }
+    }
+
+    fn delete(&mut self, key: &[u8]) -> (u8, Vec<u8>) {
+        match self.map.remove(key) {
+            Some(v) => {
+                self.bytes -= key.len() + v.len();
+                (ST_OK, Vec::new())
+            }
+            None => (ST_NOT_FOUND, Vec::new()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+// ---------------------------------------------------------------------------------------------
+
+/// An authenticated connection to a [`RendezvousStore`].
+///
+/// Requests are bounded by the timeout given to [`connect`](StoreClient::connect) (and
+/// [`wait`](StoreClient::wait) by its own). After an I/O error the connection is in an unknown
+/// state, so every later request fails: connect again.
+#[derive(Debug)]
+pub struct StoreClient {
+    stream: TcpStream,
+    addr: String,
+    local_addr: SocketAddr,
+    io_timeout: Duration,
+    broken: bool,
+}
+
+/// Outcome of one connection attempt.
+enum Attempt {
+    Done(StoreClient),
+    /// Worth trying again (refused, unreachable, shed by a busy store); the reason.
+    Retry(String),
+    Fatal(Error),
+}
+
+impl StoreClient {
+    /// Connects to the store at `addr` (`host:port`) and authenticates with `secret`.
+    ///
+    /// Refused or shed connections are retried until `timeout`, since the store may start
+    /// after its clients. `timeout` also bounds each later request. Errors: [`Error::Timeout`]
+    /// when the store cannot be reached in time, [`Error::Init`] when authentication fails
+    /// (wrong secret), [`Error::InvalidArgument`] for an unparsable address or empty secret.
+    pub fn connect(addr: &str, secret: &[u8], timeout: Duration) -> Result<StoreClient> {
+        if secret.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the job secret is empty: set HCOMM_JOB_SECRET to the store's secret".into(),
+            ));
+        }
+        let deadline = deadline_after(timeout);
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let why = match attempt(addr, secret, timeout, deadline) {
+                Attempt::Done(client) => return Ok(client),
+                Attempt::Fatal(e) => return Err(e),
+                Attempt::Retry(why) => why,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout(format!(
+                    "could not connect to the rendezvous store at {addr} within {timeout:?} \
+                     (last attempt: {why}): check HCOMM_ROOT_ADDR and that the store is running"
+                )));
+            }
+            tracing::debug!("rendezvous store at {addr} not ready ({why}); retrying");
+            thread::sleep(backoff.min(left));
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Stores `value` under `key`, replacing any previous value, and wakes its waiters.
+    pub fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        match self.request(OP_SET, key, value, Duration::ZERO)? {
+            (ST_OK, _) => Ok(()),
+            other => Err(self.unexpected(OP_SET, key, other)),
+        }
+    }
+
+    /// The value under `key`, or `None` when there is none.
+    pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>> {
+        match self.request(OP_GET, key, &[], Duration::ZERO)? {
+            (ST_OK, value) => Ok(Some(value)),
+            (ST_NOT_FOUND, _) => Ok(None),
+            other => Err(self.unexpected(OP_GET, key, other)),
+        }
+    }
+
+    /// Blocks until `key` exists and returns its value; the store does the waiting.
+    ///
+    /// Errors with [`Error::Timeout`] naming the key when `timeout` passes first.
+    pub fn wait(&mut self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let deadline = deadline_after(timeout);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = left.min(MAX_WAIT);
+            // Round up so a sub-millisecond rest does not become a busy loop of zero waits.
+            let ms = chunk.as_nanos().div_ceil(1_000_000) as u64;
+            match self.request(OP_WAIT, key, &ms.to_le_bytes(), chunk)? {
+                (ST_OK, value) => return Ok(value),
+                (ST_TIMED_OUT, _) if Instant::now() >= deadline => {
+                    return Err(Error::Timeout(format!(
+                        "key {key:?} did not appear in the rendezvous store at {} within \
+                         {timeout:?}: a rank is slow, stuck or missing",
+                        self.addr
+                    )))
+                }
+                (ST_TIMED_OUT, _) => {}
+                other => return Err(self.unexpected(OP_WAIT, key, other)),
+            }
+        }
+    }
+
+    /// Atomically adds `delta` to the counter at `key` (a missing key counts as 0) and
+    /// returns the new value.
+    ///
+    /// Errors with [`Error::InvalidArgument`] when `key` holds something other than a counter
+    /// or the sum overflows.
+    pub fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
+        match self.request(OP_ADD, key, &delta.to_le_bytes(), Duration::ZERO)? {
+            (ST_OK, value) if value.len() == 8 => Ok(i64::from_le_bytes(
+                value.as_slice().try_into().unwrap_or_default(),
+            )),
+            other => Err(self.unexpected(OP_ADD, key, other)),
+        }
+    }
+
+    /// Deletes `key`; returns whether it existed.
+    pub fn delete(&mut self, key: &str) -> Result<bool> {
+        match self.request(OP_DELETE, key, &[], Duration::ZERO)? {
+            (ST_OK, _) => Ok(true),
+            (ST_NOT_FOUND, _) => Ok(false),
+            other => Err(self.unexpected(OP_DELETE, key, other)),
+        }
+    }
+
+    /// The local address of this connection: the interface that routes to the store.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Sends one request and reads its reply; `extra` is how long the store may hold the
+    /// request (a wait) on top of the request timeout.
+    fn request(
+        &mut self,
+        op: u8,
+        key: &str,
+        value: &[u8],
+        extra: Duration,
+    ) -> Result<(u8, Vec<u8>)> {
+        if key.len() > MAX_KEY {
+            return Err(Error::InvalidArgument(format!(
+                "store key of {} bytes exceeds the limit of {MAX_KEY} bytes",
+                key.len()
+            )));
+        }
+        if value.len() > MAX_VALUE {
+            return Err(Error::InvalidArgument(format!(
+                "store value of {} bytes for key {key:?} exceeds the limit of {MAX_VALUE} bytes",
+                value.len()
+            )));
+        }
+        if self.broken {
+            return Err(Error::Transport(format!(
+                "the connection to the rendezvous store at {} failed earlier; reconnect",
+                self.addr
+            )));
+        }
+        let wait = self.io_timeout.saturating_add(extra);
+        let result = self.exchange(op, key.as_bytes(), value, deadline_after(wait));
+        result.map_err(|e| {
+            self.broken = true;
+            let what = format!("{} of key {key:?}", op_name(op));
+            match e.kind() {
+                io::ErrorKind::TimedOut => Error::Timeout(format!(
+                    "the rendezvous store at {} did not answer the {what} within {wait:?}",
+                    self.addr
+                )),
+                io::ErrorKind::UnexpectedEof => Error::Transport(format!(
+                    "the rendezvous store at {} closed the connection during the {what}: the \
+                     store stopped or dropped us",
+                    self.addr
+                )),
+                _ => Error::transport(format!("rendezvous store at {}: {what}", self.addr), e),
+            }
+        })
+    }
+
+    fn exchange(
+        &self,
+        op: u8,
+        key: &[u8],
+        value: &[u8],
+        deadline: Instant,
+    ) -> io::Result<(u8, Vec<u8>)> {
+        let mut head = Vec::with_capacity(REQUEST_HEADER + key.len());
+        head.push(op);
+        head.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        head.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        head.extend_from_slice(key);
+        write_all_until(&self.stream, &head, deadline)?;
+        write_all_until(&self.stream, value, deadline)?;
+
+        let mut reply = [0u8; REPLY_HEADER];
+        read_exact_until(&self.stream, &mut reply, deadline)?;
+        let status = reply[0];
+        let len = u32::from_le_bytes([reply[1], reply[2], reply[3], reply[4]]) as usize;
+        let limit = if status == ST_OK {
+            MAX_VALUE
+        } else {
+            MAX_MESSAGE
+        };
+        if len > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("malformed reply: status {status} with {len} bytes"),
+            ));
+        }
+        let payload = read_vec_until(&self.stream, len, deadline)?;
+        Ok((status, payload))
+    }
+
+    /// The error for a reply that is not a success of `op`.
+    fn unexpected(&mut self, op: u8, key: &str, (status, payload): (u8, Vec<u8>)) -> Error {
+        let message = String::from_utf8_lossy(&payload).into_owned();
+        match status {
+            ST_INVALID => Error::InvalidArgument(message),
+            ST_FULL => Error::NoMem(message),
+            _ => {
+                // The two ends disagree about the protocol: do not trust the stream again.
+                self.broken = true;
+                Error::Transport(format!(
+                    "the rendezvous store at {} gave an unexpected reply (status {status}, {} \
+                     bytes) to the {} of key {key:?}",
+                    self.addr,
+                    payload.len(),
+                    op_name(op)
+                ))
+            }
+        }
+    }
+}
+
+/// One try at connecting and authenticating.
+fn attempt(addr: &str, secret: &[u8], io_timeout: Duration, deadline: Instant) -> Attempt {
+    let targets: Vec<SocketAddr> = match addr.to_socket_addrs() {
+        Ok(t) => t.collect(),
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+            return Attempt::Fatal(Error::InvalidArgument(format!(
+                "rendezvous store address {addr:?} is not host:port: {e}"
+            )))
+        }
+        // Name resolution may fail while the store's host is still coming up.
+        Err(e) => return Attempt::Retry(format!("resolving {addr}: {e}")),
+    };
+    let mut why = format!("{addr} resolved to no address");
+    for target in targets {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let stream = match TcpStream::connect_timeout(&target, left) {
+            Ok(s) => s,
+            Err(e) => {
+                why = format!("connecting to {target}: {e}");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        match auth::client_handshake_detailed(&stream, secret, STORE_HELLO, deadline) {
+            Ok(hello) if hello == STORE_HELLO => {}
+            Ok(_) => {
+                return Attempt::Fatal(Error::Init(format!(
+                    "{target} is an hcomm process of this job but not a rendezvous store: check \
+                     HCOMM_ROOT_ADDR"
+                )))
+            }
+            Err(e) if e.retryable => {
+                why = e.error.to_string();
+                continue;
+            }
+            Err(e) => return Attempt::Fatal(e.error),
+        }
+        let local_addr = match stream.local_addr() {
+            Ok(a) => a,
+            Err(e) => {
+                return Attempt::Fatal(Error::transport(
+                    format!("rendezvous store at {addr}: local address"),
+                    e,
+                ))
+            }
+        };
+        return Attempt::Done(StoreClient {
+            stream,
+            addr: addr.to_string(),
+            local_addr,
+            io_timeout,
+            broken: false,
+        });
+    }
+    Attempt::Retry(why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const SECRET: &[u8] = b"unit-test-secret";
+    const T: Duration = Duration::from_secs(5);
+
+    fn store() -> (RendezvousStore, String) {
+        let store = RendezvousStore::bind("127.0.0.1:0".parse().unwrap(), SECRET).unwrap();
+        let addr = store.local_addr().to_string();
+        (store, addr)
+    }
+
+    /// An authenticated raw connection, for sending frames a real client never would.
+    fn raw_client(addr: &str) -> TcpStream {
+        let stream = TcpStream::connect(addr).unwrap();
+        let deadline = Instant::now() + T;
+        let hello = auth::client_handshake_detailed(&stream, SECRET, STORE_HELLO, deadline);
+        assert_eq!(hello.unwrap(), STORE_HELLO);
+        stream.set_read_timeout(Some(T)).unwrap();
+        stream
+    }
+
+    fn assert_closed_by_server(mut stream: &TcpStream) {
+        let mut buf = [0u8; 16];
+        match stream.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+            other => panic!("expected the store to close the connection, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn table_accounts_bytes_and_enforces_the_limit() {
+        let mut t = Table::new(20);
+        assert_eq!(t.set(b"a".to_vec(), vec![0; 9]).0, ST_OK);
+        assert_eq!(t.bytes, 10);
+        assert_eq!(t.set(b"a".to_vec(), vec![0; 4]).0, ST_OK);
+        assert_eq!(t.bytes, 5);
+        assert_eq!(t.set(b"b".to_vec(), vec![0; 15]).0, ST_FULL);
+        assert_eq!(t.set(b"b".to_vec(), vec![0; 14]).0, ST_OK);
+        assert_eq!(t.bytes, 20);
+        assert_eq!(t.add(b"c".to_vec(), 1).0, ST_FULL);
+        assert_eq!(t.delete(b"b").0, ST_OK);
+        assert_eq!(t.delete(b"b").0, ST_NOT_FOUND);
+        assert_eq!(t.bytes, 5);
+        assert_eq!(
+            t.add(b"c".to_vec(), 1),
+            (ST_OK, 1i64.to_le_bytes().to_vec())
+        );
+        assert_eq!(t.bytes, 14);
+    }
+
+    #[test]
+    fn add_rejects_non_counters_and_overflow() {
+        let mut t = Table::new(1000);
+        t.set(b"s".to_vec(), b"text".to_vec());
+        assert_eq!(t.add(b"s".to_vec(), 1).0, ST_INVALID);
+        assert_eq!(t.add(b"n".to_vec(), i64::MAX).0, ST_OK);
+        assert_eq!(t.add(b"n".to_vec(), 1).0, ST_INVALID);
+        assert_eq!(
+            t.add(b"n".to_vec(), -1),
+            (ST_OK, (i64::MAX - 1).to_le_bytes().to_vec())
+        );
+    }
+
+    #[test]
+    fn add_on_a_non_counter_is_an_invalid_argument_and_keeps_the_connection() {
+        let (_store, addr) = store();
+        let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+        c.set("text", b"hello").unwrap();
+        assert!(matches!(c.add("text", 1), Err(Error::InvalidArgument(_))));
+        assert_eq!(c.get("text").unwrap().unwrap(), b"hello");
+    }
+
+    #[test]
+    fn client_rejects_oversized_key_and_value_locally() {
+        let (_store, addr) = store();
+        let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+        let long_key = "k".repeat(MAX_KEY + 1);
+        assert!(matches!(
+            c.set(&long_key, b""),
+            Err(Error::InvalidArgument(_))
+        ));
+        let big = vec![0u8; MAX_VALUE + 1];
+        assert!(matches!(c.set("k", &big), Err(Error::InvalidArgument(_))));
+        c.set(&"k".repeat(MAX_KEY), b"ok").unwrap();
+        assert_eq!(c.get(&"k".repeat(MAX_KEY)).unwrap().unwrap(), b"ok");
+    }
+
+    #[test]
+    fn authenticated_garbage_is_dropped_and_others_keep_working() {
+        let (_store, addr) = store();
+        let mut good = StoreClient::connect(&addr, SECRET, T).unwrap();
+        // Unknown op.
+        let bad = raw_client(&addr);
+        (&bad).write_all(&[99, 0, 0, 0, 0, 0, 0]).unwrap();
+        assert_closed_by_server(&bad);
+        // Key longer than MAX_KEY.
+        let bad = raw_client(&addr);
+        (&bad).write_all(&[OP_GET, 0xff, 0xff, 0, 0, 0, 0]).unwrap();
+        assert_closed_by_server(&bad);
+        // Value claiming 4 GiB: dropped before anything is allocated.
+        let bad = raw_client(&addr);
+        (&bad)
+            .write_all(&[OP_SET, 1, 0, 0xff, 0xff, 0xff, 0xff])
+            .unwrap();
+        assert_closed_by_server(&bad);
+        // A wait with the wrong value size.
+        let bad = raw_client(&addr);
+        (&bad)
+            .write_all(&[OP_WAIT, 1, 0, 1, 0, 0, 0, b'k', 0])
+            .unwrap();
+        assert_closed_by_server(&bad);
+        good.set("still", b"fine").unwrap();
+        assert_eq!(good.get("still").unwrap().unwrap(), b"fine");
+    }
+
+    #[test]
+    fn raw_frames_round_trip() {
+        let (_store, addr) = store();
+        let raw = raw_client(&addr);
+        (&raw)
+            .write_all(&[OP_SET, 1, 0, 2, 0, 0, 0, b'k', b'v', b'w'])
+            .unwrap();
+        let mut reply = [0u8; REPLY_HEADER];
+        (&raw).read_exact(&mut reply).unwrap();
+        assert_eq!(reply, [ST_OK, 0, 0, 0, 0]);
+        (&raw).write_all(&[OP_GET, 1, 0, 0, 0, 0, 0, b'k']).unwrap();
+        let mut reply = [0u8; REPLY_HEADER + 2];
+        (&raw).read_exact(&mut reply).unwrap();
+        assert_eq!(reply, [ST_OK, 2, 0, 0, 0, b'v', b'w']);
+    }
+
+    #[test]
+    fn client_that_is_not_a_store_client_is_dropped() {
+        let (_store, addr) = store();
+        let stream = TcpStream::connect(&addr).unwrap();
+        let deadline = Instant::now() + T;
+        // Authenticates (same secret) but announces another protocol.
+        auth::client_handshake_detailed(&stream, SECRET, b"hcomm-tcp/1", deadline).unwrap();
+        stream.set_read_timeout(Some(T)).unwrap();
+        assert_closed_by_server(&stream);
+    }
+
+    #[test]
+    fn unparsable_address_is_an_invalid_argument() {
+        let err = StoreClient::connect("no-port-here", SECRET, T).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    }
+
+    #[test]
+    fn empty_secret_is_rejected() {
+        let addr = "127.0.0.1:0".parse().unwrap();
+        assert!(matches!(
+            RendezvousStore::bind(addr, b""),
+            Err(Error::InvalidArgument(_))
+        ));
+        let err = StoreClient::connect("127.0.0.1:1", b"", T).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+    }
+
+    #[test]
+    fn drop_wakes_waiters_and_returns_promptly() {
+        let (store, addr) = store();
+        let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+        let waiter = thread::spawn(move || {
+            let start = Instant::now();
+            (c.wait("never", Duration::from_secs(20)), start.elapsed())
+        });
+        thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        drop(store);
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "drop took {:?}",
+            start.elapsed()
+        );
+        let (result, waited) = waiter.join().unwrap();
+        assert!(matches!(result, Err(Error::Transport(_))), "{result:?}");
+        assert!(waited < Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,500 @@
+//! The communicator: a group of ranks that exchange messages, and its lifetime.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::{RendezvousStore, StoreClient};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::p2p::{Engine, EngineConfig, OpId, Target};
+use crate::topology::{RankInfo, Topology};
+use crate::transport::tcp;
+
+/// Communicator ids with this bit carry hcomm's own traffic (split, barrier), never a
+/// user's.
+const INTERNAL: u64 = 1 << 63;
+const WORLD_ID: u64 = 1;
+/// How long a waiting rank polls before sleeping, when it has a core to itself.
+const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// Internal tags.
+const TAG_SPLIT: u32 = 1;
+const TAG_BARRIER: u32 = 0x100;
+
+/// Counts worlds created by this process, so that several worlds on one store keep their
+/// keys apart (every rank creates its worlds in the same order).
+static WORLDS: AtomicU64 = AtomicU64::new(0);
+
+/// What every communicator of one world shares: the engine, the store and the settings.
+struct World {
+    config: Config,
+    engine: Engine,
+    rank: usize,
+    /// Kept for the world's lifetime: rank 0 may host the store of the job.
+    _store: Option<RendezvousStore>,
+    _client: Option<Mutex<StoreClient>>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let missing = self.engine.close(Instant::now() + self.config.timeout);
+        if !missing.is_empty() {
+            tracing::warn!(
+                "rank {}: world ranks {missing:?} did not finalize within HCOMM_TIMEOUT; closing anyway",
+                self.rank
+            );
+        }
+    }
+}
+
+/// A group of ranks that exchange messages: the world, or one made by [`Communicator::split`]
+/// or [`Communicator::dup`].
+///
+/// Every call is bounded by `HCOMM_TIMEOUT`. Dropping the last communicator of a world (or
+/// calling [`Communicator::destroy`] on it) closes its connections after every other rank
+/// has done the same, so no message in flight is cut off.
+pub struct Communicator {
+    world: Arc<World>,
+    id: u64,
+    rank: usize,
+    /// World rank of each member, by rank in this communicator.
+    members: Arc<[usize]>,
+    topology: Arc<Topology>,
+    /// Communicators derived from this one so far (all members derive in the same order).
+    derived: AtomicU64,
+}
+
+/// A finished nonblocking operation: its buffer back, and the bytes sent or received.
+#[derive(Debug)]
+pub struct Completion {
+    /// The buffer given to [`Communicator::isend`] or [`Communicator::irecv`].
+    pub buffer: Vec<u8>,
+    /// Bytes sent, or bytes received into the front of `buffer`.
+    pub len: usize,
+}
+
+/// A nonblocking operation in flight. It progresses in the background; [`Request::wait`]
+/// collects it. Dropping it before completion lets it finish in the background.
+#[must_use = "a request does nothing visible until it is waited for"]
+pub struct Request {
+    world: Arc<World>,
+    id: OpId,
+    buffer: Option<Vec<u8>>,
+    result: Option<Result<usize>>,
+}
+
+impl Request {
+    /// Waits (at most `HCOMM_TIMEOUT`) for the operation and returns its buffer.
+    pub fn wait(mut self) -> Result<Completion> {
+        let result = match self.result.take() {
+            Some(r) => r,
+            None => self.world.engine.wait(self.id, Instant::now() + self.world.config.timeout),
+        };
+        let buffer = self.buffer.take().unwrap_or_default();
+        result.map(|len| Completion { buffer, len })
+    }
+
+    /// Progresses and tells whether the operation has completed (then [`Request::wait`]
+    /// returns at once).
+    pub fn test(&mut self) -> Result<bool> {
+        if self.result.is_none() {
+            self.result = self.world.engine.test(self.id);
+        }
+        Ok(self.result.is_some())
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if self.result.is_none() {
+            if let Some(buffer) = self.buffer.take() {
+                self.world.engine.detach(self.id, buffer);
+            }
+        }
+    }
+}
+
+/// Waits for every request, in order; the first error is returned after all were waited for.
+pub fn wait_all(requests: Vec<Request>) -> Result<Vec<Completion>> {
+    let mut out = Vec::with_capacity(requests.len());
+    let mut first_err = None;
+    for r in requests {
+        match r.wait() {
+            Ok(c) => out.push(c),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+fn init_logging(level: Option<u8>) {
+    static ONCE: Once = Once::new();
+    let Some(level) = level else { return };
+    ONCE.call_once(|| {
+        let max = match level {
+            0 => tracing::Level::ERROR,
+            1 => tracing::Level::WARN,
+            2 => tracing::Level::INFO,
+            3 => tracing::Level::DEBUG,
+            _ => tracing::Level::TRACE,
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(max)
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .try_init();
+    });
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl Communicator {
+    /// Joins the job this process was launched into (see the README for the launchers and
+    /// variables), or makes a world of one rank when there is no launcher.
+    pub fn init() -> Result<Communicator> {
+        Communicator::init_with(Config::from_env()?)
+    }
+
+    /// Joins the job described by `config`.
+    pub fn init_with(config: Config) -> Result<Communicator> {
+        init_logging(config.log_level);
+        let (rank, size) = (config.launch.rank, config.launch.size);
+        let deadline = Instant::now() + config.timeout;
+        let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
+        let me = RankInfo::current();
+        let (links, infos, store, client) = if size == 1 {
+            (vec![Vec::new()], vec![me], None, None)
+        } else {
+            let secret = config.job_secret.clone().ok_or_else(|| {
+                Error::Init(
+                    "HCOMM_JOB_SECRET is not set: give every rank of the job the same secret \
+                     (hcommrun does this for you)"
+                        .into(),
+                )
+            })?;
+            let root = config.launch.root_addr.clone().ok_or_else(|| {
+                Error::Init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other".into())
+            })?;
+            let (store, bind_err) = if rank == 0 { host_store(&root, &secret) } else { (None, None) };
+            let mut client = StoreClient::connect(&root, &secret, config.timeout).map_err(|e| match &bind_err {
+                Some(b) => Error::Init(format!("{e} (rank 0 could not host the store there either: {b})")),
+                None => e,
+            })?;
+            let ip = match &config.if_addr {
+                Some(a) => a.parse().map_err(|_| {
+                    Error::InvalidArgument(format!("HCOMM_IFADDR={a:?} is not an IP address"))
+                })?,
+                None => client.local_addr().ip(),
+            };
+            let listener = tcp::listen(ip)?;
+            let addr = listener.local_addr().map_err(|e| Error::transport("reading the listen address", e))?;
+            let ns = format!("hcomm/{generation}");
+            client.set(&format!("{ns}/addr/{rank}"), addr.to_string().as_bytes())?;
+            client.set(&format!("{ns}/info/{rank}"), &me.encode())?;
+            let mut addrs = Vec::with_capacity(size);
+            let mut infos = Vec::with_capacity(size);
+            for r in 0..size {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let a = client.wait(&format!("{ns}/addr/{r}"), left)?;
+                let a: SocketAddr = std::str::from_utf8(&a)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| Error::Init(format!("rank {r} published a malformed address")))?;
+                addrs.push(a);
+                let left = deadline.saturating_duration_since(Instant::now());
+                infos.push(RankInfo::decode(r, &client.wait(&format!("{ns}/info/{r}"), left)?)?);
+            }
+            let links = tcp::connect_mesh(listener, rank, &addrs, config.tcp_streams, &secret, deadline)?;
+            (links, infos, store, Some(Mutex::new(client)))
+        };
+        let topology = Topology::new(infos);
+        let local_size = topology.local_size(rank);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = match config.spin_us {
+            Some(us) => Duration::from_micros(us),
+            None if local_size <= cores => DEFAULT_SPIN,
+            None => Duration::ZERO,
+        };
+        let engine = Engine::new(
+            links,
+            EngineConfig { rank, eager_limit: config.tcp_eager_limit, chunk: config.tcp_chunk, spin },
+        )?;
+        if config.debug && rank == 0 {
+            // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+            eprint!("{}", topology.table());
+        }
+        tracing::debug!(rank, size, launcher = ?config.launch.launcher, "world ready");
+        let world = Arc::new(World { config, engine, rank, _store: store, _client: client });
+        Ok(Communicator {
+            world,
+            id: WORLD_ID,
+            rank,
+            members: (0..size).collect(),
+            topology: Arc::new(topology),
+            derived: AtomicU64::new(0),
+        })
+    }
+
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Rank among the members on this host.
+    pub fn local_rank(&self) -> usize {
+        self.topology.local_rank(self.rank)
+    }
+
+    /// Number of members on this host.
+    pub fn local_size(&self) -> usize {
+        self.topology.local_size(self.rank)
+    }
+
+    /// Where every member runs.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The settings the world was created with.
+    pub fn config(&self) -> &Config {
+        &self.world.config
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.world.config.timeout
+    }
+
+    fn target(&self, comm: u64, peer: usize, tag: u32, what: &str) -> Result<Target> {
+        match self.members.get(peer) {
+            Some(&world_rank) => Ok(Target { comm, peer: world_rank, comm_rank: peer, tag }),
+            None => Err(Error::InvalidArgument(format!(
+                "{what} rank {peer} does not exist: the communicator has {} ranks",
+                self.size()
+            ))),
+        }
+    }
+
+    /// Sends `buf` to rank `dest` with `tag`; returns when `buf` may be reused.
+    pub fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
+        let t = self.target(self.id, dest, tag, "destination")?;
+        self.send_to(t, buf)
+    }
+
+    fn send_to(&self, t: Target, buf: &[u8]) -> Result<()> {
+        let engine = &self.world.engine;
+        // SAFETY: `buf` is borrowed for this whole call and `wait` removes the operation
+        // (on success, error or timeout) before returning.
+        let id = unsafe { engine.post_send(t, buf.as_ptr(), buf.len(), false)? };
+        engine.wait(id, self.deadline()).map(drop)
+    }
+
+    /// Receives a message from rank `src` with `tag` into `buf`; returns its length.
+    /// A longer message gives [`Error::Truncated`] (and is consumed).
+    pub fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
+        let t = self.target(self.id, src, tag, "source")?;
+        self.recv_from(t, buf)
+    }
+
+    fn recv_from(&self, t: Target, buf: &mut [u8]) -> Result<usize> {
+        let engine = &self.world.engine;
+        // SAFETY: `buf` is mutably borrowed for this whole call and `wait` removes the
+        // operation (on success, error or timeout) before returning.
+        let id = unsafe { engine.post_recv(t, buf.as_mut_ptr(), buf.len(), false)? };
+        engine.wait(id, self.deadline())
+    }
+
+    /// Sends `sendbuf` to `dest` and receives from `src` into `recvbuf` at the same time, so
+    /// that ranks exchanging with each other never deadlock. Returns the received length.
+    pub fn sendrecv(
+        &self,
+        sendbuf: &[u8],
+        dest: usize,
+        sendtag: u32,
+        recvbuf: &mut [u8],
+        src: usize,
+        recvtag: u32,
+    ) -> Result<usize> {
+        let st = self.target(self.id, dest, sendtag, "destination")?;
+        let rt = self.target(self.id, src, recvtag, "source")?;
+        self.exchange(st, sendbuf, rt, recvbuf)
+    }
+
+    fn exchange(&self, st: Target, sendbuf: &[u8], rt: Target, recvbuf: &mut [u8]) -> Result<usize> {
+        let engine = &self.world.engine;
+        let deadline = self.deadline();
+        // SAFETY: both buffers are borrowed for this whole call; each operation is removed by
+        // `wait` below before returning, on every path.
+        let rid = unsafe { engine.post_recv(rt, recvbuf.as_mut_ptr(), recvbuf.len(), false)? };
+        // SAFETY: as above.
+        let sid = match unsafe { engine.post_send(st, sendbuf.as_ptr(), sendbuf.len(), false) } {
+            Ok(id) => id,
+            Err(e) => {
+                // The receive must not outlive this call: finish or cancel it first.
+                let _ = engine.wait(rid, Instant::now());
+                return Err(e);
+            }
+        };
+        let sent = engine.wait(sid, deadline);
+        let received = engine.wait(rid, if sent.is_ok() { deadline } else { Instant::now() });
+        sent?;
+        received
+    }
+
+    /// Starts sending `buf` to `dest`; [`Request::wait`] gives the buffer back.
+    pub fn isend(&self, buf: Vec<u8>, dest: usize, tag: u32) -> Result<Request> {
+        let t = self.target(self.id, dest, tag, "destination")?;
+        // SAFETY: the Vec's heap block does not move when the Vec does; the request owns it
+        // until the operation is taken by wait/test, or hands it to the engine in `detach`.
+        let id = unsafe { self.world.engine.post_send(t, buf.as_ptr(), buf.len(), true)? };
+        Ok(Request { world: Arc::clone(&self.world), id, buffer: Some(buf), result: None })
+    }
+
+    /// Starts receiving from `src` into `buf` (its length is the capacity);
+    /// [`Request::wait`] gives the buffer back with the received length.
+    pub fn irecv(&self, mut buf: Vec<u8>, src: usize, tag: u32) -> Result<Request> {
+        let t = self.target(self.id, src, tag, "source")?;
+        // SAFETY: as in `isend`; nothing else touches the Vec while the request owns it.
+        let id = unsafe { self.world.engine.post_recv(t, buf.as_mut_ptr(), buf.len(), true)? };
+        Ok(Request { world: Arc::clone(&self.world), id, buffer: Some(buf), result: None })
+    }
+
+    /// Returns when every rank has called it (dissemination: ⌈log2 n⌉ rounds).
+    pub fn barrier(&self) -> Result<()> {
+        let n = self.size();
+        let mut dist = 1;
+        let mut round = 0;
+        while dist < n {
+            let to = (self.rank + dist) % n;
+            let from = (self.rank + n - dist) % n;
+            let st = self.target(self.id | INTERNAL, to, TAG_BARRIER + round, "barrier")?;
+            let rt = self.target(self.id | INTERNAL, from, TAG_BARRIER + round, "barrier")?;
+            self.exchange(st, &[], rt, &mut [])?;
+            dist *= 2;
+            round += 1;
+        }
+        Ok(())
+    }
+
+    /// Every rank's `mine`, by rank (hcomm's own small all-gather for communicator creation).
+    fn exchange_all(&self, mine: &[u8; 16]) -> Result<Vec<[u8; 16]>> {
+        let n = self.size();
+        let mut all = vec![[0u8; 16]; n];
+        all[self.rank] = *mine;
+        for dist in 1..n {
+            let to = (self.rank + dist) % n;
+            let from = (self.rank + n - dist) % n;
+            let st = self.target(self.id | INTERNAL, to, TAG_SPLIT, "split")?;
+            let rt = self.target(self.id | INTERNAL, from, TAG_SPLIT, "split")?;
+            let got = self.exchange(st, mine, rt, &mut all[from])?;
+            if got != 16 {
+                return Err(Error::Mismatch(format!(
+                    "rank {from} sent {got} bytes during communicator creation: ranks are calling \
+                     different operations"
+                )));
+            }
+        }
+        Ok(all)
+    }
+
+    fn derive(&self, id: u64, members: Vec<usize>, rank: usize) -> Communicator {
+        let world_members: Vec<usize> = members.iter().map(|&r| self.members[r]).collect();
+        Communicator {
+            world: Arc::clone(&self.world),
+            id,
+            rank,
+            topology: Arc::new(self.topology.subset(&members)),
+            members: world_members.into(),
+            derived: AtomicU64::new(0),
+        }
+    }
+
+    fn next_id(&self, color: u64) -> u64 {
+        let n = self.derived.fetch_add(1, Ordering::SeqCst);
+        let id = splitmix(self.id ^ splitmix(n ^ splitmix(color)));
+        // Keep clear of the world's id and of internal ids.
+        (id & !INTERNAL).max(WORLD_ID + 1)
+    }
+
+    /// Splits into disjoint communicators: ranks with the same `color` land together,
+    /// ordered by `key` then by rank here. Collective over this communicator. A negative
+    /// color joins none and returns `None`.
+    pub fn split(&self, color: i32, key: i32) -> Result<Option<Communicator>> {
+        let mut mine = [0u8; 16];
+        mine[..4].copy_from_slice(&color.to_le_bytes());
+        mine[4..8].copy_from_slice(&key.to_le_bytes());
+        let all = self.exchange_all(&mine)?;
+        let decode = |b: &[u8; 16]| {
+            (i32::from_le_bytes([b[0], b[1], b[2], b[3]]), i32::from_le_bytes([b[4], b[5], b[6], b[7]]))
+        };
+        // Every rank draws an id for every color so that all stay in step.
+        let id = self.next_id(color as u32 as u64);
+        if color < 0 {
+            return Ok(None);
+        }
+        let mut members: Vec<(i32, usize)> = all
+            .iter()
+            .enumerate()
+            .filter_map(|(r, b)| {
+                let (c, k) = decode(b);
+                (c == color).then_some((k, r))
+            })
+            .collect();
+        members.sort();
+        let members: Vec<usize> = members.into_iter().map(|(_, r)| r).collect();
+        let rank = members.iter().position(|&r| r == self.rank).ok_or_else(|| {
+            Error::Internal("this rank is missing from its own split".into())
+        })?;
+        Ok(Some(self.derive(id, members, rank)))
+    }
+
+    /// A new communicator with the same members, whose messages never match this one's.
+    /// Collective over this communicator.
+    pub fn dup(&self) -> Result<Communicator> {
+        self.barrier()?;
+        let id = self.next_id(u64::MAX);
+        Ok(self.derive(id, (0..self.size()).collect(), self.rank))
+    }
+
+    /// Releases the communicator. For the last communicator of a world this closes the
+    /// connections, after every other rank has finalized too (bounded by `HCOMM_TIMEOUT`).
+    pub fn destroy(self) -> Result<()> {
+        drop(self);
+        Ok(())
+    }
+}
+
+/// Rank 0 hosts the store at `HCOMM_ROOT_ADDR` unless something (hcommrun's store) already
+/// listens there; the bind error is kept to explain a later failure.
+fn host_store(root: &str, secret: &[u8]) -> (Option<RendezvousStore>, Option<String>) {
+    let addr = match root.to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(a)) => a,
+        Ok(None) => return (None, Some(format!("{root} resolves to no address"))),
+        Err(e) => return (None, Some(format!("cannot resolve {root}: {e}"))),
+    };
+    match RendezvousStore::bind(addr, secret) {
+        Ok(s) => {
+            tracing::debug!("rank 0 hosts the rendezvous store at {addr}");
+            (Some(s), None)
+        }
+        Err(e) => {
+            tracing::debug!("rank 0 does not host the store at {addr}: {e}");
+            (None, Some(e.to_string()))
+        }
+    }
+}

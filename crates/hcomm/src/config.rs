@@ -1,0 +1,301 @@
+//! Every environment variable hcomm reads, parsed in this one place.
+//!
+//! The README's "Environment variables" section documents the same list. Parsing is strict: a
+//! value that does not parse is an [`Error::InvalidArgument`] naming the variable, never a
+//! silent default.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Default bound on every wait, in seconds (`HCOMM_TIMEOUT`).
+pub const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
+/// Default largest message sent eagerly over TCP (`HCOMM_TCP_EAGER_LIMIT`).
+pub const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
+/// Default number of TCP streams per peer (`HCOMM_TCP_STREAMS`).
+pub const DEFAULT_TCP_STREAMS: usize = 2;
+/// Default chunk of a large message on one stream (`HCOMM_TCP_CHUNK`).
+pub const DEFAULT_TCP_CHUNK: usize = 512 * 1024;
+/// Largest accepted `HCOMM_TCP_STREAMS`.
+pub const MAX_TCP_STREAMS: usize = 16;
+
+/// Which launcher the rank information came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// `HCOMM_RANK`/`HCOMM_SIZE` (hcommrun, or set by hand).
+    Hcomm,
+    /// Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
+    OpenMpi,
+    /// MPICH's Hydra `mpiexec` (`PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`).
+    MpichHydra,
+    /// Slurm's `srun` (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`).
+    Slurm,
+    /// PyTorch's `torchrun` (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`).
+    Torchrun,
+    /// No launcher: a world of one rank.
+    Singleton,
+}
+
+/// Where this process sits in its job, as the launcher told it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchInfo {
+    /// The launcher the values came from.
+    pub launcher: Launcher,
+    /// This process's rank in the world.
+    pub rank: usize,
+    /// Number of ranks in the world.
+    pub size: usize,
+    /// Rank among the processes of this host, when the launcher says.
+    pub local_rank: Option<usize>,
+    /// `host:port` of the rendezvous store, when known.
+    pub root_addr: Option<String>,
+}
+
+/// Tunables and job settings read from the environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `HCOMM_DEBUG=1`: rank 0 prints the topology table at start.
+    pub debug: bool,
+    /// `HCOMM_LOG_LEVEL` 0 (errors) .. 4 (trace); `None` = logging off.
+    pub log_level: Option<u8>,
+    /// `HCOMM_TIMEOUT` (seconds, fractions allowed): the bound on every wait.
+    pub timeout: Duration,
+    /// `HCOMM_TRANSPORT`: force one transport (`tcp`).
+    pub transport: Option<String>,
+    /// `HCOMM_ALGO`: per-collective algorithm overrides, as written.
+    pub algo: Option<String>,
+    /// `HCOMM_JOB_SECRET`: the job's shared secret (bytes of the string).
+    pub job_secret: Option<Vec<u8>>,
+    /// `HCOMM_TCP_STREAMS`: TCP connections per peer (1..=16).
+    pub tcp_streams: usize,
+    /// `HCOMM_TCP_EAGER_LIMIT`: largest message sent without a rendezvous handshake.
+    pub tcp_eager_limit: usize,
+    /// `HCOMM_TCP_CHUNK`: bytes of a large message sent on one stream at a time.
+    pub tcp_chunk: usize,
+    /// `HCOMM_SPIN_US`: microseconds a waiting rank polls before it sleeps; `None` = automatic
+    /// (spin when the host has a core per local rank, otherwise sleep at once).
+    pub spin_us: Option<u64>,
+    /// `HCOMM_IFADDR`: IP address this rank listens on and announces (default: the address
+    /// its connection to the store leaves from).
+    pub if_addr: Option<String>,
+    /// Where this process sits in its job.
+    pub launch: LaunchInfo,
+}
+
+impl Config {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the configuration through `lookup` (a stand-in for the environment in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let timeout_secs = match get("HCOMM_TIMEOUT") {
+            Some(v) => parse_num::<f64>("HCOMM_TIMEOUT", &v)?,
+            None => DEFAULT_TIMEOUT_SECS,
+        };
+        if !(timeout_secs > 0.0 && timeout_secs <= 1e7) {
+            return Err(invalid("HCOMM_TIMEOUT", &timeout_secs.to_string(), "0 < seconds <= 1e7"));
+        }
+        let log_level = match get("HCOMM_LOG_LEVEL") {
+            Some(v) => {
+                let l = parse_num::<u8>("HCOMM_LOG_LEVEL", &v)?;
+                if l > 4 {
+                    return Err(invalid("HCOMM_LOG_LEVEL", &v, "0 (errors) .. 4 (trace)"));
+                }
+                Some(l)
+            }
+            None => None,
+        };
+        let tcp_streams = match get("HCOMM_TCP_STREAMS") {
+            Some(v) => {
+                let n = parse_num::<usize>("HCOMM_TCP_STREAMS", &v)?;
+                if !(1..=MAX_TCP_STREAMS).contains(&n) {
+                    return Err(invalid("HCOMM_TCP_STREAMS", &v, "1 .. 16"));
+                }
+                n
+            }
+            None => DEFAULT_TCP_STREAMS,
+        };
+        let tcp_eager_limit = match get("HCOMM_TCP_EAGER_LIMIT") {
+            Some(v) => {
+                let n = parse_num::<usize>("HCOMM_TCP_EAGER_LIMIT", &v)?;
+                if n > 16 << 20 {
+                    return Err(invalid("HCOMM_TCP_EAGER_LIMIT", &v, "0 .. 16777216 bytes"));
+                }
+                n
+            }
+            None => DEFAULT_TCP_EAGER_LIMIT,
+        };
+        let tcp_chunk = match get("HCOMM_TCP_CHUNK") {
+            Some(v) => {
+                let n = parse_num::<usize>("HCOMM_TCP_CHUNK", &v)?;
+                if !(4096..=64 << 20).contains(&n) {
+                    return Err(invalid("HCOMM_TCP_CHUNK", &v, "4096 .. 67108864 bytes"));
+                }
+                n
+            }
+            None => DEFAULT_TCP_CHUNK,
+        };
+        let spin_us = match get("HCOMM_SPIN_US") {
+            Some(v) => Some(parse_num::<u64>("HCOMM_SPIN_US", &v)?.min(1_000_000)),
+            None => None,
+        };
+        let transport = get("HCOMM_TRANSPORT");
+        if let Some(t) = &transport {
+            if t != "tcp" {
+                return Err(invalid("HCOMM_TRANSPORT", t, "tcp"));
+            }
+        }
+        Ok(Config {
+            debug: get("HCOMM_DEBUG").is_some_and(|v| v != "0"),
+            log_level,
+            timeout: Duration::from_secs_f64(timeout_secs),
+            transport,
+            algo: get("HCOMM_ALGO"),
+            job_secret: get("HCOMM_JOB_SECRET").map(String::into_bytes),
+            tcp_streams,
+            tcp_eager_limit,
+            tcp_chunk,
+            spin_us,
+            if_addr: get("HCOMM_IFADDR"),
+            launch: detect_launch(&get)?,
+        })
+    }
+}
+
+fn invalid(name: &str, value: &str, expected: &str) -> Error {
+    Error::InvalidArgument(format!("{name}={value:?} is not valid: expected {expected}"))
+}
+
+fn parse_num<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
+    value.trim().parse::<T>().map_err(|_| invalid(name, value, "a number"))
+}
+
+/// Reads rank, size, local rank and store address from the first launcher whose variables are
+/// present, in the order hcomm, Open MPI, MPICH Hydra, Slurm, torchrun.
+fn detect_launch(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
+    let root_addr = get("HCOMM_ROOT_ADDR");
+    let candidates: [(Launcher, &str, &str, &str); 5] = [
+        (Launcher::Hcomm, "HCOMM_RANK", "HCOMM_SIZE", "HCOMM_LOCAL_RANK"),
+        (
+            Launcher::OpenMpi,
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ),
+        (Launcher::MpichHydra, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        (Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        (Launcher::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ];
+    for (launcher, rank_var, size_var, local_var) in candidates {
+        let (Some(rank), Some(size)) = (get(rank_var), get(size_var)) else {
+            continue;
+        };
+        let rank = parse_num::<usize>(rank_var, &rank)?;
+        let size = parse_num::<usize>(size_var, &size)?;
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidArgument(format!(
+                "{rank_var}={rank} and {size_var}={size}: need 0 <= rank < size"
+            )));
+        }
+        let local_rank = match get(local_var) {
+            Some(v) => Some(parse_num::<usize>(local_var, &v)?),
+            None => None,
+        };
+        let root_addr = match (root_addr, launcher) {
+            (Some(a), _) => Some(a),
+            (None, Launcher::Torchrun) => torchrun_store(get)?,
+            (None, _) => None,
+        };
+        if size > 1 && root_addr.is_none() {
+            return Err(Error::Init(format!(
+                "launched by {launcher:?} with {size} ranks but HCOMM_ROOT_ADDR is not set: \
+                 set HCOMM_ROOT_ADDR=host:port (a free port on rank 0's host) and \
+                 HCOMM_JOB_SECRET for every rank, or start the job with hcommrun"
+            )));
+        }
+        return Ok(LaunchInfo { launcher, rank, size, local_rank, root_addr });
+    }
+    Ok(LaunchInfo {
+        launcher: Launcher::Singleton,
+        rank: 0,
+        size: 1,
+        local_rank: Some(0),
+        root_addr,
+    })
+}
+
+/// torchrun's own store listens on `MASTER_PORT`; hcomm's store takes the next port.
+fn torchrun_store(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>> {
+    let (Some(addr), Some(port)) = (get("MASTER_ADDR"), get("MASTER_PORT")) else {
+        return Ok(None);
+    };
+    let port = parse_num::<u16>("MASTER_PORT", &port)?;
+    let port = port
+        .checked_add(1)
+        .ok_or_else(|| invalid("MASTER_PORT", &port.to_string(), "a port below 65535"))?;
+    Ok(Some(format!("{addr}:{port}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<Config> {
+        let map: HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn no_launcher_is_a_world_of_one() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.launch.launcher, Launcher::Singleton);
+        assert_eq!((c.launch.rank, c.launch.size), (0, 1));
+        assert_eq!(c.timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn launchers_are_detected_in_order() {
+        let c = cfg(&[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("HCOMM_ROOT_ADDR", "h:1"),
+        ])
+        .unwrap();
+        assert_eq!(c.launch.launcher, Launcher::OpenMpi);
+        assert_eq!((c.launch.rank, c.launch.size, c.launch.local_rank), (2, 4, Some(0)));
+        let c = cfg(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("HCOMM_ROOT_ADDR", "h:1")]).unwrap();
+        assert_eq!(c.launch.launcher, Launcher::MpichHydra);
+        let c = cfg(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3"), ("HCOMM_ROOT_ADDR", "h:1")])
+            .unwrap();
+        assert_eq!(c.launch.launcher, Launcher::Slurm);
+        let c = cfg(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap();
+        assert_eq!(c.launch.launcher, Launcher::Torchrun);
+        assert_eq!(c.launch.root_addr.as_deref(), Some("10.0.0.1:29501"));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = cfg(&[("HCOMM_TIMEOUT", "soon")]).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_TIMEOUT"), "{e}");
+        let e = cfg(&[("HCOMM_RANK", "3"), ("HCOMM_SIZE", "2")]).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_RANK"), "{e}");
+        let e = cfg(&[("HCOMM_RANK", "0"), ("HCOMM_SIZE", "2")]).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_ROOT_ADDR"), "{e}");
+        let e = cfg(&[("HCOMM_TCP_STREAMS", "99")]).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        let e = cfg(&[("HCOMM_TRANSPORT", "carrier-pigeon")]).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_TRANSPORT"), "{e}");
+    }
+}

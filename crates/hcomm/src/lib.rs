@@ -1,0 +1,31 @@
+//! hcomm: a collective communication library.
+//!
+//! One process per rank; ranks exchange data through point-to-point messages and collectives
+//! over TCP (shared memory and RDMA-class transports follow). Start a job with `hcommrun`,
+//! Open MPI's `mpirun`, MPICH's `mpiexec`, Slurm's `srun` or `torchrun`, then:
+//!
+//! ```no_run
+//! let comm = hcomm::Communicator::init()?;
+//! let peer = (comm.rank() + 1) % comm.size();
+//! let from = (comm.rank() + comm.size() - 1) % comm.size();
+//! let mut got = [0u8; 5];
+//! comm.sendrecv(b"hello", peer, 7, &mut got, from, 7)?;
+//! # Ok::<(), hcomm::Error>(())
+//! ```
+//!
+//! Layers, bottom up: [`bootstrap`] (rendezvous store, authentication), [`topology`],
+//! [`transport`] (TCP), `p2p` (matching, requests, progress), [`Communicator`].
+
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+pub mod bootstrap;
+mod comm;
+pub mod config;
+mod error;
+mod p2p;
+pub mod topology;
+pub mod transport;
+
+pub use comm::{wait_all, Communicator, Completion, Request};
+pub use config::Config;
+pub use error::{Error, ErrorCode, Result};

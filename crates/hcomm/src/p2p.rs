@@ -1,0 +1,1163 @@
+//! Point-to-point messaging: tag matching, requests and the progress engine over TCP links.
+//!
+//! One [`Engine`] serves every communicator of a world (split and dup share it); frames carry
+//! the communicator id. Messages up to the eager limit travel in one frame; larger ones use a
+//! rendezvous (RTS, CTS, then data chunks spread over all streams of the peer and written
+//! straight into the receive buffer), so unexpected large messages never pile up in memory.
+//!
+//! Progress: a thread that waits drives the sockets itself (it spins briefly, then sleeps in
+//! `epoll_wait`), so a blocking receive reads its own data with no hand-off. A background
+//! thread progresses outstanding nonblocking operations while nobody waits.
+//!
+//! Every operation names a buffer by raw pointer. The engine touches it only until the
+//! operation completes, is cancelled, or fails with its peer; the safe layer above (the
+//! communicator and [`Request`](crate::Request)) keeps the buffer alive and borrowed until
+//! then.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::buffer::spare_capacity;
+use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
+
+use crate::error::{Error, Result};
+use crate::transport::wire::{FrameHeader, FrameKind, FLAG_DISCARD, HEADER_LEN};
+
+/// Identifies an operation inside the engine.
+pub(crate) type OpId = u64;
+
+/// Bytes buffered per stream for small frames; larger payloads are read in place.
+const RX_BUF: usize = 64 * 1024;
+/// Read and write rounds per stream per event, so one busy peer cannot starve the others.
+const MAX_ROUNDS: usize = 64;
+/// epoll token of the wake-up eventfd.
+const WAKE_TOKEN: u64 = u64::MAX;
+/// Longest sleep between checks of a waiter's own state.
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+
+/// Engine settings, fixed at creation.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineConfig {
+    /// This process's world rank.
+    pub rank: usize,
+    /// Messages up to this size go eagerly.
+    pub eager_limit: usize,
+    /// Data chunk size of rendezvous transfers.
+    pub chunk: usize,
+    /// How long a waiter polls before it sleeps.
+    pub spin: Duration,
+}
+
+/// Which rank of which communicator an operation talks to, for messages.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target {
+    /// Communicator id (frames carry it).
+    pub comm: u64,
+    /// World rank of the peer (indexes the links).
+    pub peer: usize,
+    /// Rank of the peer in the communicator (for messages).
+    pub comm_rank: usize,
+    /// Message tag.
+    pub tag: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct MatchKey {
+    comm: u64,
+    peer: usize,
+    tag: u32,
+}
+
+/// A user buffer, valid while its operation is live (see the module docs).
+#[derive(Debug, Clone, Copy)]
+struct BufPtr(*mut u8);
+
+// SAFETY: the pointer is only dereferenced under the engine lock while the operation that owns
+// it is live, and the API layer keeps the buffer alive and unaliased for exactly that time.
+unsafe impl Send for BufPtr {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Send,
+    Recv,
+}
+
+#[derive(Debug)]
+struct Op {
+    kind: OpKind,
+    target: Target,
+    buf: BufPtr,
+    /// Send: message length. Recv: buffer capacity.
+    cap: usize,
+    /// Recv: length of the matched message.
+    msg_len: usize,
+    /// Send: frames not yet fully written. Recv (rendezvous): bytes not yet received.
+    remaining: usize,
+    /// Set when an unexpected message is claimed or a rendezvous is matched: from then on
+    /// data for this operation may be in flight.
+    started: bool,
+    asynchronous: bool,
+    /// Buffer of a nonblocking operation whose request was dropped before completion: the
+    /// engine finishes the operation and frees it.
+    detached: Option<Vec<u8>>,
+    result: Option<Result<usize>>,
+}
+
+impl Op {
+    fn describe(&self) -> String {
+        let t = &self.target;
+        match self.kind {
+            OpKind::Send => format!("send of {} bytes to rank {} (tag {})", self.cap, t.comm_rank, t.tag),
+            OpKind::Recv => format!("recv from rank {} (tag {}, buffer {} bytes)", t.comm_rank, t.tag, self.cap),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum UnexpectedKind {
+    Eager { data: Vec<u8>, complete: bool },
+    Rts { msg_id: u64, len: usize },
+}
+
+#[derive(Debug)]
+struct Unexpected {
+    /// World rank of the sender.
+    peer: usize,
+    kind: UnexpectedKind,
+    /// A receive matched this eager message before all of it arrived.
+    claimed_by: Option<OpId>,
+}
+
+/// Where the payload of the frame being read goes.
+#[derive(Debug, Clone, Copy)]
+enum Dest {
+    /// Into an operation's buffer at `base` + progress.
+    Op { op: OpId, base: usize },
+    /// Into an unexpected eager message.
+    Unexpected(u64),
+    /// Read and dropped (truncated message).
+    Discard,
+}
+
+#[derive(Debug)]
+enum RxState {
+    Header,
+    Payload { hdr: FrameHeader, dest: Dest, done: usize },
+}
+
+#[derive(Debug)]
+struct OutFrame {
+    hdr: [u8; HEADER_LEN],
+    hdr_done: usize,
+    /// Payload: `len` bytes of `op`'s buffer at `off`.
+    op: Option<OpId>,
+    off: usize,
+    len: usize,
+    done: usize,
+}
+
+impl OutFrame {
+    fn control(hdr: FrameHeader) -> OutFrame {
+        OutFrame { hdr: hdr.encode(), hdr_done: 0, op: None, off: 0, len: 0, done: 0 }
+    }
+}
+
+#[derive(Debug)]
+struct Stream {
+    sock: TcpStream,
+    out: VecDeque<OutFrame>,
+    want_out: bool,
+    rx_buf: Box<[u8]>,
+    rx_start: usize,
+    rx_end: usize,
+    rx: RxState,
+}
+
+#[derive(Debug)]
+struct Peer {
+    streams: Vec<Stream>,
+    next_msg_id: u64,
+    next_data_stream: usize,
+    /// The peer said it is finalizing.
+    closed: bool,
+    /// Why the peer cannot be reached any more.
+    lost: Option<String>,
+}
+
+/// The parts of the engine used without its lock.
+struct Io {
+    epoll: OwnedFd,
+    /// An eventfd that wakes every thread sleeping in `epoll_wait`.
+    wake: OwnedFd,
+    /// Threads inside `wait` (they drive progress).
+    waiters: AtomicUsize,
+    /// Nonblocking operations not yet taken by their owner.
+    pending_async: AtomicUsize,
+}
+
+struct State {
+    cfg: EngineConfig,
+    io: Arc<Io>,
+    peers: Vec<Option<Peer>>,
+    ops: HashMap<OpId, Op>,
+    next_op: OpId,
+    posted: HashMap<MatchKey, VecDeque<OpId>>,
+    unexpected: HashMap<MatchKey, VecDeque<u64>>,
+    umsgs: HashMap<u64, Unexpected>,
+    next_umsg: u64,
+    /// Matched rendezvous receives by (peer, sender's message id).
+    rndv_recv: HashMap<(usize, u64), OpId>,
+    /// Sends waiting for their CTS by (peer, message id).
+    rndv_send: HashMap<(usize, u64), OpId>,
+    /// Operations completed since the last look (to wake other waiters).
+    completions: usize,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    io: Arc<Io>,
+    idle: Mutex<()>,
+    idle_cv: Condvar,
+    shutdown: AtomicBool,
+    spin: Duration,
+}
+
+/// The progress engine of one world.
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn token(peer: usize, stream: usize) -> u64 {
+    ((peer as u64) << 16) | stream as u64
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Engine state stays consistent between statements, so a panic elsewhere must not turn
+    // every later call into a panic too.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn timespec(d: Duration) -> Timespec {
+    Timespec { tv_sec: d.as_secs() as _, tv_nsec: d.subsec_nanos() as _ }
+}
+
+fn poll(io: &Io, events: &mut Vec<epoll::Event>, sleep: Duration) -> Result<()> {
+    events.clear();
+    match epoll::wait(&io.epoll, spare_capacity(events), Some(&timespec(sleep))) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(Error::Internal(format!("epoll_wait failed: {e}"))),
+    }
+}
+
+impl Engine {
+    /// Takes over the established links (`links[peer]` = its streams, empty for self).
+    pub(crate) fn new(links: Vec<Vec<TcpStream>>, cfg: EngineConfig) -> Result<Engine> {
+        let sys = |what: &str, e: rustix::io::Errno| Error::Init(format!("{what}: {e}"));
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| sys("epoll_create", e))?;
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| sys("eventfd", e))?;
+        epoll::add(&epoll, &wake, epoll::EventData::new_u64(WAKE_TOKEN), epoll::EventFlags::IN)
+            .map_err(|e| sys("epoll_ctl", e))?;
+        let mut peers = Vec::with_capacity(links.len());
+        for (p, socks) in links.into_iter().enumerate() {
+            if socks.is_empty() {
+                peers.push(None);
+                continue;
+            }
+            let mut streams = Vec::with_capacity(socks.len());
+            for (s, sock) in socks.into_iter().enumerate() {
+                sock.set_nonblocking(true).map_err(|e| Error::transport("configuring a link", e))?;
+                epoll::add(&epoll, &sock, epoll::EventData::new_u64(token(p, s)), epoll::EventFlags::IN)
+                    .map_err(|e| sys("epoll_ctl", e))?;
+                streams.push(Stream {
+                    sock,
+                    out: VecDeque::new(),
+                    want_out: false,
+                    rx_buf: vec![0u8; RX_BUF].into_boxed_slice(),
+                    rx_start: 0,
+                    rx_end: 0,
+                    rx: RxState::Header,
+                });
+            }
+            peers.push(Some(Peer { streams, next_msg_id: 0, next_data_stream: 0, closed: false, lost: None }));
+        }
+        let spin = cfg.spin;
+        let io = Arc::new(Io { epoll, wake, waiters: AtomicUsize::new(0), pending_async: AtomicUsize::new(0) });
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                cfg,
+                io: Arc::clone(&io),
+                peers,
+                ops: HashMap::new(),
+                next_op: 1,
+                posted: HashMap::new(),
+                unexpected: HashMap::new(),
+                umsgs: HashMap::new(),
+                next_umsg: 1,
+                rndv_recv: HashMap::new(),
+                rndv_send: HashMap::new(),
+                completions: 0,
+            }),
+            io,
+            idle: Mutex::new(()),
+            idle_cv: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            spin,
+        });
+        let bg = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("hcomm-progress".into())
+            .spawn(move || progress_thread(&bg))
+            .map_err(|e| Error::Init(format!("cannot start the progress thread: {e}")))?;
+        Ok(Engine { shared, thread: Some(thread) })
+    }
+
+    /// Posts a send of `len` bytes at `buf`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid for reads until the operation is removed by
+    /// [`Engine::wait`] or [`Engine::test`] returning its result, or handed over by
+    /// [`Engine::detach`].
+    pub(crate) unsafe fn post_send(&self, t: Target, buf: *const u8, len: usize, asynchronous: bool) -> Result<OpId> {
+        let mut st = lock(&self.shared.state);
+        let id = st.post_send(t, BufPtr(buf.cast_mut()), len, asynchronous)?;
+        self.note_async(&st, id, asynchronous);
+        Ok(id)
+    }
+
+    /// Posts a receive into `cap` bytes at `buf`.
+    ///
+    /// # Safety
+    /// `buf..buf+cap` must stay valid for writes, and not be accessed otherwise, until the
+    /// operation is removed by [`Engine::wait`] or [`Engine::test`], or handed over by
+    /// [`Engine::detach`].
+    pub(crate) unsafe fn post_recv(&self, t: Target, buf: *mut u8, cap: usize, asynchronous: bool) -> Result<OpId> {
+        let mut st = lock(&self.shared.state);
+        let id = st.post_recv(t, BufPtr(buf), cap, asynchronous)?;
+        self.note_async(&st, id, asynchronous);
+        Ok(id)
+    }
+
+    fn note_async(&self, st: &State, id: OpId, asynchronous: bool) {
+        if asynchronous
+            && st.ops.contains_key(&id)
+            && self.shared.io.pending_async.fetch_add(1, Ordering::SeqCst) == 0
+        {
+            self.shared.idle_cv.notify_one();
+        }
+    }
+
+    /// Waits until `id` completes or `deadline` passes, and removes it.
+    pub(crate) fn wait(&self, id: OpId, deadline: Instant) -> Result<usize> {
+        let sh = &*self.shared;
+        sh.io.waiters.fetch_add(1, Ordering::SeqCst);
+        let result = self.wait_inner(id, deadline);
+        if sh.io.waiters.fetch_sub(1, Ordering::SeqCst) == 1 && sh.io.pending_async.load(Ordering::SeqCst) > 0 {
+            sh.idle_cv.notify_one();
+        }
+        result
+    }
+
+    fn wait_inner(&self, id: OpId, deadline: Instant) -> Result<usize> {
+        let sh = &*self.shared;
+        let spin_until = Instant::now() + sh.spin;
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        loop {
+            {
+                let mut st = lock(&sh.state);
+                st.handle(&events);
+                if let Some(r) = st.take(id) {
+                    return r;
+                }
+                if Instant::now() >= deadline {
+                    return Err(st.time_out(id));
+                }
+            }
+            let now = Instant::now();
+            let sleep = if now < spin_until { Duration::ZERO } else { (deadline - now).min(MAX_SLEEP) };
+            poll(&sh.io, &mut events, sleep)?;
+        }
+    }
+
+    /// Progresses once without blocking; returns the result of `id` if it is complete (and
+    /// removes it).
+    pub(crate) fn test(&self, id: OpId) -> Option<Result<usize>> {
+        let sh = &*self.shared;
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        if poll(&sh.io, &mut events, Duration::ZERO).is_err() {
+            events.clear();
+        }
+        let mut st = lock(&sh.state);
+        st.handle(&events);
+        st.take(id)
+    }
+
+    /// Hands a pending nonblocking operation's buffer to the engine, which completes the
+    /// operation in the background and then frees the buffer.
+    pub(crate) fn detach(&self, id: OpId, buffer: Vec<u8>) {
+        let mut st = lock(&self.shared.state);
+        if st.take(id).is_some() {
+            return;
+        }
+        if let Some(op) = st.ops.get_mut(&id) {
+            op.detached = Some(buffer);
+            // The owner will never take it: stop counting it as pending for the owner.
+            if op.asynchronous {
+                op.asynchronous = false;
+                self.shared.io.pending_async.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Tells every peer this rank is finishing, and waits (until `deadline`) for all of them
+    /// to say the same, so no message in flight is cut off. Returns the peers that did not.
+    pub(crate) fn close(&self, deadline: Instant) -> Vec<usize> {
+        let sh = &*self.shared;
+        {
+            let mut st = lock(&sh.state);
+            for p in 0..st.peers.len() {
+                if st.peers[p].as_ref().is_some_and(|peer| peer.lost.is_none()) {
+                    st.queue(p, 0, OutFrame::control(FrameHeader::new(FrameKind::Close)));
+                }
+            }
+        }
+        sh.io.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        let missing = loop {
+            let missing = {
+                let mut st = lock(&sh.state);
+                st.handle(&events);
+                st.unclosed_peers()
+            };
+            let now = Instant::now();
+            if missing.is_empty() || now >= deadline {
+                break missing;
+            }
+            if poll(&sh.io, &mut events, (deadline - now).min(MAX_SLEEP)).is_err() {
+                events.clear();
+            }
+        };
+        sh.io.waiters.fetch_sub(1, Ordering::SeqCst);
+        missing
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.shared.idle_cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let mut st = lock(&self.shared.state);
+        for peer in st.peers.iter().flatten() {
+            for s in &peer.streams {
+                let _ = s.sock.shutdown(Shutdown::Both);
+            }
+        }
+        st.peers.clear();
+    }
+}
+
+fn progress_thread(sh: &Shared) {
+    let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+    while !sh.shutdown.load(Ordering::SeqCst) {
+        if sh.io.pending_async.load(Ordering::SeqCst) == 0 || sh.io.waiters.load(Ordering::SeqCst) > 0 {
+            // Nothing outstanding, or a waiting thread drives progress itself.
+            let guard = lock(&sh.idle);
+            let _ = sh.idle_cv.wait_timeout(guard, Duration::from_millis(50));
+            continue;
+        }
+        if poll(&sh.io, &mut events, Duration::from_millis(50)).is_ok() {
+            lock(&sh.state).handle(&events);
+        }
+    }
+}
+
+/// What reading a stream ended with.
+enum ReadEnd {
+    /// Nothing more to read now.
+    Drained,
+    /// The peer closed the stream or it failed: the reason.
+    Failed(String),
+}
+
+impl State {
+    fn new_op(&mut self, kind: OpKind, target: Target, buf: BufPtr, cap: usize, asynchronous: bool) -> OpId {
+        let id = self.next_op;
+        self.next_op += 1;
+        let op = Op {
+            kind,
+            target,
+            buf,
+            cap,
+            msg_len: 0,
+            remaining: 0,
+            started: false,
+            asynchronous,
+            detached: None,
+            result: None,
+        };
+        self.ops.insert(id, op);
+        id
+    }
+
+    fn live_peer(&self, t: &Target) -> Result<()> {
+        if t.peer == self.cfg.rank {
+            return Ok(());
+        }
+        match self.peers.get(t.peer) {
+            Some(Some(p)) => match &p.lost {
+                None => Ok(()),
+                Some(why) => Err(Error::PeerLost(why.clone())),
+            },
+            _ => Err(Error::Internal(format!("no link to world rank {}", t.peer))),
+        }
+    }
+
+    fn post_send(&mut self, t: Target, buf: BufPtr, len: usize, asynchronous: bool) -> Result<OpId> {
+        self.live_peer(&t)?;
+        let id = self.new_op(OpKind::Send, t, buf, len, asynchronous);
+        if t.peer == self.cfg.rank {
+            self.send_to_self(id, t, buf, len);
+            return Ok(id);
+        }
+        let peer = self.peers[t.peer].as_mut().expect("checked by live_peer");
+        let msg_id = peer.next_msg_id;
+        peer.next_msg_id += 1;
+        let mut hdr = FrameHeader::new(FrameKind::Eager);
+        hdr.comm = t.comm;
+        hdr.tag = t.tag;
+        hdr.msg_id = msg_id;
+        hdr.len = len as u64;
+        let eager = len <= self.cfg.eager_limit;
+        let frame = if eager {
+            self.ops.get_mut(&id).expect("just inserted").remaining = 1;
+            OutFrame { op: Some(id), len, ..OutFrame::control(hdr) }
+        } else {
+            hdr.kind = FrameKind::Rts;
+            self.rndv_send.insert((t.peer, msg_id), id);
+            OutFrame::control(hdr)
+        };
+        tracing::trace!(peer = t.peer, tag = t.tag, len, eager, "send posted");
+        self.queue(t.peer, 0, frame);
+        Ok(id)
+    }
+
+    /// A message to this rank itself is copied at once, like a buffered send.
+    fn send_to_self(&mut self, id: OpId, t: Target, buf: BufPtr, len: usize) {
+        let data = if len == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the send is live, so `buf` is valid for reads of `len` bytes (see
+            // `post_send`).
+            unsafe { std::slice::from_raw_parts(buf.0.cast_const(), len) }.to_vec()
+        };
+        let uid = self.next_umsg;
+        self.next_umsg += 1;
+        let kind = UnexpectedKind::Eager { data, complete: true };
+        self.umsgs.insert(uid, Unexpected { peer: t.peer, kind, claimed_by: None });
+        let key = MatchKey { comm: t.comm, peer: t.peer, tag: t.tag };
+        match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+            Some(rid) => self.deliver_unexpected(uid, rid),
+            None => self.unexpected.entry(key).or_default().push_back(uid),
+        }
+        self.complete(id, Ok(len));
+    }
+
+    fn post_recv(&mut self, t: Target, buf: BufPtr, cap: usize, asynchronous: bool) -> Result<OpId> {
+        let key = MatchKey { comm: t.comm, peer: t.peer, tag: t.tag };
+        let queued = self.unexpected.get_mut(&key).and_then(VecDeque::pop_front);
+        if queued.is_none() {
+            self.live_peer(&t)?;
+        }
+        let id = self.new_op(OpKind::Recv, t, buf, cap, asynchronous);
+        match queued {
+            None => self.posted.entry(key).or_default().push_back(id),
+            Some(uid) => self.claim_unexpected(uid, id),
+        }
+        Ok(id)
+    }
+
+    /// Matches receive `id` with the unexpected message `uid`.
+    fn claim_unexpected(&mut self, uid: u64, id: OpId) {
+        let Some(u) = self.umsgs.get_mut(&uid) else { return };
+        match u.kind {
+            UnexpectedKind::Eager { complete: true, .. } => self.deliver_unexpected(uid, id),
+            UnexpectedKind::Eager { complete: false, .. } => {
+                u.claimed_by = Some(id);
+                if let Some(op) = self.ops.get_mut(&id) {
+                    op.started = true;
+                }
+            }
+            UnexpectedKind::Rts { msg_id, len } => {
+                self.umsgs.remove(&uid);
+                self.match_rts(id, msg_id, len);
+            }
+        }
+    }
+
+    /// Copies a fully arrived unexpected message into receive `id` and completes it.
+    fn deliver_unexpected(&mut self, uid: u64, id: OpId) {
+        let Some(Unexpected { kind: UnexpectedKind::Eager { data, .. }, .. }) = self.umsgs.remove(&uid) else {
+            return;
+        };
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        let result = if data.len() > op.cap {
+            Err(truncated(op, data.len()))
+        } else {
+            if let Some(dst) = op_slice(op, 0, data.len()) {
+                dst.copy_from_slice(&data);
+            }
+            Ok(data.len())
+        };
+        self.complete(id, result);
+    }
+
+    /// Answers the rendezvous of message `msg_id` (`len` bytes) for receive `id`.
+    fn match_rts(&mut self, id: OpId, msg_id: u64, len: usize) {
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        let peer = op.target.peer;
+        let mut cts = FrameHeader::new(FrameKind::Cts);
+        cts.msg_id = msg_id;
+        if len > op.cap {
+            cts.flags = FLAG_DISCARD;
+            let err = truncated(op, len);
+            self.complete(id, Err(err));
+        } else {
+            op.msg_len = len;
+            op.remaining = len;
+            op.started = true;
+            self.rndv_recv.insert((peer, msg_id), id);
+        }
+        self.queue(peer, 0, OutFrame::control(cts));
+    }
+
+    fn complete(&mut self, id: OpId, result: Result<usize>) {
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        if op.result.is_some() {
+            return;
+        }
+        self.completions += 1;
+        if op.detached.is_some() {
+            if let Err(e) = &result {
+                tracing::warn!("the {} of a dropped request failed: {e}", op.describe());
+            }
+            self.ops.remove(&id);
+            return;
+        }
+        op.result = Some(result);
+    }
+
+    /// Removes and returns the result of a completed operation.
+    fn take(&mut self, id: OpId) -> Option<Result<usize>> {
+        self.ops.get(&id)?.result.as_ref()?;
+        let op = self.ops.remove(&id)?;
+        if op.asynchronous {
+            self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
+        }
+        op.result
+    }
+
+    /// Gives up on `id` at its deadline: removes it cleanly if nothing of it moved yet,
+    /// otherwise closes the links to its peer so that nothing refers to its buffer any more.
+    fn time_out(&mut self, id: OpId) -> Error {
+        let Some(op) = self.ops.get(&id) else {
+            return Error::Internal("timed out on an unknown operation".into());
+        };
+        let t = op.target;
+        let why = match op.kind {
+            OpKind::Recv => "has not sent a matching message",
+            OpKind::Send => "is not receiving (a large message waits for the matching receive)",
+        };
+        let err = Error::Timeout(format!(
+            "{} did not complete within HCOMM_TIMEOUT: rank {} {why}; it may be stuck, slow, or \
+             calling something else",
+            op.describe(),
+            t.comm_rank
+        ));
+        let clean = match op.kind {
+            OpKind::Recv if !op.started => {
+                let key = MatchKey { comm: t.comm, peer: t.peer, tag: t.tag };
+                if let Some(q) = self.posted.get_mut(&key) {
+                    q.retain(|&o| o != id);
+                }
+                true
+            }
+            OpKind::Recv => false,
+            OpKind::Send => match self.peers[t.peer].as_mut() {
+                Some(p) if p.streams[0].out.iter().any(|f| f.op == Some(id) && f.hdr_done == 0) => {
+                    p.streams[0].out.retain(|f| f.op != Some(id));
+                    true
+                }
+                _ => false,
+            },
+        };
+        if !clean {
+            self.fail_peer(t.peer, format!("a transfer with it timed out ({err})"));
+        }
+        if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
+            self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
+        }
+        err
+    }
+
+    fn unclosed_peers(&self) -> Vec<usize> {
+        let open = |p: &Peer| p.lost.is_none() && !(p.closed && p.streams.iter().all(|s| s.out.is_empty()));
+        (0..self.peers.len()).filter(|&p| self.peers[p].as_ref().is_some_and(open)).collect()
+    }
+
+    /// Appends a frame to a stream's queue and writes what the socket takes now.
+    fn queue(&mut self, peer: usize, stream: usize, frame: OutFrame) {
+        let Some(p) = self.peers[peer].as_mut() else { return };
+        if p.lost.is_some() {
+            return;
+        }
+        p.streams[stream].out.push_back(frame);
+        if p.streams[stream].out.len() == 1 {
+            self.flush(peer, stream);
+        }
+    }
+
+    /// Handles the events of one `epoll_wait`.
+    fn handle(&mut self, events: &[epoll::Event]) {
+        for ev in events {
+            let tok = ev.data.u64();
+            if tok == WAKE_TOKEN {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&self.io.wake, &mut b);
+                continue;
+            }
+            let (peer, stream) = ((tok >> 16) as usize, (tok & 0xffff) as usize);
+            let flags = ev.flags;
+            if flags.intersects(epoll::EventFlags::OUT | epoll::EventFlags::ERR | epoll::EventFlags::HUP) {
+                self.flush(peer, stream);
+            }
+            if flags.intersects(epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP) {
+                if let ReadEnd::Failed(why) = self.read_stream(peer, stream) {
+                    self.fail_peer(peer, why);
+                }
+            }
+        }
+        // Wake other sleeping waiters whose operations may have completed here.
+        if self.completions > 0 && self.io.waiters.load(Ordering::SeqCst) > 1 {
+            let _ = rustix::io::write(&self.io.wake, &1u64.to_ne_bytes());
+        }
+        self.completions = 0;
+    }
+
+    /// Writes queued frames of one stream until the socket is full or the queue empty.
+    fn flush(&mut self, peer: usize, stream: usize) {
+        let mut done_ops: Vec<OpId> = Vec::new();
+        let outcome = {
+            let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else { return };
+            if p.lost.is_some() {
+                return;
+            }
+            let s = &mut p.streams[stream];
+            let mut outcome = Ok(());
+            for _ in 0..MAX_ROUNDS {
+                let Some(f) = s.out.front_mut() else { break };
+                let payload: &[u8] = match f.op.and_then(|id| self.ops.get(&id)) {
+                    Some(op) if f.len > 0 => {
+                        let src = op.detached.as_ref().map_or(op.buf.0.cast_const(), |b| b.as_ptr());
+                        // SAFETY: the frame's operation is live, so its buffer is valid for
+                        // `off + len <= cap` bytes (see `post_send`).
+                        unsafe { std::slice::from_raw_parts(src.add(f.off + f.done), f.len - f.done) }
+                    }
+                    _ => &[],
+                };
+                let bufs = [IoSlice::new(&f.hdr[f.hdr_done..]), IoSlice::new(payload)];
+                match s.sock.write_vectored(&bufs) {
+                    Ok(0) => {
+                        outcome = Err("the connection accepts no more data".to_string());
+                        break;
+                    }
+                    Ok(n) => {
+                        let h = n.min(HEADER_LEN - f.hdr_done);
+                        f.hdr_done += h;
+                        f.done += n - h;
+                        if f.hdr_done == HEADER_LEN && f.done == f.len {
+                            if let Some(id) = f.op {
+                                done_ops.push(id);
+                            }
+                            s.out.pop_front();
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        outcome = Err(format!("sending failed: {e}"));
+                        break;
+                    }
+                }
+            }
+            let want = !s.out.is_empty();
+            if outcome.is_ok() && want != s.want_out {
+                let mut flags = epoll::EventFlags::IN;
+                if want {
+                    flags |= epoll::EventFlags::OUT;
+                }
+                match epoll::modify(&self.io.epoll, &s.sock, epoll::EventData::new_u64(token(peer, stream)), flags) {
+                    Ok(()) => s.want_out = want,
+                    Err(e) => outcome = Err(format!("epoll_ctl failed: {e}")),
+                }
+            }
+            outcome
+        };
+        for id in done_ops {
+            if let Some(op) = self.ops.get_mut(&id) {
+                op.remaining = op.remaining.saturating_sub(1);
+                if op.remaining == 0 {
+                    let len = op.cap;
+                    self.complete(id, Ok(len));
+                }
+            }
+        }
+        if let Err(why) = outcome {
+            self.fail_peer(peer, why);
+        }
+    }
+
+    /// Reads and dispatches what a stream has, within a bounded number of rounds.
+    fn read_stream(&mut self, peer: usize, stream: usize) -> ReadEnd {
+        for _ in 0..MAX_ROUNDS {
+            let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else { return ReadEnd::Drained };
+            if p.lost.is_some() {
+                return ReadEnd::Drained;
+            }
+            let s = &mut p.streams[stream];
+            match s.rx {
+                RxState::Header => {
+                    if s.rx_end - s.rx_start >= HEADER_LEN {
+                        let mut raw = [0u8; HEADER_LEN];
+                        raw.copy_from_slice(&s.rx_buf[s.rx_start..s.rx_start + HEADER_LEN]);
+                        s.rx_start += HEADER_LEN;
+                        match FrameHeader::decode(&raw) {
+                            Ok(hdr) => {
+                                if let Err(why) = self.on_header(peer, stream, hdr) {
+                                    return ReadEnd::Failed(why);
+                                }
+                            }
+                            Err(e) => return ReadEnd::Failed(format!("it sent a malformed frame ({e})")),
+                        }
+                        continue;
+                    }
+                    if s.rx_start > 0 {
+                        s.rx_buf.copy_within(s.rx_start..s.rx_end, 0);
+                        s.rx_end -= s.rx_start;
+                        s.rx_start = 0;
+                    }
+                    match read_some(&mut s.sock, &mut s.rx_buf[s.rx_end..]) {
+                        Ok(Some(n)) => s.rx_end += n,
+                        Ok(None) => return ReadEnd::Drained,
+                        Err(why) => return ReadEnd::Failed(why),
+                    }
+                }
+                RxState::Payload { hdr, dest, done } => {
+                    let total = hdr.payload_len() as usize;
+                    let want = total - done;
+                    let buffered = s.rx_end - s.rx_start;
+                    let got = if buffered > 0 {
+                        let n = want.min(buffered);
+                        if let Some(dst) = dest_slice(&mut self.ops, &mut self.umsgs, dest, done, n) {
+                            dst.copy_from_slice(&s.rx_buf[s.rx_start..s.rx_start + n]);
+                        }
+                        s.rx_start += n;
+                        n
+                    } else {
+                        let direct = if want >= RX_BUF / 2 {
+                            dest_slice(&mut self.ops, &mut self.umsgs, dest, done, want)
+                        } else {
+                            None
+                        };
+                        match direct {
+                            Some(dst) => match read_some(&mut s.sock, dst) {
+                                Ok(Some(n)) => n,
+                                Ok(None) => return ReadEnd::Drained,
+                                Err(why) => return ReadEnd::Failed(why),
+                            },
+                            None => {
+                                s.rx_start = 0;
+                                s.rx_end = 0;
+                                match read_some(&mut s.sock, &mut s.rx_buf[..]) {
+                                    Ok(Some(n)) => s.rx_end = n,
+                                    Ok(None) => return ReadEnd::Drained,
+                                    Err(why) => return ReadEnd::Failed(why),
+                                }
+                                0
+                            }
+                        }
+                    };
+                    let done = done + got;
+                    if done == total {
+                        s.rx = RxState::Header;
+                        self.on_payload(peer, hdr, dest);
+                    } else {
+                        s.rx = RxState::Payload { hdr, dest, done };
+                    }
+                }
+            }
+        }
+        ReadEnd::Drained
+    }
+
+    /// Dispatches a frame header; the error is why the peer must be dropped.
+    fn on_header(&mut self, peer: usize, stream: usize, hdr: FrameHeader) -> std::result::Result<(), String> {
+        let dest = match hdr.kind {
+            FrameKind::Eager => {
+                let key = MatchKey { comm: hdr.comm, peer, tag: hdr.tag };
+                let len = hdr.len as usize;
+                match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+                    Some(id) => {
+                        let op = self.ops.get_mut(&id).ok_or("a posted receive vanished")?;
+                        if len > op.cap {
+                            let err = truncated(op, len);
+                            self.complete(id, Err(err));
+                            Dest::Discard
+                        } else {
+                            op.msg_len = len;
+                            op.started = true;
+                            Dest::Op { op: id, base: 0 }
+                        }
+                    }
+                    None => {
+                        let uid = self.next_umsg;
+                        self.next_umsg += 1;
+                        let data = vec![0u8; len];
+                        let kind = UnexpectedKind::Eager { data, complete: false };
+                        self.umsgs.insert(uid, Unexpected { peer, kind, claimed_by: None });
+                        self.unexpected.entry(key).or_default().push_back(uid);
+                        Dest::Unexpected(uid)
+                    }
+                }
+            }
+            FrameKind::Rts => {
+                let key = MatchKey { comm: hdr.comm, peer, tag: hdr.tag };
+                let len = usize::try_from(hdr.len).map_err(|_| "it announced a message too large for this host")?;
+                match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+                    Some(id) => self.match_rts(id, hdr.msg_id, len),
+                    None => {
+                        let uid = self.next_umsg;
+                        self.next_umsg += 1;
+                        let kind = UnexpectedKind::Rts { msg_id: hdr.msg_id, len };
+                        self.umsgs.insert(uid, Unexpected { peer, kind, claimed_by: None });
+                        self.unexpected.entry(key).or_default().push_back(uid);
+                    }
+                }
+                return Ok(());
+            }
+            FrameKind::Cts => {
+                let id = self
+                    .rndv_send
+                    .remove(&(peer, hdr.msg_id))
+                    .ok_or_else(|| format!("it cleared message {} that was never announced", hdr.msg_id))?;
+                if hdr.flags & FLAG_DISCARD != 0 {
+                    let len = self.ops.get(&id).map_or(0, |op| op.cap);
+                    self.complete(id, Ok(len));
+                } else {
+                    self.send_data(peer, id, hdr.msg_id);
+                }
+                return Ok(());
+            }
+            FrameKind::Data => {
+                let id = *self
+                    .rndv_recv
+                    .get(&(peer, hdr.msg_id))
+                    .ok_or_else(|| format!("it sent data of message {} that was never cleared", hdr.msg_id))?;
+                let op = self.ops.get(&id).ok_or("a matched receive vanished")?;
+                if hdr.offset.saturating_add(hdr.len) > op.msg_len as u64 {
+                    return Err(format!("it sent data beyond the end of message {}", hdr.msg_id));
+                }
+                Dest::Op { op: id, base: hdr.offset as usize }
+            }
+            FrameKind::Close => {
+                if let Some(p) = self.peers[peer].as_mut() {
+                    p.closed = true;
+                }
+                return Ok(());
+            }
+        };
+        if hdr.payload_len() == 0 {
+            self.on_payload(peer, hdr, dest);
+        } else if let Some(p) = self.peers[peer].as_mut() {
+            p.streams[stream].rx = RxState::Payload { hdr, dest, done: 0 };
+        }
+        Ok(())
+    }
+
+    /// A frame's payload has fully arrived.
+    fn on_payload(&mut self, peer: usize, hdr: FrameHeader, dest: Dest) {
+        match dest {
+            Dest::Discard => {}
+            Dest::Unexpected(uid) => {
+                let Some(u) = self.umsgs.get_mut(&uid) else { return };
+                if let UnexpectedKind::Eager { complete, .. } = &mut u.kind {
+                    *complete = true;
+                }
+                if let Some(id) = u.claimed_by {
+                    self.deliver_unexpected(uid, id);
+                }
+            }
+            Dest::Op { op: id, .. } => match hdr.kind {
+                FrameKind::Data => {
+                    let Some(op) = self.ops.get_mut(&id) else { return };
+                    op.remaining = op.remaining.saturating_sub(hdr.len as usize);
+                    if op.remaining == 0 {
+                        let len = op.msg_len;
+                        self.rndv_recv.remove(&(peer, hdr.msg_id));
+                        self.complete(id, Ok(len));
+                    }
+                }
+                _ => self.complete(id, Ok(hdr.len as usize)),
+            },
+        }
+    }
+
+    /// Queues the data of a cleared rendezvous send, in chunks over all streams of the peer.
+    fn send_data(&mut self, peer: usize, id: OpId, msg_id: u64) {
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        let (len, chunk) = (op.cap, self.cfg.chunk);
+        let Some(p) = self.peers[peer].as_mut() else { return };
+        let nstreams = p.streams.len();
+        let mut frames = 0;
+        let mut touched = vec![false; nstreams];
+        for off in (0..len).step_by(chunk) {
+            let n = chunk.min(len - off);
+            let mut hdr = FrameHeader::new(FrameKind::Data);
+            hdr.msg_id = msg_id;
+            hdr.len = n as u64;
+            hdr.offset = off as u64;
+            let s = p.next_data_stream % nstreams;
+            p.next_data_stream += 1;
+            p.streams[s].out.push_back(OutFrame { op: Some(id), off, len: n, ..OutFrame::control(hdr) });
+            touched[s] = true;
+            frames += 1;
+        }
+        op.remaining = frames;
+        tracing::trace!(peer, len, frames, "rendezvous data queued");
+        for (s, t) in touched.into_iter().enumerate() {
+            if t {
+                self.flush(peer, s);
+            }
+        }
+    }
+
+    /// Marks a peer unreachable: closes its links and fails every operation with it.
+    fn fail_peer(&mut self, peer: usize, why: String) {
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else { return };
+        if p.lost.is_some() {
+            return;
+        }
+        let msg = if p.closed {
+            format!("world rank {peer} has finalized and closed its connections")
+        } else {
+            format!("world rank {peer} is unreachable: {why}; look at that rank's output (did it exit or crash?)")
+        };
+        if p.closed {
+            tracing::debug!("{msg}");
+        } else {
+            tracing::warn!("{msg}");
+        }
+        for s in &mut p.streams {
+            let _ = epoll::delete(&self.io.epoll, &s.sock);
+            let _ = s.sock.shutdown(Shutdown::Both);
+            s.out.clear();
+            s.rx = RxState::Header;
+        }
+        p.lost = Some(msg.clone());
+        self.rndv_recv.retain(|(q, _), _| *q != peer);
+        self.rndv_send.retain(|(q, _), _| *q != peer);
+        self.posted.retain(|k, _| k.peer != peer);
+        // Messages that arrived whole stay receivable; partial ones are gone.
+        let partial: Vec<u64> = self
+            .umsgs
+            .iter()
+            .filter(|(_, u)| {
+                u.peer == peer
+                    && matches!(u.kind, UnexpectedKind::Eager { complete: false, .. } | UnexpectedKind::Rts { .. })
+            })
+            .map(|(&uid, _)| uid)
+            .collect();
+        for (key, q) in self.unexpected.iter_mut() {
+            if key.peer == peer {
+                q.retain(|uid| !partial.contains(uid));
+            }
+        }
+        let failed: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.target.peer == peer && op.result.is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in failed {
+            for uid in &partial {
+                if self.umsgs.get(uid).is_some_and(|u| u.claimed_by == Some(id)) {
+                    self.umsgs.remove(uid);
+                }
+            }
+            let desc = self.ops.get(&id).map(Op::describe).unwrap_or_default();
+            self.complete(id, Err(Error::PeerLost(format!("{desc} failed: {msg}"))));
+        }
+        self.umsgs.retain(|uid, _| !partial.contains(uid) || self.unexpected.values().any(|q| q.contains(uid)));
+    }
+}
+
+/// One nonblocking read: `Some(n)` bytes, `None` when nothing is there now.
+fn read_some(sock: &mut TcpStream, buf: &mut [u8]) -> std::result::Result<Option<usize>, String> {
+    loop {
+        return match sock.read(buf) {
+            Ok(0) => Err("it closed the connection".into()),
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => Err(format!("receiving failed: {e}")),
+        };
+    }
+}
+
+/// The writable bytes `off..off+len` of a live operation's buffer.
+fn op_slice(op: &mut Op, off: usize, len: usize) -> Option<&mut [u8]> {
+    if len == 0 {
+        return None;
+    }
+    let base = match op.detached.as_mut() {
+        Some(b) => b.as_mut_ptr(),
+        None => op.buf.0,
+    };
+    // SAFETY: the operation is live, so its buffer is valid for writes of `cap` bytes and not
+    // otherwise accessed (see `post_recv`); callers checked `off + len <= msg_len <= cap`.
+    Some(unsafe { std::slice::from_raw_parts_mut(base.add(off), len) })
+}
+
+/// Where `len` payload bytes at progress `done` go; `None` to drop them.
+fn dest_slice<'a>(
+    ops: &'a mut HashMap<OpId, Op>,
+    umsgs: &'a mut HashMap<u64, Unexpected>,
+    dest: Dest,
+    done: usize,
+    len: usize,
+) -> Option<&'a mut [u8]> {
+    match dest {
+        Dest::Discard => None,
+        Dest::Op { op, base } => op_slice(ops.get_mut(&op)?, base + done, len),
+        Dest::Unexpected(uid) => match &mut umsgs.get_mut(&uid)?.kind {
+            UnexpectedKind::Eager { data, .. } => data.get_mut(done..done + len),
+            UnexpectedKind::Rts { .. } => None,
+        },
+    }
+}
+
+fn truncated(op: &Op, len: usize) -> Error {
+    Error::Truncated(format!(
+        "message from rank {} (tag {}) is {} bytes but the receive buffer holds {}: post a \
+         larger buffer",
+        op.target.comm_rank, op.target.tag, len, op.cap
+    ))
+}

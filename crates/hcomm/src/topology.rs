@@ -1,0 +1,219 @@
+//! Where the ranks run: host identity, process, NUMA node and CPU of every rank.
+//!
+//! Every rank publishes its [`RankInfo`] at communicator creation; all ranks then hold the
+//! same [`Topology`] (the rank -> host map) from which local ranks and, later, per-pair
+//! transports are derived.
+
+use std::fmt::Write as _;
+
+use crate::error::{Error, Result};
+
+/// What one rank tells the others about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankInfo {
+    /// Host identity: hostname plus the kernel boot id, so that two machines with the same
+    /// hostname are told apart.
+    pub host_id: String,
+    /// Hostname, for people.
+    pub hostname: String,
+    /// Process id on its host.
+    pub pid: u32,
+    /// NUMA node of the CPU the rank ran on at creation (0 when unknown).
+    pub numa_node: u32,
+    /// CPU the rank ran on at creation.
+    pub cpu: u32,
+}
+
+impl RankInfo {
+    /// Describes the calling process.
+    pub fn current() -> RankInfo {
+        let hostname = rustix::system::uname().nodename().to_string_lossy().into_owned();
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        // SAFETY: sched_getcpu has no preconditions; it returns -1 on failure.
+        let cpu = unsafe { libc::sched_getcpu() };
+        let cpu = u32::try_from(cpu).unwrap_or(0);
+        RankInfo {
+            host_id: format!("{hostname}/{boot_id}"),
+            hostname,
+            pid: std::process::id(),
+            numa_node: numa_node_of_cpu(cpu),
+            cpu,
+        }
+    }
+
+    /// Encodes for the rendezvous store: fields separated by newlines.
+    pub fn encode(&self) -> Vec<u8> {
+        format!(
+            "{}\n{}\n{}\n{}\n{}",
+            self.host_id, self.hostname, self.pid, self.numa_node, self.cpu
+        )
+        .into_bytes()
+    }
+
+    /// Decodes what [`RankInfo::encode`] wrote; anything else is an error naming `rank`.
+    pub fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
+        let bad = || Error::Init(format!("rank {rank} published malformed topology information"));
+        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+        let fields: Vec<&str> = text.split('\n').collect();
+        let [host_id, hostname, pid, numa, cpu] = fields[..] else {
+            return Err(bad());
+        };
+        Ok(RankInfo {
+            host_id: host_id.to_owned(),
+            hostname: hostname.to_owned(),
+            pid: pid.parse().map_err(|_| bad())?,
+            numa_node: numa.parse().map_err(|_| bad())?,
+            cpu: cpu.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+fn numa_node_of_cpu(cpu: u32) -> u32 {
+    let dir = format!("/sys/devices/system/cpu/cpu{cpu}");
+    std::fs::read_dir(dir)
+        .ok()
+        .and_then(|entries| {
+            entries.filter_map(|e| e.ok()).find_map(|e| {
+                e.file_name().to_str()?.strip_prefix("node")?.parse::<u32>().ok()
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// The rank -> host map of a communicator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    ranks: Vec<RankInfo>,
+    /// Host index of each rank, hosts numbered in order of their first rank.
+    host_of: Vec<usize>,
+    /// Rank among the ranks of the same host.
+    local_rank: Vec<usize>,
+    /// Number of ranks on each host.
+    host_size: Vec<usize>,
+}
+
+impl Topology {
+    /// Builds the map from every rank's information, indexed by rank.
+    pub fn new(ranks: Vec<RankInfo>) -> Topology {
+        let mut hosts: Vec<&str> = Vec::new();
+        let mut host_of = Vec::with_capacity(ranks.len());
+        let mut local_rank = Vec::with_capacity(ranks.len());
+        let mut host_size: Vec<usize> = Vec::new();
+        for info in &ranks {
+            let h = match hosts.iter().position(|h| *h == info.host_id) {
+                Some(h) => h,
+                None => {
+                    hosts.push(&info.host_id);
+                    host_size.push(0);
+                    hosts.len() - 1
+                }
+            };
+            host_of.push(h);
+            local_rank.push(host_size[h]);
+            host_size[h] += 1;
+        }
+        Topology { ranks, host_of, local_rank, host_size }
+    }
+
+    /// The topology of ranks chosen from this one, in the given order.
+    pub fn subset(&self, members: &[usize]) -> Topology {
+        Topology::new(members.iter().map(|&r| self.ranks[r].clone()).collect())
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Information about one rank.
+    pub fn rank(&self, rank: usize) -> &RankInfo {
+        &self.ranks[rank]
+    }
+
+    /// Index of the host `rank` runs on.
+    pub fn host_of(&self, rank: usize) -> usize {
+        self.host_of[rank]
+    }
+
+    /// Rank of `rank` among the ranks on its host.
+    pub fn local_rank(&self, rank: usize) -> usize {
+        self.local_rank[rank]
+    }
+
+    /// Number of ranks on the host of `rank`.
+    pub fn local_size(&self, rank: usize) -> usize {
+        self.host_size[self.host_of[rank]]
+    }
+
+    /// Number of distinct hosts.
+    pub fn num_hosts(&self) -> usize {
+        self.host_size.len()
+    }
+
+    /// A table for people: one line per rank.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "hcomm topology: {} ranks on {} hosts\n{:>5} {:>5} {:>6} {:<24} {:>8} {:>4} {:>4}\n",
+            self.size(),
+            self.num_hosts(),
+            "rank",
+            "host",
+            "local",
+            "hostname",
+            "pid",
+            "numa",
+            "cpu"
+        );
+        for (r, info) in self.ranks.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{:>5} {:>5} {:>6} {:<24} {:>8} {:>4} {:>4}",
+                r,
+                self.host_of[r],
+                self.local_rank[r],
+                info.hostname,
+                info.pid,
+                info.numa_node,
+                info.cpu
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(host: &str, pid: u32) -> RankInfo {
+        RankInfo {
+            host_id: host.into(),
+            hostname: host.into(),
+            pid,
+            numa_node: 0,
+            cpu: 1,
+        }
+    }
+
+    #[test]
+    fn encode_decode_round_trip() {
+        let me = RankInfo::current();
+        assert_eq!(RankInfo::decode(3, &me.encode()).unwrap(), me);
+        assert!(RankInfo::decode(3, b"a\nb").is_err());
+        assert!(RankInfo::decode(3, &[0xff, 0xfe]).is_err());
+    }
+
+    #[test]
+    fn hosts_and_local_ranks() {
+        let t = Topology::new(vec![info("a", 1), info("b", 2), info("a", 3), info("b", 4)]);
+        assert_eq!(t.num_hosts(), 2);
+        assert_eq!((0..4).map(|r| t.host_of(r)).collect::<Vec<_>>(), [0, 1, 0, 1]);
+        assert_eq!((0..4).map(|r| t.local_rank(r)).collect::<Vec<_>>(), [0, 0, 1, 1]);
+        assert_eq!(t.local_size(2), 2);
+        let s = t.subset(&[3, 1]);
+        assert_eq!((s.num_hosts(), s.local_rank(1)), (1, 1));
+        assert!(t.table().contains("4 ranks on 2 hosts"));
+    }
+}
