@@ -89,7 +89,10 @@ impl Request {
     pub fn wait(mut self) -> Result<Completion> {
         let result = match self.result.take() {
             Some(r) => r,
-            None => self.world.engine.wait(self.id, Instant::now() + self.world.config.timeout),
+            None => self
+                .world
+                .engine
+                .wait(self.id, Instant::now() + self.world.config.timeout),
         };
         let buffer = self.buffer.take().unwrap_or_default();
         result.map(|len| Completion { buffer, len })
@@ -186,11 +189,20 @@ impl Communicator {
             let root = config.launch.root_addr.clone().ok_or_else(|| {
                 Error::Init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other".into())
             })?;
-            let (store, bind_err) = if rank == 0 { host_store(&root, &secret) } else { (None, None) };
-            let mut client = StoreClient::connect(&root, &secret, config.timeout).map_err(|e| match &bind_err {
-                Some(b) => Error::Init(format!("{e} (rank 0 could not host the store there either: {b})")),
-                None => e,
-            })?;
+            let (store, bind_err) = if rank == 0 {
+                host_store(&root, &secret)
+            } else {
+                (None, None)
+            };
+            let mut client =
+                StoreClient::connect(&root, &secret, config.timeout).map_err(
+                    |e| match &bind_err {
+                        Some(b) => Error::Init(format!(
+                            "{e} (rank 0 could not host the store there either: {b})"
+                        )),
+                        None => e,
+                    },
+                )?;
             let ip = match &config.if_addr {
                 Some(a) => a.parse().map_err(|_| {
                     Error::InvalidArgument(format!("HCOMM_IFADDR={a:?} is not an IP address"))
@@ -198,7 +210,9 @@ impl Communicator {
                 None => client.local_addr().ip(),
             };
             let listener = tcp::listen(ip)?;
-            let addr = listener.local_addr().map_err(|e| Error::transport("reading the listen address", e))?;
+            let addr = listener
+                .local_addr()
+                .map_err(|e| Error::transport("reading the listen address", e))?;
             let ns = format!("hcomm/{generation}");
             client.set(&format!("{ns}/addr/{rank}"), addr.to_string().as_bytes())?;
             client.set(&format!("{ns}/info/{rank}"), &me.encode())?;
@@ -210,12 +224,24 @@ impl Communicator {
                 let a: SocketAddr = std::str::from_utf8(&a)
                     .ok()
                     .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| Error::Init(format!("rank {r} published a malformed address")))?;
+                    .ok_or_else(|| {
+                        Error::Init(format!("rank {r} published a malformed address"))
+                    })?;
                 addrs.push(a);
                 let left = deadline.saturating_duration_since(Instant::now());
-                infos.push(RankInfo::decode(r, &client.wait(&format!("{ns}/info/{r}"), left)?)?);
+                infos.push(RankInfo::decode(
+                    r,
+                    &client.wait(&format!("{ns}/info/{r}"), left)?,
+                )?);
             }
-            let links = tcp::connect_mesh(listener, rank, &addrs, config.tcp_streams, &secret, deadline)?;
+            let links = tcp::connect_mesh(
+                listener,
+                rank,
+                &addrs,
+                config.tcp_streams,
+                &secret,
+                deadline,
+            )?;
             (links, infos, store, Some(Mutex::new(client)))
         };
         let topology = Topology::new(infos);
@@ -228,14 +254,25 @@ impl Communicator {
         };
         let engine = Engine::new(
             links,
-            EngineConfig { rank, eager_limit: config.tcp_eager_limit, chunk: config.tcp_chunk, spin },
+            EngineConfig {
+                rank,
+                eager_limit: config.tcp_eager_limit,
+                chunk: config.tcp_chunk,
+                spin,
+            },
         )?;
         if config.debug && rank == 0 {
             // HCOMM_DEBUG=1 asks for exactly this on the terminal.
             eprint!("{}", topology.table());
         }
         tracing::debug!(rank, size, launcher = ?config.launch.launcher, "world ready");
-        let world = Arc::new(World { config, engine, rank, _store: store, _client: client });
+        let world = Arc::new(World {
+            config,
+            engine,
+            rank,
+            _store: store,
+            _client: client,
+        });
         Ok(Communicator {
             world,
             id: WORLD_ID,
@@ -282,7 +319,12 @@ impl Communicator {
 
     fn target(&self, comm: u64, peer: usize, tag: u32, what: &str) -> Result<Target> {
         match self.members.get(peer) {
-            Some(&world_rank) => Ok(Target { comm, peer: world_rank, comm_rank: peer, tag }),
+            Some(&world_rank) => Ok(Target {
+                comm,
+                peer: world_rank,
+                comm_rank: peer,
+                tag,
+            }),
             None => Err(Error::InvalidArgument(format!(
                 "{what} rank {peer} does not exist: the communicator has {} ranks",
                 self.size()
@@ -335,7 +377,13 @@ impl Communicator {
         self.exchange(st, sendbuf, rt, recvbuf)
     }
 
-    fn exchange(&self, st: Target, sendbuf: &[u8], rt: Target, recvbuf: &mut [u8]) -> Result<usize> {
+    fn exchange(
+        &self,
+        st: Target,
+        sendbuf: &[u8],
+        rt: Target,
+        recvbuf: &mut [u8],
+    ) -> Result<usize> {
         let engine = &self.world.engine;
         let deadline = self.deadline();
         // SAFETY: both buffers are borrowed for this whole call; each operation is removed by
@@ -351,7 +399,14 @@ impl Communicator {
             }
         };
         let sent = engine.wait(sid, deadline);
-        let received = engine.wait(rid, if sent.is_ok() { deadline } else { Instant::now() });
+        let received = engine.wait(
+            rid,
+            if sent.is_ok() {
+                deadline
+            } else {
+                Instant::now()
+            },
+        );
         sent?;
         received
     }
@@ -361,8 +416,17 @@ impl Communicator {
         let t = self.target(self.id, dest, tag, "destination")?;
         // SAFETY: the Vec's heap block does not move when the Vec does; the request owns it
         // until the operation is taken by wait/test, or hands it to the engine in `detach`.
-        let id = unsafe { self.world.engine.post_send(t, buf.as_ptr(), buf.len(), true)? };
-        Ok(Request { world: Arc::clone(&self.world), id, buffer: Some(buf), result: None })
+        let id = unsafe {
+            self.world
+                .engine
+                .post_send(t, buf.as_ptr(), buf.len(), true)?
+        };
+        Ok(Request {
+            world: Arc::clone(&self.world),
+            id,
+            buffer: Some(buf),
+            result: None,
+        })
     }
 
     /// Starts receiving from `src` into `buf` (its length is the capacity);
@@ -370,8 +434,17 @@ impl Communicator {
     pub fn irecv(&self, mut buf: Vec<u8>, src: usize, tag: u32) -> Result<Request> {
         let t = self.target(self.id, src, tag, "source")?;
         // SAFETY: as in `isend`; nothing else touches the Vec while the request owns it.
-        let id = unsafe { self.world.engine.post_recv(t, buf.as_mut_ptr(), buf.len(), true)? };
-        Ok(Request { world: Arc::clone(&self.world), id, buffer: Some(buf), result: None })
+        let id = unsafe {
+            self.world
+                .engine
+                .post_recv(t, buf.as_mut_ptr(), buf.len(), true)?
+        };
+        Ok(Request {
+            world: Arc::clone(&self.world),
+            id,
+            buffer: Some(buf),
+            result: None,
+        })
     }
 
     /// Returns when every rank has called it (dissemination: ⌈log2 n⌉ rounds).
@@ -440,7 +513,10 @@ impl Communicator {
         mine[4..8].copy_from_slice(&key.to_le_bytes());
         let all = self.exchange_all(&mine)?;
         let decode = |b: &[u8; 16]| {
-            (i32::from_le_bytes([b[0], b[1], b[2], b[3]]), i32::from_le_bytes([b[4], b[5], b[6], b[7]]))
+            (
+                i32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                i32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            )
         };
         // Every rank draws an id for every color so that all stay in step.
         let id = self.next_id(color as u32 as u64);
@@ -457,9 +533,10 @@ impl Communicator {
             .collect();
         members.sort();
         let members: Vec<usize> = members.into_iter().map(|(_, r)| r).collect();
-        let rank = members.iter().position(|&r| r == self.rank).ok_or_else(|| {
-            Error::Internal("this rank is missing from its own split".into())
-        })?;
+        let rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| Error::Internal("this rank is missing from its own split".into()))?;
         Ok(Some(self.derive(id, members, rank)))
     }
 

@@ -96,7 +96,11 @@ impl Config {
             None => DEFAULT_TIMEOUT_SECS,
         };
         if !(timeout_secs > 0.0 && timeout_secs <= 1e7) {
-            return Err(invalid("HCOMM_TIMEOUT", &timeout_secs.to_string(), "0 < seconds <= 1e7"));
+            return Err(invalid(
+                "HCOMM_TIMEOUT",
+                &timeout_secs.to_string(),
+                "0 < seconds <= 1e7",
+            ));
         }
         let log_level = match get("HCOMM_LOG_LEVEL") {
             Some(v) => {
@@ -166,11 +170,16 @@ impl Config {
 }
 
 fn invalid(name: &str, value: &str, expected: &str) -> Error {
-    Error::InvalidArgument(format!("{name}={value:?} is not valid: expected {expected}"))
+    Error::InvalidArgument(format!(
+        "{name}={value:?} is not valid: expected {expected}"
+    ))
 }
 
 fn parse_num<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
-    value.trim().parse::<T>().map_err(|_| invalid(name, value, "a number"))
+    value
+        .trim()
+        .parse::<T>()
+        .map_err(|_| invalid(name, value, "a number"))
 }
 
 /// Reads rank, size, local rank and store address from the first launcher whose variables are
@@ -178,15 +187,30 @@ fn parse_num<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
 fn detect_launch(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
     let root_addr = get("HCOMM_ROOT_ADDR");
     let candidates: [(Launcher, &str, &str, &str); 5] = [
-        (Launcher::Hcomm, "HCOMM_RANK", "HCOMM_SIZE", "HCOMM_LOCAL_RANK"),
+        (
+            Launcher::Hcomm,
+            "HCOMM_RANK",
+            "HCOMM_SIZE",
+            "HCOMM_LOCAL_RANK",
+        ),
         (
             Launcher::OpenMpi,
             "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_SIZE",
             "OMPI_COMM_WORLD_LOCAL_RANK",
         ),
-        (Launcher::MpichHydra, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-        (Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        (
+            Launcher::MpichHydra,
+            "PMI_RANK",
+            "PMI_SIZE",
+            "MPI_LOCALRANKID",
+        ),
+        (
+            Launcher::Slurm,
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
+            "SLURM_LOCALID",
+        ),
         (Launcher::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"),
     ];
     for (launcher, rank_var, size_var, local_var) in candidates {
@@ -216,7 +240,13 @@ fn detect_launch(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
                  HCOMM_JOB_SECRET for every rank, or start the job with hcommrun"
             )));
         }
-        return Ok(LaunchInfo { launcher, rank, size, local_rank, root_addr });
+        return Ok(LaunchInfo {
+            launcher,
+            rank,
+            size,
+            local_rank,
+            root_addr,
+        });
     }
     Ok(LaunchInfo {
         launcher: Launcher::Singleton,
@@ -245,8 +275,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn cfg(vars: &[(&str, &str)]) -> Result<Config> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|k| map.get(k).cloned())
     }
 
@@ -268,11 +300,23 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.launch.launcher, Launcher::OpenMpi);
-        assert_eq!((c.launch.rank, c.launch.size, c.launch.local_rank), (2, 4, Some(0)));
-        let c = cfg(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("HCOMM_ROOT_ADDR", "h:1")]).unwrap();
+        assert_eq!(
+            (c.launch.rank, c.launch.size, c.launch.local_rank),
+            (2, 4, Some(0))
+        );
+        let c = cfg(&[
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("HCOMM_ROOT_ADDR", "h:1"),
+        ])
+        .unwrap();
         assert_eq!(c.launch.launcher, Launcher::MpichHydra);
-        let c = cfg(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3"), ("HCOMM_ROOT_ADDR", "h:1")])
-            .unwrap();
+        let c = cfg(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "3"),
+            ("HCOMM_ROOT_ADDR", "h:1"),
+        ])
+        .unwrap();
         assert_eq!(c.launch.launcher, Launcher::Slurm);
         let c = cfg(&[
             ("RANK", "1"),

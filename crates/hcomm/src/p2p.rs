@@ -113,8 +113,14 @@ impl Op {
     fn describe(&self) -> String {
         let t = &self.target;
         match self.kind {
-            OpKind::Send => format!("send of {} bytes to rank {} (tag {})", self.cap, t.comm_rank, t.tag),
-            OpKind::Recv => format!("recv from rank {} (tag {}, buffer {} bytes)", t.comm_rank, t.tag, self.cap),
+            OpKind::Send => format!(
+                "send of {} bytes to rank {} (tag {})",
+                self.cap, t.comm_rank, t.tag
+            ),
+            OpKind::Recv => format!(
+                "recv from rank {} (tag {}, buffer {} bytes)",
+                t.comm_rank, t.tag, self.cap
+            ),
         }
     }
 }
@@ -148,7 +154,11 @@ enum Dest {
 #[derive(Debug)]
 enum RxState {
     Header,
-    Payload { hdr: FrameHeader, dest: Dest, done: usize },
+    Payload {
+        hdr: FrameHeader,
+        dest: Dest,
+        done: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -164,7 +174,14 @@ struct OutFrame {
 
 impl OutFrame {
     fn control(hdr: FrameHeader) -> OutFrame {
-        OutFrame { hdr: hdr.encode(), hdr_done: 0, op: None, off: 0, len: 0, done: 0 }
+        OutFrame {
+            hdr: hdr.encode(),
+            hdr_done: 0,
+            op: None,
+            off: 0,
+            len: 0,
+            done: 0,
+        }
     }
 }
 
@@ -245,7 +262,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn timespec(d: Duration) -> Timespec {
-    Timespec { tv_sec: d.as_secs() as _, tv_nsec: d.subsec_nanos() as _ }
+    Timespec {
+        tv_sec: d.as_secs() as _,
+        tv_nsec: d.subsec_nanos() as _,
+    }
 }
 
 fn poll(io: &Io, events: &mut Vec<epoll::Event>, sleep: Duration) -> Result<()> {
@@ -260,10 +280,17 @@ impl Engine {
     /// Takes over the established links (`links[peer]` = its streams, empty for self).
     pub(crate) fn new(links: Vec<Vec<TcpStream>>, cfg: EngineConfig) -> Result<Engine> {
         let sys = |what: &str, e: rustix::io::Errno| Error::Init(format!("{what}: {e}"));
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| sys("epoll_create", e))?;
-        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| sys("eventfd", e))?;
-        epoll::add(&epoll, &wake, epoll::EventData::new_u64(WAKE_TOKEN), epoll::EventFlags::IN)
-            .map_err(|e| sys("epoll_ctl", e))?;
+        let epoll =
+            epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| sys("epoll_create", e))?;
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| sys("eventfd", e))?;
+        epoll::add(
+            &epoll,
+            &wake,
+            epoll::EventData::new_u64(WAKE_TOKEN),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| sys("epoll_ctl", e))?;
         let mut peers = Vec::with_capacity(links.len());
         for (p, socks) in links.into_iter().enumerate() {
             if socks.is_empty() {
@@ -272,9 +299,15 @@ impl Engine {
             }
             let mut streams = Vec::with_capacity(socks.len());
             for (s, sock) in socks.into_iter().enumerate() {
-                sock.set_nonblocking(true).map_err(|e| Error::transport("configuring a link", e))?;
-                epoll::add(&epoll, &sock, epoll::EventData::new_u64(token(p, s)), epoll::EventFlags::IN)
-                    .map_err(|e| sys("epoll_ctl", e))?;
+                sock.set_nonblocking(true)
+                    .map_err(|e| Error::transport("configuring a link", e))?;
+                epoll::add(
+                    &epoll,
+                    &sock,
+                    epoll::EventData::new_u64(token(p, s)),
+                    epoll::EventFlags::IN,
+                )
+                .map_err(|e| sys("epoll_ctl", e))?;
                 streams.push(Stream {
                     sock,
                     out: VecDeque::new(),
@@ -285,10 +318,21 @@ impl Engine {
                     rx: RxState::Header,
                 });
             }
-            peers.push(Some(Peer { streams, next_msg_id: 0, next_data_stream: 0, closed: false, lost: None }));
+            peers.push(Some(Peer {
+                streams,
+                next_msg_id: 0,
+                next_data_stream: 0,
+                closed: false,
+                lost: None,
+            }));
         }
         let spin = cfg.spin;
-        let io = Arc::new(Io { epoll, wake, waiters: AtomicUsize::new(0), pending_async: AtomicUsize::new(0) });
+        let io = Arc::new(Io {
+            epoll,
+            wake,
+            waiters: AtomicUsize::new(0),
+            pending_async: AtomicUsize::new(0),
+        });
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 cfg,
@@ -315,7 +359,10 @@ impl Engine {
             .name("hcomm-progress".into())
             .spawn(move || progress_thread(&bg))
             .map_err(|e| Error::Init(format!("cannot start the progress thread: {e}")))?;
-        Ok(Engine { shared, thread: Some(thread) })
+        Ok(Engine {
+            shared,
+            thread: Some(thread),
+        })
     }
 
     /// Posts a send of `len` bytes at `buf`.
@@ -324,7 +371,13 @@ impl Engine {
     /// `buf..buf+len` must stay valid for reads until the operation is removed by
     /// [`Engine::wait`] or [`Engine::test`] returning its result, or handed over by
     /// [`Engine::detach`].
-    pub(crate) unsafe fn post_send(&self, t: Target, buf: *const u8, len: usize, asynchronous: bool) -> Result<OpId> {
+    pub(crate) unsafe fn post_send(
+        &self,
+        t: Target,
+        buf: *const u8,
+        len: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
         let mut st = lock(&self.shared.state);
         let id = st.post_send(t, BufPtr(buf.cast_mut()), len, asynchronous)?;
         self.note_async(&st, id, asynchronous);
@@ -337,7 +390,13 @@ impl Engine {
     /// `buf..buf+cap` must stay valid for writes, and not be accessed otherwise, until the
     /// operation is removed by [`Engine::wait`] or [`Engine::test`], or handed over by
     /// [`Engine::detach`].
-    pub(crate) unsafe fn post_recv(&self, t: Target, buf: *mut u8, cap: usize, asynchronous: bool) -> Result<OpId> {
+    pub(crate) unsafe fn post_recv(
+        &self,
+        t: Target,
+        buf: *mut u8,
+        cap: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
         let mut st = lock(&self.shared.state);
         let id = st.post_recv(t, BufPtr(buf), cap, asynchronous)?;
         self.note_async(&st, id, asynchronous);
@@ -358,7 +417,9 @@ impl Engine {
         let sh = &*self.shared;
         sh.io.waiters.fetch_add(1, Ordering::SeqCst);
         let result = self.wait_inner(id, deadline);
-        if sh.io.waiters.fetch_sub(1, Ordering::SeqCst) == 1 && sh.io.pending_async.load(Ordering::SeqCst) > 0 {
+        if sh.io.waiters.fetch_sub(1, Ordering::SeqCst) == 1
+            && sh.io.pending_async.load(Ordering::SeqCst) > 0
+        {
             sh.idle_cv.notify_one();
         }
         result
@@ -380,7 +441,11 @@ impl Engine {
                 }
             }
             let now = Instant::now();
-            let sleep = if now < spin_until { Duration::ZERO } else { (deadline - now).min(MAX_SLEEP) };
+            let sleep = if now < spin_until {
+                Duration::ZERO
+            } else {
+                (deadline - now).min(MAX_SLEEP)
+            };
             poll(&sh.io, &mut events, sleep)?;
         }
     }
@@ -468,7 +533,9 @@ impl Drop for Engine {
 fn progress_thread(sh: &Shared) {
     let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
     while !sh.shutdown.load(Ordering::SeqCst) {
-        if sh.io.pending_async.load(Ordering::SeqCst) == 0 || sh.io.waiters.load(Ordering::SeqCst) > 0 {
+        if sh.io.pending_async.load(Ordering::SeqCst) == 0
+            || sh.io.waiters.load(Ordering::SeqCst) > 0
+        {
             // Nothing outstanding, or a waiting thread drives progress itself.
             let guard = lock(&sh.idle);
             let _ = sh.idle_cv.wait_timeout(guard, Duration::from_millis(50));
@@ -489,7 +556,14 @@ enum ReadEnd {
 }
 
 impl State {
-    fn new_op(&mut self, kind: OpKind, target: Target, buf: BufPtr, cap: usize, asynchronous: bool) -> OpId {
+    fn new_op(
+        &mut self,
+        kind: OpKind,
+        target: Target,
+        buf: BufPtr,
+        cap: usize,
+        asynchronous: bool,
+    ) -> OpId {
         let id = self.next_op;
         self.next_op += 1;
         let op = Op {
@@ -521,7 +595,13 @@ impl State {
         }
     }
 
-    fn post_send(&mut self, t: Target, buf: BufPtr, len: usize, asynchronous: bool) -> Result<OpId> {
+    fn post_send(
+        &mut self,
+        t: Target,
+        buf: BufPtr,
+        len: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
         self.live_peer(&t)?;
         let id = self.new_op(OpKind::Send, t, buf, len, asynchronous);
         if t.peer == self.cfg.rank {
@@ -539,7 +619,11 @@ impl State {
         let eager = len <= self.cfg.eager_limit;
         let frame = if eager {
             self.ops.get_mut(&id).expect("just inserted").remaining = 1;
-            OutFrame { op: Some(id), len, ..OutFrame::control(hdr) }
+            OutFrame {
+                op: Some(id),
+                len,
+                ..OutFrame::control(hdr)
+            }
         } else {
             hdr.kind = FrameKind::Rts;
             self.rndv_send.insert((t.peer, msg_id), id);
@@ -561,9 +645,23 @@ impl State {
         };
         let uid = self.next_umsg;
         self.next_umsg += 1;
-        let kind = UnexpectedKind::Eager { data, complete: true };
-        self.umsgs.insert(uid, Unexpected { peer: t.peer, kind, claimed_by: None });
-        let key = MatchKey { comm: t.comm, peer: t.peer, tag: t.tag };
+        let kind = UnexpectedKind::Eager {
+            data,
+            complete: true,
+        };
+        self.umsgs.insert(
+            uid,
+            Unexpected {
+                peer: t.peer,
+                kind,
+                claimed_by: None,
+            },
+        );
+        let key = MatchKey {
+            comm: t.comm,
+            peer: t.peer,
+            tag: t.tag,
+        };
         match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
             Some(rid) => self.deliver_unexpected(uid, rid),
             None => self.unexpected.entry(key).or_default().push_back(uid),
@@ -571,8 +669,18 @@ impl State {
         self.complete(id, Ok(len));
     }
 
-    fn post_recv(&mut self, t: Target, buf: BufPtr, cap: usize, asynchronous: bool) -> Result<OpId> {
-        let key = MatchKey { comm: t.comm, peer: t.peer, tag: t.tag };
+    fn post_recv(
+        &mut self,
+        t: Target,
+        buf: BufPtr,
+        cap: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
+        let key = MatchKey {
+            comm: t.comm,
+            peer: t.peer,
+            tag: t.tag,
+        };
         let queued = self.unexpected.get_mut(&key).and_then(VecDeque::pop_front);
         if queued.is_none() {
             self.live_peer(&t)?;
@@ -587,10 +695,14 @@ impl State {
 
     /// Matches receive `id` with the unexpected message `uid`.
     fn claim_unexpected(&mut self, uid: u64, id: OpId) {
-        let Some(u) = self.umsgs.get_mut(&uid) else { return };
+        let Some(u) = self.umsgs.get_mut(&uid) else {
+            return;
+        };
         match u.kind {
             UnexpectedKind::Eager { complete: true, .. } => self.deliver_unexpected(uid, id),
-            UnexpectedKind::Eager { complete: false, .. } => {
+            UnexpectedKind::Eager {
+                complete: false, ..
+            } => {
                 u.claimed_by = Some(id);
                 if let Some(op) = self.ops.get_mut(&id) {
                     op.started = true;
@@ -605,10 +717,16 @@ impl State {
 
     /// Copies a fully arrived unexpected message into receive `id` and completes it.
     fn deliver_unexpected(&mut self, uid: u64, id: OpId) {
-        let Some(Unexpected { kind: UnexpectedKind::Eager { data, .. }, .. }) = self.umsgs.remove(&uid) else {
+        let Some(Unexpected {
+            kind: UnexpectedKind::Eager { data, .. },
+            ..
+        }) = self.umsgs.remove(&uid)
+        else {
             return;
         };
-        let Some(op) = self.ops.get_mut(&id) else { return };
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
         let result = if data.len() > op.cap {
             Err(truncated(op, data.len()))
         } else {
@@ -622,7 +740,9 @@ impl State {
 
     /// Answers the rendezvous of message `msg_id` (`len` bytes) for receive `id`.
     fn match_rts(&mut self, id: OpId, msg_id: u64, len: usize) {
-        let Some(op) = self.ops.get_mut(&id) else { return };
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
         let peer = op.target.peer;
         let mut cts = FrameHeader::new(FrameKind::Cts);
         cts.msg_id = msg_id;
@@ -640,7 +760,9 @@ impl State {
     }
 
     fn complete(&mut self, id: OpId, result: Result<usize>) {
-        let Some(op) = self.ops.get_mut(&id) else { return };
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
         if op.result.is_some() {
             return;
         }
@@ -684,7 +806,11 @@ impl State {
         ));
         let clean = match op.kind {
             OpKind::Recv if !op.started => {
-                let key = MatchKey { comm: t.comm, peer: t.peer, tag: t.tag };
+                let key = MatchKey {
+                    comm: t.comm,
+                    peer: t.peer,
+                    tag: t.tag,
+                };
                 if let Some(q) = self.posted.get_mut(&key) {
                     q.retain(|&o| o != id);
                 }
@@ -692,7 +818,12 @@ impl State {
             }
             OpKind::Recv => false,
             OpKind::Send => match self.peers[t.peer].as_mut() {
-                Some(p) if p.streams[0].out.iter().any(|f| f.op == Some(id) && f.hdr_done == 0) => {
+                Some(p)
+                    if p.streams[0]
+                        .out
+                        .iter()
+                        .any(|f| f.op == Some(id) && f.hdr_done == 0) =>
+                {
                     p.streams[0].out.retain(|f| f.op != Some(id));
                     true
                 }
@@ -709,13 +840,19 @@ impl State {
     }
 
     fn unclosed_peers(&self) -> Vec<usize> {
-        let open = |p: &Peer| p.lost.is_none() && !(p.closed && p.streams.iter().all(|s| s.out.is_empty()));
-        (0..self.peers.len()).filter(|&p| self.peers[p].as_ref().is_some_and(open)).collect()
+        let open = |p: &Peer| {
+            p.lost.is_none() && !(p.closed && p.streams.iter().all(|s| s.out.is_empty()))
+        };
+        (0..self.peers.len())
+            .filter(|&p| self.peers[p].as_ref().is_some_and(open))
+            .collect()
     }
 
     /// Appends a frame to a stream's queue and writes what the socket takes now.
     fn queue(&mut self, peer: usize, stream: usize, frame: OutFrame) {
-        let Some(p) = self.peers[peer].as_mut() else { return };
+        let Some(p) = self.peers[peer].as_mut() else {
+            return;
+        };
         if p.lost.is_some() {
             return;
         }
@@ -736,10 +873,14 @@ impl State {
             }
             let (peer, stream) = ((tok >> 16) as usize, (tok & 0xffff) as usize);
             let flags = ev.flags;
-            if flags.intersects(epoll::EventFlags::OUT | epoll::EventFlags::ERR | epoll::EventFlags::HUP) {
+            if flags.intersects(
+                epoll::EventFlags::OUT | epoll::EventFlags::ERR | epoll::EventFlags::HUP,
+            ) {
                 self.flush(peer, stream);
             }
-            if flags.intersects(epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP) {
+            if flags
+                .intersects(epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP)
+            {
                 if let ReadEnd::Failed(why) = self.read_stream(peer, stream) {
                     self.fail_peer(peer, why);
                 }
@@ -756,7 +897,9 @@ impl State {
     fn flush(&mut self, peer: usize, stream: usize) {
         let mut done_ops: Vec<OpId> = Vec::new();
         let outcome = {
-            let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else { return };
+            let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+                return;
+            };
             if p.lost.is_some() {
                 return;
             }
@@ -766,10 +909,15 @@ impl State {
                 let Some(f) = s.out.front_mut() else { break };
                 let payload: &[u8] = match f.op.and_then(|id| self.ops.get(&id)) {
                     Some(op) if f.len > 0 => {
-                        let src = op.detached.as_ref().map_or(op.buf.0.cast_const(), |b| b.as_ptr());
+                        let src = op
+                            .detached
+                            .as_ref()
+                            .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
                         // SAFETY: the frame's operation is live, so its buffer is valid for
                         // `off + len <= cap` bytes (see `post_send`).
-                        unsafe { std::slice::from_raw_parts(src.add(f.off + f.done), f.len - f.done) }
+                        unsafe {
+                            std::slice::from_raw_parts(src.add(f.off + f.done), f.len - f.done)
+                        }
                     }
                     _ => &[],
                 };
@@ -804,7 +952,12 @@ impl State {
                 if want {
                     flags |= epoll::EventFlags::OUT;
                 }
-                match epoll::modify(&self.io.epoll, &s.sock, epoll::EventData::new_u64(token(peer, stream)), flags) {
+                match epoll::modify(
+                    &self.io.epoll,
+                    &s.sock,
+                    epoll::EventData::new_u64(token(peer, stream)),
+                    flags,
+                ) {
                     Ok(()) => s.want_out = want,
                     Err(e) => outcome = Err(format!("epoll_ctl failed: {e}")),
                 }
@@ -828,7 +981,9 @@ impl State {
     /// Reads and dispatches what a stream has, within a bounded number of rounds.
     fn read_stream(&mut self, peer: usize, stream: usize) -> ReadEnd {
         for _ in 0..MAX_ROUNDS {
-            let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else { return ReadEnd::Drained };
+            let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+                return ReadEnd::Drained;
+            };
             if p.lost.is_some() {
                 return ReadEnd::Drained;
             }
@@ -845,7 +1000,9 @@ impl State {
                                     return ReadEnd::Failed(why);
                                 }
                             }
-                            Err(e) => return ReadEnd::Failed(format!("it sent a malformed frame ({e})")),
+                            Err(e) => {
+                                return ReadEnd::Failed(format!("it sent a malformed frame ({e})"))
+                            }
                         }
                         continue;
                     }
@@ -866,7 +1023,8 @@ impl State {
                     let buffered = s.rx_end - s.rx_start;
                     let got = if buffered > 0 {
                         let n = want.min(buffered);
-                        if let Some(dst) = dest_slice(&mut self.ops, &mut self.umsgs, dest, done, n) {
+                        if let Some(dst) = dest_slice(&mut self.ops, &mut self.umsgs, dest, done, n)
+                        {
                             dst.copy_from_slice(&s.rx_buf[s.rx_start..s.rx_start + n]);
                         }
                         s.rx_start += n;
@@ -909,10 +1067,19 @@ impl State {
     }
 
     /// Dispatches a frame header; the error is why the peer must be dropped.
-    fn on_header(&mut self, peer: usize, stream: usize, hdr: FrameHeader) -> std::result::Result<(), String> {
+    fn on_header(
+        &mut self,
+        peer: usize,
+        stream: usize,
+        hdr: FrameHeader,
+    ) -> std::result::Result<(), String> {
         let dest = match hdr.kind {
             FrameKind::Eager => {
-                let key = MatchKey { comm: hdr.comm, peer, tag: hdr.tag };
+                let key = MatchKey {
+                    comm: hdr.comm,
+                    peer,
+                    tag: hdr.tag,
+                };
                 let len = hdr.len as usize;
                 match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
                     Some(id) => {
@@ -931,33 +1098,57 @@ impl State {
                         let uid = self.next_umsg;
                         self.next_umsg += 1;
                         let data = vec![0u8; len];
-                        let kind = UnexpectedKind::Eager { data, complete: false };
-                        self.umsgs.insert(uid, Unexpected { peer, kind, claimed_by: None });
+                        let kind = UnexpectedKind::Eager {
+                            data,
+                            complete: false,
+                        };
+                        self.umsgs.insert(
+                            uid,
+                            Unexpected {
+                                peer,
+                                kind,
+                                claimed_by: None,
+                            },
+                        );
                         self.unexpected.entry(key).or_default().push_back(uid);
                         Dest::Unexpected(uid)
                     }
                 }
             }
             FrameKind::Rts => {
-                let key = MatchKey { comm: hdr.comm, peer, tag: hdr.tag };
-                let len = usize::try_from(hdr.len).map_err(|_| "it announced a message too large for this host")?;
+                let key = MatchKey {
+                    comm: hdr.comm,
+                    peer,
+                    tag: hdr.tag,
+                };
+                let len = usize::try_from(hdr.len)
+                    .map_err(|_| "it announced a message too large for this host")?;
                 match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
                     Some(id) => self.match_rts(id, hdr.msg_id, len),
                     None => {
                         let uid = self.next_umsg;
                         self.next_umsg += 1;
-                        let kind = UnexpectedKind::Rts { msg_id: hdr.msg_id, len };
-                        self.umsgs.insert(uid, Unexpected { peer, kind, claimed_by: None });
+                        let kind = UnexpectedKind::Rts {
+                            msg_id: hdr.msg_id,
+                            len,
+                        };
+                        self.umsgs.insert(
+                            uid,
+                            Unexpected {
+                                peer,
+                                kind,
+                                claimed_by: None,
+                            },
+                        );
                         self.unexpected.entry(key).or_default().push_back(uid);
                     }
                 }
                 return Ok(());
             }
             FrameKind::Cts => {
-                let id = self
-                    .rndv_send
-                    .remove(&(peer, hdr.msg_id))
-                    .ok_or_else(|| format!("it cleared message {} that was never announced", hdr.msg_id))?;
+                let id = self.rndv_send.remove(&(peer, hdr.msg_id)).ok_or_else(|| {
+                    format!("it cleared message {} that was never announced", hdr.msg_id)
+                })?;
                 if hdr.flags & FLAG_DISCARD != 0 {
                     let len = self.ops.get(&id).map_or(0, |op| op.cap);
                     self.complete(id, Ok(len));
@@ -967,15 +1158,23 @@ impl State {
                 return Ok(());
             }
             FrameKind::Data => {
-                let id = *self
-                    .rndv_recv
-                    .get(&(peer, hdr.msg_id))
-                    .ok_or_else(|| format!("it sent data of message {} that was never cleared", hdr.msg_id))?;
+                let id = *self.rndv_recv.get(&(peer, hdr.msg_id)).ok_or_else(|| {
+                    format!(
+                        "it sent data of message {} that was never cleared",
+                        hdr.msg_id
+                    )
+                })?;
                 let op = self.ops.get(&id).ok_or("a matched receive vanished")?;
                 if hdr.offset.saturating_add(hdr.len) > op.msg_len as u64 {
-                    return Err(format!("it sent data beyond the end of message {}", hdr.msg_id));
+                    return Err(format!(
+                        "it sent data beyond the end of message {}",
+                        hdr.msg_id
+                    ));
                 }
-                Dest::Op { op: id, base: hdr.offset as usize }
+                Dest::Op {
+                    op: id,
+                    base: hdr.offset as usize,
+                }
             }
             FrameKind::Close => {
                 if let Some(p) = self.peers[peer].as_mut() {
@@ -997,7 +1196,9 @@ impl State {
         match dest {
             Dest::Discard => {}
             Dest::Unexpected(uid) => {
-                let Some(u) = self.umsgs.get_mut(&uid) else { return };
+                let Some(u) = self.umsgs.get_mut(&uid) else {
+                    return;
+                };
                 if let UnexpectedKind::Eager { complete, .. } = &mut u.kind {
                     *complete = true;
                 }
@@ -1007,7 +1208,9 @@ impl State {
             }
             Dest::Op { op: id, .. } => match hdr.kind {
                 FrameKind::Data => {
-                    let Some(op) = self.ops.get_mut(&id) else { return };
+                    let Some(op) = self.ops.get_mut(&id) else {
+                        return;
+                    };
                     op.remaining = op.remaining.saturating_sub(hdr.len as usize);
                     if op.remaining == 0 {
                         let len = op.msg_len;
@@ -1022,9 +1225,13 @@ impl State {
 
     /// Queues the data of a cleared rendezvous send, in chunks over all streams of the peer.
     fn send_data(&mut self, peer: usize, id: OpId, msg_id: u64) {
-        let Some(op) = self.ops.get_mut(&id) else { return };
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
         let (len, chunk) = (op.cap, self.cfg.chunk);
-        let Some(p) = self.peers[peer].as_mut() else { return };
+        let Some(p) = self.peers[peer].as_mut() else {
+            return;
+        };
         let nstreams = p.streams.len();
         let mut frames = 0;
         let mut touched = vec![false; nstreams];
@@ -1036,7 +1243,12 @@ impl State {
             hdr.offset = off as u64;
             let s = p.next_data_stream % nstreams;
             p.next_data_stream += 1;
-            p.streams[s].out.push_back(OutFrame { op: Some(id), off, len: n, ..OutFrame::control(hdr) });
+            p.streams[s].out.push_back(OutFrame {
+                op: Some(id),
+                off,
+                len: n,
+                ..OutFrame::control(hdr)
+            });
             touched[s] = true;
             frames += 1;
         }
@@ -1051,7 +1263,9 @@ impl State {
 
     /// Marks a peer unreachable: closes its links and fails every operation with it.
     fn fail_peer(&mut self, peer: usize, why: String) {
-        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else { return };
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return;
+        };
         if p.lost.is_some() {
             return;
         }
@@ -1081,7 +1295,13 @@ impl State {
             .iter()
             .filter(|(_, u)| {
                 u.peer == peer
-                    && matches!(u.kind, UnexpectedKind::Eager { complete: false, .. } | UnexpectedKind::Rts { .. })
+                    && matches!(
+                        u.kind,
+                        UnexpectedKind::Eager {
+                            complete: false,
+                            ..
+                        } | UnexpectedKind::Rts { .. }
+                    )
             })
             .map(|(&uid, _)| uid)
             .collect();
@@ -1098,14 +1318,20 @@ impl State {
             .collect();
         for id in failed {
             for uid in &partial {
-                if self.umsgs.get(uid).is_some_and(|u| u.claimed_by == Some(id)) {
+                if self
+                    .umsgs
+                    .get(uid)
+                    .is_some_and(|u| u.claimed_by == Some(id))
+                {
                     self.umsgs.remove(uid);
                 }
             }
             let desc = self.ops.get(&id).map(Op::describe).unwrap_or_default();
             self.complete(id, Err(Error::PeerLost(format!("{desc} failed: {msg}"))));
         }
-        self.umsgs.retain(|uid, _| !partial.contains(uid) || self.unexpected.values().any(|q| q.contains(uid)));
+        self.umsgs.retain(|uid, _| {
+            !partial.contains(uid) || self.unexpected.values().any(|q| q.contains(uid))
+        });
     }
 }
 

@@ -27,7 +27,10 @@ pub struct RankInfo {
 impl RankInfo {
     /// Describes the calling process.
     pub fn current() -> RankInfo {
-        let hostname = rustix::system::uname().nodename().to_string_lossy().into_owned();
+        let hostname = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
         let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
@@ -54,7 +57,11 @@ impl RankInfo {
 
     /// Decodes what [`RankInfo::encode`] wrote; anything else is an error naming `rank`.
     pub fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
-        let bad = || Error::Init(format!("rank {rank} published malformed topology information"));
+        let bad = || {
+            Error::Init(format!(
+                "rank {rank} published malformed topology information"
+            ))
+        };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         let fields: Vec<&str> = text.split('\n').collect();
         let [host_id, hostname, pid, numa, cpu] = fields[..] else {
@@ -76,7 +83,11 @@ fn numa_node_of_cpu(cpu: u32) -> u32 {
         .ok()
         .and_then(|entries| {
             entries.filter_map(|e| e.ok()).find_map(|e| {
-                e.file_name().to_str()?.strip_prefix("node")?.parse::<u32>().ok()
+                e.file_name()
+                    .to_str()?
+                    .strip_prefix("node")?
+                    .parse::<u32>()
+                    .ok()
             })
         })
         .unwrap_or(0)
@@ -114,7 +125,12 @@ impl Topology {
             local_rank.push(host_size[h]);
             host_size[h] += 1;
         }
-        Topology { ranks, host_of, local_rank, host_size }
+        Topology {
+            ranks,
+            host_of,
+            local_rank,
+            host_size,
+        }
     }
 
     /// The topology of ranks chosen from this one, in the given order.
@@ -209,8 +225,14 @@ mod tests {
     fn hosts_and_local_ranks() {
         let t = Topology::new(vec![info("a", 1), info("b", 2), info("a", 3), info("b", 4)]);
         assert_eq!(t.num_hosts(), 2);
-        assert_eq!((0..4).map(|r| t.host_of(r)).collect::<Vec<_>>(), [0, 1, 0, 1]);
-        assert_eq!((0..4).map(|r| t.local_rank(r)).collect::<Vec<_>>(), [0, 0, 1, 1]);
+        assert_eq!(
+            (0..4).map(|r| t.host_of(r)).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
+        assert_eq!(
+            (0..4).map(|r| t.local_rank(r)).collect::<Vec<_>>(),
+            [0, 0, 1, 1]
+        );
         assert_eq!(t.local_size(2), 2);
         let s = t.subset(&[3, 1]);
         assert_eq!((s.num_hosts(), s.local_rank(1)), (1, 1));

@@ -48,7 +48,9 @@ enum Scenario {
 /// The byte at `i` of the message from `src` to `dst` in round `round`.
 fn pattern(src: usize, dst: usize, round: usize, i: usize) -> u8 {
     let x = (src as u64 + 1).wrapping_mul(0x9e37_79b9) ^ (dst as u64 + 7).wrapping_mul(0x85eb_ca6b);
-    (x.wrapping_add(round as u64 * 131).wrapping_add(i as u64 * 2_654_435_761) >> 11) as u8
+    (x.wrapping_add(round as u64 * 131)
+        .wrapping_add(i as u64 * 2_654_435_761)
+        >> 11) as u8
 }
 
 fn fill(src: usize, dst: usize, round: usize, len: usize) -> Vec<u8> {
@@ -57,13 +59,27 @@ fn fill(src: usize, dst: usize, round: usize, len: usize) -> Vec<u8> {
 
 fn verify(buf: &[u8], src: usize, dst: usize, round: usize) -> Result<()> {
     if let Some(i) = (0..buf.len()).find(|&i| buf[i] != pattern(src, dst, round, i)) {
-        bail!("byte {i} of {} from rank {src} (round {round}) is wrong", buf.len());
+        bail!(
+            "byte {i} of {} from rank {src} (round {round}) is wrong",
+            buf.len()
+        );
     }
     Ok(())
 }
 
 fn sizes(max: usize) -> Vec<usize> {
-    let mut v = vec![0, 1, 7, 4096, 65536, 65537, 1 << 20, (1 << 20) + 3, 16 << 20, 64 << 20];
+    let mut v = vec![
+        0,
+        1,
+        7,
+        4096,
+        65536,
+        65537,
+        1 << 20,
+        (1 << 20) + 3,
+        16 << 20,
+        64 << 20,
+    ];
     v.retain(|&s| s <= max);
     v
 }
@@ -74,7 +90,9 @@ fn ring(comm: &Communicator, max: usize) -> Result<()> {
     for (round, len) in sizes(max).into_iter().enumerate() {
         let out = fill(r, right, round, len);
         let mut got = vec![0u8; len];
-        let k = comm.sendrecv(&out, right, 5, &mut got, left, 5).with_context(|| format!("ring, {len} bytes"))?;
+        let k = comm
+            .sendrecv(&out, right, 5, &mut got, left, 5)
+            .with_context(|| format!("ring, {len} bytes"))?;
         ensure!(k == len, "ring: received {k} bytes, expected {len}");
         verify(&got, left, r, round)?;
     }
@@ -92,9 +110,14 @@ fn all_pairs(comm: &Communicator, max: usize) -> Result<()> {
         for p in (0..n).filter(|&p| p != r) {
             sends.push(comm.isend(fill(r, p, round, len), p, 9)?);
         }
-        let got = hcomm::wait_all(reqs).with_context(|| format!("all-pairs receive, {len} bytes"))?;
+        let got =
+            hcomm::wait_all(reqs).with_context(|| format!("all-pairs receive, {len} bytes"))?;
         for (c, p) in got.iter().zip((0..n).filter(|&p| p != r)) {
-            ensure!(c.len == len, "all-pairs: {} bytes from rank {p}, expected {len}", c.len);
+            ensure!(
+                c.len == len,
+                "all-pairs: {} bytes from rank {p}, expected {len}",
+                c.len
+            );
             verify(&c.buffer, p, r, round)?;
         }
         hcomm::wait_all(sends).context("all-pairs send")?;
@@ -128,7 +151,11 @@ fn tags(comm: &Communicator) -> Result<()> {
                 for i in (0..N).filter(|i| 1 + (i % 2) as u32 == tag) {
                     let mut buf = vec![0u8; 300_000];
                     let k = comm.recv(&mut buf, 0, tag)?;
-                    ensure!(k == len_of(i) && buf[0] == i as u8, "tag {tag}: got message {} where {i} was due", buf[0]);
+                    ensure!(
+                        k == len_of(i) && buf[0] == i as u8,
+                        "tag {tag}: got message {} where {i} was due",
+                        buf[0]
+                    );
                     let mut want = fill(0, 1, i, k);
                     want[0] = i as u8;
                     ensure!(buf[..k] == want[..], "tag {tag}: message {i} is corrupt");
@@ -154,13 +181,21 @@ fn truncate(comm: &Communicator) -> Result<()> {
                 let mut small = [0u8; 10];
                 match comm.recv(&mut small, 0, 3) {
                     Err(Error::Truncated(msg)) => {
-                        ensure!(msg.contains(&expect.to_string()), "message does not name the length: {msg}")
+                        ensure!(
+                            msg.contains(&expect.to_string()),
+                            "message does not name the length: {msg}"
+                        )
                     }
-                    other => bail!("{expect}-byte message into 10 bytes gave {other:?}, expected Truncated"),
+                    other => bail!(
+                        "{expect}-byte message into 10 bytes gave {other:?}, expected Truncated"
+                    ),
                 }
             }
             let mut buf = [0u8; 10];
-            ensure!(comm.recv(&mut buf, 0, 3)? == 10 && buf == [3u8; 10], "message after truncation is wrong");
+            ensure!(
+                comm.recv(&mut buf, 0, 3)? == 10 && buf == [3u8; 10],
+                "message after truncation is wrong"
+            );
         }
         _ => {}
     }
@@ -175,7 +210,10 @@ fn timeout(comm: &Communicator) -> Result<()> {
         let mut buf = [0u8; 8];
         match comm.recv(&mut buf, 0, 77) {
             Err(Error::Timeout(msg)) => {
-                ensure!(msg.contains("rank 0"), "timeout message does not name the peer: {msg}");
+                ensure!(
+                    msg.contains("rank 0"),
+                    "timeout message does not name the peer: {msg}"
+                );
                 println!("timed out after {:.2} s: {msg}", t0.elapsed().as_secs_f64());
             }
             other => bail!("receive from a silent rank gave {other:?}, expected Timeout"),
@@ -190,14 +228,27 @@ fn timeout(comm: &Communicator) -> Result<()> {
 
 fn split(comm: &Communicator) -> Result<()> {
     let (r, n) = (comm.rank(), comm.size());
-    let half = comm.split((r % 2) as i32, -(r as i32))?.context("split returned no communicator")?;
+    let half = comm
+        .split((r % 2) as i32, -(r as i32))?
+        .context("split returned no communicator")?;
     let expect_size = (n + 1 - r % 2) / 2;
-    ensure!(half.size() == expect_size, "split size {} expected {expect_size}", half.size());
+    ensure!(
+        half.size() == expect_size,
+        "split size {} expected {expect_size}",
+        half.size()
+    );
     // key = -rank: ranks are ordered in reverse.
-    ensure!(half.rank() == expect_size - 1 - r / 2, "split rank {} is wrong for rank {r}", half.rank());
+    ensure!(
+        half.rank() == expect_size - 1 - r / 2,
+        "split rank {} is wrong for rank {r}",
+        half.rank()
+    );
     ring(&half, 1 << 20)?;
     let none = comm.split(if r == 0 { -1 } else { 0 }, 0)?;
-    ensure!(none.is_none() == (r == 0), "negative color must give no communicator");
+    ensure!(
+        none.is_none() == (r == 0),
+        "negative color must give no communicator"
+    );
     let dup = comm.dup()?;
     // The same tag on both communicators must not cross.
     if n >= 2 {
@@ -209,7 +260,10 @@ fn split(comm: &Communicator) -> Result<()> {
         comm.send(&[1], right, 4)?;
         dup.recv(&mut b, left, 4)?;
         a[0] = ra.wait()?.buffer[0];
-        ensure!(a == [1] && b == [2], "messages crossed between a communicator and its dup");
+        ensure!(
+            a == [1] && b == [2],
+            "messages crossed between a communicator and its dup"
+        );
     }
     dup.barrier()?;
     half.destroy()?;

@@ -8,8 +8,8 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -51,7 +51,12 @@ impl Hello {
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
-        Some(Hello { rank: u32_at(4), size: u32_at(8), stream: u16_at(12), streams: u16_at(14) })
+        Some(Hello {
+            rank: u32_at(4),
+            size: u32_at(8),
+            stream: u16_at(12),
+            streams: u16_at(14),
+        })
     }
 }
 
@@ -63,7 +68,9 @@ pub fn listen(ip: IpAddr) -> Result<TcpListener> {
     socket
         .bind(&addr.into())
         .map_err(|e| Error::transport(format_args!("binding a free port on {ip}"), e))?;
-    socket.listen(1024).map_err(|e| Error::transport("listening", e))?;
+    socket
+        .listen(1024)
+        .map_err(|e| Error::transport("listening", e))?;
     Ok(socket.into())
 }
 
@@ -88,8 +95,15 @@ pub fn connect_mesh(
     deadline: Instant,
 ) -> Result<Vec<Vec<TcpStream>>> {
     let size = addrs.len();
-    let mut links: Vec<Vec<Option<TcpStream>>> =
-        (0..size).map(|r| if r == rank { Vec::new() } else { (0..streams).map(|_| None).collect() }).collect();
+    let mut links: Vec<Vec<Option<TcpStream>>> = (0..size)
+        .map(|r| {
+            if r == rank {
+                Vec::new()
+            } else {
+                (0..streams).map(|_| None).collect()
+            }
+        })
+        .collect();
     let expected_in = (size - rank - 1) * streams;
     let secret: Arc<[u8]> = Arc::from(secret);
     let (tx, rx) = mpsc::channel();
@@ -98,7 +112,19 @@ pub fn connect_mesh(
         let (secret, done) = (Arc::clone(&secret), Arc::clone(&done));
         thread::Builder::new()
             .name("hcomm-accept".into())
-            .spawn(move || accept_peers(listener, rank, size, streams, expected_in, secret, deadline, tx, done))
+            .spawn(move || {
+                accept_peers(
+                    listener,
+                    rank,
+                    size,
+                    streams,
+                    expected_in,
+                    secret,
+                    deadline,
+                    tx,
+                    done,
+                )
+            })
             .map_err(|e| Error::Init(format!("cannot start the accept thread: {e}")))?
     };
     let result = collect_links(&mut links, &rx, rank, addrs, streams, &secret, deadline);
@@ -106,7 +132,10 @@ pub fn connect_mesh(
     done.store(true, Ordering::SeqCst);
     let _ = acceptor.join();
     result?;
-    Ok(links.into_iter().map(|l| l.into_iter().flatten().collect()).collect())
+    Ok(links
+        .into_iter()
+        .map(|l| l.into_iter().flatten().collect())
+        .collect())
 }
 
 /// Connects to the lower ranks and gathers the accepted connections of the higher ones.
@@ -122,8 +151,10 @@ fn collect_links(
     let size = addrs.len();
     let expected_in = (size - rank - 1) * streams;
     for (peer, addr) in addrs.iter().enumerate().take(rank) {
-        for s in 0..streams {
-            links[peer][s] = Some(connect_one(*addr, rank, size, peer, s, streams, secret, deadline)?);
+        for (s, link) in links[peer].iter_mut().enumerate() {
+            *link = Some(connect_one(
+                *addr, rank, size, peer, s, streams, secret, deadline,
+            )?);
         }
     }
     let mut got = 0;
@@ -161,7 +192,11 @@ fn connect_one(
     secret: &[u8],
     deadline: Instant,
 ) -> Result<TcpStream> {
-    let fail = |what: String| Error::Init(format!("rank {rank} connecting to rank {peer} at {addr}: {what}"));
+    let fail = |what: String| {
+        Error::Init(format!(
+            "rank {rank} connecting to rank {peer} at {addr}: {what}"
+        ))
+    };
     let mut conn = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -171,17 +206,31 @@ fn connect_one(
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
             Ok(c) => break c,
-            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut
+                ) =>
+            {
                 thread::sleep(Duration::from_millis(20));
             }
             Err(e) => return Err(fail(e.to_string())),
         }
     };
     tune(&conn).map_err(|e| fail(e.to_string()))?;
-    let hello = Hello { rank: rank as u32, size: size as u32, stream: stream as u16, streams: streams as u16 };
+    let hello = Hello {
+        rank: rank as u32,
+        size: size as u32,
+        stream: stream as u16,
+        streams: streams as u16,
+    };
     let theirs = auth::client_handshake(&mut conn, secret, &hello.encode(), deadline)?;
     match Hello::decode(&theirs) {
-        Some(h) if h.rank as usize == peer && h.size as usize == size && h.streams as usize == streams => {
+        Some(h)
+            if h.rank as usize == peer
+                && h.size as usize == size
+                && h.streams as usize == streams =>
+        {
             Ok(conn)
         }
         _ => Err(fail(format!(
@@ -211,7 +260,13 @@ fn accept_peers(
         return;
     }
     let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let me = Hello { rank: rank as u32, size: size as u32, stream: 0, streams: streams as u16 }.encode();
+    let me = Hello {
+        rank: rank as u32,
+        size: size as u32,
+        stream: 0,
+        streams: streams as u16,
+    }
+    .encode();
     let me: Arc<[u8]> = Arc::from(me);
     // Stops when the deadline passes or when the main thread has all its links.
     while Instant::now() < deadline {
@@ -223,17 +278,27 @@ fn accept_peers(
                     continue;
                 }
                 pending.fetch_add(1, SeqCst);
-                let (tx, secret, me, slot) = (tx.clone(), Arc::clone(&secret), Arc::clone(&me), Arc::clone(&pending));
-                let spawned = thread::Builder::new().name("hcomm-handshake".into()).spawn(move || {
-                    let limit = deadline.min(Instant::now() + HANDSHAKE_LIMIT);
-                    match accept_one(conn, rank, size, streams, &secret, &me, limit) {
-                        Ok((peer, s, c)) => {
-                            let _ = tx.send((peer, s, c));
-                        }
-                        Err(e) => tracing::warn!("rank {rank}: dropped connection from {from}: {e}"),
-                    }
-                    slot.fetch_sub(1, SeqCst);
-                });
+                let (tx, secret, me, slot) = (
+                    tx.clone(),
+                    Arc::clone(&secret),
+                    Arc::clone(&me),
+                    Arc::clone(&pending),
+                );
+                let spawned =
+                    thread::Builder::new()
+                        .name("hcomm-handshake".into())
+                        .spawn(move || {
+                            let limit = deadline.min(Instant::now() + HANDSHAKE_LIMIT);
+                            match accept_one(conn, rank, size, streams, &secret, &me, limit) {
+                                Ok((peer, s, c)) => {
+                                    let _ = tx.send((peer, s, c));
+                                }
+                                Err(e) => tracing::warn!(
+                                    "rank {rank}: dropped connection from {from}: {e}"
+                                ),
+                            }
+                            slot.fetch_sub(1, SeqCst);
+                        });
                 if spawned.is_err() {
                     pending.fetch_sub(1, SeqCst);
                 }
@@ -261,13 +326,19 @@ fn accept_one(
     me: &[u8],
     deadline: Instant,
 ) -> Result<(usize, usize, TcpStream)> {
-    conn.set_nonblocking(false).map_err(|e| Error::transport("configuring a connection", e))?;
+    conn.set_nonblocking(false)
+        .map_err(|e| Error::transport("configuring a connection", e))?;
     tune(&conn).map_err(|e| Error::transport("configuring a connection", e))?;
     let theirs = auth::server_handshake(&mut conn, secret, me, deadline)?;
     let h = Hello::decode(&theirs)
         .ok_or_else(|| Error::Init("malformed hello from an authenticated peer".into()))?;
     let (peer, s) = (h.rank as usize, h.stream as usize);
-    if h.size as usize != size || h.streams as usize != streams || peer <= rank || peer >= size || s >= streams {
+    if h.size as usize != size
+        || h.streams as usize != streams
+        || peer <= rank
+        || peer >= size
+        || s >= streams
+    {
         return Err(Error::Init(format!(
             "rank {peer} announced size {} and {} streams (expected a rank above {rank} of {size} \
              with {streams} streams): mixed job settings?",

@@ -85,7 +85,15 @@ pub enum WireError {
 impl FrameHeader {
     /// A header of `kind` with all other fields zero.
     pub fn new(kind: FrameKind) -> FrameHeader {
-        FrameHeader { kind, flags: 0, comm: 0, tag: 0, msg_id: 0, len: 0, offset: 0 }
+        FrameHeader {
+            kind,
+            flags: 0,
+            comm: 0,
+            tag: 0,
+            msg_id: 0,
+            len: 0,
+            offset: 0,
+        }
     }
 
     /// Bytes of payload that follow this header.
@@ -153,7 +161,11 @@ impl FrameHeader {
     }
 
     fn validate(&self) -> Result<(), WireError> {
-        let allowed_flags = if self.kind == FrameKind::Cts { FLAG_DISCARD } else { 0 };
+        let allowed_flags = if self.kind == FrameKind::Cts {
+            FLAG_DISCARD
+        } else {
+            0
+        };
         if self.flags & !allowed_flags != 0 {
             return Err(WireError::BadField("flags"));
         }
@@ -167,10 +179,16 @@ impl FrameHeader {
             FrameKind::Cts | FrameKind::Close => 0,
         };
         if self.len > limit {
-            return Err(WireError::TooLong { len: self.len, limit });
+            return Err(WireError::TooLong {
+                len: self.len,
+                limit,
+            });
         }
         if self.kind == FrameKind::Data && self.offset > MAX_MESSAGE - self.len {
-            return Err(WireError::TooLong { len: self.offset, limit: MAX_MESSAGE - self.len });
+            return Err(WireError::TooLong {
+                len: self.offset,
+                limit: MAX_MESSAGE - self.len,
+            });
         }
         Ok(())
     }
@@ -202,7 +220,10 @@ mod tests {
         let good = FrameHeader::new(FrameKind::Eager).encode();
         let mut b = good;
         b[0] ^= 1;
-        assert!(matches!(FrameHeader::decode(&b), Err(WireError::BadMagic(_))));
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(WireError::BadMagic(_))
+        ));
         let mut b = good;
         b[4] = 9;
         assert_eq!(FrameHeader::decode(&b), Err(WireError::BadVersion(9)));
@@ -211,17 +232,26 @@ mod tests {
         assert_eq!(FrameHeader::decode(&b), Err(WireError::BadKind(0)));
         let mut b = good;
         b[21] = 1;
-        assert_eq!(FrameHeader::decode(&b), Err(WireError::BadField("reserved")));
+        assert_eq!(
+            FrameHeader::decode(&b),
+            Err(WireError::BadField("reserved"))
+        );
         let mut b = good;
         b[6] = 1;
         assert_eq!(FrameHeader::decode(&b), Err(WireError::BadField("flags")));
         let mut h = FrameHeader::new(FrameKind::Eager);
         h.len = MAX_EAGER + 1;
-        assert!(matches!(FrameHeader::decode(&h.encode()), Err(WireError::TooLong { .. })));
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(WireError::TooLong { .. })
+        ));
         let mut h = FrameHeader::new(FrameKind::Data);
         h.len = 10;
         h.offset = u64::MAX - 5;
-        assert!(matches!(FrameHeader::decode(&h.encode()), Err(WireError::TooLong { .. })));
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(WireError::TooLong { .. })
+        ));
         let mut h = FrameHeader::new(FrameKind::Close);
         h.len = 1;
         assert!(FrameHeader::decode(&h.encode()).is_err());

@@ -1,0 +1,367 @@
+//! Multi-process point-to-point tests: real processes, real sockets, launched by hcommrun,
+//! Open MPI's mpirun and MPICH's mpiexec, or by hand.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
+const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
+
+/// Runs `cmd`, killing it after `limit`; returns its output and how long it took.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
+    let t0 = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let e = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let s = child.wait().unwrap();
+            panic!("command did not finish within {limit:?}: {cmd:?} ({s})");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let output = Output {
+        status,
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+    };
+    (output, t0.elapsed())
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn assert_all_ok(o: &Output, n: usize, scenario: &str) {
+    let t = text(o);
+    assert!(o.status.success(), "{scenario} on {n} ranks failed:\n{t}");
+    for r in 0..n {
+        assert!(
+            t.contains(&format!("[{r}] OK {scenario}")),
+            "rank {r} did not finish {scenario}:\n{t}"
+        );
+    }
+}
+
+fn hcommrun(n: usize, args: &[&str]) -> Command {
+    let mut c = Command::new(HCOMMRUN);
+    c.arg("-n")
+        .arg(n.to_string())
+        .arg("--timeout")
+        .arg("120")
+        .arg("--")
+        .arg(CHECK)
+        .args(args);
+    c.env("HCOMM_TIMEOUT", "60");
+    c
+}
+
+fn check(n: usize, args: &[&str]) {
+    let (o, _) = run_bounded(&mut hcommrun(n, args), Duration::from_secs(150));
+    let name = if args[0] == "all-pairs" {
+        "all-pairs"
+    } else {
+        args[0]
+    };
+    assert_all_ok(&o, n, name);
+}
+
+#[test]
+fn hello_on_1_2_3_5_8_ranks() {
+    for n in [1, 2, 3, 5, 8] {
+        check(n, &["hello"]);
+    }
+}
+
+#[test]
+fn ring_0b_to_64mib_on_2_ranks() {
+    check(2, &["ring"]);
+}
+
+#[test]
+fn ring_0b_to_64mib_on_3_ranks() {
+    check(3, &["ring"]);
+}
+
+#[test]
+fn ring_0b_to_16mib_on_5_ranks() {
+    check(5, &["ring", "--max-size", "16777216"]);
+}
+
+#[test]
+fn ring_0b_to_16mib_on_8_ranks() {
+    check(8, &["ring", "--max-size", "16777216"]);
+}
+
+#[test]
+fn ring_on_one_rank_talks_to_itself() {
+    check(1, &["ring", "--max-size", "1048576"]);
+}
+
+#[test]
+fn all_pairs_on_2_3_5_8_ranks() {
+    for n in [2, 3, 5, 8] {
+        check(n, &["all-pairs"]);
+    }
+}
+
+#[test]
+fn all_pairs_with_one_stream_and_tiny_chunks() {
+    let mut c = hcommrun(4, &["all-pairs", "--max-size", "1048576"]);
+    c.env("HCOMM_TCP_STREAMS", "1")
+        .env("HCOMM_TCP_CHUNK", "4096")
+        .env("HCOMM_TCP_EAGER_LIMIT", "0");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    assert_all_ok(&o, 4, "all-pairs");
+}
+
+#[test]
+fn tags_keep_order_per_source_and_tag() {
+    check(2, &["tags"]);
+    check(3, &["tags"]);
+}
+
+#[test]
+fn truncation_is_an_error_and_loses_nothing_else() {
+    check(2, &["truncate"]);
+}
+
+#[test]
+fn split_and_dup() {
+    for n in [1, 2, 3, 5, 8] {
+        check(n, &["split"]);
+    }
+}
+
+#[test]
+fn a_silent_peer_gives_a_timeout_naming_it() {
+    let mut c = hcommrun(2, &["timeout"]);
+    c.env("HCOMM_TIMEOUT", "2");
+    let (o, took) = run_bounded(&mut c, Duration::from_secs(60));
+    assert_all_ok(&o, 2, "timeout");
+    let t = text(&o);
+    assert!(t.contains("[1] timed out after 2."), "{t}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+}
+
+#[test]
+fn a_failing_rank_stops_the_job_quickly() {
+    let (o, took) = run_bounded(&mut hcommrun(3, &["exit"]), Duration::from_secs(60));
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("rank 1 exited with status 3"), "{t}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+#[test]
+fn a_killed_rank_stops_the_job_quickly() {
+    let script = format!("if [ \"$HCOMM_RANK\" = 2 ]; then kill -9 $$; fi; exec {CHECK} ring");
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "4", "--", "sh", "-c", &script]);
+    let (o, took) = run_bounded(&mut c, Duration::from_secs(60));
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("rank 2 was killed by signal SIGKILL"), "{t}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `n` ranks by hand, as a launcher without a store would.
+fn spawn_by_hand(n: usize, port: u16, args: &[&str], timeout: &str) -> Vec<Child> {
+    (0..n)
+        .map(|r| {
+            Command::new(CHECK)
+                .args(args)
+                .env("HCOMM_RANK", r.to_string())
+                .env("HCOMM_SIZE", n.to_string())
+                .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
+                .env("HCOMM_JOB_SECRET", "by-hand")
+                .env("HCOMM_TIMEOUT", timeout)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn peers_of_a_dead_rank_fail_fast_naming_it() {
+    // No hcommrun here: the survivors must notice by themselves, well before HCOMM_TIMEOUT.
+    let t0 = Instant::now();
+    let children = spawn_by_hand(3, free_port(), &["exit"], "100");
+    let mut outputs = Vec::new();
+    for c in children {
+        outputs.push(c.wait_with_output().unwrap());
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(outputs[1].status.code(), Some(3));
+    for r in [0, 2] {
+        let t = text(&outputs[r]);
+        assert!(!outputs[r].status.success(), "rank {r} should fail: {t}");
+        assert!(
+            t.contains("peer lost") && t.contains("rank 1"),
+            "rank {r}: {t}"
+        );
+    }
+}
+
+#[test]
+fn launched_by_open_mpi() {
+    let port = free_port();
+    let mut c = Command::new("mpirun.openmpi");
+    c.args(["--allow-run-as-root", "--oversubscribe", "-n", "4"])
+        .args([
+            "-x",
+            &format!("HCOMM_ROOT_ADDR=127.0.0.1:{port}"),
+            "-x",
+            "HCOMM_JOB_SECRET=ompi-test",
+        ])
+        .args([
+            "-x",
+            "HCOMM_TIMEOUT=60",
+            CHECK,
+            "all-pairs",
+            "--max-size",
+            "1048576",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert_eq!(t.matches("OK all-pairs").count(), 4, "{t}");
+}
+
+#[test]
+fn launched_by_mpich() {
+    let port = free_port();
+    let mut c = Command::new("mpiexec.mpich");
+    c.args([
+        "-n",
+        "4",
+        "-genv",
+        "HCOMM_ROOT_ADDR",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .args([
+        "-genv",
+        "HCOMM_JOB_SECRET",
+        "mpich-test",
+        "-genv",
+        "HCOMM_TIMEOUT",
+        "60",
+    ])
+    .args([CHECK, "ring", "--max-size", "1048576"]);
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert_eq!(t.matches("OK ring").count(), 4, "{t}");
+}
+
+/// Sends hostile traffic to the store until `stop`: garbage, huge lengths, silence, wrong
+/// secrets.
+fn attack(port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
+    thread::spawn(move || {
+        let mut attempts = 0;
+        let mut silent = Vec::new();
+        let mut seed = 0x1234_5678_9abc_def0u64;
+        while !stop.load(Ordering::SeqCst) {
+            let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+                thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+            attempts += 1;
+            match attempts % 4 {
+                0 => {
+                    let junk: Vec<u8> = (0..4096)
+                        .map(|_| {
+                            seed ^= seed << 13;
+                            seed ^= seed >> 7;
+                            seed ^= seed << 17;
+                            seed as u8
+                        })
+                        .collect();
+                    let _ = s.write_all(&junk);
+                }
+                1 => {
+                    let _ = s.write_all(&[0xff; 64]);
+                    let _ = s.write_all(&u64::MAX.to_le_bytes());
+                }
+                2 => {
+                    if silent.len() < 40 {
+                        silent.push(s);
+                    }
+                }
+                _ => {
+                    let _ = hcomm::bootstrap::StoreClient::connect(
+                        &format!("127.0.0.1:{port}"),
+                        b"not-the-secret",
+                        Duration::from_millis(500),
+                    );
+                }
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+        attempts
+    })
+}
+
+#[test]
+fn hostile_traffic_to_the_store_leaves_the_job_correct() {
+    let port = free_port();
+    let stop = Arc::new(AtomicBool::new(false));
+    let attackers: Vec<_> = (0..2).map(|_| attack(port, Arc::clone(&stop))).collect();
+    // Several jobs in a row on the same store address, each under attack from its start.
+    for _ in 0..3 {
+        let mut c = hcommrun(4, &["all-pairs", "--max-size", "1048576"]);
+        c.env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"));
+        let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+        assert_all_ok(&o, 4, "all-pairs");
+    }
+    stop.store(true, Ordering::SeqCst);
+    let attempts: usize = attackers.into_iter().map(|a| a.join().unwrap()).sum();
+    assert!(
+        attempts >= 8,
+        "the attack barely reached the store ({attempts} connections)"
+    );
+}
