@@ -980,6 +980,9 @@ impl State {
 
     /// Reads and dispatches what a stream has, within a bounded number of rounds.
     fn read_stream(&mut self, peer: usize, stream: usize) -> ReadEnd {
+        // A read that returned less than asked for emptied the socket: the next read would
+        // only say so (epoll is level-triggered, so stopping early never misses data).
+        let mut short_read = false;
         for _ in 0..MAX_ROUNDS {
             let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
                 return ReadEnd::Drained;
@@ -1011,8 +1014,15 @@ impl State {
                         s.rx_end -= s.rx_start;
                         s.rx_start = 0;
                     }
+                    if short_read {
+                        return ReadEnd::Drained;
+                    }
+                    let space = RX_BUF - s.rx_end;
                     match read_some(&mut s.sock, &mut s.rx_buf[s.rx_end..]) {
-                        Ok(Some(n)) => s.rx_end += n,
+                        Ok(Some(n)) => {
+                            s.rx_end += n;
+                            short_read = n < space;
+                        }
                         Ok(None) => return ReadEnd::Drained,
                         Err(why) => return ReadEnd::Failed(why),
                     }
@@ -1029,6 +1039,8 @@ impl State {
                         }
                         s.rx_start += n;
                         n
+                    } else if short_read {
+                        return ReadEnd::Drained;
                     } else {
                         let direct = if want >= RX_BUF / 2 {
                             dest_slice(&mut self.ops, &mut self.umsgs, dest, done, want)
@@ -1037,7 +1049,10 @@ impl State {
                         };
                         match direct {
                             Some(dst) => match read_some(&mut s.sock, dst) {
-                                Ok(Some(n)) => n,
+                                Ok(Some(n)) => {
+                                    short_read = n < want;
+                                    n
+                                }
                                 Ok(None) => return ReadEnd::Drained,
                                 Err(why) => return ReadEnd::Failed(why),
                             },
@@ -1045,7 +1060,10 @@ impl State {
                                 s.rx_start = 0;
                                 s.rx_end = 0;
                                 match read_some(&mut s.sock, &mut s.rx_buf[..]) {
-                                    Ok(Some(n)) => s.rx_end = n,
+                                    Ok(Some(n)) => {
+                                        s.rx_end = n;
+                                        short_read = n < RX_BUF;
+                                    }
                                     Ok(None) => return ReadEnd::Drained,
                                     Err(why) => return ReadEnd::Failed(why),
                                 }
