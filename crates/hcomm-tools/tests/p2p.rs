@@ -365,3 +365,90 @@ fn hostile_traffic_to_the_store_leaves_the_job_correct() {
         "the attack barely reached the store ({attempts} connections)"
     );
 }
+
+#[test]
+fn nonblocking_sends_progress_without_polling() {
+    check(2, &["progress"]);
+}
+
+#[test]
+fn destroy_releases_sockets_and_threads() {
+    check(3, &["lifecycle"]);
+}
+
+#[test]
+fn debug_prints_the_topology_once_and_logging_is_opt_in() {
+    let mut c = hcommrun(3, &["hello"]);
+    c.env("HCOMM_DEBUG", "1");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(60));
+    assert_all_ok(&o, 3, "hello");
+    let t = text(&o);
+    assert_eq!(
+        t.matches("hcomm topology: 3 ranks on 1 hosts").count(),
+        1,
+        "{t}"
+    );
+    assert!(t.contains("[0] ") && t.contains(" numa "), "{t}");
+
+    let (o, _) = run_bounded(&mut hcommrun(2, &["hello"]), Duration::from_secs(60));
+    assert!(
+        o.stderr.is_empty(),
+        "the library printed without being asked: {}",
+        text(&o)
+    );
+
+    let mut c = hcommrun(2, &["hello"]);
+    c.env("HCOMM_LOG_LEVEL", "3");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(60));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("world ready"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn bad_environment_is_a_clear_error() {
+    let mut c = hcommrun(2, &["hello"]);
+    c.env("HCOMM_TIMEOUT", "soon");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(60));
+    assert!(!o.status.success());
+    assert!(text(&o).contains("HCOMM_TIMEOUT"), "{}", text(&o));
+    let mut c = Command::new(CHECK);
+    c.arg("hello")
+        .env("HCOMM_RANK", "0")
+        .env("HCOMM_SIZE", "2")
+        .env_remove("HCOMM_ROOT_ADDR");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(60));
+    assert!(!o.status.success());
+    assert!(text(&o).contains("HCOMM_ROOT_ADDR"), "{}", text(&o));
+}
+
+#[test]
+fn a_wrong_secret_cannot_join() {
+    let port = free_port();
+    let mut good = spawn_by_hand(2, port, &["hello"], "5");
+    let intruder = Command::new(CHECK)
+        .arg("hello")
+        .env("HCOMM_RANK", "1")
+        .env("HCOMM_SIZE", "2")
+        .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
+        .env("HCOMM_JOB_SECRET", "guessed")
+        .env("HCOMM_TIMEOUT", "5")
+        .output()
+        .unwrap();
+    assert!(!intruder.status.success());
+    assert!(
+        text(&intruder).contains("HCOMM_JOB_SECRET"),
+        "{}",
+        text(&intruder)
+    );
+    let rank1 = good.pop().unwrap().wait_with_output().unwrap();
+    let rank0 = good.pop().unwrap().wait_with_output().unwrap();
+    assert!(
+        rank0.status.success() && rank1.status.success(),
+        "{}{}",
+        text(&rank0),
+        text(&rank1)
+    );
+}

@@ -43,6 +43,10 @@ enum Scenario {
     Split,
     /// Rank 1 exits with status 3 at once; the others wait for it (launcher failure test).
     Exit,
+    /// A nonblocking send completes while its sender computes without calling hcomm.
+    Progress,
+    /// Worlds created and destroyed in a row leave no socket or thread behind.
+    Lifecycle,
 }
 
 /// The byte at `i` of the message from `src` to `dst` in round `round`.
@@ -270,6 +274,60 @@ fn split(comm: &Communicator) -> Result<()> {
     Ok(())
 }
 
+fn progress(comm: &Communicator) -> Result<()> {
+    ensure!(comm.size() >= 2, "progress needs 2 ranks");
+    const LEN: usize = 16 << 20;
+    const BUSY: Duration = Duration::from_millis(1500);
+    match comm.rank() {
+        0 => {
+            let req = comm.isend(fill(0, 1, 0, LEN), 1, 6)?;
+            // "Compute" without touching hcomm: the transfer must go on meanwhile.
+            std::thread::sleep(BUSY);
+            req.wait()?;
+        }
+        1 => {
+            let t0 = Instant::now();
+            let mut buf = vec![0u8; LEN];
+            comm.recv(&mut buf, 0, 6)?;
+            let took = t0.elapsed();
+            verify(&buf, 0, 1, 0)?;
+            ensure!(
+                took < BUSY / 2,
+                "the receive took {took:?}: the sender's isend did not progress on its own"
+            );
+        }
+        _ => {}
+    }
+    comm.barrier()?;
+    Ok(())
+}
+
+/// Open file descriptors and threads of this process.
+fn resources() -> Result<(usize, usize)> {
+    let fds = std::fs::read_dir("/proc/self/fd")?.count();
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    Ok((fds, threads))
+}
+
+fn lifecycle(first: Communicator) -> Result<()> {
+    ring(&first, 1 << 20)?;
+    first.destroy()?;
+    let before = resources()?;
+    for round in 0..3 {
+        let comm = Communicator::init().context("init again")?;
+        let dup = comm.dup()?;
+        ring(&dup, 65536)?;
+        drop(dup);
+        comm.destroy()?;
+        let after = resources()?;
+        ensure!(
+            after == before,
+            "round {round}: (fds, threads) went from {before:?} to {after:?}"
+        );
+    }
+    Ok(())
+}
+
 fn run(scenario: Scenario) -> Result<()> {
     let comm = Communicator::init().context("init")?;
     let name = match scenario {
@@ -309,6 +367,11 @@ fn run(scenario: Scenario) -> Result<()> {
             split(&comm)?;
             "split"
         }
+        Scenario::Progress => {
+            progress(&comm)?;
+            "progress"
+        }
+        Scenario::Lifecycle => return lifecycle(comm).map(|()| println!("OK lifecycle")),
         Scenario::Exit => {
             if comm.rank() == 1 {
                 std::process::exit(3);
