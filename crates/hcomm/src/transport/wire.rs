@@ -1,12 +1,12 @@
 //! The frame header of hcomm's stream transports, and its validation.
 //!
-//! Every frame on a TCP stream starts with a fixed 48-byte little-endian header. Decoding
+//! Every frame on a TCP stream starts with a fixed 64-byte little-endian header. Decoding
 //! checks everything a peer controls (magic, version, kind, flags, reserved bits and every
 //! length) before any buffer is chosen or allocated, so a corrupt or hostile stream is
 //! detected at the first bad header.
 
 /// Bytes of an encoded header.
-pub const HEADER_LEN: usize = 48;
+pub const HEADER_LEN: usize = 64;
 /// "HCM1" little-endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HCM1");
 /// Wire version spoken by this build.
@@ -55,6 +55,9 @@ pub struct FrameHeader {
     pub len: u64,
     /// Offset of a `Data` chunk in its message.
     pub offset: u64,
+    /// Signature of the operation a message belongs to (what a collective was called with),
+    /// checked by the receiver's matching layer; zero for plain point-to-point.
+    pub sig: [u64; 2],
 }
 
 /// Why a header was refused.
@@ -93,6 +96,7 @@ impl FrameHeader {
             msg_id: 0,
             len: 0,
             offset: 0,
+            sig: [0; 2],
         }
     }
 
@@ -117,6 +121,8 @@ impl FrameHeader {
         b[24..32].copy_from_slice(&self.msg_id.to_le_bytes());
         b[32..40].copy_from_slice(&self.len.to_le_bytes());
         b[40..48].copy_from_slice(&self.offset.to_le_bytes());
+        b[48..56].copy_from_slice(&self.sig[0].to_le_bytes());
+        b[56..64].copy_from_slice(&self.sig[1].to_le_bytes());
         b
     }
 
@@ -155,6 +161,7 @@ impl FrameHeader {
             msg_id: u64_at(24),
             len: u64_at(32),
             offset: u64_at(40),
+            sig: [u64_at(48), u64_at(56)],
         };
         h.validate()?;
         Ok(h)
@@ -208,6 +215,7 @@ mod tests {
             msg_id: 5,
             len: 4096,
             offset: 1 << 30,
+            sig: [3, u64::MAX],
         };
         assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
         let mut cts = FrameHeader::new(FrameKind::Cts);
