@@ -1,11 +1,19 @@
 //! The communicator: a group of ranks that exchange messages, and its lifetime.
 
+mod collectives;
+
+pub use collectives::Batch;
+
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{RendezvousStore, StoreClient};
+use crate::coll::schedule::Schedule;
+use crate::coll::select::Selector;
+use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::p2p::{Engine, EngineConfig, OpId, Target};
@@ -15,12 +23,13 @@ use crate::transport::tcp;
 /// Communicator ids with this bit carry hcomm's own traffic (split, barrier), never a
 /// user's.
 const INTERNAL: u64 = 1 << 63;
+/// Communicator ids with this bit carry collective traffic (tags are call sequence numbers).
+const COLL: u64 = 1 << 62;
 const WORLD_ID: u64 = 1;
 /// How long a waiting rank polls before sleeping, when it has a core to itself.
 const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// Internal tags.
 const TAG_SPLIT: u32 = 1;
-const TAG_BARRIER: u32 = 0x100;
 
 /// Counts worlds created by this process, so that several worlds on one store keep their
 /// keys apart (every rank creates its worlds in the same order).
@@ -29,6 +38,7 @@ static WORLDS: AtomicU64 = AtomicU64::new(0);
 /// What every communicator of one world shares: the engine, the store and the settings.
 struct World {
     config: Config,
+    selector: Selector,
     engine: Engine,
     rank: usize,
     /// Kept for the world's lifetime: rank 0 may host the store of the job.
@@ -61,8 +71,27 @@ pub struct Communicator {
     /// World rank of each member, by rank in this communicator.
     members: Arc<[usize]>,
     topology: Arc<Topology>,
+    state: Arc<CommState>,
+}
+
+/// What the handles of one communicator share (nonblocking collectives run on a handle).
+#[derive(Default)]
+struct CommState {
     /// Communicators derived from this one so far (all members derive in the same order).
     derived: AtomicU64,
+    /// Collectives called so far: the sequence number tags each call's messages.
+    coll_seq: AtomicU32,
+    /// Planned schedules by call shape.
+    plans: Mutex<HashMap<Shape, Plan>>,
+    /// Scratch space reused by blocking collectives.
+    scratch: Mutex<Vec<u8>>,
+}
+
+/// A cached choice of algorithm and its schedule for one call shape.
+#[derive(Clone)]
+struct Plan {
+    algo: &'static dyn Algorithm,
+    sched: Arc<Schedule>,
 }
 
 /// A finished nonblocking operation: its buffer back, and the bytes sent or received.
@@ -74,45 +103,71 @@ pub struct Completion {
     pub len: usize,
 }
 
-/// A nonblocking operation in flight. It progresses in the background; [`Request::wait`]
-/// collects it. Dropping it before completion lets it finish in the background.
+/// A nonblocking operation in flight: point-to-point or collective. It progresses in the
+/// background; [`Request::wait`] collects it. Dropping it before completion lets it finish in
+/// the background.
 #[must_use = "a request does nothing visible until it is waited for"]
 pub struct Request {
-    world: Arc<World>,
-    id: OpId,
-    buffer: Option<Vec<u8>>,
-    result: Option<Result<usize>>,
+    inner: RequestInner,
+}
+
+enum RequestInner {
+    /// A point-to-point operation in the engine.
+    P2p {
+        world: Arc<World>,
+        id: OpId,
+        buffer: Option<Vec<u8>>,
+        result: Option<Result<usize>>,
+    },
+    /// A collective running on its own thread (it waits with the world's timeout).
+    Task(Option<std::thread::JoinHandle<Result<Completion>>>),
 }
 
 impl Request {
+    fn p2p(world: &Arc<World>, id: OpId, buffer: Vec<u8>) -> Request {
+        let world = Arc::clone(world);
+        Request { inner: RequestInner::P2p { world, id, buffer: Some(buffer), result: None } }
+    }
+
     /// Waits (at most `HCOMM_TIMEOUT`) for the operation and returns its buffer.
     pub fn wait(mut self) -> Result<Completion> {
-        let result = match self.result.take() {
-            Some(r) => r,
-            None => self
-                .world
-                .engine
-                .wait(self.id, Instant::now() + self.world.config.timeout),
-        };
-        let buffer = self.buffer.take().unwrap_or_default();
-        result.map(|len| Completion { buffer, len })
+        match &mut self.inner {
+            RequestInner::P2p { world, id, buffer, result } => {
+                let r = match result.take() {
+                    Some(r) => r,
+                    None => world.engine.wait(*id, Instant::now() + world.config.timeout),
+                };
+                let buffer = buffer.take().unwrap_or_default();
+                r.map(|len| Completion { buffer, len })
+            }
+            RequestInner::Task(handle) => match handle.take().map(|h| h.join()) {
+                Some(Ok(r)) => r,
+                Some(Err(_)) => Err(Error::Internal("a nonblocking collective panicked".into())),
+                None => Err(Error::Internal("the request was already collected".into())),
+            },
+        }
     }
 
     /// Progresses and tells whether the operation has completed (then [`Request::wait`]
     /// returns at once).
     pub fn test(&mut self) -> Result<bool> {
-        if self.result.is_none() {
-            self.result = self.world.engine.test(self.id);
+        match &mut self.inner {
+            RequestInner::P2p { world, id, result, .. } => {
+                if result.is_none() {
+                    *result = world.engine.test(*id);
+                }
+                Ok(result.is_some())
+            }
+            RequestInner::Task(handle) => Ok(handle.as_ref().is_none_or(|h| h.is_finished())),
         }
-        Ok(self.result.is_some())
     }
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if self.result.is_none() {
-            if let Some(buffer) = self.buffer.take() {
-                self.world.engine.detach(self.id, buffer);
+        if let RequestInner::P2p { world, id, buffer, result: None } = &mut self.inner {
+            if let Some(buffer) = buffer.take() {
+                world.engine.detach(*id, buffer);
             }
         }
     }
@@ -172,6 +227,7 @@ impl Communicator {
     /// Joins the job described by `config`.
     pub fn init_with(config: Config) -> Result<Communicator> {
         init_logging(config.log_level);
+        let selector = Selector::new(config.algo.as_deref(), config.deterministic)?;
         let (rank, size) = (config.launch.rank, config.launch.size);
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
@@ -259,6 +315,7 @@ impl Communicator {
                 eager_limit: config.tcp_eager_limit,
                 chunk: config.tcp_chunk,
                 spin,
+                describe: crate::coll::Shape::describe_signature,
             },
         )?;
         if config.debug && rank == 0 {
@@ -268,6 +325,7 @@ impl Communicator {
         tracing::debug!(rank, size, launcher = ?config.launch.launcher, "world ready");
         let world = Arc::new(World {
             config,
+            selector,
             engine,
             rank,
             _store: store,
@@ -279,7 +337,7 @@ impl Communicator {
             rank,
             members: (0..size).collect(),
             topology: Arc::new(topology),
-            derived: AtomicU64::new(0),
+            state: Arc::default(),
         })
     }
 
@@ -324,6 +382,7 @@ impl Communicator {
                 peer: world_rank,
                 comm_rank: peer,
                 tag,
+                sig: [0; 2],
             }),
             None => Err(Error::InvalidArgument(format!(
                 "{what} rank {peer} does not exist: the communicator has {} ranks",
@@ -421,12 +480,7 @@ impl Communicator {
                 .engine
                 .post_send(t, buf.as_ptr(), buf.len(), true)?
         };
-        Ok(Request {
-            world: Arc::clone(&self.world),
-            id,
-            buffer: Some(buf),
-            result: None,
-        })
+        Ok(Request::p2p(&self.world, id, buf))
     }
 
     /// Starts receiving from `src` into `buf` (its length is the capacity);
@@ -439,29 +493,20 @@ impl Communicator {
                 .engine
                 .post_recv(t, buf.as_mut_ptr(), buf.len(), true)?
         };
-        Ok(Request {
-            world: Arc::clone(&self.world),
-            id,
-            buffer: Some(buf),
-            result: None,
-        })
+        Ok(Request::p2p(&self.world, id, buf))
     }
 
-    /// Returns when every rank has called it (dissemination: ⌈log2 n⌉ rounds).
+    /// Returns when every rank has called it.
     pub fn barrier(&self) -> Result<()> {
-        let n = self.size();
-        let mut dist = 1;
-        let mut round = 0;
-        while dist < n {
-            let to = (self.rank + dist) % n;
-            let from = (self.rank + n - dist) % n;
-            let st = self.target(self.id | INTERNAL, to, TAG_BARRIER + round, "barrier")?;
-            let rt = self.target(self.id | INTERNAL, from, TAG_BARRIER + round, "barrier")?;
-            self.exchange(st, &[], rt, &mut [])?;
-            dist *= 2;
-            round += 1;
-        }
-        Ok(())
+        let shape = crate::coll::Shape::new(
+            crate::coll::CollKind::Barrier,
+            crate::dtype::DataType::Uint8,
+            crate::dtype::ReduceOp::Sum,
+            0,
+            0,
+            self.size(),
+        );
+        self.run_collective(shape, None, &mut [])
     }
 
     /// Every rank's `mine`, by rank (hcomm's own small all-gather for communicator creation).
@@ -493,15 +538,15 @@ impl Communicator {
             rank,
             topology: Arc::new(self.topology.subset(&members)),
             members: world_members.into(),
-            derived: AtomicU64::new(0),
+            state: Arc::default(),
         }
     }
 
     fn next_id(&self, color: u64) -> u64 {
-        let n = self.derived.fetch_add(1, Ordering::SeqCst);
+        let n = self.state.derived.fetch_add(1, Ordering::SeqCst);
         let id = splitmix(self.id ^ splitmix(n ^ splitmix(color)));
-        // Keep clear of the world's id and of internal ids.
-        (id & !INTERNAL).max(WORLD_ID + 1)
+        // Keep clear of the world's id and of the internal and collective channels.
+        (id & !(INTERNAL | COLL)).max(WORLD_ID + 1)
     }
 
     /// Splits into disjoint communicators: ranks with the same `color` land together,

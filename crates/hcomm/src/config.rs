@@ -64,6 +64,10 @@ pub struct Config {
     pub transport: Option<String>,
     /// `HCOMM_ALGO`: per-collective algorithm overrides, as written.
     pub algo: Option<String>,
+    /// `HCOMM_DETERMINISTIC=1`: reductions in a fixed order, bitwise reproducible floats.
+    pub deterministic: bool,
+    /// `HCOMM_MISMATCH_CHECK=0` turns off the signature check of collectives (on by default).
+    pub mismatch_check: bool,
     /// `HCOMM_JOB_SECRET`: the job's shared secret (bytes of the string).
     pub job_secret: Option<Vec<u8>>,
     /// `HCOMM_TCP_STREAMS`: TCP connections per peer (1..=16).
@@ -158,6 +162,8 @@ impl Config {
             timeout: Duration::from_secs_f64(timeout_secs),
             transport,
             algo: get("HCOMM_ALGO"),
+            deterministic: get("HCOMM_DETERMINISTIC").is_some_and(|v| v != "0"),
+            mismatch_check: get("HCOMM_MISMATCH_CHECK").is_none_or(|v| v != "0"),
             job_secret: get("HCOMM_JOB_SECRET").map(String::into_bytes),
             tcp_streams,
             tcp_eager_limit,

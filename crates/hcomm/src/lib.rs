@@ -19,13 +19,18 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod bootstrap;
+pub mod coll;
 mod comm;
 pub mod config;
+pub mod dtype;
 mod error;
+mod exec;
 mod p2p;
+pub mod reduce;
 pub mod topology;
 pub mod transport;
 
-pub use comm::{wait_all, Communicator, Completion, Request};
+pub use comm::{wait_all, Batch, Communicator, Completion, Request};
 pub use config::Config;
+pub use dtype::{DataType, ReduceOp};
 pub use error::{Error, ErrorCode, Result};

@@ -38,6 +38,8 @@ const RX_BUF: usize = 64 * 1024;
 const MAX_ROUNDS: usize = 64;
 /// epoll token of the wake-up eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
+/// Claims an unexpected message whose data is to be dropped (no operation has this id).
+const DISCARDED: OpId = 0;
 /// Longest sleep between checks of a waiter's own state.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 
@@ -52,6 +54,8 @@ pub(crate) struct EngineConfig {
     pub chunk: usize,
     /// How long a waiter polls before it sleeps.
     pub spin: Duration,
+    /// Describes an operation signature for mismatch messages.
+    pub describe: fn([u64; 2]) -> String,
 }
 
 /// Which rank of which communicator an operation talks to, for messages.
@@ -65,6 +69,9 @@ pub(crate) struct Target {
     pub comm_rank: usize,
     /// Message tag.
     pub tag: u32,
+    /// Signature of the operation (zero for plain point-to-point): a receive only matches a
+    /// message with the same signature; any other is a mismatch.
+    pub sig: [u64; 2],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -135,6 +142,8 @@ enum UnexpectedKind {
 struct Unexpected {
     /// World rank of the sender.
     peer: usize,
+    /// Signature the sender gave the message.
+    sig: [u64; 2],
     kind: UnexpectedKind,
     /// A receive matched this eager message before all of it arrived.
     claimed_by: Option<OpId>,
@@ -234,6 +243,8 @@ struct State {
     rndv_send: HashMap<(usize, u64), OpId>,
     /// Operations completed since the last look (to wake other waiters).
     completions: usize,
+    /// Operations `(comm, tag)` a peer abandoned: (its world rank, its signature).
+    aborted: HashMap<(u64, u32), (usize, [u64; 2])>,
 }
 
 struct Shared {
@@ -347,6 +358,7 @@ impl Engine {
                 rndv_recv: HashMap::new(),
                 rndv_send: HashMap::new(),
                 completions: 0,
+                aborted: HashMap::new(),
             }),
             io,
             idle: Mutex::new(()),
@@ -447,6 +459,72 @@ impl Engine {
                 (deadline - now).min(MAX_SLEEP)
             };
             poll(&sh.io, &mut events, sleep)?;
+        }
+    }
+
+    /// Waits until one of `ids` completes or `deadline` passes; removes it and returns its
+    /// index in `ids` with its result. On timeout the error names the first of `ids`, all of
+    /// which stay posted (cancel them with [`Engine::cancel`]).
+    pub(crate) fn wait_any(&self, ids: &[OpId], deadline: Instant) -> Result<(usize, Result<usize>)> {
+        let sh = &*self.shared;
+        sh.io.waiters.fetch_add(1, Ordering::SeqCst);
+        let result = self.wait_any_inner(ids, deadline);
+        if sh.io.waiters.fetch_sub(1, Ordering::SeqCst) == 1
+            && sh.io.pending_async.load(Ordering::SeqCst) > 0
+        {
+            sh.idle_cv.notify_one();
+        }
+        result
+    }
+
+    fn wait_any_inner(&self, ids: &[OpId], deadline: Instant) -> Result<(usize, Result<usize>)> {
+        let sh = &*self.shared;
+        let spin_until = Instant::now() + sh.spin;
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        loop {
+            {
+                let mut st = lock(&sh.state);
+                st.handle(&events);
+                for (i, &id) in ids.iter().enumerate() {
+                    if let Some(r) = st.take(id) {
+                        return Ok((i, r));
+                    }
+                }
+                if Instant::now() >= deadline {
+                    let what = ids.first().and_then(|id| st.ops.get(id)).map(Op::describe).unwrap_or_default();
+                    return Err(Error::Timeout(format!(
+                        "{what} did not complete within HCOMM_TIMEOUT; the peer may be stuck, slow, \
+                         or calling something else"
+                    )));
+                }
+            }
+            let now = Instant::now();
+            let sleep = if now < spin_until { Duration::ZERO } else { (deadline - now).min(MAX_SLEEP) };
+            poll(&sh.io, &mut events, sleep)?;
+        }
+    }
+
+    /// Removes operations that will not be waited for: cleanly if nothing of them moved yet,
+    /// otherwise by closing the links to their peers, so no buffer is referenced afterwards.
+    pub(crate) fn cancel(&self, ids: &[OpId]) {
+        let mut st = lock(&self.shared.state);
+        for &id in ids {
+            if st.take(id).is_none() && st.ops.contains_key(&id) {
+                let _ = st.time_out(id);
+            }
+        }
+    }
+
+    /// Tells the peers of `targets` that this rank abandoned their operation, so that they
+    /// fail at once instead of waiting for it.
+    pub(crate) fn abort(&self, targets: &[Target]) {
+        let mut st = lock(&self.shared.state);
+        let mut told: Vec<usize> = Vec::new();
+        for t in targets {
+            if !told.contains(&t.peer) && st.live_peer(t).is_ok() {
+                told.push(t.peer);
+                st.send_abort(*t);
+            }
         }
     }
 
@@ -583,6 +661,9 @@ impl State {
     }
 
     fn live_peer(&self, t: &Target) -> Result<()> {
+        if let Some(&(peer, sig)) = self.aborted.get(&(t.comm, t.tag)) {
+            return Err(self.abandoned(t, peer, sig));
+        }
         if t.peer == self.cfg.rank {
             return Ok(());
         }
@@ -616,6 +697,7 @@ impl State {
         hdr.tag = t.tag;
         hdr.msg_id = msg_id;
         hdr.len = len as u64;
+        hdr.sig = t.sig;
         let eager = len <= self.cfg.eager_limit;
         let frame = if eager {
             self.ops.get_mut(&id).expect("just inserted").remaining = 1;
@@ -653,6 +735,7 @@ impl State {
             uid,
             Unexpected {
                 peer: t.peer,
+                sig: t.sig,
                 kind,
                 claimed_by: None,
             },
@@ -682,7 +765,7 @@ impl State {
             tag: t.tag,
         };
         let queued = self.unexpected.get_mut(&key).and_then(VecDeque::pop_front);
-        if queued.is_none() {
+        if queued.is_none() || self.aborted.contains_key(&(t.comm, t.tag)) {
             self.live_peer(&t)?;
         }
         let id = self.new_op(OpKind::Recv, t, buf, cap, asynchronous);
@@ -698,6 +781,27 @@ impl State {
         let Some(u) = self.umsgs.get_mut(&uid) else {
             return;
         };
+        let (peer, sig) = (u.peer, u.sig);
+        if self.ops.get(&id).is_some_and(|op| op.target.sig != sig) {
+            let rts = match u.kind {
+                UnexpectedKind::Rts { msg_id, .. } => Some(msg_id),
+                UnexpectedKind::Eager { complete, .. } => {
+                    // Drop the data as it arrives; no receive will ever take it.
+                    if complete {
+                        self.umsgs.remove(&uid);
+                    } else {
+                        u.claimed_by = Some(DISCARDED);
+                    }
+                    None
+                }
+            };
+            if let Some(msg_id) = rts {
+                self.umsgs.remove(&uid);
+                self.refuse_rts(peer, msg_id);
+            }
+            self.mismatch(id, sig);
+            return;
+        }
         match u.kind {
             UnexpectedKind::Eager { complete: true, .. } => self.deliver_unexpected(uid, id),
             UnexpectedKind::Eager {
@@ -757,6 +861,86 @@ impl State {
             self.rndv_recv.insert((peer, msg_id), id);
         }
         self.queue(peer, 0, OutFrame::control(cts));
+    }
+
+    /// Tells the sender of rendezvous `msg_id` not to send its data.
+    fn refuse_rts(&mut self, peer: usize, msg_id: u64) {
+        let mut cts = FrameHeader::new(FrameKind::Cts);
+        cts.msg_id = msg_id;
+        cts.flags = FLAG_DISCARD;
+        self.queue(peer, 0, OutFrame::control(cts));
+    }
+
+    /// Receive `id` met a message of a different operation (`theirs`): fail it, and tell the
+    /// sender this rank abandons the operation.
+    fn mismatch(&mut self, id: OpId, theirs: [u64; 2]) {
+        let Some(op) = self.ops.get(&id) else { return };
+        let t = op.target;
+        let describe = self.cfg.describe;
+        let err = Error::Mismatch(format!(
+            "this rank called {} but rank {} called {}: every rank must call the same \
+             collectives in the same order with the same type, op, count and root",
+            describe(t.sig),
+            t.comm_rank,
+            describe(theirs)
+        ));
+        self.complete(id, Err(err));
+        self.send_abort(t);
+    }
+
+    /// Tells `t.peer` that this rank abandoned the operation `(t.comm, t.tag)`.
+    fn send_abort(&mut self, t: Target) {
+        if t.peer == self.cfg.rank {
+            return;
+        }
+        let mut hdr = FrameHeader::new(FrameKind::Abort);
+        hdr.comm = t.comm;
+        hdr.tag = t.tag;
+        hdr.sig = t.sig;
+        self.queue(t.peer, 0, OutFrame::control(hdr));
+    }
+
+    /// The error of an operation on `t` that world rank `peer` abandoned, having called it as
+    /// `sig`.
+    fn abandoned(&self, t: &Target, peer: usize, sig: [u64; 2]) -> Error {
+        let describe = self.cfg.describe;
+        if sig == t.sig {
+            Error::Aborted(format!(
+                "world rank {peer} abandoned {} after an error; see that rank's error",
+                describe(sig)
+            ))
+        } else {
+            Error::Mismatch(format!(
+                "this rank called {} but world rank {peer} called {}: every rank must call the \
+                 same collectives in the same order with the same type, op, count and root",
+                describe(t.sig),
+                describe(sig)
+            ))
+        }
+    }
+
+    /// A peer abandoned `(comm, tag)`: fail this rank's operations of it, now and later.
+    fn on_abort(&mut self, peer: usize, comm: u64, tag: u32, sig: [u64; 2]) {
+        self.aborted.insert((comm, tag), (peer, sig));
+        let victims: Vec<(OpId, Target)> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.result.is_none() && op.target.comm == comm && op.target.tag == tag)
+            .map(|(&id, op)| (id, op.target))
+            .collect();
+        for (id, t) in victims {
+            if self.ops.get(&id).is_some_and(|op| op.started) {
+                // Data may be in flight into its buffer: only closing the link stops it.
+                self.fail_peer(t.peer, "an operation with it was abandoned mid-transfer".into());
+            }
+            let err = self.abandoned(&t, peer, sig);
+            let key = MatchKey { comm, peer: t.peer, tag };
+            if let Some(q) = self.posted.get_mut(&key) {
+                q.retain(|&o| o != id);
+            }
+            self.rndv_send.retain(|_, o| *o != id);
+            self.complete(id, Err(err));
+        }
     }
 
     fn complete(&mut self, id: OpId, result: Result<usize>) {
@@ -1100,6 +1284,10 @@ impl State {
                 };
                 let len = hdr.len as usize;
                 match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+                    Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
+                        self.mismatch(id, hdr.sig);
+                        Dest::Discard
+                    }
                     Some(id) => {
                         let op = self.ops.get_mut(&id).ok_or("a posted receive vanished")?;
                         if len > op.cap {
@@ -1124,6 +1312,7 @@ impl State {
                             uid,
                             Unexpected {
                                 peer,
+                                sig: hdr.sig,
                                 kind,
                                 claimed_by: None,
                             },
@@ -1142,6 +1331,10 @@ impl State {
                 let len = usize::try_from(hdr.len)
                     .map_err(|_| "it announced a message too large for this host")?;
                 match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+                    Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
+                        self.refuse_rts(peer, hdr.msg_id);
+                        self.mismatch(id, hdr.sig);
+                    }
                     Some(id) => self.match_rts(id, hdr.msg_id, len),
                     None => {
                         let uid = self.next_umsg;
@@ -1154,6 +1347,7 @@ impl State {
                             uid,
                             Unexpected {
                                 peer,
+                                sig: hdr.sig,
                                 kind,
                                 claimed_by: None,
                             },
@@ -1198,6 +1392,10 @@ impl State {
                 if let Some(p) = self.peers[peer].as_mut() {
                     p.closed = true;
                 }
+                return Ok(());
+            }
+            FrameKind::Abort => {
+                self.on_abort(peer, hdr.comm, hdr.tag, hdr.sig);
                 return Ok(());
             }
         };

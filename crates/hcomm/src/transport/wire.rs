@@ -36,6 +36,9 @@ pub enum FrameKind {
     Data = 4,
     /// The sender is finalizing and sends nothing more.
     Close = 5,
+    /// The sender abandoned the operation `(comm, tag)`, which it called as `sig`; no
+    /// payload.
+    Abort = 6,
 }
 
 /// A decoded, validated frame header.
@@ -104,7 +107,7 @@ impl FrameHeader {
     pub fn payload_len(&self) -> u64 {
         match self.kind {
             FrameKind::Eager | FrameKind::Data => self.len,
-            FrameKind::Rts | FrameKind::Cts | FrameKind::Close => 0,
+            FrameKind::Rts | FrameKind::Cts | FrameKind::Close | FrameKind::Abort => 0,
         }
     }
 
@@ -148,6 +151,7 @@ impl FrameHeader {
             3 => FrameKind::Cts,
             4 => FrameKind::Data,
             5 => FrameKind::Close,
+            6 => FrameKind::Abort,
             k => return Err(WireError::BadKind(k)),
         };
         if u32_at(20) != 0 {
@@ -183,7 +187,7 @@ impl FrameHeader {
             FrameKind::Eager => MAX_EAGER,
             FrameKind::Data => MAX_CHUNK,
             FrameKind::Rts => MAX_MESSAGE,
-            FrameKind::Cts | FrameKind::Close => 0,
+            FrameKind::Cts | FrameKind::Close | FrameKind::Abort => 0,
         };
         if self.len > limit {
             return Err(WireError::TooLong {

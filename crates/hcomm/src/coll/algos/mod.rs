@@ -1,0 +1,38 @@
+//! The algorithms, and the registry the selector and `HCOMM_ALGO` choose from.
+
+pub mod direct;
+
+use super::{Algorithm, CollKind};
+
+/// Every algorithm, in no particular order.
+pub fn all() -> &'static [&'static dyn Algorithm] {
+    static ALL: [&dyn Algorithm; 1] = [&direct::Direct];
+    &ALL
+}
+
+/// The algorithm called `name` that implements `kind`.
+pub fn by_name(kind: CollKind, name: &str) -> Option<&'static dyn Algorithm> {
+    all().iter().copied().find(|a| a.name() == name && a.supports(kind))
+}
+
+/// Names of the algorithms that implement `kind`.
+pub fn names_for(kind: CollKind) -> Vec<&'static str> {
+    all().iter().filter(|a| a.supports(kind)).map(|a| a.name()).collect()
+}
+
+/// Splits `count` elements of `elem` bytes into `n` nearly equal segments (the first
+/// `count % n` one element longer): (byte offset, byte length) of each.
+pub fn segments(count: usize, n: usize, elem: usize) -> Vec<(usize, usize)> {
+    let (q, r) = (count / n, count % n);
+    let mut out = Vec::with_capacity(n);
+    let mut at = 0;
+    for i in 0..n {
+        let c = q + usize::from(i < r);
+        out.push((at * elem, c * elem));
+        at += c;
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod testing;

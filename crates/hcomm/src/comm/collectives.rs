@@ -1,0 +1,480 @@
+//! The collective operations of a communicator: argument checks, planning (algorithm choice
+//! and schedule, cached per call shape), execution, nonblocking and batched forms.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
+use crate::coll::{CollKind, Shape, VLayout};
+use crate::dtype::{DataType, Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::exec;
+use crate::reduce;
+
+
+fn bytes<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+impl Communicator {
+    /// Another handle on this communicator (nonblocking collectives run on one).
+    fn handle(&self) -> Communicator {
+        Communicator {
+            world: Arc::clone(&self.world),
+            id: self.id,
+            rank: self.rank,
+            members: Arc::clone(&self.members),
+            topology: Arc::clone(&self.topology),
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// The cached plan for `shape`, made on first use.
+    fn plan(&self, shape: &Shape) -> Plan {
+        let mut plans = self.state.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = plans.get(shape) {
+            return p.clone();
+        }
+        let algo = self.world.selector.choose(shape, &self.topology);
+        let sched = Arc::new(algo.schedule(shape, self.rank, &self.topology));
+        let plan = Plan { algo, sched };
+        // Bound the cache: a program sweeping sizes must not grow it forever.
+        if plans.len() >= 1024 {
+            plans.clear();
+        }
+        plans.insert(shape.clone(), plan.clone());
+        plan
+    }
+
+    /// The algorithm the selector picks for a call (what `HCOMM_ALGO` and the cost model
+    /// decide), without running it.
+    pub fn algorithm_for(&self, kind: CollKind, dtype: DataType, op: ReduceOp, count: usize, root: usize) -> &'static str {
+        let shape = Shape::new(kind, dtype, op, count, root, self.size());
+        self.plan(&shape).algo.name()
+    }
+
+    /// Calls per (collective, algorithm) in this world so far.
+    pub fn collective_counts(&self) -> Vec<(CollKind, &'static str, u64)> {
+        self.world.selector.counts()
+    }
+
+    /// Runs any collective on byte buffers: the untyped form of the methods below (the C
+    /// API and tools use it). `send` is `None` for in-place calls and for collectives without
+    /// a send buffer; the buffers must hold at least what `shape` says
+    /// ([`Shape::send_bytes`], [`Shape::recv_bytes`]), and `shape.size` must be this
+    /// communicator's size.
+    pub fn run_collective(&self, shape: Shape, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        if shape.size != self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: the shape is for {} ranks but the communicator has {}",
+                shape.kind.name(),
+                shape.size,
+                self.size()
+            )));
+        }
+        let name = shape.kind.name();
+        if shape.kind.rooted() && shape.root >= self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: root {} does not exist in a communicator of {} ranks",
+                shape.root,
+                self.size()
+            )));
+        }
+        let need_recv = shape.recv_bytes(self.rank);
+        if recv.len() < need_recv {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: the receive buffer holds {} bytes but the call needs {need_recv}",
+                recv.len()
+            )));
+        }
+        let (send_ptr, send_len) = match send {
+            Some(s) => {
+                let need = shape.send_bytes(self.rank);
+                if s.len() < need {
+                    return Err(Error::InvalidArgument(format!(
+                        "{name}: the send buffer holds {} bytes but the call needs {need}",
+                        s.len()
+                    )));
+                }
+                (s.as_ptr(), need)
+            }
+            None => (std::ptr::null(), 0),
+        };
+        // SAFETY: both buffers are borrowed for this whole call and hold the bytes the shape
+        // needs (checked above); `run` returns only after the executor released them.
+        unsafe { self.run(&shape, send_ptr, send_len, recv.as_mut_ptr(), need_recv) }
+    }
+
+    /// Runs one call on raw buffers.
+    ///
+    /// # Safety
+    /// `send..send+send_len` must be valid for reads (unless in place) and
+    /// `recv..recv+recv_len` valid for writes and otherwise unused, for the whole call.
+    unsafe fn run(&self, shape: &Shape, send: *const u8, send_len: usize, recv: *mut u8, recv_len: usize) -> Result<()> {
+        let plan = self.plan(shape);
+        let seq = self.state.coll_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_planned(shape, &plan, seq, (send, send_len), (recv, recv_len)) }
+    }
+
+    /// Runs a planned call with sequence number `seq`.
+    ///
+    /// # Safety
+    /// As for [`Communicator::run`].
+    unsafe fn run_planned(
+        &self,
+        shape: &Shape,
+        plan: &Plan,
+        seq: u32,
+        send: (*const u8, usize),
+        recv: (*mut u8, usize),
+    ) -> Result<()> {
+        self.world.selector.count(shape.kind, plan.algo.name());
+        let sig = if self.world.config.mismatch_check { shape.signature() } else { [0; 2] };
+        let call = exec::Call {
+            sched: &plan.sched,
+            comm: self.id | COLL,
+            tag: seq,
+            sig,
+            members: &self.members,
+            dtype: shape.dtype,
+            op: shape.op,
+            send,
+            recv,
+            in_place: shape.in_place_at(self.rank),
+        };
+        let deadline = Instant::now() + self.world.config.timeout;
+        let need = plan.sched.scratch;
+        // Reuse the communicator's scratch unless another thread holds it.
+        let mut scratch = match self.state.scratch.try_lock() {
+            Ok(mut s) => std::mem::take(&mut *s),
+            Err(_) => Vec::new(),
+        };
+        if scratch.len() < need {
+            scratch.resize(need, 0);
+        }
+        // SAFETY: the caller keeps both buffers valid for this call; scratch holds `need`
+        // bytes and is owned here.
+        let result = unsafe { exec::execute(&self.world.engine, &call, &mut scratch[..need], deadline) };
+        if let Ok(mut s) = self.state.scratch.try_lock() {
+            if s.len() < scratch.len() {
+                *s = scratch;
+            }
+        }
+        result.map_err(|e| self.explain(shape, e))?;
+        let has_result = shape.kind != CollKind::Reduce || self.rank == shape.root;
+        if shape.kind.reduces() && shape.op == ReduceOp::Avg && has_result {
+            let region = shape.output(self.rank, 0, shape.count * shape.elem());
+            // SAFETY: the output region lies in the receive buffer (the shape says so and the
+            // caller checked its length); no operation touches it any more.
+            let out = unsafe { std::slice::from_raw_parts_mut(recv.0.add(region.off), region.len) };
+            reduce::finish_avg(shape.dtype, out, self.size())?;
+        }
+        Ok(())
+    }
+
+    /// Prefixes an error with the call it interrupted.
+    fn explain(&self, shape: &Shape, e: Error) -> Error {
+        let what = format!("{} on rank {}", Shape::describe_signature(shape.signature()), self.rank);
+        match e {
+            Error::Timeout(m) => Error::Timeout(format!("{what}: {m}")),
+            Error::PeerLost(m) => Error::PeerLost(format!("{what}: {m}")),
+            Error::Transport(m) => Error::Transport(format!("{what}: {m}")),
+            other => other,
+        }
+    }
+
+    fn shape(&self, kind: CollKind, dtype: DataType, op: ReduceOp, count: usize, root: usize) -> Shape {
+        Shape::new(kind, dtype, op, count, root, self.size())
+    }
+
+    fn blocks(&self, total: usize, what: &str) -> Result<usize> {
+        if total % self.size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: a buffer of {total} elements cannot be cut into {} equal blocks",
+                self.size()
+            )));
+        }
+        Ok(total / self.size())
+    }
+
+    /// Every rank's `recv` becomes the elementwise `op` of every rank's `send`.
+    pub fn allreduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let shape = self.shape(CollKind::AllReduce, T::DTYPE, op, send.len(), 0);
+        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+    }
+
+    /// [`Communicator::allreduce`] with the input in `buf`, replaced by the result.
+    pub fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let shape = Shape { in_place: true, ..self.shape(CollKind::AllReduce, T::DTYPE, op, buf.len(), 0) };
+        self.run_collective(shape, None, bytes_mut(buf))
+    }
+
+    /// The root's `buf` is copied into every rank's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let shape = self.shape(CollKind::Broadcast, T::DTYPE, ReduceOp::Sum, buf.len(), root);
+        self.run_collective(shape, None, bytes_mut(buf))
+    }
+
+    /// The root's `recv` becomes the elementwise `op` of every rank's `send`; `recv` is unused
+    /// on the other ranks (it may be empty).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let shape = self.shape(CollKind::Reduce, T::DTYPE, op, send.len(), root);
+        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+    }
+
+    /// [`Communicator::reduce`] with each rank's input in `buf`; the root's `buf` receives
+    /// the result.
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let shape = Shape { in_place: true, ..self.shape(CollKind::Reduce, T::DTYPE, op, buf.len(), root) };
+        if self.rank == root {
+            self.run_collective(shape, None, bytes_mut(buf))
+        } else {
+            self.run_collective(shape, Some(bytes(buf)), &mut [])
+        }
+    }
+
+    /// Every rank's `recv` (size × `send.len()` elements) receives every rank's `send`, in
+    /// rank order.
+    pub fn allgather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let shape = self.shape(CollKind::AllGather, T::DTYPE, ReduceOp::Sum, send.len(), 0);
+        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+    }
+
+    /// [`Communicator::allgather`] where each rank's contribution already sits at its block
+    /// of `buf`.
+    pub fn allgather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.blocks(buf.len(), "allgather")?;
+        let shape = Shape { in_place: true, ..self.shape(CollKind::AllGather, T::DTYPE, ReduceOp::Sum, count, 0) };
+        self.run_collective(shape, None, bytes_mut(buf))
+    }
+
+    /// All-gather with a count per rank: rank p's `send` (`counts[p]` elements) lands at
+    /// `recv[displs[p]..]` on every rank.
+    pub fn allgatherv<T: Element>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+        let n = self.size();
+        if counts.len() != n || displs.len() != n {
+            return Err(Error::InvalidArgument(format!(
+                "allgatherv: counts and displs need {n} entries, got {} and {}",
+                counts.len(),
+                displs.len()
+            )));
+        }
+        if send.len() != counts[self.rank] {
+            return Err(Error::InvalidArgument(format!(
+                "allgatherv: rank {} sends {} elements but counts says {}",
+                self.rank,
+                send.len(),
+                counts[self.rank]
+            )));
+        }
+        let v = VLayout { recv_counts: counts.to_vec(), recv_displs: displs.to_vec(), ..VLayout::default() };
+        let total: usize = counts.iter().sum();
+        let shape = Shape { v: Some(Arc::new(v)), ..self.shape(CollKind::AllGatherV, T::DTYPE, ReduceOp::Sum, total, 0) };
+        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+    }
+
+    /// Rank r's `recv` becomes block r of the elementwise `op` of every rank's `send`
+    /// (size × `recv.len()` elements).
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let shape = self.shape(CollKind::ReduceScatter, T::DTYPE, op, recv.len(), 0);
+        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+    }
+
+    /// [`Communicator::reduce_scatter`] with the input in `buf` (size blocks); rank r's result
+    /// replaces block r of `buf` (the other blocks are left undefined).
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.blocks(buf.len(), "reduce_scatter")?;
+        let shape = Shape { in_place: true, ..self.shape(CollKind::ReduceScatter, T::DTYPE, op, count, 0) };
+        self.run_collective(shape, None, bytes_mut(buf))
+    }
+
+    /// Block p of every rank's `send` goes to rank p, which stores it at block (sender) of
+    /// its `recv`.
+    pub fn alltoall<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let count = self.blocks(send.len(), "alltoall")?;
+        let shape = self.shape(CollKind::AllToAll, T::DTYPE, ReduceOp::Sum, count, 0);
+        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+    }
+
+    /// [`Communicator::alltoall`] with the input in `buf`, replaced by the result.
+    pub fn alltoall_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.blocks(buf.len(), "alltoall")?;
+        let shape = Shape { in_place: true, ..self.shape(CollKind::AllToAll, T::DTYPE, ReduceOp::Sum, count, 0) };
+        self.run_collective(shape, None, bytes_mut(buf))
+    }
+
+    /// All-to-all with counts and displacements (in elements) per peer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn alltoallv<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<()> {
+        let n = self.size();
+        if [send_counts.len(), send_displs.len(), recv_counts.len(), recv_displs.len()].iter().any(|&l| l != n) {
+            return Err(Error::InvalidArgument(format!("alltoallv: counts and displacements need {n} entries each")));
+        }
+        let v = VLayout {
+            send_counts: send_counts.to_vec(),
+            send_displs: send_displs.to_vec(),
+            recv_counts: recv_counts.to_vec(),
+            recv_displs: recv_displs.to_vec(),
+        };
+        let shape = Shape { v: Some(Arc::new(v)), ..self.shape(CollKind::AllToAllV, T::DTYPE, ReduceOp::Sum, 0, 0) };
+        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+    }
+
+    /// The root's `recv` (size × `send.len()` elements) receives every rank's `send`, in rank
+    /// order; `recv` is unused elsewhere (it may be empty).
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let shape = self.shape(CollKind::Gather, T::DTYPE, ReduceOp::Sum, send.len(), root);
+        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+    }
+
+    /// Rank r's `recv` receives block r of the root's `send` (size × `recv.len()` elements;
+    /// `send` is unused elsewhere and may be empty).
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let shape = self.shape(CollKind::Scatter, T::DTYPE, ReduceOp::Sum, recv.len(), root);
+        let send = if self.rank == root { Some(bytes(send)) } else { None };
+        self.run_collective(shape, send, bytes_mut(recv))
+    }
+
+    /// Starts an in-place all-reduce of `buf` (elements of `dtype`) in the background;
+    /// [`Request::wait`] gives the buffer back with the result.
+    pub fn iallreduce(&self, buf: Vec<u8>, dtype: DataType, op: ReduceOp) -> Result<Request> {
+        self.nonblocking(CollKind::AllReduce, buf, dtype, op, 0)
+    }
+
+    /// Starts a broadcast of the root's `buf` (elements of `dtype`) in the background.
+    pub fn ibroadcast(&self, buf: Vec<u8>, dtype: DataType, root: usize) -> Result<Request> {
+        self.nonblocking(CollKind::Broadcast, buf, dtype, ReduceOp::Sum, root)
+    }
+
+    /// Starts a barrier in the background.
+    pub fn ibarrier(&self) -> Result<Request> {
+        self.nonblocking(CollKind::Barrier, Vec::new(), DataType::Uint8, ReduceOp::Sum, 0)
+    }
+
+    fn nonblocking(&self, kind: CollKind, mut buf: Vec<u8>, dtype: DataType, op: ReduceOp, root: usize) -> Result<Request> {
+        if buf.len() % dtype.size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {} bytes are not a whole number of {} elements",
+                kind.name(),
+                buf.len(),
+                dtype.name()
+            )));
+        }
+        let count = buf.len() / dtype.size();
+        let shape = Shape { in_place: kind == CollKind::AllReduce, ..self.shape(kind, dtype, op, count, root) };
+        if shape.kind.rooted() && root >= self.size() {
+            return Err(Error::InvalidArgument(format!("{}: root {root} does not exist", kind.name())));
+        }
+        // Plan and take the sequence number now: calls are matched in the order they are
+        // made, whenever their threads run.
+        let plan = self.plan(&shape);
+        let seq = self.state.coll_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let comm = self.handle();
+        let task = std::thread::Builder::new()
+            .name(format!("hcomm-{}", kind.name()))
+            .spawn(move || {
+                let len = buf.len();
+                // SAFETY: the thread owns `buf` for the whole call.
+                unsafe { comm.run_planned(&shape, &plan, seq, (std::ptr::null(), 0), (buf.as_mut_ptr(), len)) }
+                    .map(|()| Completion { buffer: buf, len })
+            })
+            .map_err(|e| Error::NoMem(format!("cannot start a thread for a nonblocking {}: {e}", kind.name())))?;
+        Ok(Request { inner: RequestInner::Task(Some(task)) })
+    }
+
+    /// A batch of small collectives run together: all-reduces with the same type and op are
+    /// fused into one call, so a thousand small all-reduces cost about one.
+    pub fn batch(&self) -> Batch<'_, '_> {
+        Batch { comm: self, ops: Vec::new() }
+    }
+}
+
+/// Collectives collected by [`Communicator::batch`] and run by [`Batch::run`]. Every rank
+/// must add the same operations in the same order.
+pub struct Batch<'c, 'b> {
+    comm: &'c Communicator,
+    ops: Vec<BatchOp<'b>>,
+}
+
+enum BatchOp<'b> {
+    AllReduce { buf: &'b mut [u8], dtype: DataType, op: ReduceOp },
+    Broadcast { buf: &'b mut [u8], root: usize },
+}
+
+impl<'b> Batch<'_, 'b> {
+    /// Adds an in-place all-reduce of `buf`.
+    pub fn allreduce<T: Element>(&mut self, buf: &'b mut [T], op: ReduceOp) -> &mut Self {
+        self.ops.push(BatchOp::AllReduce { buf: bytes_mut(buf), dtype: T::DTYPE, op });
+        self
+    }
+
+    /// Adds a broadcast of the root's `buf`.
+    pub fn broadcast<T: Element>(&mut self, buf: &'b mut [T], root: usize) -> &mut Self {
+        self.ops.push(BatchOp::Broadcast { buf: bytes_mut(buf), root });
+        self
+    }
+
+    /// Runs the batch: one fused call per (all-reduce type and op) and per broadcast root,
+    /// in order of first appearance.
+    pub fn run(mut self) -> Result<()> {
+        // Group keys in order of first appearance, identical on every rank.
+        let mut keys: Vec<(u8, DataType, ReduceOp, usize)> = Vec::new();
+        let key_of = |op: &BatchOp<'_>| match op {
+            BatchOp::AllReduce { dtype, op, .. } => (0u8, *dtype, *op, 0usize),
+            BatchOp::Broadcast { root, .. } => (1u8, DataType::Uint8, ReduceOp::Sum, *root),
+        };
+        for op in &self.ops {
+            let k = key_of(op);
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        for key in keys {
+            let members: Vec<&mut BatchOp<'b>> = self.ops.iter_mut().filter(|o| key_of(o) == key).collect();
+            let total: usize = members.iter().map(|o| o.buf().len()).sum();
+            let mut packed = Vec::with_capacity(total);
+            for m in &members {
+                packed.extend_from_slice(m.buf());
+            }
+            let (kind, dtype, op, root) = key;
+            let count = total / dtype.size();
+            let kind = if kind == 0 { CollKind::AllReduce } else { CollKind::Broadcast };
+            let shape = Shape { in_place: kind == CollKind::AllReduce, ..self.comm.shape(kind, dtype, op, count, root) };
+            self.comm.run_collective(shape, None, &mut packed)?;
+            let mut at = 0;
+            for m in members {
+                let b = m.buf_mut();
+                b.copy_from_slice(&packed[at..at + b.len()]);
+                at += b.len();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BatchOp<'_> {
+    fn buf(&self) -> &[u8] {
+        match self {
+            BatchOp::AllReduce { buf, .. } | BatchOp::Broadcast { buf, .. } => buf,
+        }
+    }
+
+    fn buf_mut(&mut self) -> &mut [u8] {
+        match self {
+            BatchOp::AllReduce { buf, .. } | BatchOp::Broadcast { buf, .. } => buf,
+        }
+    }
+}
