@@ -22,7 +22,7 @@
 #   --no-mpi     skip Open MPI
 #   --no-build   use the hcomm_perf binary as it is
 #   --no-spin    skip the HCOMM_SPIN_US run
-# Environment: HCOMM_* settings (HCOMM_TCP_STREAMS, HCOMM_TIMEOUT (default here 60), ...)
+# Environment: HCOMM_* settings (HCOMM_TCP_STREAMS, HCOMM_TIMEOUT (default here 30 s), ...)
 # reach the ranks; RUN_TIMEOUT (default 300 s) bounds each run; FALLBACK_WINDOW (default 8)
 # is the stream window of the retry when hcomm's stream run with the default window fails.
 #
@@ -73,7 +73,7 @@ RAW=$R/p2p_tcp_$MODE
 LOG=$RAW.log.tmp
 rm -f "$RAW".*.tmp
 : >"$LOG"
-export HCOMM_TIMEOUT=${HCOMM_TIMEOUT:-60}
+export HCOMM_TIMEOUT=${HCOMM_TIMEOUT:-30}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 FALLBACK_WINDOW=${FALLBACK_WINDOW:-8}
 PERF=${HCOMM_PERF:-${CARGO_TARGET_DIR:-$ROOT/target}/release/hcomm_perf}

@@ -4,8 +4,8 @@ mod collectives;
 
 pub use collectives::Batch;
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
@@ -126,16 +126,30 @@ enum RequestInner {
 impl Request {
     fn p2p(world: &Arc<World>, id: OpId, buffer: Vec<u8>) -> Request {
         let world = Arc::clone(world);
-        Request { inner: RequestInner::P2p { world, id, buffer: Some(buffer), result: None } }
+        Request {
+            inner: RequestInner::P2p {
+                world,
+                id,
+                buffer: Some(buffer),
+                result: None,
+            },
+        }
     }
 
     /// Waits (at most `HCOMM_TIMEOUT`) for the operation and returns its buffer.
     pub fn wait(mut self) -> Result<Completion> {
         match &mut self.inner {
-            RequestInner::P2p { world, id, buffer, result } => {
+            RequestInner::P2p {
+                world,
+                id,
+                buffer,
+                result,
+            } => {
                 let r = match result.take() {
                     Some(r) => r,
-                    None => world.engine.wait(*id, Instant::now() + world.config.timeout),
+                    None => world
+                        .engine
+                        .wait(*id, Instant::now() + world.config.timeout),
                 };
                 let buffer = buffer.take().unwrap_or_default();
                 r.map(|len| Completion { buffer, len })
@@ -152,7 +166,9 @@ impl Request {
     /// returns at once).
     pub fn test(&mut self) -> Result<bool> {
         match &mut self.inner {
-            RequestInner::P2p { world, id, result, .. } => {
+            RequestInner::P2p {
+                world, id, result, ..
+            } => {
                 if result.is_none() {
                     *result = world.engine.test(*id);
                 }
@@ -165,7 +181,13 @@ impl Request {
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if let RequestInner::P2p { world, id, buffer, result: None } = &mut self.inner {
+        if let RequestInner::P2p {
+            world,
+            id,
+            buffer,
+            result: None,
+        } = &mut self.inner
+        {
             if let Some(buffer) = buffer.take() {
                 world.engine.detach(*id, buffer);
             }

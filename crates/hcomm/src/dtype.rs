@@ -4,6 +4,8 @@
 //! wire and the C API (their discriminants are the C enum values); [`Element`] ties a Rust type
 //! to its [`DataType`] for the typed API.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 
 /// The element type of a collective's buffers.

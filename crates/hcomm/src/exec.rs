@@ -42,9 +42,18 @@ pub(crate) struct Call<'a> {
 impl Call<'_> {
     fn target(&self, peer: usize) -> Result<Target> {
         let world = *self.members.get(peer).ok_or_else(|| {
-            Error::Internal(format!("a schedule names rank {peer} of {}", self.members.len()))
+            Error::Internal(format!(
+                "a schedule names rank {peer} of {}",
+                self.members.len()
+            ))
         })?;
-        Ok(Target { comm: self.comm, peer: world, comm_rank: peer, tag: self.tag, sig: self.sig })
+        Ok(Target {
+            comm: self.comm,
+            peer: world,
+            comm_rank: peer,
+            tag: self.tag,
+            sig: self.sig,
+        })
     }
 
     /// Start and length of the memory a region lies in, after in-place aliasing.
@@ -83,82 +92,17 @@ impl Call<'_> {
 /// # Safety
 /// `call.send` must be valid for reads and `call.recv` for writes (and not otherwise accessed)
 /// for the whole call; `scratch` must hold at least `call.sched.scratch` bytes.
-pub(crate) unsafe fn execute(engine: &Engine, call: &Call<'_>, scratch: &mut [u8], deadline: Instant) -> Result<()> {
+pub(crate) unsafe fn execute(
+    engine: &Engine,
+    call: &Call<'_>,
+    scratch: &mut [u8],
+    deadline: Instant,
+) -> Result<()> {
     let steps = &call.sched.steps;
-    let mut done = vec![false; steps.len()];
     let mut pending: Vec<(usize, OpId)> = Vec::new();
-    let mut ids: Vec<OpId> = Vec::new();
-    let mut next = 0;
-    let result = loop {
-        // Issue, in order, every step whose dependencies are done.
-        let issued: Result<()> = (|| {
-            while next < steps.len() && call.sched.deps(next).iter().all(|&d| done[d as usize]) {
-                match steps[next] {
-                    Step::Send { peer, src } => {
-                        let p = call.ptr(src, scratch)?;
-                        // SAFETY: `p..p + src.len` lies in a buffer the caller keeps valid
-                        // until this function returns, and every posted operation is waited
-                        // for or cancelled before it does.
-                        let id = unsafe { engine.post_send(call.target(peer)?, p, src.len, false)? };
-                        pending.push((next, id));
-                    }
-                    Step::Recv { peer, dst } => {
-                        let p = call.ptr(dst, scratch)?;
-                        // SAFETY: as for sends; dependencies keep every other step off `dst`
-                        // until the receive completes.
-                        let id = unsafe { engine.post_recv(call.target(peer)?, p, dst.len, false)? };
-                        pending.push((next, id));
-                    }
-                    Step::Copy { dst, src } => {
-                        let (d, s) = (call.ptr(dst, scratch)?, call.ptr(src, scratch)?);
-                        if dst.len != src.len {
-                            return Err(Error::Internal("a schedule copies between regions of different sizes".into()));
-                        }
-                        // SAFETY: both ranges were checked against their buffers; `copy`
-                        // allows overlap.
-                        unsafe { std::ptr::copy(s, d, dst.len) };
-                        done[next] = true;
-                    }
-                    Step::Reduce { dst, src } => {
-                        if call.alias(dst, src, scratch) {
-                            return Err(Error::Internal("a schedule reduces a region into itself".into()));
-                        }
-                        let (d, s) = (call.ptr(dst, scratch)?, call.ptr(src, scratch)?);
-                        // SAFETY: both ranges were checked against their buffers and do not
-                        // overlap; no transfer touches them now (dependencies).
-                        let (dst_bytes, src_bytes) = unsafe {
-                            (std::slice::from_raw_parts_mut(d, dst.len), std::slice::from_raw_parts(s, src.len))
-                        };
-                        reduce::reduce_into(call.dtype, call.op, dst_bytes, src_bytes)?;
-                        done[next] = true;
-                    }
-                }
-                next += 1;
-            }
-            Ok(())
-        })();
-        if let Err(e) = issued {
-            break Err(e);
-        }
-        if pending.is_empty() {
-            if next == steps.len() {
-                break Ok(());
-            }
-            break Err(Error::Internal("a schedule step waits for nothing that can finish".into()));
-        }
-        ids.clear();
-        ids.extend(pending.iter().map(|&(_, id)| id));
-        match engine.wait_any(&ids, deadline) {
-            Ok((k, Ok(_))) => {
-                done[pending[k].0] = true;
-                pending.swap_remove(k);
-            }
-            Ok((k, Err(e))) => {
-                pending.swap_remove(k);
-                break Err(e);
-            }
-            Err(e) => break Err(e),
-        }
+    let result = match engine.begin_call(call.comm, call.tag, call.sig) {
+        Err(e) => Err(e),
+        Ok(()) => run_steps(engine, call, scratch, deadline, &mut pending),
     };
     if let Err(e) = &result {
         let left: Vec<OpId> = pending.iter().map(|&(_, id)| id).collect();
@@ -171,8 +115,98 @@ pub(crate) unsafe fn execute(engine: &Engine, call: &Call<'_>, scratch: &mut [u8
                 _ => None,
             })
             .collect();
-        engine.abort(&targets);
+        engine.abort(&targets, matches!(e, Error::Mismatch(_)));
         tracing::debug!("collective {:?} failed: {e}", call.sig);
     }
     result
+}
+
+/// Issues and completes the steps; on error, `pending` holds the operations still posted.
+fn run_steps(
+    engine: &Engine,
+    call: &Call<'_>,
+    scratch: &mut [u8],
+    deadline: Instant,
+    pending: &mut Vec<(usize, OpId)>,
+) -> Result<()> {
+    let steps = &call.sched.steps;
+    let mut done = vec![false; steps.len()];
+    let mut next = 0;
+    let mut ids: Vec<OpId> = Vec::new();
+    loop {
+        // Issue, in order, every step whose dependencies are done.
+        while next < steps.len() && call.sched.deps(next).iter().all(|&d| done[d as usize]) {
+            if let Some(id) = issue(engine, call, steps[next], scratch)? {
+                pending.push((next, id));
+            } else {
+                done[next] = true;
+            }
+            next += 1;
+        }
+        if pending.is_empty() {
+            if next == steps.len() {
+                return Ok(());
+            }
+            return Err(Error::Internal(
+                "a schedule step waits for nothing that can finish".into(),
+            ));
+        }
+        ids.clear();
+        ids.extend(pending.iter().map(|&(_, id)| id));
+        let (k, result) = engine.wait_any(&ids, deadline)?;
+        let (step, _) = pending.swap_remove(k);
+        result?;
+        done[step] = true;
+    }
+}
+
+/// Starts a transfer (returning its operation) or runs a local step to completion.
+fn issue(engine: &Engine, call: &Call<'_>, step: Step, scratch: &mut [u8]) -> Result<Option<OpId>> {
+    match step {
+        Step::Send { peer, src } => {
+            let p = call.ptr(src, scratch)?;
+            // SAFETY: `p..p + src.len` lies in a buffer the caller of `execute` keeps valid
+            // until it returns, and every posted operation is waited for or cancelled first.
+            Ok(Some(unsafe {
+                engine.post_send(call.target(peer)?, p, src.len, false)?
+            }))
+        }
+        Step::Recv { peer, dst } => {
+            let p = call.ptr(dst, scratch)?;
+            // SAFETY: as for sends; dependencies keep every other step off `dst` until the
+            // receive completes.
+            Ok(Some(unsafe {
+                engine.post_recv(call.target(peer)?, p, dst.len, false)?
+            }))
+        }
+        Step::Copy { dst, src } => {
+            let (d, s) = (call.ptr(dst, scratch)?, call.ptr(src, scratch)?);
+            if dst.len != src.len {
+                return Err(Error::Internal(
+                    "a schedule copies between regions of different sizes".into(),
+                ));
+            }
+            // SAFETY: both ranges were checked against their buffers; `copy` allows overlap.
+            unsafe { std::ptr::copy(s, d, dst.len) };
+            Ok(None)
+        }
+        Step::Reduce { dst, src } => {
+            if call.alias(dst, src, scratch) {
+                return Err(Error::Internal(
+                    "a schedule reduces a region into itself".into(),
+                ));
+            }
+            let (d, s) = (call.ptr(dst, scratch)?, call.ptr(src, scratch)?);
+            // SAFETY: both ranges were checked against their buffers and do not overlap; no
+            // transfer touches them now (dependencies).
+            let (dst_bytes, src_bytes) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(d, dst.len),
+                    std::slice::from_raw_parts(s, src.len),
+                )
+            };
+            reduce::reduce_into(call.dtype, call.op, dst_bytes, src_bytes)?;
+            Ok(None)
+        }
+    }
 }

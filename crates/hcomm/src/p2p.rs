@@ -27,7 +27,7 @@ use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 use crate::error::{Error, Result};
-use crate::transport::wire::{FrameHeader, FrameKind, FLAG_DISCARD, HEADER_LEN};
+use crate::transport::wire::{FrameHeader, FrameKind, FLAG_DISCARD, FLAG_MISMATCH, HEADER_LEN};
 
 /// Identifies an operation inside the engine.
 pub(crate) type OpId = u64;
@@ -40,6 +40,8 @@ const MAX_ROUNDS: usize = 64;
 const WAKE_TOKEN: u64 = u64::MAX;
 /// Claims an unexpected message whose data is to be dropped (no operation has this id).
 const DISCARDED: OpId = 0;
+/// Recent calls remembered for mismatch detection.
+const CALL_MEMORY: usize = 4096;
 /// Longest sleep between checks of a waiter's own state.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 
@@ -106,9 +108,6 @@ struct Op {
     msg_len: usize,
     /// Send: frames not yet fully written. Recv (rendezvous): bytes not yet received.
     remaining: usize,
-    /// Set when an unexpected message is claimed or a rendezvous is matched: from then on
-    /// data for this operation may be in flight.
-    started: bool,
     asynchronous: bool,
     /// Buffer of a nonblocking operation whose request was dropped before completion: the
     /// engine finishes the operation and frees it.
@@ -179,6 +178,8 @@ struct OutFrame {
     off: usize,
     len: usize,
     done: usize,
+    /// The payload itself, for a frame whose operation was abandoned half-written.
+    owned: Option<Vec<u8>>,
 }
 
 impl OutFrame {
@@ -190,6 +191,7 @@ impl OutFrame {
             off: 0,
             len: 0,
             done: 0,
+            owned: None,
         }
     }
 }
@@ -241,10 +243,21 @@ struct State {
     rndv_recv: HashMap<(usize, u64), OpId>,
     /// Sends waiting for their CTS by (peer, message id).
     rndv_send: HashMap<(usize, u64), OpId>,
+    /// Abandoned rendezvous receives whose data still arrives: bytes still due.
+    discarding: HashMap<(usize, u64), u64>,
+    /// Abandoned rendezvous sends whose CTS may still arrive.
+    abandoned_sends: std::collections::HashSet<(usize, u64)>,
     /// Operations completed since the last look (to wake other waiters).
     completions: usize,
     /// Operations `(comm, tag)` a peer abandoned: (its world rank, its signature).
-    aborted: HashMap<(u64, u32), (usize, [u64; 2])>,
+    /// Whether the peer abandoned it over a mismatch.
+    aborted: HashMap<(u64, u32), (usize, [u64; 2], bool)>,
+    /// Signatures of this rank's recent calls by `(comm, tag)`, oldest first in `call_order`.
+    calls: HashMap<(u64, u32), [u64; 2]>,
+    call_order: VecDeque<(u64, u32)>,
+    /// A mismatch found after this rank's part of a call had finished: reported by the next
+    /// call on that communicator.
+    late: HashMap<u64, Error>,
 }
 
 struct Shared {
@@ -357,8 +370,13 @@ impl Engine {
                 next_umsg: 1,
                 rndv_recv: HashMap::new(),
                 rndv_send: HashMap::new(),
+                discarding: HashMap::new(),
+                abandoned_sends: std::collections::HashSet::new(),
                 completions: 0,
                 aborted: HashMap::new(),
+                calls: HashMap::new(),
+                call_order: VecDeque::new(),
+                late: HashMap::new(),
             }),
             io,
             idle: Mutex::new(()),
@@ -465,7 +483,11 @@ impl Engine {
     /// Waits until one of `ids` completes or `deadline` passes; removes it and returns its
     /// index in `ids` with its result. On timeout the error names the first of `ids`, all of
     /// which stay posted (cancel them with [`Engine::cancel`]).
-    pub(crate) fn wait_any(&self, ids: &[OpId], deadline: Instant) -> Result<(usize, Result<usize>)> {
+    pub(crate) fn wait_any(
+        &self,
+        ids: &[OpId],
+        deadline: Instant,
+    ) -> Result<(usize, Result<usize>)> {
         let sh = &*self.shared;
         sh.io.waiters.fetch_add(1, Ordering::SeqCst);
         let result = self.wait_any_inner(ids, deadline);
@@ -491,7 +513,11 @@ impl Engine {
                     }
                 }
                 if Instant::now() >= deadline {
-                    let what = ids.first().and_then(|id| st.ops.get(id)).map(Op::describe).unwrap_or_default();
+                    let what = ids
+                        .first()
+                        .and_then(|id| st.ops.get(id))
+                        .map(Op::describe)
+                        .unwrap_or_default();
                     return Err(Error::Timeout(format!(
                         "{what} did not complete within HCOMM_TIMEOUT; the peer may be stuck, slow, \
                          or calling something else"
@@ -499,7 +525,11 @@ impl Engine {
                 }
             }
             let now = Instant::now();
-            let sleep = if now < spin_until { Duration::ZERO } else { (deadline - now).min(MAX_SLEEP) };
+            let sleep = if now < spin_until {
+                Duration::ZERO
+            } else {
+                (deadline - now).min(MAX_SLEEP)
+            };
             poll(&sh.io, &mut events, sleep)?;
         }
     }
@@ -515,15 +545,25 @@ impl Engine {
         }
     }
 
+    /// Registers the start of this rank's collective call `(comm, tag)` with signature
+    /// `sig` (see `State::begin_call`).
+    pub(crate) fn begin_call(&self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
+        lock(&self.shared.state).begin_call(comm, tag, sig)
+    }
+
     /// Tells the peers of `targets` that this rank abandoned their operation, so that they
-    /// fail at once instead of waiting for it.
-    pub(crate) fn abort(&self, targets: &[Target]) {
+    /// fail at once instead of waiting for it. The call is forgotten: later news about it
+    /// (other peers' aborts) no longer concerns this rank.
+    pub(crate) fn abort(&self, targets: &[Target], mismatch: bool) {
         let mut st = lock(&self.shared.state);
+        if let Some(t) = targets.first() {
+            st.calls.remove(&(t.comm, t.tag));
+        }
         let mut told: Vec<usize> = Vec::new();
         for t in targets {
             if !told.contains(&t.peer) && st.live_peer(t).is_ok() {
                 told.push(t.peer);
-                st.send_abort(*t);
+                st.send_abort(*t, mismatch);
             }
         }
     }
@@ -651,7 +691,6 @@ impl State {
             cap,
             msg_len: 0,
             remaining: 0,
-            started: false,
             asynchronous,
             detached: None,
             result: None,
@@ -661,8 +700,8 @@ impl State {
     }
 
     fn live_peer(&self, t: &Target) -> Result<()> {
-        if let Some(&(peer, sig)) = self.aborted.get(&(t.comm, t.tag)) {
-            return Err(self.abandoned(t, peer, sig));
+        if let Some(&(peer, sig, mismatch)) = self.aborted.get(&(t.comm, t.tag)) {
+            return Err(self.abandoned(t, peer, sig, mismatch));
         }
         if t.peer == self.cfg.rank {
             return Ok(());
@@ -808,9 +847,6 @@ impl State {
                 complete: false, ..
             } => {
                 u.claimed_by = Some(id);
-                if let Some(op) = self.ops.get_mut(&id) {
-                    op.started = true;
-                }
             }
             UnexpectedKind::Rts { msg_id, len } => {
                 self.umsgs.remove(&uid);
@@ -857,7 +893,6 @@ impl State {
         } else {
             op.msg_len = len;
             op.remaining = len;
-            op.started = true;
             self.rndv_recv.insert((peer, msg_id), id);
         }
         self.queue(peer, 0, OutFrame::control(cts));
@@ -885,15 +920,19 @@ impl State {
             describe(theirs)
         ));
         self.complete(id, Err(err));
-        self.send_abort(t);
+        self.send_abort(t, true);
     }
 
-    /// Tells `t.peer` that this rank abandoned the operation `(t.comm, t.tag)`.
-    fn send_abort(&mut self, t: Target) {
+    /// Tells `t.peer` that this rank abandoned the operation `(t.comm, t.tag)`, over a
+    /// mismatch or another error.
+    fn send_abort(&mut self, t: Target, mismatch: bool) {
         if t.peer == self.cfg.rank {
             return;
         }
         let mut hdr = FrameHeader::new(FrameKind::Abort);
+        if mismatch {
+            hdr.flags = FLAG_MISMATCH;
+        }
         hdr.comm = t.comm;
         hdr.tag = t.tag;
         hdr.sig = t.sig;
@@ -902,9 +941,15 @@ impl State {
 
     /// The error of an operation on `t` that world rank `peer` abandoned, having called it as
     /// `sig`.
-    fn abandoned(&self, t: &Target, peer: usize, sig: [u64; 2]) -> Error {
+    fn abandoned(&self, t: &Target, peer: usize, sig: [u64; 2], mismatch: bool) -> Error {
         let describe = self.cfg.describe;
-        if sig == t.sig {
+        if sig == t.sig && mismatch {
+            Error::Mismatch(format!(
+                "world rank {peer} abandoned {} because ranks called mismatched collectives; \
+                 see the first mismatch error of the ranks",
+                describe(sig)
+            ))
+        } else if sig == t.sig {
             Error::Aborted(format!(
                 "world rank {peer} abandoned {} after an error; see that rank's error",
                 describe(sig)
@@ -919,27 +964,141 @@ impl State {
         }
     }
 
-    /// A peer abandoned `(comm, tag)`: fail this rank's operations of it, now and later.
-    fn on_abort(&mut self, peer: usize, comm: u64, tag: u32, sig: [u64; 2]) {
-        self.aborted.insert((comm, tag), (peer, sig));
-        let victims: Vec<(OpId, Target)> = self
-            .ops
+    /// Whether a message belongs to a call this rank made differently.
+    fn foreign(&self, hdr: &FrameHeader) -> bool {
+        self.calls
+            .get(&(hdr.comm, hdr.tag))
+            .is_some_and(|ours| *ours != hdr.sig)
+    }
+
+    /// A message of `(comm, tag)` carries another signature than this rank's call: fail the
+    /// call (now, or at the next call on the communicator if it is over) and tell the sender.
+    fn reject_message(&mut self, peer: usize, hdr: &FrameHeader) {
+        let Some(&ours) = self.calls.get(&(hdr.comm, hdr.tag)) else {
+            return;
+        };
+        let describe = self.cfg.describe;
+        let err = Error::Mismatch(format!(
+            "this rank called {} but world rank {peer} called {}: every rank must call the same \
+             collectives in the same order with the same type, op, count and root",
+            describe(ours),
+            describe(hdr.sig)
+        ));
+        self.fail_call(hdr.comm, hdr.tag, err);
+        let t = Target {
+            comm: hdr.comm,
+            peer,
+            comm_rank: peer,
+            tag: hdr.tag,
+            sig: ours,
+        };
+        self.send_abort(t, true);
+    }
+
+    /// Fails the pending operations of call `(comm, tag)` with `err`; when none is pending the
+    /// call is over, and the next call on `comm` reports `err`.
+    fn fail_call(&mut self, comm: u64, tag: u32, err: Error) {
+        let pending = |st: &State, any_tag: bool| -> Vec<OpId> {
+            st.ops
+                .iter()
+                .filter(|(_, op)| {
+                    op.result.is_none()
+                        && op.target.comm == comm
+                        && (any_tag || op.target.tag == tag)
+                })
+                .map(|(&id, _)| id)
+                .collect()
+        };
+        let mut victims = pending(self, false);
+        if victims.is_empty() {
+            // Report an over call once, however many peers tell of it.
+            if self.calls.remove(&(comm, tag)).is_none() {
+                return;
+            }
+            // The call is over here: the one running now on the communicator reports it, or
+            // else the next one.
+            victims = pending(self, true);
+            if victims.is_empty() {
+                self.late.entry(comm).or_insert(err);
+                return;
+            }
+        }
+        for id in victims {
+            self.disentangle(id);
+            self.complete(id, Err(err.clone()));
+        }
+    }
+
+    /// Registers this rank's call `(comm, tag)` with signature `sig`. Fails if an earlier
+    /// call on `comm` turned out mismatched after it returned, or if a message of this call
+    /// already arrived with another signature.
+    fn begin_call(&mut self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
+        if let Some(e) = self.late.remove(&comm) {
+            return Err(e);
+        }
+        if self.call_order.len() >= CALL_MEMORY {
+            if let Some(old) = self.call_order.pop_front() {
+                self.calls.remove(&old);
+            }
+        }
+        self.calls.insert((comm, tag), sig);
+        self.call_order.push_back((comm, tag));
+        let strangers: Vec<(MatchKey, u64)> = self
+            .unexpected
             .iter()
-            .filter(|(_, op)| op.result.is_none() && op.target.comm == comm && op.target.tag == tag)
-            .map(|(&id, op)| (id, op.target))
+            .filter(|(k, _)| k.comm == comm && k.tag == tag)
+            .flat_map(|(k, q)| q.iter().map(move |&uid| (*k, uid)))
+            .filter(|(_, uid)| self.umsgs.get(uid).is_some_and(|u| u.sig != sig))
             .collect();
-        for (id, t) in victims {
-            if self.ops.get(&id).is_some_and(|op| op.started) {
-                // Data may be in flight into its buffer: only closing the link stops it.
-                self.fail_peer(t.peer, "an operation with it was abandoned mid-transfer".into());
+        let Some(&(key, uid)) = strangers.first() else {
+            return Ok(());
+        };
+        let theirs = self.umsgs.get(&uid).map_or([0; 2], |u| u.sig);
+        for (key, uid) in &strangers {
+            if let Some(q) = self.unexpected.get_mut(key) {
+                q.retain(|u| u != uid);
             }
-            let err = self.abandoned(&t, peer, sig);
-            let key = MatchKey { comm, peer: t.peer, tag };
-            if let Some(q) = self.posted.get_mut(&key) {
-                q.retain(|&o| o != id);
+            if let Some(Unexpected {
+                kind: UnexpectedKind::Rts { msg_id, .. },
+                ..
+            }) = self.umsgs.remove(uid)
+            {
+                self.refuse_rts(key.peer, msg_id);
             }
-            self.rndv_send.retain(|_, o| *o != id);
-            self.complete(id, Err(err));
+        }
+        self.send_abort(
+            Target {
+                comm,
+                peer: key.peer,
+                comm_rank: key.peer,
+                tag,
+                sig,
+            },
+            true,
+        );
+        let describe = self.cfg.describe;
+        Err(Error::Mismatch(format!(
+            "this rank called {} but world rank {} called {}: every rank must call the same \
+             collectives in the same order with the same type, op, count and root",
+            describe(sig),
+            key.peer,
+            describe(theirs)
+        )))
+    }
+
+    /// A peer abandoned `(comm, tag)`: fail this rank's operations of it, now and later.
+    fn on_abort(&mut self, peer: usize, comm: u64, tag: u32, sig: [u64; 2], mismatch: bool) {
+        self.aborted.insert((comm, tag), (peer, sig, mismatch));
+        if let Some(&ours) = self.calls.get(&(comm, tag)) {
+            let t = Target {
+                comm,
+                peer,
+                comm_rank: peer,
+                tag,
+                sig: ours,
+            };
+            let err = self.abandoned(&t, peer, sig, mismatch);
+            self.fail_call(comm, tag, err);
         }
     }
 
@@ -971,8 +1130,7 @@ impl State {
         op.result
     }
 
-    /// Gives up on `id` at its deadline: removes it cleanly if nothing of it moved yet,
-    /// otherwise closes the links to its peer so that nothing refers to its buffer any more.
+    /// Gives up on `id` at its deadline and removes it (see [`State::disentangle`]).
     fn time_out(&mut self, id: OpId) -> Error {
         let Some(op) = self.ops.get(&id) else {
             return Error::Internal("timed out on an unknown operation".into());
@@ -988,8 +1146,23 @@ impl State {
             op.describe(),
             t.comm_rank
         ));
-        let clean = match op.kind {
-            OpKind::Recv if !op.started => {
+        self.disentangle(id);
+        if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
+            self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
+        }
+        err
+    }
+
+    /// Cuts every tie between operation `id` and the wire, so that its buffer may go: a
+    /// receive leaves its queue, and data still due for it is read and dropped; a send loses
+    /// its unsent frames, keeps a copy of a half-written one (the stream must stay framed),
+    /// and a late CTS for it is ignored. The peer is told nothing here: the collective layer
+    /// sends aborts.
+    fn disentangle(&mut self, id: OpId) {
+        let Some(op) = self.ops.get(&id) else { return };
+        let (t, kind, remaining) = (op.target, op.kind, op.remaining);
+        match kind {
+            OpKind::Recv => {
                 let key = MatchKey {
                     comm: t.comm,
                     peer: t.peer,
@@ -998,29 +1171,64 @@ impl State {
                 if let Some(q) = self.posted.get_mut(&key) {
                     q.retain(|&o| o != id);
                 }
-                true
-            }
-            OpKind::Recv => false,
-            OpKind::Send => match self.peers[t.peer].as_mut() {
-                Some(p)
-                    if p.streams[0]
-                        .out
-                        .iter()
-                        .any(|f| f.op == Some(id) && f.hdr_done == 0) =>
+                if let Some(k) = self
+                    .rndv_recv
+                    .iter()
+                    .find(|(_, &o)| o == id)
+                    .map(|(k, _)| *k)
                 {
-                    p.streams[0].out.retain(|f| f.op != Some(id));
-                    true
+                    self.rndv_recv.remove(&k);
+                    self.discarding.insert(k, remaining as u64);
                 }
-                _ => false,
-            },
-        };
-        if !clean {
-            self.fail_peer(t.peer, format!("a transfer with it timed out ({err})"));
+                for u in self.umsgs.values_mut() {
+                    if u.claimed_by == Some(id) {
+                        u.claimed_by = Some(DISCARDED);
+                    }
+                }
+                if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
+                    for st in &mut p.streams {
+                        if let RxState::Payload {
+                            dest: dest @ Dest::Op { .. },
+                            ..
+                        } = &mut st.rx
+                        {
+                            if matches!(dest, Dest::Op { op, .. } if *op == id) {
+                                *dest = Dest::Discard;
+                            }
+                        }
+                    }
+                }
+            }
+            OpKind::Send => {
+                if let Some(k) = self
+                    .rndv_send
+                    .iter()
+                    .find(|(_, &o)| o == id)
+                    .map(|(k, _)| *k)
+                {
+                    self.rndv_send.remove(&k);
+                    self.abandoned_sends.insert(k);
+                }
+                let Some(op) = self.ops.get(&id) else { return };
+                let src = op
+                    .detached
+                    .as_ref()
+                    .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
+                if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
+                    for st in &mut p.streams {
+                        st.out.retain(|f| f.op != Some(id) || f.hdr_done > 0);
+                        for f in st.out.iter_mut().filter(|f| f.op == Some(id)) {
+                            // SAFETY: the operation is still live, so `off..off + len` of its
+                            // buffer is readable (see `post_send`).
+                            let bytes =
+                                unsafe { std::slice::from_raw_parts(src.add(f.off), f.len) };
+                            f.owned = Some(bytes.to_vec());
+                            f.op = None;
+                        }
+                    }
+                }
+            }
         }
-        if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
-            self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
-        }
-        err
     }
 
     fn unclosed_peers(&self) -> Vec<usize> {
@@ -1092,6 +1300,7 @@ impl State {
             for _ in 0..MAX_ROUNDS {
                 let Some(f) = s.out.front_mut() else { break };
                 let payload: &[u8] = match f.op.and_then(|id| self.ops.get(&id)) {
+                    _ if f.owned.is_some() => f.owned.as_deref().map_or(&[], |v| &v[f.done..]),
                     Some(op) if f.len > 0 => {
                         let src = op
                             .detached
@@ -1296,9 +1505,12 @@ impl State {
                             Dest::Discard
                         } else {
                             op.msg_len = len;
-                            op.started = true;
                             Dest::Op { op: id, base: 0 }
                         }
+                    }
+                    None if self.foreign(&hdr) => {
+                        self.reject_message(peer, &hdr);
+                        Dest::Discard
                     }
                     None => {
                         let uid = self.next_umsg;
@@ -1336,6 +1548,10 @@ impl State {
                         self.mismatch(id, hdr.sig);
                     }
                     Some(id) => self.match_rts(id, hdr.msg_id, len),
+                    None if self.foreign(&hdr) => {
+                        self.refuse_rts(peer, hdr.msg_id);
+                        self.reject_message(peer, &hdr);
+                    }
                     None => {
                         let uid = self.next_umsg;
                         self.next_umsg += 1;
@@ -1358,9 +1574,15 @@ impl State {
                 return Ok(());
             }
             FrameKind::Cts => {
-                let id = self.rndv_send.remove(&(peer, hdr.msg_id)).ok_or_else(|| {
-                    format!("it cleared message {} that was never announced", hdr.msg_id)
-                })?;
+                let Some(id) = self.rndv_send.remove(&(peer, hdr.msg_id)) else {
+                    if self.abandoned_sends.remove(&(peer, hdr.msg_id)) {
+                        return Ok(());
+                    }
+                    return Err(format!(
+                        "it cleared message {} that was never announced",
+                        hdr.msg_id
+                    ));
+                };
                 if hdr.flags & FLAG_DISCARD != 0 {
                     let len = self.ops.get(&id).map_or(0, |op| op.cap);
                     self.complete(id, Ok(len));
@@ -1370,12 +1592,29 @@ impl State {
                 return Ok(());
             }
             FrameKind::Data => {
-                let id = *self.rndv_recv.get(&(peer, hdr.msg_id)).ok_or_else(|| {
-                    format!(
-                        "it sent data of message {} that was never cleared",
-                        hdr.msg_id
-                    )
-                })?;
+                let Some(&id) = self.rndv_recv.get(&(peer, hdr.msg_id)) else {
+                    let key = (peer, hdr.msg_id);
+                    let due = self.discarding.get_mut(&key).ok_or_else(|| {
+                        format!(
+                            "it sent data of message {} that was never cleared",
+                            hdr.msg_id
+                        )
+                    })?;
+                    *due = due.saturating_sub(hdr.len);
+                    if *due == 0 {
+                        self.discarding.remove(&key);
+                    }
+                    if hdr.len > 0 {
+                        if let Some(p) = self.peers[peer].as_mut() {
+                            p.streams[stream].rx = RxState::Payload {
+                                hdr,
+                                dest: Dest::Discard,
+                                done: 0,
+                            };
+                        }
+                    }
+                    return Ok(());
+                };
                 let op = self.ops.get(&id).ok_or("a matched receive vanished")?;
                 if hdr.offset.saturating_add(hdr.len) > op.msg_len as u64 {
                     return Err(format!(
@@ -1395,7 +1634,13 @@ impl State {
                 return Ok(());
             }
             FrameKind::Abort => {
-                self.on_abort(peer, hdr.comm, hdr.tag, hdr.sig);
+                self.on_abort(
+                    peer,
+                    hdr.comm,
+                    hdr.tag,
+                    hdr.sig,
+                    hdr.flags & FLAG_MISMATCH != 0,
+                );
                 return Ok(());
             }
         };

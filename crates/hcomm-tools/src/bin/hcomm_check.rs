@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
-use hcomm::{Communicator, Error};
+use std::sync::Arc;
+
+use hcomm::coll::{CollKind, Shape, VLayout};
+use hcomm::{Communicator, DataType, Error, ReduceOp};
 
 #[derive(Parser)]
 #[command(about = "Conformance checks of hcomm's point-to-point layer (run under a launcher)")]
@@ -17,7 +20,7 @@ struct Args {
     scenario: Scenario,
 }
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 enum Scenario {
     /// Print rank, size and local rank; check a barrier.
     Hello,
@@ -45,6 +48,20 @@ enum Scenario {
     Exit,
     /// A nonblocking send completes while its sender computes without calling hcomm.
     Progress,
+    /// Every collective, data type and op against the sequential reference.
+    Collectives {
+        /// Largest count (elements) tried.
+        #[arg(long, default_value_t = 70_000)]
+        max_count: usize,
+        /// Only this collective.
+        #[arg(long)]
+        only: Option<String>,
+    },
+    /// Ranks calling different collectives, counts, types or roots get Error::Mismatch.
+    Mismatch,
+    /// Nonblocking collectives on two communicators progress together; a batch of 1000
+    /// small all-reduces gives the same results as separate calls.
+    Overlap,
     /// Worlds created and destroyed in a row leave no socket or thread behind.
     Lifecycle,
 }
@@ -328,6 +345,342 @@ fn lifecycle(first: Communicator) -> Result<()> {
     Ok(())
 }
 
+/// Every rank's input of a call, generated identically on all ranks: small integers, so
+/// that float results are exact in any reduction order.
+fn inputs(shapes: &[Shape], seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let gen = |r: usize, len: usize, salt: u64, dtype: DataType, op: ReduceOp| -> Vec<u8> {
+        let e = dtype.size();
+        let mut out = Vec::with_capacity(len);
+        for i in 0..len / e {
+            let x = (r as u64 * 7919 + i as u64 * 104_729 + salt * 31 + seed) % 7;
+            let v: i64 = if op == ReduceOp::Prod {
+                if x % 2 == 0 {
+                    1
+                } else {
+                    -1
+                }
+            } else {
+                x as i64 - 3
+            };
+            match dtype {
+                DataType::Float32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+                DataType::Float64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
+                DataType::Float16 => {
+                    out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes())
+                }
+                DataType::Bfloat16 => {
+                    out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes())
+                }
+                _ => out.extend_from_slice(
+                    &((v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15 | x)).to_le_bytes()[..e],
+                ),
+            }
+        }
+        out
+    };
+    let sends = shapes
+        .iter()
+        .enumerate()
+        .map(|(r, s)| gen(r, s.send_bytes(r), 1, s.dtype, s.op))
+        .collect();
+    let recvs = shapes
+        .iter()
+        .enumerate()
+        .map(|(r, s)| gen(r, s.recv_bytes(r), 2, s.dtype, s.op))
+        .collect();
+    (sends, recvs)
+}
+
+/// Runs one call on this rank and checks it against the reference.
+fn check_call(comm: &Communicator, shapes: &[Shape], seed: u64) -> Result<()> {
+    let r = comm.rank();
+    let (sends, recvs) = inputs(shapes, seed);
+    let want = hcomm::coll::reference::expected(shapes, &sends, &recvs);
+    let mut recv = recvs[r].clone();
+    let s = &shapes[r];
+    let send = if s.in_place_at(r) || !has_send(s.kind) {
+        None
+    } else {
+        Some(&sends[r][..])
+    };
+    comm.run_collective(s.clone(), send, &mut recv)
+        .with_context(|| {
+            format!(
+                "{} {} {} count {} root {} in place {}",
+                s.kind.name(),
+                s.dtype.name(),
+                s.op.name(),
+                s.count,
+                s.root,
+                s.in_place
+            )
+        })?;
+    if recv != want[r] {
+        let at = recv.iter().zip(&want[r]).position(|(a, b)| a != b);
+        bail!(
+            "{} {} {} count {} root {} in place {}: result differs from the reference at byte {at:?}",
+            s.kind.name(),
+            s.dtype.name(),
+            s.op.name(),
+            s.count,
+            s.root,
+            s.in_place
+        );
+    }
+    Ok(())
+}
+
+fn has_send(kind: CollKind) -> bool {
+    !matches!(kind, CollKind::Broadcast | CollKind::Barrier)
+}
+
+fn collectives(comm: &Communicator, max_count: usize, only: Option<&str>) -> Result<()> {
+    let n = comm.size();
+    let mut seed = 0;
+    let counts: Vec<usize> = [0usize, 1, 7, 1000, n * 333 + 1, max_count]
+        .into_iter()
+        .filter(|&c| c <= max_count)
+        .collect();
+    for kind in CollKind::ALL {
+        if only.is_some_and(|o| o != kind.name()) {
+            continue;
+        }
+        let types: Vec<(DataType, ReduceOp)> = if kind.reduces() {
+            DataType::ALL
+                .iter()
+                .flat_map(|&d| ReduceOp::ALL.iter().map(move |&o| (d, o)))
+                .collect()
+        } else {
+            vec![
+                (DataType::Int32, ReduceOp::Sum),
+                (DataType::Float64, ReduceOp::Sum),
+            ]
+        };
+        for (dtype, op) in types {
+            // All counts for one pair per kind, a small and a mid count for the others.
+            let cs: Vec<usize> = if dtype == DataType::Float32 || !kind.reduces() {
+                counts.clone()
+            } else {
+                vec![1, 1000]
+            };
+            for &count in &cs {
+                for in_place in [false, true] {
+                    if in_place
+                        && matches!(
+                            kind,
+                            CollKind::AllToAllV | CollKind::Broadcast | CollKind::Barrier
+                        )
+                    {
+                        continue;
+                    }
+                    seed += 1;
+                    let root = if kind.rooted() { seed as usize % n } else { 0 };
+                    let shapes = call_shapes(kind, n, count, root, dtype, op, in_place, seed);
+                    check_call(comm, &shapes, seed)?;
+                }
+            }
+        }
+    }
+    println!("checked {seed} calls");
+    Ok(())
+}
+
+/// Every rank's shape of a call (the v-collectives get deterministic uneven layouts).
+#[allow(clippy::too_many_arguments)]
+fn call_shapes(
+    kind: CollKind,
+    n: usize,
+    count: usize,
+    root: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Shape> {
+    let base = Shape {
+        in_place,
+        ..Shape::new(kind, dtype, op, count, root, n)
+    };
+    let c = |p: usize, q: usize| {
+        (count / 2 + (p * 3 + q * 5 + seed as usize) % (count / 2 + 1)).min(count)
+    };
+    match kind {
+        CollKind::AllGatherV => {
+            let counts: Vec<usize> = (0..n).map(|p| c(p, 0)).collect();
+            let displs: Vec<usize> = counts
+                .iter()
+                .scan(0, |at, &k| {
+                    let d = *at + 1;
+                    *at = d + k;
+                    Some(d)
+                })
+                .collect();
+            let v = VLayout {
+                recv_counts: counts,
+                recv_displs: displs,
+                ..VLayout::default()
+            };
+            vec![
+                Shape {
+                    v: Some(Arc::new(v)),
+                    ..base
+                };
+                n
+            ]
+        }
+        CollKind::AllToAllV => (0..n)
+            .map(|r| {
+                let send_counts: Vec<usize> = (0..n).map(|q| c(r, q)).collect();
+                let recv_counts: Vec<usize> = (0..n).map(|p| c(p, r)).collect();
+                let place = |counts: &[usize]| {
+                    counts
+                        .iter()
+                        .scan(0, |at, &k| {
+                            let d = *at;
+                            *at += k + 2;
+                            Some(d)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let v = VLayout {
+                    send_displs: place(&send_counts),
+                    recv_displs: place(&recv_counts),
+                    send_counts,
+                    recv_counts,
+                };
+                Shape {
+                    v: Some(Arc::new(v)),
+                    in_place: false,
+                    ..base.clone()
+                }
+            })
+            .collect(),
+        _ => vec![base; n],
+    }
+}
+
+/// Checks that this rank learns of a mismatch in the call itself (`res`) or, when its part
+/// of the call only sent, at its next call on the communicator (a barrier of every rank;
+/// with `HCOMM_ALGO=barrier:direct` every rank hears directly from every detecting rank).
+fn expect_mismatch(comm: &Communicator, what: &str, res: hcomm::Result<()>) -> Result<()> {
+    let now = match res {
+        Err(Error::Mismatch(m)) => {
+            println!("{what}: {m}");
+            true
+        }
+        Ok(()) => false,
+        Err(e) => bail!("{what}: expected Mismatch, got {e}"),
+    };
+    match comm.barrier() {
+        Ok(()) if now => Ok(()),
+        Ok(()) => bail!("{what}: this rank never learned of the mismatch"),
+        Err(Error::Mismatch(m)) => {
+            if !now {
+                println!("{what} (reported by the next call): {m}");
+            }
+            Ok(())
+        }
+        Err(e) => bail!("{what}: the barrier after the mismatch gave {e}"),
+    }
+}
+
+fn mismatch(comm: &Communicator) -> Result<()> {
+    ensure!(comm.size() >= 2, "mismatch needs 2 ranks");
+    let r = comm.rank();
+    // Each case on its own communicator: news of one mismatch may still be travelling when
+    // the ranks move on, and must not reach the next case.
+    let c = comm.dup()?;
+    let mut buf = vec![1.0f32; 64];
+    let res = if r == 1 {
+        c.allreduce_in_place(&mut buf[..32], ReduceOp::Sum)
+    } else {
+        c.allreduce_in_place(&mut buf, ReduceOp::Sum)
+    };
+    expect_mismatch(&c, "count", res)?;
+    let c = comm.dup()?;
+    let res = if r == 0 {
+        c.broadcast(&mut buf, 0)
+    } else {
+        c.allreduce_in_place(&mut buf, ReduceOp::Sum)
+    };
+    expect_mismatch(&c, "collective", res)?;
+    let c = comm.dup()?;
+    let res = if r == 1 {
+        let mut ints = vec![1i32; 64];
+        c.allreduce_in_place(&mut ints, ReduceOp::Sum)
+    } else {
+        c.allreduce_in_place(&mut buf, ReduceOp::Sum)
+    };
+    expect_mismatch(&c, "type", res)?;
+    let c = comm.dup()?;
+    let res = c.broadcast(&mut buf, if r == 0 { 0 } else { 1 });
+    expect_mismatch(&c, "root", res)?;
+    let c = comm.dup()?;
+    let mut big = vec![1u8; 1 << 20];
+    let res = if r == 0 {
+        c.allreduce_in_place(&mut big, ReduceOp::Max)
+    } else {
+        c.allreduce_in_place(&mut big, ReduceOp::Min)
+    };
+    expect_mismatch(&c, "op (large)", res)?;
+    // The communicator that saw no mismatch still works.
+    let mut ok = vec![1.0f32; 1000];
+    comm.allreduce_in_place(&mut ok, ReduceOp::Sum)?;
+    ensure!(
+        ok.iter().all(|&x| x == comm.size() as f32),
+        "allreduce after mismatches is wrong"
+    );
+    Ok(())
+}
+
+fn overlap(comm: &Communicator) -> Result<()> {
+    let n = comm.size();
+    let other = comm.dup()?;
+    // Opposite orders on alternate ranks would deadlock if the two did not progress together.
+    let a = hcomm::coll::Shape::new(
+        CollKind::AllReduce,
+        DataType::Float32,
+        ReduceOp::Sum,
+        1 << 18,
+        0,
+        n,
+    );
+    let mk = |v: f32| -> Vec<u8> { bytemuck::cast_slice(&vec![v; a.count]).to_vec() };
+    let (ra, rb) = if comm.rank() % 2 == 0 {
+        let ra = comm.iallreduce(mk(1.0), DataType::Float32, ReduceOp::Sum)?;
+        let rb = other.iallreduce(mk(2.0), DataType::Float32, ReduceOp::Sum)?;
+        (ra, rb)
+    } else {
+        let rb = other.iallreduce(mk(2.0), DataType::Float32, ReduceOp::Sum)?;
+        let ra = comm.iallreduce(mk(1.0), DataType::Float32, ReduceOp::Sum)?;
+        (ra, rb)
+    };
+    let (a_out, b_out) = (rb.wait()?, ra.wait()?);
+    let fa: &[f32] = bytemuck::cast_slice(&b_out.buffer);
+    let fb: &[f32] = bytemuck::cast_slice(&a_out.buffer);
+    ensure!(
+        fa.iter().all(|&x| x == n as f32) && fb.iter().all(|&x| x == 2.0 * n as f32),
+        "overlapped allreduces are wrong"
+    );
+    // A batch of 1000 small all-reduces equals 1000 separate ones.
+    let mut bufs: Vec<Vec<f32>> = (0..1000)
+        .map(|i| vec![(comm.rank() + i) as f32; 8])
+        .collect();
+    let mut batch = comm.batch();
+    for b in bufs.iter_mut() {
+        batch.allreduce(b, ReduceOp::Sum);
+    }
+    batch.run()?;
+    for (i, b) in bufs.iter().enumerate() {
+        let want = (0..n).map(|r| (r + i) as f32).sum::<f32>();
+        ensure!(
+            b.iter().all(|&x| x == want),
+            "batched allreduce {i} is wrong"
+        );
+    }
+    Ok(())
+}
+
 fn run(scenario: Scenario) -> Result<()> {
     let comm = Communicator::init().context("init")?;
     let name = match scenario {
@@ -370,6 +723,18 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::Progress => {
             progress(&comm)?;
             "progress"
+        }
+        Scenario::Collectives { max_count, only } => {
+            collectives(&comm, max_count, only.as_deref())?;
+            "collectives"
+        }
+        Scenario::Mismatch => {
+            mismatch(&comm)?;
+            "mismatch"
+        }
+        Scenario::Overlap => {
+            overlap(&comm)?;
+            "overlap"
         }
         Scenario::Lifecycle => return lifecycle(comm).map(|()| println!("OK lifecycle")),
         Scenario::Exit => {

@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
@@ -304,13 +305,13 @@ impl Report {
         writeln!(
             out,
             "# {:>10} {:>12} {:>7} {:>6} {:>5} {:>11} {:>9} {:>9} {:>7}",
-            "size", "count", "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong"
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
         )?;
-        writeln!(
-            out,
-            "# {:>10} {:>12} {:>7} {:>6} {:>5} {:>11} {:>9} {:>9} {:>7}",
-            "(B)", "(elements)", "", "", "", "", "(GB/s)", "(GB/s)", ""
-        )?;
+        let units = format!(
+            "# {:>10} {:>12} {:>7} {:>6} {:>5} {:>11} {:>9} {:>9}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)"
+        );
+        writeln!(out, "{}", units.trim_end())?;
         out.flush()
     }
 
@@ -371,11 +372,18 @@ enum Outcome {
     Wrong(u64),
 }
 
+/// This process's rank, once it has joined the job (for error messages).
+static RANK: OnceLock<usize> = OnceLock::new();
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Known before init, so that an init error can name the rank too.
-    let rank_hint = std::env::var("HCOMM_RANK").unwrap_or_else(|_| "?".to_string());
-    match run(&cli) {
+    let result = run(&cli);
+    // The communicator's rank; before (or without) one, what the launcher said.
+    let rank_hint = RANK.get().map_or_else(
+        || std::env::var("HCOMM_RANK").unwrap_or_else(|_| "?".to_string()),
+        usize::to_string,
+    );
+    match result {
         Ok(Outcome::Passed) => ExitCode::SUCCESS,
         Ok(Outcome::Wrong(n)) => {
             eprintln!("hcomm_perf: rank {rank_hint}: {n} received bytes were wrong");
@@ -402,6 +410,8 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
     };
     let sizes = sweep.sizes()?;
     let comm = hcomm::Communicator::init().context("cannot join the job")?;
+    // Set once, before anything else can fail.
+    let _ = RANK.set(comm.rank());
     p2p::run(&comm, kind, sweep, &sizes)
 }
 

@@ -84,12 +84,18 @@ impl CollKind {
 
     /// Whether the collective reduces (uses the data type's arithmetic and the op).
     pub fn reduces(self) -> bool {
-        matches!(self, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter)
+        matches!(
+            self,
+            CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+        )
     }
 
     /// Whether the collective has a root.
     pub fn rooted(self) -> bool {
-        matches!(self, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter)
+        matches!(
+            self,
+            CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
+        )
     }
 }
 
@@ -140,8 +146,24 @@ pub struct Shape {
 
 impl Shape {
     /// A shape without v-layout, not in place.
-    pub fn new(kind: CollKind, dtype: DataType, op: ReduceOp, count: usize, root: usize, size: usize) -> Shape {
-        Shape { kind, dtype, op, count, root, size, v: None, in_place: false }
+    pub fn new(
+        kind: CollKind,
+        dtype: DataType,
+        op: ReduceOp,
+        count: usize,
+        root: usize,
+        size: usize,
+    ) -> Shape {
+        Shape {
+            kind,
+            dtype,
+            op,
+            count,
+            root,
+            size,
+            v: None,
+            in_place: false,
+        }
     }
 
     /// Bytes of one element.
@@ -153,11 +175,16 @@ impl Shape {
     pub fn send_bytes(&self, rank: usize) -> usize {
         let (n, c, e) = (self.size, self.count, self.elem());
         match self.kind {
-            CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather => c * e,
+            CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather => {
+                c * e
+            }
             CollKind::ReduceScatter | CollKind::AllToAll => n * c * e,
             CollKind::Scatter if rank == self.root => n * c * e,
             CollKind::AllGatherV => self.v.as_ref().map_or(0, |v| v.recv_counts[rank] * e),
-            CollKind::AllToAllV => self.v.as_ref().map_or(0, |v| span(&v.send_counts, &v.send_displs) * e),
+            CollKind::AllToAllV => self
+                .v
+                .as_ref()
+                .map_or(0, |v| span(&v.send_counts, &v.send_displs) * e),
             CollKind::Broadcast | CollKind::Scatter | CollKind::Barrier => 0,
         }
     }
@@ -168,13 +195,17 @@ impl Shape {
         match self.kind {
             CollKind::ReduceScatter if self.in_place => n * c * e,
             CollKind::Scatter if self.in_place && rank == self.root => n * c * e,
-            CollKind::AllReduce | CollKind::Broadcast | CollKind::ReduceScatter | CollKind::Scatter => c * e,
+            CollKind::AllReduce
+            | CollKind::Broadcast
+            | CollKind::ReduceScatter
+            | CollKind::Scatter => c * e,
             CollKind::Reduce if rank == self.root => c * e,
             CollKind::AllGather | CollKind::AllToAll => n * c * e,
             CollKind::Gather if rank == self.root => n * c * e,
-            CollKind::AllGatherV | CollKind::AllToAllV => {
-                self.v.as_ref().map_or(0, |v| span(&v.recv_counts, &v.recv_displs) * e)
-            }
+            CollKind::AllGatherV | CollKind::AllToAllV => self
+                .v
+                .as_ref()
+                .map_or(0, |v| span(&v.recv_counts, &v.recv_displs) * e),
             CollKind::Reduce | CollKind::Gather | CollKind::Barrier => 0,
         }
     }
@@ -182,7 +213,10 @@ impl Shape {
     /// Whether `rank` works in place: every rank of an in-place call, except that only the
     /// root of reduce, gather and scatter does (the others have a normal send buffer).
     pub fn in_place_at(&self, rank: usize) -> bool {
-        let root_only = matches!(self.kind, CollKind::Reduce | CollKind::Gather | CollKind::Scatter);
+        let root_only = matches!(
+            self.kind,
+            CollKind::Reduce | CollKind::Gather | CollKind::Scatter
+        );
         self.in_place && (!root_only || rank == self.root)
     }
 
@@ -195,7 +229,10 @@ impl Shape {
         }
         let at = match self.kind {
             CollKind::AllGather | CollKind::Gather => rank * self.count * self.elem(),
-            CollKind::AllGatherV => self.v.as_ref().map_or(0, |v| v.recv_displs[rank] * self.elem()),
+            CollKind::AllGatherV => self
+                .v
+                .as_ref()
+                .map_or(0, |v| v.recv_displs[rank] * self.elem()),
             _ => 0,
         };
         Region::new(Buf::Recv, at + off, len)
@@ -219,19 +256,36 @@ impl Shape {
             Some(v) => v.recv_counts.iter().sum::<usize>() as u64,
             None => self.count as u64,
         };
-        let count = if self.kind == CollKind::AllToAllV { 0 } else { total };
-        let op = if self.kind.reduces() { self.op as u64 } else { 0xff };
+        let count = if self.kind == CollKind::AllToAllV {
+            0
+        } else {
+            total
+        };
+        let op = if self.kind.reduces() {
+            self.op as u64
+        } else {
+            0xff
+        };
         [
-            (self.kind as u64) << 56 | (self.dtype as u64) << 48 | op << 40 | (self.root as u64 & 0xff_ffff_ffff),
+            (self.kind as u64) << 56
+                | (self.dtype as u64) << 48
+                | op << 40
+                | (self.root as u64 & 0xff_ffff_ffff),
             count,
         ]
     }
 
     /// Describes a signature for error messages.
     pub fn describe_signature(sig: [u64; 2]) -> String {
-        let kind = CollKind::ALL.into_iter().find(|k| *k as u64 == sig[0] >> 56);
-        let dtype = DataType::ALL.into_iter().find(|d| *d as u64 == (sig[0] >> 48) & 0xff);
-        let op = ReduceOp::ALL.into_iter().find(|o| *o as u64 == (sig[0] >> 40) & 0xff);
+        let kind = CollKind::ALL
+            .into_iter()
+            .find(|k| *k as u64 == sig[0] >> 56);
+        let dtype = DataType::ALL
+            .into_iter()
+            .find(|d| *d as u64 == (sig[0] >> 48) & 0xff);
+        let op = ReduceOp::ALL
+            .into_iter()
+            .find(|o| *o as u64 == (sig[0] >> 40) & 0xff);
         let root = sig[0] & 0xff_ffff_ffff;
         match (kind, dtype) {
             (Some(k), Some(d)) => {
@@ -239,7 +293,11 @@ impl Shape {
                     Some(o) if k.reduces() => format!(" {}", o.name()),
                     _ => String::new(),
                 };
-                let root = if k.rooted() { format!(" root {root}") } else { String::new() };
+                let root = if k.rooted() {
+                    format!(" root {root}")
+                } else {
+                    String::new()
+                };
                 format!("{}({} x {}{op}{root})", k.name(), sig[1], d.name())
             }
             _ => format!("an unknown operation {sig:x?}"),
@@ -249,7 +307,12 @@ impl Shape {
 
 /// Elements spanned by blocks at `displs` of `counts`.
 fn span(counts: &[usize], displs: &[usize]) -> usize {
-    counts.iter().zip(displs).map(|(c, d)| c + d).max().unwrap_or(0)
+    counts
+        .iter()
+        .zip(displs)
+        .map(|(c, d)| c + d)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The α–β–γ cost model the selector compares algorithms with: a message of `b` bytes costs

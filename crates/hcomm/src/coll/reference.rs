@@ -80,7 +80,11 @@ pub fn expected(shapes: &[Shape], sends: &[Vec<u8>], recvs: &[Vec<u8>]) -> Vec<V
         }
         CollKind::Scatter => {
             for (r, o) in out.iter_mut().enumerate() {
-                let src = if shapes[s.root].in_place_at(s.root) { &recvs[s.root] } else { &sends[s.root] };
+                let src = if shapes[s.root].in_place_at(s.root) {
+                    &recvs[s.root]
+                } else {
+                    &sends[s.root]
+                };
                 let part = &src[r * block..(r + 1) * block];
                 if shapes[r].in_place_at(r) && r == s.root {
                     continue;
@@ -91,7 +95,8 @@ pub fn expected(shapes: &[Shape], sends: &[Vec<u8>], recvs: &[Vec<u8>]) -> Vec<V
         CollKind::AllToAll => {
             for (r, o) in out.iter_mut().enumerate() {
                 for p in 0..n {
-                    o[p * block..(p + 1) * block].copy_from_slice(&input(p)[r * block..(r + 1) * block]);
+                    o[p * block..(p + 1) * block]
+                        .copy_from_slice(&input(p)[r * block..(r + 1) * block]);
                 }
             }
         }
@@ -100,7 +105,11 @@ pub fn expected(shapes: &[Shape], sends: &[Vec<u8>], recvs: &[Vec<u8>]) -> Vec<V
             for o in out.iter_mut() {
                 for p in 0..n {
                     let (c, d) = (v.recv_counts[p] * e, v.recv_displs[p] * e);
-                    let src: &[u8] = if shapes[p].in_place { &recvs[p][d..d + c] } else { &sends[p][..c] };
+                    let src: &[u8] = if shapes[p].in_place {
+                        &recvs[p][d..d + c]
+                    } else {
+                        &sends[p][..c]
+                    };
                     o[d..d + c].copy_from_slice(src);
                 }
             }

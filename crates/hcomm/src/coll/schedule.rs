@@ -50,7 +50,10 @@ impl Region {
     /// Whether the two regions share a byte (aliasing of Send and Recv is the caller's
     /// concern: in-place schedules never read `Send`).
     pub fn overlaps(&self, other: &Region) -> bool {
-        self.buf == other.buf && self.len > 0 && other.len > 0 && self.off < other.off + other.len
+        self.buf == other.buf
+            && self.len > 0
+            && other.len > 0
+            && self.off < other.off + other.len
             && other.off < self.off + self.len
     }
 }
@@ -217,7 +220,9 @@ impl ScheduleBuilder {
             // Keep history small: a write fully covering an earlier access supersedes it
             // for later steps (they depend on this write, which depends on that access).
             if let Some(w) = write {
-                history.retain(|&(_, r, _)| !(r.buf == w.buf && r.off >= w.off && r.off + r.len <= w.off + w.len));
+                history.retain(|&(_, r, _)| {
+                    !(r.buf == w.buf && r.off >= w.off && r.off + r.len <= w.off + w.len)
+                });
             }
             for r in reads.iter().flatten() {
                 history.push((i as u32, *r, false));
@@ -227,7 +232,12 @@ impl ScheduleBuilder {
             }
         }
         dep_start.push(deps.len() as u32);
-        Schedule { steps, dep_start, deps, scratch }
+        Schedule {
+            steps,
+            dep_start,
+            deps,
+            scratch,
+        }
     }
 }
 
@@ -260,7 +270,8 @@ mod tests {
     #[test]
     fn empty_local_steps_are_dropped() {
         let mut b = ScheduleBuilder::new();
-        b.copy(r(Buf::Recv, 0, 0), r(Buf::Send, 0, 0)).send(1, r(Buf::Send, 0, 0));
+        b.copy(r(Buf::Recv, 0, 0), r(Buf::Send, 0, 0))
+            .send(1, r(Buf::Send, 0, 0));
         b.copy(r(Buf::Recv, 3, 5), r(Buf::Recv, 3, 5));
         let s = b.build();
         assert_eq!(s.steps.len(), 1);

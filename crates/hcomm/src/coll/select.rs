@@ -21,8 +21,15 @@ pub struct Selector {
 
 impl std::fmt::Debug for Selector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let o: Vec<String> = self.overrides.iter().map(|(k, a)| format!("{}:{}", k.name(), a.name())).collect();
-        f.debug_struct("Selector").field("overrides", &o).field("deterministic", &self.deterministic).finish()
+        let o: Vec<String> = self
+            .overrides
+            .iter()
+            .map(|(k, a)| format!("{}:{}", k.name(), a.name()))
+            .collect();
+        f.debug_struct("Selector")
+            .field("overrides", &o)
+            .field("deterministic", &self.deterministic)
+            .finish()
     }
 }
 
@@ -31,7 +38,12 @@ impl Selector {
     /// algorithm is an error listing the valid names.
     pub fn new(algo: Option<&str>, deterministic: bool) -> Result<Selector> {
         let mut overrides = HashMap::new();
-        for item in algo.unwrap_or("").split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        for item in algo
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
             let (coll, name) = item.split_once(':').ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "HCOMM_ALGO entry {item:?} is not collective:algorithm (e.g. allreduce:ring)"
@@ -54,7 +66,12 @@ impl Selector {
             })?;
             overrides.insert(kind, alg);
         }
-        Ok(Selector { overrides, deterministic, model: CostModel::TCP, counts: Mutex::new(HashMap::new()) })
+        Ok(Selector {
+            overrides,
+            deterministic,
+            model: CostModel::TCP,
+            counts: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The algorithm for `shape` on `topo`.
@@ -107,11 +124,17 @@ mod tests {
     fn overrides_parse_and_bad_names_list_the_valid_ones() {
         let s = Selector::new(Some("allreduce:direct, broadcast:direct"), false).unwrap();
         assert_eq!(s.overrides.len(), 2);
-        let e = Selector::new(Some("allreduce:warp"), false).unwrap_err().to_string();
+        let e = Selector::new(Some("allreduce:warp"), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("direct") && e.contains("warp"), "{e}");
-        let e = Selector::new(Some("allsmash:direct"), false).unwrap_err().to_string();
+        let e = Selector::new(Some("allsmash:direct"), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("allreduce") && e.contains("allsmash"), "{e}");
-        let e = Selector::new(Some("allreduce"), false).unwrap_err().to_string();
+        let e = Selector::new(Some("allreduce"), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("collective:algorithm"), "{e}");
     }
 }

@@ -92,13 +92,16 @@ pub fn simulate(
     let mut channels: Vec<Vec<VecDeque<Vec<u8>>>> = vec![vec![VecDeque::new(); n]; n];
     loop {
         let mut progress = false;
-        for r in 0..n {
-            progress |= issue(r, &mut ranks[r], &mut channels, dtype, op, n)?;
+        for (r, st) in ranks.iter_mut().enumerate() {
+            progress |= issue(r, st, &mut channels, dtype, op, n)?;
         }
         for dst in 0..n {
+            #[allow(clippy::needless_range_loop)] // indexes two tables: channels and posted
             for src in 0..n {
                 while let Some(&(step, region)) = ranks[dst].posted[src].front() {
-                    let Some(msg) = channels[src][dst].pop_front() else { break };
+                    let Some(msg) = channels[src][dst].pop_front() else {
+                        break;
+                    };
                     if msg.len() != region.len {
                         return Err(SimError::LengthMismatch(format!(
                             "rank {dst} step {step} expects {} bytes from rank {src}, which sent {}",
@@ -133,7 +136,10 @@ pub fn simulate(
     for (src, row) in channels.iter().enumerate() {
         for (dst, q) in row.iter().enumerate() {
             if !q.is_empty() {
-                return Err(SimError::Unreceived(format!("{} messages from rank {src} to rank {dst}", q.len())));
+                return Err(SimError::Unreceived(format!(
+                    "{} messages from rank {src} to rank {dst}",
+                    q.len()
+                )));
             }
         }
     }
@@ -152,13 +158,21 @@ fn buf_mut<'s>(st: &'s mut RankState<'_>, buf: Buf) -> &'s mut Vec<u8> {
 fn read_bytes(st: &mut RankState<'_>, step: usize, r: Region) -> Result<Vec<u8>, SimError> {
     let len = buf_mut(st, r.buf).len();
     if r.off + r.len > len {
-        return Err(SimError::OutOfBounds(format!("step {step} reads {r:?} of a {len}-byte buffer")));
+        return Err(SimError::OutOfBounds(format!(
+            "step {step} reads {r:?} of a {len}-byte buffer"
+        )));
     }
-    let buf = if st.in_place && r.buf == Buf::Send { Buf::Recv } else { r.buf };
+    let buf = if st.in_place && r.buf == Buf::Send {
+        Buf::Recv
+    } else {
+        r.buf
+    };
     match buf {
         Buf::Scratch => {
             if let Some(b) = r.range().find(|&b| !st.scratch_written[b]) {
-                return Err(SimError::UninitialisedRead(format!("step {step} reads scratch byte {b} never written")));
+                return Err(SimError::UninitialisedRead(format!(
+                    "step {step} reads scratch byte {b} never written"
+                )));
             }
             r.range().for_each(|b| st.unread_scratch[b] = None);
         }
@@ -172,11 +186,21 @@ fn read_bytes(st: &mut RankState<'_>, step: usize, r: Region) -> Result<Vec<u8>,
 fn write_region(st: &mut RankState<'_>, step: usize, r: Region) -> Result<(), SimError> {
     let len = buf_mut(st, r.buf).len();
     if r.off + r.len > len {
-        return Err(SimError::OutOfBounds(format!("step {step} writes {r:?} of a {len}-byte buffer")));
+        return Err(SimError::OutOfBounds(format!(
+            "step {step} writes {r:?} of a {len}-byte buffer"
+        )));
     }
-    let buf = if st.in_place && r.buf == Buf::Send { Buf::Recv } else { r.buf };
+    let buf = if st.in_place && r.buf == Buf::Send {
+        Buf::Recv
+    } else {
+        r.buf
+    };
     let unread = match buf {
-        Buf::Send => return Err(SimError::OutOfBounds(format!("step {step} writes the send buffer"))),
+        Buf::Send => {
+            return Err(SimError::OutOfBounds(format!(
+                "step {step} writes the send buffer"
+            )))
+        }
         Buf::Recv => &mut st.unread_recv,
         Buf::Scratch => {
             r.range().for_each(|b| st.scratch_written[b] = true);
@@ -212,7 +236,9 @@ fn issue(
         match step {
             Step::Send { peer, src } => {
                 if peer >= n {
-                    return Err(SimError::OutOfBounds(format!("rank {r} step {i} sends to rank {peer} of {n}")));
+                    return Err(SimError::OutOfBounds(format!(
+                        "rank {r} step {i} sends to rank {peer} of {n}"
+                    )));
                 }
                 let data = read_bytes(st, i, src)?;
                 channels[r][peer].push_back(data);
@@ -220,7 +246,9 @@ fn issue(
             }
             Step::Recv { peer, dst } => {
                 if peer >= n {
-                    return Err(SimError::OutOfBounds(format!("rank {r} step {i} receives from rank {peer} of {n}")));
+                    return Err(SimError::OutOfBounds(format!(
+                        "rank {r} step {i} receives from rank {peer} of {n}"
+                    )));
                 }
                 st.posted[peer].push_back((i, dst));
             }
@@ -256,7 +284,12 @@ mod tests {
     }
 
     fn inputs(n: usize, len: usize) -> Vec<RankBuffers> {
-        (0..n).map(|r| RankBuffers { send: vec![r as u8 + 1; len], recv: vec![0; len] }).collect()
+        (0..n)
+            .map(|r| RankBuffers {
+                send: vec![r as u8 + 1; len],
+                recv: vec![0; len],
+            })
+            .collect()
     }
 
     #[test]
@@ -282,7 +315,8 @@ mod tests {
         let scheds: Vec<Schedule> = (0..2)
             .map(|r| {
                 let mut b = ScheduleBuilder::new();
-                b.recv(1 - r, reg(Buf::Recv, 0, 4)).send(1 - r, reg(Buf::Recv, 0, 4));
+                b.recv(1 - r, reg(Buf::Recv, 0, 4))
+                    .send(1 - r, reg(Buf::Recv, 0, 4));
                 b.build()
             })
             .collect();
@@ -296,14 +330,30 @@ mod tests {
         a.send(1, reg(Buf::Send, 0, 4));
         let mut b = ScheduleBuilder::new();
         b.recv(0, reg(Buf::Recv, 0, 2));
-        let e = simulate(&[a.build(), b.build()], inputs(2, 4), DataType::Uint8, ReduceOp::Sum, &[]).unwrap_err();
+        let e = simulate(
+            &[a.build(), b.build()],
+            inputs(2, 4),
+            DataType::Uint8,
+            ReduceOp::Sum,
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(e, SimError::LengthMismatch(_)), "{e}");
 
         let mut a = ScheduleBuilder::new();
-        a.send(1, reg(Buf::Send, 0, 4)).send(1, reg(Buf::Send, 0, 4));
+        a.send(1, reg(Buf::Send, 0, 4))
+            .send(1, reg(Buf::Send, 0, 4));
         let mut b = ScheduleBuilder::new();
-        b.recv(0, reg(Buf::Recv, 0, 4)).recv(0, reg(Buf::Recv, 0, 4));
-        let e = simulate(&[a.build(), b.build()], inputs(2, 4), DataType::Uint8, ReduceOp::Sum, &[]).unwrap_err();
+        b.recv(0, reg(Buf::Recv, 0, 4))
+            .recv(0, reg(Buf::Recv, 0, 4));
+        let e = simulate(
+            &[a.build(), b.build()],
+            inputs(2, 4),
+            DataType::Uint8,
+            ReduceOp::Sum,
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(e, SimError::OverlappingWrite(_)), "{e}");
     }
 
@@ -311,13 +361,26 @@ mod tests {
     fn reports_unmatched_and_uninitialised() {
         let mut a = ScheduleBuilder::new();
         a.send(1, reg(Buf::Send, 0, 4));
-        let e = simulate(&[a.build(), Schedule::default()], inputs(2, 4), DataType::Uint8, ReduceOp::Sum, &[])
-            .unwrap_err();
+        let e = simulate(
+            &[a.build(), Schedule::default()],
+            inputs(2, 4),
+            DataType::Uint8,
+            ReduceOp::Sum,
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(e, SimError::Unreceived(_)), "{e}");
 
         let mut a = ScheduleBuilder::new();
         a.copy(reg(Buf::Recv, 0, 4), reg(Buf::Scratch, 0, 4));
-        let e = simulate(&[a.build()], inputs(1, 4), DataType::Uint8, ReduceOp::Sum, &[]).unwrap_err();
+        let e = simulate(
+            &[a.build()],
+            inputs(1, 4),
+            DataType::Uint8,
+            ReduceOp::Sum,
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(e, SimError::UninitialisedRead(_)), "{e}");
     }
 }

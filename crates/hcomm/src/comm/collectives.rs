@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::exec;
 use crate::reduce;
 
-
 fn bytes<T: Element>(s: &[T]) -> &[u8] {
     bytemuck::cast_slice(s)
 }
@@ -52,7 +51,14 @@ impl Communicator {
 
     /// The algorithm the selector picks for a call (what `HCOMM_ALGO` and the cost model
     /// decide), without running it.
-    pub fn algorithm_for(&self, kind: CollKind, dtype: DataType, op: ReduceOp, count: usize, root: usize) -> &'static str {
+    pub fn algorithm_for(
+        &self,
+        kind: CollKind,
+        dtype: DataType,
+        op: ReduceOp,
+        count: usize,
+        root: usize,
+    ) -> &'static str {
         let shape = Shape::new(kind, dtype, op, count, root, self.size());
         self.plan(&shape).algo.name()
     }
@@ -114,9 +120,19 @@ impl Communicator {
     /// # Safety
     /// `send..send+send_len` must be valid for reads (unless in place) and
     /// `recv..recv+recv_len` valid for writes and otherwise unused, for the whole call.
-    unsafe fn run(&self, shape: &Shape, send: *const u8, send_len: usize, recv: *mut u8, recv_len: usize) -> Result<()> {
+    unsafe fn run(
+        &self,
+        shape: &Shape,
+        send: *const u8,
+        send_len: usize,
+        recv: *mut u8,
+        recv_len: usize,
+    ) -> Result<()> {
         let plan = self.plan(shape);
-        let seq = self.state.coll_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seq = self
+            .state
+            .coll_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: forwarded from the caller.
         unsafe { self.run_planned(shape, &plan, seq, (send, send_len), (recv, recv_len)) }
     }
@@ -134,7 +150,11 @@ impl Communicator {
         recv: (*mut u8, usize),
     ) -> Result<()> {
         self.world.selector.count(shape.kind, plan.algo.name());
-        let sig = if self.world.config.mismatch_check { shape.signature() } else { [0; 2] };
+        let sig = if self.world.config.mismatch_check {
+            shape.signature()
+        } else {
+            [0; 2]
+        };
         let call = exec::Call {
             sched: &plan.sched,
             comm: self.id | COLL,
@@ -159,7 +179,8 @@ impl Communicator {
         }
         // SAFETY: the caller keeps both buffers valid for this call; scratch holds `need`
         // bytes and is owned here.
-        let result = unsafe { exec::execute(&self.world.engine, &call, &mut scratch[..need], deadline) };
+        let result =
+            unsafe { exec::execute(&self.world.engine, &call, &mut scratch[..need], deadline) };
         if let Ok(mut s) = self.state.scratch.try_lock() {
             if s.len() < scratch.len() {
                 *s = scratch;
@@ -179,7 +200,11 @@ impl Communicator {
 
     /// Prefixes an error with the call it interrupted.
     fn explain(&self, shape: &Shape, e: Error) -> Error {
-        let what = format!("{} on rank {}", Shape::describe_signature(shape.signature()), self.rank);
+        let what = format!(
+            "{} on rank {}",
+            Shape::describe_signature(shape.signature()),
+            self.rank
+        );
         match e {
             Error::Timeout(m) => Error::Timeout(format!("{what}: {m}")),
             Error::PeerLost(m) => Error::PeerLost(format!("{what}: {m}")),
@@ -188,7 +213,14 @@ impl Communicator {
         }
     }
 
-    fn shape(&self, kind: CollKind, dtype: DataType, op: ReduceOp, count: usize, root: usize) -> Shape {
+    fn shape(
+        &self,
+        kind: CollKind,
+        dtype: DataType,
+        op: ReduceOp,
+        count: usize,
+        root: usize,
+    ) -> Shape {
         Shape::new(kind, dtype, op, count, root, self.size())
     }
 
@@ -210,27 +242,50 @@ impl Communicator {
 
     /// [`Communicator::allreduce`] with the input in `buf`, replaced by the result.
     pub fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let shape = Shape { in_place: true, ..self.shape(CollKind::AllReduce, T::DTYPE, op, buf.len(), 0) };
+        let shape = Shape {
+            in_place: true,
+            ..self.shape(CollKind::AllReduce, T::DTYPE, op, buf.len(), 0)
+        };
         self.run_collective(shape, None, bytes_mut(buf))
     }
 
     /// The root's `buf` is copied into every rank's `buf`.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let shape = self.shape(CollKind::Broadcast, T::DTYPE, ReduceOp::Sum, buf.len(), root);
+        let shape = self.shape(
+            CollKind::Broadcast,
+            T::DTYPE,
+            ReduceOp::Sum,
+            buf.len(),
+            root,
+        );
         self.run_collective(shape, None, bytes_mut(buf))
     }
 
     /// The root's `recv` becomes the elementwise `op` of every rank's `send`; `recv` is unused
     /// on the other ranks (it may be empty).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         let shape = self.shape(CollKind::Reduce, T::DTYPE, op, send.len(), root);
         self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
     }
 
     /// [`Communicator::reduce`] with each rank's input in `buf`; the root's `buf` receives
     /// the result.
-    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
-        let shape = Shape { in_place: true, ..self.shape(CollKind::Reduce, T::DTYPE, op, buf.len(), root) };
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let shape = Shape {
+            in_place: true,
+            ..self.shape(CollKind::Reduce, T::DTYPE, op, buf.len(), root)
+        };
         if self.rank == root {
             self.run_collective(shape, None, bytes_mut(buf))
         } else {
@@ -249,13 +304,22 @@ impl Communicator {
     /// of `buf`.
     pub fn allgather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
         let count = self.blocks(buf.len(), "allgather")?;
-        let shape = Shape { in_place: true, ..self.shape(CollKind::AllGather, T::DTYPE, ReduceOp::Sum, count, 0) };
+        let shape = Shape {
+            in_place: true,
+            ..self.shape(CollKind::AllGather, T::DTYPE, ReduceOp::Sum, count, 0)
+        };
         self.run_collective(shape, None, bytes_mut(buf))
     }
 
     /// All-gather with a count per rank: rank p's `send` (`counts[p]` elements) lands at
     /// `recv[displs[p]..]` on every rank.
-    pub fn allgatherv<T: Element>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+    pub fn allgatherv<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<()> {
         let n = self.size();
         if counts.len() != n || displs.len() != n {
             return Err(Error::InvalidArgument(format!(
@@ -272,15 +336,27 @@ impl Communicator {
                 counts[self.rank]
             )));
         }
-        let v = VLayout { recv_counts: counts.to_vec(), recv_displs: displs.to_vec(), ..VLayout::default() };
+        let v = VLayout {
+            recv_counts: counts.to_vec(),
+            recv_displs: displs.to_vec(),
+            ..VLayout::default()
+        };
         let total: usize = counts.iter().sum();
-        let shape = Shape { v: Some(Arc::new(v)), ..self.shape(CollKind::AllGatherV, T::DTYPE, ReduceOp::Sum, total, 0) };
+        let shape = Shape {
+            v: Some(Arc::new(v)),
+            ..self.shape(CollKind::AllGatherV, T::DTYPE, ReduceOp::Sum, total, 0)
+        };
         self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
     }
 
     /// Rank r's `recv` becomes block r of the elementwise `op` of every rank's `send`
     /// (size × `recv.len()` elements).
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         let shape = self.shape(CollKind::ReduceScatter, T::DTYPE, op, recv.len(), 0);
         self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
     }
@@ -289,7 +365,10 @@ impl Communicator {
     /// replaces block r of `buf` (the other blocks are left undefined).
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let count = self.blocks(buf.len(), "reduce_scatter")?;
-        let shape = Shape { in_place: true, ..self.shape(CollKind::ReduceScatter, T::DTYPE, op, count, 0) };
+        let shape = Shape {
+            in_place: true,
+            ..self.shape(CollKind::ReduceScatter, T::DTYPE, op, count, 0)
+        };
         self.run_collective(shape, None, bytes_mut(buf))
     }
 
@@ -304,7 +383,10 @@ impl Communicator {
     /// [`Communicator::alltoall`] with the input in `buf`, replaced by the result.
     pub fn alltoall_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
         let count = self.blocks(buf.len(), "alltoall")?;
-        let shape = Shape { in_place: true, ..self.shape(CollKind::AllToAll, T::DTYPE, ReduceOp::Sum, count, 0) };
+        let shape = Shape {
+            in_place: true,
+            ..self.shape(CollKind::AllToAll, T::DTYPE, ReduceOp::Sum, count, 0)
+        };
         self.run_collective(shape, None, bytes_mut(buf))
     }
 
@@ -320,8 +402,18 @@ impl Communicator {
         recv_displs: &[usize],
     ) -> Result<()> {
         let n = self.size();
-        if [send_counts.len(), send_displs.len(), recv_counts.len(), recv_displs.len()].iter().any(|&l| l != n) {
-            return Err(Error::InvalidArgument(format!("alltoallv: counts and displacements need {n} entries each")));
+        if [
+            send_counts.len(),
+            send_displs.len(),
+            recv_counts.len(),
+            recv_displs.len(),
+        ]
+        .iter()
+        .any(|&l| l != n)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "alltoallv: counts and displacements need {n} entries each"
+            )));
         }
         let v = VLayout {
             send_counts: send_counts.to_vec(),
@@ -329,7 +421,10 @@ impl Communicator {
             recv_counts: recv_counts.to_vec(),
             recv_displs: recv_displs.to_vec(),
         };
-        let shape = Shape { v: Some(Arc::new(v)), ..self.shape(CollKind::AllToAllV, T::DTYPE, ReduceOp::Sum, 0, 0) };
+        let shape = Shape {
+            v: Some(Arc::new(v)),
+            ..self.shape(CollKind::AllToAllV, T::DTYPE, ReduceOp::Sum, 0, 0)
+        };
         self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
     }
 
@@ -344,7 +439,11 @@ impl Communicator {
     /// `send` is unused elsewhere and may be empty).
     pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
         let shape = self.shape(CollKind::Scatter, T::DTYPE, ReduceOp::Sum, recv.len(), root);
-        let send = if self.rank == root { Some(bytes(send)) } else { None };
+        let send = if self.rank == root {
+            Some(bytes(send))
+        } else {
+            None
+        };
         self.run_collective(shape, send, bytes_mut(recv))
     }
 
@@ -361,10 +460,23 @@ impl Communicator {
 
     /// Starts a barrier in the background.
     pub fn ibarrier(&self) -> Result<Request> {
-        self.nonblocking(CollKind::Barrier, Vec::new(), DataType::Uint8, ReduceOp::Sum, 0)
+        self.nonblocking(
+            CollKind::Barrier,
+            Vec::new(),
+            DataType::Uint8,
+            ReduceOp::Sum,
+            0,
+        )
     }
 
-    fn nonblocking(&self, kind: CollKind, mut buf: Vec<u8>, dtype: DataType, op: ReduceOp, root: usize) -> Result<Request> {
+    fn nonblocking(
+        &self,
+        kind: CollKind,
+        mut buf: Vec<u8>,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Request> {
         if buf.len() % dtype.size() != 0 {
             return Err(Error::InvalidArgument(format!(
                 "{}: {} bytes are not a whole number of {} elements",
@@ -374,31 +486,58 @@ impl Communicator {
             )));
         }
         let count = buf.len() / dtype.size();
-        let shape = Shape { in_place: kind == CollKind::AllReduce, ..self.shape(kind, dtype, op, count, root) };
+        let shape = Shape {
+            in_place: kind == CollKind::AllReduce,
+            ..self.shape(kind, dtype, op, count, root)
+        };
         if shape.kind.rooted() && root >= self.size() {
-            return Err(Error::InvalidArgument(format!("{}: root {root} does not exist", kind.name())));
+            return Err(Error::InvalidArgument(format!(
+                "{}: root {root} does not exist",
+                kind.name()
+            )));
         }
         // Plan and take the sequence number now: calls are matched in the order they are
         // made, whenever their threads run.
         let plan = self.plan(&shape);
-        let seq = self.state.coll_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seq = self
+            .state
+            .coll_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let comm = self.handle();
         let task = std::thread::Builder::new()
             .name(format!("hcomm-{}", kind.name()))
             .spawn(move || {
                 let len = buf.len();
                 // SAFETY: the thread owns `buf` for the whole call.
-                unsafe { comm.run_planned(&shape, &plan, seq, (std::ptr::null(), 0), (buf.as_mut_ptr(), len)) }
-                    .map(|()| Completion { buffer: buf, len })
+                unsafe {
+                    comm.run_planned(
+                        &shape,
+                        &plan,
+                        seq,
+                        (std::ptr::null(), 0),
+                        (buf.as_mut_ptr(), len),
+                    )
+                }
+                .map(|()| Completion { buffer: buf, len })
             })
-            .map_err(|e| Error::NoMem(format!("cannot start a thread for a nonblocking {}: {e}", kind.name())))?;
-        Ok(Request { inner: RequestInner::Task(Some(task)) })
+            .map_err(|e| {
+                Error::NoMem(format!(
+                    "cannot start a thread for a nonblocking {}: {e}",
+                    kind.name()
+                ))
+            })?;
+        Ok(Request {
+            inner: RequestInner::Task(Some(task)),
+        })
     }
 
     /// A batch of small collectives run together: all-reduces with the same type and op are
     /// fused into one call, so a thousand small all-reduces cost about one.
     pub fn batch(&self) -> Batch<'_, '_> {
-        Batch { comm: self, ops: Vec::new() }
+        Batch {
+            comm: self,
+            ops: Vec::new(),
+        }
     }
 }
 
@@ -410,20 +549,34 @@ pub struct Batch<'c, 'b> {
 }
 
 enum BatchOp<'b> {
-    AllReduce { buf: &'b mut [u8], dtype: DataType, op: ReduceOp },
-    Broadcast { buf: &'b mut [u8], root: usize },
+    AllReduce {
+        buf: &'b mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    },
+    Broadcast {
+        buf: &'b mut [u8],
+        root: usize,
+    },
 }
 
 impl<'b> Batch<'_, 'b> {
     /// Adds an in-place all-reduce of `buf`.
     pub fn allreduce<T: Element>(&mut self, buf: &'b mut [T], op: ReduceOp) -> &mut Self {
-        self.ops.push(BatchOp::AllReduce { buf: bytes_mut(buf), dtype: T::DTYPE, op });
+        self.ops.push(BatchOp::AllReduce {
+            buf: bytes_mut(buf),
+            dtype: T::DTYPE,
+            op,
+        });
         self
     }
 
     /// Adds a broadcast of the root's `buf`.
     pub fn broadcast<T: Element>(&mut self, buf: &'b mut [T], root: usize) -> &mut Self {
-        self.ops.push(BatchOp::Broadcast { buf: bytes_mut(buf), root });
+        self.ops.push(BatchOp::Broadcast {
+            buf: bytes_mut(buf),
+            root,
+        });
         self
     }
 
@@ -443,7 +596,8 @@ impl<'b> Batch<'_, 'b> {
             }
         }
         for key in keys {
-            let members: Vec<&mut BatchOp<'b>> = self.ops.iter_mut().filter(|o| key_of(o) == key).collect();
+            let members: Vec<&mut BatchOp<'b>> =
+                self.ops.iter_mut().filter(|o| key_of(o) == key).collect();
             let total: usize = members.iter().map(|o| o.buf().len()).sum();
             let mut packed = Vec::with_capacity(total);
             for m in &members {
@@ -451,8 +605,15 @@ impl<'b> Batch<'_, 'b> {
             }
             let (kind, dtype, op, root) = key;
             let count = total / dtype.size();
-            let kind = if kind == 0 { CollKind::AllReduce } else { CollKind::Broadcast };
-            let shape = Shape { in_place: kind == CollKind::AllReduce, ..self.comm.shape(kind, dtype, op, count, root) };
+            let kind = if kind == 0 {
+                CollKind::AllReduce
+            } else {
+                CollKind::Broadcast
+            };
+            let shape = Shape {
+                in_place: kind == CollKind::AllReduce,
+                ..self.comm.shape(kind, dtype, op, count, root)
+            };
             self.comm.run_collective(shape, None, &mut packed)?;
             let mut at = 0;
             for m in members {

@@ -4,6 +4,8 @@
 //! It is also the fallback where no vectorised kernel applies (other CPUs and architectures) and
 //! finishes the tails the vectorised kernels leave.
 
+#![forbid(unsafe_code)]
+
 use half::{bf16, f16};
 
 use crate::dtype::{DataType, ReduceOp};
@@ -291,6 +293,7 @@ half_arith!(f16, bf16);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::Element;
 
     fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
         bytemuck::cast_slice(v).to_vec()
@@ -316,8 +319,6 @@ mod tests {
         finish_avg(T::DTYPE, &mut d, n).unwrap();
         values(&d)
     }
-
-    use crate::dtype::Element;
 
     #[test]
     fn integers_wrap() {

@@ -21,6 +21,9 @@ pub const MAX_MESSAGE: u64 = 1 << 48;
 
 /// `Cts` flag: the receiver's buffer is too small; the sender must not send the data.
 pub const FLAG_DISCARD: u16 = 1;
+/// `Abort` flag: the sender abandoned the operation because ranks called mismatched
+/// operations (not because of another error).
+pub const FLAG_MISMATCH: u16 = 2;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,10 +175,10 @@ impl FrameHeader {
     }
 
     fn validate(&self) -> Result<(), WireError> {
-        let allowed_flags = if self.kind == FrameKind::Cts {
-            FLAG_DISCARD
-        } else {
-            0
+        let allowed_flags = match self.kind {
+            FrameKind::Cts => FLAG_DISCARD,
+            FrameKind::Abort => FLAG_MISMATCH,
+            _ => 0,
         };
         if self.flags & !allowed_flags != 0 {
             return Err(WireError::BadField("flags"));

@@ -28,14 +28,22 @@ impl Algorithm for Direct {
         let bytes = (s.count * s.elem()) as f64;
         // n-1 messages at once: their latencies overlap but their bytes share the link.
         let per_rank = match s.kind {
-            CollKind::AllReduce => 2.0 * (n - 1.0) / n * bytes + (n - 1.0) / n * bytes * m.gamma / beta,
+            CollKind::AllReduce => {
+                2.0 * (n - 1.0) / n * bytes + (n - 1.0) / n * bytes * m.gamma / beta
+            }
             CollKind::ReduceScatter => (n - 1.0) * bytes + (n - 1.0) * bytes * m.gamma / beta,
             CollKind::Reduce => (n - 1.0) / n * bytes * 2.0,
             CollKind::Broadcast => (n - 1.0) * bytes,
-            CollKind::AllGather | CollKind::Gather | CollKind::Scatter | CollKind::AllToAll => (n - 1.0) * bytes,
+            CollKind::AllGather | CollKind::Gather | CollKind::Scatter | CollKind::AllToAll => {
+                (n - 1.0) * bytes
+            }
             CollKind::AllGatherV | CollKind::AllToAllV | CollKind::Barrier => (n - 1.0) * bytes,
         };
-        let rounds = if s.kind == CollKind::AllReduce { 2.0 } else { 1.0 };
+        let rounds = if s.kind == CollKind::AllReduce {
+            2.0
+        } else {
+            1.0
+        };
         Some(rounds * alpha + (n - 1.0) * alpha * 0.1 + per_rank * beta)
     }
 
@@ -105,7 +113,10 @@ impl Algorithm for Direct {
             }
             CollKind::Gather => {
                 if rank == s.root {
-                    b.copy(Region::new(Buf::Recv, rank * block, block), s.input(rank, 0, block));
+                    b.copy(
+                        Region::new(Buf::Recv, rank * block, block),
+                        s.input(rank, 0, block),
+                    );
                     for p in others(rank) {
                         b.recv(p, Region::new(Buf::Recv, p * block, block));
                     }
@@ -120,7 +131,10 @@ impl Algorithm for Direct {
                         b.send(p, Region::new(src, p * block, block));
                     }
                     if !s.in_place {
-                        b.copy(Region::new(Buf::Recv, 0, block), Region::new(Buf::Send, rank * block, block));
+                        b.copy(
+                            Region::new(Buf::Recv, 0, block),
+                            Region::new(Buf::Send, rank * block, block),
+                        );
                     }
                 } else {
                     b.recv(s.root, Region::new(Buf::Recv, 0, block));
@@ -149,12 +163,18 @@ impl Algorithm for Direct {
                 };
                 if s.in_place {
                     let len = s.recv_bytes(rank);
-                    b.copy(Region::new(Buf::Scratch, 0, len), Region::new(Buf::Recv, 0, len));
+                    b.copy(
+                        Region::new(Buf::Scratch, 0, len),
+                        Region::new(Buf::Recv, 0, len),
+                    );
                 }
                 for p in others(rank) {
                     b.send(p, input(sd[p], sc[p]));
                 }
-                b.copy(Region::new(Buf::Recv, rd[rank], rc[rank]), input(sd[rank], sc[rank]));
+                b.copy(
+                    Region::new(Buf::Recv, rd[rank], rc[rank]),
+                    input(sd[rank], sc[rank]),
+                );
                 for p in others(rank) {
                     b.recv(p, Region::new(Buf::Recv, rd[p], rc[p]));
                 }
@@ -174,7 +194,12 @@ impl Algorithm for Direct {
 
 /// Each rank reduces its own segment of every rank's input, in rank order, into the output
 /// (all-reduce, reduce-scatter) or scratch (reduce, then sent to the root).
-fn reduce_segments_in_order(b: &mut ScheduleBuilder, s: &Shape, rank: usize, segs: &[(usize, usize)]) {
+fn reduce_segments_in_order(
+    b: &mut ScheduleBuilder,
+    s: &Shape,
+    rank: usize,
+    segs: &[(usize, usize)],
+) {
     let n = s.size;
     let (mine_off, mine_len) = segs[rank];
     // Where the reduced segment accumulates, and where peers' contributions land.

@@ -1,23 +1,37 @@
 //! The algorithms, and the registry the selector and `HCOMM_ALGO` choose from.
 
 pub mod direct;
+pub mod halving_doubling;
+pub mod ring;
 
 use super::{Algorithm, CollKind};
 
 /// Every algorithm, in no particular order.
 pub fn all() -> &'static [&'static dyn Algorithm] {
-    static ALL: [&dyn Algorithm; 1] = [&direct::Direct];
+    static ALL: [&dyn Algorithm; 4] = [
+        &direct::Direct,
+        &ring::Ring,
+        &halving_doubling::Rabenseifner,
+        &halving_doubling::RecursiveDoubling,
+    ];
     &ALL
 }
 
 /// The algorithm called `name` that implements `kind`.
 pub fn by_name(kind: CollKind, name: &str) -> Option<&'static dyn Algorithm> {
-    all().iter().copied().find(|a| a.name() == name && a.supports(kind))
+    all()
+        .iter()
+        .copied()
+        .find(|a| a.name() == name && a.supports(kind))
 }
 
 /// Names of the algorithms that implement `kind`.
 pub fn names_for(kind: CollKind) -> Vec<&'static str> {
-    all().iter().filter(|a| a.supports(kind)).map(|a| a.name()).collect()
+    all()
+        .iter()
+        .filter(|a| a.supports(kind))
+        .map(|a| a.name())
+        .collect()
 }
 
 /// Splits `count` elements of `elem` bytes into `n` nearly equal segments (the first

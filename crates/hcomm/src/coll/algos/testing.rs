@@ -44,12 +44,20 @@ impl Gen {
 fn random_bytes(dtype: DataType, op: ReduceOp, elems: usize, g: &mut Gen) -> Vec<u8> {
     let mut out = Vec::with_capacity(elems * dtype.size());
     for _ in 0..elems {
-        let small = if op == ReduceOp::Prod { [1, -1][(g.next() % 2) as usize] } else { (g.next() % 7) as i32 - 3 };
+        let small = if op == ReduceOp::Prod {
+            [1, -1][(g.next() % 2) as usize]
+        } else {
+            (g.next() % 7) as i32 - 3
+        };
         match dtype {
             DataType::Float32 => out.extend_from_slice(&(small as f32).to_le_bytes()),
             DataType::Float64 => out.extend_from_slice(&(small as f64).to_le_bytes()),
-            DataType::Float16 => out.extend_from_slice(&half::f16::from_f32(small as f32).to_le_bytes()),
-            DataType::Bfloat16 => out.extend_from_slice(&half::bf16::from_f32(small as f32).to_le_bytes()),
+            DataType::Float16 => {
+                out.extend_from_slice(&half::f16::from_f32(small as f32).to_le_bytes())
+            }
+            DataType::Bfloat16 => {
+                out.extend_from_slice(&half::bf16::from_f32(small as f32).to_le_bytes())
+            }
             _ => out.extend_from_slice(&g.next().to_le_bytes()[..dtype.size()]),
         }
     }
@@ -71,19 +79,37 @@ fn layout(n: usize, g: &mut Gen, max: usize) -> (Vec<usize>, Vec<usize>) {
 }
 
 /// One rank's shape of a call, for every rank.
-pub fn shapes(kind: CollKind, n: usize, count: usize, root: usize, dtype: DataType, op: ReduceOp, in_place: bool, seed: u64) -> Vec<Shape> {
+#[allow(clippy::too_many_arguments)]
+pub fn shapes(
+    kind: CollKind,
+    n: usize,
+    count: usize,
+    root: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Shape> {
     let mut g = Gen(seed | 1);
-    let base = Shape { in_place, ..Shape::new(kind, dtype, op, count, root, n) };
+    let base = Shape {
+        in_place,
+        ..Shape::new(kind, dtype, op, count, root, n)
+    };
     match kind {
         CollKind::AllGatherV => {
             let (recv_counts, recv_displs) = layout(n, &mut g, count);
-            let v = Arc::new(VLayout { recv_counts, recv_displs, ..VLayout::default() });
+            let v = Arc::new(VLayout {
+                recv_counts,
+                recv_displs,
+                ..VLayout::default()
+            });
             vec![Shape { v: Some(v), ..base }; n]
         }
         CollKind::AllToAllV => {
             // matrix[p][q]: elements p sends to q.
-            let matrix: Vec<Vec<usize>> =
-                (0..n).map(|_| (0..n).map(|_| (g.next() as usize) % (count + 1)).collect()).collect();
+            let matrix: Vec<Vec<usize>> = (0..n)
+                .map(|_| (0..n).map(|_| (g.next() as usize) % (count + 1)).collect())
+                .collect();
             (0..n)
                 .map(|r| {
                     let send_counts = matrix[r].clone();
@@ -102,8 +128,17 @@ pub fn shapes(kind: CollKind, n: usize, count: usize, root: usize, dtype: DataTy
                     };
                     let send_displs = place(&send_counts, &mut g);
                     let recv_displs = place(&recv_counts, &mut g);
-                    let v = VLayout { send_counts, send_displs, recv_counts, recv_displs };
-                    Shape { v: Some(Arc::new(v)), in_place: false, ..base.clone() }
+                    let v = VLayout {
+                        send_counts,
+                        send_displs,
+                        recv_counts,
+                        recv_displs,
+                    };
+                    Shape {
+                        v: Some(Arc::new(v)),
+                        in_place: false,
+                        ..base.clone()
+                    }
                 })
                 .collect()
         }
@@ -112,7 +147,12 @@ pub fn shapes(kind: CollKind, n: usize, count: usize, root: usize, dtype: DataTy
 }
 
 /// Simulates `algo` on `shapes` and compares every rank's result with the reference.
-pub fn check_shapes(algo: &dyn Algorithm, shapes: &[Shape], hosts: usize, seed: u64) -> Result<(), String> {
+pub fn check_shapes(
+    algo: &dyn Algorithm,
+    shapes: &[Shape],
+    hosts: usize,
+    seed: u64,
+) -> Result<(), String> {
     let n = shapes.len();
     let topo = topology(n, hosts);
     let s0 = &shapes[0];
@@ -128,9 +168,18 @@ pub fn check_shapes(algo: &dyn Algorithm, shapes: &[Shape], hosts: usize, seed: 
         .collect();
     let sends: Vec<Vec<u8>> = inputs.iter().map(|b| b.send.clone()).collect();
     let recvs: Vec<Vec<u8>> = inputs.iter().map(|b| b.recv.clone()).collect();
-    let scheds: Vec<_> = shapes.iter().enumerate().map(|(r, s)| algo.schedule(s, r, &topo)).collect();
-    let in_place: Vec<bool> = shapes.iter().enumerate().map(|(r, s)| s.in_place_at(r)).collect();
-    let mut out = simulate(&scheds, inputs, s0.dtype, s0.op, &in_place).map_err(|e| e.to_string())?;
+    let scheds: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(r, s)| algo.schedule(s, r, &topo))
+        .collect();
+    let in_place: Vec<bool> = shapes
+        .iter()
+        .enumerate()
+        .map(|(r, s)| s.in_place_at(r))
+        .collect();
+    let mut out =
+        simulate(&scheds, inputs, s0.dtype, s0.op, &in_place).map_err(|e| e.to_string())?;
     // What the front end does after the schedule: finish an average.
     if s0.kind.reduces() && s0.op == ReduceOp::Avg {
         for (r, o) in out.iter_mut().enumerate() {
@@ -139,14 +188,17 @@ pub fn check_shapes(algo: &dyn Algorithm, shapes: &[Shape], hosts: usize, seed: 
                 CollKind::ReduceScatter => s0.output(r, 0, s0.count * elem),
                 _ => s0.output(r, 0, s0.count * elem),
             };
-            scalar::finish_avg(s0.dtype, &mut o.recv[region.range()], n).map_err(|e| e.to_string())?;
+            scalar::finish_avg(s0.dtype, &mut o.recv[region.range()], n)
+                .map_err(|e| e.to_string())?;
         }
     }
     let want = reference::expected(shapes, &sends, &recvs);
     for r in 0..n {
         if out[r].recv != want[r] {
             let first = out[r].recv.iter().zip(&want[r]).position(|(a, b)| a != b);
-            return Err(format!("rank {r} differs from the reference (first byte {first:?})"));
+            return Err(format!(
+                "rank {r} differs from the reference (first byte {first:?})"
+            ));
         }
     }
     Ok(())
@@ -180,7 +232,10 @@ pub fn check(
 
 /// Collectives that have an in-place form.
 pub fn has_in_place(kind: CollKind) -> bool {
-    !matches!(kind, CollKind::AllToAllV | CollKind::Broadcast | CollKind::Barrier)
+    !matches!(
+        kind,
+        CollKind::AllToAllV | CollKind::Broadcast | CollKind::Barrier
+    )
 }
 
 /// Rank counts the sweeps use: odd, even, prime, powers of two, up to 64.
@@ -193,7 +248,11 @@ pub fn sweep(algo: &dyn Algorithm) {
     for kind in CollKind::ALL.into_iter().filter(|k| algo.supports(*k)) {
         for n in SIZES.into_iter().filter(|&n| n <= 16) {
             for count in [0, 1, n + 1, 3 * n] {
-                let roots: Vec<usize> = if kind.rooted() { (0..n).collect() } else { vec![0] };
+                let roots: Vec<usize> = if kind.rooted() {
+                    (0..n).collect()
+                } else {
+                    vec![0]
+                };
                 for root in roots {
                     for in_place in [false, true] {
                         if in_place && !has_in_place(kind) {
@@ -201,7 +260,18 @@ pub fn sweep(algo: &dyn Algorithm) {
                         }
                         seed += 1;
                         for hosts in [1, 2] {
-                            if let Err(e) = check(algo, kind, n, count, root, DataType::Int32, ReduceOp::Sum, in_place, hosts, seed) {
+                            if let Err(e) = check(
+                                algo,
+                                kind,
+                                n,
+                                count,
+                                root,
+                                DataType::Int32,
+                                ReduceOp::Sum,
+                                in_place,
+                                hosts,
+                                seed,
+                            ) {
                                 panic!("{e}");
                             }
                         }
@@ -223,7 +293,19 @@ pub fn sweep(algo: &dyn Algorithm) {
 }
 
 /// A proptest strategy over everything a call can vary in.
-pub fn any_call() -> impl Strategy<Value = (CollKind, usize, usize, usize, usize, usize, bool, usize, u64)> {
+pub fn any_call() -> impl Strategy<
+    Value = (
+        CollKind,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        bool,
+        usize,
+        u64,
+    ),
+> {
     (
         proptest::sample::select(CollKind::ALL.to_vec()),
         proptest::sample::select(SIZES.to_vec()),
@@ -240,7 +322,17 @@ pub fn any_call() -> impl Strategy<Value = (CollKind, usize, usize, usize, usize
 /// Checks `algo` on one generated call (skipping what it does not support).
 pub fn check_generated(
     algo: &dyn Algorithm,
-    (kind, n, count, root, dt, op, in_place, hosts, seed): (CollKind, usize, usize, usize, usize, usize, bool, usize, u64),
+    (kind, n, count, root, dt, op, in_place, hosts, seed): (
+        CollKind,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        bool,
+        usize,
+        u64,
+    ),
 ) -> Result<(), String> {
     if !algo.supports(kind) {
         return Ok(());

@@ -1,0 +1,148 @@
+//! Multi-process collective tests over TCP: every collective, data type and op against the
+//! sequential reference on 1..8 ranks, forced algorithms, mismatches, nonblocking overlap.
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
+const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
+
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
+    let t0 = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let o = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let e = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("did not finish within {limit:?}: {cmd:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+    }
+}
+
+fn job(n: usize, env: &[(&str, &str)], args: &[&str]) {
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", &n.to_string(), "--timeout", "200", "--", CHECK])
+        .args(args)
+        .env("HCOMM_TIMEOUT", "60");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = run_bounded(&mut c, Duration::from_secs(240));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        o.status.success(),
+        "{args:?} with {env:?} on {n} ranks failed:\n{text}"
+    );
+    for r in 0..n {
+        assert!(
+            text.contains(&format!("[{r}] OK {}", args[0])),
+            "rank {r} did not finish:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn every_collective_type_and_op_on_1_2_3_ranks() {
+    for n in [1, 2, 3] {
+        job(n, &[], &["collectives"]);
+    }
+}
+
+#[test]
+fn every_collective_type_and_op_on_5_and_8_ranks() {
+    for n in [5, 8] {
+        job(n, &[], &["collectives", "--max-count", "5000"]);
+    }
+}
+
+#[test]
+fn forced_algorithms_give_the_same_results() {
+    for algo in ["direct", "ring", "rabenseifner", "recursive_doubling"] {
+        let spec = format!("allreduce:{algo}");
+        job(
+            4,
+            &[("HCOMM_ALGO", &spec)],
+            &["collectives", "--only", "allreduce", "--max-count", "70000"],
+        );
+        job(
+            3,
+            &[("HCOMM_ALGO", &spec)],
+            &["collectives", "--only", "allreduce", "--max-count", "5000"],
+        );
+    }
+    for spec in [
+        "broadcast:ring",
+        "reduce_scatter:rabenseifner",
+        "allgather:ring",
+        "reduce:ring",
+    ] {
+        let only = spec.split(':').next().unwrap();
+        job(
+            5,
+            &[("HCOMM_ALGO", spec)],
+            &["collectives", "--only", only, "--max-count", "70000"],
+        );
+    }
+}
+
+#[test]
+fn an_unknown_algorithm_is_an_error_listing_the_valid_ones() {
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "2", "--", CHECK, "hello"])
+        .env("HCOMM_ALGO", "allreduce:warp");
+    let o = run_bounded(&mut c, Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        text.contains("warp") && text.contains("ring") && text.contains("direct"),
+        "{text}"
+    );
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank() {
+    for n in [2, 3, 5] {
+        job(
+            n,
+            &[("HCOMM_ALGO", "barrier:direct"), ("HCOMM_TIMEOUT", "20")],
+            &["mismatch"],
+        );
+    }
+}
+
+#[test]
+fn nonblocking_collectives_overlap_and_batches_fuse() {
+    for n in [2, 4] {
+        job(n, &[], &["overlap"]);
+    }
+}
