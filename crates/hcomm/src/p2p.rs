@@ -1374,9 +1374,12 @@ impl State {
     /// Reads and dispatches what a stream has, within a bounded number of rounds.
     fn read_stream(&mut self, peer: usize, stream: usize) -> ReadEnd {
         // A read that returned less than asked for emptied the socket: the next read would
-        // only say so (epoll is level-triggered, so stopping early never misses data).
+        // only say so. Stopping before the socket is empty (short read, or MAX_ROUNDS reads
+        // for fairness) never misses data, since epoll is level-triggered; but everything
+        // already buffered is dispatched first, since no event would announce it again.
         let mut short_read = false;
-        for _ in 0..MAX_ROUNDS {
+        let mut reads = 0;
+        loop {
             let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
                 return ReadEnd::Drained;
             };
@@ -1407,9 +1410,10 @@ impl State {
                         s.rx_end -= s.rx_start;
                         s.rx_start = 0;
                     }
-                    if short_read {
+                    if short_read || reads == MAX_ROUNDS {
                         return ReadEnd::Drained;
                     }
+                    reads += 1;
                     let space = RX_BUF - s.rx_end;
                     match read_some(&mut s.sock, &mut s.rx_buf[s.rx_end..]) {
                         Ok(Some(n)) => {
@@ -1432,9 +1436,10 @@ impl State {
                         }
                         s.rx_start += n;
                         n
-                    } else if short_read {
+                    } else if short_read || reads == MAX_ROUNDS {
                         return ReadEnd::Drained;
                     } else {
+                        reads += 1;
                         let direct = if want >= RX_BUF / 2 {
                             dest_slice(&mut self.ops, &mut self.umsgs, dest, done, want)
                         } else {
@@ -1474,7 +1479,6 @@ impl State {
                 }
             }
         }
-        ReadEnd::Drained
     }
 
     /// Dispatches a frame header; the error is why the peer must be dropped.
