@@ -146,3 +146,19 @@ fn nonblocking_collectives_overlap_and_batches_fuse() {
         job(n, &[], &["overlap"]);
     }
 }
+
+#[test]
+fn deterministic_mode_is_bitwise_reproducible_across_algorithms() {
+    for algo in [
+        "allreduce:ring",
+        "allreduce:rabenseifner",
+        "allreduce:recursive_doubling,reduce:ring",
+    ] {
+        job(
+            4,
+            &[("HCOMM_DETERMINISTIC", "1"), ("HCOMM_ALGO", algo)],
+            &["deterministic"],
+        );
+    }
+    job(3, &[("HCOMM_DETERMINISTIC", "1")], &["deterministic"]);
+}

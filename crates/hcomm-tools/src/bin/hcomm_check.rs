@@ -59,6 +59,9 @@ enum Scenario {
     },
     /// Ranks calling different collectives, counts, types or roots get Error::Mismatch.
     Mismatch,
+    /// With HCOMM_DETERMINISTIC=1, float reductions of arbitrary values equal the rank-order
+    /// reference bit for bit, whatever HCOMM_ALGO says.
+    Deterministic,
     /// Nonblocking collectives on two communicators progress together; a batch of 1000
     /// small all-reduces gives the same results as separate calls.
     Overlap,
@@ -633,6 +636,73 @@ fn mismatch(comm: &Communicator) -> Result<()> {
     Ok(())
 }
 
+fn deterministic(comm: &Communicator) -> Result<()> {
+    ensure!(
+        comm.config().deterministic,
+        "run with HCOMM_DETERMINISTIC=1"
+    );
+    let n = comm.size();
+    let mut seed = 7u64;
+    for kind in [
+        CollKind::AllReduce,
+        CollKind::Reduce,
+        CollKind::ReduceScatter,
+    ] {
+        for dtype in [
+            DataType::Float32,
+            DataType::Float64,
+            DataType::Float16,
+            DataType::Bfloat16,
+        ] {
+            for count in [1usize, 999, 65_537] {
+                seed += 1;
+                let shapes =
+                    vec![Shape::new(kind, dtype, ReduceOp::Sum, count, seed as usize % n, n); n];
+                // Values of mixed magnitude and sign: sums depend on the order of additions.
+                let gen = |r: usize, len: usize, salt: u64| -> Vec<u8> {
+                    let mut out = Vec::with_capacity(len);
+                    for i in 0..len / dtype.size() {
+                        let x = ((r as u64 * 31 + i as u64 * 17 + salt + seed) as f64 * 0.618)
+                            .sin()
+                            * 10f64.powi(((i + r) % 7) as i32 - 3);
+                        match dtype {
+                            DataType::Float32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+                            DataType::Float64 => out.extend_from_slice(&x.to_le_bytes()),
+                            DataType::Float16 => {
+                                out.extend_from_slice(&half::f16::from_f64(x).to_le_bytes())
+                            }
+                            _ => out.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+                        }
+                    }
+                    out
+                };
+                let sends: Vec<Vec<u8>> = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(r, s)| gen(r, s.send_bytes(r), 1))
+                    .collect();
+                let recvs: Vec<Vec<u8>> = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(r, s)| gen(r, s.recv_bytes(r), 2))
+                    .collect();
+                let want = hcomm::coll::reference::expected(&shapes, &sends, &recvs);
+                let r = comm.rank();
+                let mut recv = recvs[r].clone();
+                comm.run_collective(shapes[r].clone(), Some(&sends[r]), &mut recv)?;
+                ensure!(
+                    recv == want[r],
+                    "{} {} x {}: not bitwise equal to the rank-order reference",
+                    kind.name(),
+                    count,
+                    dtype.name()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn overlap(comm: &Communicator) -> Result<()> {
     let n = comm.size();
     let other = comm.dup()?;
@@ -731,6 +801,10 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::Mismatch => {
             mismatch(&comm)?;
             "mismatch"
+        }
+        Scenario::Deterministic => {
+            deterministic(&comm)?;
+            "deterministic"
         }
         Scenario::Overlap => {
             overlap(&comm)?;
