@@ -324,7 +324,11 @@ impl Communicator {
         };
         let topology = Topology::new(infos);
         let local_size = topology.local_size(rank);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // The host's cores, not this process's affinity mask: ranks pinned one per core
+        // (taskset, mpirun --bind-to core) should still spin.
+        // SAFETY: sysconf has no preconditions; it returns -1 on error.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let cores = usize::try_from(online).unwrap_or(1).max(1);
         let spin = match config.spin_us {
             Some(us) => Duration::from_micros(us),
             None if local_size <= cores => DEFAULT_SPIN,

@@ -227,6 +227,15 @@ struct Io {
     waiters: AtomicUsize,
     /// Nonblocking operations not yet taken by their owner.
     pending_async: AtomicUsize,
+    /// The background thread is (about to be) inside `epoll_wait`.
+    polling: AtomicBool,
+}
+
+impl Io {
+    /// Wakes every thread sleeping in `epoll_wait` on this engine.
+    fn wake_all(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
 }
 
 struct State {
@@ -356,6 +365,7 @@ impl Engine {
             wake,
             waiters: AtomicUsize::new(0),
             pending_async: AtomicUsize::new(0),
+            polling: AtomicBool::new(false),
         });
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -444,39 +454,32 @@ impl Engine {
 
     /// Waits until `id` completes or `deadline` passes, and removes it.
     pub(crate) fn wait(&self, id: OpId, deadline: Instant) -> Result<usize> {
-        let sh = &*self.shared;
-        sh.io.waiters.fetch_add(1, Ordering::SeqCst);
-        let result = self.wait_inner(id, deadline);
-        if sh.io.waiters.fetch_sub(1, Ordering::SeqCst) == 1
-            && sh.io.pending_async.load(Ordering::SeqCst) > 0
-        {
-            sh.idle_cv.notify_one();
+        match self.wait_any(&[id], deadline) {
+            Ok((_, r)) => r,
+            Err(Error::Timeout(_)) => Err(lock(&self.shared.state).time_out(id)),
+            Err(e) => {
+                self.cancel(&[id]);
+                Err(e)
+            }
         }
-        result
     }
 
-    fn wait_inner(&self, id: OpId, deadline: Instant) -> Result<usize> {
-        let sh = &*self.shared;
-        let spin_until = Instant::now() + sh.spin;
-        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
-        loop {
-            {
-                let mut st = lock(&sh.state);
-                st.handle(&events);
-                if let Some(r) = st.take(id) {
-                    return r;
-                }
-                if Instant::now() >= deadline {
-                    return Err(st.time_out(id));
-                }
-            }
-            let now = Instant::now();
-            let sleep = if now < spin_until {
-                Duration::ZERO
-            } else {
-                (deadline - now).min(MAX_SLEEP)
-            };
-            poll(&sh.io, &mut events, sleep)?;
+    /// A thread starts driving progress: the background thread steps aside (it is woken
+    /// out of `epoll_wait` if it is in there, so the two do not compete for events).
+    fn enter_wait(&self) {
+        let io = &self.shared.io;
+        if io.waiters.fetch_add(1, Ordering::SeqCst) == 0 && io.polling.load(Ordering::SeqCst) {
+            io.wake_all();
+        }
+    }
+
+    /// A thread stops driving progress: the background thread resumes if needed.
+    fn leave_wait(&self) {
+        let io = &self.shared.io;
+        if io.waiters.fetch_sub(1, Ordering::SeqCst) == 1
+            && io.pending_async.load(Ordering::SeqCst) > 0
+        {
+            self.shared.idle_cv.notify_one();
         }
     }
 
@@ -488,14 +491,9 @@ impl Engine {
         ids: &[OpId],
         deadline: Instant,
     ) -> Result<(usize, Result<usize>)> {
-        let sh = &*self.shared;
-        sh.io.waiters.fetch_add(1, Ordering::SeqCst);
+        self.enter_wait();
         let result = self.wait_any_inner(ids, deadline);
-        if sh.io.waiters.fetch_sub(1, Ordering::SeqCst) == 1
-            && sh.io.pending_async.load(Ordering::SeqCst) > 0
-        {
-            sh.idle_cv.notify_one();
-        }
+        self.leave_wait();
         result
     }
 
@@ -506,7 +504,7 @@ impl Engine {
         loop {
             {
                 let mut st = lock(&sh.state);
-                st.handle(&events);
+                st.handle(&events, true);
                 for (i, &id) in ids.iter().enumerate() {
                     if let Some(r) = st.take(id) {
                         return Ok((i, r));
@@ -577,7 +575,7 @@ impl Engine {
             events.clear();
         }
         let mut st = lock(&sh.state);
-        st.handle(&events);
+        st.handle(&events, false);
         st.take(id)
     }
 
@@ -610,12 +608,12 @@ impl Engine {
                 }
             }
         }
-        sh.io.waiters.fetch_add(1, Ordering::SeqCst);
+        self.enter_wait();
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
         let missing = loop {
             let missing = {
                 let mut st = lock(&sh.state);
-                st.handle(&events);
+                st.handle(&events, true);
                 st.unclosed_peers()
             };
             let now = Instant::now();
@@ -626,7 +624,7 @@ impl Engine {
                 events.clear();
             }
         };
-        sh.io.waiters.fetch_sub(1, Ordering::SeqCst);
+        self.leave_wait();
         missing
     }
 }
@@ -651,16 +649,22 @@ impl Drop for Engine {
 fn progress_thread(sh: &Shared) {
     let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
     while !sh.shutdown.load(Ordering::SeqCst) {
+        // Announce polling before looking at the waiters: a thread that starts waiting
+        // meanwhile sees the flag and wakes this one out of epoll_wait.
+        sh.io.polling.store(true, Ordering::SeqCst);
         if sh.io.pending_async.load(Ordering::SeqCst) == 0
             || sh.io.waiters.load(Ordering::SeqCst) > 0
         {
+            sh.io.polling.store(false, Ordering::SeqCst);
             // Nothing outstanding, or a waiting thread drives progress itself.
             let guard = lock(&sh.idle);
             let _ = sh.idle_cv.wait_timeout(guard, Duration::from_millis(50));
             continue;
         }
-        if poll(&sh.io, &mut events, Duration::from_millis(50)).is_ok() {
-            lock(&sh.state).handle(&events);
+        let polled = poll(&sh.io, &mut events, Duration::from_millis(50));
+        sh.io.polling.store(false, Ordering::SeqCst);
+        if polled.is_ok() {
+            lock(&sh.state).handle(&events, false);
         }
     }
 }
@@ -1255,7 +1259,8 @@ impl State {
     }
 
     /// Handles the events of one `epoll_wait`.
-    fn handle(&mut self, events: &[epoll::Event]) {
+    /// `by_waiter`: the caller is itself one of the waiting threads.
+    fn handle(&mut self, events: &[epoll::Event], by_waiter: bool) {
         for ev in events {
             let tok = ev.data.u64();
             if tok == WAKE_TOKEN {
@@ -1279,8 +1284,8 @@ impl State {
             }
         }
         // Wake other sleeping waiters whose operations may have completed here.
-        if self.completions > 0 && self.io.waiters.load(Ordering::SeqCst) > 1 {
-            let _ = rustix::io::write(&self.io.wake, &1u64.to_ne_bytes());
+        if self.completions > 0 && self.io.waiters.load(Ordering::SeqCst) > usize::from(by_waiter) {
+            self.io.wake_all();
         }
         self.completions = 0;
     }

@@ -60,7 +60,9 @@ impl Algorithm for Bruck {
 /// Blocks `from..from + len` (mod `n`) as one or two runs that do not wrap: (first, len).
 fn runs(from: usize, len: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
     let first = (n - from).min(len);
-    [(from, first), (0, len - first)].into_iter().filter(|&(_, l)| l > 0)
+    [(from, first), (0, len - first)]
+        .into_iter()
+        .filter(|&(_, l)| l > 0)
 }
 
 fn allgather(b: &mut ScheduleBuilder, s: &Shape, rank: usize) {
@@ -88,7 +90,9 @@ fn alltoall(b: &mut ScheduleBuilder, s: &Shape, rank: usize) {
     let n = s.size;
     let block = s.count * s.elem();
     // Where the block at distance i (destined for rank + i, then travelling) is now.
-    let mut loc: Vec<Region> = (0..n).map(|i| s.input(rank, (rank + i) % n * block, block)).collect();
+    let mut loc: Vec<Region> = (0..n)
+        .map(|i| s.input(rank, (rank + i) % n * block, block))
+        .collect();
     // Indices moving in each round (distance 1, 2, 4, ...).
     let rounds: Vec<(usize, Vec<usize>)> = std::iter::successors(Some(1usize), |d| Some(d * 2))
         .take_while(|&d| d < n)
@@ -111,7 +115,10 @@ fn alltoall(b: &mut ScheduleBuilder, s: &Shape, rank: usize) {
     }
     // The block at distance i came from rank - i.
     for (i, src) in loc.into_iter().enumerate() {
-        b.copy(Region::new(Buf::Recv, (rank + n - i) % n * block, block), src);
+        b.copy(
+            Region::new(Buf::Recv, (rank + n - i) % n * block, block),
+            src,
+        );
     }
 }
 
@@ -131,7 +138,18 @@ mod tests {
         for kind in [CollKind::AllGather, CollKind::AllToAll] {
             for (n, count) in [(31, 0), (31, 3), (64, 2), (33, 1), (17, 5)] {
                 for in_place in [false, true] {
-                    let r = testing::check(&Bruck, kind, n, count, 0, DataType::Float64, ReduceOp::Sum, in_place, 2, n as u64);
+                    let r = testing::check(
+                        &Bruck,
+                        kind,
+                        n,
+                        count,
+                        0,
+                        DataType::Float64,
+                        ReduceOp::Sum,
+                        in_place,
+                        2,
+                        n as u64,
+                    );
                     if let Err(e) = r {
                         panic!("{e}");
                     }

@@ -55,7 +55,18 @@ mod tests {
     fn sweep() {
         testing::sweep(&Dissemination);
         for n in [31, 33, 64] {
-            let r = testing::check(&Dissemination, CollKind::Barrier, n, 0, 0, DataType::Uint8, ReduceOp::Sum, false, 2, 1);
+            let r = testing::check(
+                &Dissemination,
+                CollKind::Barrier,
+                n,
+                0,
+                0,
+                DataType::Uint8,
+                ReduceOp::Sum,
+                false,
+                2,
+                1,
+            );
             assert!(r.is_ok(), "{r:?}");
         }
     }
@@ -73,6 +84,18 @@ mod tests {
                 _ => unreachable!("a barrier only exchanges messages"),
             })
             .collect();
-        assert_eq!(peers, [(true, 6), (false, 4), (true, 7), (false, 3), (true, 9), (false, 1), (true, 0), (false, 10)]);
+        assert_eq!(
+            peers,
+            [
+                (true, 6),
+                (false, 4),
+                (true, 7),
+                (false, 3),
+                (true, 9),
+                (false, 1),
+                (true, 0),
+                (false, 10)
+            ]
+        );
     }
 }

@@ -23,8 +23,8 @@ use crate::coll::{Algorithm, CollKind, CostModel, Shape};
 use crate::topology::Topology;
 
 use super::tree::{
-    binomial, ceil_log2, chunking, chunks, double_binary, double_binary_height, run_stages, updown_lag, Flow, Loc,
-    Piece, Stage,
+    binomial, ceil_log2, chunking, chunks, double_binary, double_binary_height, run_stages,
+    updown_lag, Flow, Loc, Piece, Stage,
 };
 
 /// See the module docs.
@@ -44,9 +44,13 @@ impl Layout {
     /// Hosts from `topo`, with the root heading its host. A topology that does not describe
     /// this communicator (it always should) is treated as a single host.
     fn new(topo: &Topology, n: usize, root: usize) -> Layout {
-        let host_of: Vec<usize> =
-            if topo.size() == n { (0..n).map(|r| topo.host_of(r)).collect() } else { vec![0; n] };
-        let mut hosts: Vec<Vec<usize>> = vec![Vec::new(); host_of.iter().max().map_or(0, |h| h + 1)];
+        let host_of: Vec<usize> = if topo.size() == n {
+            (0..n).map(|r| topo.host_of(r)).collect()
+        } else {
+            vec![0; n]
+        };
+        let mut hosts: Vec<Vec<usize>> =
+            vec![Vec::new(); host_of.iter().max().map_or(0, |h| h + 1)];
         for (r, &h) in host_of.iter().enumerate() {
             hosts[h].push(r);
         }
@@ -58,8 +62,21 @@ impl Layout {
             }
             out
         };
-        let heads = hosts.iter().map(|ranks| if ranks.contains(&root) { root } else { ranks[0] }).collect();
-        Layout { hosts, host_of, heads }
+        let heads = hosts
+            .iter()
+            .map(|ranks| {
+                if ranks.contains(&root) {
+                    root
+                } else {
+                    ranks[0]
+                }
+            })
+            .collect();
+        Layout {
+            hosts,
+            host_of,
+            heads,
+        }
     }
 
     /// This rank's host's ranks and the positions of the head and of `rank` among them.
@@ -73,7 +90,11 @@ impl Layout {
     /// Up lag of the heads' stage: the depth of the deepest host tree, by when a chunk has
     /// been reduced on every host.
     fn local_height(&self) -> usize {
-        self.hosts.iter().map(|h| ceil_log2(h.len())).max().unwrap_or(0)
+        self.hosts
+            .iter()
+            .map(|h| ceil_log2(h.len()))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -83,7 +104,10 @@ impl Algorithm for Hierarchical {
     }
 
     fn supports(&self, kind: CollKind) -> bool {
-        matches!(kind, CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::AllGather)
+        matches!(
+            kind,
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::AllGather
+        )
     }
 
     fn cost(&self, s: &Shape, topo: &Topology, m: &CostModel) -> Option<f64> {
@@ -94,10 +118,19 @@ impl Algorithm for Hierarchical {
         let hl = layout.local_height() as f64;
         let hosts = layout.hosts.len();
         let h2 = double_binary_height(hosts) as f64;
-        let (ai, bi, ae, be, g) = (m.alpha_intra, m.beta_intra, m.alpha_inter, m.beta_inter, m.gamma);
+        let (ai, bi, ae, be, g) = (
+            m.alpha_intra,
+            m.beta_intra,
+            m.alpha_inter,
+            m.beta_inter,
+            m.gamma,
+        );
         if s.kind == CollKind::AllGather {
             let block = (s.count * s.elem()) as f64;
-            let (n, most) = (s.size as f64, layout.hosts.iter().map(Vec::len).max().unwrap_or(1) as f64);
+            let (n, most) = (
+                s.size as f64,
+                layout.hosts.iter().map(Vec::len).max().unwrap_or(1) as f64,
+            );
             let (c, ch) = chunking(s.count * s.size, s.elem(), hl as usize);
             // Gather to the head, then the heads' exchange (a head sends its host's blocks to
             // every other head and receives the rest), then the host broadcast of everything.
@@ -112,7 +145,12 @@ impl Algorithm for Hierarchical {
         // handles one chunk message per child of its host tree per direction.
         let local_up = hl * (ai + ch * (bi + g));
         let local_down = hl * (ai + ch * bi);
-        let inter = |k: f64, gg: f64| (h2 * k * (ae + ch / 2.0 * (be + gg)), k * 2.0 * ae + ch * (k * be + gg));
+        let inter = |k: f64, gg: f64| {
+            (
+                h2 * k * (ae + ch / 2.0 * (be + gg)),
+                k * 2.0 * ae + ch * (k * be + gg),
+            )
+        };
         Some(match s.kind {
             CollKind::AllReduce => {
                 let (fill, pace) = inter(2.0, g);
@@ -135,7 +173,9 @@ impl Algorithm for Hierarchical {
         let layout = Layout::new(topo, s.size, root);
         match s.kind {
             CollKind::AllGather => allgather(&mut b, s, rank, &layout),
-            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => trees(&mut b, s, rank, &layout),
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => {
+                trees(&mut b, s, rank, &layout)
+            }
             _ => {}
         }
         b.build()
@@ -156,11 +196,19 @@ fn trees(b: &mut ScheduleBuilder, s: &Shape, rank: usize, layout: &Layout) {
     let input = Loc::of(s.input(rank, 0, 0));
     // Reduce accumulates in scratch except at the root (others have no receive buffer).
     let (acc, base) = if s.kind == CollKind::Reduce && rank != s.root {
-        (Loc { buf: Buf::Scratch, off: 0 }, s.count * e)
+        (
+            Loc {
+                buf: Buf::Scratch,
+                off: 0,
+            },
+            s.count * e,
+        )
     } else {
         (recv, 0)
     };
-    let up = layout.local_height();
+    // The heads reduce a chunk once their hosts have (and never in the iteration their
+    // host stage produces it, since leaves send first in an iteration).
+    let up = layout.local_height() + 1;
     let heads_tree = |flow: Flow, lag: &dyn Fn(usize) -> usize| -> Vec<Stage> {
         if !is_head || hosts == 1 {
             return Vec::new();
@@ -168,25 +216,61 @@ fn trees(b: &mut ScheduleBuilder, s: &Shape, rank: usize, layout: &Layout) {
         double_binary(&layout.heads, root_host, my_host)
             .into_iter()
             .zip([Piece::First, Piece::Second])
-            .map(|(node, piece)| Stage::new(node, flow, piece, acc, acc, up, lag))
+            .map(|(node, piece)| Stage {
+                // A head's input is its host's result: no sending ahead of it.
+                lead: 0,
+                ..Stage::new(node, flow, piece, acc, acc, up, lag)
+            })
             .collect()
     };
     let mut stages = Vec::new();
     match s.kind {
         CollKind::AllReduce => {
-            stages.push(Stage::new(host.clone(), Flow::Up, Piece::Whole, input, acc, 0, |_| 0));
+            stages.push(Stage::new(
+                host.clone(),
+                Flow::Up,
+                Piece::Whole,
+                input,
+                acc,
+                0,
+                |_| 0,
+            ));
             stages.extend(heads_tree(Flow::UpDown, &|d| updown_lag(up, d)));
             // Hosts broadcast after the heads' last down lag.
             let start = updown_lag(up, double_binary_height(hosts)) + 1;
-            stages.push(Stage::new(host, Flow::Down, Piece::Whole, acc, acc, 0, |d| start + d));
+            stages.push(Stage::new(
+                host,
+                Flow::Down,
+                Piece::Whole,
+                acc,
+                acc,
+                0,
+                |d| start + d,
+            ));
         }
         CollKind::Reduce => {
-            stages.push(Stage::new(host, Flow::Up, Piece::Whole, input, acc, 0, |_| 0));
+            stages.push(Stage::new(
+                host,
+                Flow::Up,
+                Piece::Whole,
+                input,
+                acc,
+                0,
+                |_| 0,
+            ));
             stages.extend(heads_tree(Flow::Up, &|_| 0));
         }
         _ => {
             stages.extend(heads_tree(Flow::Down, &|_| 0));
-            stages.push(Stage::new(host, Flow::Down, Piece::Whole, acc, acc, 0, |_| 0));
+            stages.push(Stage::new(
+                host,
+                Flow::Down,
+                Piece::Whole,
+                acc,
+                acc,
+                0,
+                |_| 0,
+            ));
         }
     }
     let hops = 2 * (layout.local_height() + double_binary_height(hosts));
@@ -224,7 +308,13 @@ fn exchange(b: &mut ScheduleBuilder, rank: usize, layout: &Layout, block: usize)
     let hosts = layout.hosts.len();
     let me = layout.host_of[rank];
     let contiguous = |h: usize| layout.hosts[h].windows(2).all(|w| w[1] == w[0] + 1);
-    let whole = |h: usize| Region::new(Buf::Recv, layout.hosts[h][0] * block, layout.hosts[h].len() * block);
+    let whole = |h: usize| {
+        Region::new(
+            Buf::Recv,
+            layout.hosts[h][0] * block,
+            layout.hosts[h].len() * block,
+        )
+    };
     let mut scratch = 0;
     let mut area = |h: usize| {
         let r = Region::new(Buf::Scratch, scratch, layout.hosts[h].len() * block);
@@ -236,7 +326,10 @@ fn exchange(b: &mut ScheduleBuilder, rank: usize, layout: &Layout, block: usize)
     } else {
         let packed = area(me);
         for (i, &r) in layout.hosts[me].iter().enumerate() {
-            b.copy(Region::new(Buf::Scratch, packed.off + i * block, block), Region::new(Buf::Recv, r * block, block));
+            b.copy(
+                Region::new(Buf::Scratch, packed.off + i * block, block),
+                Region::new(Buf::Recv, r * block, block),
+            );
         }
         packed
     };
@@ -256,7 +349,10 @@ fn exchange(b: &mut ScheduleBuilder, rank: usize, layout: &Layout, block: usize)
     }
     for (h, landing) in unpack {
         for (i, &r) in layout.hosts[h].iter().enumerate() {
-            b.copy(Region::new(Buf::Recv, r * block, block), Region::new(Buf::Scratch, landing.off + i * block, block));
+            b.copy(
+                Region::new(Buf::Recv, r * block, block),
+                Region::new(Buf::Scratch, landing.off + i * block, block),
+            );
         }
     }
 }
@@ -274,10 +370,28 @@ mod tests {
 
     #[test]
     fn more_hosts_and_large_buffers() {
-        for kind in [CollKind::AllReduce, CollKind::Broadcast, CollKind::Reduce, CollKind::AllGather] {
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::Broadcast,
+            CollKind::Reduce,
+            CollKind::AllGather,
+        ] {
             for hosts in [1, 2, 3, 4, 5] {
-                for (n, count) in [(1, 5), (4, 3), (7, 9), (12, 1), (13, 0), (31, 33), (64, 7), (9, 150_001)] {
-                    let count = if kind == CollKind::AllGather { count.min(20_000) } else { count };
+                for (n, count) in [
+                    (1, 5),
+                    (4, 3),
+                    (7, 9),
+                    (12, 1),
+                    (13, 0),
+                    (31, 33),
+                    (64, 7),
+                    (9, 150_001),
+                ] {
+                    let count = if kind == CollKind::AllGather {
+                        count.min(20_000)
+                    } else {
+                        count
+                    };
                     for root in [0, n / 2, n - 1] {
                         for in_place in [false, true] {
                             let in_place = in_place && testing::has_in_place(kind);
@@ -306,8 +420,19 @@ mod tests {
 
     #[test]
     fn only_multi_host_communicators() {
-        let s = Shape::new(CollKind::AllReduce, DataType::Float32, ReduceOp::Sum, 1 << 20, 0, 8);
-        assert!(Hierarchical.cost(&s, &testing::topology(8, 1), &CostModel::TCP).is_none());
-        assert!(Hierarchical.cost(&s, &testing::topology(8, 2), &CostModel::TCP).is_some());
+        let s = Shape::new(
+            CollKind::AllReduce,
+            DataType::Float32,
+            ReduceOp::Sum,
+            1 << 20,
+            0,
+            8,
+        );
+        assert!(Hierarchical
+            .cost(&s, &testing::topology(8, 1), &CostModel::TCP)
+            .is_none());
+        assert!(Hierarchical
+            .cost(&s, &testing::topology(8, 2), &CostModel::TCP)
+            .is_some());
     }
 }

@@ -50,14 +50,21 @@ impl Algorithm for Pairwise {
         let n = s.size;
         let e = s.elem();
         // (offset, length) in bytes of each peer's block, to send and to receive.
-        let (send, recv): (Vec<(usize, usize)>, Vec<(usize, usize)>) = match &s.v {
+        let bytes = |displs: &[usize], counts: &[usize]| -> Vec<(usize, usize)> {
+            displs
+                .iter()
+                .zip(counts)
+                .map(|(d, c)| (d * e, c * e))
+                .collect()
+        };
+        let (send, recv) = match &s.v {
             Some(v) => (
-                v.send_displs.iter().zip(&v.send_counts).map(|(d, c)| (d * e, c * e)).collect(),
-                v.recv_displs.iter().zip(&v.recv_counts).map(|(d, c)| (d * e, c * e)).collect(),
+                bytes(&v.send_displs, &v.send_counts),
+                bytes(&v.recv_displs, &v.recv_counts),
             ),
             None => {
-                let block = s.count * e;
-                let blocks: Vec<(usize, usize)> = (0..n).map(|p| (p * block, block)).collect();
+                let blocks: Vec<(usize, usize)> =
+                    (0..n).map(|p| (p * s.count * e, s.count * e)).collect();
                 (blocks.clone(), blocks)
             }
         };
@@ -75,7 +82,10 @@ impl Algorithm for Pairwise {
         let mut scratch = 0;
         if staged {
             let len = s.recv_bytes(rank);
-            b.copy(Region::new(Buf::Scratch, 0, len), Region::new(Buf::Recv, 0, len));
+            b.copy(
+                Region::new(Buf::Scratch, 0, len),
+                Region::new(Buf::Recv, 0, len),
+            );
             scratch = len;
         }
         let place = |p: usize| Region::new(Buf::Recv, recv[p].0, recv[p].1);
@@ -122,7 +132,10 @@ impl Algorithm for Pairwise {
 /// nothing to wait for; its round then overlaps one more.
 fn fence(b: &mut ScheduleBuilder, landed: Region, token: usize) {
     if landed.len > 0 {
-        b.copy(Region::new(Buf::Scratch, token, 1), Region::new(landed.buf, landed.off, 1));
+        b.copy(
+            Region::new(Buf::Scratch, token, 1),
+            Region::new(landed.buf, landed.off, 1),
+        );
     }
 }
 
@@ -143,7 +156,18 @@ mod tests {
             for (n, count) in [(31, 0), (31, 3), (64, 2), (33, 1), (17, 5)] {
                 for in_place in [false, true] {
                     let in_place = in_place && testing::has_in_place(kind);
-                    let r = testing::check(&Pairwise, kind, n, count, 0, DataType::Int16, ReduceOp::Sum, in_place, 3, n as u64);
+                    let r = testing::check(
+                        &Pairwise,
+                        kind,
+                        n,
+                        count,
+                        0,
+                        DataType::Uint32,
+                        ReduceOp::Sum,
+                        in_place,
+                        3,
+                        n as u64,
+                    );
                     if let Err(e) = r {
                         panic!("{e}");
                     }
@@ -157,7 +181,11 @@ mod tests {
         use crate::coll::schedule::Step;
         let s = Shape::new(CollKind::AllToAll, DataType::Int32, ReduceOp::Sum, 4, 0, 16);
         let sched = Pairwise.schedule(&s, 3, &testing::topology(16, 1));
-        let at = |f: &dyn Fn(&Step) -> bool| (0..sched.steps.len()).filter(|&i| f(&sched.steps[i])).collect::<Vec<_>>();
+        let at = |f: &dyn Fn(&Step) -> bool| {
+            (0..sched.steps.len())
+                .filter(|&i| f(&sched.steps[i]))
+                .collect::<Vec<_>>()
+        };
         let recvs = at(&|s| matches!(s, Step::Recv { .. }));
         let fences = at(&|s| matches!(s, Step::Copy { dst, .. } if dst.len == 1));
         assert_eq!(fences.len(), 15 - WINDOW);

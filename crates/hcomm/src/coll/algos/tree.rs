@@ -27,9 +27,15 @@ const MIN_CHUNK: usize = 16 * 1024;
 /// the chunk size that balances pipeline fill against per-chunk latency.
 const LATENCY_BYTES: f64 = 32.0 * 1024.0;
 /// Iterations by which a receive is posted ahead of the iteration its sender sends in (so a
-/// fast sender rarely waits for its receiver to post), and one less than the landing slots
-/// per child.
+/// fast sender rarely waits for its receiver to post).
 pub(crate) const AHEAD: usize = 2;
+/// Iterations by which a leaf sends its chunks up ahead of its parent's reduction of them.
+/// A leaf's sends wait for nothing, so sending them early keeps a rank that reduces in one
+/// tree from holding back the chunks it owes the other tree as a leaf.
+const LEAD: usize = 2;
+/// Landing slots per child: a chunk is received up to `LEAD + AHEAD` iterations before it
+/// is reduced.
+const SLOTS: usize = AHEAD + LEAD + 1;
 
 /// A byte position in one of the call's buffers that a stage's chunk offsets are added to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +49,10 @@ pub(crate) struct Loc {
 impl Loc {
     /// Where `region` starts.
     pub(crate) fn of(region: Region) -> Loc {
-        Loc { buf: region.buf, off: region.off }
+        Loc {
+            buf: region.buf,
+            off: region.off,
+        }
     }
 
     fn at(self, off: usize, len: usize) -> Region {
@@ -58,6 +67,8 @@ pub(crate) struct TreeNode {
     pub parent: Option<usize>,
     /// The children, in the order a broadcast serves them (largest subtree first).
     pub children: Vec<usize>,
+    /// Whether each of `children` is a leaf (its chunks come ahead: see [`LEAD`]).
+    pub leaf: Vec<bool>,
     /// Edges between this rank and the root.
     pub depth: usize,
 }
@@ -101,6 +112,9 @@ pub(crate) struct Stage {
     pub acc: Loc,
     /// Iteration at which the stage reduces chunk 0; the same on every rank of the tree.
     pub lag_up: usize,
+    /// Iterations by which leaves send ahead (at most [`LEAD`], the same on every rank of
+    /// the tree): 0 when a leaf's input comes from an earlier stage of the same iteration.
+    pub lead: usize,
     /// Iteration at which this rank forwards chunk 0 down: never below the parent's.
     pub lag_down: usize,
     /// The parent's `lag_down`. Receives of an up-down stage's result land where this rank
@@ -111,9 +125,27 @@ pub(crate) struct Stage {
 impl Stage {
     /// A stage with its lags: `up` for the whole tree and `down(depth)` for the rank at
     /// `depth`, which must not decrease with depth.
-    pub(crate) fn new(node: TreeNode, flow: Flow, piece: Piece, input: Loc, acc: Loc, up: usize, down: impl Fn(usize) -> usize) -> Stage {
+    pub(crate) fn new(
+        node: TreeNode,
+        flow: Flow,
+        piece: Piece,
+        input: Loc,
+        acc: Loc,
+        up: usize,
+        down: impl Fn(usize) -> usize,
+    ) -> Stage {
         let (lag_down, parent_lag_down) = (down(node.depth), down(node.depth.saturating_sub(1)));
-        Stage { node, flow, piece, input, acc, lag_up: up, lag_down, parent_lag_down }
+        Stage {
+            node,
+            flow,
+            piece,
+            input,
+            acc,
+            lag_up: up,
+            lead: LEAD,
+            lag_down,
+            parent_lag_down,
+        }
     }
 }
 
@@ -128,7 +160,10 @@ pub(crate) fn updown_lag(up: usize, depth: usize) -> usize {
 /// path has `hops` messages: (byte offset, byte length) of each, none when `count` is 0.
 pub(crate) fn chunks(count: usize, elem: usize, hops: usize) -> Vec<(usize, usize)> {
     let per = chunk_elems(count, elem, hops);
-    (0..count).step_by(per).map(|at| (at * elem, per.min(count - at) * elem)).collect()
+    (0..count)
+        .step_by(per)
+        .map(|at| (at * elem, per.min(count - at) * elem))
+        .collect()
 }
 
 /// Elements per chunk: the chunk size minimising `(chunks + hops) * (alpha + chunk * beta)`
@@ -163,19 +198,24 @@ pub(crate) fn binomial(members: &[usize], root: usize, me: usize) -> TreeNode {
     let m = members.len();
     let v = (me + m - root) % m;
     let real = |x: usize| members[(x + root) % m];
-    let limit = if v == 0 { m.next_power_of_two() } else { lowbit(v) };
-    let children = (0..usize::BITS)
+    let limit = if v == 0 {
+        m.next_power_of_two()
+    } else {
+        lowbit(v)
+    };
+    let dists: Vec<usize> = (0..usize::BITS)
         .map(|k| 1usize << k)
-        .take_while(|&d| d < limit)
-        .filter(|&d| v + d < m)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .map(|d| real(v + d))
+        .take_while(|&d| d < limit && v + d < m)
         .collect();
     TreeNode {
         parent: (v != 0).then(|| real(v & (v - 1))),
-        children,
+        children: dists.iter().rev().map(|&d| real(v + d)).collect(),
+        // The child at distance d has children at distances below d.
+        leaf: dists
+            .iter()
+            .rev()
+            .map(|&d| d == 1 || v + d + 1 >= m)
+            .collect(),
         depth: v.count_ones() as usize,
     }
 }
@@ -215,7 +255,11 @@ fn btree_parent(q: usize, m: usize) -> Option<usize> {
         }
         // In the unpruned tree the parent has the next bit; a missing parent (beyond `m`)
         // hands its place to its left child, so keep climbing.
-        let up = if cur & (2 * low) != 0 { cur - low } else { cur + low };
+        let up = if cur & (2 * low) != 0 {
+            cur - low
+        } else {
+            cur + low
+        };
         if up <= m {
             return Some(up);
         }
@@ -256,7 +300,12 @@ pub(crate) fn double_binary(members: &[usize], root: usize, me: usize) -> [TreeN
     };
     let node = |t: usize| {
         if v == 0 {
-            return TreeNode { parent: None, children: vec![real(from_shape(t, top))], depth: 0 };
+            return TreeNode {
+                parent: None,
+                children: vec![real(from_shape(t, top))],
+                leaf: vec![m == 1],
+                depth: 0,
+            };
         }
         let s = to_shape(t, v);
         let mut depth = 1;
@@ -267,7 +316,14 @@ pub(crate) fn double_binary(members: &[usize], root: usize, me: usize) -> [TreeN
         }
         TreeNode {
             parent: Some(btree_parent(s, m).map_or(real(0), |p| real(from_shape(t, p)))),
-            children: btree_children(s, m).into_iter().map(|c| real(from_shape(t, c))).collect(),
+            children: btree_children(s, m)
+                .into_iter()
+                .map(|c| real(from_shape(t, c)))
+                .collect(),
+            leaf: btree_children(s, m)
+                .into_iter()
+                .map(|c| btree_children(c, m).is_empty())
+                .collect(),
             depth,
         }
     };
@@ -285,16 +341,17 @@ pub(crate) fn double_binary_height(n: usize) -> usize {
 
 /// Appends this rank's steps of `stages` over `chunks` to `b`, interleaved chunk by chunk:
 /// at iteration `t` each stage (in order) reduces chunk `t - lag_up` and passes it up, then
-/// forwards chunk `t - lag_down` down. Scratch from `scratch_base` holds landing slots for
-/// children's chunks.
+/// forwards chunk `t - lag_down` down; leaves pass chunk `t - lag_up + LEAD` up first.
+/// Scratch from `scratch_base` holds landing slots for children's chunks.
 ///
 /// Steps of one rank are issued in program order and a step waiting for data holds back the
 /// rest, so the order is what keeps the pipeline full and free of deadlock:
 ///
-/// - Receives are posted [`AHEAD`] iterations before the iteration their sender sends in,
-///   in the order the sender sends (iteration, stage, up before down). Two ranks may be
-///   linked in several stages (the two trees of a double binary tree), and messages
-///   between a pair match in order, so every rank must post them in the sender's order.
+/// - Every message has a key: the iteration its sender sends it in, then leaves' sends
+///   before the rest, then stage order, then up before down. Receives are posted [`AHEAD`]
+///   iterations ahead, in key order, which is the order the sender sends in. (Two ranks may
+///   be linked in several stages, as in the two trees of a double binary tree, and messages
+///   between a pair match in order.)
 /// - A message is sent no later (in iterations) than its receiver waits for it: the up lag
 ///   is the same on every rank of a stage, and down lags do not shrink from parent to
 ///   child.
@@ -313,36 +370,80 @@ pub(crate) fn run_stages(
     let slot_bases: Vec<usize> = stages
         .iter()
         .map(|st| {
+            debug_assert!(st.lead <= LEAD);
             debug_assert!(
-                st.flow != Flow::UpDown || st.node.parent.is_none() || st.parent_lag_down > st.lag_up + AHEAD
+                st.flow != Flow::UpDown
+                    || st.node.parent.is_none()
+                    || st.parent_lag_down > st.lag_up + AHEAD
             );
             let base = next;
             if st.flow != Flow::Down {
-                next += st.node.children.len() * (AHEAD + 1) * max_len;
+                next += st.node.children.len() * SLOTS * max_len;
             }
             base
         })
         .collect();
-    let slot = |k: usize, i: usize, c: usize, len: usize| {
-        Region::new(Buf::Scratch, slot_bases[k] + (i * (AHEAD + 1) + c % (AHEAD + 1)) * max_len, len)
+    let at = |st: &Stage, c: usize| piece(st.piece, chunks[c], elem);
+    let slot_bases = &slot_bases;
+    let slots = |k: usize, c: usize| {
+        move |i: usize, len: usize| {
+            Region::new(
+                Buf::Scratch,
+                slot_bases[k] + (i * SLOTS + c % SLOTS) * max_len,
+                len,
+            )
+        }
     };
     let chunk_at = |t: usize, lag: usize| t.checked_sub(lag).filter(|&c| c < n_chunks);
-    let last = stages.iter().map(|st| st.lag_up.max(st.lag_down)).max().unwrap_or(0) + n_chunks;
+    // Chunks a leaf sends at iteration t: those with (c + lag).saturating_sub(lead) == t.
+    let leaf_chunks = |t: usize, st: &Stage| {
+        let r = match (t, (t + st.lead).checked_sub(st.lag_up)) {
+            (0, _) => 0..(st.lead + 1).saturating_sub(st.lag_up),
+            (_, Some(c)) => c..c + 1,
+            (_, None) => 0..0,
+        };
+        r.start.min(n_chunks)..r.end.min(n_chunks)
+    };
+    let last = stages
+        .iter()
+        .map(|st| st.lag_up.max(st.lag_down))
+        .max()
+        .unwrap_or(0)
+        + n_chunks;
     for t in 0..last {
         let first = if t == 0 { 0 } else { t + AHEAD };
         for sent in first..=t + AHEAD {
-            for (k, st) in stages.iter().enumerate() {
-                if st.flow != Flow::Down {
-                    if let Some(c) = chunk_at(sent, st.lag_up) {
-                        post_up(b, st, piece(st.piece, chunks[c], elem), |i, len| slot(k, i, c, len));
+            for leaves in [true, false] {
+                for (k, st) in stages.iter().enumerate() {
+                    if st.flow != Flow::Down {
+                        let up: Vec<usize> = if leaves {
+                            leaf_chunks(sent, st).collect()
+                        } else {
+                            chunk_at(sent, st.lag_up).into_iter().collect()
+                        };
+                        for c in up {
+                            post_up(b, st, at(st, c), leaves, slots(k, c));
+                        }
+                    }
+                    if let (false, true, Some(c)) = (
+                        leaves,
+                        st.flow != Flow::Up,
+                        chunk_at(sent, st.parent_lag_down),
+                    ) {
+                        recv_down(b, st, at(st, c));
                     }
                 }
-                if let (true, Some(parent)) = (st.flow != Flow::Up, st.node.parent) {
-                    if let Some(c) = chunk_at(sent, st.parent_lag_down) {
-                        let (off, len) = piece(st.piece, chunks[c], elem);
-                        if len > 0 {
-                            b.recv(parent, st.acc.at(off, len));
-                        }
+            }
+        }
+        for st in stages
+            .iter()
+            .filter(|st| st.flow != Flow::Down && st.node.children.is_empty())
+        {
+            if let Some(parent) = st.node.parent {
+                for c in leaf_chunks(t, st) {
+                    let (off, len) = at(st, c);
+                    if len > 0 {
+                        b.send(parent, st.input.at(off, len));
                     }
                 }
             }
@@ -350,12 +451,12 @@ pub(crate) fn run_stages(
         for (k, st) in stages.iter().enumerate() {
             if st.flow != Flow::Down {
                 if let Some(c) = chunk_at(t, st.lag_up) {
-                    reduce_up(b, st, piece(st.piece, chunks[c], elem), |i, len| slot(k, i, c, len));
+                    reduce_up(b, st, at(st, c), slots(k, c));
                 }
             }
             if st.flow != Flow::Up {
                 if let Some(c) = chunk_at(t, st.lag_down) {
-                    let (off, len) = piece(st.piece, chunks[c], elem);
+                    let (off, len) = at(st, c);
                     if len > 0 {
                         for &child in &st.node.children {
                             b.send(child, st.acc.at(off, len));
@@ -364,6 +465,13 @@ pub(crate) fn run_stages(
                 }
             }
         }
+    }
+}
+
+/// Posts the receive of one chunk from the parent.
+fn recv_down(b: &mut ScheduleBuilder, st: &Stage, (off, len): (usize, usize)) {
+    if let (Some(parent), true) = (st.node.parent, len > 0) {
+        b.recv(parent, st.acc.at(off, len));
     }
 }
 
@@ -377,31 +485,50 @@ fn piece(p: Piece, (off, len): (usize, usize), elem: usize) -> (usize, usize) {
     }
 }
 
-/// Posts the receives of one chunk from every child, smallest subtree first (it arrives
-/// first). Unless the stage reduces in place, the first lands in the accumulator itself.
-fn post_up(b: &mut ScheduleBuilder, st: &Stage, (off, len): (usize, usize), slot: impl Fn(usize, usize) -> Region) {
+/// Posts the receives of one chunk from the children that are leaves (`leaves`) or from
+/// the others. Children are numbered smallest subtree first (it arrives first); unless the
+/// stage reduces in place, the first lands in the accumulator itself.
+fn post_up(
+    b: &mut ScheduleBuilder,
+    st: &Stage,
+    (off, len): (usize, usize),
+    leaves: bool,
+    slot: impl Fn(usize, usize) -> Region,
+) {
     if len == 0 {
         return;
     }
-    for (i, &child) in st.node.children.iter().rev().enumerate() {
-        let dst = if i == 0 && st.input != st.acc { st.acc.at(off, len) } else { slot(i, len) };
+    let children = st.node.children.iter().rev().zip(st.node.leaf.iter().rev());
+    for (i, (&child, _)) in children
+        .enumerate()
+        .filter(|(_, (_, &leaf))| leaf == leaves)
+    {
+        let dst = if i == 0 && st.input != st.acc {
+            st.acc.at(off, len)
+        } else {
+            slot(i, len)
+        };
         b.recv(child, dst);
     }
 }
 
 /// Reduces one chunk from the children into the accumulator and passes it to the parent.
-fn reduce_up(b: &mut ScheduleBuilder, st: &Stage, (off, len): (usize, usize), slot: impl Fn(usize, usize) -> Region) {
+fn reduce_up(
+    b: &mut ScheduleBuilder,
+    st: &Stage,
+    (off, len): (usize, usize),
+    slot: impl Fn(usize, usize) -> Region,
+) {
     if len == 0 {
         return;
     }
     let (acc, input) = (st.acc.at(off, len), st.input.at(off, len));
     let kids = st.node.children.len();
     if kids == 0 {
-        // A leaf passes its input on untouched.
-        match st.node.parent {
-            Some(parent) => b.send(parent, input),
-            None => b.copy(acc, input),
-        };
+        // A leaf sends its input from `run_stages`; a lone root just keeps it.
+        if st.node.parent.is_none() {
+            b.copy(acc, input);
+        }
         return;
     }
     if st.input != st.acc {
@@ -430,7 +557,11 @@ impl Algorithm for Tree {
     fn supports(&self, kind: CollKind) -> bool {
         matches!(
             kind,
-            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
+            CollKind::AllReduce
+                | CollKind::Broadcast
+                | CollKind::Reduce
+                | CollKind::Gather
+                | CollKind::Scatter
         )
     }
 
@@ -460,17 +591,42 @@ impl Algorithm for Tree {
         let all: Vec<usize> = (0..s.size).collect();
         let e = s.elem();
         let stage = |root: usize, flow: Flow, acc: Loc| {
-            let down = |depth| if flow == Flow::UpDown { updown_lag(0, depth) } else { 0 };
-            Stage::new(binomial(&all, root, rank), flow, Piece::Whole, Loc::of(s.input(rank, 0, 0)), acc, 0, down)
+            let down = |depth| {
+                if flow == Flow::UpDown {
+                    updown_lag(0, depth)
+                } else {
+                    0
+                }
+            };
+            Stage::new(
+                binomial(&all, root, rank),
+                flow,
+                Piece::Whole,
+                Loc::of(s.input(rank, 0, 0)),
+                acc,
+                0,
+                down,
+            )
         };
         let chunks = chunks(s.count, e, ceil_log2(s.size));
         let recv = Loc::of(s.output(rank, 0, 0));
         match s.kind {
-            CollKind::AllReduce => run_stages(&mut b, &[stage(0, Flow::UpDown, recv)], &chunks, e, 0),
-            CollKind::Broadcast => run_stages(&mut b, &[stage(s.root, Flow::Down, recv)], &chunks, e, 0),
+            CollKind::AllReduce => {
+                run_stages(&mut b, &[stage(0, Flow::UpDown, recv)], &chunks, e, 0)
+            }
+            CollKind::Broadcast => {
+                run_stages(&mut b, &[stage(s.root, Flow::Down, recv)], &chunks, e, 0)
+            }
             CollKind::Reduce => {
                 // Non-roots have no receive buffer: partial sums accumulate in scratch.
-                let acc = if rank == s.root { recv } else { Loc { buf: Buf::Scratch, off: 0 } };
+                let acc = if rank == s.root {
+                    recv
+                } else {
+                    Loc {
+                        buf: Buf::Scratch,
+                        off: 0,
+                    }
+                };
                 let base = if rank == s.root { 0 } else { s.count * e };
                 run_stages(&mut b, &[stage(s.root, Flow::Up, acc)], &chunks, e, base);
             }
@@ -511,11 +667,17 @@ fn gather(b: &mut ScheduleBuilder, s: &Shape, rank: usize) {
     let (n, e) = (s.size, s.elem());
     let block = s.count * e;
     let v = (rank + n - s.root) % n;
-    let kids: Vec<usize> =
-        (0..usize::BITS).map(|k| 1usize << k).take_while(|&d| v == 0 || d < lowbit(v)).take_while(|&d| v + d < n).collect();
+    let kids: Vec<usize> = (0..usize::BITS)
+        .map(|k| 1usize << k)
+        .take_while(|&d| v == 0 || d < lowbit(v))
+        .take_while(|&d| v + d < n)
+        .collect();
     let real = |x: usize| (x + s.root) % n;
     if v == 0 {
-        b.copy(Region::new(Buf::Recv, rank * block, block), s.input(rank, 0, block));
+        b.copy(
+            Region::new(Buf::Recv, rank * block, block),
+            s.input(rank, 0, block),
+        );
         for &d in &kids {
             for (_, at, len) in real_runs(d, subtree(d, n), s.root, n) {
                 b.recv(real(d), Region::new(Buf::Recv, at * block, len * block));
@@ -531,11 +693,17 @@ fn gather(b: &mut ScheduleBuilder, s: &Shape, rank: usize) {
     }
     b.copy(Region::new(Buf::Scratch, 0, block), s.input(rank, 0, block));
     for &d in &kids {
-        b.recv(real(v + d), Region::new(Buf::Scratch, d * block, subtree(v + d, n) * block));
+        b.recv(
+            real(v + d),
+            Region::new(Buf::Scratch, d * block, subtree(v + d, n) * block),
+        );
     }
     if lowbit(v) == v {
         for (from, _, len) in real_runs(v, size, s.root, n) {
-            b.send(parent, Region::new(Buf::Scratch, (from - v) * block, len * block));
+            b.send(
+                parent,
+                Region::new(Buf::Scratch, (from - v) * block, len * block),
+            );
         }
     } else {
         b.send(parent, Region::new(Buf::Scratch, 0, size * block));
@@ -557,14 +725,21 @@ fn scatter(b: &mut ScheduleBuilder, s: &Shape, rank: usize) {
         .collect();
     let real = |x: usize| (x + s.root) % n;
     if v == 0 {
-        let src = if s.in_place_at(rank) { Buf::Recv } else { Buf::Send };
+        let src = if s.in_place_at(rank) {
+            Buf::Recv
+        } else {
+            Buf::Send
+        };
         for &d in &kids {
             for (_, at, len) in real_runs(d, subtree(d, n), s.root, n) {
                 b.send(real(d), Region::new(src, at * block, len * block));
             }
         }
         if src == Buf::Send {
-            b.copy(Region::new(Buf::Recv, 0, block), Region::new(Buf::Send, rank * block, block));
+            b.copy(
+                Region::new(Buf::Recv, 0, block),
+                Region::new(Buf::Send, rank * block, block),
+            );
         }
         return;
     }
@@ -576,15 +751,24 @@ fn scatter(b: &mut ScheduleBuilder, s: &Shape, rank: usize) {
     }
     if lowbit(v) == v {
         for (from, _, len) in real_runs(v, size, s.root, n) {
-            b.recv(parent, Region::new(Buf::Scratch, (from - v) * block, len * block));
+            b.recv(
+                parent,
+                Region::new(Buf::Scratch, (from - v) * block, len * block),
+            );
         }
     } else {
         b.recv(parent, Region::new(Buf::Scratch, 0, size * block));
     }
     for &d in &kids {
-        b.send(real(v + d), Region::new(Buf::Scratch, d * block, subtree(v + d, n) * block));
+        b.send(
+            real(v + d),
+            Region::new(Buf::Scratch, d * block, subtree(v + d, n) * block),
+        );
     }
-    b.copy(Region::new(Buf::Recv, 0, block), Region::new(Buf::Scratch, 0, block));
+    b.copy(
+        Region::new(Buf::Recv, 0, block),
+        Region::new(Buf::Scratch, 0, block),
+    );
 }
 
 /// Double binary trees; see the module docs.
@@ -596,7 +780,10 @@ impl Algorithm for DoubleBinaryTree {
     }
 
     fn supports(&self, kind: CollKind) -> bool {
-        matches!(kind, CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce)
+        matches!(
+            kind,
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce
+        )
     }
 
     fn cost(&self, s: &Shape, topo: &Topology, m: &CostModel) -> Option<f64> {
@@ -605,7 +792,11 @@ impl Algorithm for DoubleBinaryTree {
         }
         let (alpha, beta) = m.worst_link(topo);
         let h = double_binary_height(s.size);
-        let hops = if s.kind == CollKind::AllReduce { 2 * h } else { h };
+        let hops = if s.kind == CollKind::AllReduce {
+            2 * h
+        } else {
+            h
+        };
         let (c, ch) = chunking(s.count, s.elem(), hops);
         let hf = h as f64;
         // The first chunk crosses the trees' height in half-chunk messages; after it, each
@@ -630,7 +821,13 @@ impl Algorithm for DoubleBinaryTree {
         };
         let recv = Loc::of(s.output(rank, 0, 0));
         let (acc, base) = if s.kind == CollKind::Reduce && rank != s.root {
-            (Loc { buf: Buf::Scratch, off: 0 }, s.count * e)
+            (
+                Loc {
+                    buf: Buf::Scratch,
+                    off: 0,
+                },
+                s.count * e,
+            )
         } else {
             (recv, 0)
         };
@@ -640,8 +837,22 @@ impl Algorithm for DoubleBinaryTree {
             .into_iter()
             .zip([Piece::First, Piece::Second])
             .map(|(node, piece)| {
-                let down = |depth| if flow == Flow::UpDown { updown_lag(0, depth) } else { 0 };
-                Stage::new(node, flow, piece, Loc::of(s.input(rank, 0, 0)), acc, 0, down)
+                let down = |depth| {
+                    if flow == Flow::UpDown {
+                        updown_lag(0, depth)
+                    } else {
+                        0
+                    }
+                };
+                Stage::new(
+                    node,
+                    flow,
+                    piece,
+                    Loc::of(s.input(rank, 0, 0)),
+                    acc,
+                    0,
+                    down,
+                )
             })
             .collect();
         run_stages(&mut b, &stages, &chunks, e, base);
@@ -659,7 +870,8 @@ mod tests {
         for n in 1..80 {
             let all: Vec<usize> = (0..n).collect();
             for root in [0, n / 2, n - 1] {
-                let nodes: Vec<[TreeNode; 2]> = (0..n).map(|r| double_binary(&all, root, r)).collect();
+                let nodes: Vec<[TreeNode; 2]> =
+                    (0..n).map(|r| double_binary(&all, root, r)).collect();
                 for t in 0..2 {
                     let mut reached = 0;
                     for (r, node) in nodes.iter().enumerate() {
@@ -674,7 +886,9 @@ mod tests {
                     }
                     assert_eq!(reached, n - 1, "every rank but the root has a parent");
                 }
-                let both = (0..n).filter(|&r| r != root && nodes[r].iter().all(|x| !x.children.is_empty())).count();
+                let both = (0..n)
+                    .filter(|&r| r != root && nodes[r].iter().all(|x| !x.children.is_empty()))
+                    .count();
                 assert_eq!(both, 0, "n={n}: a rank is interior in both trees");
             }
         }
@@ -703,11 +917,25 @@ mod tests {
     #[test]
     fn large_communicators_and_pipelined_buffers() {
         for algo in [&Tree as &dyn Algorithm, &DoubleBinaryTree] {
-            for kind in [CollKind::AllReduce, CollKind::Broadcast, CollKind::Reduce, CollKind::Gather, CollKind::Scatter] {
+            for kind in [
+                CollKind::AllReduce,
+                CollKind::Broadcast,
+                CollKind::Reduce,
+                CollKind::Gather,
+                CollKind::Scatter,
+            ] {
                 if !algo.supports(kind) {
                     continue;
                 }
-                for (n, count) in [(31, 0), (31, 1), (31, 100), (64, 65), (37, 7), (5, 200_001), (12, 150_000)] {
+                for (n, count) in [
+                    (31, 0),
+                    (31, 1),
+                    (31, 100),
+                    (64, 65),
+                    (37, 7),
+                    (5, 200_001),
+                    (12, 150_000),
+                ] {
                     for in_place in [false, true] {
                         let in_place = in_place && super::super::testing::has_in_place(kind);
                         let root = (n / 3) % n;
