@@ -30,6 +30,7 @@
 # comparison and every raw table; raw files results/p2p_tcp_*.tmp (git-ignored).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
+SELF="$HERE/$(basename "$0")"
 ROOT="$(dirname "$HERE")"
 cd "$HERE" || exit 1
 
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
     --no-mpi) MPI=0 ;;
     --no-build) BUILD=0 ;;
     --no-spin) SPIN=0 ;;
-    -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set -u/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "p2p_tcp.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -48,10 +48,11 @@ struct World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        let missing = self.engine.close(Instant::now() + self.config.timeout);
-        if !missing.is_empty() {
+        let undelivered = self.engine.close(Instant::now() + self.config.timeout);
+        if !undelivered.is_empty() {
             tracing::warn!(
-                "rank {}: world ranks {missing:?} did not finalize within HCOMM_TIMEOUT; closing anyway",
+                "rank {}: messages to world ranks {undelivered:?} could not be delivered within \
+                 HCOMM_TIMEOUT before closing",
                 self.rank
             );
         }
@@ -62,8 +63,8 @@ impl Drop for World {
 /// or [`Communicator::dup`].
 ///
 /// Every call is bounded by `HCOMM_TIMEOUT`. Dropping the last communicator of a world (or
-/// calling [`Communicator::destroy`] on it) closes its connections after every other rank
-/// has done the same, so no message in flight is cut off.
+/// calling [`Communicator::destroy`] on it) delivers what is still queued, then closes the
+/// connections; a peer that later talks to this rank gets [`Error::PeerLost`].
 pub struct Communicator {
     world: Arc<World>,
     id: u64,
@@ -619,8 +620,8 @@ impl Communicator {
         Ok(self.derive(id, (0..self.size()).collect(), self.rank))
     }
 
-    /// Releases the communicator. For the last communicator of a world this closes the
-    /// connections, after every other rank has finalized too (bounded by `HCOMM_TIMEOUT`).
+    /// Releases the communicator. For the last communicator of a world this delivers what
+    /// is still queued (bounded by `HCOMM_TIMEOUT`) and closes the connections.
     pub fn destroy(self) -> Result<()> {
         drop(self);
         Ok(())

@@ -42,6 +42,8 @@ const WAKE_TOKEN: u64 = u64::MAX;
 const DISCARDED: OpId = 0;
 /// Recent calls remembered for mismatch detection.
 const CALL_MEMORY: usize = 4096;
+/// How long a finalizing rank waits for its peers to close their side of the links.
+const LINGER: Duration = Duration::from_secs(1);
 /// Longest sleep between checks of a waiter's own state.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 
@@ -205,6 +207,8 @@ struct Stream {
     rx_start: usize,
     rx_end: usize,
     rx: RxState,
+    /// The peer closed its sending side of this stream.
+    eof: bool,
 }
 
 #[derive(Debug)]
@@ -349,6 +353,7 @@ impl Engine {
                     rx_start: 0,
                     rx_end: 0,
                     rx: RxState::Header,
+                    eof: false,
                 });
             }
             peers.push(Some(Peer {
@@ -420,7 +425,7 @@ impl Engine {
     ) -> Result<OpId> {
         let mut st = lock(&self.shared.state);
         let id = st.post_send(t, BufPtr(buf.cast_mut()), len, asynchronous)?;
-        self.note_async(&st, id, asynchronous);
+        self.note_async(&mut st, id, asynchronous);
         Ok(id)
     }
 
@@ -439,15 +444,18 @@ impl Engine {
     ) -> Result<OpId> {
         let mut st = lock(&self.shared.state);
         let id = st.post_recv(t, BufPtr(buf), cap, asynchronous)?;
-        self.note_async(&st, id, asynchronous);
+        self.note_async(&mut st, id, asynchronous);
         Ok(id)
     }
 
-    fn note_async(&self, st: &State, id: OpId, asynchronous: bool) {
-        if asynchronous
-            && st.ops.contains_key(&id)
-            && self.shared.io.pending_async.fetch_add(1, Ordering::SeqCst) == 0
-        {
+    /// Counts a nonblocking operation the background thread must progress (one that did
+    /// not complete when it was posted).
+    fn note_async(&self, st: &mut State, id: OpId, asynchronous: bool) {
+        let Some(op) = st.ops.get_mut(&id) else {
+            return;
+        };
+        op.asynchronous = asynchronous && op.result.is_none();
+        if op.asynchronous && self.shared.io.pending_async.fetch_add(1, Ordering::SeqCst) == 0 {
             self.shared.idle_cv.notify_one();
         }
     }
@@ -596,8 +604,10 @@ impl Engine {
         }
     }
 
-    /// Tells every peer this rank is finishing, and waits (until `deadline`) for all of them
-    /// to say the same, so no message in flight is cut off. Returns the peers that did not.
+    /// Tells every peer this rank is finishing, delivers what is still queued (until
+    /// `deadline`), closes the sending side of every link and lingers briefly for the peers
+    /// to close theirs, reading what they still send so that closing does not reset a link
+    /// with data in it. Returns the peers whose queued data could not be delivered.
     pub(crate) fn close(&self, deadline: Instant) -> Vec<usize> {
         let sh = &*self.shared;
         {
@@ -608,24 +618,42 @@ impl Engine {
                 }
             }
         }
+        let unflushed = self.progress_until(deadline, State::unflushed_peers);
+        {
+            let st = lock(&sh.state);
+            for peer in st.peers.iter().flatten().filter(|p| p.lost.is_none()) {
+                for s in &peer.streams {
+                    let _ = s.sock.shutdown(Shutdown::Write);
+                }
+            }
+        }
+        let linger = deadline.min(Instant::now() + LINGER);
+        self.progress_until(linger, State::open_peers);
+        unflushed
+    }
+
+    /// Drives progress until `left` of the state is empty or `deadline` passes; returns what
+    /// is left.
+    fn progress_until(&self, deadline: Instant, left: fn(&State) -> Vec<usize>) -> Vec<usize> {
+        let sh = &*self.shared;
         self.enter_wait();
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
-        let missing = loop {
-            let missing = {
+        let rest = loop {
+            let rest = {
                 let mut st = lock(&sh.state);
                 st.handle(&events, true);
-                st.unclosed_peers()
+                left(&st)
             };
             let now = Instant::now();
-            if missing.is_empty() || now >= deadline {
-                break missing;
+            if rest.is_empty() || now >= deadline {
+                break rest;
             }
             if poll(&sh.io, &mut events, (deadline - now).min(MAX_SLEEP)).is_err() {
                 events.clear();
             }
         };
         self.leave_wait();
-        missing
+        rest
     }
 }
 
@@ -673,7 +701,9 @@ fn progress_thread(sh: &Shared) {
 enum ReadEnd {
     /// Nothing more to read now.
     Drained,
-    /// The peer closed the stream or it failed: the reason.
+    /// The peer closed its sending side.
+    Eof,
+    /// The stream failed: the reason.
     Failed(String),
 }
 
@@ -1235,12 +1265,18 @@ impl State {
         }
     }
 
-    fn unclosed_peers(&self) -> Vec<usize> {
-        let open = |p: &Peer| {
-            p.lost.is_none() && !(p.closed && p.streams.iter().all(|s| s.out.is_empty()))
-        };
+    /// Reachable peers with frames not yet handed to the kernel.
+    fn unflushed_peers(&self) -> Vec<usize> {
+        let unflushed = |p: &Peer| p.lost.is_none() && p.streams.iter().any(|s| !s.out.is_empty());
         (0..self.peers.len())
-            .filter(|&p| self.peers[p].as_ref().is_some_and(open))
+            .filter(|&p| self.peers[p].as_ref().is_some_and(unflushed))
+            .collect()
+    }
+
+    /// Peers whose links are still open.
+    fn open_peers(&self) -> Vec<usize> {
+        (0..self.peers.len())
+            .filter(|&p| self.peers[p].as_ref().is_some_and(|p| p.lost.is_none()))
             .collect()
     }
 
@@ -1278,8 +1314,10 @@ impl State {
             if flags
                 .intersects(epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP)
             {
-                if let ReadEnd::Failed(why) = self.read_stream(peer, stream) {
-                    self.fail_peer(peer, why);
+                match self.read_stream(peer, stream) {
+                    ReadEnd::Drained => {}
+                    ReadEnd::Eof => self.stream_ended(peer, stream),
+                    ReadEnd::Failed(why) => self.fail_peer(peer, why),
                 }
             }
         }
@@ -1345,7 +1383,10 @@ impl State {
                 }
             }
             let want = !s.out.is_empty();
-            if outcome.is_ok() && want != s.want_out {
+            if outcome.is_ok() && want && s.eof {
+                // Its streams are out of the poll set: the rest could never be written.
+                outcome = Err("it finalized with messages to it still queued".to_string());
+            } else if outcome.is_ok() && want != s.want_out {
                 let mut flags = epoll::EventFlags::IN;
                 if want {
                     flags |= epoll::EventFlags::OUT;
@@ -1426,7 +1467,7 @@ impl State {
                             short_read = n < space;
                         }
                         Ok(None) => return ReadEnd::Drained,
-                        Err(why) => return ReadEnd::Failed(why),
+                        Err(end) => return end,
                     }
                 }
                 RxState::Payload { hdr, dest, done } => {
@@ -1457,7 +1498,7 @@ impl State {
                                     n
                                 }
                                 Ok(None) => return ReadEnd::Drained,
-                                Err(why) => return ReadEnd::Failed(why),
+                                Err(end) => return end,
                             },
                             None => {
                                 s.rx_start = 0;
@@ -1468,7 +1509,7 @@ impl State {
                                         short_read = n < RX_BUF;
                                     }
                                     Ok(None) => return ReadEnd::Drained,
-                                    Err(why) => return ReadEnd::Failed(why),
+                                    Err(end) => return end,
                                 }
                                 0
                             }
@@ -1731,6 +1772,23 @@ impl State {
         }
     }
 
+    /// A stream of `peer` reached its end. After the peer's Close (on stream 0) that is
+    /// orderly, and data may still arrive on its other streams: the peer is done when all
+    /// have ended. Without a Close it died.
+    fn stream_ended(&mut self, peer: usize, stream: usize) {
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return;
+        };
+        let s = &mut p.streams[stream];
+        s.eof = true;
+        let _ = epoll::delete(&self.io.epoll, &s.sock);
+        if stream == 0 && !p.closed {
+            self.fail_peer(peer, "it closed the connection".into());
+        } else if p.streams.iter().all(|s| s.eof) {
+            self.fail_peer(peer, "it closed the connection".into());
+        }
+    }
+
     /// Marks a peer unreachable: closes its links and fails every operation with it.
     fn fail_peer(&mut self, peer: usize, why: String) {
         let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
@@ -1806,14 +1864,14 @@ impl State {
 }
 
 /// One nonblocking read: `Some(n)` bytes, `None` when nothing is there now.
-fn read_some(sock: &mut TcpStream, buf: &mut [u8]) -> std::result::Result<Option<usize>, String> {
+fn read_some(sock: &mut TcpStream, buf: &mut [u8]) -> std::result::Result<Option<usize>, ReadEnd> {
     loop {
         return match sock.read(buf) {
-            Ok(0) => Err("it closed the connection".into()),
+            Ok(0) => Err(ReadEnd::Eof),
             Ok(n) => Ok(Some(n)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => Err(format!("receiving failed: {e}")),
+            Err(e) => Err(ReadEnd::Failed(format!("receiving failed: {e}"))),
         };
     }
 }

@@ -13,7 +13,6 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::OnceLock;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
@@ -280,14 +279,25 @@ struct Row {
 struct Report {
     rows: Vec<Row>,
     out: io::Stdout,
+    /// The JSON file (-J), created before the sweep so that a bad path fails at once.
+    json: Option<(PathBuf, BufWriter<File>)>,
 }
 
 impl Report {
-    fn new() -> Report {
-        Report {
+    fn new(json: Option<&Path>) -> anyhow::Result<Report> {
+        let json = match json {
+            Some(path) => {
+                let file = File::create(path)
+                    .with_context(|| format!("cannot create {}", path.display()))?;
+                Some((path.to_path_buf(), BufWriter::new(file)))
+            }
+            None => None,
+        };
+        Ok(Report {
             rows: Vec::new(),
             out: io::stdout(),
-        }
+            json,
+        })
     }
 
     /// Prints comment lines (each gets a leading "# ").
@@ -351,11 +361,12 @@ impl Report {
         ))
     }
 
-    fn write_json(&self, path: &Path) -> anyhow::Result<()> {
-        let file =
-            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-        let mut w = BufWriter::new(file);
-        serde_json::to_writer_pretty(&mut w, &self.rows)
+    /// Writes the rows to the JSON file, if there is one.
+    fn write_json(&mut self) -> anyhow::Result<()> {
+        let Some((path, w)) = &mut self.json else {
+            return Ok(());
+        };
+        serde_json::to_writer_pretty(&mut *w, &self.rows)
             .with_context(|| format!("cannot write {}", path.display()))?;
         writeln!(w)
             .and_then(|()| w.flush())
@@ -372,32 +383,15 @@ enum Outcome {
     Wrong(u64),
 }
 
-/// This process's rank, once it has joined the job (for error messages).
-static RANK: OnceLock<usize> = OnceLock::new();
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = run(&cli);
-    // The communicator's rank; before (or without) one, what the launcher said.
-    let rank_hint = RANK.get().map_or_else(
-        || std::env::var("HCOMM_RANK").unwrap_or_else(|_| "?".to_string()),
-        usize::to_string,
-    );
-    match result {
-        Ok(Outcome::Passed) => ExitCode::SUCCESS,
-        Ok(Outcome::Wrong(n)) => {
-            eprintln!("hcomm_perf: rank {rank_hint}: {n} received bytes were wrong");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("hcomm_perf: rank {rank_hint}: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    run(&cli)
 }
 
-fn run(cli: &Cli) -> anyhow::Result<Outcome> {
-    // Check the arguments before joining the job, so that a typo fails fast on every rank.
+/// Runs the measurement on this rank and prints its errors; returns the exit status.
+fn run(cli: &Cli) -> ExitCode {
+    // Until the job is joined, the launcher's word for the rank.
+    let launcher_rank = std::env::var("HCOMM_RANK").unwrap_or_else(|_| "?".to_string());
     let (sweep, kind) = match &cli.op {
         Operation::Pingpong(a) => (a, p2p::Kind::PingPong),
         Operation::Stream(a) => (
@@ -408,11 +402,39 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             },
         ),
     };
-    let sizes = sweep.sizes()?;
-    let comm = hcomm::Communicator::init().context("cannot join the job")?;
-    // Set once, before anything else can fail.
-    let _ = RANK.set(comm.rank());
-    p2p::run(&comm, kind, sweep, &sizes)
+    // Check the arguments before joining the job, so that a typo fails fast on every rank.
+    let sizes = match sweep.sizes() {
+        Ok(s) => s,
+        Err(e) => return finish(&launcher_rank, Err(e)),
+    };
+    let comm = match hcomm::Communicator::init() {
+        Ok(c) => c,
+        Err(e) => {
+            let e = anyhow::Error::new(e).context("cannot join the job");
+            return finish(&launcher_rank, Err(e));
+        }
+    };
+    let outcome = p2p::run(&comm, kind, sweep, &sizes);
+    // Report before the communicator goes: dropping it waits for the other ranks to finish,
+    // and a launcher may stop this rank meanwhile (when another rank failed first).
+    let code = finish(&comm.rank().to_string(), outcome);
+    drop(comm);
+    code
+}
+
+/// Prints how this rank's run ended and turns it into the exit status.
+fn finish(rank: &str, outcome: anyhow::Result<Outcome>) -> ExitCode {
+    match outcome {
+        Ok(Outcome::Passed) => ExitCode::SUCCESS,
+        Ok(Outcome::Wrong(n)) => {
+            eprintln!("hcomm_perf: rank {rank}: {n} received bytes were wrong");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("hcomm_perf: rank {rank}: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Point-to-point operations between ranks 0 and 1.
@@ -440,6 +462,8 @@ mod p2p {
     const MSG_PLAN: u64 = 0x504c_414e;
     /// First word of the final message.
     const MSG_DONE: u64 = 0x444f_4e45;
+    /// First word of the message rank 0 sends when it stops on an error.
+    const MSG_ABORT: u64 = 0x4142_5254;
     /// Words in a plan or done message.
     const CONTROL_WORDS: usize = 6;
 
@@ -513,14 +537,30 @@ mod p2p {
         }
     }
 
-    /// Rank 0: times every size, collects the checks, prints and writes the report.
+    /// Rank 0: runs [`lead_sweep`]; when it fails, tells rank 1 (if it is listening) so
+    /// that it stops at once instead of waiting for `HCOMM_TIMEOUT`.
     fn lead(
         comm: &Communicator,
         kind: Kind,
         args: &SweepArgs,
         sizes: &[u64],
     ) -> anyhow::Result<Outcome> {
-        let mut report = Report::new();
+        let result = lead_sweep(comm, kind, args, sizes);
+        if result.is_err() {
+            // Best effort: the original error is what matters.
+            let _ = send_words(comm, &[MSG_ABORT, kind.code(), 0, 0, 0, 0]);
+        }
+        result
+    }
+
+    /// Rank 0: times every size, collects the checks, prints and writes the report.
+    fn lead_sweep(
+        comm: &Communicator,
+        kind: Kind,
+        args: &SweepArgs,
+        sizes: &[u64],
+    ) -> anyhow::Result<Outcome> {
+        let mut report = Report::new(args.json.as_deref())?;
         let cfg = comm.config();
         let iters = match args.iters {
             Some(n) => format!("{n} iterations"),
@@ -610,9 +650,7 @@ mod p2p {
             })?;
         }
         report.footer()?;
-        if let Some(path) = &args.json {
-            report.write_json(path)?;
-        }
+        report.write_json()?;
         send_words(comm, &[MSG_DONE, kind.code(), total_wrong, 0, 0, 0])?;
         Ok(if total_wrong == 0 {
             Outcome::Passed
@@ -690,11 +728,15 @@ mod p2p {
     /// Receives exactly `N` little-endian words from the other rank of the pair.
     fn recv_words<const N: usize>(comm: &Communicator, what: &str) -> anyhow::Result<[u64; N]> {
         let peer = 1 - comm.rank();
-        // One word more than expected, so that a longer message is reported, not truncated.
-        let mut bytes = vec![0u8; (N + 1) * 8];
+        // Room for more than expected, so that a longer message (rank 0's abort, or another
+        // version's) is reported, not truncated.
+        let mut bytes = vec![0u8; (N.max(CONTROL_WORDS) + 1) * 8];
         let len = comm
             .recv(&mut bytes, peer, TAG_CONTROL)
             .with_context(|| format!("receiving {what} from rank {peer}"))?;
+        if len == CONTROL_WORDS * 8 && bytes[..8] == MSG_ABORT.to_le_bytes() {
+            bail!("rank {peer} stopped on an error (see its output)");
+        }
         if len != N * 8 {
             bail!(
                 "rank {peer} sent {len} bytes for {what}, expected {}: are both ranks the same \

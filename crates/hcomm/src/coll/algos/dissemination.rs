@@ -1,13 +1,15 @@
 //! The dissemination barrier: `ceil(log2 n)` rounds of empty messages; in round `k` rank `r`
-//! notifies rank `r + 2^k` and waits for rank `r - 2^k` (mod `n`). A rank sends in round
-//! `k + 1` only after its round-`k` message arrived, so after the last round it has heard,
-//! directly or through others, from every rank: `ceil(log2 n)` latencies instead of the
-//! `n - 1` messages per rank of the direct barrier.
+//! notifies rank `r + 2^k` and waits for rank `r - 2^k` (mod `n`). A rank may send in round
+//! `k + 1` only once its round-`k` message has arrived; then after the last round it has
+//! heard, directly or through others, from every rank: `ceil(log2 n)` latencies instead of
+//! the `n - 1` messages per rank of the direct barrier.
 //!
-//! Each round receives into, and the next round sends from, the same empty scratch region:
-//! that is how the schedule states that round `k + 1` follows round `k`. The dependency
-//! derivation of [`ScheduleBuilder`] ignores empty regions today, so the executor does not
-//! yet hold the sends back; until it does, `cost` keeps the selector away from this barrier.
+//! Each round receives into, and the next round sends from, the same empty scratch region,
+//! which is how the schedule states that order. [`ScheduleBuilder`] derives dependencies
+//! only from regions that share a byte, so it does not yet order these steps, and without
+//! that order the rounds all start at once and a rank may leave before every rank entered.
+//! Until empty regions (or an explicit dependency) order steps, `cost` keeps the selector
+//! away from this barrier; `HCOMM_ALGO=barrier:dissemination` still runs it.
 
 use crate::coll::schedule::{Buf, Region, Schedule, ScheduleBuilder};
 use crate::coll::{Algorithm, CollKind, CostModel, Shape};
@@ -26,7 +28,7 @@ impl Algorithm for Dissemination {
     }
 
     fn cost(&self, _s: &Shape, _topo: &Topology, _m: &CostModel) -> Option<f64> {
-        // Honest cost once rounds are ordered: ceil(log2 n) * alpha (see the module docs).
+        // ceil(log2 n) * alpha once the rounds are ordered (see the module docs).
         None
     }
 

@@ -1,18 +1,29 @@
 //! The algorithms, and the registry the selector and `HCOMM_ALGO` choose from.
 
+pub mod bruck;
 pub mod direct;
+pub mod dissemination;
 pub mod halving_doubling;
+pub mod hier;
+pub mod pairwise;
 pub mod ring;
+pub mod tree;
 
 use super::{Algorithm, CollKind};
 
 /// Every algorithm, in no particular order.
 pub fn all() -> &'static [&'static dyn Algorithm] {
-    static ALL: [&dyn Algorithm; 4] = [
+    static ALL: [&dyn Algorithm; 10] = [
         &direct::Direct,
         &ring::Ring,
         &halving_doubling::Rabenseifner,
         &halving_doubling::RecursiveDoubling,
+        &tree::Tree,
+        &tree::DoubleBinaryTree,
+        &bruck::Bruck,
+        &pairwise::Pairwise,
+        &dissemination::Dissemination,
+        &hier::Hierarchical,
     ];
     &ALL
 }

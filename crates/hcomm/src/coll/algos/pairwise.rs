@@ -2,13 +2,13 @@
 //! sends its block for rank `r + k` and receives the block of rank `r - k` (mod `n`).
 //!
 //! Unlike the direct algorithm, which starts all `2 (n - 1)` transfers at once, only
-//! [`WINDOW`] rounds are in flight: every rank sends to one peer and receives from one other
+//! `WINDOW` rounds are in flight: every rank sends to one peer and receives from one other
 //! at a time, so no rank is flooded by all of its peers at once (incast) and large blocks
 //! stream at link speed.
 //!
-//! In place, the block received from `r - k` lands over the block this rank still has to
-//! send to that rank in round `n - k`: when that round comes later, the received block waits
-//! in scratch until then (about half the blocks); otherwise it lands directly.
+//! In place, the block received from `r - k` lands over the block this rank sends to that
+//! rank in round `n - k`: unless that round came earlier, the received block waits in
+//! scratch until then (about half the blocks); otherwise it lands directly.
 
 use crate::coll::schedule::{Buf, Region, Schedule, ScheduleBuilder};
 use crate::coll::{Algorithm, CollKind, CostModel, Shape};
@@ -91,8 +91,10 @@ impl Algorithm for Pairwise {
         let place = |p: usize| Region::new(Buf::Recv, recv[p].0, recv[p].1);
         b.copy(place(rank), input(send[rank]));
         // Where round k's block lands: its place, or (in place, when this rank still has to
-        // send the block there in a later round) a scratch slot.
-        let parked = |k: usize| in_place && !staged && k < n - k;
+        // send the block there in this round or a later one) a scratch slot. Landing in
+        // place in the same round would make the receive wait for the send, and a large
+        // send completes only once the peer's receive is posted: both would wait.
+        let parked = |k: usize| in_place && !staged && k <= n - k;
         let landing: Vec<Region> = (0..n)
             .map(|k| {
                 let q = (rank + n - k) % n;
@@ -112,11 +114,10 @@ impl Algorithm for Pairwise {
             if k > WINDOW {
                 fence(&mut b, landing[k - WINDOW], tokens + k);
             }
-            // Send first: in place with p == q (k = n / 2) the block lands where it was.
             b.send(p, input(send[p]));
             b.recv(q, landing[k]);
             // Round k sent the block whose place round n - k's parked block takes.
-            if k > n - k && parked(n - k) {
+            if parked(n - k) {
                 b.copy(place(p), landing[n - k]);
             }
         }

@@ -11,7 +11,7 @@
 //!   for medium buffers and many ranks.
 //!
 //! Large buffers are cut into chunks that flow through the tree one after another
-//! ([`run_stages`]): a rank forwards chunk `c` as soon as it has it while chunk `c + 1` is
+//! (`run_stages`): a rank forwards chunk `c` as soon as it has it while chunk `c + 1` is
 //! still arriving, and in all-reduce the reduction of later chunks travelling up overlaps the
 //! broadcast of earlier ones travelling down (the two directions of each link).
 
