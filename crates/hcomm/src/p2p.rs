@@ -1782,9 +1782,7 @@ impl State {
         let s = &mut p.streams[stream];
         s.eof = true;
         let _ = epoll::delete(&self.io.epoll, &s.sock);
-        if stream == 0 && !p.closed {
-            self.fail_peer(peer, "it closed the connection".into());
-        } else if p.streams.iter().all(|s| s.eof) {
+        if (stream == 0 && !p.closed) || p.streams.iter().all(|s| s.eof) {
             self.fail_peer(peer, "it closed the connection".into());
         }
     }

@@ -38,6 +38,9 @@ impl fmt::Display for SimError {
     }
 }
 
+/// Messages from one rank to another in send order: (sending step, bytes).
+type Channel = VecDeque<(usize, Vec<u8>)>;
+
 /// The buffers of one rank.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RankBuffers {
@@ -90,8 +93,8 @@ pub fn simulate(
             posted: vec![VecDeque::new(); n],
         })
         .collect();
-    // channels[src][dst]: messages in send order, with the sending step.
-    let mut channels: Vec<Vec<VecDeque<(usize, Vec<u8>)>>> = vec![vec![VecDeque::new(); n]; n];
+    // channels[src][dst]: messages in send order.
+    let mut channels: Vec<Vec<Channel>> = vec![vec![VecDeque::new(); n]; n];
     loop {
         let mut progress = false;
         for (r, st) in ranks.iter_mut().enumerate() {
@@ -214,7 +217,7 @@ fn write_region(st: &mut RankState<'_>, step: usize, r: Region) -> Result<(), Si
 fn issue(
     r: usize,
     st: &mut RankState<'_>,
-    channels: &mut [Vec<VecDeque<(usize, Vec<u8>)>>],
+    channels: &mut [Vec<Channel>],
     dtype: DataType,
     op: ReduceOp,
     n: usize,
