@@ -1,6 +1,8 @@
 # hcomm - build, test, lint and install.
 #
 #   make                 release build of the whole workspace (= make build)
+#   make run             build, then the main job: a local 4-rank job that exchanges and verifies
+#                        data, then latency/bandwidth and collective tables
 #   make test            cargo nextest run --workspace
 #   make lint            rustfmt --check and clippy -D warnings
 #   make install         install the release binaries into $(PREFIX)/bin (PREFIX=/usr/local)
@@ -25,13 +27,21 @@ RELEASE_DIR := $(or $(CARGO_TARGET_DIR),target)/release
 # Binaries `make install` installs, each only if it was built.
 BINARIES := hcommrun hcomm_perf hcomm_check
 
-.PHONY: all build test lint fmt-check clippy install install-bin install-capi uninstall \
+.PHONY: all build run test lint fmt-check clippy install install-bin install-capi uninstall \
 	bench bench-local help
 
 all: build
 
 build:
 	$(CARGO) build --release --workspace
+
+# The main job on this machine: verified exchanges on 4 local ranks, then point-to-point
+# latency/bandwidth and collective tables (2 and 4 ranks).
+run: build
+	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_check all-pairs --max-size 16777216
+	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_check collectives --max-count 100000
+	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf pingpong -b 8 -e 16M -f 4
+	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf stream -b 8 -e 16M -f 4
 
 test:
 	$(CARGO) nextest run --workspace
@@ -100,4 +110,4 @@ bench-local: build
 	bench/p2p_tcp.sh --local --no-build
 
 help:
-	@sed -n '3,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'

@@ -507,9 +507,14 @@ impl Engine {
 
     fn wait_any_inner(&self, ids: &[OpId], deadline: Instant) -> Result<(usize, Result<usize>)> {
         let sh = &*self.shared;
-        let spin_until = Instant::now() + sh.spin;
+        let mut spin_until = Instant::now() + sh.spin;
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
         loop {
+            // Keep polling while data moves: sleeping between the bursts of a large transfer
+            // costs a wake-up each time.
+            if !events.is_empty() {
+                spin_until = Instant::now() + sh.spin;
+            }
             {
                 let mut st = lock(&sh.state);
                 st.handle(&events, true);
@@ -540,8 +545,8 @@ impl Engine {
         }
     }
 
-    /// Removes operations that will not be waited for: cleanly if nothing of them moved yet,
-    /// otherwise by closing the links to their peers, so no buffer is referenced afterwards.
+    /// Removes operations that will not be waited for, so that no buffer of theirs is
+    /// referenced afterwards (see `State::disentangle`).
     pub(crate) fn cancel(&self, ids: &[OpId]) {
         let mut st = lock(&self.shared.state);
         for &id in ids {
