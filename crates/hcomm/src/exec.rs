@@ -62,11 +62,21 @@ impl Call<'_> {
             Buf::Send if !self.in_place => (self.send.0.cast_mut(), self.send.1, Buf::Send),
             Buf::Send | Buf::Recv => (self.recv.0, self.recv.1, Buf::Recv),
             Buf::Scratch => (scratch.as_mut_ptr(), scratch.len(), Buf::Scratch),
+            Buf::Token => (std::ptr::NonNull::dangling().as_ptr(), 0, Buf::Token),
         }
     }
 
     /// The address of a region, checked against its buffer.
     fn ptr(&self, r: Region, scratch: &mut [u8]) -> Result<*mut u8> {
+        if r.buf == Buf::Token {
+            // Tokens move no data: any non-null pointer will do for zero bytes.
+            return match r.len {
+                0 => Ok(std::ptr::NonNull::dangling().as_ptr()),
+                _ => Err(Error::Internal(
+                    "a schedule gives a token region bytes".into(),
+                )),
+            };
+        }
         let (base, len, _) = self.base(r.buf, scratch);
         if r.off.checked_add(r.len).is_none_or(|end| end > len) {
             return Err(Error::Internal(format!(

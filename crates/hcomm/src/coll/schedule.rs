@@ -23,6 +23,9 @@ pub enum Buf {
     Recv,
     /// Temporary space owned by the executor.
     Scratch,
+    /// No memory: empty regions that order steps moving no data (a barrier's rounds). Two
+    /// token regions overlap when their offsets are equal.
+    Token,
 }
 
 /// A byte range in one buffer.
@@ -48,8 +51,11 @@ impl Region {
     }
 
     /// Whether the two regions share a byte (aliasing of Send and Recv is the caller's
-    /// concern: in-place schedules never read `Send`).
+    /// concern: in-place schedules never read `Send`). Tokens overlap by offset.
     pub fn overlaps(&self, other: &Region) -> bool {
+        if self.buf == Buf::Token || other.buf == Buf::Token {
+            return self.buf == other.buf && self.off == other.off;
+        }
         self.buf == other.buf
             && self.len > 0
             && other.len > 0

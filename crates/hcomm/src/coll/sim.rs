@@ -54,6 +54,8 @@ struct RankState<'a> {
     sched: &'a Schedule,
     /// The send buffer aliases the receive buffer.
     in_place: bool,
+    /// Token regions hold no bytes.
+    token: Vec<u8>,
     bufs: RankBuffers,
     scratch: Vec<u8>,
     scratch_written: Vec<bool>,
@@ -83,6 +85,7 @@ pub fn simulate(
         .map(|(r, (sched, bufs))| RankState {
             sched,
             in_place: in_place.get(r).copied().unwrap_or(false),
+            token: Vec::new(),
             scratch: vec![0; sched.scratch],
             scratch_written: vec![false; sched.scratch],
             unread_recv: vec![None; bufs.recv.len()],
@@ -118,7 +121,9 @@ pub fn simulate(
                     ranks[dst].posted[src].pop_front();
                     let st = &mut ranks[dst];
                     write_region(st, step, region)?;
-                    buf_mut(st, region.buf)[region.range()].copy_from_slice(&msg);
+                    if region.len > 0 {
+                        buf_mut(st, region.buf)[region.range()].copy_from_slice(&msg);
+                    }
                     st.done[step] = true;
                     progress = true;
                 }
@@ -144,6 +149,7 @@ pub fn simulate(
 
 fn buf_mut<'s>(st: &'s mut RankState<'_>, buf: Buf) -> &'s mut Vec<u8> {
     match buf {
+        Buf::Token => &mut st.token,
         Buf::Send if st.in_place => &mut st.bufs.recv,
         Buf::Send => &mut st.bufs.send,
         Buf::Recv => &mut st.bufs.recv,
@@ -152,6 +158,9 @@ fn buf_mut<'s>(st: &'s mut RankState<'_>, buf: Buf) -> &'s mut Vec<u8> {
 }
 
 fn read_bytes(st: &mut RankState<'_>, step: usize, r: Region) -> Result<Vec<u8>, SimError> {
+    if r.buf == Buf::Token {
+        return token(step, r).map(|()| Vec::new());
+    }
     let len = buf_mut(st, r.buf).len();
     if r.off + r.len > len {
         return Err(SimError::OutOfBounds(format!(
@@ -173,13 +182,26 @@ fn read_bytes(st: &mut RankState<'_>, step: usize, r: Region) -> Result<Vec<u8>,
             r.range().for_each(|b| st.unread_scratch[b] = None);
         }
         Buf::Recv => r.range().for_each(|b| st.unread_recv[b] = None),
-        Buf::Send => {}
+        Buf::Send | Buf::Token => {}
     }
     Ok(buf_mut(st, r.buf)[r.range()].to_vec())
 }
 
+/// Token regions carry no bytes.
+fn token(step: usize, r: Region) -> Result<(), SimError> {
+    match r.len {
+        0 => Ok(()),
+        _ => Err(SimError::OutOfBounds(format!(
+            "step {step} gives a token region bytes"
+        ))),
+    }
+}
+
 /// Records that `step` writes `r`, checking bounds and unread overwrites.
 fn write_region(st: &mut RankState<'_>, step: usize, r: Region) -> Result<(), SimError> {
+    if r.buf == Buf::Token {
+        return token(step, r);
+    }
     let len = buf_mut(st, r.buf).len();
     if r.off + r.len > len {
         return Err(SimError::OutOfBounds(format!(
@@ -192,6 +214,7 @@ fn write_region(st: &mut RankState<'_>, step: usize, r: Region) -> Result<(), Si
         r.buf
     };
     let unread = match buf {
+        Buf::Token => return Ok(()),
         Buf::Send => {
             return Err(SimError::OutOfBounds(format!(
                 "step {step} writes the send buffer"

@@ -4,12 +4,8 @@
 //! heard, directly or through others, from every rank: `ceil(log2 n)` latencies instead of
 //! the `n - 1` messages per rank of the direct barrier.
 //!
-//! Each round receives into, and the next round sends from, the same empty scratch region,
-//! which is how the schedule states that order. [`ScheduleBuilder`] derives dependencies
-//! only from regions that share a byte, so it does not yet order these steps, and without
-//! that order the rounds all start at once and a rank may leave before every rank entered.
-//! Until empty regions (or an explicit dependency) order steps, `cost` keeps the selector
-//! away from this barrier; `HCOMM_ALGO=barrier:dissemination` still runs it.
+//! Round `k` receives into, and round `k + 1` sends from, the same token region
+//! ([`Buf::Token`]): that is how the schedule states the order of the rounds.
 
 use crate::coll::schedule::{Buf, Region, Schedule, ScheduleBuilder};
 use crate::coll::{Algorithm, CollKind, CostModel, Shape};
@@ -27,20 +23,22 @@ impl Algorithm for Dissemination {
         kind == CollKind::Barrier
     }
 
-    fn cost(&self, _s: &Shape, _topo: &Topology, _m: &CostModel) -> Option<f64> {
-        // ceil(log2 n) * alpha once the rounds are ordered (see the module docs).
-        None
+    fn cost(&self, s: &Shape, topo: &Topology, m: &CostModel) -> Option<f64> {
+        let (alpha, _) = m.worst_link(topo);
+        let rounds = usize::BITS - s.size.saturating_sub(1).leading_zeros();
+        Some(f64::from(rounds) * alpha)
     }
 
     fn schedule(&self, s: &Shape, rank: usize, _topo: &Topology) -> Schedule {
         let mut b = ScheduleBuilder::new();
         let n = s.size;
-        let token = Region::new(Buf::Scratch, 0, 0);
-        let mut d = 1;
+        let token = |k: usize| Region::new(Buf::Token, k, 0);
+        let (mut d, mut k) = (1, 0);
         while d < n {
-            b.send((rank + d) % n, token);
-            b.recv((rank + n - d) % n, token);
+            b.send((rank + d) % n, token(k));
+            b.recv((rank + n - d) % n, token(k + 1));
             d *= 2;
+            k += 1;
         }
         b.build()
     }
@@ -99,5 +97,17 @@ mod tests {
                 (false, 10)
             ]
         );
+    }
+
+    #[test]
+    fn each_round_waits_for_the_previous_one() {
+        let s = Shape::new(CollKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0, 13);
+        let sched = Dissemination.schedule(&s, 5, &testing::topology(13, 1));
+        // Steps alternate send, receive; every send after the first waits for the receive
+        // of the round before.
+        for i in (2..sched.steps.len()).step_by(2) {
+            assert_eq!(sched.deps(i), &[i as u32 - 1], "step {i}");
+        }
+        assert_eq!(sched.deps(0), &[] as &[u32]);
     }
 }
