@@ -9,6 +9,8 @@
 #   make uninstall       remove what `make install` put there
 #   make bench           bench/p2p_tcp.sh: hcomm vs Open MPI over TCP (root: network namespaces)
 #   make bench-local     the same on loopback, no namespaces
+#   make bench-coll      bench/coll_tcp.sh: hcomm vs Open MPI collectives over TCP (root)
+#   make bench-coll-local  the same on loopback, no namespaces
 #
 # `make install` does not build: run `make` first (as the user who owns the build), then
 # `sudo make install`. DESTDIR is honoured for staged installs.
@@ -28,7 +30,7 @@ RELEASE_DIR := $(or $(CARGO_TARGET_DIR),target)/release
 BINARIES := hcommrun hcomm_perf hcomm_check
 
 .PHONY: all build run test lint fmt-check clippy install install-bin install-capi uninstall \
-	bench bench-local help
+	bench bench-local bench-coll bench-coll-local help
 
 all: build
 
@@ -109,5 +111,11 @@ bench: build
 bench-local: build
 	bench/p2p_tcp.sh --local --no-build
 
+bench-coll: build
+	bench/coll_tcp.sh --no-build
+
+bench-coll-local: build
+	bench/coll_tcp.sh --local --no-build
+
 help:
-	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,17p' Makefile | sed 's/^# \{0,1\}//'

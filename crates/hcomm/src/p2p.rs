@@ -823,7 +823,7 @@ impl State {
             peer: t.peer,
             tag: t.tag,
         };
-        match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+        match pop_key(&mut self.posted, &key) {
             Some(rid) => self.deliver_unexpected(uid, rid),
             None => self.unexpected.entry(key).or_default().push_back(uid),
         }
@@ -842,7 +842,7 @@ impl State {
             peer: t.peer,
             tag: t.tag,
         };
-        let queued = self.unexpected.get_mut(&key).and_then(VecDeque::pop_front);
+        let queued = pop_key(&mut self.unexpected, &key);
         if queued.is_none() || self.aborted.contains_key(&(t.comm, t.tag)) {
             self.live_peer(&t)?;
         }
@@ -1082,11 +1082,11 @@ impl State {
         }
         self.calls.insert((comm, tag), sig);
         self.call_order.push_back((comm, tag));
-        let strangers: Vec<(MatchKey, u64)> = self
-            .unexpected
-            .iter()
-            .filter(|(k, _)| k.comm == comm && k.tag == tag)
-            .flat_map(|(k, q)| q.iter().map(move |&uid| (*k, uid)))
+        // Messages of this call that arrived before it: one queue per possible sender.
+        let strangers: Vec<(MatchKey, u64)> = (0..self.peers.len())
+            .map(|peer| MatchKey { comm, peer, tag })
+            .filter_map(|k| self.unexpected.get(&k).map(|q| (k, q)))
+            .flat_map(|(k, q)| q.iter().map(move |&uid| (k, uid)))
             .filter(|(_, uid)| self.umsgs.get(uid).is_some_and(|u| u.sig != sig))
             .collect();
         let Some(&(key, uid)) = strangers.first() else {
@@ -1094,9 +1094,7 @@ impl State {
         };
         let theirs = self.umsgs.get(&uid).map_or([0; 2], |u| u.sig);
         for (key, uid) in &strangers {
-            if let Some(q) = self.unexpected.get_mut(key) {
-                q.retain(|u| u != uid);
-            }
+            remove_from(&mut self.unexpected, key, uid);
             if let Some(Unexpected {
                 kind: UnexpectedKind::Rts { msg_id, .. },
                 ..
@@ -1207,9 +1205,7 @@ impl State {
                     peer: t.peer,
                     tag: t.tag,
                 };
-                if let Some(q) = self.posted.get_mut(&key) {
-                    q.retain(|&o| o != id);
-                }
+                remove_from(&mut self.posted, &key, &id);
                 if let Some(k) = self
                     .rndv_recv
                     .iter()
@@ -1547,7 +1543,7 @@ impl State {
                     tag: hdr.tag,
                 };
                 let len = hdr.len as usize;
-                match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+                match pop_key(&mut self.posted, &key) {
                     Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
                         self.mismatch(id, hdr.sig);
                         Dest::Discard
@@ -1597,7 +1593,7 @@ impl State {
                 };
                 let len = usize::try_from(hdr.len)
                     .map_err(|_| "it announced a message too large for this host")?;
-                match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+                match pop_key(&mut self.posted, &key) {
                     Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
                         self.refuse_rts(peer, hdr.msg_id);
                         self.mismatch(id, hdr.sig);
@@ -1841,6 +1837,7 @@ impl State {
                 q.retain(|uid| !partial.contains(uid));
             }
         }
+        self.unexpected.retain(|_, q| !q.is_empty());
         let failed: Vec<OpId> = self
             .ops
             .iter()
@@ -1863,6 +1860,27 @@ impl State {
         self.umsgs.retain(|uid, _| {
             !partial.contains(uid) || self.unexpected.values().any(|q| q.contains(uid))
         });
+    }
+}
+
+/// Takes the first entry of a matching queue, dropping the queue when it empties (the maps
+/// would otherwise keep a key for every tag ever used).
+fn pop_key<V>(map: &mut HashMap<MatchKey, VecDeque<V>>, key: &MatchKey) -> Option<V> {
+    let q = map.get_mut(key)?;
+    let v = q.pop_front();
+    if q.is_empty() {
+        map.remove(key);
+    }
+    v
+}
+
+/// Removes `v` from a matching queue, dropping the queue when it empties.
+fn remove_from<V: PartialEq>(map: &mut HashMap<MatchKey, VecDeque<V>>, key: &MatchKey, v: &V) {
+    if let Some(q) = map.get_mut(key) {
+        q.retain(|x| x != v);
+        if q.is_empty() {
+            map.remove(key);
+        }
     }
 }
 

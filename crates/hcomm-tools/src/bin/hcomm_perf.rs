@@ -1,13 +1,16 @@
 //! `hcomm_perf`: nccl-tests-style performance sweeps over message sizes.
 //!
 //! Every operation is a subcommand sharing the sweep options ([`SweepArgs`]). The
-//! point-to-point operations live in [`p2p`]; collectives will be further subcommands with
-//! their own module next to it, reporting through the same [`Row`] and [`Report`].
+//! point-to-point operations live in [`p2p`], the collectives in [`collective`]; both report
+//! through the same [`Row`] and [`Report`].
 //!
 //! Conventions (as nccl-tests and the shared `mpi_bench.c`): time = median of individually
-//! timed back-to-back iterations, measured on rank 0; algbw = size / time in GB/s
-//! (1 GB = 1e9 bytes); busbw = algbw for point-to-point. Checking (`-c N`) happens after the
-//! timed iterations, on N extra iterations with fresh data, so it never slows the timing.
+//! timed back-to-back iterations; point-to-point measures it on rank 0, collectives on every
+//! rank and report the slowest rank's median (the maximum over the ranks, found with an
+//! all-reduce after the timed iterations, like `mpi_bench`); algbw = size / time in GB/s
+//! (1 GB = 1e9 bytes); busbw = algbw x nccl-tests' factor of the collective (1 for
+//! point-to-point). Checking (`-c N`) happens after the timed iterations, on N extra
+//! iterations with fresh data, so it never slows the timing.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -16,6 +19,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
+use hcomm::coll::CollKind;
+use hcomm::{DataType, ReduceOp};
 use serde::Serialize;
 
 /// Measure hcomm's bandwidth and latency over a sweep of message sizes (like nccl-tests).
@@ -23,19 +28,27 @@ use serde::Serialize;
 /// Start it on every rank of a job, for example
 ///
 ///   hcommrun -n 2 hcomm_perf pingpong -b 8 -e 128M -f 2
+///   hcommrun -n 4 hcomm_perf allreduce -b 8 -e 128M -f 2 -d float32 -o sum
 ///
 /// or start the ranks by hand with HCOMM_RANK, HCOMM_SIZE, HCOMM_ROOT_ADDR (rank 0 hosts the
-/// rendezvous store there) and the same HCOMM_JOB_SECRET on every rank. Rank 0 decides the
-/// sizes and iteration counts and tells the other ranks, and only rank 0 prints the table:
+/// rendezvous store there) and the same HCOMM_JOB_SECRET on every rank. Every rank must get
+/// the same arguments; the iteration counts are agreed between the ranks, and only rank 0
+/// prints the table:
 ///
-///   size count type redop root time(us) algbw busbw #wrong
+///   size count type redop root time(us) algbw busbw #wrong [algo]
 ///
-/// size = message bytes; count = elements of `type`; time = median of individually timed
-/// iterations (pingpong: half the round trip; stream: per message); algbw = size/time in
-/// GB/s (1 GB = 1e9 bytes); busbw = algbw for point-to-point; #wrong = wrong bytes found by
-/// the checked iterations (-c). Lines starting with '#' are comments.
+/// size = bytes as nccl-tests counts them (point-to-point: the message; allreduce,
+/// broadcast, reduce: the buffer of each rank; alltoall: each rank's send buffer; allgather
+/// and gather: the whole output; reduce_scatter and scatter: the whole input); count =
+/// elements of `type` in that size; time = median of individually timed iterations
+/// (pingpong: half the round trip; stream: per message; collectives: the slowest rank's
+/// median); algbw = size/time in GB/s (1 GB = 1e9 bytes); busbw = algbw x 2(n-1)/n
+/// (allreduce), x (n-1)/n (allgather, reduce_scatter, alltoall, gather, scatter), x 1
+/// (broadcast, reduce, point-to-point); #wrong = wrong bytes (point-to-point) or elements
+/// (collectives) found by the checked iterations (-c); algo = the algorithm hcomm chose
+/// (collectives). Lines starting with '#' are comments.
 ///
-/// Exit status: 0 on success, 1 when an hcomm call failed or any received byte was wrong,
+/// Exit status: 0 on success, 1 when an hcomm call failed or any received value was wrong,
 /// 2 for bad arguments.
 #[derive(Debug, Parser)]
 #[command(name = "hcomm_perf", version, verbatim_doc_comment)]
@@ -58,6 +71,32 @@ enum Operation {
     /// separate buffers; when all have arrived rank 1 sends one empty acknowledgement.
     /// time = (window time) / (messages in the window). Other ranks idle.
     Stream(StreamArgs),
+    /// All-reduce: size = each rank's buffer; busbw = algbw x 2(n-1)/n.
+    #[command(visible_alias = "all_reduce")]
+    Allreduce(CollArgs),
+    /// Broadcast from the root (-r), in place: size = the buffer; busbw = algbw.
+    #[command(visible_alias = "bcast")]
+    Broadcast(CollArgs),
+    /// Reduce to the root (-r): size = each rank's buffer; busbw = algbw.
+    Reduce(CollArgs),
+    /// All-gather: size = the whole output (n blocks); busbw = algbw x (n-1)/n.
+    #[command(visible_alias = "all_gather")]
+    Allgather(CollArgs),
+    /// Reduce-scatter: size = the whole input (n blocks); busbw = algbw x (n-1)/n.
+    #[command(name = "reduce_scatter", visible_alias = "reduce-scatter")]
+    ReduceScatter(CollArgs),
+    /// All-to-all: size = each rank's send buffer (n blocks); busbw = algbw x (n-1)/n.
+    #[command(visible_alias = "all_to_all")]
+    Alltoall(CollArgs),
+    /// Gather to the root (-r): size = the root's whole output (n blocks);
+    /// busbw = algbw x (n-1)/n.
+    Gather(CollArgs),
+    /// Scatter from the root (-r): size = the root's whole input (n blocks);
+    /// busbw = algbw x (n-1)/n.
+    Scatter(CollArgs),
+    /// Every collective in turn: allreduce, broadcast, reduce, allgather, reduce_scatter,
+    /// alltoall, gather, scatter (one table each, one JSON file for all).
+    All(CollArgs),
 }
 
 /// Options every operation takes.
@@ -134,6 +173,66 @@ struct StreamArgs {
     #[arg(long = "window-bytes", value_name = "SIZE", default_value = "8M",
           value_parser = parse_size)]
     window_bytes: u64,
+}
+
+/// Options of the collectives.
+#[derive(Debug, Clone, Args)]
+struct CollArgs {
+    #[command(flatten)]
+    sweep: SweepArgs,
+
+    /// Element type: int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32,
+    /// float64 (nccl-tests' half, float, double also work).
+    #[arg(short = 'd', long = "datatype", value_name = "TYPE", default_value = "float32",
+          value_parser = parse_dtype)]
+    dtype: DataType,
+
+    /// Reduction of allreduce, reduce and reduce_scatter: sum, prod, max, min, avg (ignored
+    /// by the other collectives).
+    #[arg(short = 'o', long = "op", value_name = "OP", default_value = "sum",
+          value_parser = parse_op)]
+    op: ReduceOp,
+
+    /// Root rank of broadcast, reduce, gather and scatter (ignored by the others).
+    #[arg(short = 'r', long = "root", value_name = "RANK", default_value_t = 0)]
+    root: usize,
+
+    /// Run the collectives in place (one buffer; broadcast always is). nccl-tests prints
+    /// out-of-place and in-place columns; hcomm_perf measures one of them per run.
+    #[arg(long = "in-place", visible_alias = "inplace")]
+    in_place: bool,
+
+    /// Force an algorithm (as HCOMM_ALGO would): NAME applies to every collective of the run
+    /// that has an algorithm of that name (e.g. ring, tree, direct); a full HCOMM_ALGO value
+    /// with ':' (e.g. allreduce:ring,broadcast:tree) is taken as written.
+    #[arg(long = "algo", value_name = "NAME")]
+    algo: Option<String>,
+}
+
+/// Parses a data type name (hcomm's names, or nccl-tests' half/float/double).
+fn parse_dtype(s: &str) -> Result<DataType, String> {
+    let t = s.trim();
+    let alias = match t.to_ascii_lowercase().as_str() {
+        "half" | "fp16" => Some(DataType::Float16),
+        "float" | "fp32" => Some(DataType::Float32),
+        "double" | "fp64" => Some(DataType::Float64),
+        "bf16" => Some(DataType::Bfloat16),
+        "char" => Some(DataType::Int8),
+        "int" => Some(DataType::Int32),
+        _ => None,
+    };
+    alias.or_else(|| DataType::from_name(t)).ok_or_else(|| {
+        let valid: Vec<&str> = DataType::ALL.iter().map(|d| d.name()).collect();
+        format!("{s:?} is not a data type; valid: {}", valid.join(", "))
+    })
+}
+
+/// Parses a reduction operation name.
+fn parse_op(s: &str) -> Result<ReduceOp, String> {
+    ReduceOp::from_name(s.trim()).ok_or_else(|| {
+        let valid: Vec<&str> = ReduceOp::ALL.iter().map(|o| o.name()).collect();
+        format!("{s:?} is not a reduction; valid: {}", valid.join(", "))
+    })
 }
 
 /// Upper bound of -n and -w, far beyond any sensible run.
@@ -252,11 +351,11 @@ impl SweepArgs {
 /// One line of the results table (and one object of the JSON output).
 #[derive(Debug, Clone, Serialize)]
 struct Row {
-    /// Operation name (`pingpong`, `stream`, later the collectives).
+    /// Operation name (`pingpong`, `stream`, or the collective as `CollKind::name` says).
     collective: &'static str,
     /// Message size in bytes (nccl-tests convention for collectives).
     size: u64,
-    /// Elements of `type`.
+    /// Elements of `type` in `size`.
     count: u64,
     /// Element type.
     #[serde(rename = "type")]
@@ -265,14 +364,18 @@ struct Row {
     redop: Option<&'static str>,
     /// Root rank; `None` (printed "-", JSON null) where there is none.
     root: Option<usize>,
-    /// Median time per operation, microseconds.
+    /// Median time per operation (collectives: of the slowest rank), microseconds.
     time_us: f64,
     /// size / time, GB/s.
     algbw: f64,
     /// Bus bandwidth, GB/s (nccl-tests' per-collective factor x algbw).
     busbw: f64,
-    /// Wrong bytes found by the checked iterations, summed over all ranks.
+    /// Wrong bytes (point-to-point) or elements (collectives) found by the checked
+    /// iterations, summed over all ranks.
     wrong: u64,
+    /// The algorithm hcomm chose (collectives); printed as a last column, not in the JSON.
+    #[serde(skip)]
+    algo: Option<&'static str>,
 }
 
 /// Rank 0's output: the table on stdout as rows arrive, the JSON file at the end.
@@ -309,14 +412,24 @@ impl Report {
         out.flush()
     }
 
-    fn header(&mut self) -> io::Result<()> {
+    /// The column titles; `algo` adds the algorithm column of the collectives.
+    fn header(&mut self, algo: bool) -> io::Result<()> {
         let mut out = self.out.lock();
         writeln!(out, "#")?;
-        writeln!(
-            out,
-            "# {:>10} {:>12} {:>7} {:>6} {:>5} {:>11} {:>9} {:>9} {:>7}",
-            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
-        )?;
+        let titles = format!(
+            "# {:>10} {:>12} {:>7} {:>6} {:>5} {:>11} {:>9} {:>9} {:>7} {}",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            if algo { "algo" } else { "" }
+        );
+        writeln!(out, "{}", titles.trim_end())?;
         let units = format!(
             "# {:>10} {:>12} {:>7} {:>6} {:>5} {:>11} {:>9} {:>9}",
             "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)"
@@ -328,9 +441,8 @@ impl Report {
     fn row(&mut self, row: Row) -> io::Result<()> {
         {
             let mut out = self.out.lock();
-            writeln!(
-                out,
-                "  {:>10} {:>12} {:>7} {:>6} {:>5} {:>11.2} {:>9.3} {:>9.3} {:>7}",
+            let line = format!(
+                "  {:>10} {:>12} {:>7} {:>6} {:>5} {:>11.2} {:>9.3} {:>9.3} {:>7} {}",
                 row.size,
                 row.count,
                 row.dtype,
@@ -339,8 +451,10 @@ impl Report {
                 row.time_us,
                 row.algbw,
                 row.busbw,
-                row.wrong
-            )?;
+                row.wrong,
+                row.algo.unwrap_or("")
+            );
+            writeln!(out, "{}", line.trim_end())?;
             out.flush()?;
         }
         self.rows.push(row);
@@ -390,18 +504,35 @@ fn main() -> ExitCode {
 
 /// Runs the measurement on this rank and prints its errors; returns the exit status.
 fn run(cli: &Cli) -> ExitCode {
-    // Until the job is joined, the launcher's word for the rank.
-    let launcher_rank = std::env::var("HCOMM_RANK").unwrap_or_else(|_| "?".to_string());
-    let (sweep, kind) = match &cli.op {
-        Operation::Pingpong(a) => (a, p2p::Kind::PingPong),
-        Operation::Stream(a) => (
+    match &cli.op {
+        Operation::Pingpong(a) => run_p2p(a, p2p::Kind::PingPong),
+        Operation::Stream(a) => run_p2p(
             &a.sweep,
             p2p::Kind::Stream {
                 window: a.window,
                 window_bytes: a.window_bytes,
             },
         ),
-    };
+        Operation::Allreduce(a) => run_coll(a, &[CollKind::AllReduce]),
+        Operation::Broadcast(a) => run_coll(a, &[CollKind::Broadcast]),
+        Operation::Reduce(a) => run_coll(a, &[CollKind::Reduce]),
+        Operation::Allgather(a) => run_coll(a, &[CollKind::AllGather]),
+        Operation::ReduceScatter(a) => run_coll(a, &[CollKind::ReduceScatter]),
+        Operation::Alltoall(a) => run_coll(a, &[CollKind::AllToAll]),
+        Operation::Gather(a) => run_coll(a, &[CollKind::Gather]),
+        Operation::Scatter(a) => run_coll(a, &[CollKind::Scatter]),
+        Operation::All(a) => run_coll(a, &collective::KINDS),
+    }
+}
+
+/// Until the job is joined, the launcher's word for the rank.
+fn launcher_rank() -> String {
+    std::env::var("HCOMM_RANK").unwrap_or_else(|_| "?".to_string())
+}
+
+/// Runs a point-to-point sweep on this rank.
+fn run_p2p(sweep: &SweepArgs, kind: p2p::Kind) -> ExitCode {
+    let launcher_rank = launcher_rank();
     // Check the arguments before joining the job, so that a typo fails fast on every rank.
     let sizes = match sweep.sizes() {
         Ok(s) => s,
@@ -422,12 +553,49 @@ fn run(cli: &Cli) -> ExitCode {
     code
 }
 
+/// Runs the sweep of one or more collectives on this rank.
+fn run_coll(args: &CollArgs, kinds: &[CollKind]) -> ExitCode {
+    let launcher_rank = launcher_rank();
+    let sizes = match args.sweep.sizes() {
+        Ok(s) => s,
+        Err(e) => return finish(&launcher_rank, Err(e)),
+    };
+    // --algo becomes HCOMM_ALGO of this process's configuration (the environment itself
+    // stays untouched), checked before joining so that a typo fails fast on every rank.
+    let env_algo = std::env::var("HCOMM_ALGO").ok();
+    let algo = match &args.algo {
+        Some(name) => match collective::algo_spec(kinds, name, env_algo.as_deref()) {
+            Ok(spec) => Some(spec),
+            Err(e) => return finish(&launcher_rank, Err(anyhow::anyhow!(e))),
+        },
+        None => None,
+    };
+    let config = hcomm::Config::from_lookup(|name| {
+        if name == "HCOMM_ALGO" && algo.is_some() {
+            algo.clone()
+        } else {
+            std::env::var(name).ok()
+        }
+    });
+    let comm = match config.and_then(hcomm::Communicator::init_with) {
+        Ok(c) => c,
+        Err(e) => {
+            let e = anyhow::Error::new(e).context("cannot join the job");
+            return finish(&launcher_rank, Err(e));
+        }
+    };
+    let outcome = collective::run(&comm, kinds, args, &sizes);
+    let code = finish(&comm.rank().to_string(), outcome);
+    drop(comm);
+    code
+}
+
 /// Prints how this rank's run ended and turns it into the exit status.
 fn finish(rank: &str, outcome: anyhow::Result<Outcome>) -> ExitCode {
     match outcome {
         Ok(Outcome::Passed) => ExitCode::SUCCESS,
         Ok(Outcome::Wrong(n)) => {
-            eprintln!("hcomm_perf: rank {rank}: {n} received bytes were wrong");
+            eprintln!("hcomm_perf: rank {rank}: {n} received bytes or elements were wrong");
             ExitCode::FAILURE
         }
         Err(e) => {
@@ -586,7 +754,7 @@ mod p2p {
                 Kind::Stream { .. } => "message in a window of nonblocking sends",
             },
         ))?;
-        report.header()?;
+        report.header(false)?;
         let mut total_wrong = 0u64;
         for &size in sizes {
             let mut bench = Bench::new(comm, kind, size)?;
@@ -647,6 +815,7 @@ mod p2p {
                 algbw,
                 busbw: algbw,
                 wrong,
+                algo: None,
             })?;
         }
         report.footer()?;
@@ -975,6 +1144,700 @@ mod p2p {
     }
 }
 
+/// Collectives: every rank takes part, rank 0 prints.
+///
+/// Every rank runs the same sweep. Before it starts, the ranks compare a fingerprint of their
+/// arguments and settings (one all-reduce), so that ranks started differently fail with a
+/// clear message instead of a mismatch or a hang. Per size: the buffers are allocated and
+/// the ranks agree that every allocation worked (all-reduce), the warm-up runs, the ranks
+/// agree on the number of timed iterations from the slowest rank's warm-up (all-reduce,
+/// max), a barrier, the timed iterations (each timed on its own, back to back), the checked
+/// iterations, then an all-reduce (max) of the ranks' medians and one (sum) of their wrong
+/// elements. None of these extra calls is timed.
+mod collective {
+    use std::time::Instant;
+
+    use anyhow::{anyhow, bail, Context as _};
+    use hcomm::coll::{algos, reference, CollKind, Shape};
+    use hcomm::{Communicator, DataType, ReduceOp};
+
+    use super::{CollArgs, Outcome, Report, Row};
+
+    /// The collectives hcomm_perf measures, in the order `all` runs them.
+    pub(super) const KINDS: [CollKind; 8] = [
+        CollKind::AllReduce,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::AllToAll,
+        CollKind::Gather,
+        CollKind::Scatter,
+    ];
+
+    /// Salts of the generated send and receive buffers (the receive buffer is the input of
+    /// in-place calls, and what bytes a call does not write keep).
+    const SALT_SEND: u64 = 1;
+    const SALT_RECV: u64 = 2;
+    /// Seed of the timed iterations' data; the checked iterations use 0, 1, ...
+    const SEED_TIMING: u64 = 0x7469_6d65;
+    /// About this many bytes per rank and buffer go into one piece of the reference
+    /// computation, so checking needs little memory beyond the buffers themselves.
+    const CHECK_PIECE_BYTES: usize = 1 << 20;
+
+    /// nccl-tests' bus bandwidth factor of `kind` on `n` ranks.
+    pub(super) fn bus_factor(kind: CollKind, n: usize) -> f64 {
+        let n = n as f64;
+        match kind {
+            CollKind::AllReduce => 2.0 * (n - 1.0) / n,
+            CollKind::AllGather
+            | CollKind::ReduceScatter
+            | CollKind::AllToAll
+            | CollKind::Gather
+            | CollKind::Scatter => (n - 1.0) / n,
+            _ => 1.0,
+        }
+    }
+
+    /// How the factor is written in the header.
+    fn bus_factor_text(kind: CollKind) -> &'static str {
+        match kind {
+            CollKind::AllReduce => "2(n-1)/n",
+            CollKind::Broadcast | CollKind::Reduce => "1",
+            _ => "(n-1)/n",
+        }
+    }
+
+    /// Whether nccl-tests' size of `kind` covers n blocks (so it is rounded to n elements).
+    fn blocked(kind: CollKind) -> bool {
+        matches!(
+            kind,
+            CollKind::AllGather
+                | CollKind::ReduceScatter
+                | CollKind::AllToAll
+                | CollKind::Gather
+                | CollKind::Scatter
+        )
+    }
+
+    /// What the size column means for `kind`.
+    fn size_meaning(kind: CollKind) -> &'static str {
+        match kind {
+            CollKind::AllReduce | CollKind::Reduce => "each rank's buffer",
+            CollKind::Broadcast => "the buffer",
+            CollKind::AllToAll => "each rank's send buffer (n blocks)",
+            CollKind::AllGather => "each rank's whole output (n blocks)",
+            CollKind::Gather => "the root's whole output (n blocks)",
+            CollKind::ReduceScatter => "each rank's whole input (n blocks)",
+            CollKind::Scatter => "the root's whole input (n blocks)",
+            _ => "the buffer",
+        }
+    }
+
+    /// One size of the sweep as nccl-tests counts it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) struct Layout {
+        /// The size column: bytes, rounded down to whole elements (and blocks).
+        pub size: u64,
+        /// The count column: elements in `size`.
+        pub count: u64,
+        /// `Shape::count`: elements per buffer, or per block of blocked collectives.
+        pub shape_count: usize,
+    }
+
+    /// The layout of `size` requested bytes of `kind` on `n` ranks; `None` when it holds no
+    /// element (or no element per block), a row nccl-tests skips too.
+    pub(super) fn layout(kind: CollKind, dtype: DataType, n: usize, size: u64) -> Option<Layout> {
+        let elem = dtype.size() as u64;
+        let total = size / elem;
+        let (count, per) = if blocked(kind) {
+            let n = n.max(1) as u64;
+            let c = total - total % n;
+            (c, c / n)
+        } else {
+            (total, total)
+        };
+        if count == 0 {
+            return None;
+        }
+        Some(Layout {
+            size: count * elem,
+            count,
+            shape_count: usize::try_from(per).ok()?,
+        })
+    }
+
+    /// The `HCOMM_ALGO` value for `--algo name` on `kinds`, after the environment's own
+    /// value `env` (later entries win). A bare name applies to every collective of the run
+    /// that has an algorithm of that name; a value with ':' is taken as written.
+    pub(super) fn algo_spec(
+        kinds: &[CollKind],
+        name: &str,
+        env: Option<&str>,
+    ) -> Result<String, String> {
+        let name = name.trim();
+        let ours = if name.contains(':') {
+            name.to_string()
+        } else {
+            let entries: Vec<String> = kinds
+                .iter()
+                .filter(|k| algos::names_for(**k).contains(&name))
+                .map(|k| format!("{}:{name}", k.name()))
+                .collect();
+            if entries.is_empty() {
+                let mut valid: Vec<&str> =
+                    kinds.iter().flat_map(|k| algos::names_for(*k)).collect();
+                valid.sort_unstable();
+                valid.dedup();
+                let which: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+                return Err(format!(
+                    "--algo {name:?}: no algorithm of that name implements {}; valid: {}",
+                    which.join(", "),
+                    valid.join(", ")
+                ));
+            }
+            entries.join(",")
+        };
+        Ok(match env.map(str::trim).filter(|e| !e.is_empty()) {
+            Some(e) => format!("{e},{ours}"),
+            None => ours,
+        })
+    }
+
+    fn mix(mut x: u64) -> u64 {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+
+    /// A fingerprint of everything that must be equal on every rank for the sweeps to match.
+    pub(super) fn fingerprint(
+        kinds: &[CollKind],
+        args: &CollArgs,
+        sizes: &[u64],
+        algo: Option<&str>,
+        deterministic: bool,
+    ) -> u64 {
+        let s = &args.sweep;
+        let mut words: Vec<u64> = kinds.iter().map(|k| *k as u64).collect();
+        words.extend([
+            args.dtype as u64,
+            args.op as u64,
+            args.root as u64,
+            u64::from(args.in_place),
+            u64::from(deterministic),
+            s.check,
+            s.iters.unwrap_or(0),
+            s.warmup.unwrap_or(u64::MAX),
+            s.time_target.to_bits(),
+            s.max_iters,
+            sizes.len() as u64,
+        ]);
+        words.extend_from_slice(sizes);
+        words.extend(algo.unwrap_or("").bytes().map(u64::from));
+        words.iter().fold(0x6863_6f6d_6d5f_636f, |h, &w| mix(h ^ w))
+    }
+
+    /// Compares this rank's fingerprint with every other rank's, and tells whether every rank
+    /// is `ok`. Every rank reaches the same verdict, so none is left waiting.
+    fn agree(comm: &Communicator, ok: bool, fp: u64) -> anyhow::Result<bool> {
+        let mine = [u64::from(ok), fp, !fp];
+        let mut all = [0u64; 3];
+        comm.allreduce(&mine, &mut all, ReduceOp::Min)
+            .context("comparing the ranks' arguments")?;
+        // The minimum of !fp is !(the maximum of fp).
+        if all[1] != fp || !all[2] != fp {
+            bail!(
+                "the ranks were started with different arguments or settings (type, op, root, \
+                 sizes, iterations, checks, --in-place, --algo/HCOMM_ALGO, \
+                 HCOMM_DETERMINISTIC): start every rank with the same ones"
+            );
+        }
+        Ok(all[0] == 1)
+    }
+
+    /// Whether every rank is `ok` (one all-reduce).
+    fn all_ok(comm: &Communicator, ok: bool) -> anyhow::Result<bool> {
+        let mut all = [0u64];
+        comm.allreduce(&[u64::from(ok)], &mut all, ReduceOp::Min)
+            .context("synchronizing with the other ranks")?;
+        Ok(all[0] == 1)
+    }
+
+    /// Runs the sweep of every collective of `kinds` on this rank.
+    pub(super) fn run(
+        comm: &Communicator,
+        kinds: &[CollKind],
+        args: &CollArgs,
+        sizes: &[u64],
+    ) -> anyhow::Result<Outcome> {
+        let n = comm.size();
+        let rank = comm.rank();
+        let sweep = &args.sweep;
+        if kinds.iter().any(|k| k.rooted()) && args.root >= n {
+            // Every rank sees the same, so every rank stops here.
+            bail!(
+                "-r {}: the root must be a rank of the job (0..{})",
+                args.root,
+                n - 1
+            );
+        }
+        // Rank 0's report; an error (a bad -J path) stops every rank at the agreement.
+        let mut pending: Option<anyhow::Error> = None;
+        let mut report = None;
+        if rank == 0 {
+            match Report::new(sweep.json.as_deref()) {
+                Ok(r) => report = Some(r),
+                Err(e) => pending = Some(e),
+            }
+        }
+        let cfg = comm.config();
+        let fp = fingerprint(kinds, args, sizes, cfg.algo.as_deref(), cfg.deterministic);
+        if !agree(comm, pending.is_none(), fp)? {
+            return Err(
+                pending.unwrap_or_else(|| anyhow!("rank 0 stopped on an error (see its output)"))
+            );
+        }
+        let mut total_wrong = 0u64;
+        for &kind in kinds {
+            let op = if kind.reduces() {
+                args.op
+            } else {
+                ReduceOp::Sum
+            };
+            let root = if kind.rooted() { args.root } else { 0 };
+            if let Some(rep) = &mut report {
+                if let Err(e) = header(rep, comm, kind, args, op, sizes) {
+                    pending = Some(e.into());
+                }
+            }
+            for &requested in sizes {
+                let Some(lay) = layout(kind, args.dtype, n, requested) else {
+                    continue;
+                };
+                let shape = Shape {
+                    // Broadcast has one buffer anyway; the typed API never marks it.
+                    in_place: args.in_place && kind != CollKind::Broadcast,
+                    ..Shape::new(kind, args.dtype, op, lay.shape_count, root, n)
+                };
+                let algo = comm.algorithm_for(kind, args.dtype, op, lay.shape_count, root);
+                let mut bench = match Bench::new(comm, shape) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        pending.get_or_insert(e);
+                        None
+                    }
+                };
+                if !all_ok(comm, pending.is_none())? {
+                    return Err(pending.unwrap_or_else(|| {
+                        anyhow!("another rank stopped on an error (see its output)")
+                    }));
+                }
+                let Some(b) = bench.as_mut() else {
+                    unreachable!("every rank has its buffers")
+                };
+                let (wrong, time) = b.measure(sweep.warmup_for(lay.size), sweep)?;
+                total_wrong += wrong;
+                if let Some(rep) = &mut report {
+                    let algbw = if time > 0.0 {
+                        lay.size as f64 / time / 1e9
+                    } else {
+                        0.0
+                    };
+                    let row = Row {
+                        collective: kind.name(),
+                        size: lay.size,
+                        count: lay.count,
+                        dtype: args.dtype.name(),
+                        redop: kind.reduces().then(|| op.name()),
+                        root: kind.rooted().then_some(root),
+                        time_us: time * 1e6,
+                        algbw,
+                        busbw: algbw * bus_factor(kind, n),
+                        wrong,
+                        algo: Some(algo),
+                    };
+                    if let Err(e) = rep.row(row) {
+                        pending.get_or_insert(e.into());
+                    }
+                }
+            }
+        }
+        if let Some(e) = pending {
+            return Err(e);
+        }
+        if let Some(rep) = &mut report {
+            rep.footer()?;
+            rep.write_json()?;
+        }
+        Ok(if total_wrong == 0 {
+            Outcome::Passed
+        } else {
+            Outcome::Wrong(total_wrong)
+        })
+    }
+
+    /// The comment lines and column titles before a collective's rows.
+    fn header(
+        rep: &mut Report,
+        comm: &Communicator,
+        kind: CollKind,
+        args: &CollArgs,
+        op: ReduceOp,
+        sizes: &[u64],
+    ) -> std::io::Result<()> {
+        let cfg = comm.config();
+        let sweep = &args.sweep;
+        let iters = match sweep.iters {
+            Some(n) => format!("{n} iterations"),
+            None => format!("~{} s per size", sweep.time_target),
+        };
+        let n = comm.size();
+        let place = if kind == CollKind::Broadcast {
+            "in place (always)"
+        } else if args.in_place {
+            "in place"
+        } else {
+            "out of place"
+        };
+        rep.comment(&format!(
+            "hcomm_perf {} {}\n\
+             ranks: {n}, type {}, op {}, root {}, {place}, sizes {}..{} B requested, {iters}, \
+             checked iterations: {}\n\
+             hcomm: tcp streams {}, eager limit {} B, chunk {} B, timeout {:.0} s, \
+             HCOMM_ALGO {}, deterministic {}, mismatch check {}\n\
+             size = {} (nccl-tests; rounded down to whole elements{}); count = elements in size\n\
+             time = median of individually timed iterations of the slowest rank; \
+             algbw = size/time (1 GB = 1e9 B); busbw = algbw x {}\n\
+             #wrong = wrong elements of the checked iterations, all ranks; \
+             algo = hcomm's choice for the size",
+            kind.name(),
+            env!("CARGO_PKG_VERSION"),
+            args.dtype.name(),
+            if kind.reduces() { op.name() } else { "-" },
+            if kind.rooted() {
+                args.root.to_string()
+            } else {
+                "-".to_string()
+            },
+            sizes.first().copied().unwrap_or(0),
+            sizes.last().copied().unwrap_or(0),
+            sweep.check,
+            cfg.tcp_streams,
+            cfg.tcp_eager_limit,
+            cfg.tcp_chunk,
+            cfg.timeout.as_secs_f64(),
+            cfg.algo.as_deref().unwrap_or("-"),
+            if cfg.deterministic { "on" } else { "off" },
+            if cfg.mismatch_check { "on" } else { "off" },
+            size_meaning(kind),
+            if blocked(kind) { " and blocks" } else { "" },
+            bus_factor_text(kind),
+        ))?;
+        rep.header(true)
+    }
+
+    /// One rank's buffers for one size of one collective.
+    struct Bench<'a> {
+        comm: &'a Communicator,
+        shape: Shape,
+        /// `None` where this rank passes no send buffer (in place, broadcast).
+        send: Option<Vec<u8>>,
+        recv: Vec<u8>,
+    }
+
+    impl<'a> Bench<'a> {
+        fn new(comm: &'a Communicator, shape: Shape) -> anyhow::Result<Bench<'a>> {
+            let r = comm.rank();
+            let full = shape.count;
+            let send = if shape.in_place_at(r) || shape.kind == CollKind::Broadcast {
+                None
+            } else {
+                Some(generate(
+                    &shape,
+                    r,
+                    shape.send_bytes(r),
+                    0..full,
+                    SALT_SEND,
+                    SEED_TIMING,
+                )?)
+            };
+            let recv = generate(
+                &shape,
+                r,
+                shape.recv_bytes(r),
+                0..full,
+                SALT_RECV,
+                SEED_TIMING,
+            )?;
+            Ok(Bench {
+                comm,
+                shape,
+                send,
+                recv,
+            })
+        }
+
+        fn iteration(&mut self) -> anyhow::Result<()> {
+            let s = &self.shape;
+            self.comm
+                .run_collective(s.clone(), self.send.as_deref(), &mut self.recv)
+                .with_context(|| format!("{} of {} x {}", s.kind.name(), s.count, s.dtype.name()))
+        }
+
+        /// Warm-up, timed and checked iterations; returns the wrong elements of all ranks
+        /// and the slowest rank's median time in seconds.
+        fn measure(&mut self, warmup: u64, sweep: &super::SweepArgs) -> anyhow::Result<(u64, f64)> {
+            let mut since_first = None;
+            for i in 0..warmup {
+                if i == 1 {
+                    since_first = Some(Instant::now());
+                }
+                self.iteration()?;
+            }
+            let per_iter = match since_first {
+                Some(t) => t.elapsed().as_secs_f64() / (warmup - 1) as f64,
+                None => 0.0,
+            };
+            let mut slowest = [0.0f64];
+            self.comm
+                .allreduce(&[per_iter], &mut slowest, ReduceOp::Max)
+                .context("agreeing on the iteration count")?;
+            let iters = sweep.iters_for(slowest[0]);
+            self.comm
+                .barrier()
+                .context("the barrier before the timed iterations")?;
+            let mut times = Vec::with_capacity(usize::try_from(iters.min(1 << 20)).unwrap_or(0));
+            for _ in 0..iters {
+                let t = Instant::now();
+                self.iteration()?;
+                times.push(t.elapsed().as_secs_f64());
+            }
+            let mut wrong = 0u64;
+            for k in 0..sweep.check {
+                wrong += self.checked_iteration(k)?;
+            }
+            times.sort_by(f64::total_cmp);
+            let median = times.get(times.len() / 2).copied().unwrap_or(0.0);
+            let mut time = [0.0f64];
+            self.comm
+                .allreduce(&[median], &mut time, ReduceOp::Max)
+                .context("collecting the times")?;
+            let mut all_wrong = [0u64];
+            self.comm
+                .allreduce(&[wrong], &mut all_wrong, ReduceOp::Sum)
+                .context("collecting the wrong-element counts")?;
+            Ok((all_wrong[0], time[0]))
+        }
+
+        /// One call on fresh inputs (seed `k`) checked against the sequential reference;
+        /// returns this rank's wrong elements. Every rank generates every rank's inputs, a
+        /// piece of each block at a time.
+        fn checked_iteration(&mut self, k: u64) -> anyhow::Result<u64> {
+            let shape = self.shape.clone();
+            let (r, n, e, c) = (self.comm.rank(), shape.size, shape.elem(), shape.count);
+            if let Some(send) = &mut self.send {
+                *send = generate(&shape, r, shape.send_bytes(r), 0..c, SALT_SEND, k)?;
+            }
+            self.recv = generate(&shape, r, shape.recv_bytes(r), 0..c, SALT_RECV, k)?;
+            self.iteration()?;
+            let blocks = if blocked(shape.kind) { n } else { 1 };
+            let step = (CHECK_PIECE_BYTES / e / blocks).max(1);
+            let mut wrong = 0u64;
+            let mut a = 0;
+            while a < c {
+                let b = (a + step).min(c);
+                let piece = Shape {
+                    count: b - a,
+                    ..shape.clone()
+                };
+                let shapes = vec![piece.clone(); n];
+                let mut sends = Vec::with_capacity(n);
+                let mut recvs = Vec::with_capacity(n);
+                for p in 0..n {
+                    sends.push(generate(
+                        &shape,
+                        p,
+                        shape.send_bytes(p),
+                        a..b,
+                        SALT_SEND,
+                        k,
+                    )?);
+                    recvs.push(generate(
+                        &shape,
+                        p,
+                        shape.recv_bytes(p),
+                        a..b,
+                        SALT_RECV,
+                        k,
+                    )?);
+                }
+                let want = reference::expected(&shapes, &sends, &recvs);
+                let got = extract(&self.recv, c * e, a * e..b * e);
+                wrong += count_wrong(&piece, r, &got, &want[r]);
+                a = b;
+            }
+            Ok(wrong)
+        }
+    }
+
+    /// Bytes `range` of every `block`-byte block of `buf`, concatenated.
+    fn extract(buf: &[u8], block: usize, range: std::ops::Range<usize>) -> Vec<u8> {
+        let mut out = Vec::new();
+        if block == 0 {
+            return out;
+        }
+        for blk in buf.chunks_exact(block) {
+            out.extend_from_slice(&blk[range.clone()]);
+        }
+        out
+    }
+
+    /// Elements of `got` that differ from `want` where the call defines the result (in-place
+    /// reduce-scatter: block `rank` only).
+    fn count_wrong(piece: &Shape, rank: usize, got: &[u8], want: &[u8]) -> u64 {
+        let e = piece.elem();
+        let (got, want) = if piece.kind == CollKind::ReduceScatter && piece.in_place {
+            let blk = piece.count * e;
+            let at = rank * blk..(rank + 1) * blk;
+            (
+                got.get(at.clone()).unwrap_or(&[]),
+                want.get(at).unwrap_or(&[]),
+            )
+        } else {
+            (got, want)
+        };
+        let differ = got
+            .chunks(e)
+            .zip(want.chunks(e))
+            .filter(|(g, w)| g != w)
+            .count() as u64;
+        differ + (got.len().abs_diff(want.len()) / e) as u64
+    }
+
+    /// Elements `range` of every block (of `shape.count` elements) of the `len`-byte buffer of
+    /// `rank`, concatenated: the whole buffer when `range` is `0..shape.count`. Element `i` of
+    /// the whole buffer is a small integer that depends on the rank, `i`, `salt` and `seed`
+    /// (as in hcomm_check), so float sums are exact in any order; for `prod` it is ±1.
+    fn generate(
+        shape: &Shape,
+        rank: usize,
+        len: usize,
+        range: std::ops::Range<usize>,
+        salt: u64,
+        seed: u64,
+    ) -> anyhow::Result<Vec<u8>> {
+        let e = shape.elem();
+        let block = shape.count;
+        let blocks = if block == 0 { 0 } else { len / (block * e) };
+        let bytes = blocks * range.len() * e;
+        let mut out = Vec::new();
+        out.try_reserve_exact(bytes)
+            .with_context(|| format!("cannot allocate a {bytes}-byte buffer"))?;
+        for blk in 0..blocks {
+            for j in range.clone() {
+                let i = (blk * block + j) as u64;
+                let x = (rank as u64)
+                    .wrapping_mul(7919)
+                    .wrapping_add(i.wrapping_mul(104_729))
+                    .wrapping_add(salt * 31)
+                    .wrapping_add(seed)
+                    % 7;
+                let v: i64 = if shape.op == ReduceOp::Prod {
+                    if x % 2 == 0 {
+                        1
+                    } else {
+                        -1
+                    }
+                } else {
+                    x as i64 - 3
+                };
+                match shape.dtype {
+                    DataType::Float32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+                    DataType::Float64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
+                    DataType::Float16 => {
+                        out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes())
+                    }
+                    DataType::Bfloat16 => {
+                        out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes())
+                    }
+                    _ => out.extend_from_slice(
+                        &((v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15 | x)).to_le_bytes()[..e],
+                    ),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn generated_pieces_match_the_whole_buffer() {
+            for kind in KINDS {
+                let shape = Shape {
+                    in_place: kind == CollKind::ReduceScatter,
+                    ..Shape::new(kind, DataType::Float32, ReduceOp::Sum, 5, 1, 3)
+                };
+                for r in 0..3 {
+                    for len in [shape.send_bytes(r), shape.recv_bytes(r)] {
+                        let whole = generate(&shape, r, len, 0..5, 2, 9).unwrap();
+                        assert_eq!(whole.len(), len);
+                        let mut joined = vec![Vec::new(); len / 20];
+                        for (a, b) in [(0, 2), (2, 5)] {
+                            let piece = generate(&shape, r, len, a..b, 2, 9).unwrap();
+                            assert_eq!(piece, extract(&whole, 20, a * 4..b * 4));
+                            for (blk, chunk) in piece.chunks((b - a) * 4).enumerate() {
+                                joined[blk].extend_from_slice(chunk);
+                            }
+                        }
+                        assert_eq!(joined.concat(), whole);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn wrong_elements_are_counted() {
+            let s = Shape::new(
+                CollKind::AllReduce,
+                DataType::Float32,
+                ReduceOp::Sum,
+                4,
+                0,
+                2,
+            );
+            let want = generate(&s, 0, 16, 0..4, 1, 0).unwrap();
+            let mut got = want.clone();
+            assert_eq!(count_wrong(&s, 0, &got, &want), 0);
+            got[0] ^= 1;
+            got[3] ^= 1;
+            got[15] ^= 1;
+            assert_eq!(count_wrong(&s, 0, &got, &want), 2);
+            // In-place reduce-scatter: only the rank's block counts.
+            let rs = Shape {
+                in_place: true,
+                ..Shape::new(
+                    CollKind::ReduceScatter,
+                    DataType::Float32,
+                    ReduceOp::Sum,
+                    2,
+                    0,
+                    2,
+                )
+            };
+            let want = vec![0u8; 16];
+            let mut got = want.clone();
+            got[0] = 1;
+            assert_eq!(count_wrong(&rs, 1, &got, &want), 0);
+            assert_eq!(count_wrong(&rs, 0, &got, &want), 1);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::p2p::pattern;
@@ -986,6 +1849,7 @@ mod tests {
         match Cli::try_parse_from(argv).expect("valid arguments").op {
             Operation::Pingpong(a) => a,
             Operation::Stream(a) => a.sweep,
+            other => panic!("not a point-to-point operation: {other:?}"),
         }
     }
 
@@ -1098,6 +1962,7 @@ mod tests {
             algbw: 0.005,
             busbw: 0.005,
             wrong: 0,
+            algo: Some("ring"),
         };
         let v = serde_json::to_value([row]).unwrap();
         let obj = v[0].as_object().unwrap();
@@ -1120,6 +1985,243 @@ mod tests {
         );
         assert_eq!(obj["type"], "uint8");
         assert!(obj["redop"].is_null());
+    }
+
+    fn coll(argv: &[&str]) -> (String, CollArgs) {
+        let mut full = vec!["hcomm_perf"];
+        full.extend_from_slice(argv);
+        let op = Cli::try_parse_from(full).expect("valid arguments").op;
+        let name = format!("{op:?}");
+        let name = name[..name.find('(').unwrap_or(name.len())].to_string();
+        match op {
+            Operation::Allreduce(a)
+            | Operation::Broadcast(a)
+            | Operation::Reduce(a)
+            | Operation::Allgather(a)
+            | Operation::ReduceScatter(a)
+            | Operation::Alltoall(a)
+            | Operation::Gather(a)
+            | Operation::Scatter(a)
+            | Operation::All(a) => (name, a),
+            other => panic!("not a collective: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn collective_names_and_nccl_aliases() {
+        for (argv, want) in [
+            ("allreduce", "Allreduce"),
+            ("all_reduce", "Allreduce"),
+            ("broadcast", "Broadcast"),
+            ("bcast", "Broadcast"),
+            ("reduce", "Reduce"),
+            ("allgather", "Allgather"),
+            ("all_gather", "Allgather"),
+            ("reduce_scatter", "ReduceScatter"),
+            ("reduce-scatter", "ReduceScatter"),
+            ("alltoall", "Alltoall"),
+            ("all_to_all", "Alltoall"),
+            ("gather", "Gather"),
+            ("scatter", "Scatter"),
+            ("all", "All"),
+        ] {
+            assert_eq!(coll(&[argv]).0, want, "{argv}");
+        }
+        // Every measured collective's CollKind name is a subcommand.
+        for k in collective::KINDS {
+            assert!(
+                Cli::try_parse_from(["hcomm_perf", k.name()]).is_ok(),
+                "{}",
+                k.name()
+            );
+        }
+    }
+
+    #[test]
+    fn collective_options() {
+        let (_, a) = coll(&["allreduce"]);
+        assert_eq!(
+            (a.dtype, a.op, a.root, a.in_place),
+            (DataType::Float32, ReduceOp::Sum, 0, false)
+        );
+        assert_eq!(a.sweep.check, 1);
+        assert!(a.algo.is_none());
+        let (_, a) = coll(&[
+            "reduce",
+            "-b",
+            "1K",
+            "-e",
+            "1M",
+            "-d",
+            "bfloat16",
+            "-o",
+            "max",
+            "-r",
+            "3",
+            "-n",
+            "10",
+            "-w",
+            "2",
+            "-c",
+            "0",
+            "--in-place",
+            "--algo",
+            "tree",
+            "-J",
+            "x.json",
+        ]);
+        assert_eq!(
+            (a.dtype, a.op, a.root, a.in_place),
+            (DataType::Bfloat16, ReduceOp::Max, 3, true)
+        );
+        assert_eq!(a.sweep.sizes().unwrap().len(), 11);
+        assert_eq!(
+            (a.sweep.iters, a.sweep.warmup, a.sweep.check),
+            (Some(10), Some(2), 0)
+        );
+        assert_eq!(a.algo.as_deref(), Some("tree"));
+        assert_eq!(a.sweep.json.as_deref(), Some(Path::new("x.json")));
+        for t in DataType::ALL {
+            assert_eq!(parse_dtype(t.name()), Ok(t));
+        }
+        assert_eq!(parse_dtype("float"), Ok(DataType::Float32));
+        assert_eq!(parse_dtype("half"), Ok(DataType::Float16));
+        assert_eq!(parse_dtype("double"), Ok(DataType::Float64));
+        assert_eq!(parse_dtype("FLOAT32"), Ok(DataType::Float32));
+        assert!(parse_dtype("float128").is_err());
+        for op in ReduceOp::ALL {
+            assert_eq!(parse_op(op.name()), Ok(op));
+        }
+        assert!(parse_op("mean").is_err());
+        assert!(Cli::try_parse_from(["hcomm_perf", "allreduce", "-d", "x"]).is_err());
+        assert!(Cli::try_parse_from(["hcomm_perf", "allreduce", "-o", "x"]).is_err());
+        assert!(Cli::try_parse_from(["hcomm_perf", "allreduce", "-r", "-1"]).is_err());
+    }
+
+    #[test]
+    fn bus_bandwidth_factors_are_nccl_tests() {
+        use collective::bus_factor;
+        let f = |k| bus_factor(k, 4);
+        assert_eq!(f(CollKind::AllReduce), 1.5);
+        assert_eq!(f(CollKind::Broadcast), 1.0);
+        assert_eq!(f(CollKind::Reduce), 1.0);
+        for k in [
+            CollKind::AllGather,
+            CollKind::ReduceScatter,
+            CollKind::AllToAll,
+            CollKind::Gather,
+            CollKind::Scatter,
+        ] {
+            assert_eq!(f(k), 0.75);
+        }
+        assert_eq!(bus_factor(CollKind::AllReduce, 2), 1.0);
+        assert_eq!(bus_factor(CollKind::AllGather, 1), 0.0);
+    }
+
+    #[test]
+    fn sizes_follow_nccl_tests() {
+        use collective::{layout, Layout};
+        let l = |k, t, n, s| layout(k, t, n, s);
+        let f32 = DataType::Float32;
+        // Per-rank buffer: whole elements.
+        assert_eq!(
+            l(CollKind::AllReduce, f32, 3, 10),
+            Some(Layout {
+                size: 8,
+                count: 2,
+                shape_count: 2
+            })
+        );
+        assert_eq!(l(CollKind::Broadcast, f32, 3, 3), None);
+        assert_eq!(
+            l(CollKind::Reduce, DataType::Uint8, 3, 7),
+            Some(Layout {
+                size: 7,
+                count: 7,
+                shape_count: 7
+            })
+        );
+        // n blocks: whole blocks of whole elements; the shape counts one block.
+        assert_eq!(
+            l(CollKind::AllGather, f32, 3, 64),
+            Some(Layout {
+                size: 60,
+                count: 15,
+                shape_count: 5
+            })
+        );
+        assert_eq!(
+            l(CollKind::AllToAll, f32, 2, 1 << 20),
+            Some(Layout {
+                size: 1 << 20,
+                count: 1 << 18,
+                shape_count: 1 << 17
+            })
+        );
+        for k in [CollKind::ReduceScatter, CollKind::Gather, CollKind::Scatter] {
+            assert_eq!(
+                l(k, DataType::Float64, 4, 100),
+                Some(Layout {
+                    size: 96,
+                    count: 12,
+                    shape_count: 3
+                })
+            );
+        }
+        assert_eq!(l(CollKind::AllGather, f32, 3, 8), None);
+        assert_eq!(l(CollKind::AllGather, f32, 3, 12).map(|x| x.size), Some(12));
+    }
+
+    #[test]
+    fn algo_names_become_hcomm_algo() {
+        use collective::algo_spec;
+        let ar = [CollKind::AllReduce];
+        assert_eq!(algo_spec(&ar, "ring", None).unwrap(), "allreduce:ring");
+        assert_eq!(
+            algo_spec(&ar, "ring", Some("broadcast:tree")).unwrap(),
+            "broadcast:tree,allreduce:ring"
+        );
+        assert_eq!(
+            algo_spec(&ar, "allreduce:direct,gather:direct", Some(" ")).unwrap(),
+            "allreduce:direct,gather:direct"
+        );
+        let e = algo_spec(&ar, "nonesuch", None).unwrap_err();
+        assert!(e.contains("ring") && e.contains("nonesuch"), "{e}");
+        // `all`: only the collectives that have the algorithm get it.
+        let all = algo_spec(&collective::KINDS, "direct", None).unwrap();
+        assert_eq!(all.split(',').count(), collective::KINDS.len(), "{all}");
+        let ring = algo_spec(&collective::KINDS, "ring", None).unwrap();
+        assert!(ring.starts_with("allreduce:ring"), "{ring}");
+        assert!(ring.split(',').count() < collective::KINDS.len(), "{ring}");
+        // Whatever it builds, the library accepts.
+        for spec in [all, ring] {
+            let cfg =
+                hcomm::Config::from_lookup(|n| (n == "HCOMM_ALGO").then(|| spec.clone())).unwrap();
+            assert_eq!(cfg.algo.as_deref(), Some(spec.as_str()));
+        }
+    }
+
+    #[test]
+    fn fingerprint_covers_the_arguments() {
+        use collective::fingerprint;
+        let sizes = [8, 16];
+        let fp = |argv: &[&str], algo: Option<&str>| {
+            let (_, a) = coll(argv);
+            fingerprint(&[CollKind::AllReduce], &a, &sizes, algo, false)
+        };
+        let base = fp(&["allreduce"], None);
+        assert_eq!(base, fp(&["allreduce"], None));
+        for other in [
+            fp(&["allreduce", "-d", "float64"], None),
+            fp(&["allreduce", "-o", "max"], None),
+            fp(&["allreduce", "-r", "1"], None),
+            fp(&["allreduce", "--in-place"], None),
+            fp(&["allreduce", "-c", "2"], None),
+            fp(&["allreduce", "-n", "5"], None),
+            fp(&["allreduce"], Some("allreduce:ring")),
+        ] {
+            assert_ne!(base, other);
+        }
     }
 
     #[test]
