@@ -4,7 +4,7 @@ mod collectives;
 
 pub use collectives::Batch;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
@@ -93,6 +93,8 @@ struct CommState {
 struct Plan {
     algo: &'static dyn Algorithm,
     sched: Arc<Schedule>,
+    /// The selector's counter of this (collective, algorithm).
+    slot: usize,
 }
 
 /// A finished nonblocking operation: its buffer back, and the bytes sent or received.

@@ -1,7 +1,7 @@
 //! Choosing an algorithm: `HCOMM_ALGO` overrides, deterministic mode, else the cost model.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::algos;
 use super::{Algorithm, CollKind, CostModel, Shape};
@@ -16,7 +16,8 @@ pub struct Selector {
     overrides: HashMap<CollKind, &'static dyn Algorithm>,
     deterministic: bool,
     model: CostModel,
-    counts: Mutex<HashMap<(CollKind, &'static str), u64>>,
+    /// Calls per (collective, algorithm): slot `kind index * algorithms + algorithm index`.
+    counts: Vec<AtomicU64>,
 }
 
 impl std::fmt::Debug for Selector {
@@ -66,11 +67,13 @@ impl Selector {
             })?;
             overrides.insert(kind, alg);
         }
+        let slots = CollKind::ALL.len() * algos::all().len();
+        let counts = (0..slots).map(|_| AtomicU64::new(0)).collect();
         Ok(Selector {
             overrides,
             deterministic,
             model: CostModel::TCP,
-            counts: Mutex::new(HashMap::new()),
+            counts,
         })
     }
 
@@ -101,18 +104,34 @@ impl Selector {
         alg
     }
 
-    /// Counts one call of `alg` for `kind`.
-    pub fn count(&self, kind: CollKind, alg: &'static str) {
-        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        *c.entry((kind, alg)).or_insert(0) += 1;
+    /// The counter slot of `alg` running `kind` (give it to [`Selector::count`]).
+    pub fn slot(&self, kind: CollKind, alg: &'static dyn Algorithm) -> usize {
+        let k = CollKind::ALL.iter().position(|&c| c == kind).unwrap_or(0);
+        let a = algos::all()
+            .iter()
+            .position(|x| x.name() == alg.name())
+            .unwrap_or(0);
+        k * algos::all().len() + a
     }
 
-    /// Calls so far per (collective, algorithm), sorted.
+    /// Counts one call in `slot`.
+    pub fn count(&self, slot: usize) {
+        if let Some(c) = self.counts.get(slot) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Calls so far per (collective, algorithm), those with calls only.
     pub fn counts(&self) -> Vec<(CollKind, &'static str, u64)> {
-        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let mut v: Vec<_> = c.iter().map(|(&(k, a), &n)| (k, a, n)).collect();
-        v.sort();
-        v
+        let all = algos::all();
+        self.counts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let n = c.load(Ordering::Relaxed);
+                (n > 0).then(|| (CollKind::ALL[i / all.len()], all[i % all.len()].name(), n))
+            })
+            .collect()
     }
 }
 

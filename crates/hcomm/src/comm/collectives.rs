@@ -40,7 +40,8 @@ impl Communicator {
         }
         let algo = self.world.selector.choose(shape, &self.topology);
         let sched = Arc::new(algo.schedule(shape, self.rank, &self.topology));
-        let plan = Plan { algo, sched };
+        let slot = self.world.selector.slot(shape.kind, algo);
+        let plan = Plan { algo, sched, slot };
         // Bound the cache: a program sweeping sizes must not grow it forever.
         if plans.len() >= 1024 {
             plans.clear();
@@ -149,7 +150,7 @@ impl Communicator {
         send: (*const u8, usize),
         recv: (*mut u8, usize),
     ) -> Result<()> {
-        self.world.selector.count(shape.kind, plan.algo.name());
+        self.world.selector.count(plan.slot);
         let sig = if self.world.config.mismatch_check {
             shape.signature()
         } else {
