@@ -97,6 +97,12 @@ enum Operation {
     /// Every collective in turn: allreduce, broadcast, reduce, allgather, reduce_scatter,
     /// alltoall, gather, scatter (one table each, one JSON file for all).
     All(CollArgs),
+    /// Grouped calls: many small all-reduces one by one, then the same in one batch.
+    ///
+    /// Times `--ops` separate float32 sum all-reduces of `--count` elements, then one
+    /// `Communicator::batch` holding the same calls (fused into one all-reduce), and prints
+    /// both times and their ratio. Results of both are checked.
+    Batch(BatchArgs),
 }
 
 /// Options every operation takes.
@@ -522,6 +528,102 @@ fn run(cli: &Cli) -> ExitCode {
         Operation::Gather(a) => run_coll(a, &[CollKind::Gather]),
         Operation::Scatter(a) => run_coll(a, &[CollKind::Scatter]),
         Operation::All(a) => run_coll(a, &collective::KINDS),
+        Operation::Batch(a) => {
+            let rank = launcher_rank();
+            finish(&rank, batch::run(a))
+        }
+    }
+}
+
+/// Arguments of `hcomm_perf batch`.
+#[derive(Debug, Args)]
+struct BatchArgs {
+    /// Number of all-reduces.
+    #[arg(long, default_value_t = 1000)]
+    ops: usize,
+    /// Elements (float32) of each all-reduce.
+    #[arg(long, default_value_t = 8)]
+    count: usize,
+    /// Repetitions of each way (the median is reported).
+    #[arg(short = 'n', long, default_value_t = 9)]
+    iters: usize,
+}
+
+/// Grouped calls against the same calls one by one.
+mod batch {
+    use std::time::Instant;
+
+    use anyhow::{ensure, Context};
+    use hcomm::{Communicator, ReduceOp};
+
+    use super::{BatchArgs, Outcome};
+
+    /// Median seconds of `iters` runs of `f`, the slowest rank's (max over ranks).
+    fn median(
+        comm: &Communicator,
+        iters: usize,
+        mut f: impl FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<f64> {
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            comm.barrier()?;
+            let t0 = Instant::now();
+            f()?;
+            let mut t = [t0.elapsed().as_secs_f64()];
+            comm.allreduce_in_place(&mut t, ReduceOp::Max)?;
+            times.push(t[0]);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    pub(super) fn run(a: &BatchArgs) -> anyhow::Result<Outcome> {
+        ensure!(a.ops > 0 && a.iters > 0, "--ops and -n must be positive");
+        let comm = Communicator::init().context("cannot join the job")?;
+        let (n, r) = (comm.size(), comm.rank());
+        let fresh = |i: usize| vec![(r + i) as f32; a.count];
+        let want = |i: usize| (0..n).map(|q| (q + i) as f32).sum::<f32>();
+        let mut bufs: Vec<Vec<f32>> = (0..a.ops).map(fresh).collect();
+        let separate = median(&comm, a.iters, || {
+            for (i, b) in bufs.iter_mut().enumerate() {
+                b.fill((r + i) as f32);
+                comm.allreduce_in_place(b, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })?;
+        ensure!(
+            bufs.iter()
+                .enumerate()
+                .all(|(i, b)| b.iter().all(|&x| x == want(i))),
+            "separate results are wrong"
+        );
+        let batched = median(&comm, a.iters, || {
+            for (i, b) in bufs.iter_mut().enumerate() {
+                b.fill((r + i) as f32);
+            }
+            let mut batch = comm.batch();
+            for b in bufs.iter_mut() {
+                batch.allreduce(b, ReduceOp::Sum);
+            }
+            batch.run()?;
+            Ok(())
+        })?;
+        ensure!(
+            bufs.iter()
+                .enumerate()
+                .all(|(i, b)| b.iter().all(|&x| x == want(i))),
+            "batched results are wrong"
+        );
+        if r == 0 {
+            println!(
+                "# hcomm_perf batch: {} all-reduces of {} float32 on {n} ranks (median of {})",
+                a.ops, a.count, a.iters
+            );
+            println!("separate_us {:.1}", separate * 1e6);
+            println!("batched_us {:.1}", batched * 1e6);
+            println!("ratio separate/batched {:.1}", separate / batched);
+        }
+        Ok(Outcome::Passed)
     }
 }
 
