@@ -732,6 +732,20 @@ fn overlap(comm: &Communicator) -> Result<()> {
         fa.iter().all(|&x| x == n as f32) && fb.iter().all(|&x| x == 2.0 * n as f32),
         "overlapped allreduces are wrong"
     );
+    // Any collective can start in the background: an all-gather overlapping a barrier on
+    // the other communicator.
+    let g = Shape::new(CollKind::AllGather, DataType::Int32, ReduceOp::Sum, 3, 0, n);
+    let mine: Vec<u8> = bytemuck::cast_slice(&[comm.rank() as i32; 3]).to_vec();
+    let req = comm.start_collective(g.clone(), Some(mine), vec![0u8; g.recv_bytes(comm.rank())])?;
+    other.barrier()?;
+    let got = req.wait()?;
+    let ints: &[i32] = bytemuck::cast_slice(&got.buffer);
+    ensure!(
+        ints.chunks(3)
+            .enumerate()
+            .all(|(p, c)| c.iter().all(|&x| x == p as i32)),
+        "nonblocking allgather is wrong"
+    );
     // A batch of 1000 small all-reduces equals 1000 separate ones.
     let mut bufs: Vec<Vec<f32>> = (0..1000)
         .map(|i| vec![(comm.rank() + i) as f32; 8])

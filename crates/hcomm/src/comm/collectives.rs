@@ -75,15 +75,79 @@ impl Communicator {
     /// ([`Shape::send_bytes`], [`Shape::recv_bytes`]), and `shape.size` must be this
     /// communicator's size.
     pub fn run_collective(&self, shape: Shape, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        let (send_len, recv_len) = self.check_buffers(&shape, send.map(<[u8]>::len), recv.len())?;
+        let send_ptr = send.map_or(std::ptr::null(), <[u8]>::as_ptr);
+        // SAFETY: both buffers are borrowed for this whole call and hold the bytes the shape
+        // needs (checked above); `run` returns only after the executor released them.
+        unsafe { self.run(&shape, send_ptr, send_len, recv.as_mut_ptr(), recv_len) }
+    }
+
+    /// Starts any collective in the background on owned buffers: the nonblocking form of
+    /// [`Communicator::run_collective`]. [`Request::wait`] gives `recv` back with the result.
+    /// Calls are matched in the order they are started.
+    pub fn start_collective(
+        &self,
+        shape: Shape,
+        send: Option<Vec<u8>>,
+        mut recv: Vec<u8>,
+    ) -> Result<Request> {
+        let (send_len, recv_len) =
+            self.check_buffers(&shape, send.as_ref().map(Vec::len), recv.len())?;
+        // Plan and take the sequence number now: calls are matched in the order they are
+        // made, whenever their threads run.
+        let plan = self.plan(&shape);
+        let seq = self
+            .state
+            .coll_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let comm = self.handle();
+        let name = shape.kind.name();
+        let task = std::thread::Builder::new()
+            .name(format!("hcomm-{name}"))
+            .spawn(move || {
+                let send_ptr = send.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+                // SAFETY: the thread owns both buffers for the whole call, and they hold
+                // what the shape needs (checked before the thread started).
+                unsafe {
+                    comm.run_planned(
+                        &shape,
+                        &plan,
+                        seq,
+                        (send_ptr, send_len),
+                        (recv.as_mut_ptr(), recv_len),
+                    )
+                }
+                .map(|()| Completion {
+                    len: recv_len,
+                    buffer: recv,
+                })
+            })
+            .map_err(|e| {
+                Error::NoMem(format!(
+                    "cannot start a thread for a nonblocking {name}: {e}"
+                ))
+            })?;
+        Ok(Request {
+            inner: RequestInner::Task(Some(task)),
+        })
+    }
+
+    /// Checks a call's shape and buffer lengths; returns the bytes of the send and receive
+    /// buffers the call uses.
+    fn check_buffers(
+        &self,
+        shape: &Shape,
+        send: Option<usize>,
+        recv: usize,
+    ) -> Result<(usize, usize)> {
+        let name = shape.kind.name();
         if shape.size != self.size() {
             return Err(Error::InvalidArgument(format!(
-                "{}: the shape is for {} ranks but the communicator has {}",
-                shape.kind.name(),
+                "{name}: the shape is for {} ranks but the communicator has {}",
                 shape.size,
                 self.size()
             )));
         }
-        let name = shape.kind.name();
         if shape.kind.rooted() && shape.root >= self.size() {
             return Err(Error::InvalidArgument(format!(
                 "{name}: root {} does not exist in a communicator of {} ranks",
@@ -92,28 +156,24 @@ impl Communicator {
             )));
         }
         let need_recv = shape.recv_bytes(self.rank);
-        if recv.len() < need_recv {
+        if recv < need_recv {
             return Err(Error::InvalidArgument(format!(
-                "{name}: the receive buffer holds {} bytes but the call needs {need_recv}",
-                recv.len()
+                "{name}: the receive buffer holds {recv} bytes but the call needs {need_recv}"
             )));
         }
-        let (send_ptr, send_len) = match send {
-            Some(s) => {
+        let need_send = match send {
+            Some(len) if !shape.in_place_at(self.rank) => {
                 let need = shape.send_bytes(self.rank);
-                if s.len() < need {
+                if len < need {
                     return Err(Error::InvalidArgument(format!(
-                        "{name}: the send buffer holds {} bytes but the call needs {need}",
-                        s.len()
+                        "{name}: the send buffer holds {len} bytes but the call needs {need}"
                     )));
                 }
-                (s.as_ptr(), need)
+                need
             }
-            None => (std::ptr::null(), 0),
+            _ => 0,
         };
-        // SAFETY: both buffers are borrowed for this whole call and hold the bytes the shape
-        // needs (checked above); `run` returns only after the executor released them.
-        unsafe { self.run(&shape, send_ptr, send_len, recv.as_mut_ptr(), need_recv) }
+        Ok((need_send, need_recv))
     }
 
     /// Runs one call on raw buffers.
@@ -473,7 +533,7 @@ impl Communicator {
     fn nonblocking(
         &self,
         kind: CollKind,
-        mut buf: Vec<u8>,
+        buf: Vec<u8>,
         dtype: DataType,
         op: ReduceOp,
         root: usize,
@@ -491,45 +551,7 @@ impl Communicator {
             in_place: kind == CollKind::AllReduce,
             ..self.shape(kind, dtype, op, count, root)
         };
-        if shape.kind.rooted() && root >= self.size() {
-            return Err(Error::InvalidArgument(format!(
-                "{}: root {root} does not exist",
-                kind.name()
-            )));
-        }
-        // Plan and take the sequence number now: calls are matched in the order they are
-        // made, whenever their threads run.
-        let plan = self.plan(&shape);
-        let seq = self
-            .state
-            .coll_seq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let comm = self.handle();
-        let task = std::thread::Builder::new()
-            .name(format!("hcomm-{}", kind.name()))
-            .spawn(move || {
-                let len = buf.len();
-                // SAFETY: the thread owns `buf` for the whole call.
-                unsafe {
-                    comm.run_planned(
-                        &shape,
-                        &plan,
-                        seq,
-                        (std::ptr::null(), 0),
-                        (buf.as_mut_ptr(), len),
-                    )
-                }
-                .map(|()| Completion { buffer: buf, len })
-            })
-            .map_err(|e| {
-                Error::NoMem(format!(
-                    "cannot start a thread for a nonblocking {}: {e}",
-                    kind.name()
-                ))
-            })?;
-        Ok(Request {
-            inner: RequestInner::Task(Some(task)),
-        })
+        self.start_collective(shape, None, buf)
     }
 
     /// A batch of small collectives run together: all-reduces with the same type and op are
