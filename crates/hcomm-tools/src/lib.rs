@@ -104,6 +104,32 @@ pub fn write_line_locked<W: Write>(mut stream: W, line: &[u8]) -> io::Result<()>
     stream.flush()
 }
 
+/// Appends the test element with seed `x` (any u64) to `out`: a small integer (±1 for
+/// products), so that float reductions are exact in any order and results compare bit for
+/// bit; integers get a spread of bit patterns. Every rank generates every rank's input
+/// with it, so checks need no extra communication.
+pub fn push_test_value(dtype: hcomm::DataType, op: hcomm::ReduceOp, x: u64, out: &mut Vec<u8>) {
+    use hcomm::DataType;
+    let x = x % 7;
+    let v: i64 = match op {
+        hcomm::ReduceOp::Prod if x % 2 == 0 => 1,
+        hcomm::ReduceOp::Prod => -1,
+        _ => x as i64 - 3,
+    };
+    match dtype {
+        DataType::Float32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+        DataType::Float64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
+        DataType::Float16 => out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes()),
+        DataType::Bfloat16 => out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes()),
+        _ => {
+            let bits = (v as u64)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15 | x)
+                .to_le_bytes();
+            out.extend_from_slice(&bits[..dtype.size()]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

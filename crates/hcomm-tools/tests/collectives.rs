@@ -1,49 +1,13 @@
 //! Multi-process collective tests over TCP: every collective, data type and op against the
 //! sequential reference on 1..8 ranks, forced algorithms, mismatches, nonblocking overlap.
 
-use std::io::Read;
-use std::process::{Command, Output, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
 
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
-
-fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
-    let t0 = Instant::now();
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let o = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let e = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("did not finish within {limit:?}: {cmd:?}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: o.join().unwrap(),
-        stderr: e.join().unwrap(),
-    }
-}
 
 fn job(n: usize, env: &[(&str, &str)], args: &[&str]) {
     let mut c = Command::new(HCOMMRUN);
@@ -53,7 +17,7 @@ fn job(n: usize, env: &[(&str, &str)], args: &[&str]) {
     for (k, v) in env {
         c.env(k, v);
     }
-    let o = run_bounded(&mut c, Duration::from_secs(240));
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(240));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -120,7 +84,7 @@ fn an_unknown_algorithm_is_an_error_listing_the_valid_ones() {
     let mut c = Command::new(HCOMMRUN);
     c.args(["-n", "2", "--", CHECK, "hello"])
         .env("HCOMM_ALGO", "allreduce:warp");
-    let o = run_bounded(&mut c, Duration::from_secs(60));
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(60));
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(

@@ -807,31 +807,48 @@ impl State {
             // `post_send`).
             unsafe { std::slice::from_raw_parts(buf.0.cast_const(), len) }.to_vec()
         };
-        let uid = self.next_umsg;
-        self.next_umsg += 1;
-        let kind = UnexpectedKind::Eager {
-            data,
-            complete: true,
-        };
-        self.umsgs.insert(
-            uid,
-            Unexpected {
-                peer: t.peer,
-                sig: t.sig,
-                kind,
-                claimed_by: None,
-            },
-        );
         let key = MatchKey {
             comm: t.comm,
             peer: t.peer,
             tag: t.tag,
         };
+        let kind = UnexpectedKind::Eager {
+            data,
+            complete: true,
+        };
         match pop_key(&mut self.posted, &key) {
-            Some(rid) => self.deliver_unexpected(uid, rid),
-            None => self.unexpected.entry(key).or_default().push_back(uid),
+            Some(rid) => {
+                let uid = self.store_unexpected(key.peer, t.sig, kind);
+                self.deliver_unexpected(uid, rid);
+            }
+            None => {
+                self.push_unexpected(key, t.sig, kind);
+            }
         }
         self.complete(id, Ok(len));
+    }
+
+    /// Keeps a message no receive has claimed yet; returns its id.
+    fn store_unexpected(&mut self, peer: usize, sig: [u64; 2], kind: UnexpectedKind) -> u64 {
+        let uid = self.next_umsg;
+        self.next_umsg += 1;
+        self.umsgs.insert(
+            uid,
+            Unexpected {
+                peer,
+                sig,
+                kind,
+                claimed_by: None,
+            },
+        );
+        uid
+    }
+
+    /// Keeps an unexpected message and queues it for matching under `key`.
+    fn push_unexpected(&mut self, key: MatchKey, sig: [u64; 2], kind: UnexpectedKind) -> u64 {
+        let uid = self.store_unexpected(key.peer, sig, kind);
+        self.unexpected.entry(key).or_default().push_back(uid);
+        uid
     }
 
     fn post_recv(
@@ -1568,24 +1585,11 @@ impl State {
                         Dest::Discard
                     }
                     None => {
-                        let uid = self.next_umsg;
-                        self.next_umsg += 1;
-                        let data = vec![0u8; len];
                         let kind = UnexpectedKind::Eager {
-                            data,
+                            data: vec![0u8; len],
                             complete: false,
                         };
-                        self.umsgs.insert(
-                            uid,
-                            Unexpected {
-                                peer,
-                                sig: hdr.sig,
-                                kind,
-                                claimed_by: None,
-                            },
-                        );
-                        self.unexpected.entry(key).or_default().push_back(uid);
-                        Dest::Unexpected(uid)
+                        Dest::Unexpected(self.push_unexpected(key, hdr.sig, kind))
                     }
                 }
             }
@@ -1608,22 +1612,14 @@ impl State {
                         self.reject_message(peer, &hdr);
                     }
                     None => {
-                        let uid = self.next_umsg;
-                        self.next_umsg += 1;
-                        let kind = UnexpectedKind::Rts {
-                            msg_id: hdr.msg_id,
-                            len,
-                        };
-                        self.umsgs.insert(
-                            uid,
-                            Unexpected {
-                                peer,
-                                sig: hdr.sig,
-                                kind,
-                                claimed_by: None,
+                        self.push_unexpected(
+                            key,
+                            hdr.sig,
+                            UnexpectedKind::Rts {
+                                msg_id: hdr.msg_id,
+                                len,
                             },
                         );
-                        self.unexpected.entry(key).or_default().push_back(uid);
                     }
                 }
                 return Ok(());

@@ -352,32 +352,10 @@ fn lifecycle(first: Communicator) -> Result<()> {
 /// that float results are exact in any reduction order.
 fn inputs(shapes: &[Shape], seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let gen = |r: usize, len: usize, salt: u64, dtype: DataType, op: ReduceOp| -> Vec<u8> {
-        let e = dtype.size();
         let mut out = Vec::with_capacity(len);
-        for i in 0..len / e {
-            let x = (r as u64 * 7919 + i as u64 * 104_729 + salt * 31 + seed) % 7;
-            let v: i64 = if op == ReduceOp::Prod {
-                if x % 2 == 0 {
-                    1
-                } else {
-                    -1
-                }
-            } else {
-                x as i64 - 3
-            };
-            match dtype {
-                DataType::Float32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-                DataType::Float64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
-                DataType::Float16 => {
-                    out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes())
-                }
-                DataType::Bfloat16 => {
-                    out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes())
-                }
-                _ => out.extend_from_slice(
-                    &((v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15 | x)).to_le_bytes()[..e],
-                ),
-            }
+        for i in 0..len / dtype.size() {
+            let x = r as u64 * 7919 + i as u64 * 104_729 + salt * 31 + seed;
+            hcomm_tools::push_test_value(dtype, op, x, &mut out);
         }
         out
     };

@@ -1846,28 +1846,7 @@ mod collective {
                     .wrapping_add(salt * 31)
                     .wrapping_add(seed)
                     % 7;
-                let v: i64 = if shape.op == ReduceOp::Prod {
-                    if x % 2 == 0 {
-                        1
-                    } else {
-                        -1
-                    }
-                } else {
-                    x as i64 - 3
-                };
-                match shape.dtype {
-                    DataType::Float32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-                    DataType::Float64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
-                    DataType::Float16 => {
-                        out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes())
-                    }
-                    DataType::Bfloat16 => {
-                        out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes())
-                    }
-                    _ => out.extend_from_slice(
-                        &((v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15 | x)).to_le_bytes()[..e],
-                    ),
-                }
+                hcomm_tools::push_test_value(shape.dtype, shape.op, x, &mut out);
             }
         }
         Ok(out)
