@@ -44,6 +44,7 @@ run: build
 	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_check collectives --max-count 100000
 	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf pingpong -b 8 -e 16M -f 4
 	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf stream -b 8 -e 16M -f 4
+	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_perf allreduce -b 8 -e 16M -f 4
 
 test:
 	$(CARGO) nextest run --workspace
