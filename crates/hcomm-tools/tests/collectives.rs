@@ -69,6 +69,20 @@ fn forced_algorithms_give_the_same_results() {
         "reduce_scatter:rabenseifner",
         "allgather:ring",
         "reduce:ring",
+        "allreduce:tree",
+        "allreduce:dbtree",
+        "allreduce:hier",
+        "broadcast:tree",
+        "broadcast:dbtree",
+        "reduce:dbtree",
+        "gather:tree",
+        "scatter:tree",
+        "allgather:bruck",
+        "allgather:hier",
+        "alltoall:bruck",
+        "alltoall:pairwise",
+        "alltoallv:pairwise",
+        "barrier:dissemination",
     ] {
         let only = spec.split(':').next().unwrap();
         job(
@@ -125,4 +139,33 @@ fn deterministic_mode_is_bitwise_reproducible_across_algorithms() {
         );
     }
     job(3, &[("HCOMM_DETERMINISTIC", "1")], &["deterministic"]);
+}
+
+#[test]
+fn ranks_spanning_hosts_use_the_hierarchical_algorithms() {
+    // Three "hosts" of 2, 2 and 1 ranks, laid out by HCOMM_HOST_ID; ranks of a host are not
+    // contiguous (rank r on host r % 3).
+    let script =
+        format!("HCOMM_HOST_ID=host$((HCOMM_RANK % 3)) exec {CHECK} collectives --max-count 70000");
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "5", "--timeout", "200", "--", "sh", "-c", &script])
+        .env("HCOMM_TIMEOUT", "60");
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(240));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{text}");
+    assert_eq!(text.matches("OK collectives").count(), 5, "{text}");
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "4", "--timeout", "200", "--", "sh", "-c", &script])
+        .env("HCOMM_ALGO", "allreduce:hier,allgather:hier");
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(240));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{text}");
 }

@@ -256,7 +256,7 @@ impl Communicator {
         let (rank, size) = (config.launch.rank, config.launch.size);
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
-        let me = RankInfo::current();
+        let me = RankInfo::current(config.host_id.as_deref());
         let (links, infos, store, client) = if size == 1 {
             (vec![Vec::new()], vec![me], None, None)
         } else {

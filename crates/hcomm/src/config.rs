@@ -82,6 +82,9 @@ pub struct Config {
     /// `HCOMM_IFADDR`: IP address this rank listens on and announces (default: the address
     /// its connection to the store leaves from).
     pub if_addr: Option<String>,
+    /// `HCOMM_HOST_ID`: the host identity to announce instead of hostname and boot id
+    /// (containers that share a host, tests that lay out several hosts on one machine).
+    pub host_id: Option<String>,
     /// Where this process sits in its job.
     pub launch: LaunchInfo,
 }
@@ -170,6 +173,7 @@ impl Config {
             tcp_chunk,
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
+            host_id: get("HCOMM_HOST_ID"),
             launch: detect_launch(&get)?,
         })
     }

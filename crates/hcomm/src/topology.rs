@@ -25,8 +25,9 @@ pub struct RankInfo {
 }
 
 impl RankInfo {
-    /// Describes the calling process.
-    pub fn current() -> RankInfo {
+    /// Describes the calling process; `host_id` replaces the detected host identity
+    /// (`HCOMM_HOST_ID`).
+    pub fn current(host_id: Option<&str>) -> RankInfo {
         let hostname = rustix::system::uname()
             .nodename()
             .to_string_lossy()
@@ -38,7 +39,7 @@ impl RankInfo {
         let cpu = unsafe { libc::sched_getcpu() };
         let cpu = u32::try_from(cpu).unwrap_or(0);
         RankInfo {
-            host_id: format!("{hostname}/{boot_id}"),
+            host_id: host_id.map_or_else(|| format!("{hostname}/{boot_id}"), str::to_owned),
             hostname,
             pid: std::process::id(),
             numa_node: numa_node_of_cpu(cpu),
@@ -215,7 +216,7 @@ mod tests {
 
     #[test]
     fn encode_decode_round_trip() {
-        let me = RankInfo::current();
+        let me = RankInfo::current(None);
         assert_eq!(RankInfo::decode(3, &me.encode()).unwrap(), me);
         assert!(RankInfo::decode(3, b"a\nb").is_err());
         assert!(RankInfo::decode(3, &[0xff, 0xfe]).is_err());
