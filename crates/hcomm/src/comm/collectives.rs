@@ -155,6 +155,49 @@ impl Communicator {
                 self.size()
             )));
         }
+        let total = shape
+            .count
+            .checked_mul(shape.elem())
+            .and_then(|b| b.checked_mul(self.size()));
+        if total.is_none_or(|t| t > isize::MAX as usize) {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: count {} is out of range",
+                shape.count
+            )));
+        }
+        if matches!(shape.kind, CollKind::AllGatherV | CollKind::AllToAllV) {
+            let n = self.size();
+            let v = shape.v.as_deref().ok_or_else(|| {
+                Error::InvalidArgument(format!("{name}: the shape has no counts and displacements"))
+            })?;
+            let lists = [&v.recv_counts, &v.recv_displs];
+            let send_lists = [&v.send_counts, &v.send_displs];
+            let needed: &[&Vec<usize>] = if shape.kind == CollKind::AllToAllV {
+                &[lists[0], lists[1], send_lists[0], send_lists[1]]
+            } else {
+                &lists
+            };
+            if needed.iter().any(|l| l.len() != n) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}: counts and displacements need {n} entries each"
+                )));
+            }
+            // Every block must end inside the address space, so the byte arithmetic of the
+            // schedules cannot overflow.
+            let limit = (isize::MAX as usize) / shape.elem();
+            let too_big = |c: &Vec<usize>, d: &Vec<usize>| {
+                c.iter()
+                    .zip(d)
+                    .any(|(&c, &d)| c.checked_add(d).is_none_or(|e| e > limit))
+            };
+            if too_big(&v.recv_counts, &v.recv_displs)
+                || (shape.kind == CollKind::AllToAllV && too_big(&v.send_counts, &v.send_displs))
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}: a count plus its displacement is out of range"
+                )));
+            }
+        }
         let need_recv = shape.recv_bytes(self.rank);
         if recv < need_recv {
             return Err(Error::InvalidArgument(format!(

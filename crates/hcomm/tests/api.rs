@@ -1,0 +1,111 @@
+//! Argument checks of the public API on a world of one rank (no launcher needed).
+
+use std::sync::Arc;
+
+use hcomm::coll::{CollKind, Shape, VLayout};
+use hcomm::{Communicator, Config, DataType, Error, ReduceOp};
+
+fn world() -> Communicator {
+    Communicator::init_with(Config::from_lookup(|_| None).unwrap()).unwrap()
+}
+
+#[test]
+fn a_world_of_one_runs_every_collective() {
+    let comm = world();
+    assert_eq!((comm.rank(), comm.size()), (0, 1));
+    let mut out = [0f32; 4];
+    comm.allreduce(&[1.0, 2.0, 3.0, 4.0], &mut out, ReduceOp::Avg)
+        .unwrap();
+    assert_eq!(out, [1.0, 2.0, 3.0, 4.0]);
+    let mut buf = [7u8; 3];
+    comm.broadcast(&mut buf, 0).unwrap();
+    comm.barrier().unwrap();
+    let mut g = [0i64; 2];
+    comm.allgather(&[5i64, 6], &mut g).unwrap();
+    assert_eq!(g, [5, 6]);
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let comm = world();
+    let mut small = [0f32; 2];
+    let e = comm
+        .allreduce(&[1.0f32; 4], &mut small, ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("receive buffer")),
+        "{e}"
+    );
+    let e = comm.broadcast(&mut small, 3).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("root 3")),
+        "{e}"
+    );
+    let e = comm.send(b"x", 1, 0).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let huge = Shape::new(
+        CollKind::AllReduce,
+        DataType::Float64,
+        ReduceOp::Sum,
+        usize::MAX / 2,
+        0,
+        1,
+    );
+    let e = comm.run_collective(huge, None, &mut []).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("out of range")),
+        "{e}"
+    );
+    let no_counts = Shape::new(
+        CollKind::AllGatherV,
+        DataType::Uint8,
+        ReduceOp::Sum,
+        1,
+        0,
+        1,
+    );
+    let e = comm
+        .run_collective(no_counts, Some(&[1]), &mut [0])
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let v = VLayout {
+        recv_counts: vec![usize::MAX],
+        recv_displs: vec![1],
+        ..VLayout::default()
+    };
+    let overflow = Shape {
+        v: Some(Arc::new(v)),
+        ..Shape::new(
+            CollKind::AllGatherV,
+            DataType::Uint8,
+            ReduceOp::Sum,
+            1,
+            0,
+            1,
+        )
+    };
+    let e = comm
+        .run_collective(overflow, Some(&[1]), &mut [0])
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("out of range")),
+        "{e}"
+    );
+    let wrong_size = Shape::new(CollKind::AllReduce, DataType::Uint8, ReduceOp::Sum, 1, 0, 2);
+    assert!(comm
+        .run_collective(wrong_size, Some(&[1]), &mut [0])
+        .is_err());
+}
+
+#[test]
+fn self_messages_and_truncation() {
+    let comm = world();
+    comm.send(b"hello", 0, 9).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(comm.recv(&mut buf, 0, 9).unwrap(), 5);
+    assert_eq!(&buf[..5], b"hello");
+    comm.send(&[1u8; 16], 0, 9).unwrap();
+    let e = comm.recv(&mut buf, 0, 9).unwrap_err();
+    assert!(matches!(e, Error::Truncated(_)), "{e}");
+    assert_eq!(e.code(), hcomm::ErrorCode::Truncated);
+}
