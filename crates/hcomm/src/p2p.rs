@@ -9,6 +9,13 @@
 //! `epoll_wait`), so a blocking receive reads its own data with no hand-off. A background
 //! thread progresses outstanding nonblocking operations while nobody waits.
 //!
+//! Collectives put a signature in every frame (what the call was: collective, type, op,
+//! count, root). A receive only matches a message with its own signature; a message of a
+//! different call fails the receiving call with a mismatch, and an `Abort` frame tells the
+//! sender, whose call then fails too (or, if it is over, its next call on that
+//! communicator). Abandoned operations are disentangled from the wire — data still due is
+//! read and dropped — so that a mismatch never costs a connection.
+//!
 //! Every operation names a buffer by raw pointer. The engine touches it only until the
 //! operation completes, is cancelled, or fails with its peer; the safe layer above (the
 //! communicator and [`Request`](crate::Request)) keeps the buffer alive and borrowed until
