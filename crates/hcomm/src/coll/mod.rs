@@ -1,5 +1,5 @@
 //! Collectives as schedules: the shapes of collective calls, the algorithms that turn a shape
-//! into each rank's [`Schedule`](schedule::Schedule), and a sequential reference.
+//! into each rank's [`Schedule`], and a sequential reference.
 //!
 //! Nothing here touches a socket: the executor (`exec`) runs schedules over the transport, the
 //! simulator ([`sim`]) runs them in one process for tests.

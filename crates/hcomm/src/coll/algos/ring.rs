@@ -14,7 +14,7 @@
 //! - broadcast: a pipelined chain from the root along the ring.
 //!
 //! Segments are cut into chunks of at most [`CHUNK_BYTES`], and each chunk's receive and send
-//! are issued before the previous chunk is reduced ([`emit_pipelined`]), so reductions overlap
+//! are issued before the previous chunk is reduced (`emit_pipelined`), so reductions overlap
 //! transfers and a segment starts moving on before all of it has arrived.
 
 use super::segments;
