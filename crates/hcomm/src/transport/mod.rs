@@ -1,8 +1,10 @@
 //! Transports: how bytes move between two ranks.
 //!
 //! [`wire`] is the frame format of the stream transports and [`tcp`] sets up the authenticated
-//! TCP mesh. The progress engine of the point-to-point layer drives the sockets; transports
-//! know nothing about messages, tags or collectives.
+//! TCP mesh; [`shm`] holds the shared-memory segments and futex waiting of ranks on one host.
+//! The progress engine of the point-to-point layer drives the sockets; transports know nothing
+//! about messages, tags or collectives.
 
+pub mod shm;
 pub mod tcp;
 pub mod wire;

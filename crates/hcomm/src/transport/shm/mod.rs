@@ -1,0 +1,12 @@
+//! Shared memory between the ranks of one host.
+//!
+//! [`segment`] creates, maps, validates and unlinks the named segments under `/dev/shm`: mode
+//! 0600, names that carry the job's id, a `#[repr(C)]` header with a magic and a version checked
+//! on every map, and the name unlinked as soon as every local rank has mapped the segment, so a
+//! crash of any process leaves nothing behind. [`futex`] is how a rank waits for a peer through
+//! that memory: spin briefly, then yield, then sleep on a futex in the segment (the shared
+//! futex, which works across processes), woken by the writer only when a sleeper is flagged.
+
+pub mod futex;
+pub mod ring;
+pub mod segment;

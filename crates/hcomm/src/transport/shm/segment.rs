@@ -1,0 +1,653 @@
+//! Named shared-memory segments under `/dev/shm`.
+//!
+//! A segment is one POSIX shared-memory object, mapped read-write and shared:
+//!
+//! ```text
+//! offset 0               PAYLOAD_OFFSET (128)                      PAYLOAD_OFFSET + len
+//! | SegmentHeader, padded | payload: what the segment is for (rings, pool blocks, ...) |
+//! ```
+//!
+//! The creator opens the name with `O_CREAT | O_EXCL` and mode 0600, sizes it, writes the
+//! [`SegmentHeader`] and publishes the header's magic last; every other process checks the
+//! owner, the mode, the size, the magic, the version and the length before it hands the memory
+//! out, so a stale segment of another job, another hcomm build or another user is refused with
+//! a message naming it. [`ShmSegment::as_ptr`] is the start of the payload, 128-byte aligned.
+//!
+//! Names are `hcomm-<job id>-<rank>-<purpose>` ([`segment_name`]): the prefix lets a launcher
+//! sweep what a job left behind, the job id keeps concurrent jobs apart. The name only exists
+//! while the local ranks attach: every process that maps the segment is counted in the header,
+//! and the one that completes the count removes the name ([`ShmSegment::unlink_if_last`]), so
+//! after start-up a crash of any process, even by `SIGKILL`, leaves nothing in `/dev/shm`; the
+//! kernel frees the memory when the last mapping goes. A caller that gives up before everyone
+//! has attached removes the name itself with [`ShmSegment::unlink`].
+
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use rustix::fd::OwnedFd;
+use rustix::fs::Mode;
+use rustix::io::Errno;
+use rustix::mm::{MapFlags, ProtFlags};
+
+use crate::error::{Error, Result};
+
+/// The first eight bytes of every hcomm segment: `HCOMMSHM` in little-endian order.
+pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"HCOMMSHM");
+/// Version of the segment layout; a process refuses a segment of another version.
+pub const SEGMENT_VERSION: u32 = 1;
+/// Offset of the payload from the start of the mapping: the header padded to two cache lines,
+/// so the payload is 128-byte aligned and shares no cache line with the header.
+pub const PAYLOAD_OFFSET: usize = 128;
+/// Prefix of every segment name.
+pub const NAME_PREFIX: &str = "hcomm-";
+/// Longest segment name accepted (the kernel's limit is 255 bytes).
+pub const MAX_NAME_LEN: usize = 200;
+
+/// The header at offset 0 of every segment, written by its creator and checked on every map.
+///
+/// The creator fills in every other field first and stores `magic` last with release
+/// ordering; a process that reads the magic with acquire ordering then sees the whole header.
+/// A freshly sized segment is all zero bytes, so a header that is not published yet reads as
+/// magic 0.
+#[repr(C)]
+#[derive(Debug)]
+pub struct SegmentHeader {
+    /// [`SEGMENT_MAGIC`] once the header is complete.
+    pub magic: AtomicU64,
+    /// [`SEGMENT_VERSION`] of the creator.
+    pub version: u32,
+    /// [`PAYLOAD_OFFSET`] of the creator.
+    pub header_len: u32,
+    /// Length of the payload in bytes.
+    pub len: u64,
+    /// Process id of the creator, for messages.
+    pub creator_pid: u32,
+    /// How many processes have mapped the segment, the creator included.
+    pub mapped: AtomicU32,
+}
+
+const _: () = assert!(size_of::<SegmentHeader>() <= PAYLOAD_OFFSET);
+
+/// Builds the segment name `hcomm-<job id>-<rank>-<purpose>`.
+///
+/// The job id is made of ASCII letters, digits, `_` and `.` (no `-`, so the prefix
+/// `hcomm-<job id>-` names exactly one job's segments); the purpose may also contain `-`.
+pub fn segment_name(job_id: &str, rank: u32, purpose: &str) -> Result<String> {
+    let job_ok = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'.';
+    if job_id.is_empty() || !job_id.bytes().all(job_ok) {
+        return Err(Error::InvalidArgument(format!(
+            "shared-memory job id {job_id:?}: use ASCII letters, digits, '_' and '.' only"
+        )));
+    }
+    if purpose.is_empty() || !purpose.bytes().all(is_name_byte) {
+        return Err(Error::InvalidArgument(format!(
+            "shared-memory segment purpose {purpose:?}: use ASCII letters, digits, '_', '.' \
+             and '-' only"
+        )));
+    }
+    let name = format!("{NAME_PREFIX}{job_id}-{rank}-{purpose}");
+    validate_name(&name)?;
+    Ok(name)
+}
+
+/// Checks that `name` is a segment name hcomm may use: it starts with [`NAME_PREFIX`] followed
+/// by at least one byte, is at most [`MAX_NAME_LEN`] bytes long and contains only ASCII letters, digits, `_`, `.` and `-`.
+pub fn validate_name(name: &str) -> Result<()> {
+    if !name.starts_with(NAME_PREFIX)
+        || name.len() == NAME_PREFIX.len()
+        || name.len() > MAX_NAME_LEN
+        || !name.bytes().all(is_name_byte)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "shared-memory segment name {name:?}: must start with {NAME_PREFIX:?}, be at most \
+             {MAX_NAME_LEN} bytes long and contain only ASCII letters, digits, '_', '.' and '-'"
+        )));
+    }
+    Ok(())
+}
+
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-'
+}
+
+/// The length of the mapping of a segment with `len` payload bytes.
+fn mapping_len(name: &str, len: usize) -> Result<usize> {
+    len.checked_add(PAYLOAD_OFFSET)
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "shared-memory segment {name}: a payload of {len} bytes is too large"
+            ))
+        })
+}
+
+fn os_error(name: &str, what: &str, err: Errno) -> Error {
+    Error::transport(
+        format_args!("shared-memory segment {name}: {what}"),
+        err.into(),
+    )
+}
+
+/// A mapped shared-memory segment: a validated header and `len` bytes of payload.
+///
+/// Dropping the value unmaps the segment; the name is left alone (see [`ShmSegment::unlink`]).
+#[derive(Debug)]
+pub struct ShmSegment {
+    name: String,
+    /// Start of the mapping, where the header lives.
+    base: NonNull<u8>,
+    /// Length of the whole mapping, header included.
+    map_len: usize,
+    /// The header's count of mappers right after this process mapped it: 1 for the creator.
+    mapped_as: u32,
+}
+
+// SAFETY: the value owns a shared mapping that any thread may use or unmap; the payload is
+// reached only through raw pointers, whose users synchronise among themselves (they already
+// share it with other processes), and the header's mutable fields are atomics.
+unsafe impl Send for ShmSegment {}
+// SAFETY: as for `Send`: `&ShmSegment` gives out only atomics and raw pointers.
+unsafe impl Sync for ShmSegment {}
+
+impl ShmSegment {
+    /// Creates the segment `name` with a payload of `len` zero bytes and maps it. The memory is
+    /// reserved in `/dev/shm` up front, so a full `/dev/shm` fails here with [`Error::NoMem`].
+    ///
+    /// Fails if the name already exists (a leftover of a crashed job with the same id, or a
+    /// clash); in that case the existing segment is left untouched. On any later failure the
+    /// new name is removed again.
+    pub fn create(name: &str, len: usize) -> Result<ShmSegment> {
+        validate_name(name)?;
+        let map_len = mapping_len(name, len)?;
+        let fd = rustix::shm::open(
+            name,
+            rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(|err| match err {
+            Errno::EXIST => Error::Transport(format!(
+                "shared-memory segment {name} already exists: a job with the same id is \
+                 running, or a crashed one left it behind (remove /dev/shm/{name})"
+            )),
+            err => os_error(name, "cannot create", err),
+        })?;
+        let created = Self::init_created(name, &fd, len, map_len);
+        if created.is_err() {
+            // Best effort: the original error is the one worth reporting.
+            let _ = rustix::shm::unlink(name);
+        }
+        created
+    }
+
+    fn init_created(name: &str, fd: &OwnedFd, len: usize, map_len: usize) -> Result<ShmSegment> {
+        // The umask may have cleared the owner's write bit; the other ranks need it.
+        rustix::fs::fchmod(fd, Mode::RUSR | Mode::WUSR)
+            .map_err(|err| os_error(name, "cannot set mode 0600", err))?;
+        rustix::fs::ftruncate(fd, map_len as u64)
+            .map_err(|err| os_error(name, &format!("cannot size to {map_len} bytes"), err))?;
+        // Reserve the pages now: a /dev/shm too small for them (64 MiB in a default container)
+        // then fails here with a message instead of killing a rank with SIGBUS on first touch.
+        match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, map_len as u64) {
+            Ok(()) | Err(Errno::OPNOTSUPP) => {}
+            Err(Errno::NOSPC) => {
+                return Err(Error::NoMem(format!(
+                    "shared-memory segment {name}: /dev/shm has no room for {map_len} bytes; \
+                     enlarge it (e.g. docker run --shm-size) or use smaller buffers"
+                )))
+            }
+            Err(err) => {
+                return Err(os_error(
+                    name,
+                    &format!("cannot reserve {map_len} bytes"),
+                    err,
+                ))
+            }
+        }
+        let seg = Self::map(name, fd, map_len)?;
+        let header = seg.header_ptr();
+        // SAFETY: the mapping is at least `PAYLOAD_OFFSET` bytes, page aligned and all zero,
+        // so `header` points to a valid `SegmentHeader`. No other process reads the plain
+        // fields before it has acquired the magic, which is published below, after them.
+        unsafe {
+            ptr::addr_of_mut!((*header).version).write(SEGMENT_VERSION);
+            ptr::addr_of_mut!((*header).header_len).write(PAYLOAD_OFFSET as u32);
+            ptr::addr_of_mut!((*header).len).write(len as u64);
+            ptr::addr_of_mut!((*header).creator_pid).write(std::process::id());
+        }
+        let header = seg.header();
+        header.mapped.store(1, Ordering::Relaxed);
+        header.magic.store(SEGMENT_MAGIC, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Maps the existing segment `name`, which must hold a payload of `expected_len` bytes,
+    /// and counts this process as one more that has mapped it.
+    ///
+    /// The segment must belong to this user with mode 0600, be exactly as long as
+    /// `expected_len` implies, and carry a complete header of this version of hcomm; anything
+    /// else fails with [`Error::Transport`] naming the segment and what was wrong.
+    pub fn open(name: &str, expected_len: usize) -> Result<ShmSegment> {
+        validate_name(name)?;
+        let map_len = mapping_len(name, expected_len)?;
+        let fd =
+            rustix::shm::open(name, rustix::shm::OFlags::RDWR, Mode::empty()).map_err(|err| {
+                match err {
+                    Errno::NOENT => Error::Transport(format!(
+                        "shared-memory segment {name} does not exist: its creator has not made it \
+                     yet, or every rank had already mapped it and it was unlinked"
+                    )),
+                    err => os_error(name, "cannot open", err),
+                }
+            })?;
+        let stat = rustix::fs::fstat(&fd).map_err(|err| os_error(name, "cannot stat", err))?;
+        let uid = rustix::process::geteuid().as_raw();
+        if stat.st_uid != uid {
+            return Err(Error::Transport(format!(
+                "shared-memory segment {name} belongs to uid {}, not to this user (uid {uid})",
+                stat.st_uid
+            )));
+        }
+        let mode = stat.st_mode & 0o777;
+        if mode != 0o600 {
+            return Err(Error::Transport(format!(
+                "shared-memory segment {name} has mode {mode:04o}; hcomm creates its segments \
+                 with mode 0600 and refuses others"
+            )));
+        }
+        if u64::try_from(stat.st_size).ok() != Some(map_len as u64) {
+            return Err(Error::Transport(format!(
+                "shared-memory segment {name} is {} bytes long, expected {map_len} (a \
+                 {PAYLOAD_OFFSET}-byte header and {expected_len} bytes of payload): it belongs \
+                 to another job or another configuration",
+                stat.st_size
+            )));
+        }
+        let mut seg = Self::map(name, &fd, map_len)?;
+        seg.validate(expected_len)?;
+        seg.mapped_as = seg.header().mapped.fetch_add(1, Ordering::AcqRel) + 1;
+        Ok(seg)
+    }
+
+    /// Removes the name `name` from `/dev/shm`. Existing mappings stay valid; the memory is
+    /// freed when the last one goes. Returns whether the name existed.
+    pub fn unlink(name: &str) -> Result<bool> {
+        validate_name(name)?;
+        match rustix::shm::unlink(name) {
+            Ok(()) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(err) => Err(os_error(name, "cannot unlink", err)),
+        }
+    }
+
+    /// Removes the segment's name if this mapping completed the count: `mappers` processes
+    /// (the creator included) are expected to map the segment, and exactly one of them, the
+    /// last to map it, removes the name. Every mapper calls this once it has mapped the
+    /// segment; returns whether this call removed the name.
+    pub fn unlink_if_last(&self, mappers: u32) -> Result<bool> {
+        if self.mapped_as != mappers {
+            return Ok(false);
+        }
+        Self::unlink(&self.name)
+    }
+
+    /// The segment's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Start of the payload: `len()` bytes, 128-byte aligned, shared with every process that
+    /// maps the segment. Valid until this value is dropped.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base.as_ptr().wrapping_add(PAYLOAD_OFFSET)
+    }
+
+    /// Length of the payload in bytes.
+    pub fn len(&self) -> usize {
+        self.map_len - PAYLOAD_OFFSET
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many processes have mapped the segment so far, the creator included.
+    pub fn mapped_count(&self) -> u32 {
+        self.header().mapped.load(Ordering::Acquire)
+    }
+
+    fn map(name: &str, fd: &OwnedFd, map_len: usize) -> Result<ShmSegment> {
+        // SAFETY: with a null address and no MAP_FIXED the kernel picks fresh addresses, so
+        // the new mapping aliases no memory this process already uses.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                ptr::null_mut(),
+                map_len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }
+        .map_err(|err| os_error(name, &format!("cannot map {map_len} bytes"), err))?;
+        let base = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| Error::Internal(format!("mmap of segment {name} returned null")))?;
+        Ok(ShmSegment {
+            name: name.to_owned(),
+            base,
+            map_len,
+            mapped_as: 1,
+        })
+    }
+
+    fn validate(&self, expected_len: usize) -> Result<()> {
+        let name = &self.name;
+        let header = self.header();
+        let magic = header.magic.load(Ordering::Acquire);
+        if magic == 0 {
+            return Err(Error::Transport(format!(
+                "shared-memory segment {name} has no header yet: it was opened before its \
+                 creator finished setting it up"
+            )));
+        }
+        if magic != SEGMENT_MAGIC {
+            return Err(Error::Transport(format!(
+                "shared-memory segment {name} is not an hcomm segment (magic {magic:#018x}, \
+                 expected {SEGMENT_MAGIC:#018x})"
+            )));
+        }
+        if header.version != SEGMENT_VERSION {
+            return Err(Error::Transport(format!(
+                "shared-memory segment {name} has layout version {}, this hcomm speaks version \
+                 {SEGMENT_VERSION}: every rank of a job must run the same hcomm build (creator \
+                 pid {})",
+                header.version, header.creator_pid
+            )));
+        }
+        if header.header_len as usize != PAYLOAD_OFFSET || header.len != expected_len as u64 {
+            return Err(Error::Transport(format!(
+                "shared-memory segment {name} has a {}-byte header and {} bytes of payload, \
+                 expected {PAYLOAD_OFFSET} and {expected_len} (creator pid {})",
+                header.header_len, header.len, header.creator_pid
+            )));
+        }
+        Ok(())
+    }
+
+    fn header_ptr(&self) -> *mut SegmentHeader {
+        self.base.as_ptr().cast()
+    }
+
+    fn header(&self) -> &SegmentHeader {
+        // SAFETY: the mapping starts page aligned with at least `PAYLOAD_OFFSET` bytes, any
+        // bytes are a valid `SegmentHeader`, and after creation only its atomics change.
+        unsafe { &*self.header_ptr() }
+    }
+}
+
+impl Drop for ShmSegment {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `map_len` describe the mapping made in `map`, which this value
+        // owns; references into it borrow `self`, and users of `as_ptr` must stop at drop.
+        if let Err(err) = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.map_len) } {
+            tracing::warn!(segment = %self.name, %err, "cannot unmap shared-memory segment");
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::path::PathBuf;
+
+    /// A segment name no other test, process or test binary uses.
+    pub(crate) fn unique_name(purpose: &str) -> String {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let job = format!("test{}", std::process::id());
+        segment_name(&job, NEXT.fetch_add(1, Ordering::Relaxed), purpose).unwrap()
+    }
+
+    pub(crate) fn dev_shm(name: &str) -> PathBuf {
+        PathBuf::from("/dev/shm").join(name)
+    }
+
+    fn transport_message(result: Result<ShmSegment>) -> String {
+        match result {
+            Err(Error::Transport(msg)) => msg,
+            other => panic!("expected a transport error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn names_are_validated() {
+        assert_eq!(
+            segment_name("j1.a_b", 3, "ring-0").unwrap(),
+            "hcomm-j1.a_b-3-ring-0"
+        );
+        assert!(segment_name("", 0, "ring").is_err());
+        assert!(segment_name("a-b", 0, "ring").is_err());
+        assert!(segment_name("job", 0, "").is_err());
+        assert!(segment_name("job", 0, "a/b").is_err());
+        assert!(segment_name(&"j".repeat(MAX_NAME_LEN), 0, "ring").is_err());
+        for bad in [
+            "",
+            "hcomm-",
+            "x-1",
+            "hcomm-a/b",
+            "hcomm-a b",
+            "hcomm-é",
+            "/hcomm-a",
+        ] {
+            let invalid = matches!(validate_name(bad), Err(Error::InvalidArgument(_)));
+            assert!(invalid, "{bad:?} accepted");
+        }
+        assert!(validate_name(&format!("hcomm-{}", "a".repeat(MAX_NAME_LEN))).is_err());
+        assert!(matches!(
+            ShmSegment::create("../etc", 8),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            ShmSegment::open("hcomm-a/b", 8),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn create_open_share_and_unlink() {
+        let name = unique_name("share");
+        let a = ShmSegment::create(&name, 4096).unwrap();
+        assert_eq!(
+            (a.len(), a.name(), a.mapped_count()),
+            (4096, name.as_str(), 1)
+        );
+        assert_eq!(a.as_ptr() as usize % 128, 0);
+        let meta = std::fs::metadata(dev_shm(&name)).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(meta.len(), (PAYLOAD_OFFSET + 4096) as u64);
+
+        // SAFETY: both payloads are 4096 bytes and valid while `a` and `b` live; the writes
+        // and reads below are ordered by this one thread.
+        unsafe {
+            a.as_ptr().add(4095).write(0x5a);
+            let b = ShmSegment::open(&name, 4096).unwrap();
+            assert_ne!(a.as_ptr(), b.as_ptr());
+            assert_eq!(b.as_ptr().add(4095).read(), 0x5a);
+            assert_eq!(a.mapped_count(), 2);
+
+            assert!(ShmSegment::unlink(&name).unwrap());
+            assert!(!dev_shm(&name).exists());
+            assert!(!ShmSegment::unlink(&name).unwrap());
+            // The mappings outlive the name.
+            b.as_ptr().write(7);
+            assert_eq!(a.as_ptr().read(), 7);
+        }
+        let msg = transport_message(ShmSegment::open(&name, 4096));
+        assert!(
+            msg.contains(&name) && msg.contains("does not exist"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn the_last_mapper_unlinks() {
+        let name = unique_name("last");
+        let creator = ShmSegment::create(&name, 64).unwrap();
+        assert!(!creator.unlink_if_last(3).unwrap());
+        let first = ShmSegment::open(&name, 64).unwrap();
+        assert!(!first.unlink_if_last(3).unwrap());
+        assert!(dev_shm(&name).exists());
+        let second = ShmSegment::open(&name, 64).unwrap();
+        assert!(second.unlink_if_last(3).unwrap());
+        assert!(!dev_shm(&name).exists());
+        assert_eq!(creator.mapped_count(), 3);
+
+        let alone = unique_name("alone");
+        let seg = ShmSegment::create(&alone, 0).unwrap();
+        assert!(seg.is_empty());
+        assert!(seg.unlink_if_last(1).unwrap());
+        assert!(!dev_shm(&alone).exists());
+    }
+
+    #[test]
+    fn nothing_is_left_behind() {
+        let name = unique_name("clean");
+        {
+            let a = ShmSegment::create(&name, 1 << 20).unwrap();
+            let b = ShmSegment::open(&name, 1 << 20).unwrap();
+            assert!(!a.unlink_if_last(2).unwrap());
+            assert!(b.unlink_if_last(2).unwrap());
+        }
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&name))
+            .collect();
+        assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+    }
+
+    #[test]
+    fn a_full_dev_shm_fails_at_create_and_leaves_no_name() {
+        let fs = rustix::fs::statvfs("/dev/shm").unwrap();
+        let size = fs.f_blocks.saturating_mul(fs.f_frsize);
+        if size == 0 {
+            return; // an unlimited tmpfs has no size to exceed
+        }
+        // Larger than the whole file system: tmpfs refuses it before allocating anything.
+        let name = unique_name("huge");
+        match ShmSegment::create(&name, (size + (1 << 30)) as usize) {
+            Err(Error::NoMem(msg)) => assert!(msg.contains(&name), "{msg}"),
+            other => panic!("expected NoMem, got {other:?}"),
+        }
+        assert!(!dev_shm(&name).exists());
+    }
+
+    #[test]
+    fn create_refuses_an_existing_name_and_keeps_it() {
+        let name = unique_name("exists");
+        let first = ShmSegment::create(&name, 64).unwrap();
+        let msg = transport_message(ShmSegment::create(&name, 64));
+        assert!(
+            msg.contains(&name) && msg.contains("already exists"),
+            "{msg}"
+        );
+        // The failed create must not have removed the segment it collided with.
+        ShmSegment::open(&name, 64).unwrap();
+        assert!(ShmSegment::unlink(first.name()).unwrap());
+    }
+
+    #[test]
+    fn open_refuses_a_wrong_size() {
+        let name = unique_name("size");
+        let _seg = ShmSegment::create(&name, 4096).unwrap();
+        let msg = transport_message(ShmSegment::open(&name, 8192));
+        assert!(
+            msg.contains(&name) && msg.contains("4224 bytes long"),
+            "{msg}"
+        );
+        ShmSegment::unlink(&name).unwrap();
+
+        // A file of the right owner and mode but too short for any header.
+        let planted = unique_name("short");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dev_shm(&planted))
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let msg = transport_message(ShmSegment::open(&planted, 0));
+        ShmSegment::unlink(&planted).unwrap();
+        assert!(
+            msg.contains(&planted) && msg.contains("10 bytes long"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn open_refuses_a_foreign_mode() {
+        let name = unique_name("mode");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dev_shm(&name))
+            .unwrap();
+        file.set_len(PAYLOAD_OFFSET as u64).unwrap();
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        let msg = transport_message(ShmSegment::open(&name, 0));
+        ShmSegment::unlink(&name).unwrap();
+        assert!(msg.contains(&name) && msg.contains("mode 0644"), "{msg}");
+    }
+
+    #[test]
+    fn open_refuses_a_bad_header() {
+        let name = unique_name("header");
+        let seg = ShmSegment::create(&name, 256).unwrap();
+        let header = seg.header_ptr();
+        let open_error = || transport_message(ShmSegment::open(&name, 256));
+
+        seg.header().magic.store(0, Ordering::Release);
+        let msg = open_error();
+        assert!(
+            msg.contains(&name) && msg.contains("no header yet"),
+            "{msg}"
+        );
+
+        seg.header().magic.store(0x1234, Ordering::Release);
+        let msg = open_error();
+        assert!(
+            msg.contains(&name) && msg.contains("not an hcomm segment"),
+            "{msg}"
+        );
+        seg.header().magic.store(SEGMENT_MAGIC, Ordering::Release);
+
+        // SAFETY: the header is mapped, no reference to it is alive, and no other thread or
+        // process uses this segment; the same holds for the blocks below.
+        unsafe { ptr::addr_of_mut!((*header).version).write(SEGMENT_VERSION + 1) };
+        let msg = open_error();
+        assert!(
+            msg.contains(&name) && msg.contains("layout version 2"),
+            "{msg}"
+        );
+        // SAFETY: see above.
+        unsafe { ptr::addr_of_mut!((*header).version).write(SEGMENT_VERSION) };
+
+        // SAFETY: see above.
+        unsafe { ptr::addr_of_mut!((*header).len).write(255) };
+        let msg = open_error();
+        assert!(
+            msg.contains(&name) && msg.contains("255 bytes of payload"),
+            "{msg}"
+        );
+        // SAFETY: see above.
+        unsafe { ptr::addr_of_mut!((*header).len).write(256) };
+
+        let _second = ShmSegment::open(&name, 256).unwrap();
+        // Failed opens do not count as mappers.
+        assert_eq!(seg.mapped_count(), 2);
+        ShmSegment::unlink(&name).unwrap();
+    }
+}
