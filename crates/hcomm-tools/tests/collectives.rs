@@ -169,3 +169,48 @@ fn ranks_spanning_hosts_use_the_hierarchical_algorithms() {
     );
     assert!(o.status.success(), "{text}");
 }
+
+#[test]
+fn a_rank_dying_mid_collective_fails_the_others_fast() {
+    // Started by hand, without a launcher that would stop the job: the survivors must
+    // notice by themselves, long before HCOMM_TIMEOUT (100 s here).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t0 = std::time::Instant::now();
+    let children: Vec<_> = (0..4)
+        .map(|r| {
+            Command::new(CHECK)
+                .arg("coll-exit")
+                .env("HCOMM_RANK", r.to_string())
+                .env("HCOMM_SIZE", "4")
+                .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
+                .env("HCOMM_JOB_SECRET", "coll-exit")
+                .env("HCOMM_TIMEOUT", "100")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(outputs[1].status.code(), Some(3));
+    for r in [0, 2, 3] {
+        let text = String::from_utf8_lossy(&outputs[r].stderr);
+        assert!(!outputs[r].status.success(), "rank {r} should fail");
+        assert!(
+            text.contains("peer lost") || text.contains("aborted"),
+            "rank {r}: {text}"
+        );
+    }
+}

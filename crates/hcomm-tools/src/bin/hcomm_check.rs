@@ -46,6 +46,9 @@ enum Scenario {
     Split,
     /// Rank 1 exits with status 3 at once; the others wait for it (launcher failure test).
     Exit,
+    /// Rank 1 exits with status 3 in the middle of a loop of all-reduces; the others must
+    /// fail fast (PeerLost or Aborted), not wait out HCOMM_TIMEOUT.
+    CollExit,
     /// A nonblocking send completes while its sender computes without calling hcomm.
     Progress,
     /// Every collective, data type and op against the sequential reference.
@@ -803,6 +806,17 @@ fn run(scenario: Scenario) -> Result<()> {
             "overlap"
         }
         Scenario::Lifecycle => return lifecycle(comm).map(|()| println!("OK lifecycle")),
+        Scenario::CollExit => {
+            let mut buf = vec![1.0f32; 1 << 18];
+            for i in 0..1000 {
+                if comm.rank() == 1 && i == 10 {
+                    std::process::exit(3);
+                }
+                comm.allreduce_in_place(&mut buf, ReduceOp::Max)
+                    .with_context(|| format!("allreduce {i}"))?;
+            }
+            "coll-exit"
+        }
         Scenario::Exit => {
             if comm.rank() == 1 {
                 std::process::exit(3);
