@@ -7,6 +7,8 @@
 //! that memory: spin briefly, then yield, then sleep on a futex in the segment (the shared
 //! futex, which works across processes), woken by the writer only when a sleeper is flagged.
 
+pub mod cma;
 pub mod futex;
+pub mod pool;
 pub mod ring;
 pub mod segment;

@@ -1,0 +1,1132 @@
+//! The shared-memory pool behind `hcommMalloc` / `hcommFree` (SPEC F2).
+//!
+//! A rank's pool is a set of *blocks*, each one [`ShmSegment`] named
+//! `hcomm-<job id>-<rank>-pool<k>` ([`segment_name`]), created lazily when an allocation needs
+//! room, up to a configured total. The other ranks of the host map a block by its name and its
+//! [`ShmPool::block_size`], so a collective on pool memory can read a peer's buffer in place:
+//! [`ShmPool::locate`] turns a pointer range into *(block, offset)*, which is all a peer needs.
+//!
+//! ```text
+//! block k (payload of the segment, 128-byte aligned)
+//! | slab (64 KiB, one size class) | large allocation | free | slab | free ...        |
+//!   | 192 | 192 | 192 | ... |
+//! ```
+//!
+//! # Allocator
+//!
+//! All allocator metadata lives in this process, never in the shared memory, so a peer that
+//! scribbles over a block cannot corrupt it. One mutex guards it; allocation and free are
+//! rare next to the collectives that use the memory.
+//!
+//! * Every size is rounded up to a multiple of [`POOL_ALIGN`] (64) bytes and every offset is a
+//!   multiple of it, so with the 128-byte aligned payload every address is 64-byte aligned.
+//! * **Large** requests (over [`SMALL_MAX`] bytes) are carved first-fit from a free list per
+//!   block, a map from offset to length kept in address order. A free puts the range back and
+//!   merges it with free neighbours on both sides, so freed space always forms maximal extents
+//!   and a large request fits again once its neighbours are free.
+//! * **Small** requests use size classes (64 B .. 4 KiB in steps of about 1.5x). A class is
+//!   served from *slabs* of 64 KiB carved from the large allocator; a slab hands out equal
+//!   chunks from a stack of free chunk indices. A slab whose last chunk is freed goes back to
+//!   the large allocator at once, so small allocations do not pin fragments forever. When no
+//!   slab can be carved, a small request takes its class size straight from the large
+//!   allocator.
+//! * Every live allocation is recorded by address. [`ShmPool::free`] of a pointer that is not
+//!   the start of a live allocation (a double free, an interior pointer, heap memory) is an
+//!   [`Error::InvalidArgument`] that changes nothing.
+//!
+//! # Misses
+//!
+//! [`ShmPool::alloc`] returns `None` when the request is larger than a block, when every block
+//! is full and the pool is at its maximum, or when a new block cannot be created (a full
+//! `/dev/shm`, a leftover name); the caller then uses ordinary heap memory, which the
+//! collectives still handle through their staging paths. A failed block creation is logged
+//! once and not retried, so later misses cost no system calls. [`ShmPool::stats`] counts hits
+//! and misses for the profiler.
+//!
+//! # Names
+//!
+//! A block's name must exist until every local rank has mapped it. With
+//! [`PoolConfig::mappers`] local ranks (this one included), the last of them to map a block
+//! removes the name ([`ShmSegment::unlink_if_last`]); with one local rank the creator removes
+//! it at once. Dropping the pool removes whatever names are left and unmaps its blocks.
+
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use rustc_hash::FxHashMap;
+
+use super::segment::{segment_name, ShmSegment};
+use crate::error::{Error, Result};
+
+/// Alignment of every pool allocation, in bytes.
+pub const POOL_ALIGN: usize = 64;
+/// Default size of one block: 64 MiB.
+pub const DEFAULT_BLOCK_SIZE: usize = 64 << 20;
+/// Default limit on the blocks of one rank together: 1 GiB.
+pub const DEFAULT_MAX_TOTAL: usize = 1 << 30;
+/// Largest request served from the size classes; larger ones use the first-fit free list.
+pub const SMALL_MAX: usize = 4096;
+/// Size of a slab, the unit the size classes take from the large allocator; also the smallest
+/// block size accepted.
+pub const SLAB_SIZE: usize = 64 << 10;
+/// Most blocks one pool may have (`max_total / block_size`).
+pub const MAX_BLOCKS: usize = 4096;
+
+/// Chunk sizes of the small size classes, all multiples of [`POOL_ALIGN`].
+const CLASSES: [usize; 12] = [
+    64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+];
+
+const _: () = assert!(CLASSES[CLASSES.len() - 1] == SMALL_MAX);
+const _: () = assert!(SLAB_SIZE % POOL_ALIGN == 0 && SLAB_SIZE / SMALL_MAX >= 2);
+
+/// The size class for a rounded size of at most [`SMALL_MAX`] bytes.
+fn class_of(size: usize) -> usize {
+    CLASSES.partition_point(|&c| c < size)
+}
+
+/// How a pool is sized and who maps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Payload bytes of each block: a multiple of [`POOL_ALIGN`], at least [`SLAB_SIZE`]. Also
+    /// the largest allocation the pool serves.
+    pub block_size: usize,
+    /// Most bytes of blocks this rank creates; at least `block_size`, and at most
+    /// [`MAX_BLOCKS`] blocks.
+    pub max_total: usize,
+    /// How many processes map each block, this one included: the local ranks. The last of
+    /// them to map a block removes its name.
+    pub mappers: u32,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            block_size: DEFAULT_BLOCK_SIZE,
+            max_total: DEFAULT_MAX_TOTAL,
+            mappers: 1,
+        }
+    }
+}
+
+/// One allocation from a [`ShmPool`]: where it is in this process and in the pool.
+///
+/// A plain handle: copying it does not copy the memory, and the memory is valid from
+/// [`ShmPool::alloc`] until [`ShmPool::free`] of [`PoolPtr::as_ptr`] or the drop of the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PoolPtr {
+    ptr: NonNull<u8>,
+    len: usize,
+    capacity: usize,
+    block: usize,
+    offset: usize,
+}
+
+// SAFETY: a `PoolPtr` only carries an address and numbers; it never dereferences the pointer,
+// and whoever does so through `as_ptr` synchronises as for any raw pointer.
+unsafe impl Send for PoolPtr {}
+// SAFETY: as for `Send`: `&PoolPtr` gives out nothing but copies of those values.
+unsafe impl Sync for PoolPtr {}
+
+impl PoolPtr {
+    /// Start of the memory: 64-byte aligned, `capacity()` bytes, shared with the peers that
+    /// map the block.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The number of bytes asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether zero bytes were asked for.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The number of bytes reserved: `len()` rounded up to the allocation's size, at least 64.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Index of the block that holds the memory (its name is [`ShmPool::block_name`]).
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// Offset of the memory from the start of the block's payload.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+/// A snapshot of a pool's counters, for the profiler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Allocations served from the pool.
+    pub hits: u64,
+    /// Allocations the pool could not serve (the caller fell back to the heap).
+    pub misses: u64,
+    /// Bytes reserved by live allocations (sizes after rounding).
+    pub bytes_in_use: u64,
+    /// Blocks created so far.
+    pub blocks: u64,
+    /// The highest `bytes_in_use` seen.
+    pub high_water: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_in_use: AtomicU64,
+    blocks: AtomicU64,
+    high_water: AtomicU64,
+}
+
+/// A live allocation, keyed by its address.
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    block: usize,
+    offset: usize,
+    size: usize,
+    /// The slab it is a chunk of; `None` for memory taken straight from the free list.
+    slab: Option<usize>,
+}
+
+/// A slab: `SLAB_SIZE` bytes of one block cut into chunks of one size class.
+#[derive(Debug)]
+struct Slab {
+    block: usize,
+    offset: usize,
+    class: usize,
+    /// Indices of the free chunks; the next allocation takes the last.
+    free: Vec<u32>,
+    /// Chunks handed out.
+    live: u32,
+    /// Whether the slab holds memory; a released slab's slot waits in `spare_slabs`.
+    active: bool,
+}
+
+impl Slab {
+    fn chunks(class: usize) -> u32 {
+        (SLAB_SIZE / CLASSES[class]) as u32
+    }
+}
+
+/// Everything the allocator knows, behind the pool's mutex.
+#[derive(Debug, Default)]
+struct State {
+    /// Per created block: free extents, offset to length, maximal (never two adjacent).
+    free: Vec<BTreeMap<usize, usize>>,
+    /// Slabs, active or spare.
+    slabs: Vec<Slab>,
+    /// Indices of released slabs, for reuse.
+    spare_slabs: Vec<usize>,
+    /// Per class: active slabs with at least one free chunk.
+    partial: [Vec<usize>; CLASSES.len()],
+    /// Live allocations by address.
+    live: FxHashMap<usize, Live>,
+    /// Sum of the sizes of the live allocations.
+    in_use: usize,
+    /// A block creation failed: do not try again.
+    grow_failed: bool,
+}
+
+impl State {
+    /// Takes `size` bytes first-fit from the free extents of `block`.
+    fn carve_in(&mut self, block: usize, size: usize) -> Option<usize> {
+        let free = &mut self.free[block];
+        let (&offset, &len) = free.iter().find(|&(_, &len)| len >= size)?;
+        free.remove(&offset);
+        if len > size {
+            free.insert(offset + size, len - size);
+        }
+        Some(offset)
+    }
+
+    /// Takes `size` bytes first-fit from the existing blocks, in block order.
+    fn carve(&mut self, size: usize) -> Option<(usize, usize)> {
+        (0..self.free.len()).find_map(|block| Some((block, self.carve_in(block, size)?)))
+    }
+
+    /// Gives `[offset, offset + size)` of `block` back, merged with free neighbours.
+    fn release(&mut self, block: usize, offset: usize, size: usize) {
+        let free = &mut self.free[block];
+        let mut start = offset;
+        let mut len = size;
+        if let Some((&prev, &prev_len)) = free.range(..offset).next_back() {
+            if prev + prev_len == offset {
+                free.remove(&prev);
+                start = prev;
+                len += prev_len;
+            }
+        }
+        if let Some(next_len) = free.remove(&(offset + size)) {
+            len += next_len;
+        }
+        free.insert(start, len);
+    }
+
+    /// Makes a slab of `class` at `block`, `offset` and returns its index.
+    fn new_slab(&mut self, class: usize, block: usize, offset: usize) -> usize {
+        let chunks = Slab::chunks(class);
+        let slab = Slab {
+            block,
+            offset,
+            class,
+            // Reversed, so chunks go out in address order.
+            free: (0..chunks).rev().collect(),
+            live: 0,
+            active: true,
+        };
+        let id = match self.spare_slabs.pop() {
+            Some(id) => {
+                self.slabs[id] = slab;
+                id
+            }
+            None => {
+                self.slabs.push(slab);
+                self.slabs.len() - 1
+            }
+        };
+        self.partial[class].push(id);
+        id
+    }
+
+    /// Takes a chunk from a partial slab of `class`, if there is one.
+    fn take_chunk(&mut self, class: usize) -> Option<Live> {
+        let &id = self.partial[class].last()?;
+        let slab = &mut self.slabs[id];
+        let chunk = slab.free.pop()?;
+        slab.live += 1;
+        let live = Live {
+            block: slab.block,
+            offset: slab.offset + chunk as usize * CLASSES[class],
+            size: CLASSES[class],
+            slab: Some(id),
+        };
+        if slab.free.is_empty() {
+            self.partial[class].pop();
+        }
+        Some(live)
+    }
+
+    /// Returns a chunk to its slab, and the slab to the free list once it is empty.
+    fn put_chunk(&mut self, id: usize, live: &Live) {
+        let slab = &mut self.slabs[id];
+        let class = slab.class;
+        let chunk = ((live.offset - slab.offset) / CLASSES[class]) as u32;
+        slab.free.push(chunk);
+        slab.live -= 1;
+        if slab.free.len() == 1 {
+            self.partial[class].push(id);
+        }
+        let slab = &mut self.slabs[id];
+        if slab.live == 0 {
+            slab.active = false;
+            slab.free = Vec::new();
+            let (block, offset) = (slab.block, slab.offset);
+            if let Some(pos) = self.partial[class].iter().position(|&s| s == id) {
+                self.partial[class].swap_remove(pos);
+            }
+            self.spare_slabs.push(id);
+            self.release(block, offset, SLAB_SIZE);
+        }
+    }
+}
+
+/// A rank's pool of shared memory: lazily created blocks and a thread-safe allocator in them.
+///
+/// See the [module documentation](self) for the design.
+#[derive(Debug)]
+pub struct ShmPool {
+    job_id: String,
+    rank: u32,
+    block_size: usize,
+    mappers: u32,
+    /// One slot per block the pool may create, filled in order under the `state` lock and
+    /// read without it.
+    blocks: Box<[OnceLock<ShmSegment>]>,
+    state: Mutex<State>,
+    counters: Counters,
+}
+
+impl ShmPool {
+    /// A pool of rank `rank` of job `job_id`; creates no block yet.
+    ///
+    /// Fails with [`Error::InvalidArgument`] if the job id cannot be part of a segment name
+    /// or the configuration is out of range (see [`PoolConfig`]).
+    pub fn new(job_id: &str, rank: u32, config: PoolConfig) -> Result<ShmPool> {
+        let PoolConfig {
+            block_size,
+            max_total,
+            mappers,
+        } = config;
+        if block_size < SLAB_SIZE || block_size % POOL_ALIGN != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "shared-memory pool block size {block_size}: must be a multiple of \
+                 {POOL_ALIGN} bytes and at least {SLAB_SIZE}"
+            )));
+        }
+        let max_blocks = max_total / block_size;
+        if max_blocks == 0 || max_blocks > MAX_BLOCKS {
+            return Err(Error::InvalidArgument(format!(
+                "shared-memory pool limit {max_total} bytes: must hold between one and \
+                 {MAX_BLOCKS} blocks of {block_size} bytes"
+            )));
+        }
+        if mappers == 0 {
+            return Err(Error::InvalidArgument(
+                "shared-memory pool: at least one process (this one) maps each block".into(),
+            ));
+        }
+        // Checks the job id and that the longest block name fits.
+        segment_name(job_id, rank, &format!("pool{}", max_blocks - 1))?;
+        Ok(ShmPool {
+            job_id: job_id.to_owned(),
+            rank,
+            block_size,
+            mappers,
+            blocks: (0..max_blocks).map(|_| OnceLock::new()).collect(),
+            state: Mutex::new(State::default()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Allocates `bytes` bytes of pool memory, 64-byte aligned, or returns `None` (a miss) if
+    /// the pool cannot serve them; the caller then uses heap memory. Zero bytes get a unique
+    /// 64-byte allocation. The memory's contents are unspecified.
+    pub fn alloc(&self, bytes: usize) -> Option<PoolPtr> {
+        let got = self.try_alloc(bytes);
+        let counter = match got {
+            Some(_) => &self.counters.hits,
+            None => &self.counters.misses,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        got
+    }
+
+    fn try_alloc(&self, bytes: usize) -> Option<PoolPtr> {
+        let size = bytes.max(1).checked_next_multiple_of(POOL_ALIGN)?;
+        if size > self.block_size {
+            return None;
+        }
+        let mut st = self.lock().ok()?;
+        let live = if size <= SMALL_MAX {
+            self.alloc_small(&mut st, class_of(size))?
+        } else {
+            self.alloc_large(&mut st, size)?
+        };
+        let at = |seg: &ShmSegment| NonNull::new(seg.as_ptr().wrapping_add(live.offset));
+        let Some(ptr) = self.blocks[live.block].get().and_then(at) else {
+            // Unreachable: a block has free extents only once its segment is in place. Undo
+            // rather than hand out memory that is not mapped.
+            tracing::error!(
+                block = live.block,
+                "shared-memory pool: block is not mapped"
+            );
+            self.undo(&mut st, &live);
+            return None;
+        };
+        st.live.insert(ptr.as_ptr() as usize, live);
+        st.in_use += live.size;
+        self.publish_in_use(&st);
+        Some(PoolPtr {
+            ptr,
+            len: bytes,
+            capacity: live.size,
+            block: live.block,
+            offset: live.offset,
+        })
+    }
+
+    fn alloc_small(&self, st: &mut State, class: usize) -> Option<Live> {
+        if let Some(live) = st.take_chunk(class) {
+            return Some(live);
+        }
+        if let Some((block, offset)) = st.carve(SLAB_SIZE) {
+            st.new_slab(class, block, offset);
+            return st.take_chunk(class);
+        }
+        let size = CLASSES[class];
+        if let Some((block, offset)) = st.carve(size) {
+            return Some(Live {
+                block,
+                offset,
+                size,
+                slab: None,
+            });
+        }
+        let block = self.grow(st)?;
+        let offset = st.carve_in(block, SLAB_SIZE)?;
+        st.new_slab(class, block, offset);
+        st.take_chunk(class)
+    }
+
+    fn alloc_large(&self, st: &mut State, size: usize) -> Option<Live> {
+        let (block, offset) = match st.carve(size) {
+            Some(found) => found,
+            None => {
+                let block = self.grow(st)?;
+                (block, st.carve_in(block, size)?)
+            }
+        };
+        Some(Live {
+            block,
+            offset,
+            size,
+            slab: None,
+        })
+    }
+
+    /// Creates the next block, if the limit allows; returns its index.
+    fn grow(&self, st: &mut State) -> Option<usize> {
+        let index = st.free.len();
+        if st.grow_failed || index >= self.blocks.len() {
+            return None;
+        }
+        let created = segment_name(&self.job_id, self.rank, &format!("pool{index}"))
+            .and_then(|name| ShmSegment::create(&name, self.block_size));
+        let seg = match created {
+            Ok(seg) => seg,
+            Err(err) => {
+                tracing::warn!(
+                    %err,
+                    "shared-memory pool: cannot create block {index}; pool misses fall back \
+                     to heap memory from now on"
+                );
+                st.grow_failed = true;
+                return None;
+            }
+        };
+        if let Err(err) = seg.unlink_if_last(self.mappers) {
+            tracing::warn!(segment = %seg.name(), %err, "shared-memory pool: cannot unlink");
+        }
+        if self.blocks[index].set(seg).is_err() {
+            // Unreachable: slots are filled in order under the lock.
+            tracing::error!(
+                block = index,
+                "shared-memory pool: block slot already filled"
+            );
+            st.grow_failed = true;
+            return None;
+        }
+        st.free.push(BTreeMap::from([(0, self.block_size)]));
+        self.counters
+            .blocks
+            .store(st.free.len() as u64, Ordering::Relaxed);
+        Some(index)
+    }
+
+    /// Gives back the memory of an allocation that is not (or no longer) in `st.live`.
+    fn undo(&self, st: &mut State, live: &Live) {
+        match live.slab {
+            Some(id) => st.put_chunk(id, live),
+            None => st.release(live.block, live.offset, live.size),
+        }
+    }
+
+    /// Frees the allocation that starts at `ptr`.
+    ///
+    /// Fails with [`Error::InvalidArgument`], changing nothing, if `ptr` is not the start of a
+    /// live allocation of this pool: freed already, inside an allocation, or not pool memory
+    /// (heap memory from a miss goes back to the heap, not here; [`ShmPool::locate`] tells
+    /// the two apart).
+    pub fn free(&self, ptr: *const u8) -> Result<()> {
+        let mut st = self.lock()?;
+        let Some(live) = st.live.remove(&(ptr as usize)) else {
+            drop(st);
+            return Err(match self.locate(ptr, 0) {
+                Some((block, offset)) => Error::InvalidArgument(format!(
+                    "shared-memory pool: {ptr:p} (block {block}, offset {offset}) is not the \
+                     start of a live pool allocation: it was freed already or is inside one"
+                )),
+                None => Error::InvalidArgument(format!(
+                    "shared-memory pool: {ptr:p} is not pool memory"
+                )),
+            });
+        };
+        self.undo(&mut st, &live);
+        st.in_use -= live.size;
+        self.publish_in_use(&st);
+        Ok(())
+    }
+
+    /// Where the `len` bytes at `ptr` lie in the pool: `Some((block, offset))` if they are all
+    /// inside one block (allocated or not), `None` if any of them is outside the pool's blocks.
+    /// A peer that maps block `block` finds the bytes at `offset` from its payload. Takes no
+    /// lock.
+    pub fn locate(&self, ptr: *const u8, len: usize) -> Option<(usize, usize)> {
+        let addr = ptr as usize;
+        for (block, slot) in self.blocks.iter().enumerate() {
+            let seg = slot.get()?;
+            let base = seg.as_ptr() as usize;
+            let offset = addr.wrapping_sub(base);
+            if addr >= base && offset < self.block_size {
+                return (len <= self.block_size - offset).then_some((block, offset));
+            }
+        }
+        None
+    }
+
+    /// The counters, for the profiler. Each counter is read atomically; a snapshot taken while
+    /// other threads allocate may mix moments.
+    pub fn stats(&self) -> PoolStats {
+        let c = &self.counters;
+        PoolStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            bytes_in_use: c.bytes_in_use.load(Ordering::Relaxed),
+            blocks: c.blocks.load(Ordering::Relaxed),
+            high_water: c.high_water.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Payload bytes of every block: the length a peer passes to [`ShmSegment::open`].
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The most blocks this pool creates.
+    pub fn max_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// The number of blocks created so far.
+    pub fn block_count(&self) -> usize {
+        self.blocks.iter().take_while(|b| b.get().is_some()).count()
+    }
+
+    /// The segment name of block `block`, if it has been created; the name may already be
+    /// unlinked (see the [module documentation](self)).
+    pub fn block_name(&self, block: usize) -> Option<&str> {
+        Some(self.blocks.get(block)?.get()?.name())
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.state.lock().map_err(|_| {
+            Error::Internal(
+                "shared-memory pool: a thread panicked inside the allocator; the pool is \
+                 unusable"
+                    .into(),
+            )
+        })
+    }
+
+    fn publish_in_use(&self, st: &State) {
+        let in_use = st.in_use as u64;
+        self.counters.bytes_in_use.store(in_use, Ordering::Relaxed);
+        self.counters
+            .high_water
+            .fetch_max(in_use, Ordering::Relaxed);
+    }
+}
+
+impl Drop for ShmPool {
+    fn drop(&mut self) {
+        // The segments unmap themselves when `blocks` drops, after this.
+        for seg in self.blocks.iter().map_while(OnceLock::get) {
+            if let Err(err) = ShmSegment::unlink(seg.name()) {
+                tracing::warn!(segment = %seg.name(), %err, "shared-memory pool: cannot unlink");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::shm::segment::tests::dev_shm;
+    use proptest::prelude::*;
+    use std::sync::atomic::AtomicU32;
+
+    const KIB: usize = 1 << 10;
+
+    /// A job id no other test or process uses.
+    fn unique_job() -> String {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "pooltest{}x{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn pool(block_size: usize, blocks: usize, mappers: u32) -> ShmPool {
+        let config = PoolConfig {
+            block_size,
+            max_total: block_size * blocks,
+            mappers,
+        };
+        ShmPool::new(&unique_job(), 0, config).unwrap()
+    }
+
+    /// Names of `job`'s segments in `/dev/shm`.
+    fn names_of(pool: &ShmPool) -> Vec<String> {
+        let prefix = format!("hcomm-{}-", pool.job_id);
+        std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix))
+            .collect()
+    }
+
+    fn fill(p: &PoolPtr, byte: u8) {
+        // SAFETY: `p` is a live allocation of `capacity()` bytes that only this test touches.
+        unsafe { p.as_ptr().write_bytes(byte, p.capacity()) };
+    }
+
+    fn holds(p: &PoolPtr, byte: u8) -> bool {
+        // SAFETY: as in `fill`; the bytes were written by `fill`.
+        let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), p.capacity()) };
+        bytes.iter().all(|&b| b == byte)
+    }
+
+    fn invalid_message(result: Result<()>) -> String {
+        match result {
+            Err(Error::InvalidArgument(msg)) => msg,
+            other => panic!("expected an invalid-argument error, got {other:?}"),
+        }
+    }
+
+    impl ShmPool {
+        /// Checks every invariant of the allocator; panics on the first broken one.
+        fn check(&self) {
+            let st = self.state.lock().unwrap();
+            assert_eq!(st.free.len(), self.block_count());
+            // Each block is tiled exactly by free extents, slabs and direct allocations.
+            let mut pieces: Vec<Vec<(usize, usize, &str)>> = vec![Vec::new(); st.free.len()];
+            for (block, free) in st.free.iter().enumerate() {
+                pieces[block].extend(free.iter().map(|(&o, &l)| (o, l, "free")));
+            }
+            let mut in_use = 0;
+            let mut per_slab = vec![0u32; st.slabs.len()];
+            for (&addr, live) in &st.live {
+                let base = self.blocks[live.block].get().unwrap().as_ptr() as usize;
+                assert_eq!(addr, base + live.offset);
+                assert_eq!(addr % POOL_ALIGN, 0);
+                in_use += live.size;
+                match live.slab {
+                    Some(id) => per_slab[id] += 1,
+                    None => pieces[live.block].push((live.offset, live.size, "direct")),
+                }
+            }
+            assert_eq!(in_use, st.in_use);
+            for (id, slab) in st.slabs.iter().enumerate() {
+                let listed = st.partial[slab.class].iter().filter(|&&s| s == id).count();
+                if !slab.active {
+                    assert!(st.spare_slabs.contains(&id) && per_slab[id] == 0 && listed == 0);
+                    continue;
+                }
+                assert_eq!(slab.live, per_slab[id]);
+                assert!(slab.live > 0, "an empty slab was kept");
+                assert_eq!(slab.live + slab.free.len() as u32, Slab::chunks(slab.class));
+                assert_eq!(listed, usize::from(!slab.free.is_empty()));
+                pieces[slab.block].push((slab.offset, SLAB_SIZE, "slab"));
+            }
+            for (block, mut pieces) in pieces.into_iter().enumerate() {
+                pieces.sort_unstable();
+                let mut end = 0;
+                let mut last_free = false;
+                for (offset, len, what) in pieces {
+                    assert_eq!(offset, end, "block {block}: gap or overlap at {offset}");
+                    assert!(!(last_free && what == "free"), "uncoalesced at {offset}");
+                    assert_eq!(offset % POOL_ALIGN, 0);
+                    end = offset + len;
+                    last_free = what == "free";
+                }
+                assert_eq!(end, self.block_size, "block {block}");
+            }
+        }
+
+        /// Whether every block is one free extent.
+        fn all_free(&self) -> bool {
+            let st = self.state.lock().unwrap();
+            st.free
+                .iter()
+                .all(|f| f.len() == 1 && f.get(&0) == Some(&self.block_size))
+        }
+    }
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(class_of(64), 0);
+        assert_eq!(class_of(128), 1);
+        assert_eq!(class_of(192), 2);
+        assert_eq!(class_of(320), 4);
+        assert_eq!(class_of(4096), CLASSES.len() - 1);
+        assert!(CLASSES.windows(2).all(|w| w[0] < w[1]));
+        assert!(CLASSES.iter().all(|c| c % POOL_ALIGN == 0));
+    }
+
+    #[test]
+    fn the_configuration_is_checked() {
+        let bad = |block_size, max_total, mappers| {
+            let config = PoolConfig {
+                block_size,
+                max_total,
+                mappers,
+            };
+            matches!(
+                ShmPool::new("job", 0, config),
+                Err(Error::InvalidArgument(_))
+            )
+        };
+        assert!(bad(SLAB_SIZE - 64, SLAB_SIZE * 4, 1));
+        assert!(bad(SLAB_SIZE + 1, SLAB_SIZE * 4, 1));
+        assert!(bad(SLAB_SIZE, SLAB_SIZE - 1, 1));
+        assert!(bad(SLAB_SIZE, SLAB_SIZE * (MAX_BLOCKS + 1), 1));
+        assert!(bad(SLAB_SIZE, SLAB_SIZE, 0));
+        assert!(!bad(SLAB_SIZE, SLAB_SIZE * MAX_BLOCKS, 1));
+        assert!(matches!(
+            ShmPool::new("a-b", 0, PoolConfig::default()),
+            Err(Error::InvalidArgument(_))
+        ));
+        let pool = ShmPool::new("job", 1, PoolConfig::default()).unwrap();
+        assert_eq!(pool.block_size(), DEFAULT_BLOCK_SIZE);
+        assert_eq!(pool.max_blocks(), DEFAULT_MAX_TOTAL / DEFAULT_BLOCK_SIZE);
+        // Blocks are created lazily.
+        assert_eq!(
+            (pool.block_count(), pool.stats()),
+            (0, PoolStats::default())
+        );
+        assert_eq!(pool.block_name(0), None);
+    }
+
+    #[test]
+    fn every_allocation_is_aligned_and_located() {
+        let pool = pool(256 * KIB, 4, 1);
+        let sizes = [
+            0, 1, 63, 64, 65, 100, 191, 192, 200, 1000, 4095, 4096, 4097, 10_000, 65_536, 65_537,
+        ];
+        let mut live = Vec::new();
+        for (i, &size) in sizes.iter().cycle().take(200).enumerate() {
+            let Some(p) = pool.alloc(size) else { break };
+            assert_eq!(p.as_ptr() as usize % POOL_ALIGN, 0, "size {size}");
+            assert_eq!(p.len(), size);
+            assert!(p.capacity() >= size.max(1) && p.capacity() % POOL_ALIGN == 0);
+            assert_eq!(
+                pool.locate(p.as_ptr(), p.capacity()),
+                Some((p.block(), p.offset()))
+            );
+            fill(&p, i as u8);
+            live.push((p, i as u8));
+        }
+        pool.check();
+        for (p, byte) in &live {
+            assert!(holds(p, *byte), "allocation {p:?} was overwritten");
+        }
+        let stats = pool.stats();
+        assert_eq!(stats.hits, live.len() as u64);
+        let in_use: usize = live.iter().map(|(p, _)| p.capacity()).sum();
+        assert_eq!(stats.bytes_in_use, in_use as u64);
+        for (p, _) in live {
+            pool.free(p.as_ptr()).unwrap();
+        }
+        pool.check();
+        assert!(pool.all_free());
+        assert_eq!(pool.stats().bytes_in_use, 0);
+        assert_eq!(pool.stats().high_water, in_use as u64);
+    }
+
+    #[test]
+    fn coalescing_lets_a_large_allocation_fit_again() {
+        let pool = pool(256 * KIB, 1, 1);
+        // Fill the block with 8 KiB pieces, then free them in an interleaved order so that
+        // every free has to merge with a neighbour on one side or both.
+        let pieces: Vec<PoolPtr> = (0..32).map(|_| pool.alloc(8 * KIB).unwrap()).collect();
+        assert!(pool.alloc(8 * KIB).is_none(), "the block should be full");
+        for p in pieces.iter().step_by(2) {
+            pool.free(p.as_ptr()).unwrap();
+        }
+        pool.check();
+        // 128 KiB is free in total, but only in 8 KiB holes.
+        assert!(pool.alloc(16 * KIB).is_none());
+        for p in pieces.iter().skip(1).step_by(2) {
+            pool.free(p.as_ptr()).unwrap();
+        }
+        pool.check();
+        let whole = pool
+            .alloc(256 * KIB)
+            .expect("the freed pieces should coalesce");
+        assert_eq!((whole.block(), whole.offset()), (0, 0));
+        pool.free(whole.as_ptr()).unwrap();
+
+        // Small allocations release their slab once empty, so the block coalesces again.
+        let small: Vec<PoolPtr> = (0..1000)
+            .map(|i| pool.alloc(1 + i % 200).unwrap())
+            .collect();
+        pool.check();
+        for p in small.iter().rev() {
+            pool.free(p.as_ptr()).unwrap();
+        }
+        assert!(pool.all_free());
+        assert!(pool.alloc(256 * KIB).is_some());
+    }
+
+    #[test]
+    fn exhaustion_misses_and_counts() {
+        let pool = pool(128 * KIB, 2, 1);
+        // Larger than a block: a miss without creating anything.
+        assert!(pool.alloc(128 * KIB + 1).is_none());
+        assert!(pool.alloc(usize::MAX).is_none());
+        assert_eq!(pool.stats().blocks, 0);
+
+        let a = pool.alloc(128 * KIB).unwrap();
+        let b = pool.alloc(100 * KIB).unwrap();
+        assert_eq!((a.block(), b.block()), (0, 1));
+        // The rest of block 1 (28 KiB) is too small for a slab but takes small requests
+        // directly, then nothing more fits.
+        let mut small = Vec::new();
+        while let Some(p) = pool.alloc(4096) {
+            small.push(p);
+        }
+        assert_eq!(small.len(), 7);
+        assert!(pool.alloc(1).is_none());
+        pool.check();
+        assert_eq!(
+            pool.stats(),
+            PoolStats {
+                hits: 9,
+                misses: 4,
+                bytes_in_use: (256 * KIB) as u64,
+                blocks: 2,
+                high_water: (256 * KIB) as u64,
+            }
+        );
+        // Freeing makes room again without a new block.
+        pool.free(b.as_ptr()).unwrap();
+        assert_eq!(pool.alloc(64 * KIB).unwrap().block(), 1);
+        assert_eq!(pool.stats().blocks, 2);
+    }
+
+    #[test]
+    fn locate_inside_outside_and_straddling() {
+        let pool = pool(64 * KIB, 2, 1);
+        let heap = [0u8; 64];
+        assert_eq!(pool.locate(heap.as_ptr(), 1), None, "no block yet");
+
+        let p = pool.alloc(16 * KIB).unwrap();
+        let q = pool.alloc(64 * KIB).unwrap();
+        assert_eq!((p.block(), q.block()), (0, 1));
+        let size = pool.block_size();
+        let base = p.as_ptr().wrapping_sub(p.offset());
+        let at = |offset: usize| base.wrapping_add(offset).cast_const();
+
+        assert_eq!(pool.locate(p.as_ptr(), p.len()), Some((0, p.offset())));
+        assert_eq!(pool.locate(at(100), 50), Some((0, 100)));
+        assert_eq!(pool.locate(at(0), size), Some((0, 0)));
+        assert_eq!(pool.locate(at(size - 1), 1), Some((0, size - 1)));
+        assert_eq!(pool.locate(at(size - 1), 0), Some((0, size - 1)));
+        // Free memory inside a block is still pool memory.
+        assert_eq!(pool.locate(at(size - 8), 8), Some((0, size - 8)));
+        assert_eq!(pool.locate(q.as_ptr().wrapping_add(10), 10), Some((1, 10)));
+
+        // Straddling the end of a block, or outside every block.
+        assert_eq!(pool.locate(at(size - 8), 9), None);
+        assert_eq!(pool.locate(at(0), size + 1), None);
+        assert_eq!(pool.locate(at(1), usize::MAX), None);
+        assert_eq!(pool.locate(at(size), 1), None);
+        assert_eq!(pool.locate(base.wrapping_sub(1), 1), None);
+        assert_eq!(pool.locate(base.wrapping_sub(1), 2), None);
+        assert_eq!(pool.locate(heap.as_ptr(), heap.len()), None);
+        assert_eq!(pool.locate(std::ptr::null(), 1), None);
+    }
+
+    #[test]
+    fn double_and_foreign_frees_are_errors() {
+        let pool = pool(128 * KIB, 1, 1);
+        let heap = [0u8; 64];
+        let msg = invalid_message(pool.free(heap.as_ptr()));
+        assert!(msg.contains("not pool memory"), "{msg}");
+
+        let small = pool.alloc(100).unwrap();
+        let large = pool.alloc(8 * KIB).unwrap();
+        let before = pool.stats();
+        for bad in [
+            small.as_ptr().wrapping_add(1),
+            large.as_ptr().wrapping_add(64),
+        ] {
+            let msg = invalid_message(pool.free(bad));
+            assert!(msg.contains("not the start of a live"), "{msg}");
+        }
+        assert!(pool.free(std::ptr::null()).is_err());
+        pool.free(small.as_ptr()).unwrap();
+        pool.free(large.as_ptr()).unwrap();
+        for p in [small, large] {
+            let msg = invalid_message(pool.free(p.as_ptr()));
+            assert!(msg.contains("freed already"), "{msg}");
+        }
+        pool.check();
+        assert!(pool.all_free());
+        let after = pool.stats();
+        assert_eq!((after.hits, after.misses), (before.hits, before.misses));
+        assert_eq!(after.bytes_in_use, 0);
+    }
+
+    #[test]
+    fn a_peer_mapping_sees_the_data() {
+        let pool = pool(128 * KIB, 2, 2);
+        let small = pool.alloc(200).unwrap();
+        let large = pool.alloc(100 * KIB).unwrap();
+        assert_eq!((small.block(), large.block()), (0, 1));
+        for (i, p) in [small, large].iter().enumerate() {
+            let name = pool.block_name(p.block()).unwrap();
+            assert!(
+                dev_shm(name).exists(),
+                "{name} is unlinked before its peer mapped it"
+            );
+            let peer = ShmSegment::open(name, pool.block_size()).unwrap();
+            // SAFETY: `p` is a live allocation of `capacity()` bytes at `offset()` in the
+            // block that `peer` maps too; this thread alone reads and writes it, in order.
+            unsafe {
+                for k in 0..p.capacity() {
+                    p.as_ptr().add(k).write((k * 7 + i) as u8);
+                }
+                let there = peer.as_ptr().add(p.offset());
+                assert_ne!(there, p.as_ptr());
+                for k in 0..p.capacity() {
+                    assert_eq!(there.add(k).read(), (k * 7 + i) as u8);
+                }
+                there.write(0xee);
+                assert_eq!(p.as_ptr().read(), 0xee);
+            }
+            // The peer completes the count of two mappers and removes the name.
+            assert!(peer.unlink_if_last(2).unwrap());
+            assert!(!dev_shm(name).exists());
+        }
+        pool.free(small.as_ptr()).unwrap();
+        pool.free(large.as_ptr()).unwrap();
+    }
+
+    #[test]
+    fn a_single_rank_unlinks_at_once_and_drop_leaves_nothing() {
+        let alone = pool(64 * KIB, 2, 1);
+        alone.alloc(10).unwrap();
+        assert!(alone.block_name(0).is_some());
+        assert!(names_of(&alone).is_empty());
+
+        // With peers that never map the blocks, the names stay until the pool drops.
+        let pool = pool(64 * KIB, 3, 4);
+        let live: Vec<PoolPtr> = (0..3).map(|_| pool.alloc(64 * KIB).unwrap()).collect();
+        assert_eq!(names_of(&pool).len(), 3);
+        let job = pool.job_id.clone();
+        drop(pool);
+        drop(live);
+        let prefix = format!("hcomm-{job}-");
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+    }
+
+    #[test]
+    fn threads_share_a_pool() {
+        let pool = pool(256 * KIB, 4, 1);
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let pool = &pool;
+                s.spawn(move || {
+                    let mut mine: Vec<PoolPtr> = Vec::new();
+                    for i in 0..2000usize {
+                        if i % 3 == 2 && !mine.is_empty() {
+                            let p = mine.swap_remove(i % mine.len());
+                            assert!(holds(&p, p.len() as u8));
+                            pool.free(p.as_ptr()).unwrap();
+                        } else if let Some(p) = pool.alloc((i * 37 + t as usize * 11) % 9000) {
+                            fill(&p, p.len() as u8);
+                            mine.push(p);
+                        }
+                    }
+                    for p in mine {
+                        assert!(holds(&p, p.len() as u8));
+                        pool.free(p.as_ptr()).unwrap();
+                    }
+                });
+            }
+        });
+        pool.check();
+        assert!(pool.all_free());
+        assert_eq!(pool.stats().bytes_in_use, 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(usize),
+        Free(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0usize..=SMALL_MAX).prop_map(Op::Alloc),
+            1 => (SMALL_MAX..=96 * KIB).prop_map(Op::Alloc),
+            3 => any::<usize>().prop_map(Op::Free),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// Random allocations and frees against a model: every allocation aligned, inside its
+        /// block, disjoint from every other live one and left intact until freed; the
+        /// counters follow; after freeing everything each block is one free extent again.
+        #[test]
+        fn random_sequences_match_a_model(ops in proptest::collection::vec(op(), 1..300)) {
+            let pool = pool(128 * KIB, 3, 1);
+            let mut model: Vec<(PoolPtr, u8)> = Vec::new();
+            let (mut hits, mut misses) = (0, 0);
+            for (step, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Alloc(size) => {
+                        let Some(p) = pool.alloc(size) else {
+                            misses += 1;
+                            continue;
+                        };
+                        hits += 1;
+                        let start = p.as_ptr() as usize;
+                        let end = start + p.capacity();
+                        prop_assert_eq!(start % POOL_ALIGN, 0);
+                        let rounded = size.max(1).next_multiple_of(POOL_ALIGN);
+                        prop_assert!(p.capacity() >= rounded && p.capacity() <= rounded * 3 / 2);
+                        let located = pool.locate(p.as_ptr(), p.capacity());
+                        prop_assert_eq!(located, Some((p.block(), p.offset())));
+                        for (q, _) in &model {
+                            let (s, e) = (q.as_ptr() as usize, q.as_ptr() as usize + q.capacity());
+                            prop_assert!(end <= s || e <= start, "{:?} overlaps {:?}", p, q);
+                        }
+                        fill(&p, step as u8);
+                        model.push((p, step as u8));
+                    }
+                    Op::Free(pick) => {
+                        if model.is_empty() {
+                            continue;
+                        }
+                        let (p, byte) = model.swap_remove(pick % model.len());
+                        prop_assert!(holds(&p, byte), "{:?} was overwritten", p);
+                        pool.free(p.as_ptr()).unwrap();
+                        prop_assert!(pool.free(p.as_ptr()).is_err());
+                    }
+                }
+                pool.check();
+                let stats = pool.stats();
+                let in_use: usize = model.iter().map(|(p, _)| p.capacity()).sum();
+                prop_assert_eq!((stats.hits, stats.misses), (hits, misses));
+                prop_assert_eq!(stats.bytes_in_use, in_use as u64);
+                prop_assert!(stats.high_water >= stats.bytes_in_use);
+            }
+            for (p, byte) in model.drain(..) {
+                prop_assert!(holds(&p, byte));
+                pool.free(p.as_ptr()).unwrap();
+            }
+            pool.check();
+            prop_assert!(pool.all_free());
+            prop_assert_eq!(pool.stats().bytes_in_use, 0);
+        }
+    }
+}
