@@ -214,3 +214,25 @@ fn a_rank_dying_mid_collective_fails_the_others_fast() {
         );
     }
 }
+
+#[test]
+fn ranks_with_different_algorithms_get_a_mismatch() {
+    let script = format!(
+        "if [ \"$HCOMM_RANK\" = 1 ]; then A=ring; else A=rabenseifner; fi; \
+         HCOMM_ALGO=allreduce:$A,barrier:direct exec {CHECK} algo-mismatch"
+    );
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "3", "--timeout", "100", "--", "sh", "-c", &script])
+        .env("HCOMM_TIMEOUT", "20");
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{text}");
+    assert!(
+        text.contains("via ring") && text.contains("via rabenseifner"),
+        "{text}"
+    );
+}

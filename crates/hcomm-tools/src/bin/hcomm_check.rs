@@ -62,6 +62,8 @@ enum Scenario {
     },
     /// Ranks calling different collectives, counts, types or roots get Error::Mismatch.
     Mismatch,
+    /// Ranks configured with different HCOMM_ALGO: their all-reduce reports a mismatch.
+    AlgoMismatch,
     /// With HCOMM_DETERMINISTIC=1, float reductions of arbitrary values equal the rank-order
     /// reference bit for bit, whatever HCOMM_ALGO says.
     Deterministic,
@@ -796,6 +798,12 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::Mismatch => {
             mismatch(&comm)?;
             "mismatch"
+        }
+        Scenario::AlgoMismatch => {
+            let mut buf = vec![1.0f32; 4096];
+            let res = comm.allreduce_in_place(&mut buf, ReduceOp::Sum);
+            expect_mismatch(&comm, "algorithm", res)?;
+            "algo-mismatch"
         }
         Scenario::Deterministic => {
             deterministic(&comm)?;

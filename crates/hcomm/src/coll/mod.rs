@@ -16,6 +16,9 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::topology::Topology;
 use schedule::{Buf, Region, Schedule};
 
+/// Bits of a signature's second word that hold the count (the top byte names the algorithm).
+const COUNT_MASK: u64 = (1 << 56) - 1;
+
 /// Which collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
@@ -259,7 +262,7 @@ impl Shape {
         let count = if self.kind == CollKind::AllToAllV {
             0
         } else {
-            total
+            total & COUNT_MASK
         };
         let op = if self.kind.reduces() {
             self.op as u64
@@ -273,6 +276,14 @@ impl Shape {
                 | (self.root as u64 & 0xff_ffff_ffff),
             count,
         ]
+    }
+
+    /// [`Shape::signature`] with the algorithm that runs the call (its index in
+    /// [`algos::all`]), so that ranks configured with different `HCOMM_ALGO` are told apart
+    /// too.
+    pub fn signature_with(&self, algorithm: usize) -> [u64; 2] {
+        let [a, b] = self.signature();
+        [a, b | ((algorithm as u64 + 1) & 0xff) << 56]
     }
 
     /// Describes a signature for error messages.
@@ -298,7 +309,18 @@ impl Shape {
                 } else {
                     String::new()
                 };
-                format!("{}({} x {}{op}{root})", k.name(), sig[1], d.name())
+                let algo = match (sig[1] >> 56) as usize {
+                    0 => String::new(),
+                    i => algos::all()
+                        .get(i - 1)
+                        .map_or_else(String::new, |a| format!(" via {}", a.name())),
+                };
+                format!(
+                    "{}({} x {}{op}{root}{algo})",
+                    k.name(),
+                    sig[1] & COUNT_MASK,
+                    d.name()
+                )
             }
             _ => format!("an unknown operation {sig:x?}"),
         }

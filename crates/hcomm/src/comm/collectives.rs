@@ -255,7 +255,7 @@ impl Communicator {
     ) -> Result<()> {
         self.world.selector.count(plan.slot);
         let sig = if self.world.config.mismatch_check {
-            shape.signature()
+            shape.signature_with(plan.slot % crate::coll::algos::all().len())
         } else {
             [0; 2]
         };
