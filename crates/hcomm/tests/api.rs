@@ -109,3 +109,18 @@ fn self_messages_and_truncation() {
     assert!(matches!(e, Error::Truncated(_)), "{e}");
     assert_eq!(e.code(), hcomm::ErrorCode::Truncated);
 }
+
+#[test]
+fn calls_are_counted_per_algorithm_and_plans_are_reused() {
+    let comm = world();
+    let mut buf = [1u32; 16];
+    for _ in 0..5 {
+        comm.allreduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+    }
+    let algo = comm.algorithm_for(CollKind::AllReduce, DataType::Uint32, ReduceOp::Sum, 16, 0);
+    let counts = comm.collective_counts();
+    assert!(
+        counts.contains(&(CollKind::AllReduce, algo, 5)),
+        "{counts:?}"
+    );
+}
