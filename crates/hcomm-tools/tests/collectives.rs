@@ -9,10 +9,11 @@ use std::time::Duration;
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
 
-fn job(n: usize, env: &[(&str, &str)], args: &[&str]) {
+/// Runs `prog` under hcommrun on `n` ranks with `env`; returns the output, asserting success.
+fn run_job(n: usize, env: &[(&str, &str)], prog: &[&str]) -> String {
     let mut c = Command::new(HCOMMRUN);
-    c.args(["-n", &n.to_string(), "--timeout", "200", "--", CHECK])
-        .args(args)
+    c.args(["-n", &n.to_string(), "--timeout", "200", "--"])
+        .args(prog)
         .env("HCOMM_TIMEOUT", "60");
     for (k, v) in env {
         c.env(k, v);
@@ -25,8 +26,14 @@ fn job(n: usize, env: &[(&str, &str)], args: &[&str]) {
     );
     assert!(
         o.status.success(),
-        "{args:?} with {env:?} on {n} ranks failed:\n{text}"
+        "{prog:?} with {env:?} on {n} ranks failed:\n{text}"
     );
+    text
+}
+
+/// Runs hcomm_check `args` on `n` ranks; every rank must report OK.
+fn job(n: usize, env: &[(&str, &str)], args: &[&str]) {
+    let text = run_job(n, env, &[&[CHECK], args].concat());
     for r in 0..n {
         assert!(
             text.contains(&format!("[{r}] OK {}", args[0])),
@@ -147,27 +154,13 @@ fn ranks_spanning_hosts_use_the_hierarchical_algorithms() {
     // contiguous (rank r on host r % 3).
     let script =
         format!("HCOMM_HOST_ID=host$((HCOMM_RANK % 3)) exec {CHECK} collectives --max-count 70000");
-    let mut c = Command::new(HCOMMRUN);
-    c.args(["-n", "5", "--timeout", "200", "--", "sh", "-c", &script])
-        .env("HCOMM_TIMEOUT", "60");
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(240));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{text}");
+    let text = run_job(5, &[], &["sh", "-c", &script]);
     assert_eq!(text.matches("OK collectives").count(), 5, "{text}");
-    let mut c = Command::new(HCOMMRUN);
-    c.args(["-n", "4", "--timeout", "200", "--", "sh", "-c", &script])
-        .env("HCOMM_ALGO", "allreduce:hier,allgather:hier");
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(240));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+    run_job(
+        4,
+        &[("HCOMM_ALGO", "allreduce:hier,allgather:hier")],
+        &["sh", "-c", &script],
     );
-    assert!(o.status.success(), "{text}");
 }
 
 #[test]
@@ -221,16 +214,7 @@ fn ranks_with_different_algorithms_get_a_mismatch() {
         "if [ \"$HCOMM_RANK\" = 1 ]; then A=ring; else A=rabenseifner; fi; \
          HCOMM_ALGO=allreduce:$A,barrier:direct exec {CHECK} algo-mismatch"
     );
-    let mut c = Command::new(HCOMMRUN);
-    c.args(["-n", "3", "--timeout", "100", "--", "sh", "-c", &script])
-        .env("HCOMM_TIMEOUT", "20");
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{text}");
+    let text = run_job(3, &[("HCOMM_TIMEOUT", "20")], &["sh", "-c", &script]);
     assert!(
         text.contains("via ring") && text.contains("via rabenseifner"),
         "{text}"

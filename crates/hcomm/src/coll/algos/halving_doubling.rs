@@ -269,6 +269,21 @@ fn pieces(ranges: &[(usize, usize)], e: usize) -> impl Iterator<Item = (usize, u
         .flat_map(move |&(off, len)| chunks(len, e).into_iter().map(move |(o, l)| (off + o, l)))
 }
 
+/// Stages one transfer step per chunk of `ranges`.
+fn transfer_stages(
+    stages: &mut Vec<Stage>,
+    ranges: &[(usize, usize)],
+    e: usize,
+    step: impl Fn(usize, usize) -> Step,
+) {
+    for (o, l) in pieces(ranges, e) {
+        stages.push(Stage {
+            comm: vec![step(o, l)],
+            local: Vec::new(),
+        });
+    }
+}
+
 /// Stages sending `ranges` of `src` to `peer`.
 fn send_stages(
     stages: &mut Vec<Stage>,
@@ -277,15 +292,10 @@ fn send_stages(
     e: usize,
     src: impl Fn(usize, usize) -> Region,
 ) {
-    for (o, l) in pieces(ranges, e) {
-        stages.push(Stage {
-            comm: vec![Step::Send {
-                peer,
-                src: src(o, l),
-            }],
-            local: Vec::new(),
-        });
-    }
+    transfer_stages(stages, ranges, e, |o, l| Step::Send {
+        peer,
+        src: src(o, l),
+    });
 }
 
 /// Stages receiving `ranges` from `peer` into `dst`.
@@ -296,15 +306,10 @@ fn recv_stages(
     e: usize,
     dst: impl Fn(usize, usize) -> Region,
 ) {
-    for (o, l) in pieces(ranges, e) {
-        stages.push(Stage {
-            comm: vec![Step::Recv {
-                peer,
-                dst: dst(o, l),
-            }],
-            local: Vec::new(),
-        });
-    }
+    transfer_stages(stages, ranges, e, |o, l| Step::Recv {
+        peer,
+        dst: dst(o, l),
+    });
 }
 
 /// Stages exchanging `give` for `take`, both of the receive buffer, with `peer`.
