@@ -146,6 +146,8 @@ fn deterministic_mode_is_bitwise_reproducible_across_algorithms() {
         );
     }
     job(3, &[("HCOMM_DETERMINISTIC", "1")], &["deterministic"]);
+    // Two ranks keep their fastest algorithm: the result is still the rank-order one.
+    job(2, &[("HCOMM_DETERMINISTIC", "1")], &["deterministic"]);
 }
 
 #[test]
