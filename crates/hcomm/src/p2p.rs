@@ -51,6 +51,11 @@ const MAX_ROUNDS: usize = 64;
 const WAKE_TOKEN: u64 = u64::MAX;
 /// Claims an unexpected message whose data is to be dropped (no operation has this id).
 const DISCARDED: OpId = 0;
+/// While spinning, every this many rounds the waiter asks epoll instead of reading the
+/// awaited peers' sockets directly.
+const DIRECT_READS: u32 = 8;
+/// Direct reads only for waits on this many peers or fewer.
+const MAX_DIRECT_PEERS: usize = 4;
 /// Recent calls remembered for mismatch detection.
 const CALL_MEMORY: usize = 4096;
 /// How long a finalizing rank waits for its peers to close their side of the links.
@@ -520,10 +525,14 @@ impl Engine {
         let sh = &*self.shared;
         let mut spin_until = Instant::now() + sh.spin;
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        // Whether `events` came from epoll (rather than being direct reads of awaited peers).
+        let mut polled = false;
+        let mut rounds: u32 = 0;
+        let mut hot: Vec<usize> = Vec::new();
         loop {
             // Keep polling while data moves: sleeping between the bursts of a large transfer
             // costs a wake-up each time.
-            if !events.is_empty() {
+            if polled && !events.is_empty() {
                 spin_until = Instant::now() + sh.spin;
             }
             {
@@ -545,14 +554,39 @@ impl Engine {
                          or calling something else"
                     )));
                 }
+                // Only small receives: large transfers use every stream and need writes
+                // progressed, which epoll tracks.
+                hot.clear();
+                let small = |op: &Op| op.kind == OpKind::Recv && op.cap <= st.cfg.eager_limit;
+                if ids.iter().filter_map(|id| st.ops.get(id)).all(small) {
+                    for op in ids.iter().filter_map(|id| st.ops.get(id)) {
+                        let p = op.target.peer;
+                        if !hot.contains(&p) && st.readable(p) {
+                            hot.push(p);
+                        }
+                    }
+                }
             }
             let now = Instant::now();
-            let sleep = if now < spin_until {
-                Duration::ZERO
+            if now < spin_until {
+                rounds = rounds.wrapping_add(1);
+                // Between epoll checks, read the first stream of the awaited peers directly:
+                // a small message that arrives is then read without a readiness call first.
+                if rounds % DIRECT_READS != 0 && !hot.is_empty() && hot.len() <= MAX_DIRECT_PEERS {
+                    events.clear();
+                    let direct = hot.iter().map(|&p| epoll::Event {
+                        flags: epoll::EventFlags::IN,
+                        data: epoll::EventData::new_u64(token(p, 0)),
+                    });
+                    events.extend(direct);
+                    polled = false;
+                    continue;
+                }
+                poll(&sh.io, &mut events, Duration::ZERO)?;
             } else {
-                (deadline - now).min(MAX_SLEEP)
-            };
-            poll(&sh.io, &mut events, sleep)?;
+                poll(&sh.io, &mut events, (deadline - now).min(MAX_SLEEP))?;
+            }
+            polled = true;
         }
     }
 
@@ -1292,6 +1326,16 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Whether `peer` is another rank whose first stream is still open for reading.
+    fn readable(&self, peer: usize) -> bool {
+        peer != self.cfg.rank
+            && self
+                .peers
+                .get(peer)
+                .and_then(Option::as_ref)
+                .is_some_and(|p| p.lost.is_none() && !p.streams[0].eof)
     }
 
     /// Reachable peers with frames not yet handed to the kernel.
