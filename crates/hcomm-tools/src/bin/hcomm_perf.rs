@@ -640,16 +640,28 @@ fn run_p2p(sweep: &SweepArgs, kind: p2p::Kind) -> ExitCode {
         Ok(s) => s,
         Err(e) => return finish(&launcher_rank, Err(e)),
     };
-    let comm = match hcomm::Communicator::init() {
+    let config = hcomm::Config::from_env();
+    run_joined(&launcher_rank, config, |comm| {
+        p2p::run(comm, kind, sweep, &sizes)
+    })
+}
+
+/// Joins the job with `config`, runs `body` and reports how it ended.
+fn run_joined(
+    launcher_rank: &str,
+    config: hcomm::Result<hcomm::Config>,
+    body: impl FnOnce(&hcomm::Communicator) -> anyhow::Result<Outcome>,
+) -> ExitCode {
+    let comm = match config.and_then(hcomm::Communicator::init_with) {
         Ok(c) => c,
         Err(e) => {
             let e = anyhow::Error::new(e).context("cannot join the job");
-            return finish(&launcher_rank, Err(e));
+            return finish(launcher_rank, Err(e));
         }
     };
-    let outcome = p2p::run(&comm, kind, sweep, &sizes);
-    // Report before the communicator goes: dropping it waits for the other ranks to finish,
-    // and a launcher may stop this rank meanwhile (when another rank failed first).
+    let outcome = body(&comm);
+    // Report before the communicator goes: closing it delivers what is still queued, and a
+    // launcher may stop this rank meanwhile (when another rank failed first).
     let code = finish(&comm.rank().to_string(), outcome);
     drop(comm);
     code
@@ -679,17 +691,9 @@ fn run_coll(args: &CollArgs, kinds: &[CollKind]) -> ExitCode {
             std::env::var(name).ok()
         }
     });
-    let comm = match config.and_then(hcomm::Communicator::init_with) {
-        Ok(c) => c,
-        Err(e) => {
-            let e = anyhow::Error::new(e).context("cannot join the job");
-            return finish(&launcher_rank, Err(e));
-        }
-    };
-    let outcome = collective::run(&comm, kinds, args, &sizes);
-    let code = finish(&comm.rank().to_string(), outcome);
-    drop(comm);
-    code
+    run_joined(&launcher_rank, config, |comm| {
+        collective::run(comm, kinds, args, &sizes)
+    })
 }
 
 /// Prints how this rank's run ended and turns it into the exit status.
