@@ -10,14 +10,17 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
+use sha2::{Digest, Sha256};
+
 use crate::bootstrap::{RendezvousStore, StoreClient};
 use crate::coll::schedule::Schedule;
 use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::p2p::{Engine, EngineConfig, OpId, Target};
+use crate::p2p::{Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
 use crate::topology::{RankInfo, Topology};
+use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
 use crate::transport::tcp;
 
 /// Communicator ids with this bit carry hcomm's own traffic (split, barrier), never a
@@ -242,6 +245,64 @@ fn splitmix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+fn lock_client(m: &Mutex<StoreClient>) -> std::sync::MutexGuard<'_, StoreClient> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets up the shared-memory links with the other ranks of this host (unless
+/// `HCOMM_TRANSPORT=tcp`): every local rank creates its inbox, publishes it under `ns`, and
+/// maps the others'.
+fn setup_shm(
+    config: &Config,
+    topology: &Topology,
+    rank: usize,
+    client: &mut StoreClient,
+    ns: &str,
+    deadline: Instant,
+) -> Result<Option<ShmSetup>> {
+    let host = topology.host_of(rank);
+    let locals: Vec<usize> = (0..topology.size())
+        .filter(|&r| topology.host_of(r) == host)
+        .collect();
+    if locals.len() < 2 || config.transport.as_deref() == Some("tcp") {
+        return Ok(None);
+    }
+    // One id per job and world, the same on every rank, nothing of the secret revealed.
+    let mut h = Sha256::new();
+    h.update(config.job_secret.as_deref().unwrap_or_default());
+    h.update(config.launch.root_addr.as_deref().unwrap_or_default());
+    h.update(ns.as_bytes());
+    let job_id = hex::encode(&h.finalize()[..8]);
+    let me = topology.local_rank(rank);
+    link::prepare_cma(config.cma);
+    let cfg = LinkConfig {
+        job_id,
+        ring_bytes: config.shm_ring,
+        cma: config.cma,
+    };
+    let inbox = Inbox::create(&cfg, rank, locals.len(), me)?;
+    let linked = (|| {
+        client.set(&format!("{ns}/shm/{rank}"), &inbox.published().encode())?;
+        let mut links = Vec::with_capacity(locals.len() - 1);
+        for (i, &r) in locals.iter().enumerate().filter(|&(_, &r)| r != rank) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let published = Published::decode(r, &client.wait(&format!("{ns}/shm/{r}"), left)?)?;
+            links.push((r, inbox.link(i, &published)?));
+        }
+        Ok(links)
+    })();
+    match linked {
+        Ok(links) => {
+            tracing::debug!(rank, locals = locals.len(), "shared-memory links ready");
+            Ok(Some(ShmSetup { inbox, links }))
+        }
+        Err(e) => {
+            inbox.abandon();
+            Err(e)
+        }
+    }
+}
+
 impl Communicator {
     /// Joins the job this process was launched into (see the README for the launchers and
     /// variables), or makes a world of one rank when there is no launcher.
@@ -337,13 +398,28 @@ impl Communicator {
             None if local_size <= cores => DEFAULT_SPIN,
             None => Duration::ZERO,
         };
+        let shm = match &client {
+            Some(client) => setup_shm(
+                &config,
+                &topology,
+                rank,
+                &mut lock_client(client),
+                &format!("hcomm/{generation}"),
+                deadline,
+            )?,
+            None => None,
+        };
         let engine = Engine::new(
             links,
+            shm,
             EngineConfig {
                 rank,
                 eager_limit: config.tcp_eager_limit,
                 chunk: config.tcp_chunk,
                 spin,
+                shm_eager_limit: config.shm_eager_limit,
+                shm_push_threshold: config.shm_push_threshold,
+                shm_chunk: config.shm_chunk,
                 describe: crate::coll::Shape::describe_signature,
             },
         )?;
@@ -398,6 +474,19 @@ impl Communicator {
     /// The settings the world was created with.
     pub fn config(&self) -> &Config {
         &self.world.config
+    }
+
+    /// How many messages of this process took each protocol so far (all communicators of
+    /// the world together).
+    pub fn protocol_stats(&self) -> ProtocolStats {
+        self.world.engine.protocol_stats()
+    }
+
+    /// Whether messages to `rank` (of this communicator) travel through shared memory.
+    pub fn uses_shm(&self, rank: usize) -> bool {
+        self.members
+            .get(rank)
+            .is_some_and(|&w| self.world.engine.is_shm_peer(w))
     }
 
     fn deadline(&self) -> Instant {

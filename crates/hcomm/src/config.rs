@@ -18,6 +18,15 @@ pub const DEFAULT_TCP_STREAMS: usize = 2;
 pub const DEFAULT_TCP_CHUNK: usize = 512 * 1024;
 /// Largest accepted `HCOMM_TCP_STREAMS`.
 pub const MAX_TCP_STREAMS: usize = 16;
+/// Default largest message sent inline through shared memory (`HCOMM_SHM_EAGER_LIMIT`).
+pub const DEFAULT_SHM_EAGER_LIMIT: usize = 4096;
+/// Default largest message the receiver pulls; larger ones the sender pushes
+/// (`HCOMM_SHM_PUSH_THRESHOLD`).
+pub const DEFAULT_SHM_PUSH_THRESHOLD: usize = 1 << 20;
+/// Default chunk of a shared-memory push (`HCOMM_SHM_CHUNK`).
+pub const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
+/// Default bytes of each shared-memory ring (`HCOMM_SHM_RING`).
+pub const DEFAULT_SHM_RING: usize = 1 << 20;
 
 /// Which launcher the rank information came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +69,21 @@ pub struct Config {
     pub log_level: Option<u8>,
     /// `HCOMM_TIMEOUT` (seconds, fractions allowed): the bound on every wait.
     pub timeout: Duration,
-    /// `HCOMM_TRANSPORT`: force one transport (`tcp`).
+    /// `HCOMM_TRANSPORT`: force one transport (`tcp`; `shm` is the default: shared memory
+    /// between ranks of one host, TCP between hosts).
     pub transport: Option<String>,
+    /// `HCOMM_SHM_EAGER_LIMIT`: largest message sent inline through a shared-memory ring.
+    pub shm_eager_limit: usize,
+    /// `HCOMM_SHM_PUSH_THRESHOLD`: larger shared-memory messages are pushed by the sender in
+    /// chunks; smaller ones (above the eager limit) are pulled by the receiver.
+    pub shm_push_threshold: usize,
+    /// `HCOMM_SHM_CHUNK`: bytes per chunk of a shared-memory push.
+    pub shm_chunk: usize,
+    /// `HCOMM_SHM_RING`: bytes of each shared-memory ring (one per ordered pair of local
+    /// ranks).
+    pub shm_ring: usize,
+    /// `HCOMM_CMA`: `auto` (use cross-memory attach where the kernel allows it) or `off`.
+    pub cma: crate::transport::shm::cma::CmaMode,
     /// `HCOMM_ALGO`: per-collective algorithm overrides, as written.
     pub algo: Option<String>,
     /// `HCOMM_DETERMINISTIC=1`: reductions in a fixed order, bitwise reproducible floats.
@@ -129,25 +151,40 @@ impl Config {
             }
             None => DEFAULT_TCP_STREAMS,
         };
-        let tcp_eager_limit = match get("HCOMM_TCP_EAGER_LIMIT") {
-            Some(v) => {
-                let n = parse_num::<usize>("HCOMM_TCP_EAGER_LIMIT", &v)?;
-                if n > 16 << 20 {
-                    return Err(invalid("HCOMM_TCP_EAGER_LIMIT", &v, "0 .. 16777216 bytes"));
-                }
-                n
+        let size = |name: &str, default: usize, min: usize, max: usize| -> Result<usize> {
+            let Some(v) = get(name) else {
+                return Ok(default);
+            };
+            let n = parse_num::<usize>(name, &v)?;
+            if !(min..=max).contains(&n) {
+                return Err(invalid(name, &v, &format!("{min} .. {max} bytes")));
             }
-            None => DEFAULT_TCP_EAGER_LIMIT,
+            Ok(n)
         };
-        let tcp_chunk = match get("HCOMM_TCP_CHUNK") {
-            Some(v) => {
-                let n = parse_num::<usize>("HCOMM_TCP_CHUNK", &v)?;
-                if !(4096..=64 << 20).contains(&n) {
-                    return Err(invalid("HCOMM_TCP_CHUNK", &v, "4096 .. 67108864 bytes"));
-                }
-                n
-            }
-            None => DEFAULT_TCP_CHUNK,
+        let tcp_eager_limit = size(
+            "HCOMM_TCP_EAGER_LIMIT",
+            DEFAULT_TCP_EAGER_LIMIT,
+            0,
+            16 << 20,
+        )?;
+        let tcp_chunk = size("HCOMM_TCP_CHUNK", DEFAULT_TCP_CHUNK, 4096, 64 << 20)?;
+        let shm_eager_limit = size(
+            "HCOMM_SHM_EAGER_LIMIT",
+            DEFAULT_SHM_EAGER_LIMIT,
+            0,
+            32 << 10,
+        )?;
+        let shm_push_threshold = size(
+            "HCOMM_SHM_PUSH_THRESHOLD",
+            DEFAULT_SHM_PUSH_THRESHOLD,
+            0,
+            usize::MAX,
+        )?;
+        let shm_chunk = size("HCOMM_SHM_CHUNK", DEFAULT_SHM_CHUNK, 4096, 32 << 20)?;
+        let shm_ring = size("HCOMM_SHM_RING", DEFAULT_SHM_RING, 128 << 10, 64 << 20)?;
+        let cma = match get(crate::transport::shm::cma::CmaMode::ENV_VAR) {
+            Some(v) => crate::transport::shm::cma::CmaMode::from_env_value(&v)?,
+            None => crate::transport::shm::cma::CmaMode::Auto,
         };
         let spin_us = match get("HCOMM_SPIN_US") {
             Some(v) => Some(parse_num::<u64>("HCOMM_SPIN_US", &v)?.min(1_000_000)),
@@ -155,8 +192,8 @@ impl Config {
         };
         let transport = get("HCOMM_TRANSPORT");
         if let Some(t) = &transport {
-            if t != "tcp" {
-                return Err(invalid("HCOMM_TRANSPORT", t, "tcp"));
+            if t != "tcp" && t != "shm" {
+                return Err(invalid("HCOMM_TRANSPORT", t, "tcp or shm"));
             }
         }
         Ok(Config {
@@ -164,6 +201,11 @@ impl Config {
             log_level,
             timeout: Duration::from_secs_f64(timeout_secs),
             transport,
+            shm_eager_limit,
+            shm_push_threshold,
+            shm_chunk,
+            shm_ring,
+            cma,
             algo: get("HCOMM_ALGO"),
             deterministic: get("HCOMM_DETERMINISTIC").is_some_and(|v| v != "0"),
             mismatch_check: get("HCOMM_MISMATCH_CHECK").is_none_or(|v| v != "0"),

@@ -1,7 +1,7 @@
 //! hcomm: a collective communication library.
 //!
 //! One process per rank; ranks exchange data through point-to-point messages and collectives
-//! over TCP (shared memory and RDMA-class transports follow). Start a job with `hcommrun`,
+//! through shared memory inside a host and TCP between hosts. Start a job with `hcommrun`,
 //! Open MPI's `mpirun`, MPICH's `mpiexec`, Slurm's `srun` or `torchrun`, then:
 //!
 //! ```no_run
@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Layers, bottom up: [`bootstrap`] (rendezvous store, authentication), [`topology`],
-//! [`transport`] (TCP), `p2p` (matching, requests, progress), [`Communicator`].
+//! [`transport`] (TCP, shared memory), `p2p` (matching, requests, progress), [`Communicator`].
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -34,3 +34,4 @@ pub use comm::{wait_all, Batch, Communicator, Completion, Request};
 pub use config::Config;
 pub use dtype::{DataType, ReduceOp};
 pub use error::{Error, ErrorCode, Result};
+pub use p2p::ProtocolStats;

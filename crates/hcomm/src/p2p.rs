@@ -29,7 +29,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -38,7 +38,11 @@ use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 use crate::error::{Error, Result};
-use crate::transport::wire::{FrameHeader, FrameKind, FLAG_DISCARD, FLAG_MISMATCH, HEADER_LEN};
+use crate::transport::shm::cma;
+use crate::transport::shm::link::{Doorbell, Inbox, ShmLink};
+use crate::transport::wire::{
+    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_MISMATCH, FLAG_PULLED, HEADER_LEN,
+};
 
 /// Identifies an operation inside the engine.
 pub(crate) type OpId = u64;
@@ -62,6 +66,68 @@ const CALL_MEMORY: usize = 4096;
 const LINGER: Duration = Duration::from_secs(1);
 /// Longest sleep between checks of a waiter's own state.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// A waiter with only shared-memory peers asks epoll once in this many rounds.
+const SHM_POLLS_PER_EPOLL: u32 = 64;
+/// After spinning, a waiter with shared-memory peers yields the CPU this many times before
+/// it sleeps.
+const SHM_YIELDS: u32 = 64;
+/// Messages read from one ring per progress pass, so one busy peer cannot starve the others.
+const SHM_ROUNDS: usize = 64;
+
+/// How many messages took each protocol (SPEC F4), for tests, logs and the profiler.
+#[derive(Debug, Default)]
+pub(crate) struct ProtocolCounts {
+    /// Inline through a shared-memory ring.
+    pub shm_eager: AtomicU64,
+    /// Pulled by the receiver with cross-memory attach (one copy).
+    pub shm_pull: AtomicU64,
+    /// Pushed by the sender in chunks through the ring.
+    pub shm_push: AtomicU64,
+    /// Eager over TCP.
+    pub tcp_eager: AtomicU64,
+    /// Rendezvous over TCP.
+    pub tcp_rendezvous: AtomicU64,
+}
+
+/// A snapshot of [`ProtocolCounts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProtocolStats {
+    /// Messages inline through a shared-memory ring.
+    pub shm_eager: u64,
+    /// Messages pulled by the receiver with cross-memory attach.
+    pub shm_pull: u64,
+    /// Messages pushed by the sender in chunks through shared memory.
+    pub shm_push: u64,
+    /// Eager messages over TCP.
+    pub tcp_eager: u64,
+    /// Rendezvous messages over TCP.
+    pub tcp_rendezvous: u64,
+}
+
+impl ProtocolCounts {
+    fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> ProtocolStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ProtocolStats {
+            shm_eager: get(&self.shm_eager),
+            shm_pull: get(&self.shm_pull),
+            shm_push: get(&self.shm_push),
+            tcp_eager: get(&self.tcp_eager),
+            tcp_rendezvous: get(&self.tcp_rendezvous),
+        }
+    }
+}
+
+/// The shared-memory side of an engine: this rank's inbox and its links with local peers.
+pub(crate) struct ShmSetup {
+    /// This rank's inbox (its doorbell lives at its start).
+    pub inbox: Inbox,
+    /// `(world rank, link)` for every other local rank.
+    pub links: Vec<(usize, ShmLink)>,
+}
 
 /// Engine settings, fixed at creation.
 #[derive(Debug, Clone)]
@@ -74,6 +140,13 @@ pub(crate) struct EngineConfig {
     pub chunk: usize,
     /// How long a waiter polls before it sleeps.
     pub spin: Duration,
+    /// Shared-memory messages up to this size go inline through the ring.
+    pub shm_eager_limit: usize,
+    /// Shared-memory messages up to this size are pulled by the receiver with cross-memory
+    /// attach (where it works); larger ones are pushed by the sender in chunks.
+    pub shm_push_threshold: usize,
+    /// Chunk size of shared-memory pushes.
+    pub shm_chunk: usize,
     /// Describes an operation signature for mismatch messages.
     pub describe: fn([u64; 2]) -> String,
 }
@@ -151,8 +224,16 @@ impl Op {
 
 #[derive(Debug)]
 enum UnexpectedKind {
-    Eager { data: Vec<u8>, complete: bool },
-    Rts { msg_id: u64, len: usize },
+    Eager {
+        data: Vec<u8>,
+        complete: bool,
+    },
+    Rts {
+        msg_id: u64,
+        len: usize,
+        /// Sender's buffer address, when it may be pulled (shared memory).
+        pull: Option<u64>,
+    },
 }
 
 #[derive(Debug)]
@@ -227,9 +308,21 @@ struct Stream {
     eof: bool,
 }
 
+/// The shared-memory side of a local peer.
+#[derive(Debug)]
+struct ShmPeer {
+    link: ShmLink,
+    /// Frames waiting for room in the ring, in order.
+    out: VecDeque<OutFrame>,
+}
+
 #[derive(Debug)]
 struct Peer {
     streams: Vec<Stream>,
+    /// Shared memory, for a peer on this host: it then carries every frame but `Close` and
+    /// `Wake`, which take stream 0 (so that a `Close` and the connection's end are seen in
+    /// order).
+    shm: Option<ShmPeer>,
     next_msg_id: u64,
     next_data_stream: usize,
     /// The peer said it is finalizing.
@@ -249,12 +342,21 @@ struct Io {
     pending_async: AtomicUsize,
     /// The background thread is (about to be) inside `epoll_wait`.
     polling: AtomicBool,
+    /// This rank's shared-memory inbox, when it has local peers.
+    inbox: Option<Inbox>,
 }
 
 impl Io {
     /// Wakes every thread sleeping in `epoll_wait` on this engine.
     fn wake_all(&self) {
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        if let Some(bell) = self.bell() {
+            bell.ring();
+        }
+    }
+
+    fn bell(&self) -> Option<&Doorbell> {
+        self.inbox.as_ref().map(Inbox::bell)
     }
 }
 
@@ -262,6 +364,9 @@ struct State {
     cfg: EngineConfig,
     io: Arc<Io>,
     peers: Vec<Option<Peer>>,
+    /// World ranks of the peers reached through shared memory.
+    shm_peers: Vec<usize>,
+    counts: Arc<ProtocolCounts>,
     ops: HashMap<OpId, Op>,
     next_op: OpId,
     posted: HashMap<MatchKey, VecDeque<OpId>>,
@@ -287,10 +392,13 @@ struct State {
     /// A mismatch found after this rank's part of a call had finished: reported by the next
     /// call on that communicator.
     late: HashMap<u64, Error>,
+    /// A failing peer's ring is being read to its end.
+    draining: bool,
 }
 
 struct Shared {
     state: Mutex<State>,
+    counts: Arc<ProtocolCounts>,
     io: Arc<Io>,
     idle: Mutex<()>,
     idle_cv: Condvar,
@@ -331,7 +439,12 @@ fn poll(io: &Io, events: &mut Vec<epoll::Event>, sleep: Duration) -> Result<()> 
 
 impl Engine {
     /// Takes over the established links (`links[peer]` = its streams, empty for self).
-    pub(crate) fn new(links: Vec<Vec<TcpStream>>, cfg: EngineConfig) -> Result<Engine> {
+    /// `shm`: the shared-memory links of the local peers, which then carry their traffic.
+    pub(crate) fn new(
+        links: Vec<Vec<TcpStream>>,
+        shm: Option<ShmSetup>,
+        cfg: EngineConfig,
+    ) -> Result<Engine> {
         let sys = |what: &str, e: rustix::io::Errno| Error::Init(format!("{what}: {e}"));
         let epoll =
             epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| sys("epoll_create", e))?;
@@ -374,25 +487,47 @@ impl Engine {
             }
             peers.push(Some(Peer {
                 streams,
+                shm: None,
                 next_msg_id: 0,
                 next_data_stream: 0,
                 closed: false,
                 lost: None,
             }));
         }
+        let mut shm_peers = Vec::new();
+        let inbox = match shm {
+            Some(ShmSetup { inbox, links }) => {
+                for (p, link) in links {
+                    let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
+                        Error::Internal(format!("shared-memory link to world rank {p} has no peer"))
+                    })?;
+                    peer.shm = Some(ShmPeer {
+                        link,
+                        out: VecDeque::new(),
+                    });
+                    shm_peers.push(p);
+                }
+                Some(inbox)
+            }
+            None => None,
+        };
         let spin = cfg.spin;
+        let counts = Arc::new(ProtocolCounts::default());
         let io = Arc::new(Io {
             epoll,
             wake,
             waiters: AtomicUsize::new(0),
             pending_async: AtomicUsize::new(0),
             polling: AtomicBool::new(false),
+            inbox,
         });
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 cfg,
                 io: Arc::clone(&io),
                 peers,
+                shm_peers,
+                counts: Arc::clone(&counts),
                 ops: HashMap::default(),
                 next_op: 1,
                 posted: HashMap::default(),
@@ -408,8 +543,10 @@ impl Engine {
                 calls: HashMap::default(),
                 call_order: VecDeque::new(),
                 late: HashMap::default(),
+                draining: false,
             }),
             io,
+            counts,
             idle: Mutex::new(()),
             idle_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
@@ -424,6 +561,16 @@ impl Engine {
             shared,
             thread: Some(thread),
         })
+    }
+
+    /// How many messages took each protocol so far.
+    pub(crate) fn protocol_stats(&self) -> ProtocolStats {
+        self.shared.counts.snapshot()
+    }
+
+    /// Whether world rank `peer` is reached through shared memory.
+    pub(crate) fn is_shm_peer(&self, peer: usize) -> bool {
+        lock(&self.shared.state).shm_peers.contains(&peer)
     }
 
     /// Posts a send of `len` bytes at `buf`.
@@ -528,16 +675,19 @@ impl Engine {
         // Whether `events` came from epoll (rather than being direct reads of awaited peers).
         let mut polled = false;
         let mut rounds: u32 = 0;
+        let mut yields = 0;
         let mut hot: Vec<usize> = Vec::new();
+        let mut all_shm;
         loop {
-            // Keep polling while data moves: sleeping between the bursts of a large transfer
-            // costs a wake-up each time.
-            if polled && !events.is_empty() {
-                spin_until = Instant::now() + sh.spin;
-            }
             {
                 let mut st = lock(&sh.state);
-                st.handle(&events, true);
+                let moved = st.handle(&events, true);
+                // Keep polling while data moves: sleeping between the bursts of a large
+                // transfer costs a wake-up each time.
+                if moved || (polled && !events.is_empty()) {
+                    spin_until = Instant::now() + sh.spin;
+                    yields = 0;
+                }
                 for (i, &id) in ids.iter().enumerate() {
                     if let Some(r) = st.take(id) {
                         return Ok((i, r));
@@ -554,11 +704,12 @@ impl Engine {
                          or calling something else"
                     )));
                 }
+                all_shm = st.all_shm();
                 // Only small receives: large transfers use every stream and need writes
                 // progressed, which epoll tracks.
                 hot.clear();
                 let small = |op: &Op| op.kind == OpKind::Recv && op.cap <= st.cfg.eager_limit;
-                if ids.iter().filter_map(|id| st.ops.get(id)).all(small) {
+                if !all_shm && ids.iter().filter_map(|id| st.ops.get(id)).all(small) {
                     for op in ids.iter().filter_map(|id| st.ops.get(id)) {
                         let p = op.target.peer;
                         if !hot.contains(&p) && st.readable(p) {
@@ -568,26 +719,65 @@ impl Engine {
                 }
             }
             let now = Instant::now();
+            events.clear();
+            polled = false;
             if now < spin_until {
                 rounds = rounds.wrapping_add(1);
+                // Only shared memory to watch: the sockets (which carry nothing but the
+                // peers' goodbyes) are looked at now and then.
+                if all_shm && rounds % SHM_POLLS_PER_EPOLL != 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
                 // Between epoll checks, read the first stream of the awaited peers directly:
                 // a small message that arrives is then read without a readiness call first.
                 if rounds % DIRECT_READS != 0 && !hot.is_empty() && hot.len() <= MAX_DIRECT_PEERS {
-                    events.clear();
                     let direct = hot.iter().map(|&p| epoll::Event {
                         flags: epoll::EventFlags::IN,
                         data: epoll::EventData::new_u64(token(p, 0)),
                     });
                     events.extend(direct);
-                    polled = false;
                     continue;
                 }
                 poll(&sh.io, &mut events, Duration::ZERO)?;
+            } else if yields < SHM_YIELDS && sh.io.inbox.is_some() {
+                // More ranks than cores: let the rank being waited for run.
+                yields += 1;
+                std::thread::yield_now();
+                if yields % SHM_POLLS_PER_EPOLL == 0 {
+                    poll(&sh.io, &mut events, Duration::ZERO)?;
+                }
+                continue;
             } else {
-                poll(&sh.io, &mut events, (deadline - now).min(MAX_SLEEP))?;
+                let sleep = (deadline - now).min(MAX_SLEEP);
+                self.sleep(all_shm, &mut events, sleep)?;
             }
             polled = true;
         }
+    }
+
+    /// Sleeps until something may have happened: on the futex of this rank's doorbell when
+    /// only shared-memory peers are left (then the sockets are looked at once on waking),
+    /// otherwise in `epoll_wait`, flagged on the doorbell (if any) so that local peers send a
+    /// wake-up frame.
+    fn sleep(&self, all_shm: bool, events: &mut Vec<epoll::Event>, sleep: Duration) -> Result<()> {
+        let sh = &*self.shared;
+        let Some(bell) = sh.io.bell() else {
+            return poll(&sh.io, events, sleep);
+        };
+        let mut ready = || lock(&sh.state).shm_ready();
+        if all_shm {
+            bell.sleep_unless(&mut ready, sleep);
+            return poll(&sh.io, events, Duration::ZERO);
+        }
+        bell.enter_epoll();
+        let result = if ready() {
+            poll(&sh.io, events, Duration::ZERO)
+        } else {
+            poll(&sh.io, events, sleep)
+        };
+        bell.leave_epoll();
+        result
     }
 
     /// Removes operations that will not be waited for, so that no buffer of theirs is
@@ -664,7 +854,7 @@ impl Engine {
             let mut st = lock(&sh.state);
             for p in 0..st.peers.len() {
                 if st.peers[p].as_ref().is_some_and(|peer| peer.lost.is_none()) {
-                    st.queue(p, 0, OutFrame::control(FrameHeader::new(FrameKind::Close)));
+                    st.queue_tcp(p, 0, OutFrame::control(FrameHeader::new(FrameKind::Close)));
                 }
             }
         }
@@ -739,7 +929,20 @@ fn progress_thread(sh: &Shared) {
             let _ = sh.idle_cv.wait_timeout(guard, Duration::from_millis(50));
             continue;
         }
-        let polled = poll(&sh.io, &mut events, Duration::from_millis(50));
+        let polled = match sh.io.bell() {
+            Some(bell) => {
+                bell.enter_epoll();
+                let sleep = if lock(&sh.state).shm_ready() {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis(50)
+                };
+                let polled = poll(&sh.io, &mut events, sleep);
+                bell.leave_epoll();
+                polled
+            }
+            None => poll(&sh.io, &mut events, Duration::from_millis(50)),
+        };
         sh.io.polling.store(false, Ordering::SeqCst);
         if polled.is_ok() {
             lock(&sh.state).handle(&events, false);
@@ -821,7 +1024,12 @@ impl State {
         hdr.msg_id = msg_id;
         hdr.len = len as u64;
         hdr.sig = t.sig;
-        let eager = len <= self.cfg.eager_limit;
+        let shm = peer.shm.as_ref().map(|m| m.link.cma);
+        let limit = match shm {
+            Some(_) => self.cfg.shm_eager_limit,
+            None => self.cfg.eager_limit,
+        };
+        let eager = len <= limit;
         let frame = if eager {
             self.ops.get_mut(&id).expect("just inserted").remaining = 1;
             OutFrame {
@@ -831,10 +1039,30 @@ impl State {
             }
         } else {
             hdr.kind = FrameKind::Rts;
+            if shm == Some(true) && len <= self.cfg.shm_push_threshold {
+                // The receiver may pull the data straight out of this buffer.
+                hdr.flags = FLAG_CAN_PULL;
+                hdr.offset = buf.0 as u64;
+            }
             self.rndv_send.insert((t.peer, msg_id), id);
             OutFrame::control(hdr)
         };
-        tracing::trace!(peer = t.peer, tag = t.tag, len, eager, "send posted");
+        // A shared-memory rendezvous is counted where its protocol is decided.
+        let counter = match (shm.is_some(), eager) {
+            (true, true) => Some(&self.counts.shm_eager),
+            (true, false) => None,
+            (false, true) => Some(&self.counts.tcp_eager),
+            (false, false) => Some(&self.counts.tcp_rendezvous),
+        };
+        counter.map(ProtocolCounts::bump);
+        tracing::trace!(
+            peer = t.peer,
+            tag = t.tag,
+            len,
+            eager,
+            shm = shm.is_some(),
+            "send posted"
+        );
         self.queue(t.peer, 0, frame);
         Ok(id)
     }
@@ -949,9 +1177,9 @@ impl State {
             } => {
                 u.claimed_by = Some(id);
             }
-            UnexpectedKind::Rts { msg_id, len } => {
+            UnexpectedKind::Rts { msg_id, len, pull } => {
                 self.umsgs.remove(&uid);
-                self.match_rts(id, msg_id, len);
+                self.match_rts(id, msg_id, len, pull);
             }
         }
     }
@@ -979,18 +1207,42 @@ impl State {
         self.complete(id, result);
     }
 
-    /// Answers the rendezvous of message `msg_id` (`len` bytes) for receive `id`.
-    fn match_rts(&mut self, id: OpId, msg_id: u64, len: usize) {
+    /// Answers the rendezvous of message `msg_id` (`len` bytes) for receive `id`; `pull` is
+    /// the address of the sender's buffer when this rank may copy the data out of it itself
+    /// (a local peer, with cross-memory attach).
+    fn match_rts(&mut self, id: OpId, msg_id: u64, len: usize, pull: Option<u64>) {
         let Some(op) = self.ops.get_mut(&id) else {
             return;
         };
         let peer = op.target.peer;
         let mut cts = FrameHeader::new(FrameKind::Cts);
         cts.msg_id = msg_id;
+        let pid = self.peers[peer]
+            .as_ref()
+            .and_then(|p| p.shm.as_ref())
+            .filter(|m| m.link.cma)
+            .map(|m| m.link.pid);
         if len > op.cap {
             cts.flags = FLAG_DISCARD;
             let err = truncated(op, len);
             self.complete(id, Err(err));
+        } else if let (Some(addr), Some(pid)) = (pull, pid) {
+            // Receiver pull: one copy, straight from the sender's buffer into this one.
+            cts.flags = FLAG_PULLED;
+            let result = match op_slice(op, 0, len) {
+                Some(dst) => cma::read_remote(pid, addr as usize, dst).map(|()| len),
+                None => Ok(0),
+            };
+            if result.is_err() {
+                cts.flags = FLAG_DISCARD;
+            }
+            ProtocolCounts::bump(&self.counts.shm_pull);
+            tracing::debug!(
+                peer,
+                len,
+                "shared-memory receive: pulled with cross-memory attach"
+            );
+            self.complete(id, result);
         } else {
             op.msg_len = len;
             op.remaining = len;
@@ -1312,6 +1564,10 @@ impl State {
                     .as_ref()
                     .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
                 if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
+                    // Ring frames go whole or not at all.
+                    if let Some(m) = p.shm.as_mut() {
+                        m.out.retain(|f| f.op != Some(id));
+                    }
                     for st in &mut p.streams {
                         st.out.retain(|f| f.op != Some(id) || f.hdr_done > 0);
                         for f in st.out.iter_mut().filter(|f| f.op == Some(id)) {
@@ -1335,12 +1591,16 @@ impl State {
                 .peers
                 .get(peer)
                 .and_then(Option::as_ref)
-                .is_some_and(|p| p.lost.is_none() && !p.streams[0].eof)
+                .is_some_and(|p| p.lost.is_none() && p.shm.is_none() && !p.streams[0].eof)
     }
 
-    /// Reachable peers with frames not yet handed to the kernel.
+    /// Reachable peers with frames not yet handed to the kernel or the ring.
     fn unflushed_peers(&self) -> Vec<usize> {
-        let unflushed = |p: &Peer| p.lost.is_none() && p.streams.iter().any(|s| !s.out.is_empty());
+        let unflushed = |p: &Peer| {
+            p.lost.is_none()
+                && (p.streams.iter().any(|s| !s.out.is_empty())
+                    || p.shm.as_ref().is_some_and(|m| !m.out.is_empty()))
+        };
         (0..self.peers.len())
             .filter(|&p| self.peers[p].as_ref().is_some_and(unflushed))
             .collect()
@@ -1353,8 +1613,28 @@ impl State {
             .collect()
     }
 
-    /// Appends a frame to a stream's queue and writes what the socket takes now.
+    /// Sends a frame to `peer`: through shared memory when the peer has it, otherwise
+    /// on TCP stream `stream`.
     fn queue(&mut self, peer: usize, stream: usize, frame: OutFrame) {
+        let Some(p) = self.peers[peer].as_mut() else {
+            return;
+        };
+        if p.lost.is_some() {
+            return;
+        }
+        match p.shm.as_mut() {
+            Some(m) => {
+                m.out.push_back(frame);
+                if m.out.len() == 1 {
+                    self.flush_shm(peer);
+                }
+            }
+            None => self.queue_tcp(peer, stream, frame),
+        }
+    }
+
+    /// Appends a frame to a TCP stream's queue and writes what the socket takes now.
+    fn queue_tcp(&mut self, peer: usize, stream: usize, frame: OutFrame) {
         let Some(p) = self.peers[peer].as_mut() else {
             return;
         };
@@ -1367,9 +1647,207 @@ impl State {
         }
     }
 
+    /// Whether every other rank is reached through shared memory (then waiters sleep on the
+    /// doorbell's futex rather than in `epoll_wait`).
+    fn all_shm(&self) -> bool {
+        !self.shm_peers.is_empty() && self.shm_peers.len() + 1 == self.peers.len()
+    }
+
+    /// Whether shared memory has something for this rank to do: a frame to read, or room
+    /// for a frame waiting to be written.
+    fn shm_ready(&mut self) -> bool {
+        for &p in &self.shm_peers {
+            let Some(peer) = self.peers[p].as_mut() else {
+                continue;
+            };
+            let (Some(m), None) = (peer.shm.as_mut(), &peer.lost) else {
+                continue;
+            };
+            if !m.link.consumer.is_empty().unwrap_or(true) {
+                return true;
+            }
+            if let Some(f) = m.out.front() {
+                let need = m.link.producer.layout().slots_for(HEADER_LEN + f.len);
+                let free = m.link.producer.free_slots().unwrap_or(usize::MAX);
+                if need.is_none_or(|n| free >= n) {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Reads what the rings of the shared-memory peers hold and writes frames waiting for
+    /// room; returns whether anything moved.
+    fn poll_shm(&mut self) -> bool {
+        let mut moved = false;
+        for i in 0..self.shm_peers.len() {
+            let p = self.shm_peers[i];
+            if self.peers[p]
+                .as_ref()
+                .is_some_and(|peer| peer.shm.as_ref().is_some_and(|m| !m.out.is_empty()))
+            {
+                moved |= self.flush_shm(p);
+            }
+            moved |= self.read_ring(p);
+        }
+        moved
+    }
+
+    /// Writes the frames queued for a shared-memory peer until its ring is full; returns
+    /// whether any was written.
+    fn flush_shm(&mut self, peer: usize) -> bool {
+        let mut done_ops: Vec<OpId> = Vec::new();
+        let mut failure = None;
+        let mut wake = false;
+        {
+            let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+                return false;
+            };
+            let (Some(m), None) = (p.shm.as_mut(), &p.lost) else {
+                return false;
+            };
+            while let Some(f) = m.out.front() {
+                let payload: &[u8] = match f.op.and_then(|id| self.ops.get(&id)) {
+                    _ if f.owned.is_some() => f.owned.as_deref().unwrap_or(&[]),
+                    Some(op) if f.len > 0 => {
+                        let src = op
+                            .detached
+                            .as_ref()
+                            .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
+                        // SAFETY: the frame's operation is live, so its buffer is valid for
+                        // `off + len <= cap` bytes (see `post_send`).
+                        unsafe { std::slice::from_raw_parts(src.add(f.off), f.len) }
+                    }
+                    _ => &[],
+                };
+                match m.link.producer.try_push_parts(0, [&f.hdr, payload]) {
+                    Ok(true) => {
+                        if let Some(id) = f.op {
+                            done_ops.push(id);
+                        }
+                        m.out.pop_front();
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        failure = Some(format!("its shared-memory ring failed: {e}"));
+                        break;
+                    }
+                }
+            }
+            if !done_ops.is_empty() || failure.is_some() {
+                wake = m.link.peer_bell().ring();
+            }
+        }
+        let moved = !done_ops.is_empty();
+        for id in done_ops {
+            if let Some(op) = self.ops.get_mut(&id) {
+                op.remaining = op.remaining.saturating_sub(1);
+                if op.remaining == 0 {
+                    let len = op.cap;
+                    self.complete(id, Ok(len));
+                }
+            }
+        }
+        if wake {
+            self.queue_tcp(
+                peer,
+                0,
+                OutFrame::control(FrameHeader::new(FrameKind::Wake)),
+            );
+        }
+        if let Some(why) = failure {
+            self.fail_peer(peer, why);
+        }
+        moved
+    }
+
+    /// Reads and dispatches the frames a shared-memory peer's ring holds, within a bounded
+    /// number; returns whether it read any.
+    fn read_ring(&mut self, peer: usize) -> bool {
+        let mut read = 0;
+        let mut failure = None;
+        while read < SHM_ROUNDS {
+            let Some(m) = self.peers[peer].as_mut().and_then(|p| p.shm.as_mut()) else {
+                break;
+            };
+            let hdr = match m.link.consumer.peek() {
+                Ok(None) => break,
+                Ok(Some(msg)) => {
+                    let mut raw = [0u8; HEADER_LEN];
+                    match msg.copy_prefix(&mut raw) {
+                        Ok(()) => FrameHeader::decode(&raw)
+                            .map_err(|e| format!("it sent a malformed frame ({e})"))
+                            .and_then(|h| {
+                                if HEADER_LEN as u64 + h.payload_len() == msg.len() as u64 {
+                                    Ok(h)
+                                } else {
+                                    Err("a frame's length disagrees with its ring message"
+                                        .to_string())
+                                }
+                            }),
+                        Err(e) => Err(format!("its shared-memory ring failed: {e}")),
+                    }
+                }
+                Err(e) => Err(format!("its shared-memory ring failed: {e}")),
+            };
+            let hdr = match hdr {
+                Ok(h) => h,
+                Err(why) => {
+                    failure = Some(why);
+                    break;
+                }
+            };
+            read += 1;
+            let dest = match self.on_header(peer, hdr) {
+                Ok(d) => d,
+                Err(why) => {
+                    failure = Some(why);
+                    break;
+                }
+            };
+            let Some(m) = self.peers[peer].as_mut().and_then(|p| p.shm.as_mut()) else {
+                break;
+            };
+            let Ok(Some(msg)) = m.link.consumer.peek() else {
+                failure = Some("a frame vanished from its shared-memory ring".to_string());
+                break;
+            };
+            let n = hdr.payload_len() as usize;
+            if let Some(dest) = dest {
+                if n > 0 {
+                    if let Some(dst) = dest_slice(&mut self.ops, &mut self.umsgs, dest, 0, n) {
+                        msg.copy_range(HEADER_LEN, dst);
+                    }
+                }
+                msg.consume();
+                self.on_payload(peer, hdr, dest);
+            } else {
+                msg.consume();
+            }
+        }
+        if read > 0 {
+            if let Some(m) = self.peers[peer].as_ref().and_then(|p| p.shm.as_ref()) {
+                // The peer may wait for room in this ring.
+                if m.link.peer_bell().ring() {
+                    self.queue_tcp(
+                        peer,
+                        0,
+                        OutFrame::control(FrameHeader::new(FrameKind::Wake)),
+                    );
+                }
+            }
+        }
+        if let Some(why) = failure {
+            self.fail_peer(peer, why);
+        }
+        read > 0
+    }
+
     /// Handles the events of one `epoll_wait`.
     /// `by_waiter`: the caller is itself one of the waiting threads.
-    fn handle(&mut self, events: &[epoll::Event], by_waiter: bool) {
+    fn handle(&mut self, events: &[epoll::Event], by_waiter: bool) -> bool {
+        let moved = !self.shm_peers.is_empty() && self.poll_shm();
         for ev in events {
             let tok = ev.data.u64();
             if tok == WAKE_TOKEN {
@@ -1399,6 +1877,7 @@ impl State {
             self.io.wake_all();
         }
         self.completions = 0;
+        moved
     }
 
     /// Writes queued frames of one stream until the socket is full or the queue empty.
@@ -1513,11 +1992,19 @@ impl State {
                         raw.copy_from_slice(&s.rx_buf[s.rx_start..s.rx_start + HEADER_LEN]);
                         s.rx_start += HEADER_LEN;
                         match FrameHeader::decode(&raw) {
-                            Ok(hdr) => {
-                                if let Err(why) = self.on_header(peer, stream, hdr) {
-                                    return ReadEnd::Failed(why);
+                            Ok(hdr) => match self.on_header(peer, hdr) {
+                                Err(why) => return ReadEnd::Failed(why),
+                                Ok(None) => {}
+                                Ok(Some(dest)) if hdr.payload_len() == 0 => {
+                                    self.on_payload(peer, hdr, dest);
                                 }
-                            }
+                                Ok(Some(dest)) => {
+                                    if let Some(p) = self.peers[peer].as_mut() {
+                                        p.streams[stream].rx =
+                                            RxState::Payload { hdr, dest, done: 0 };
+                                    }
+                                }
+                            },
                             Err(e) => {
                                 return ReadEnd::Failed(format!("it sent a malformed frame ({e})"))
                             }
@@ -1600,13 +2087,13 @@ impl State {
         }
     }
 
-    /// Dispatches a frame header; the error is why the peer must be dropped.
+    /// Dispatches a frame header; returns where the frame's payload goes (`None`: the frame
+    /// is handled), or why the peer must be dropped.
     fn on_header(
         &mut self,
         peer: usize,
-        stream: usize,
         hdr: FrameHeader,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<Option<Dest>, String> {
         let dest = match hdr.kind {
             FrameKind::Eager => {
                 let key = MatchKey {
@@ -1652,12 +2139,13 @@ impl State {
                 };
                 let len = usize::try_from(hdr.len)
                     .map_err(|_| "it announced a message too large for this host")?;
+                let pull = (hdr.flags & FLAG_CAN_PULL != 0).then_some(hdr.offset);
                 match pop_key(&mut self.posted, &key) {
                     Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
                         self.refuse_rts(peer, hdr.msg_id);
                         self.mismatch(id, hdr.sig);
                     }
-                    Some(id) => self.match_rts(id, hdr.msg_id, len),
+                    Some(id) => self.match_rts(id, hdr.msg_id, len, pull),
                     None if self.foreign(&hdr) => {
                         self.refuse_rts(peer, hdr.msg_id);
                         self.reject_message(peer, &hdr);
@@ -1669,29 +2157,30 @@ impl State {
                             UnexpectedKind::Rts {
                                 msg_id: hdr.msg_id,
                                 len,
+                                pull,
                             },
                         );
                     }
                 }
-                return Ok(());
+                return Ok(None);
             }
             FrameKind::Cts => {
                 let Some(id) = self.rndv_send.remove(&(peer, hdr.msg_id)) else {
                     if self.abandoned_sends.remove(&(peer, hdr.msg_id)) {
-                        return Ok(());
+                        return Ok(None);
                     }
                     return Err(format!(
                         "it cleared message {} that was never announced",
                         hdr.msg_id
                     ));
                 };
-                if hdr.flags & FLAG_DISCARD != 0 {
+                if hdr.flags & (FLAG_DISCARD | FLAG_PULLED) != 0 {
                     let len = self.ops.get(&id).map_or(0, |op| op.cap);
                     self.complete(id, Ok(len));
                 } else {
                     self.send_data(peer, id, hdr.msg_id);
                 }
-                return Ok(());
+                return Ok(None);
             }
             FrameKind::Data => {
                 let Some(&id) = self.rndv_recv.get(&(peer, hdr.msg_id)) else {
@@ -1706,16 +2195,7 @@ impl State {
                     if *due == 0 {
                         self.discarding.remove(&key);
                     }
-                    if hdr.len > 0 {
-                        if let Some(p) = self.peers[peer].as_mut() {
-                            p.streams[stream].rx = RxState::Payload {
-                                hdr,
-                                dest: Dest::Discard,
-                                done: 0,
-                            };
-                        }
-                    }
-                    return Ok(());
+                    return Ok((hdr.len > 0).then_some(Dest::Discard));
                 };
                 let op = self.ops.get(&id).ok_or("a matched receive vanished")?;
                 if hdr.offset.saturating_add(hdr.len) > op.msg_len as u64 {
@@ -1733,8 +2213,10 @@ impl State {
                 if let Some(p) = self.peers[peer].as_mut() {
                     p.closed = true;
                 }
-                return Ok(());
+                return Ok(None);
             }
+            // It only had to wake this rank up.
+            FrameKind::Wake => return Ok(None),
             FrameKind::Abort => {
                 self.on_abort(
                     peer,
@@ -1743,15 +2225,10 @@ impl State {
                     hdr.sig,
                     hdr.flags & FLAG_MISMATCH != 0,
                 );
-                return Ok(());
+                return Ok(None);
             }
         };
-        if hdr.payload_len() == 0 {
-            self.on_payload(peer, hdr, dest);
-        } else if let Some(p) = self.peers[peer].as_mut() {
-            p.streams[stream].rx = RxState::Payload { hdr, dest, done: 0 };
-        }
-        Ok(())
+        Ok(Some(dest))
     }
 
     /// A frame's payload has fully arrived.
@@ -1791,10 +2268,40 @@ impl State {
         let Some(op) = self.ops.get_mut(&id) else {
             return;
         };
-        let (len, chunk) = (op.cap, self.cfg.chunk);
         let Some(p) = self.peers[peer].as_mut() else {
             return;
         };
+        if let Some(m) = p.shm.as_mut() {
+            // Sender push: chunks through the ring, copied out by the receiver while the
+            // next ones are copied in.
+            let len = op.cap;
+            let chunk = self
+                .cfg
+                .shm_chunk
+                .min(m.link.producer.layout().max_payload() - HEADER_LEN)
+                .max(1);
+            let mut frames = 0;
+            for off in (0..len).step_by(chunk) {
+                let n = chunk.min(len - off);
+                let mut hdr = FrameHeader::new(FrameKind::Data);
+                hdr.msg_id = msg_id;
+                hdr.len = n as u64;
+                hdr.offset = off as u64;
+                m.out.push_back(OutFrame {
+                    op: Some(id),
+                    off,
+                    len: n,
+                    ..OutFrame::control(hdr)
+                });
+                frames += 1;
+            }
+            op.remaining = frames;
+            ProtocolCounts::bump(&self.counts.shm_push);
+            tracing::debug!(peer, len, frames, "shared-memory send: pushed in chunks");
+            self.flush_shm(peer);
+            return;
+        }
+        let (len, chunk) = (op.cap, self.cfg.chunk);
         let nstreams = p.streams.len();
         let mut frames = 0;
         let mut touched = vec![false; nstreams];
@@ -1847,6 +2354,19 @@ impl State {
         if p.lost.is_some() {
             return;
         }
+        if p.shm.is_some() && !self.draining {
+            // What the peer wrote to the ring before its connection ended is still due:
+            // read it first (its frames may fail the peer themselves).
+            self.draining = true;
+            while self.read_ring(peer) {}
+            self.draining = false;
+        }
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return;
+        };
+        if p.lost.is_some() {
+            return;
+        }
         let msg = if p.closed {
             format!("world rank {peer} has finalized and closed its connections")
         } else {
@@ -1862,6 +2382,9 @@ impl State {
             let _ = s.sock.shutdown(Shutdown::Both);
             s.out.clear();
             s.rx = RxState::Header;
+        }
+        if let Some(m) = p.shm.as_mut() {
+            m.out.clear();
         }
         p.lost = Some(msg.clone());
         self.rndv_recv.retain(|(q, _), _| *q != peer);

@@ -24,6 +24,11 @@ pub const FLAG_DISCARD: u16 = 1;
 /// `Abort` flag: the sender abandoned the operation because ranks called mismatched
 /// operations (not because of another error).
 pub const FLAG_MISMATCH: u16 = 2;
+/// `Rts` flag (shared memory): the receiver may copy the data itself, with cross-memory
+/// attach, from the sender's buffer at address `offset`.
+pub const FLAG_CAN_PULL: u16 = 4;
+/// `Cts` flag: the receiver copied the data itself; the sender's part is done.
+pub const FLAG_PULLED: u16 = 8;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +47,9 @@ pub enum FrameKind {
     /// The sender abandoned the operation `(comm, tag)`, which it called as `sig`; no
     /// payload.
     Abort = 6,
+    /// Nothing but a wake-up: the sender wrote to this rank's shared-memory ring while this
+    /// rank slept in `epoll_wait`; no payload.
+    Wake = 7,
 }
 
 /// A decoded, validated frame header.
@@ -110,7 +118,11 @@ impl FrameHeader {
     pub fn payload_len(&self) -> u64 {
         match self.kind {
             FrameKind::Eager | FrameKind::Data => self.len,
-            FrameKind::Rts | FrameKind::Cts | FrameKind::Close | FrameKind::Abort => 0,
+            FrameKind::Rts
+            | FrameKind::Cts
+            | FrameKind::Close
+            | FrameKind::Abort
+            | FrameKind::Wake => 0,
         }
     }
 
@@ -155,6 +167,7 @@ impl FrameHeader {
             4 => FrameKind::Data,
             5 => FrameKind::Close,
             6 => FrameKind::Abort,
+            7 => FrameKind::Wake,
             k => return Err(WireError::BadKind(k)),
         };
         if u32_at(20) != 0 {
@@ -176,21 +189,24 @@ impl FrameHeader {
 
     fn validate(&self) -> Result<(), WireError> {
         let allowed_flags = match self.kind {
-            FrameKind::Cts => FLAG_DISCARD,
+            FrameKind::Cts => FLAG_DISCARD | FLAG_PULLED,
             FrameKind::Abort => FLAG_MISMATCH,
+            FrameKind::Rts => FLAG_CAN_PULL,
             _ => 0,
         };
-        if self.flags & !allowed_flags != 0 {
+        if self.flags & !allowed_flags != 0 || self.flags.count_ones() > 1 {
             return Err(WireError::BadField("flags"));
         }
-        if self.kind != FrameKind::Data && self.offset != 0 {
+        let carries_offset = self.kind == FrameKind::Data
+            || (self.kind == FrameKind::Rts && self.flags & FLAG_CAN_PULL != 0);
+        if !carries_offset && self.offset != 0 {
             return Err(WireError::BadField("offset"));
         }
         let limit = match self.kind {
             FrameKind::Eager => MAX_EAGER,
             FrameKind::Data => MAX_CHUNK,
             FrameKind::Rts => MAX_MESSAGE,
-            FrameKind::Cts | FrameKind::Close | FrameKind::Abort => 0,
+            FrameKind::Cts | FrameKind::Close | FrameKind::Abort | FrameKind::Wake => 0,
         };
         if self.len > limit {
             return Err(WireError::TooLong {

@@ -181,7 +181,7 @@ impl EventCount {
 
     /// One round of the reader's sleep phase, r1 to r6: returns whether `ready` held at r4;
     /// if not, it has slept until woken, interrupted or `timeout`.
-    fn sleep_unless(&self, ready: &mut impl FnMut() -> bool, timeout: Duration) -> bool {
+    pub fn sleep_unless(&self, ready: &mut impl FnMut() -> bool, timeout: Duration) -> bool {
         self.sleepers.fetch_add(1, Ordering::Relaxed);
         // r2: orders the flag before the loads of `seq` and of the condition (the reader's
         // half of the store-buffering pattern).

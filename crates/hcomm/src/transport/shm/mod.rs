@@ -9,6 +9,7 @@
 
 pub mod cma;
 pub mod futex;
+pub mod link;
 pub mod pool;
 pub mod ring;
 pub mod segment;

@@ -405,9 +405,10 @@ impl ShmRing {
     /// The producer must own those slots: `payload.len() <= max_payload()` and the slots the
     /// message occupies lie between tail and head plus `slot_count`, as the producer has seen
     /// them.
-    unsafe fn write_message(&self, counter: u64, meta: u64, payload: &[u8]) {
+    unsafe fn write_message(&self, counter: u64, meta: u64, parts: [&[u8]; 2]) {
+        let len = parts[0].len() + parts[1].len();
         let header = MessageHeader {
-            len: payload.len() as u64,
+            len: len as u64,
             meta,
         };
         let data = self.data();
@@ -418,15 +419,26 @@ impl ShmRing {
                 .cast::<MessageHeader>()
                 .write(header)
         };
-        let (first, second) = self.payload_ranges(counter, payload.len());
-        let (head, tail) = payload.split_at(first.len());
-        // SAFETY: both ranges lie within the slots (`payload_ranges`), belong to the message the
-        // caller owns, and cannot overlap `payload`, which the producer's process owns.
-        unsafe {
-            data.add(first.start)
-                .copy_from_nonoverlapping(head.as_ptr(), head.len());
-            data.add(second.start)
-                .copy_from_nonoverlapping(tail.as_ptr(), tail.len());
+        let (first, second) = self.payload_ranges(counter, len);
+        // The payload's bytes in order, spread over the ring's (up to) two pieces.
+        let mut dst = [first, second].into_iter();
+        let mut piece = dst.next().unwrap_or(0..0);
+        for mut part in parts {
+            while !part.is_empty() {
+                if piece.is_empty() {
+                    piece = dst.next().unwrap_or(0..0);
+                }
+                let n = part.len().min(piece.len());
+                // SAFETY: `piece` lies within the slots (`payload_ranges`), belongs to the
+                // message the caller owns, and cannot overlap `part`, which the producer's
+                // process owns; the two pieces together are exactly `len` bytes long.
+                unsafe {
+                    data.add(piece.start)
+                        .copy_from_nonoverlapping(part.as_ptr(), n)
+                };
+                piece.start += n;
+                part = &part[n..];
+            }
         }
     }
 
@@ -465,10 +477,17 @@ impl Producer {
     /// longer than [`RingLayout::max_payload`] (it would never fit), or [`Error::Transport`] when
     /// the consumer broke the ring protocol.
     pub fn try_push(&mut self, meta: u64, payload: &[u8]) -> Result<bool> {
-        let Some(slots) = self.ring.layout.slots_for(payload.len()) else {
+        self.try_push_parts(meta, [payload, &[]])
+    }
+
+    /// Like [`Producer::try_push`], with the payload given as two parts that follow each other
+    /// (a header and a body, say), so the caller need not join them first.
+    pub fn try_push_parts(&mut self, meta: u64, parts: [&[u8]; 2]) -> Result<bool> {
+        let len = parts[0].len() + parts[1].len();
+        let Some(slots) = self.ring.layout.slots_for(len) else {
             return Err(Error::InvalidArgument(format!(
-                "a {}-byte message does not fit a shared-memory ring that carries at most {} bytes",
-                payload.len(),
+                "a {len}-byte message does not fit a shared-memory ring that carries at most {} \
+                 bytes",
                 self.ring.layout.max_payload()
             )));
         };
@@ -482,7 +501,7 @@ impl Producer {
         // SAFETY: the payload is at most `max_payload` bytes (`slots_for`), and its `slots` slots
         // from tail on are free: the head loaded with `Acquire` says the consumer is done with
         // them, and the consumer does not read past the tail, which still excludes them.
-        unsafe { self.ring.write_message(self.tail, meta, payload) };
+        unsafe { self.ring.write_message(self.tail, meta, parts) };
         self.tail = self.tail.wrapping_add(slots as u64);
         self.ring
             .control()
@@ -645,6 +664,41 @@ impl Message<'_> {
                 std::slice::from_raw_parts(data.add(first.start), first.len()),
                 std::slice::from_raw_parts(data.add(second.start), second.len()),
             )
+        }
+    }
+
+    /// Copies the first `buf.len()` payload bytes into `buf`; fails with
+    /// [`Error::Transport`] when the payload is shorter.
+    pub fn copy_prefix(&self, buf: &mut [u8]) -> Result<()> {
+        if buf.len() > self.len {
+            return Err(corrupt(format_args!(
+                "a {}-byte message is shorter than its {}-byte header",
+                self.len,
+                buf.len()
+            )));
+        }
+        self.copy_range(0, buf);
+        Ok(())
+    }
+
+    /// Copies `buf.len()` payload bytes from `offset` on into `buf`; bytes beyond the
+    /// payload's end are left alone.
+    pub fn copy_range(&self, offset: usize, buf: &mut [u8]) {
+        let (first, second) = self.as_slices();
+        let mut at = offset;
+        let mut out = 0;
+        for piece in [first, second] {
+            if out == buf.len() {
+                break;
+            }
+            if at >= piece.len() {
+                at -= piece.len();
+                continue;
+            }
+            let n = (piece.len() - at).min(buf.len() - out);
+            buf[out..out + n].copy_from_slice(&piece[at..at + n]);
+            out += n;
+            at = 0;
         }
     }
 

@@ -1,0 +1,309 @@
+//! Shared-memory links between the ranks of one host: setting them up, and the doorbell.
+//!
+//! Every rank creates one *inbox* segment, `hcomm-<job id>-<rank>-inbox`, that holds a ring
+//! for each other local rank (that rank produces, this one consumes), in front of them a
+//! [`Doorbell`] the rank sleeps on, and a probe pattern its peers read once to find out
+//! whether cross-memory attach works between them:
+//!
+//! ```text
+//! payload offset 0    Doorbell (128 bytes): event count + epoll sleepers
+//!                128  probe pattern (PROBE_LEN bytes, padded to 128)
+//!                256  ring of local rank 0 | ring of local rank 1 | ...   (ring_bytes each)
+//! ```
+//!
+//! The ring of local rank `i` in the inbox of rank `r` carries `i`'s frames to `r`; the slot
+//! of `r` itself is unused. A rank publishes the name, its process id and the address of its
+//! probe pattern in the rendezvous store, maps its peers' inboxes, and the last mapper of each
+//! inbox removes its name, so after start-up nothing of the job is left under `/dev/shm`
+//! whatever happens to its processes.
+//!
+//! # Waking
+//!
+//! A producer rings the consumer's doorbell after pushing frames: a fence and a load when the
+//! consumer is awake, a futex wake when it sleeps on the doorbell's shared futex. A consumer
+//! that must also watch sockets sleeps in `epoll_wait` instead and counts itself in
+//! `epoll_sleepers`; a producer that sees that count asks the engine to send a wake-up frame
+//! over the pair's TCP connection (the same store-buffering handshake as the futex; see
+//! [`super::futex`]).
+
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::cma::{self, CmaMode, CmaSupport};
+use super::futex::EventCount;
+use super::ring::{Consumer, Producer, ShmRing, RING_ALIGN};
+use super::segment::{segment_name, ShmSegment};
+use crate::error::{Error, Result};
+
+/// Bytes of the probe pattern.
+const PROBE_LEN: usize = 64;
+/// Offset of the probe pattern in the inbox payload.
+const PROBE_OFFSET: usize = 128;
+/// Offset of the first ring in the inbox payload.
+const RINGS_OFFSET: usize = 256;
+/// Slot size of the rings: one cache line.
+const SLOT_SIZE: usize = 64;
+
+/// What a rank sleeps on, at the start of its inbox.
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    /// Futex sleepers (see [`EventCount`]).
+    event: EventCount,
+    /// Threads of the inbox's owner sleeping in `epoll_wait` rather than on the futex.
+    epoll_sleepers: AtomicU32,
+}
+
+const _: () = assert!(size_of::<Doorbell>() <= PROBE_OFFSET);
+
+impl Doorbell {
+    /// Rings the bell after the caller published frames for its owner; returns whether the
+    /// owner sleeps in `epoll_wait` and needs a wake-up frame on its socket.
+    pub fn ring(&self) -> bool {
+        // `notify` fences before it looks at the futex sleepers; that fence also orders the
+        // published frames before the load of `epoll_sleepers`.
+        self.event.notify();
+        self.epoll_sleepers.load(Ordering::Relaxed) != 0
+    }
+
+    /// The owner sleeps on the futex until woken or `timeout`, unless `ready` (checked after
+    /// the owner announced itself) holds; returns whether it held.
+    pub fn sleep_unless(&self, ready: &mut impl FnMut() -> bool, timeout: Duration) -> bool {
+        self.event.sleep_unless(ready, timeout)
+    }
+
+    /// The owner is about to sleep in `epoll_wait`; the caller then checks its rings once more
+    /// before it sleeps, and calls [`Doorbell::leave_epoll`] when it wakes.
+    pub fn enter_epoll(&self) {
+        self.epoll_sleepers.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// The owner woke up from `epoll_wait`.
+    pub fn leave_epoll(&self) {
+        self.epoll_sleepers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Settings of the shared-memory links.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// Job id in the segment names (ASCII letters, digits, `_`, `.`).
+    pub job_id: String,
+    /// Bytes of each ring (rounded down to what a power of two of slots fills).
+    pub ring_bytes: usize,
+    /// `HCOMM_CMA`.
+    pub cma: CmaMode,
+}
+
+/// One local rank as the others see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// Name of its inbox.
+    pub name: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Address of its probe pattern in its own address space.
+    pub probe_addr: usize,
+}
+
+impl Published {
+    /// Encodes for the rendezvous store.
+    pub fn encode(&self) -> Vec<u8> {
+        format!("{} {} {}", self.name, self.pid, self.probe_addr).into_bytes()
+    }
+
+    /// Decodes what [`Published::encode`] wrote; anything else is an error naming `rank`.
+    pub fn decode(rank: usize, bytes: &[u8]) -> Result<Published> {
+        let bad = || {
+            Error::Init(format!(
+                "rank {rank} published a malformed shared-memory entry"
+            ))
+        };
+        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+        let mut it = text.split(' ');
+        let (Some(name), Some(pid), Some(addr), None) =
+            (it.next(), it.next(), it.next(), it.next())
+        else {
+            return Err(bad());
+        };
+        super::segment::validate_name(name)?;
+        Ok(Published {
+            name: name.to_owned(),
+            pid: pid.parse().map_err(|_| bad())?,
+            probe_addr: addr.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// This rank's inbox, created and ready for its peers to map.
+pub struct Inbox {
+    seg: Arc<ShmSegment>,
+    locals: usize,
+    me: usize,
+    ring_bytes: usize,
+    cfg: LinkConfig,
+}
+
+/// The link with one local peer.
+pub struct ShmLink {
+    /// This rank's frames to the peer (a ring in the peer's inbox).
+    pub producer: Producer,
+    /// The peer's frames to this rank (a ring in this rank's inbox).
+    pub consumer: Consumer,
+    /// The peer's process id (for cross-memory attach).
+    pub pid: u32,
+    /// Whether this rank may read and write the peer's memory with cross-memory attach.
+    pub cma: bool,
+    /// The peer's inbox, which holds its doorbell (and the producer's ring).
+    peer_inbox: Arc<ShmSegment>,
+    /// This rank's inbox, which holds the consumer's ring.
+    _own_inbox: Arc<ShmSegment>,
+}
+
+impl std::fmt::Debug for ShmLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmLink")
+            .field("pid", &self.pid)
+            .field("cma", &self.cma)
+            .field("peer_inbox", &self.peer_inbox.name())
+            .finish()
+    }
+}
+
+impl ShmLink {
+    /// The peer's doorbell.
+    pub fn peer_bell(&self) -> &Doorbell {
+        // SAFETY: every inbox starts with a `Doorbell` (written by its creator before it
+        // published the name), the payload is 128-byte aligned, and the mapping lives as long
+        // as `peer_inbox`. Its fields are atomics, so sharing it with other processes is sound.
+        unsafe { &*self.peer_inbox.as_ptr().cast::<Doorbell>() }
+    }
+}
+
+fn pattern(me: usize) -> [u8; PROBE_LEN] {
+    let mut p = [0u8; PROBE_LEN];
+    for (i, b) in p.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31) ^ (me as u8).wrapping_add(0x5a);
+    }
+    p
+}
+
+impl Inbox {
+    /// Creates this rank's inbox for `locals` local ranks, of which it is local rank `me`.
+    pub fn create(cfg: &LinkConfig, rank: usize, locals: usize, me: usize) -> Result<Inbox> {
+        let ring_bytes = cfg.ring_bytes / RING_ALIGN * RING_ALIGN;
+        let len = locals
+            .checked_mul(ring_bytes)
+            .and_then(|n| n.checked_add(RINGS_OFFSET))
+            .ok_or_else(|| Error::InvalidArgument("shared-memory rings too large".into()))?;
+        let name = segment_name(&cfg.job_id, rank as u32, "inbox")?;
+        let seg = ShmSegment::create(&name, len)?;
+        let base = seg.as_ptr();
+        // SAFETY: the payload is ours alone until the name is published, 128-byte aligned and
+        // at least RINGS_OFFSET bytes long; a zeroed Doorbell is a valid one, and the probe
+        // pattern lies within the payload.
+        unsafe {
+            base.cast::<Doorbell>().write(Doorbell::default());
+            base.add(PROBE_OFFSET)
+                .copy_from_nonoverlapping(pattern(me).as_ptr(), PROBE_LEN);
+        }
+        for i in (0..locals).filter(|&i| i != me) {
+            // SAFETY: ring `i`'s region lies within the payload, aligned to 128, and nobody
+            // else touches it before the name is published.
+            unsafe {
+                ShmRing::init(
+                    base.add(RINGS_OFFSET + i * ring_bytes),
+                    ring_bytes,
+                    SLOT_SIZE,
+                )?
+            };
+        }
+        Ok(Inbox {
+            seg: Arc::new(seg),
+            locals,
+            me,
+            ring_bytes,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// What the peers need to map this inbox.
+    pub fn published(&self) -> Published {
+        Published {
+            name: self.seg.name().to_owned(),
+            pid: std::process::id(),
+            probe_addr: self.seg.as_ptr() as usize + PROBE_OFFSET,
+        }
+    }
+
+    /// This rank's doorbell.
+    pub fn bell(&self) -> &Doorbell {
+        // SAFETY: as in `ShmLink::peer_bell`, for this rank's own inbox.
+        unsafe { &*self.seg.as_ptr().cast::<Doorbell>() }
+    }
+
+    /// Maps the inbox of local rank `peer_local` (published as `peer`) and joins the two rings
+    /// between them. Every rank links with every other local rank once.
+    pub fn link(&self, peer_local: usize, peer: &Published) -> Result<ShmLink> {
+        let len = RINGS_OFFSET + self.locals * self.ring_bytes;
+        let theirs = Arc::new(ShmSegment::open(&peer.name, len)?);
+        theirs.unlink_if_last(self.locals as u32)?;
+        // SAFETY: the peer initialised our ring in its inbox before publishing its name; the
+        // region lies within the mapping and is 128-byte aligned. We are its only producer.
+        let producer = unsafe {
+            ShmRing::attach(
+                theirs
+                    .as_ptr()
+                    .add(RINGS_OFFSET + self.me * self.ring_bytes),
+                self.ring_bytes,
+            )?
+            .into_producer()
+        };
+        // SAFETY: we initialised the peer's ring in our inbox in `create`; we are its only
+        // consumer.
+        let consumer = unsafe {
+            ShmRing::attach(
+                self.seg
+                    .as_ptr()
+                    .add(RINGS_OFFSET + peer_local * self.ring_bytes),
+                self.ring_bytes,
+            )?
+            .into_consumer()
+        };
+        let support = cma::probe_with_mode(
+            self.cfg.cma,
+            peer.pid,
+            peer.probe_addr,
+            &pattern(peer_local),
+        );
+        Ok(ShmLink {
+            producer,
+            consumer,
+            pid: peer.pid,
+            cma: matches!(support, CmaSupport::Available),
+            peer_inbox: theirs,
+            _own_inbox: Arc::clone(&self.seg),
+        })
+    }
+
+    /// Removes the inbox's name whoever has mapped it: for a start-up that failed.
+    pub fn abandon(&self) {
+        let _ = ShmSegment::unlink(self.seg.name());
+    }
+
+    /// The segment itself, kept alive by the engine.
+    pub fn segment(&self) -> Arc<ShmSegment> {
+        Arc::clone(&self.seg)
+    }
+}
+
+/// Makes this process readable by its peers with cross-memory attach, where the mode allows.
+pub fn prepare_cma(mode: CmaMode) {
+    if mode == CmaMode::Auto {
+        if let Err(e) = cma::allow_peer_access() {
+            tracing::info!("cross-memory attach not offered to peers: {e}");
+        }
+    }
+}
