@@ -222,3 +222,25 @@ fn ranks_with_different_algorithms_get_a_mismatch() {
         "{text}"
     );
 }
+
+#[test]
+fn every_collective_with_tcp_forced_and_without_cross_memory_attach() {
+    // The default run above goes through shared memory; these cover the other two paths.
+    job(3, &[("HCOMM_TRANSPORT", "tcp")], &["collectives"]);
+    job(3, &[("HCOMM_CMA", "off")], &["collectives"]);
+}
+
+#[test]
+fn every_collective_with_tiny_shared_memory_thresholds() {
+    // Every protocol inside the collectives: inline <= 64 B, pull <= 8 KiB, pushes in 4 KiB
+    // chunks through 128 KiB rings, with heap memory of every size.
+    let small = [
+        ("HCOMM_SHM_EAGER_LIMIT", "64"),
+        ("HCOMM_SHM_PUSH_THRESHOLD", "8192"),
+        ("HCOMM_SHM_CHUNK", "4096"),
+        ("HCOMM_SHM_RING", "131072"),
+    ];
+    for n in [2, 4] {
+        job(n, &small, &["collectives", "--max-count", "20000"]);
+    }
+}

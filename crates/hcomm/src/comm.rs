@@ -293,7 +293,26 @@ fn setup_shm(
     })();
     match linked {
         Ok(links) => {
-            tracing::debug!(rank, locals = locals.len(), "shared-memory links ready");
+            let cma: Vec<_> = links
+                .iter()
+                .filter(|(_, l)| l.cma)
+                .map(|(r, _)| *r)
+                .collect();
+            let line = format!(
+                "hcomm: rank {rank}: shared memory with world ranks {:?} (inbox {}; \
+                 cross-memory attach with {cma:?}); inline <= {} B, receiver pull <= {} B, \
+                 sender push above in {} B chunks; TCP with the others",
+                links.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+                inbox.published().name,
+                config.shm_eager_limit,
+                config.shm_push_threshold,
+                config.shm_chunk,
+            );
+            if config.debug {
+                // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+                eprintln!("{line}");
+            }
+            tracing::debug!("{line}");
             Ok(Some(ShmSetup { inbox, links }))
         }
         Err(e) => {

@@ -72,6 +72,11 @@ enum Scenario {
     Overlap,
     /// Worlds created and destroyed in a row leave no socket or thread behind.
     Lifecycle,
+    /// Ring exchange at sizes around every protocol threshold, then the protocol counts.
+    Protocols,
+    /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
+    /// fail fast with PeerLost naming it.
+    Kill,
 }
 
 /// The byte at `i` of the message from `src` to `dst` in round `round`.
@@ -114,9 +119,13 @@ fn sizes(max: usize) -> Vec<usize> {
 }
 
 fn ring(comm: &Communicator, max: usize) -> Result<()> {
+    ring_sizes(comm, sizes(max))
+}
+
+fn ring_sizes(comm: &Communicator, sizes: Vec<usize>) -> Result<()> {
     let (r, n) = (comm.rank(), comm.size());
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-    for (round, len) in sizes(max).into_iter().enumerate() {
+    for (round, len) in sizes.into_iter().enumerate() {
         let out = fill(r, right, round, len);
         let mut got = vec![0u8; len];
         let k = comm
@@ -814,6 +823,42 @@ fn run(scenario: Scenario) -> Result<()> {
             "overlap"
         }
         Scenario::Lifecycle => return lifecycle(comm).map(|()| println!("OK lifecycle")),
+        Scenario::Protocols => {
+            let c = comm.config();
+            let (eager, push) = (c.shm_eager_limit, c.shm_push_threshold);
+            let mut sizes = vec![0, 1, eager, eager + 1, push, push + 1, 3 * push + 5];
+            sizes.retain(|&s| s <= 64 << 20);
+            ring_sizes(&comm, sizes)?;
+            let s = comm.protocol_stats();
+            let right = (comm.rank() + 1) % comm.size();
+            println!(
+                "protocols shm={} shm_eager={} shm_pull={} shm_push={} tcp_eager={} tcp_rendezvous={}",
+                comm.uses_shm(right),
+                s.shm_eager,
+                s.shm_pull,
+                s.shm_push,
+                s.tcp_eager,
+                s.tcp_rendezvous
+            );
+            "protocols"
+        }
+        Scenario::Kill => {
+            comm.barrier()?;
+            if comm.rank() == 1 {
+                let pid = std::process::id().to_string();
+                std::process::Command::new("kill")
+                    .args(["-9", &pid])
+                    .status()?;
+                std::thread::sleep(std::time::Duration::from_secs(10));
+                bail!("SIGKILL did not arrive");
+            }
+            let mut buf = vec![1.0f32; 1 << 16];
+            for i in 0..100_000 {
+                comm.allreduce_in_place(&mut buf, ReduceOp::Max)
+                    .with_context(|| format!("allreduce {i}"))?;
+            }
+            "kill"
+        }
         Scenario::CollExit => {
             let mut buf = vec![1.0f32; 1 << 18];
             for i in 0..1000 {

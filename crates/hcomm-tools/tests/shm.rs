@@ -1,0 +1,159 @@
+//! Shared-memory transport tests: protocols by size, the forced paths, and a SIGKILLed rank
+//! that leaves nothing in /dev/shm while its peers fail fast naming it.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
+const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs the `protocols` scenario on 3 ranks with `env`; returns each rank's counts line.
+fn protocols(env: &[(&str, &str)]) -> Vec<String> {
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "3", "--timeout", "100", "--", CHECK, "protocols"])
+        .env("HCOMM_TIMEOUT", "60");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "protocols with {env:?} failed:\n{t}");
+    (0..3)
+        .map(|r| {
+            let prefix = format!("[{r}] protocols ");
+            t.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("rank {r} printed no counts:\n{t}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn messages_take_the_protocol_of_their_size() {
+    // Sizes 0, 1, 4096 | 4097, 1 MiB | 1 MiB + 1, 3 MiB + 5 in a ring of 3.
+    for line in protocols(&[]) {
+        assert_eq!(
+            line,
+            "shm=true shm_eager=3 shm_pull=2 shm_push=2 tcp_eager=0 tcp_rendezvous=0"
+        );
+    }
+}
+
+#[test]
+fn cma_off_moves_everything_through_the_rings() {
+    for line in protocols(&[("HCOMM_CMA", "off")]) {
+        assert_eq!(
+            line,
+            "shm=true shm_eager=3 shm_pull=0 shm_push=4 tcp_eager=0 tcp_rendezvous=0"
+        );
+    }
+}
+
+#[test]
+fn transport_tcp_forces_tcp_between_local_ranks() {
+    for line in protocols(&[("HCOMM_TRANSPORT", "tcp")]) {
+        assert_eq!(
+            line,
+            "shm=false shm_eager=0 shm_pull=0 shm_push=0 tcp_eager=4 tcp_rendezvous=3"
+        );
+    }
+}
+
+#[test]
+fn ranks_on_two_hosts_use_shm_inside_and_tcp_between() {
+    // Hosts of ranks {0, 2} and {1, 3}: each rank's right neighbour is on the other host.
+    let mut c = Command::new(HCOMMRUN);
+    let script = format!("HCOMM_HOST_ID=host$((HCOMM_RANK % 2)) exec {CHECK} protocols");
+    c.args(["-n", "4", "--timeout", "100", "--", "sh", "-c", &script])
+        .env("HCOMM_TIMEOUT", "60");
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for r in 0..4 {
+        let line = format!(
+            "[{r}] protocols shm=false shm_eager=0 shm_pull=0 shm_push=0 tcp_eager=4 tcp_rendezvous=3"
+        );
+        assert!(t.contains(&line), "rank {r}:\n{t}");
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_sigkilled_rank_leaves_no_segment_and_its_peers_fail_fast() {
+    // No launcher: the survivors must notice by themselves, well before HCOMM_TIMEOUT.
+    let port = free_port();
+    let t0 = Instant::now();
+    let children: Vec<_> = (0..3)
+        .map(|r| {
+            Command::new(CHECK)
+                .arg("kill")
+                .env("HCOMM_RANK", r.to_string())
+                .env("HCOMM_SIZE", "3")
+                .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
+                .env("HCOMM_JOB_SECRET", "sigkill")
+                .env("HCOMM_TIMEOUT", "100")
+                .env("HCOMM_DEBUG", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let elapsed = t0.elapsed();
+    let all: String = outputs.iter().map(text).collect();
+    assert!(
+        elapsed < Duration::from_secs(30),
+        "took {elapsed:?}:\n{all}"
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(outputs[1].status.signal(), Some(9), "{all}");
+    // A survivor learns of the death itself (PeerLost naming rank 1) or from the other
+    // survivor's abort, whichever comes first; at least one must name the dead rank.
+    let mut named = 0;
+    for r in [0, 2] {
+        let t = text(&outputs[r]);
+        assert!(!outputs[r].status.success(), "rank {r} should fail: {t}");
+        if t.contains("peer lost") && t.contains("world rank 1") {
+            named += 1;
+        } else {
+            assert!(t.contains("aborted"), "rank {r}: {t}");
+        }
+    }
+    assert!(named > 0, "no survivor named rank 1:\n{all}");
+    let names: Vec<&str> = all
+        .split_whitespace()
+        .filter(|w| w.starts_with("hcomm-") && w.ends_with("-inbox;"))
+        .map(|w| w.trim_end_matches(';'))
+        .collect();
+    assert_eq!(names.len(), 3, "every rank names its inbox:\n{all}");
+    for name in names {
+        let path = format!("/dev/shm/{name}");
+        assert!(
+            !std::path::Path::new(&path).exists(),
+            "{path} was left behind"
+        );
+    }
+}
