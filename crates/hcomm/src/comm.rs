@@ -1,6 +1,7 @@
 //! The communicator: a group of ranks that exchange messages, and its lifetime.
 
 mod collectives;
+mod onesided;
 
 pub use collectives::Batch;
 
@@ -44,6 +45,8 @@ struct World {
     selector: Selector,
     engine: Engine,
     rank: usize,
+    /// Waiting ranks may spin: the host has a core per local rank (or `HCOMM_SPIN_US` says so).
+    spin: bool,
     /// Kept for the world's lifetime: rank 0 may host the store of the job.
     _store: Option<RendezvousStore>,
     _client: Option<Mutex<StoreClient>>,
@@ -89,6 +92,9 @@ struct CommState {
     plans: Mutex<HashMap<Shape, Plan>>,
     /// Scratch space reused by blocking collectives.
     scratch: Mutex<Vec<u8>>,
+    /// The one-sided state, made at the first call that may use it (`Some(None)`: this
+    /// communicator cannot use one-sided collectives).
+    onesided: Mutex<Option<Option<Arc<onesided::OneSided>>>>,
 }
 
 /// A cached choice of algorithm and its schedule for one call shape.
@@ -98,6 +104,8 @@ struct Plan {
     sched: Arc<Schedule>,
     /// The selector's counter of this (collective, algorithm).
     slot: usize,
+    /// Blocking calls run one-sided (the schedule is for nonblocking ones).
+    onesided: Option<Arc<onesided::OneSided>>,
 }
 
 /// A finished nonblocking operation: its buffer back, and the bytes sent or received.
@@ -452,6 +460,7 @@ impl Communicator {
             selector,
             engine,
             rank,
+            spin: !spin.is_zero(),
             _store: store,
             _client: client,
         });

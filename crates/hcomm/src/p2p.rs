@@ -39,7 +39,7 @@ use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 use crate::error::{Error, Result};
 use crate::transport::shm::cma;
-use crate::transport::shm::link::{Doorbell, Inbox, ShmLink};
+use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
 use crate::transport::wire::{
     FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_MISMATCH, FLAG_PULLED, HEADER_LEN,
 };
@@ -344,6 +344,9 @@ struct Io {
     polling: AtomicBool,
     /// This rank's shared-memory inbox, when it has local peers.
     inbox: Option<Inbox>,
+    /// The inboxes of the shared-memory peers, by world rank, with their process ids and
+    /// whether cross-memory attach reaches them.
+    peer_inboxes: HashMap<usize, (PeerInbox, u32, bool)>,
 }
 
 impl Io {
@@ -495,9 +498,11 @@ impl Engine {
             }));
         }
         let mut shm_peers = Vec::new();
+        let mut peer_inboxes = HashMap::default();
         let inbox = match shm {
             Some(ShmSetup { inbox, links }) => {
                 for (p, link) in links {
+                    peer_inboxes.insert(p, (link.peer_inbox(), link.pid, link.cma));
                     let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
                         Error::Internal(format!("shared-memory link to world rank {p} has no peer"))
                     })?;
@@ -520,6 +525,7 @@ impl Engine {
             pending_async: AtomicUsize::new(0),
             polling: AtomicBool::new(false),
             inbox,
+            peer_inboxes,
         });
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -570,7 +576,81 @@ impl Engine {
 
     /// Whether world rank `peer` is reached through shared memory.
     pub(crate) fn is_shm_peer(&self, peer: usize) -> bool {
-        lock(&self.shared.state).shm_peers.contains(&peer)
+        self.shared.io.peer_inboxes.contains_key(&peer)
+    }
+
+    /// Process id of the shared-memory peer `peer`, and whether cross-memory attach
+    /// reaches it.
+    pub(crate) fn shm_peer_pid(&self, peer: usize) -> Option<(u32, bool)> {
+        self.shared
+            .io
+            .peer_inboxes
+            .get(&peer)
+            .map(|(_, pid, cma)| (*pid, *cma))
+    }
+
+    /// This rank's doorbell, when it has shared-memory peers.
+    pub(crate) fn own_bell(&self) -> Option<&Doorbell> {
+        self.shared.io.bell()
+    }
+
+    /// The job id of this rank's shared-memory segment names.
+    pub(crate) fn shm_job_id(&self) -> Option<&str> {
+        self.shared.io.inbox.as_ref().map(Inbox::job_id)
+    }
+
+    /// Rings the doorbell of shared-memory peer `peer` after this rank published something
+    /// for it outside the rings; wakes it with a frame if it sleeps in `epoll_wait`.
+    pub(crate) fn ring_peer(&self, peer: usize) {
+        let Some((inbox, _, _)) = self.shared.io.peer_inboxes.get(&peer) else {
+            return;
+        };
+        if inbox.bell().ring() {
+            lock(&self.shared.state).queue_tcp(
+                peer,
+                0,
+                OutFrame::control(FrameHeader::new(FrameKind::Wake)),
+            );
+        }
+    }
+
+    /// An error about call `(comm, tag)` that arrived since it began (a peer's abort, or a
+    /// message of this call with another signature), for calls that wait outside the engine.
+    pub(crate) fn call_failed(&self, comm: u64, tag: u32) -> Option<Error> {
+        let mut st = lock(&self.shared.state);
+        if let Some(e) = st.late.remove(&comm) {
+            return Some(e);
+        }
+        st.aborted
+            .get(&(comm, tag))
+            .copied()
+            .map(|(peer, sig, mismatch)| {
+                let t = Target {
+                    comm,
+                    peer,
+                    comm_rank: peer,
+                    tag,
+                    sig: st.calls.get(&(comm, tag)).copied().unwrap_or_default(),
+                };
+                st.abandoned(&t, peer, sig, mismatch)
+            })
+    }
+
+    /// Progresses once without blocking, then tells whether world rank `peer` is still
+    /// reachable (for waits that do not go through the engine).
+    pub(crate) fn check_peer(&self, peer: usize) -> Result<()> {
+        let sh = &*self.shared;
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        poll(&sh.io, &mut events, Duration::ZERO)?;
+        let mut st = lock(&sh.state);
+        st.handle(&events, false);
+        match st.peers.get(peer).and_then(Option::as_ref) {
+            Some(p) => match &p.lost {
+                Some(why) => Err(Error::PeerLost(why.clone())),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
     }
 
     /// Posts a send of `len` bytes at `buf`.

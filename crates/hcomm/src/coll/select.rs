@@ -106,6 +106,11 @@ impl Selector {
         alg
     }
 
+    /// The algorithm `HCOMM_ALGO` names for `kind`, if any.
+    pub fn forced(&self, kind: CollKind) -> Option<&'static dyn Algorithm> {
+        self.overrides.get(&kind).copied()
+    }
+
     /// The counter slot of `alg` running `kind` (give it to [`Selector::count`]).
     pub fn slot(&self, kind: CollKind, alg: &'static dyn Algorithm) -> usize {
         let k = CollKind::ALL.iter().position(|&c| c == kind).unwrap_or(0);

@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::onesided::{Buffers, OneSided};
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
-use crate::coll::{CollKind, Shape, VLayout};
+use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
+use crate::coll::{Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec;
@@ -33,21 +35,51 @@ impl Communicator {
     }
 
     /// The cached plan for `shape`, made on first use.
-    fn plan(&self, shape: &Shape) -> Plan {
+    fn plan(&self, shape: &Shape) -> Result<Plan> {
         let mut plans = self.state.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = plans.get(shape) {
-            return p.clone();
+            return Ok(p.clone());
         }
-        let algo = self.world.selector.choose(shape, &self.topology);
+        let selector = &self.world.selector;
+        let forced = selector.forced(shape.kind);
+        let mut algo = selector.choose(shape, &self.topology);
+        let mut onesided = None;
+        if shape.v.is_none() && forced.is_none_or(|a| a.name() == OneSidedAlgo.name()) {
+            if let Some(os) = self.onesided()?.filter(|os| os.fits(shape)) {
+                algo = &OneSidedAlgo;
+                onesided = Some(os);
+            }
+        }
         let sched = Arc::new(algo.schedule(shape, self.rank, &self.topology));
-        let slot = self.world.selector.slot(shape.kind, algo);
-        let plan = Plan { algo, sched, slot };
+        let slot = selector.slot(shape.kind, algo);
+        let plan = Plan {
+            algo,
+            sched,
+            slot,
+            onesided,
+        };
         // Bound the cache: a program sweeping sizes must not grow it forever.
         if plans.len() >= 1024 {
             plans.clear();
         }
         plans.insert(shape.clone(), plan.clone());
-        plan
+        Ok(plan)
+    }
+
+    /// The one-sided state of this communicator, made by its first caller (every member
+    /// makes it at the same call).
+    fn onesided(&self) -> Result<Option<Arc<OneSided>>> {
+        let mut slot = self
+            .state
+            .onesided
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(made) = &*slot {
+            return Ok(made.clone());
+        }
+        let made = OneSided::create(self)?.map(Arc::new);
+        *slot = Some(made.clone());
+        Ok(made)
     }
 
     /// The algorithm the selector picks for a call (what `HCOMM_ALGO` and the cost model
@@ -61,7 +93,7 @@ impl Communicator {
         root: usize,
     ) -> &'static str {
         let shape = Shape::new(kind, dtype, op, count, root, self.size());
-        self.plan(&shape).algo.name()
+        self.plan(&shape).map_or("none", |p| p.algo.name())
     }
 
     /// Calls per (collective, algorithm) in this world so far.
@@ -94,8 +126,12 @@ impl Communicator {
         let (send_len, recv_len) =
             self.check_buffers(&shape, send.as_ref().map(Vec::len), recv.len())?;
         // Plan and take the sequence number now: calls are matched in the order they are
-        // made, whenever their threads run.
-        let plan = self.plan(&shape);
+        // made, whenever their threads run. They run the plan's schedule: one-sided calls
+        // must run in call order on every rank.
+        let plan = Plan {
+            onesided: None,
+            ..self.plan(&shape)?
+        };
         let seq = self
             .state
             .coll_seq
@@ -232,7 +268,7 @@ impl Communicator {
         recv: *mut u8,
         recv_len: usize,
     ) -> Result<()> {
-        let plan = self.plan(shape);
+        let plan = self.plan(shape)?;
         let seq = self
             .state
             .coll_seq
@@ -259,6 +295,17 @@ impl Communicator {
         } else {
             [0; 2]
         };
+        let deadline = Instant::now() + self.world.config.timeout;
+        if let Some(os) = &plan.onesided {
+            let bufs = Buffers {
+                send: send.0,
+                recv: recv.0,
+                recv_len: recv.1,
+            };
+            // SAFETY: forwarded from the caller.
+            return unsafe { os.run(self, shape, seq, sig, &bufs, deadline) }
+                .map_err(|e| self.explain(shape, e));
+        }
         let call = exec::Call {
             sched: &plan.sched,
             comm: self.id | COLL,
@@ -271,7 +318,6 @@ impl Communicator {
             recv,
             in_place: shape.in_place_at(self.rank),
         };
-        let deadline = Instant::now() + self.world.config.timeout;
         let need = plan.sched.scratch;
         // Reuse the communicator's scratch unless another thread holds it.
         let mut scratch = match self.state.scratch.try_lock() {

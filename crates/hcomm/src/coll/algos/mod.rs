@@ -5,6 +5,7 @@ pub mod direct;
 pub mod dissemination;
 pub mod halving_doubling;
 pub mod hier;
+pub mod onesided;
 pub mod pairwise;
 pub mod ring;
 pub mod tree;
@@ -13,7 +14,7 @@ use super::{Algorithm, CollKind};
 
 /// Every algorithm, in no particular order.
 pub fn all() -> &'static [&'static dyn Algorithm] {
-    static ALL: [&dyn Algorithm; 10] = [
+    static ALL: [&dyn Algorithm; 11] = [
         &direct::Direct,
         &ring::Ring,
         &halving_doubling::Rabenseifner,
@@ -24,6 +25,7 @@ pub fn all() -> &'static [&'static dyn Algorithm] {
         &pairwise::Pairwise,
         &dissemination::Dissemination,
         &hier::Hierarchical,
+        &onesided::OneSided,
     ];
     &ALL
 }

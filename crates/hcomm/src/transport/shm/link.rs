@@ -175,11 +175,34 @@ impl std::fmt::Debug for ShmLink {
 impl ShmLink {
     /// The peer's doorbell.
     pub fn peer_bell(&self) -> &Doorbell {
-        // SAFETY: every inbox starts with a `Doorbell` (written by its creator before it
-        // published the name), the payload is 128-byte aligned, and the mapping lives as long
-        // as `peer_inbox`. Its fields are atomics, so sharing it with other processes is sound.
-        unsafe { &*self.peer_inbox.as_ptr().cast::<Doorbell>() }
+        bell_of(&self.peer_inbox)
     }
+
+    /// A handle on the peer's inbox, to ring its doorbell without the link.
+    pub fn peer_inbox(&self) -> PeerInbox {
+        PeerInbox(Arc::clone(&self.peer_inbox))
+    }
+}
+
+/// A local peer's inbox, kept mapped for its doorbell.
+#[derive(Debug, Clone)]
+pub struct PeerInbox(Arc<ShmSegment>);
+
+impl PeerInbox {
+    /// The peer's doorbell.
+    pub fn bell(&self) -> &Doorbell {
+        bell_of(&self.0)
+    }
+}
+
+/// The doorbell at the start of an inbox (this module maps only inboxes, at least
+/// `RINGS_OFFSET` bytes long).
+fn bell_of(inbox: &ShmSegment) -> &Doorbell {
+    // SAFETY: every inbox starts with a `Doorbell` (written by its creator before it published
+    // the name), the payload is 128-byte aligned and longer than a Doorbell, and the mapping
+    // lives as long as `inbox`. Its fields are atomics, so sharing it with other processes is
+    // sound.
+    unsafe { &*inbox.as_ptr().cast::<Doorbell>() }
 }
 
 fn pattern(me: usize) -> [u8; PROBE_LEN] {
@@ -240,8 +263,12 @@ impl Inbox {
 
     /// This rank's doorbell.
     pub fn bell(&self) -> &Doorbell {
-        // SAFETY: as in `ShmLink::peer_bell`, for this rank's own inbox.
-        unsafe { &*self.seg.as_ptr().cast::<Doorbell>() }
+        bell_of(&self.seg)
+    }
+
+    /// The job id of the segment names.
+    pub fn job_id(&self) -> &str {
+        &self.cfg.job_id
     }
 
     /// Maps the inbox of local rank `peer_local` (published as `peer`) and joins the two rings

@@ -1,0 +1,561 @@
+//! One-sided collectives for communicators whose ranks all share this host.
+//!
+//! Every member maps a small segment of every other member, `hcomm-<job>-<rank>-c<comm id>`,
+//! created at the communicator's first one-sided call:
+//!
+//! ```text
+//! 0    seq    (AtomicU64, own 128 bytes): number of the last one-sided call this rank started
+//! 128  ready  (AtomicU64): last call whose reduced slice this rank has finished
+//! 256  done   (AtomicU64): last call whose peers' buffers this rank has finished reading
+//! 384  header of slot 0 | 448 header of slot 1: signature, length, buffer addresses
+//! 512  data of slot 0 (SLOT bytes) | data of slot 1 (SLOT bytes)
+//! ```
+//!
+//! Call `j` (numbered per communicator, the same on every rank) uses slot `j % 2`. A rank
+//! writes the slot's header (and, for small calls, its whole contribution into the data),
+//! then publishes `seq = j` with release ordering and rings its peers' doorbells; peers wait
+//! for `seq >= j` with acquire ordering, check the signature (a mismatch fails every rank of
+//! the call), and read what they need in place.
+//!
+//! * **Inline** (every rank's contribution fits a slot): each rank computes its result
+//!   straight from the peers' slots, reductions folded in rank order, so every rank gets the
+//!   same bits as the rank-order reference. One round of cache-line transfers, no message.
+//! * **Large** all-reduce: each rank reduces its slice straight out of the peers' buffers
+//!   (cross-memory attach, in chunks that stay in cache), publishes `ready`, then copies the
+//!   other slices from the peers' results; large all-gather and broadcast read the sources
+//!   directly. Each rank then publishes `done` and waits for its peers' before returning, so
+//!   no buffer is released while a peer still reads it.
+//!
+//! A rank overwrites slot `j % 2` only once every peer has started call `j - 1`, which it does
+//! only after finishing call `j - 2`, the slot's previous user. Waits spin (when the host has
+//! a core per rank), yield, then sleep on the rank's doorbell futex; every wait is bounded by
+//! `HCOMM_TIMEOUT` and checks that the peer is still alive.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::{Communicator, COLL};
+use crate::coll::{algos, CollKind, Shape};
+use crate::dtype::ReduceOp;
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::transport::shm::cma;
+use crate::transport::shm::segment::{segment_name, ShmSegment};
+
+/// Bytes of each slot's data: the largest contribution that goes inline.
+pub(super) const SLOT: usize = 32 << 10;
+const SEQ: usize = 0;
+const READY: usize = 128;
+const DONE: usize = 256;
+const HEADERS: usize = 384;
+const DATA: usize = 512;
+const SEG_LEN: usize = DATA + 2 * SLOT;
+/// Bytes reduced at a time by the large all-reduce (they stay in the core's cache).
+const CHUNK: usize = 128 << 10;
+/// Spins of a waiter that has a core to itself, before it yields.
+const SPINS: u32 = 20_000;
+/// Yields before a waiter sleeps.
+const YIELDS: u32 = 64;
+/// Longest sleep between checks of the peer's liveness and of the deadline.
+const SLEEP: Duration = Duration::from_millis(10);
+
+/// What a rank tells its peers about one call, in the slot's header.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Header {
+    sig: [u64; 2],
+    /// Bytes of the contribution.
+    len: u64,
+    /// Address of the contribution in the rank's memory.
+    input: u64,
+    /// Address of the receive buffer in the rank's memory.
+    output: u64,
+}
+
+const _: () = assert!(size_of::<Header>() <= 64);
+
+/// The one-sided state of a communicator.
+pub(super) struct OneSided {
+    me: usize,
+    /// World rank of each member.
+    world: Vec<usize>,
+    /// Process id of each member.
+    pids: Vec<u32>,
+    /// Every member's segment, this rank's included, by rank.
+    segs: Vec<ShmSegment>,
+    /// Whether waiters may spin (a core per local rank).
+    spin: bool,
+    /// Whether cross-memory attach reaches every peer.
+    cma: bool,
+    /// Calls so far; held for the length of a call.
+    calls: Mutex<u64>,
+}
+
+/// Pointers and lengths of one call's buffers.
+pub(super) struct Buffers {
+    /// The send buffer (null when there is none or the call is in place).
+    pub send: *const u8,
+    /// The receive buffer and its length.
+    pub recv: *mut u8,
+    pub recv_len: usize,
+}
+
+impl OneSided {
+    /// Sets up the one-sided state of `comm`: collective over its members. `None` when
+    /// they are not all on this host with shared memory, or when a segment could not be made
+    /// on some rank (the communicator then uses its message-based algorithms).
+    pub(super) fn create(comm: &Communicator) -> Result<Option<OneSided>> {
+        let engine = &comm.world.engine;
+        let n = comm.size();
+        let me = comm.rank;
+        let all_local = (0..n).all(|r| r == me || engine.is_shm_peer(comm.members[r]));
+        let Some(job) = engine.shm_job_id().filter(|_| all_local && n > 1) else {
+            return Ok(None);
+        };
+        let name_of =
+            |r: usize| segment_name(job, comm.members[r] as u32, &format!("c{:016x}", comm.id));
+        let own = name_of(me).and_then(|name| ShmSegment::create(&name, SEG_LEN));
+        if let Err(e) = &own {
+            tracing::info!(
+                "one-sided collectives off for communicator {:#x}: {e}",
+                comm.id
+            );
+        }
+        if !agree(comm, own.is_ok())? {
+            if let Ok(seg) = own {
+                let _ = ShmSegment::unlink(seg.name());
+            }
+            return Ok(None);
+        }
+        let own = own?;
+        let mut segs = Vec::with_capacity(n);
+        let mut pids = Vec::with_capacity(n);
+        let mut failed = None;
+        let mut cma = true;
+        for r in 0..n {
+            if r == me {
+                pids.push(std::process::id());
+                continue;
+            }
+            let seg = name_of(r).and_then(|name| ShmSegment::open(&name, SEG_LEN));
+            match (seg, engine.shm_peer_pid(comm.members[r])) {
+                (Ok(seg), Some((pid, reach))) => {
+                    let _ = seg.unlink_if_last(n as u32);
+                    segs.push(seg);
+                    pids.push(pid);
+                    cma &= reach;
+                }
+                (Err(e), _) => failed = Some(e),
+                (_, None) => failed = Some(Error::Internal(format!("no link to rank {r}"))),
+            }
+        }
+        let ok = agree(comm, failed.is_none())?;
+        let _ = ShmSegment::unlink(own.name());
+        if !ok {
+            if let Some(e) = failed {
+                tracing::info!(
+                    "one-sided collectives off for communicator {:#x}: {e}",
+                    comm.id
+                );
+            }
+            return Ok(None);
+        }
+        segs.insert(me, own);
+        Ok(Some(OneSided {
+            me,
+            world: comm.members.to_vec(),
+            pids,
+            segs,
+            spin: comm.world.spin,
+            cma,
+            calls: Mutex::new(0),
+        }))
+    }
+
+    /// Whether a call of `shape` runs one-sided: inline when every contribution fits a slot;
+    /// otherwise only large all-reduce, all-gather and broadcast, with cross-memory attach.
+    pub(super) fn fits(&self, shape: &Shape) -> bool {
+        if shape.v.is_some() || shape.size != self.segs.len() {
+            return false;
+        }
+        max_contribution(shape) <= SLOT
+            || (self.cma
+                && matches!(
+                    shape.kind,
+                    CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast
+                ))
+    }
+
+    /// Runs call `tag` of `shape` with signature `sig`.
+    ///
+    /// # Safety
+    /// The buffers must be valid (send for reads unless null, recv for reads and writes and
+    /// otherwise unused) for the whole call, holding what `shape` says.
+    pub(super) unsafe fn run(
+        &self,
+        comm: &Communicator,
+        shape: &Shape,
+        tag: u32,
+        sig: [u64; 2],
+        bufs: &Buffers,
+        deadline: Instant,
+    ) -> Result<()> {
+        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        let j = *calls + 1;
+        *calls = j;
+        let waiter = Waiter {
+            os: self,
+            comm,
+            tag,
+            deadline,
+        };
+        let engine = &comm.world.engine;
+        engine.begin_call(comm.id | COLL, tag, sig)?;
+        let n = self.segs.len();
+        // Slot j % 2 was last used by call j - 2: every peer has finished it once it started
+        // call j - 1.
+        for p in (0..n).filter(|&p| p != self.me) {
+            waiter.wait(p, SEQ, j - 1)?;
+        }
+        let (input, len) = contribution(shape, self.me, bufs);
+        let inline = max_contribution(shape) <= SLOT;
+        let slot = (j % 2) as usize;
+        let header = Header {
+            sig,
+            len: len as u64,
+            input: input as u64,
+            output: bufs.recv as u64,
+        };
+        // SAFETY: the header and data of slot `slot` are this rank's to write (no peer reads
+        // them before seq says j); the contribution is `len` readable bytes (the caller's
+        // contract), at most SLOT when inline.
+        unsafe {
+            self.header_ptr(self.me, slot).write(header);
+            if inline && len > 0 {
+                self.data_ptr(self.me, slot)
+                    .copy_from_nonoverlapping(input, len);
+            }
+        }
+        self.publish(comm, SEQ, j);
+        for p in (0..n).filter(|&p| p != self.me) {
+            waiter.wait(p, SEQ, j)?;
+        }
+        // Every rank checks every signature, so a mismatch fails every rank of the call.
+        for p in (0..n).filter(|&p| p != self.me) {
+            // SAFETY: the peer published call j, so its header is written, and it is not
+            // rewritten before this rank starts call j + 1.
+            let theirs = unsafe { self.header_ptr(p, slot).read() };
+            if theirs.sig != sig {
+                return Err(Error::Mismatch(format!(
+                    "this rank called {} but rank {p} called {}: every rank must call the same \
+                     collectives in the same order with the same type, op, count and root",
+                    Shape::describe_signature(sig),
+                    Shape::describe_signature(theirs.sig)
+                )));
+            }
+            let want = contribution_len(shape, p);
+            if theirs.len != want as u64 {
+                return Err(Error::Mismatch(format!(
+                    "rank {p} contributes {} bytes to {} where {want} were expected",
+                    theirs.len,
+                    Shape::describe_signature(sig)
+                )));
+            }
+        }
+        if inline {
+            // SAFETY: forwarded from the caller; the peers' slots hold call j.
+            unsafe { self.inline(shape, slot, bufs) }
+        } else {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.large(&waiter, shape, j, slot, bufs) }
+        }
+    }
+
+    /// Computes this rank's result of an inline call from the slots.
+    ///
+    /// # Safety
+    /// As for [`OneSided::run`], with every peer's slot `slot` published for this call.
+    unsafe fn inline(&self, shape: &Shape, slot: usize, bufs: &Buffers) -> Result<()> {
+        let n = self.segs.len();
+        let me = self.me;
+        let e = shape.elem();
+        let block = shape.count * e;
+        // SAFETY: every rank's slot holds its contribution of `contribution_len` bytes (checked
+        // against the header); this rank's own slot too.
+        let c = |p: usize| unsafe {
+            std::slice::from_raw_parts(self.data_ptr(p, slot), contribution_len(shape, p))
+        };
+        // SAFETY: the caller's receive buffer, valid for `recv_len` bytes for this call and
+        // used by nothing else.
+        let out = unsafe { std::slice::from_raw_parts_mut(bufs.recv, bufs.recv_len) };
+        let fold = |dst: &mut [u8], at: usize| -> Result<()> {
+            dst.copy_from_slice(&c(0)[at..at + dst.len()]);
+            for p in 1..n {
+                reduce::reduce_into(shape.dtype, shape.op, dst, &c(p)[at..at + dst.len()])?;
+            }
+            if shape.op == ReduceOp::Avg {
+                reduce::finish_avg(shape.dtype, dst, n)?;
+            }
+            Ok(())
+        };
+        match shape.kind {
+            CollKind::AllReduce => fold(&mut out[..block], 0)?,
+            CollKind::Reduce if me == shape.root => fold(&mut out[..block], 0)?,
+            CollKind::ReduceScatter => {
+                let at = if shape.in_place { me * block } else { 0 };
+                fold(&mut out[at..at + block], me * block)?;
+            }
+            CollKind::Broadcast if me != shape.root => out[..block].copy_from_slice(c(shape.root)),
+            CollKind::AllGather => {
+                for p in 0..n {
+                    out[p * block..(p + 1) * block].copy_from_slice(c(p));
+                }
+            }
+            CollKind::Gather if me == shape.root => {
+                for p in 0..n {
+                    out[p * block..(p + 1) * block].copy_from_slice(c(p));
+                }
+            }
+            CollKind::Scatter if !(me == shape.root && shape.in_place) => {
+                out[..block].copy_from_slice(&c(shape.root)[me * block..(me + 1) * block]);
+            }
+            CollKind::AllToAll => {
+                for p in 0..n {
+                    out[p * block..(p + 1) * block]
+                        .copy_from_slice(&c(p)[me * block..(me + 1) * block]);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The large all-reduce, all-gather and broadcast: data read straight from the peers'
+    /// buffers with cross-memory attach.
+    ///
+    /// # Safety
+    /// As for [`OneSided::run`].
+    unsafe fn large(
+        &self,
+        waiter: &Waiter<'_>,
+        shape: &Shape,
+        j: u64,
+        slot: usize,
+        bufs: &Buffers,
+    ) -> Result<()> {
+        let n = self.segs.len();
+        let me = self.me;
+        let peers = || (0..n).filter(move |&p| p != me);
+        // SAFETY: every peer's header of this slot is published for call j.
+        let hdr = |p: usize| unsafe { self.header_ptr(p, slot).read() };
+        // SAFETY: the caller's receive buffer, valid for `recv_len` bytes for this call.
+        let out = unsafe { std::slice::from_raw_parts_mut(bufs.recv, bufs.recv_len) };
+        let block = shape.count * shape.elem();
+        match shape.kind {
+            CollKind::AllReduce => {
+                let segs = algos::segments(shape.count, n, shape.elem());
+                let (off, len) = segs[me];
+                let (input, _) = contribution(shape, me, bufs);
+                let mut acc = vec![0u8; CHUNK.min(len)];
+                let mut tmp = vec![0u8; CHUNK.min(len)];
+                let mut at = 0;
+                while at < len {
+                    let m = CHUNK.min(len - at);
+                    let (acc, tmp) = (&mut acc[..m], &mut tmp[..m]);
+                    let pos = off + at;
+                    for p in 0..n {
+                        let dst: &mut [u8] = if p == 0 { acc } else { tmp };
+                        if p == me {
+                            // SAFETY: the contribution is `block` readable bytes; in place it
+                            // is the receive buffer, whose bytes `pos..pos + m` this rank
+                            // overwrites only after this read.
+                            unsafe { dst.as_mut_ptr().copy_from_nonoverlapping(input.add(pos), m) };
+                        } else {
+                            let h = hdr(p);
+                            cma::read_remote(self.pids[p], h.input as usize + pos, dst)?;
+                        }
+                        if p > 0 {
+                            reduce::reduce_into(shape.dtype, shape.op, acc, tmp)?;
+                        }
+                    }
+                    if shape.op == ReduceOp::Avg {
+                        reduce::finish_avg(shape.dtype, acc, n)?;
+                    }
+                    out[pos..pos + m].copy_from_slice(acc);
+                    at += m;
+                }
+                self.publish(waiter.comm, READY, j);
+                for p in peers() {
+                    waiter.wait(p, READY, j)?;
+                    let (off, len) = segs[p];
+                    let h = hdr(p);
+                    cma::read_remote(
+                        self.pids[p],
+                        h.output as usize + off,
+                        &mut out[off..off + len],
+                    )?;
+                }
+            }
+            CollKind::AllGather => {
+                if !shape.in_place {
+                    // SAFETY: the send buffer holds `block` readable bytes.
+                    let own = unsafe { std::slice::from_raw_parts(bufs.send, block) };
+                    out[me * block..(me + 1) * block].copy_from_slice(own);
+                }
+                for p in peers() {
+                    let h = hdr(p);
+                    let dst = &mut out[p * block..(p + 1) * block];
+                    cma::read_remote(self.pids[p], h.input as usize, dst)?;
+                }
+            }
+            CollKind::Broadcast => {
+                if me != shape.root {
+                    let h = hdr(shape.root);
+                    cma::read_remote(self.pids[shape.root], h.output as usize, &mut out[..block])?;
+                }
+            }
+            _ => {
+                return Err(Error::Internal(format!(
+                    "{} has no large one-sided algorithm",
+                    shape.kind.name()
+                )))
+            }
+        }
+        self.publish(waiter.comm, DONE, j);
+        // Nobody returns (and releases its buffers) while a peer may still read them; a
+        // broadcast's non-roots have nothing anyone reads.
+        if shape.kind != CollKind::Broadcast || me == shape.root {
+            for p in peers() {
+                waiter.wait(p, DONE, j)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn counter(&self, rank: usize, which: usize) -> &AtomicU64 {
+        // SAFETY: the counters lie at 128-byte aligned offsets inside every segment (SEG_LEN
+        // covers them), segments live as long as `self`, and any bit pattern is a valid
+        // AtomicU64 shared between processes.
+        unsafe { &*self.segs[rank].as_ptr().add(which).cast::<AtomicU64>() }
+    }
+
+    fn header_ptr(&self, rank: usize, slot: usize) -> *mut Header {
+        self.segs[rank]
+            .as_ptr()
+            .wrapping_add(HEADERS + 64 * slot)
+            .cast()
+    }
+
+    fn data_ptr(&self, rank: usize, slot: usize) -> *mut u8 {
+        self.segs[rank].as_ptr().wrapping_add(DATA + SLOT * slot)
+    }
+
+    /// Stores `value` in this rank's counter `which` and rings every peer.
+    fn publish(&self, comm: &Communicator, which: usize, value: u64) {
+        self.counter(self.me, which).store(value, Ordering::Release);
+        for p in (0..self.segs.len()).filter(|&p| p != self.me) {
+            comm.world.engine.ring_peer(self.world[p]);
+        }
+    }
+}
+
+/// How one call waits for its peers' counters.
+struct Waiter<'a> {
+    os: &'a OneSided,
+    comm: &'a Communicator,
+    tag: u32,
+    deadline: Instant,
+}
+
+impl Waiter<'_> {
+    /// Waits until rank `p`'s counter `which` reaches `target`.
+    fn wait(&self, p: usize, which: usize, target: u64) -> Result<()> {
+        let ctr = self.os.counter(p, which);
+        let ready = || ctr.load(Ordering::Acquire) >= target;
+        if ready() {
+            return Ok(());
+        }
+        if self.os.spin {
+            for _ in 0..SPINS {
+                std::hint::spin_loop();
+                if ready() {
+                    return Ok(());
+                }
+            }
+        }
+        for _ in 0..YIELDS {
+            std::thread::yield_now();
+            if ready() {
+                return Ok(());
+            }
+        }
+        let engine = &self.comm.world.engine;
+        loop {
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Err(Error::Timeout(format!(
+                    "rank {p} has not reached this collective (one-sided call {target}) within \
+                     HCOMM_TIMEOUT; it may be stuck, slow, or calling something else"
+                )));
+            }
+            let left = (self.deadline - now).min(SLEEP);
+            if let Some(bell) = engine.own_bell() {
+                if bell.sleep_unless(&mut || ready(), left) || ready() {
+                    return Ok(());
+                }
+            }
+            engine.check_peer(self.os.world[p])?;
+            if let Some(e) = engine.call_failed(self.comm.id | COLL, self.tag) {
+                return Err(e);
+            }
+            if ready() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Whether the ranks of `comm` all say `ok` (collective).
+fn agree(comm: &Communicator, ok: bool) -> Result<bool> {
+    let mut mine = [0u8; 16];
+    mine[0] = u8::from(ok);
+    Ok(comm.exchange_all(&mine)?.iter().all(|b| b[0] == 1))
+}
+
+/// Bytes rank `rank` contributes to a call of `shape`.
+fn contribution_len(shape: &Shape, rank: usize) -> usize {
+    let (n, block) = (shape.size, shape.count * shape.elem());
+    match shape.kind {
+        CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather => block,
+        CollKind::ReduceScatter | CollKind::AllToAll => n * block,
+        CollKind::Broadcast if rank == shape.root => block,
+        CollKind::Scatter if rank == shape.root => n * block,
+        _ => 0,
+    }
+}
+
+/// The largest contribution of any rank.
+fn max_contribution(shape: &Shape) -> usize {
+    (0..shape.size)
+        .map(|r| contribution_len(shape, r))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Where this rank's contribution starts, and its length.
+fn contribution(shape: &Shape, rank: usize, bufs: &Buffers) -> (*const u8, usize) {
+    let len = contribution_len(shape, rank);
+    let from_recv =
+        shape.kind == CollKind::Broadcast || shape.in_place_at(rank) || bufs.send.is_null();
+    if !from_recv {
+        return (bufs.send, len);
+    }
+    let at = match shape.kind {
+        CollKind::AllGather | CollKind::Gather if shape.in_place_at(rank) => {
+            rank * shape.count * shape.elem()
+        }
+        _ => 0,
+    };
+    (bufs.recv.cast_const().wrapping_add(at), len)
+}
