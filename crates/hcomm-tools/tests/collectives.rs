@@ -244,3 +244,14 @@ fn every_collective_with_tiny_shared_memory_thresholds() {
         job(n, &small, &["collectives", "--max-count", "20000"]);
     }
 }
+
+#[test]
+fn every_collective_on_pool_memory_on_1_2_3_5_8_ranks() {
+    // Buffers from the shared-memory pool: peers read them in place where they can.
+    for n in [1, 2, 3] {
+        job(n, &[], &["collectives", "--pool"]);
+    }
+    for n in [5, 8] {
+        job(n, &[], &["collectives", "--pool", "--max-count", "5000"]);
+    }
+}

@@ -2,6 +2,9 @@
 
 mod collectives;
 mod onesided;
+mod pool;
+
+pub use pool::PoolBuf;
 
 pub use collectives::Batch;
 
@@ -10,8 +13,6 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
-
-use sha2::{Digest, Sha256};
 
 use crate::bootstrap::{RendezvousStore, StoreClient};
 use crate::coll::schedule::Schedule;
@@ -22,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::p2p::{Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
 use crate::topology::{RankInfo, Topology};
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
+use crate::transport::shm::pool::{PoolConfig, ShmPool};
 use crate::transport::tcp;
 
 /// Communicator ids with this bit carry hcomm's own traffic (split, barrier), never a
@@ -47,6 +49,8 @@ struct World {
     rank: usize,
     /// Waiting ranks may spin: the host has a core per local rank (or `HCOMM_SPIN_US` says so).
     spin: bool,
+    /// This rank's shared-memory pool (`None` with `HCOMM_POOL_MAX=0`).
+    pool: Option<Arc<ShmPool>>,
     /// Kept for the world's lifetime: rank 0 may host the store of the job.
     _store: Option<RendezvousStore>,
     _client: Option<Mutex<StoreClient>>,
@@ -253,6 +257,34 @@ fn splitmix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// This rank's shared-memory pool: blocks named with the shared-memory job id, mapped by the
+/// local ranks (a rank without local peers names them after its process too).
+fn make_pool(
+    config: &Config,
+    engine: &Engine,
+    rank: usize,
+    local_size: usize,
+    generation: u64,
+) -> Result<Option<Arc<ShmPool>>> {
+    if config.pool_max == 0 {
+        return Ok(None);
+    }
+    let job_id = match engine.shm_job_id() {
+        Some(id) => id.to_owned(),
+        None => format!(
+            "{}p{}",
+            link::job_id(b"", "", generation),
+            std::process::id()
+        ),
+    };
+    let pool_config = PoolConfig {
+        block_size: config.pool_block,
+        max_total: config.pool_max.max(config.pool_block),
+        mappers: local_size as u32,
+    };
+    ShmPool::new(&job_id, rank as u32, pool_config).map(|p| Some(Arc::new(p)))
+}
+
 fn lock_client(m: &Mutex<StoreClient>) -> std::sync::MutexGuard<'_, StoreClient> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -265,9 +297,10 @@ fn setup_shm(
     topology: &Topology,
     rank: usize,
     client: &mut StoreClient,
-    ns: &str,
+    generation: u64,
     deadline: Instant,
 ) -> Result<Option<ShmSetup>> {
+    let ns = format!("hcomm/{generation}");
     let host = topology.host_of(rank);
     let locals: Vec<usize> = (0..topology.size())
         .filter(|&r| topology.host_of(r) == host)
@@ -275,12 +308,11 @@ fn setup_shm(
     if locals.len() < 2 || config.transport.as_deref() == Some("tcp") {
         return Ok(None);
     }
-    // One id per job and world, the same on every rank, nothing of the secret revealed.
-    let mut h = Sha256::new();
-    h.update(config.job_secret.as_deref().unwrap_or_default());
-    h.update(config.launch.root_addr.as_deref().unwrap_or_default());
-    h.update(ns.as_bytes());
-    let job_id = hex::encode(&h.finalize()[..8]);
+    let job_id = link::job_id(
+        config.job_secret.as_deref().unwrap_or_default(),
+        config.launch.root_addr.as_deref().unwrap_or_default(),
+        generation,
+    );
     let me = topology.local_rank(rank);
     link::prepare_cma(config.cma);
     let cfg = LinkConfig {
@@ -431,7 +463,7 @@ impl Communicator {
                 &topology,
                 rank,
                 &mut lock_client(client),
-                &format!("hcomm/{generation}"),
+                generation,
                 deadline,
             )?,
             None => None,
@@ -454,6 +486,7 @@ impl Communicator {
             // HCOMM_DEBUG=1 asks for exactly this on the terminal.
             eprint!("{}", topology.table());
         }
+        let pool = make_pool(&config, &engine, rank, local_size, generation)?;
         tracing::debug!(rank, size, launcher = ?config.launch.launcher, "world ready");
         let world = Arc::new(World {
             config,
@@ -461,6 +494,7 @@ impl Communicator {
             engine,
             rank,
             spin: !spin.is_zero(),
+            pool,
             _store: store,
             _client: client,
         });

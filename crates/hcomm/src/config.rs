@@ -27,6 +27,10 @@ pub const DEFAULT_SHM_PUSH_THRESHOLD: usize = 1 << 20;
 pub const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
 /// Default bytes of each shared-memory ring (`HCOMM_SHM_RING`).
 pub const DEFAULT_SHM_RING: usize = 1 << 20;
+/// Default bytes of each shared-memory pool block (`HCOMM_POOL_BLOCK`).
+pub const DEFAULT_POOL_BLOCK: usize = 64 << 20;
+/// Default most bytes of pool blocks per rank (`HCOMM_POOL_MAX`).
+pub const DEFAULT_POOL_MAX: usize = 1 << 30;
 
 /// Which launcher the rank information came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +86,11 @@ pub struct Config {
     /// `HCOMM_SHM_RING`: bytes of each shared-memory ring (one per ordered pair of local
     /// ranks).
     pub shm_ring: usize,
+    /// `HCOMM_POOL_BLOCK`: bytes of each shared-memory pool block (the largest pool
+    /// allocation; larger ones come from the heap).
+    pub pool_block: usize,
+    /// `HCOMM_POOL_MAX`: most bytes of pool blocks per rank; `0` turns the pool off.
+    pub pool_max: usize,
     /// `HCOMM_CMA`: `auto` (use cross-memory attach where the kernel allows it) or `off`.
     pub cma: crate::transport::shm::cma::CmaMode,
     /// `HCOMM_ALGO`: per-collective algorithm overrides, as written.
@@ -182,6 +191,8 @@ impl Config {
         )?;
         let shm_chunk = size("HCOMM_SHM_CHUNK", DEFAULT_SHM_CHUNK, 4096, 32 << 20)?;
         let shm_ring = size("HCOMM_SHM_RING", DEFAULT_SHM_RING, 128 << 10, 64 << 20)?;
+        let pool_block = size("HCOMM_POOL_BLOCK", DEFAULT_POOL_BLOCK, 64 << 10, 1 << 40)?;
+        let pool_max = size("HCOMM_POOL_MAX", DEFAULT_POOL_MAX, 0, 1 << 44)?;
         let cma = match get(crate::transport::shm::cma::CmaMode::ENV_VAR) {
             Some(v) => crate::transport::shm::cma::CmaMode::from_env_value(&v)?,
             None => crate::transport::shm::cma::CmaMode::Auto,
@@ -205,6 +216,8 @@ impl Config {
             shm_push_threshold,
             shm_chunk,
             shm_ring,
+            pool_block: pool_block / 64 * 64,
+            pool_max,
             cma,
             algo: get("HCOMM_ALGO"),
             deterministic: get("HCOMM_DETERMINISTIC").is_some_and(|v| v != "0"),

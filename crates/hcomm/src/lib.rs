@@ -30,7 +30,7 @@ pub mod reduce;
 pub mod topology;
 pub mod transport;
 
-pub use comm::{wait_all, Batch, Communicator, Completion, Request};
+pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, Request};
 pub use config::Config;
 pub use dtype::{DataType, ReduceOp};
 pub use error::{Error, ErrorCode, Result};

@@ -579,6 +579,11 @@ impl Engine {
         self.shared.io.peer_inboxes.contains_key(&peer)
     }
 
+    /// How many peers are reached through shared memory.
+    pub(crate) fn shm_peer_count(&self) -> usize {
+        self.shared.io.peer_inboxes.len()
+    }
+
     /// Process id of the shared-memory peer `peer`, and whether cross-memory attach
     /// reaches it.
     pub(crate) fn shm_peer_pid(&self, peer: usize) -> Option<(u32, bool)> {

@@ -59,6 +59,9 @@ enum Scenario {
         /// Only this collective.
         #[arg(long)]
         only: Option<String>,
+        /// Buffers from the shared-memory pool (`Communicator::alloc`) instead of the heap.
+        #[arg(long)]
+        pool: bool,
     },
     /// Ranks calling different collectives, counts, types or roots get Error::Mismatch.
     Mismatch,
@@ -387,29 +390,42 @@ fn inputs(shapes: &[Shape], seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
 }
 
 /// Runs one call on this rank and checks it against the reference.
-fn check_call(comm: &Communicator, shapes: &[Shape], seed: u64) -> Result<()> {
+fn check_call(comm: &Communicator, shapes: &[Shape], seed: u64, pool: bool) -> Result<()> {
     let r = comm.rank();
     let (sends, recvs) = inputs(shapes, seed);
     let want = hcomm::coll::reference::expected(shapes, &sends, &recvs);
-    let mut recv = recvs[r].clone();
     let s = &shapes[r];
     let send = if s.in_place_at(r) || !has_send(s.kind) {
         None
     } else {
         Some(&sends[r][..])
     };
-    comm.run_collective(s.clone(), send, &mut recv)
-        .with_context(|| {
-            format!(
-                "{} {} {} count {} root {} in place {}",
-                s.kind.name(),
-                s.dtype.name(),
-                s.op.name(),
-                s.count,
-                s.root,
-                s.in_place
-            )
-        })?;
+    let pooled = |data: &[u8]| -> Result<hcomm::PoolBuf<u8>> {
+        let mut b = comm.alloc::<u8>(data.len())?;
+        b.copy_from_slice(data);
+        Ok(b)
+    };
+    let result = if pool {
+        let send = send.map(pooled).transpose()?;
+        let mut recv = pooled(&recvs[r])?;
+        comm.run_collective(s.clone(), send.as_deref(), &mut recv)
+            .map(|()| recv.to_vec())
+    } else {
+        let mut recv = recvs[r].clone();
+        comm.run_collective(s.clone(), send, &mut recv)
+            .map(|()| recv)
+    };
+    let recv = result.with_context(|| {
+        format!(
+            "{} {} {} count {} root {} in place {}",
+            s.kind.name(),
+            s.dtype.name(),
+            s.op.name(),
+            s.count,
+            s.root,
+            s.in_place
+        )
+    })?;
     if recv != want[r] {
         let at = recv.iter().zip(&want[r]).position(|(a, b)| a != b);
         bail!(
@@ -429,7 +445,12 @@ fn has_send(kind: CollKind) -> bool {
     !matches!(kind, CollKind::Broadcast | CollKind::Barrier)
 }
 
-fn collectives(comm: &Communicator, max_count: usize, only: Option<&str>) -> Result<()> {
+fn collectives(
+    comm: &Communicator,
+    max_count: usize,
+    only: Option<&str>,
+    pool: bool,
+) -> Result<()> {
     let n = comm.size();
     let mut seed = 0;
     let counts: Vec<usize> = [0usize, 1, 7, 1000, n * 333 + 1, max_count]
@@ -471,12 +492,20 @@ fn collectives(comm: &Communicator, max_count: usize, only: Option<&str>) -> Res
                     seed += 1;
                     let root = if kind.rooted() { seed as usize % n } else { 0 };
                     let shapes = call_shapes(kind, n, count, root, dtype, op, in_place, seed);
-                    check_call(comm, &shapes, seed)?;
+                    check_call(comm, &shapes, seed, pool)?;
                 }
             }
         }
     }
     println!("checked {seed} calls");
+    if pool {
+        let stats = comm.pool_stats();
+        ensure!(
+            stats.hits > 0,
+            "no allocation came from the pool: {stats:?}"
+        );
+        println!("pool hits {} misses {}", stats.hits, stats.misses);
+    }
     Ok(())
 }
 
@@ -800,8 +829,12 @@ fn run(scenario: Scenario) -> Result<()> {
             progress(&comm)?;
             "progress"
         }
-        Scenario::Collectives { max_count, only } => {
-            collectives(&comm, max_count, only.as_deref())?;
+        Scenario::Collectives {
+            max_count,
+            only,
+            pool,
+        } => {
+            collectives(&comm, max_count, only.as_deref(), pool)?;
             "collectives"
         }
         Scenario::Mismatch => {

@@ -213,6 +213,12 @@ struct CollArgs {
     /// with ':' (e.g. allreduce:ring,broadcast:tree) is taken as written.
     #[arg(long = "algo", value_name = "NAME")]
     algo: Option<String>,
+
+    /// Where the buffers live: `heap` (plain memory, reached through cross-memory attach or
+    /// copies) or `pool` (hcomm's shared-memory pool, which local peers read in place).
+    #[arg(long = "mem", value_name = "KIND", default_value = "heap",
+          value_parser = ["heap", "pool"])]
+    mem: String,
 }
 
 /// Parses a data type name (hcomm's names, or nccl-tests' half/float/double).
@@ -1528,7 +1534,7 @@ mod collective {
                     ..Shape::new(kind, args.dtype, op, lay.shape_count, root, n)
                 };
                 let algo = comm.algorithm_for(kind, args.dtype, op, lay.shape_count, root);
-                let mut bench = match Bench::new(comm, shape) {
+                let mut bench = match Bench::new(comm, shape, args.mem == "pool") {
                     Ok(b) => Some(b),
                     Err(e) => {
                         pending.get_or_insert(e);
@@ -1644,17 +1650,54 @@ mod collective {
         rep.header(true)
     }
 
+    /// A benchmark buffer: heap or shared-memory pool memory.
+    enum Mem {
+        Heap(Vec<u8>),
+        Pool(hcomm::PoolBuf<u8>),
+    }
+
+    impl Mem {
+        /// `data` in memory of the chosen kind.
+        fn place(comm: &Communicator, pool: bool, data: Vec<u8>) -> anyhow::Result<Mem> {
+            if !pool {
+                return Ok(Mem::Heap(data));
+            }
+            let mut b = comm.alloc::<u8>(data.len())?;
+            b.copy_from_slice(&data);
+            Ok(Mem::Pool(b))
+        }
+    }
+
+    impl std::ops::Deref for Mem {
+        type Target = [u8];
+        fn deref(&self) -> &[u8] {
+            match self {
+                Mem::Heap(v) => v,
+                Mem::Pool(b) => b,
+            }
+        }
+    }
+
+    impl std::ops::DerefMut for Mem {
+        fn deref_mut(&mut self) -> &mut [u8] {
+            match self {
+                Mem::Heap(v) => v,
+                Mem::Pool(b) => b,
+            }
+        }
+    }
+
     /// One rank's buffers for one size of one collective.
     struct Bench<'a> {
         comm: &'a Communicator,
         shape: Shape,
         /// `None` where this rank passes no send buffer (in place, broadcast).
-        send: Option<Vec<u8>>,
-        recv: Vec<u8>,
+        send: Option<Mem>,
+        recv: Mem,
     }
 
     impl<'a> Bench<'a> {
-        fn new(comm: &'a Communicator, shape: Shape) -> anyhow::Result<Bench<'a>> {
+        fn new(comm: &'a Communicator, shape: Shape, pool: bool) -> anyhow::Result<Bench<'a>> {
             let r = comm.rank();
             let full = shape.count;
             let send = if shape.in_place_at(r) || shape.kind == CollKind::Broadcast {
@@ -1677,6 +1720,8 @@ mod collective {
                 SALT_RECV,
                 SEED_TIMING,
             )?;
+            let send = send.map(|d| Mem::place(comm, pool, d)).transpose()?;
+            let recv = Mem::place(comm, pool, recv)?;
             Ok(Bench {
                 comm,
                 shape,
@@ -1744,9 +1789,17 @@ mod collective {
             let shape = self.shape.clone();
             let (r, n, e, c) = (self.comm.rank(), shape.size, shape.elem(), shape.count);
             if let Some(send) = &mut self.send {
-                *send = generate(&shape, r, shape.send_bytes(r), 0..c, SALT_SEND, k)?;
+                send.copy_from_slice(&generate(
+                    &shape,
+                    r,
+                    shape.send_bytes(r),
+                    0..c,
+                    SALT_SEND,
+                    k,
+                )?);
             }
-            self.recv = generate(&shape, r, shape.recv_bytes(r), 0..c, SALT_RECV, k)?;
+            let fresh = generate(&shape, r, shape.recv_bytes(r), 0..c, SALT_RECV, k)?;
+            self.recv.copy_from_slice(&fresh);
             self.iteration()?;
             let blocks = if blocked(shape.kind) { n } else { 1 };
             let step = (CHECK_PIECE_BYTES / e / blocks).max(1);

@@ -31,6 +31,7 @@
 //! a core per rank), yield, then sleep on the rank's doorbell futex; every wait is bounded by
 //! `HCOMM_TIMEOUT` and checks that the peer is still alive.
 
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -41,6 +42,7 @@ use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::shm::cma;
+use crate::transport::shm::pool::ShmPool;
 use crate::transport::shm::segment::{segment_name, ShmSegment};
 
 /// Bytes of each slot's data: the largest contribution that goes inline.
@@ -71,6 +73,19 @@ struct Header {
     input: u64,
     /// Address of the receive buffer in the rank's memory.
     output: u64,
+    /// Where the contribution lies in the rank's shared-memory pool (see [`pool_loc`]).
+    input_loc: u64,
+    /// Where the receive buffer lies in the rank's shared-memory pool.
+    output_loc: u64,
+}
+
+/// A pool location in a header: `(block + 1) << 40 | offset`, 0 for heap memory.
+fn pool_loc(pool: Option<&ShmPool>, ptr: *const u8, len: usize) -> u64 {
+    pool.and_then(|p| p.locate(ptr, len))
+        .filter(|&(block, offset)| block < 1 << 23 && offset < 1 << 40)
+        .map_or(0, |(block, offset)| {
+            ((block as u64 + 1) << 40) | offset as u64
+        })
 }
 
 const _: () = assert!(size_of::<Header>() <= 64);
@@ -90,6 +105,14 @@ pub(super) struct OneSided {
     cma: bool,
     /// Calls so far; held for the length of a call.
     calls: Mutex<u64>,
+    /// The job id of the segment names.
+    job: String,
+    /// Bytes of a pool block (the same on every rank).
+    block_size: usize,
+    /// Ranks of the world on this host: the processes that map each pool block.
+    local_ranks: u32,
+    /// The peers' pool blocks mapped so far, by (rank, block); `None`: it cannot be mapped.
+    blocks: Mutex<HashMap<(usize, usize), Option<ShmSegment>>>,
 }
 
 /// Pointers and lengths of one call's buffers.
@@ -170,6 +193,10 @@ impl OneSided {
             spin: comm.world.spin,
             cma,
             calls: Mutex::new(0),
+            job: job.to_owned(),
+            block_size: comm.world.pool.as_ref().map_or(0, |p| p.block_size()),
+            local_ranks: engine.shm_peer_count() as u32 + 1,
+            blocks: Mutex::new(HashMap::default()),
         }))
     }
 
@@ -221,11 +248,14 @@ impl OneSided {
         let (input, len) = contribution(shape, self.me, bufs);
         let inline = max_contribution(shape) <= SLOT;
         let slot = (j % 2) as usize;
+        let pool = comm.world.pool.as_deref();
         let header = Header {
             sig,
             len: len as u64,
             input: input as u64,
             output: bufs.recv as u64,
+            input_loc: pool_loc(pool, input, len),
+            output_loc: pool_loc(pool, bufs.recv, bufs.recv_len),
         };
         // SAFETY: the header and data of slot `slot` are this rank's to write (no peer reads
         // them before seq says j); the contribution is `len` readable bytes (the caller's
@@ -365,6 +395,20 @@ impl OneSided {
                     let (acc, tmp) = (&mut acc[..m], &mut tmp[..m]);
                     let pos = off + at;
                     for p in 0..n {
+                        let h = hdr(p);
+                        if p != me {
+                            if let Some(src) = self.peer_mem(p, h.input_loc, pos, m) {
+                                // SAFETY: `peer_mem` checked that the bytes lie in the
+                                // peer's mapped pool block, which stays mapped.
+                                let src = unsafe { std::slice::from_raw_parts(src, m) };
+                                if p == 0 {
+                                    acc.copy_from_slice(src);
+                                } else {
+                                    reduce::reduce_into(shape.dtype, shape.op, acc, src)?;
+                                }
+                                continue;
+                            }
+                        }
                         let dst: &mut [u8] = if p == 0 { acc } else { tmp };
                         if p == me {
                             // SAFETY: the contribution is `block` readable bytes; in place it
@@ -372,7 +416,6 @@ impl OneSided {
                             // overwrites only after this read.
                             unsafe { dst.as_mut_ptr().copy_from_nonoverlapping(input.add(pos), m) };
                         } else {
-                            let h = hdr(p);
                             cma::read_remote(self.pids[p], h.input as usize + pos, dst)?;
                         }
                         if p > 0 {
@@ -390,11 +433,7 @@ impl OneSided {
                     waiter.wait(p, READY, j)?;
                     let (off, len) = segs[p];
                     let h = hdr(p);
-                    cma::read_remote(
-                        self.pids[p],
-                        h.output as usize + off,
-                        &mut out[off..off + len],
-                    )?;
+                    self.read_peer(p, h.output, h.output_loc, off, &mut out[off..off + len])?;
                 }
             }
             CollKind::AllGather => {
@@ -406,13 +445,13 @@ impl OneSided {
                 for p in peers() {
                     let h = hdr(p);
                     let dst = &mut out[p * block..(p + 1) * block];
-                    cma::read_remote(self.pids[p], h.input as usize, dst)?;
+                    self.read_peer(p, h.input, h.input_loc, 0, dst)?;
                 }
             }
             CollKind::Broadcast => {
                 if me != shape.root {
                     let h = hdr(shape.root);
-                    cma::read_remote(self.pids[shape.root], h.output as usize, &mut out[..block])?;
+                    self.read_peer(shape.root, h.output, h.output_loc, 0, &mut out[..block])?;
                 }
             }
             _ => {
@@ -431,6 +470,51 @@ impl OneSided {
             }
         }
         Ok(())
+    }
+
+    /// Copies `dst.len()` bytes at `pos` of peer `p`'s buffer (address `addr`, pool location
+    /// `loc`) into `dst`: straight from its pool block when mapped, else with cross-memory
+    /// attach.
+    fn read_peer(&self, p: usize, addr: u64, loc: u64, pos: usize, dst: &mut [u8]) -> Result<()> {
+        match self.peer_mem(p, loc, pos, dst.len()) {
+            Some(src) => {
+                // SAFETY: `peer_mem` checked that the bytes lie in the peer's mapped pool
+                // block, which stays mapped while `self` lives; `dst` is this rank's own.
+                unsafe { dst.as_mut_ptr().copy_from_nonoverlapping(src, dst.len()) };
+                Ok(())
+            }
+            None => cma::read_remote(self.pids[p], addr as usize + pos, dst),
+        }
+    }
+
+    /// Where `len` bytes at `pos` of peer `p`'s pool memory at `loc` are mapped here, mapping
+    /// its block on first use; `None` for heap memory or a block that cannot be mapped.
+    fn peer_mem(&self, p: usize, loc: u64, pos: usize, len: usize) -> Option<*const u8> {
+        if loc == 0 {
+            return None;
+        }
+        let block = (loc >> 40) as usize - 1;
+        let start = (loc & ((1 << 40) - 1)) as usize + pos;
+        if start.checked_add(len)? > self.block_size {
+            return None;
+        }
+        let mut blocks = self.blocks.lock().unwrap_or_else(PoisonError::into_inner);
+        let seg = blocks.entry((p, block)).or_insert_with(|| {
+            let opened = segment_name(&self.job, self.world[p] as u32, &format!("pool{block}"))
+                .and_then(|name| ShmSegment::open(&name, self.block_size));
+            match opened {
+                Ok(seg) => {
+                    let _ = seg.unlink_if_last(self.local_ranks);
+                    Some(seg)
+                }
+                Err(e) => {
+                    tracing::info!("pool block {block} of rank {p} read through CMA: {e}");
+                    None
+                }
+            }
+        });
+        seg.as_ref()
+            .map(|s| s.as_ptr().wrapping_add(start).cast_const())
     }
 
     fn counter(&self, rank: usize, which: usize) -> &AtomicU64 {

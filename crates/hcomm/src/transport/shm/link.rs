@@ -326,6 +326,18 @@ impl Inbox {
     }
 }
 
+/// The id in the shared-memory names of a job's world (`generation` counts the worlds a
+/// process made): the same on every rank, and nothing of the secret shows. `hcommrun`
+/// computes it too, to sweep what a job that died during start-up left behind.
+pub fn job_id(secret: &[u8], root_addr: &str, generation: u64) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(secret);
+    h.update(root_addr.as_bytes());
+    h.update(format!("hcomm/{generation}").as_bytes());
+    hex::encode(&h.finalize()[..8])
+}
+
 /// Makes this process readable by its peers with cross-memory attach, where the mode allows.
 pub fn prepare_cma(mode: CmaMode) {
     if mode == CmaMode::Auto {
