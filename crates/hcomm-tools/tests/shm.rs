@@ -157,3 +157,31 @@ fn a_sigkilled_rank_leaves_no_segment_and_its_peers_fail_fast() {
         );
     }
 }
+
+#[test]
+fn hcommrun_sweeps_what_a_killed_rank_left_in_dev_shm() {
+    // Rank 1 holds a pool block nobody mapped yet when it is killed: its name is still in
+    // /dev/shm until hcommrun sweeps the job's names at the end.
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "3", "--timeout", "60", "--", CHECK, "kill", "--pool"])
+        .env("HCOMM_TIMEOUT", "30")
+        .env("HCOMM_DEBUG", "1");
+    let (o, elapsed) = common::run_bounded(&mut c, Duration::from_secs(90));
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("rank 1 was killed by signal SIGKILL"), "{t}");
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}:\n{t}");
+    let prefix = t
+        .split_whitespace()
+        .find(|w| w.starts_with("hcomm-") && w.ends_with("-inbox;"))
+        .and_then(|w| w.rsplitn(3, '-').nth(2))
+        .unwrap_or_else(|| panic!("no inbox name in the debug output:\n{t}"))
+        .to_owned();
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&format!("{prefix}-")))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

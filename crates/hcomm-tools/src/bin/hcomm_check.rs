@@ -79,7 +79,12 @@ enum Scenario {
     Protocols,
     /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
     /// fail fast with PeerLost naming it.
-    Kill,
+    Kill {
+        /// Rank 1 first takes pool memory no peer has mapped (its block's name is left for
+        /// hcommrun to sweep).
+        #[arg(long)]
+        pool: bool,
+    },
 }
 
 /// The byte at `i` of the message from `src` to `dst` in round `round`.
@@ -875,14 +880,22 @@ fn run(scenario: Scenario) -> Result<()> {
             );
             "protocols"
         }
-        Scenario::Kill => {
+        Scenario::Kill { pool } => {
             comm.barrier()?;
             if comm.rank() == 1 {
+                let held = if pool {
+                    let b = comm.alloc::<u8>(1 << 20)?;
+                    ensure!(b.in_pool(), "the pool did not serve 1 MiB");
+                    Some(b)
+                } else {
+                    None
+                };
                 let pid = std::process::id().to_string();
                 std::process::Command::new("kill")
                     .args(["-9", &pid])
                     .status()?;
                 std::thread::sleep(std::time::Duration::from_secs(10));
+                drop(held);
                 bail!("SIGKILL did not arrive");
             }
             let mut buf = vec![1.0f32; 1 << 16];

@@ -183,7 +183,26 @@ fn run(args: &Args) -> anyhow::Result<i32> {
     }
     drop(tx);
 
-    Ok(job.supervise(deadline, args.timeout))
+    let code = job.supervise(deadline, args.timeout);
+    sweep_shm(&secret, &root_addr);
+    Ok(code)
+}
+
+/// Removes what the job's first world may have left in `/dev/shm`: the ranks remove their
+/// segment names themselves once every local rank has mapped them, so names remain only
+/// when a rank died before that (during start-up, or holding an unmapped pool block).
+fn sweep_shm(secret: &OsStr, root_addr: &OsStr) {
+    let id =
+        hcomm::transport::shm::link::job_id(secret.as_bytes(), &root_addr.to_string_lossy(), 0);
+    let prefix = format!("hcomm-{id}-");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        if entry.file_name().as_bytes().starts_with(prefix.as_bytes()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Starts one rank and the threads that watch it, and adds it to `job`.
