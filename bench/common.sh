@@ -198,7 +198,7 @@ hcomm_job() {
   local name=$1 vars=$2; shift 2
   hcomm_ranks "$name" "$vars" "$@"
   log "$(printf 'hcomm %-16s %-26s rank0 rc=%-3s %s rc=%-3s %5d.%d s' "$name" "${vars:--}" $RUN_RC0 \
-    "$([ $NP = 2 ] && echo rank1 || echo "1..$((NP - 1))")" $RUN_RC1 $((RUN_MS / 1000)) $((RUN_MS % 1000 / 100)))"
+    "$([ $NP = 2 ] && echo rank1 || echo "rank1..$((NP - 1))")" $RUN_RC1 $((RUN_MS / 1000)) $((RUN_MS % 1000 / 100)))"
   hcomm_notes "$name"
   [ $RUN_RC0 = 0 ] && [ $RUN_RC1 = 0 ] || : >"$RAW.$name.failed.tmp"
 }
