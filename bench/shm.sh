@@ -78,7 +78,8 @@ mem_args() {
   if grep -qE -- '--mem([^-[:alnum:]]|$)' <<<"$help"; then echo "--mem pool"; fi
 }
 MEM=$(mem_args allreduce)
-log "# hcomm collectives' buffers: ${MEM:-heap (this hcomm_perf has no --mem)}"
+BUFS=${MEM:+pool (--mem pool)}
+log "# hcomm collectives' buffers: ${BUFS:-heap (this hcomm_perf has no --mem)}"
 
 # ---- part 1: 2 ranks, one per core -------------------------------------------------
 ompi_env
@@ -149,7 +150,7 @@ bw_row() {
   echo "# slowest rank (both tools); busbw = size/time x 2(n-1)/n (allreduce), x 1 (broadcast,"
   echo "# pingpong), x (n-1)/n (allgather); GB/s = 1e9 B/s; allgather size = the whole output"
   echo "# hcomm: ranks started by hand, rank 0 on CPU 0, rank 1 on CPU 1 (taskset); collectives'"
-  echo "# buffers: ${MEM:-heap}; transport: $(if [ -n "${HCOMM_TRANSPORT:-}" ]; then echo "HCOMM_TRANSPORT=$HCOMM_TRANSPORT"; else echo "the engine's choice (HCOMM_TRANSPORT unset; hcomm_perf does not report it)"; fi)"
+  echo "# buffers: ${BUFS:-heap}; transport: $(if [ -n "${HCOMM_TRANSPORT:-}" ]; then echo "HCOMM_TRANSPORT=$HCOMM_TRANSPORT"; else echo "the engine's choice (HCOMM_TRANSPORT unset; hcomm_perf does not report it)"; fi)"
   [ $MPI = 1 ] && echo "# Open MPI: OMPI_MCA_btl_vader_single_copy_mechanism=cma mpirun.openmpi -np 2 --bind-to core --mca btl vader,self"
   summary_runs
   echo "#"
@@ -188,7 +189,7 @@ bw_row() {
   fi
   if [ $OVER = 1 ]; then
     echo "#"
-    echo "# $OVER_NP ranks on $(nproc) cores, oversubscribed, unpinned; hcomm: its defaults, buffers ${MEM:-heap};"
+    echo "# $OVER_NP ranks on $(nproc) cores, oversubscribed, unpinned; hcomm: its defaults, buffers ${BUFS:-heap};"
     echo "# Open MPI: its defaults (mpirun.openmpi --oversubscribe -np $OVER_NP, no MCA settings); no target"
     cmp_line "allreduce $MIB B time, $OVER_NP ranks (us)" "$(hc over_allreduce $MIB 6)" \
       "$(mpi over_allreduce_ompi allreduce $MIB 4)" "" "" "$(hc over_allreduce $MIB 10)"
