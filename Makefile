@@ -11,6 +11,8 @@
 #   make bench-local     the same on loopback, no namespaces
 #   make bench-coll      bench/coll_tcp.sh: hcomm vs Open MPI collectives over TCP (root)
 #   make bench-coll-local  the same on loopback, no namespaces
+#   make bench-shm       bench/shm.sh: hcomm vs Open MPI (shared memory) on one host, 2 pinned
+#                        ranks, then 8 oversubscribed ones
 #
 # `make install` does not build: run `make` first (as the user who owns the build), then
 # `sudo make install`. DESTDIR is honoured for staged installs.
@@ -30,7 +32,7 @@ RELEASE_DIR := $(or $(CARGO_TARGET_DIR),target)/release
 BINARIES := hcommrun hcomm_perf hcomm_check
 
 .PHONY: all build run test lint fmt-check clippy install install-bin install-capi uninstall \
-	bench bench-local bench-coll bench-coll-local help
+	bench bench-local bench-coll bench-coll-local bench-shm help
 
 all: build
 
@@ -118,5 +120,8 @@ bench-coll: build
 bench-coll-local: build
 	bench/coll_tcp.sh --local --no-build
 
+bench-shm: build
+	bench/shm.sh --no-build
+
 help:
-	@sed -n '3,17p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'

@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
     --big) BIG=${2:?--big needs a size}; shift ;;
     --no-big) DOBIG=0 ;;
     --no-extra) EXTRA=0 ;;
-    *) common_arg "$@"; shift $? ;;
+    *) common_arg "$@"; shift $ARGN ;;
   esac
   shift
 done
@@ -54,8 +54,6 @@ BIGB=$(to_bytes "$BIG") || exit 2
 MMB=$((MAXB < 1048576 ? MAXB : 1048576))
 
 bench_setup coll_tcp hcc_a hcc_b hcc_veth 10.76.0.1 10.76.0.2
-rm -f "$RAW".*.tmp.failed
-START=$(date +%s)
 
 # ---- build ---------------------------------------------------------------------
 build_hcomm
@@ -65,70 +63,44 @@ build_mpi
 # ---- namespaces ------------------------------------------------------------------
 ns_up
 
-# ---- hcomm ---------------------------------------------------------------------
-# hcomm OUTNAME "VAR=VALUE ..." ARGS...: hcomm_perf ARGS with rank 0 in A, rank 1 in B, the
-# variables added to both ranks' environment, a fresh port and secret each run.
-hcomm() {
-  local name=$1 vars=$2; shift 2
-  hcomm_ranks "$name" "$vars" "$@"
-  log "$(printf 'hcomm %-16s %-26s rank0 rc=%-3s rank1 rc=%-3s %5d.%d s' "$name" "${vars:--}" $RUN_RC0 $RUN_RC1 $((RUN_MS / 1000)) $((RUN_MS % 1000 / 100)))"
-  hcomm_notes "$name"
-  [ $RUN_RC0 = 0 ] && [ $RUN_RC1 = 0 ] || : >"$RAW.$name.tmp.failed"
-}
-
+# ---- hcomm (hcomm_job OUTNAME "VAR=VALUE ..." ARGS...: rank 0 in A, rank 1 in B) ---------
 SWEEP="-b 8 -e $MAXB -f 2"
-hcomm allreduce "" allreduce $SWEEP -d float32 -o sum
-hcomm broadcast "" broadcast $SWEEP -d float32
-hcomm allgather "" allgather $SWEEP -d float32
-[ $DOBIG = 1 ] && hcomm allreduce_big "" allreduce -b "$BIGB" -e "$BIGB" -d float32 -o sum
+hcomm_job allreduce "" allreduce $SWEEP -d float32 -o sum
+hcomm_job broadcast "" broadcast $SWEEP -d float32
+hcomm_job allgather "" allgather $SWEEP -d float32
+[ $DOBIG = 1 ] && hcomm_job allreduce_big "" allreduce -b "$BIGB" -e "$BIGB" -d float32 -o sum
 if [ $EXTRA = 1 ]; then
   # Interleaved, two rounds each: the difference is small, so noise matters.
   for round in 1 2; do
-    hcomm mm_on$round "" allreduce -b 8 -e "$MMB" -f 2 -d float32 -o sum
-    hcomm mm_off$round "HCOMM_MISMATCH_CHECK=0" allreduce -b 8 -e "$MMB" -f 2 -d float32 -o sum
+    hcomm_job mm_on$round "" allreduce -b 8 -e "$MMB" -f 2 -d float32 -o sum
+    hcomm_job mm_off$round "HCOMM_MISMATCH_CHECK=0" allreduce -b 8 -e "$MMB" -f 2 -d float32 -o sum
   done
-  hcomm determ "HCOMM_DETERMINISTIC=1" allreduce $SWEEP -d float32 -o sum
+  hcomm_job determ "HCOMM_DETERMINISTIC=1" allreduce $SWEEP -d float32 -o sum
 fi
 
 # ---- Open MPI --------------------------------------------------------------------
-# ompi OUTNAME MPI_BENCH_ARGS...
-ompi() {
-  local name=$1; shift
-  ompi_run "$name" "$@"
-  log "$(printf 'Open MPI %-13s %-26s rc=%-3s %17s %5d.%d s' "$name" "$*" $RUN_RC "" $((RUN_MS / 1000)) $((RUN_MS % 1000 / 100)))"
-  ompi_notes "$name"
-}
 if [ $MPI = 1 ]; then
   ompi_setup
-  ompi ompi -b 8 -e "$MAXB" -o allreduce,bcast,allgather
-  [ $DOBIG = 1 ] && ompi ompi_big -s "$BIGB" -o allreduce
+  ompi_job ompi -b 8 -e "$MAXB" -o allreduce,bcast,allgather
+  [ $DOBIG = 1 ] && ompi_job ompi_big -s "$BIGB" -o allreduce
 fi
 
 teardown
 
 # ---- comparison ------------------------------------------------------------------
-# verdict RATIO OP LIMIT: "ok" when RATIO OP LIMIT holds (OP: le or ge), "MISSED" otherwise.
-verdict() {
-  case "$1" in n/a | '') echo "n/a"; return ;; esac
-  awk -v r="$1" -v op="$2" -v l="$3" 'BEGIN { ok = (op == "le") ? r <= l : r >= l; print ok ? "ok" : "MISSED" }'
-}
-line() { # line LABEL HCOMM OMPI [TARGET_TEXT VERDICT] [ALGO]
-  printf '%-34s %11s %11s %7s  %-14s %-7s %s\n' "$1" "${2:-n/a}" "${3:-n/a}" "$(ratio "$2" "$3")" \
-    "${4:-}" "${5:-}" "${6:-}"
-}
 # coll_rows OP MPIOP FACTOR: time at 8 B, bus bandwidth at 64 KiB, 1 MiB, 16 MiB.
 coll_rows() {
   local op=$1 mop=$2 f=$3 t h m
   h=$(hc "$op" 8 6) m=$(mpi ompi "$mop" 8 4)
-  if [ "$op" = allreduce ]; then t=$(ratio "$h" "$m"); line "$op 8 B time (us)" "$h" "$m" "<= 1" "$(verdict "$t" le 1)" "$(hc "$op" 8 10)"
-  else line "$op 8 B time (us)" "$h" "$m" "" "" "$(hc "$op" 8 10)"; fi
+  if [ "$op" = allreduce ]; then t=$(ratio "$h" "$m"); cmp_line "$op 8 B time (us)" "$h" "$m" "<= 1" "$(verdict "$t" le 1)" "$(hc "$op" 8 10)"
+  else cmp_line "$op 8 B time (us)" "$h" "$m" "" "" "$(hc "$op" 8 10)"; fi
   for s in 65536 1048576 16777216; do
     [ "$s" -le "$MAXB" ] || continue
     h=$(gbps $s "$(hc "$op" $s 6)" "$f") m=$(gbps $s "$(mpi ompi "$mop" $s 4)" "$f")
     if [ "$op" = allreduce ] && [ $s = 16777216 ]; then
-      t=$(ratio "$h" "$m"); line "$op $s B busbw (GB/s)" "$h" "$m" ">= 2" "$(verdict "$t" ge 2)" "$(hc "$op" $s 10)"
+      t=$(ratio "$h" "$m"); cmp_line "$op $s B busbw (GB/s)" "$h" "$m" ">= 2" "$(verdict "$t" ge 2)" "$(hc "$op" $s 10)"
     else
-      line "$op $s B busbw (GB/s)" "$h" "$m" "" "" "$(hc "$op" $s 10)"
+      cmp_line "$op $s B busbw (GB/s)" "$h" "$m" "" "" "$(hc "$op" $s 10)"
     fi
   done
 }
@@ -140,16 +112,11 @@ avg2() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { n = (a != "") + (b != ""); if 
   echo "# time target ${TARGET} s per size, sizes 8..$MAXB B (x2), float32; time = median of the"
   echo "# slowest rank (both tools); busbw = size/time x 2(n-1)/n (allreduce), x 1 (broadcast),"
   echo "# x (n-1)/n (allgather); GB/s = 1e9 B/s; allgather size = the whole output (nccl-tests)"
-  echo "# total time: $(($(date +%s) - START)) s"
-  run_log
-  for f in "$RAW".*.tmp.failed; do [ -e "$f" ] && echo "# FAILED: $(basename "${f%.tmp.failed}" | sed "s/^coll_tcp_$MODE\.//")"; done
-  echo "#"
-  echo "# ratio = hcomm / Open MPI: for time (us) below 1 means hcomm is faster, for bandwidth"
-  echo "# (GB/s) above 1 means hcomm is faster; algo = hcomm's algorithm for that size"
-  printf '%-34s %11s %11s %7s  %-14s %-7s %s\n' "metric" "hcomm" "Open MPI" "ratio" "target" "verdict" "algo"
+  summary_runs
+  cmp_head
   coll_rows allreduce allreduce 1
   if [ $DOBIG = 1 ]; then
-    line "allreduce $BIGB B busbw (GB/s)" "$(gbps "$BIGB" "$(hc allreduce_big "$BIGB" 6)" 1)" \
+    cmp_line "allreduce $BIGB B busbw (GB/s)" "$(gbps "$BIGB" "$(hc allreduce_big "$BIGB" 6)" 1)" \
       "$(gbps "$BIGB" "$(mpi ompi_big allreduce "$BIGB" 4)" 1)" "" "" "$(hc allreduce_big "$BIGB" 10)"
   fi
   coll_rows broadcast bcast 1
@@ -179,20 +146,8 @@ avg2() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { n = (a != "") + (b != ""); if 
         "$(hc allreduce $s 10) -> $(hc determ $s 10)"
     done
   fi
-  for f in allreduce allreduce_big broadcast allgather mm_on1 mm_off1 mm_on2 mm_off2 determ; do
-    [ -f "$RAW.$f.tmp" ] || continue
-    echo
-    echo "# ---- hcomm_perf $f ----"
-    cat "$RAW.$f.tmp" 2>/dev/null
-  done
-  if [ $MPI = 1 ]; then
-    for f in ompi ompi_big; do
-      [ -f "$RAW.$f.tmp" ] || continue
-      echo
-      echo "# ---- Open MPI mpi_bench $f (btl tcp,self) ----"
-      cat "$RAW.$f.tmp" 2>/dev/null
-    done
-  fi
+  raw_tables "hcomm_perf" allreduce allreduce_big broadcast allgather mm_on1 mm_off1 mm_on2 mm_off2 determ
+  [ $MPI = 1 ] && raw_tables "Open MPI mpi_bench (btl tcp,self)" ompi ompi_big
 } >"$SUMMARY"
 sed -n '/^metric/,/^# ----/p' "$SUMMARY" | sed '$d'
 echo "summary: $SUMMARY"

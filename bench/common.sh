@@ -1,9 +1,13 @@
-# common.sh - pieces shared by p2p_tcp.sh and coll_tcp.sh; sourced, not run.
+# common.sh - pieces shared by p2p_tcp.sh, coll_tcp.sh and shm.sh; sourced, not run.
 #
 # Sourcing sets HERE (this folder), SELF (the script), ROOT (the repository), NAME (the
 # script's file name, for messages) and changes into HERE. The functions read the settings
 # the scripts keep in globals: LOCAL, MPI, BUILD, TARGET, MAXB, RAW, LOG, IPA, IPB, NSA, NSB,
-# IF, ANS, BNS, PERF, MPIBIN, RUN_TIMEOUT, PIDS.
+# IF, ANS, BNS, NP, PIN, PERF, MPIBIN, OMPI, RUN_TIMEOUT, PIDS.
+#
+# Every function works both in scripts with `set -u` and in scripts with
+# `set -euo pipefail`: the ones that may find nothing (hc, mpi, gbps, ...) print nothing and
+# still return 0, and the exit codes of runs are kept in RUN_RC* instead of being returned.
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SELF="$HERE/$(basename "$0")"
 ROOT="$(dirname "$HERE")"
@@ -11,20 +15,20 @@ NAME="$(basename "$0")"
 cd "$HERE" || exit 1
 
 # ---- arguments -------------------------------------------------------------------
-# common_arg "$@": the options both scripts take (--local, --max, --target, --no-mpi,
-# --no-build, -h/--help; anything else is an error). Returns how many values it took after
-# the option (0 or 1), for the caller to shift.
+# common_arg "$@": the options every script takes (--local, --max, --target, --no-mpi,
+# --no-build, -h/--help; anything else is an error). Sets ARGN to how many values it took
+# after the option (0 or 1), for the caller to `shift $ARGN`.
 common_arg() {
+  ARGN=0
   case "$1" in
     --local) LOCAL=1 ;;
-    --max) MAX=${2:?--max needs a size}; return 1 ;;
-    --target) TARGET=${2:?--target needs seconds}; return 1 ;;
+    --max) MAX=${2:?--max needs a size}; ARGN=1 ;;
+    --target) TARGET=${2:?--target needs seconds}; ARGN=1 ;;
     --no-mpi) MPI=0 ;;
     --no-build) BUILD=0 ;;
-    -h | --help) sed -n '2,/^set -u/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set -[eu]/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "$NAME: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
-  return 0
 }
 
 # Bytes of a size with an optional K/M/G suffix (powers of 1024).
@@ -36,18 +40,23 @@ to_bytes() {
 }
 
 # ---- setup -----------------------------------------------------------------------
-# bench_setup PREFIX NS_A NS_B VETH IP_A IP_B: the results folder, the mode (local: both
-# ranks on 127.0.0.1; netns: rank 0 in NS_A at IP_A, rank 1 in NS_B at IP_B, joined by a
-# veth pair named VETH at both ends; rank 0 on CPU 0, rank 1 on CPU 1), SUMMARY
-# (results/PREFIX_summary.txt, --local: results/PREFIX_local_summary.txt), the raw files
-# results/PREFIX_MODE.*.tmp (old ones removed, LOG emptied), the run settings, and the traps
-# that kill the ranks and remove the namespaces on every exit.
+# bench_setup PREFIX [NS_A NS_B VETH IP_A IP_B]: the results folder, the mode, SUMMARY, the
+# raw files results/PREFIX_MODE.*.tmp (old ones removed, LOG emptied), the run settings, and
+# the traps that kill the ranks and remove the namespaces on every exit. Modes: netns (rank 0
+# in NS_A at IP_A, rank 1 in NS_B at IP_B, joined by a veth pair named VETH at both ends;
+# SUMMARY results/PREFIX_summary.txt); local (--local: both on 127.0.0.1, SUMMARY
+# results/PREFIX_local_summary.txt); host (a one-host script, only PREFIX given: both on
+# 127.0.0.1, SUMMARY results/PREFIX_summary.txt). Rank 0 runs on CPU 0, rank 1 on CPU 1.
 bench_setup() {
   local prefix=$1
   R=$HERE/results
   mkdir -p "$R" "$HERE/build"
-  if [ $LOCAL = 1 ]; then
+  if [ $# = 1 ]; then
+    LOCAL=1 MODE=host SUMMARY=$R/${prefix}_summary.txt
+  elif [ $LOCAL = 1 ]; then
     MODE=local SUMMARY=$R/${prefix}_local_summary.txt
+  fi
+  if [ $LOCAL = 1 ]; then
     IPA=127.0.0.1 IPB=127.0.0.1
     ANS="taskset -c 0" BNS="taskset -c 1"
   else
@@ -63,7 +72,9 @@ bench_setup() {
   RUN_TIMEOUT=${RUN_TIMEOUT:-300}
   PERF=${HCOMM_PERF:-${CARGO_TARGET_DIR:-$ROOT/target}/release/hcomm_perf}
   MPIBIN=$HERE/build/mpi_bench_ompi
+  NP=2 PIN=1
   PIDS=()
+  START=$(date +%s)
   trap cleanup EXIT
   trap 'exit 130' INT TERM
 }
@@ -72,10 +83,10 @@ log() { echo "$*" | tee -a "$LOG"; }
 
 cleanup() {
   local p
-  for p in ${PIDS[@]+"${PIDS[@]}"}; do kill "$p" 2>/dev/null; done
+  for p in ${PIDS[@]+"${PIDS[@]}"}; do kill "$p" 2>/dev/null || true; done
   if [ $LOCAL = 0 ]; then
-    ip netns del $NSA 2>/dev/null
-    ip netns del $NSB 2>/dev/null
+    ip netns del $NSA 2>/dev/null || true
+    ip netns del $NSB 2>/dev/null || true
   fi
   return 0
 }
@@ -131,44 +142,75 @@ ns_up() {
 }
 
 # ---- hcomm -----------------------------------------------------------------------
-# hcomm_ranks OUTNAME "VAR=VALUE ..." ARGS...: hcomm_perf ARGS --time-target TARGET with
-# rank 0 in A (table to RAW.OUTNAME.tmp, JSON to RAW.OUTNAME.json.tmp), rank 1 in B, the
-# variables added to both ranks' environment, a fresh port and secret each run. Sets
-# RUN_RC0, RUN_RC1 (the ranks' exit codes) and RUN_MS (milliseconds); the caller logs them
+# hcomm_ranks OUTNAME "VAR=VALUE ..." ARGS...: hcomm_perf ARGS --time-target TARGET on NP
+# ranks (default 2) with a fresh port and secret each run; rank 0 hosts the store at IPA.
+# PIN=1 (default; NP must be 2): rank 0 in A, rank 1 in B (ANS, BNS: namespace and CPU);
+# PIN=0: every rank on this host, unpinned. Rank 0's table goes to RAW.OUTNAME.tmp and its
+# JSON to RAW.OUTNAME.json.tmp, rank r's stderr to RAW.OUTNAME.err<r>.tmp; the variables are
+# added to every rank's environment. Sets RUN_RC0 (rank 0's exit code), RUN_RC1 (the first
+# non-zero one of the other ranks, else 0) and RUN_MS (milliseconds); the caller logs them
 # and then calls hcomm_notes.
 hcomm_ranks() {
   local name=$1 vars=$2; shift 2
   local port=$((30000 + RANDOM % 20000))
-  local secret
+  local secret r wrap rc
+  local pids=()
   secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  [ $PIN = 0 ] || [ $NP = 2 ] || { echo "$NAME: pinned runs have 2 ranks, not $NP" >&2; exit 1; }
   local t0=$(date +%s%N)
-  HCOMM_RANK=0 HCOMM_SIZE=2 HCOMM_ROOT_ADDR=$IPA:$port HCOMM_JOB_SECRET=$secret \
-    env $vars $ANS timeout "$RUN_TIMEOUT" "$PERF" "$@" --time-target "$TARGET" \
-    -J "$RAW.$name.json.tmp" >"$RAW.$name.tmp" 2>"$RAW.$name.err0.tmp" &
-  local p0=$!
-  PIDS+=($p0)
-  HCOMM_RANK=1 HCOMM_SIZE=2 HCOMM_ROOT_ADDR=$IPA:$port HCOMM_JOB_SECRET=$secret \
-    env $vars $BNS timeout "$RUN_TIMEOUT" "$PERF" "$@" --time-target "$TARGET" \
-    >/dev/null 2>"$RAW.$name.err1.tmp" &
-  local p1=$!
-  PIDS+=($p1)
-  wait $p0; RUN_RC0=$?
-  wait $p1; RUN_RC1=$?
+  for ((r = 0; r < NP; r++)); do
+    wrap=
+    [ $PIN = 1 ] && { [ $r = 0 ] && wrap=$ANS || wrap=$BNS; }
+    if [ $r = 0 ]; then
+      HCOMM_RANK=$r HCOMM_SIZE=$NP HCOMM_ROOT_ADDR=$IPA:$port HCOMM_JOB_SECRET=$secret \
+        env $vars $wrap timeout "$RUN_TIMEOUT" "$PERF" "$@" --time-target "$TARGET" \
+        -J "$RAW.$name.json.tmp" >"$RAW.$name.tmp" 2>"$RAW.$name.err0.tmp" &
+    else
+      HCOMM_RANK=$r HCOMM_SIZE=$NP HCOMM_ROOT_ADDR=$IPA:$port HCOMM_JOB_SECRET=$secret \
+        env $vars $wrap timeout "$RUN_TIMEOUT" "$PERF" "$@" --time-target "$TARGET" \
+        >/dev/null 2>"$RAW.$name.err$r.tmp" &
+    fi
+    pids+=($!)
+    PIDS+=($!)
+  done
+  RUN_RC0=0 RUN_RC1=0
+  wait "${pids[0]}" || RUN_RC0=$?
+  for ((r = 1; r < NP; r++)); do
+    rc=0
+    wait "${pids[r]}" || rc=$?
+    [ $RUN_RC1 != 0 ] || RUN_RC1=$rc
+  done
   RUN_MS=$((($(date +%s%N) - t0) / 1000000))
 }
 
 # hcomm_notes OUTNAME: after hcomm_ranks, log a timeout and the first lines of the ranks'
 # error output.
 hcomm_notes() {
-  { [ $RUN_RC0 = 124 ] || [ $RUN_RC1 = 124 ]; } && log "  killed after RUN_TIMEOUT=$RUN_TIMEOUT s (hang or extreme slowness)"
-  cat "$RAW.$1.err0.tmp" "$RAW.$1.err1.tmp" | sed 's/^/  stderr: /' | head -6 | tee -a "$LOG"
+  if [ $RUN_RC0 = 124 ] || [ $RUN_RC1 = 124 ]; then
+    log "  killed after RUN_TIMEOUT=$RUN_TIMEOUT s (hang or extreme slowness)"
+  fi
+  { cat "$RAW.$1".err*.tmp | sed 's/^/  stderr: /' | head -6 | tee -a "$LOG"; } 2>/dev/null || true
+}
+
+# hcomm_job OUTNAME "VAR=VALUE ..." ARGS...: hcomm_ranks, then a log line and the notes; a
+# failed run leaves RAW.OUTNAME.failed.tmp.
+hcomm_job() {
+  local name=$1 vars=$2; shift 2
+  hcomm_ranks "$name" "$vars" "$@"
+  log "$(printf 'hcomm %-16s %-26s rank0 rc=%-3s %s rc=%-3s %5d.%d s' "$name" "${vars:--}" $RUN_RC0 \
+    "$([ $NP = 2 ] && echo rank1 || echo "rank1..$((NP - 1))")" $RUN_RC1 $((RUN_MS / 1000)) $((RUN_MS % 1000 / 100)))"
+  hcomm_notes "$name"
+  [ $RUN_RC0 = 0 ] && [ $RUN_RC1 = 0 ] || : >"$RAW.$name.failed.tmp"
 }
 
 # ---- Open MPI --------------------------------------------------------------------
+# ompi_env: Open MPI refuses to run as root unless told.
+ompi_env() { export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; }
+
 # ompi_setup: the mpirun command line in OMPI (netns: launched in A, rank 1 started in B
 # through netns_rsh.sh, TCP restricted to the veth; local: loopback, bound to cores).
 ompi_setup() {
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  ompi_env
   if [ $LOCAL = 0 ]; then
     export P2P_NS_A=$NSA P2P_IP_A=$IPA P2P_CPU_A=0 P2P_NS_B=$NSB P2P_IP_B=$IPB P2P_CPU_B=1
     OMPI="$ANS mpirun.openmpi --allow-run-as-root -np 2 --host $IPA:1,$IPB:1
@@ -186,28 +228,52 @@ ompi_setup() {
 ompi_run() {
   local name=$1; shift
   local t0=$(date +%s%N)
-  timeout "$RUN_TIMEOUT" $OMPI "$MPIBIN" "$@" -t "$TARGET" >"$RAW.$name.tmp" 2>"$RAW.$name.err.tmp"
-  RUN_RC=$?
+  # In the background, so that a signal to the script stops it at once (cleanup kills it).
+  timeout "$RUN_TIMEOUT" $OMPI "$MPIBIN" "$@" -t "$TARGET" >"$RAW.$name.tmp" 2>"$RAW.$name.err.tmp" &
+  PIDS+=($!)
+  RUN_RC=0
+  wait $! || RUN_RC=$?
   RUN_MS=$((($(date +%s%N) - t0) / 1000000))
 }
 
 # ompi_notes OUTNAME: after ompi_run, log the first lines of the error output; a failed run
-# leaves RAW.OUTNAME.tmp.failed.
+# leaves RAW.OUTNAME.failed.tmp.
 ompi_notes() {
-  [ -s "$RAW.$1.err.tmp" ] && sed 's/^/  stderr: /' "$RAW.$1.err.tmp" | head -5 | tee -a "$LOG"
-  [ $RUN_RC = 0 ] || : >"$RAW.$1.tmp.failed"
+  if [ -s "$RAW.$1.err.tmp" ]; then
+    { sed 's/^/  stderr: /' "$RAW.$1.err.tmp" | head -5 | tee -a "$LOG"; } || true
+  fi
+  [ $RUN_RC = 0 ] || : >"$RAW.$1.failed.tmp"
+}
+
+# ompi_job OUTNAME MPI_BENCH_ARGS...: ompi_run, then a log line and the notes.
+ompi_job() {
+  local name=$1; shift
+  ompi_run "$name" "$@"
+  log "$(printf 'Open MPI %-19s %-26s rc=%-3s %11s %5d.%d s' "$name" "$*" $RUN_RC "" $((RUN_MS / 1000)) $((RUN_MS % 1000 / 100)))"
+  ompi_notes "$name"
+}
+
+# failed_runs: a "# FAILED: OUTNAME" line for every run that left RAW.OUTNAME.failed.tmp.
+failed_runs() {
+  local f
+  for f in "$RAW".*.failed.tmp; do
+    [ -e "$f" ] || continue
+    f=${f%.failed.tmp}
+    echo "# FAILED: ${f#"$RAW".}"
+  done
 }
 
 # ---- comparison ------------------------------------------------------------------
 # hc NAME SIZE COLUMN: a column of hcomm_perf's row for SIZE in run NAME (6 = time_us,
 # 7 = algbw, 8 = busbw, 10 = algorithm).
 hc() {
-  [ -f "$RAW.$1.tmp" ] && awk -v s="$2" -v c="$3" '!/^#/ && $1 == s { print $c; exit }' "$RAW.$1.tmp"
+  [ -f "$RAW.$1.tmp" ] || return 0
+  awk -v s="$2" -v c="$3" '!/^#/ && $1 == s { print $c; exit }' "$RAW.$1.tmp"
 }
 # mpi NAME OP SIZE COLUMN: a column of mpi_bench's row (4 = time_us, 5 = algbw, 6 = busbw).
 mpi() {
-  [ $MPI = 1 ] && [ -f "$RAW.$1.tmp" ] &&
-    awk -v op="$2" -v s="$3" -v c="$4" '/^# op:/ { cur = $3 } !/^#/ && cur == op && $1 == s { print $c; exit }' "$RAW.$1.tmp"
+  [ $MPI = 1 ] && [ -f "$RAW.$1.tmp" ] || return 0
+  awk -v op="$2" -v s="$3" -v c="$4" '/^# op:/ { cur = $3 } !/^#/ && cur == op && $1 == s { print $c; exit }' "$RAW.$1.tmp"
 }
 # ratio A B: A / B with two decimals, or n/a.
 ratio() {
@@ -219,7 +285,25 @@ ratio() {
 }
 # gbps SIZE TIME_US [FACTOR]: bandwidth in GB/s from the time column (more digits than the
 # algbw/busbw columns), times FACTOR (default 1: algbw).
-gbps() { [ -n "$2" ] && awk -v s="$1" -v t="$2" -v f="${3:-1}" 'BEGIN { if (t > 0) printf "%.4g", s / t / 1e3 * f }'; }
+gbps() {
+  [ -n "$2" ] || return 0
+  awk -v s="$1" -v t="$2" -v f="${3:-1}" 'BEGIN { if (t > 0) printf "%.4g", s / t / 1e3 * f }'
+}
+# verdict RATIO OP LIMIT: "ok" when RATIO OP LIMIT holds (OP: le or ge), "MISSED" otherwise,
+# n/a without a ratio.
+verdict() {
+  case "$1" in n/a | '') echo "n/a"; return 0 ;; esac
+  awk -v r="$1" -v op="$2" -v l="$3" 'BEGIN { ok = (op == "le") ? r <= l : r >= l; print ok ? "ok" : "MISSED" }'
+}
+# cmp_head / cmp_line LABEL HCOMM OMPI [TARGET_TEXT VERDICT] [ALGO]: the comparison table's
+# title line and rows (ratio = HCOMM / OMPI).
+cmp_head() {
+  printf '%-38s %11s %11s %7s  %-8s %-7s %s\n' "metric" "hcomm" "Open MPI" "ratio" "target" "verdict" "algo"
+}
+cmp_line() {
+  printf '%-38s %11s %11s %7s  %-8s %-7s %s\n' "$1" "${2:-n/a}" "${3:-n/a}" "$(ratio "${2:-}" "${3:-}")" \
+    "${4:-}" "${5:-}" "${6:-}"
+}
 
 # summary_head TITLE [DATE_LINE_EXTRA]: the summary's first lines (title, machine, hcomm
 # commit, Open MPI version, HCOMM_* settings).
@@ -233,4 +317,28 @@ summary_head() {
 }
 
 # run_log: the log's run lines (not its # lines) for the summary.
-run_log() { grep -v '^#' "$LOG" | sed 's/^/# run: /'; }
+run_log() { { grep -v '^#' "$LOG" | sed 's/^/# run: /'; } || true; }
+
+# summary_runs: the summary's lines on the runs (total time since bench_setup, every run's
+# log line, the failed ones) and the legend of the comparison table that follows.
+summary_runs() {
+  echo "# total time: $(($(date +%s) - START)) s"
+  run_log
+  failed_runs
+  echo "#"
+  echo "# ratio = hcomm / Open MPI: for time (us) below 1 means hcomm is faster, for bandwidth"
+  echo "# (GB/s) above 1 means hcomm is faster; algo = hcomm's algorithm for that size"
+}
+
+# raw_tables TITLE_PREFIX OUTNAME...: every raw table that exists, each after a title line
+# "# ---- TITLE_PREFIX OUTNAME ----".
+raw_tables() {
+  local title=$1 f
+  shift
+  for f in "$@"; do
+    [ -f "$RAW.$f.tmp" ] || continue
+    echo
+    echo "# ---- $title $f ----"
+    cat "$RAW.$f.tmp"
+  done
+}

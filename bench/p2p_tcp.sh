@@ -36,7 +36,7 @@ SPIN_US=${SPIN_US:-1000000}
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-spin) SPIN=0 ;;
-    *) common_arg "$@"; shift $? ;;
+    *) common_arg "$@"; shift $ARGN ;;
   esac
   shift
 done
@@ -121,17 +121,9 @@ line() { # line LABEL HCOMM HCOMM_SPIN OMPI
     line "stream $s B (GB/s)" "$(gbps $s "$(hc "${STREAMF[default]}" $s 6)")" \
       "$(gbps $s "$(hc "${STREAMF[spin]:-none}" $s 6)")" "$(gbps $s "$(mpi ompi stream $s 4)")"
   done
-  for f in pingpong "${STREAMF[default]}" spin_pingpong ${STREAMF[spin]:-}; do
-    [ -f "$RAW.$f.tmp" ] || continue
-    echo
-    echo "# ---- hcomm_perf $f$(case $f in spin_*) echo " (HCOMM_SPIN_US=$SPIN_US)" ;; esac) ----"
-    cat "$RAW.$f.tmp" 2>/dev/null
-  done
-  if [ $MPI = 1 ]; then
-    echo
-    echo "# ---- Open MPI mpi_bench (btl tcp,self) ----"
-    cat "$RAW.ompi.tmp" 2>/dev/null
-  fi
+  raw_tables "hcomm_perf" pingpong "${STREAMF[default]}"
+  raw_tables "hcomm_perf (HCOMM_SPIN_US=$SPIN_US)" spin_pingpong ${STREAMF[spin]:-}
+  [ $MPI = 1 ] && raw_tables "Open MPI mpi_bench (btl tcp,self)" ompi
 } >"$SUMMARY"
 sed -n '/^metric/,/^$/p' "$SUMMARY"
 echo "summary: $SUMMARY"
