@@ -96,7 +96,11 @@ both allreduce allreduce "allreduce $SWEEP -d float32 -o sum $MEM" "-b 8 -e $MAX
 both broadcast bcast "broadcast $SWEEP -d float32 $MEM" "-b 8 -e $MAXB"
 both allgather allgather "allgather $SWEEP -d float32 $MEM" "-b 8 -e $MAXB"
 if [ $DOBIG = 1 ]; then
-  both allreduce_big allreduce "allreduce -b $BIGB -e $BIGB -d float32 -o sum $MEM" "-s $BIGB"
+  # The pool serves allocations up to one block (HCOMM_POOL_BLOCK, 64 MiB by default): the
+  # big buffers get a block that holds both.
+  hcomm_job allreduce_big "${MEM:+HCOMM_POOL_BLOCK=$((4 * BIGB))}" \
+    allreduce -b $BIGB -e $BIGB -d float32 -o sum $MEM
+  if [ $MPI = 1 ]; then ompi_job allreduce_big_ompi -o allreduce -s $BIGB; fi
 fi
 if [ $TCPREF = 1 ]; then
   hcomm_job tcp_pingpong HCOMM_TRANSPORT=tcp pingpong -b 8 -e 8

@@ -20,7 +20,7 @@ use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::p2p::{Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
+use crate::p2p::{Deadline, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
 use crate::topology::{RankInfo, Topology};
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
 use crate::transport::shm::pool::{PoolConfig, ShmPool};
@@ -582,7 +582,9 @@ impl Communicator {
         // SAFETY: `buf` is borrowed for this whole call and `wait` removes the operation
         // (on success, error or timeout) before returning.
         let id = unsafe { engine.post_send(t, buf.as_ptr(), buf.len(), false)? };
-        engine.wait(id, self.deadline()).map(drop)
+        engine
+            .wait(id, Deadline::After(self.world.config.timeout))
+            .map(drop)
     }
 
     /// Receives a message from rank `src` with `tag` into `buf`; returns its length.
@@ -597,7 +599,7 @@ impl Communicator {
         // SAFETY: `buf` is mutably borrowed for this whole call and `wait` removes the
         // operation (on success, error or timeout) before returning.
         let id = unsafe { engine.post_recv(t, buf.as_mut_ptr(), buf.len(), false)? };
-        engine.wait(id, self.deadline())
+        engine.wait(id, Deadline::After(self.world.config.timeout))
     }
 
     /// Sends `sendbuf` to `dest` and receives from `src` into `recvbuf` at the same time, so

@@ -66,6 +66,8 @@ const CALL_MEMORY: usize = 4096;
 const LINGER: Duration = Duration::from_secs(1);
 /// Longest sleep between checks of a waiter's own state.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// A spinning waiter reads the clock once in this many rounds.
+const CLOCK_ROUNDS: u32 = 16;
 /// A waiter with only shared-memory peers asks epoll once in this many rounds.
 const SHM_POLLS_PER_EPOLL: u32 = 64;
 /// After spinning, a waiter with shared-memory peers yields the CPU this many times before
@@ -149,6 +151,32 @@ pub(crate) struct EngineConfig {
     pub shm_chunk: usize,
     /// Describes an operation signature for mismatch messages.
     pub describe: fn([u64; 2]) -> String,
+}
+
+/// When a wait gives up: at an instant, or a duration after the wait starts (the clock is
+/// then read only if the operation is not complete at once: reading it costs about as much as
+/// a small message through shared memory).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Deadline {
+    /// At this instant.
+    At(Instant),
+    /// This long after the wait started.
+    After(Duration),
+}
+
+impl Deadline {
+    fn resolve(self) -> Instant {
+        match self {
+            Deadline::At(at) => at,
+            Deadline::After(d) => Instant::now() + d,
+        }
+    }
+}
+
+impl From<Instant> for Deadline {
+    fn from(at: Instant) -> Deadline {
+        Deadline::At(at)
+    }
 }
 
 /// Which rank of which communicator an operation talks to, for messages.
@@ -709,7 +737,7 @@ impl Engine {
     }
 
     /// Waits until `id` completes or `deadline` passes, and removes it.
-    pub(crate) fn wait(&self, id: OpId, deadline: Instant) -> Result<usize> {
+    pub(crate) fn wait(&self, id: OpId, deadline: impl Into<Deadline>) -> Result<usize> {
         match self.wait_any(&[id], deadline) {
             Ok((_, r)) => r,
             Err(Error::Timeout(_)) => Err(lock(&self.shared.state).time_out(id)),
@@ -745,17 +773,29 @@ impl Engine {
     pub(crate) fn wait_any(
         &self,
         ids: &[OpId],
-        deadline: Instant,
+        deadline: impl Into<Deadline>,
     ) -> Result<(usize, Result<usize>)> {
         self.enter_wait();
-        let result = self.wait_any_inner(ids, deadline);
+        let result = self.wait_any_inner(ids, deadline.into());
         self.leave_wait();
         result
     }
 
-    fn wait_any_inner(&self, ids: &[OpId], deadline: Instant) -> Result<(usize, Result<usize>)> {
+    fn wait_any_inner(&self, ids: &[OpId], deadline: Deadline) -> Result<(usize, Result<usize>)> {
         let sh = &*self.shared;
-        let mut spin_until = Instant::now() + sh.spin;
+        {
+            // One look before reading the clock: a small send is usually complete already.
+            let mut st = lock(&sh.state);
+            st.handle(&[], true);
+            for (i, &id) in ids.iter().enumerate() {
+                if let Some(r) = st.take(id) {
+                    return Ok((i, r));
+                }
+            }
+        }
+        let deadline = deadline.resolve();
+        let mut now = Instant::now();
+        let mut spin_until = now + sh.spin;
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
         // Whether `events` came from epoll (rather than being direct reads of awaited peers).
         let mut polled = false;
@@ -769,8 +809,13 @@ impl Engine {
                 let moved = st.handle(&events, true);
                 // Keep polling while data moves: sleeping between the bursts of a large
                 // transfer costs a wake-up each time.
+                // Reading the clock costs as much as a look at the rings: while spinning, read
+                // it every few rounds only.
+                if moved || polled || rounds % CLOCK_ROUNDS == 0 {
+                    now = Instant::now();
+                }
                 if moved || (polled && !events.is_empty()) {
-                    spin_until = Instant::now() + sh.spin;
+                    spin_until = now + sh.spin;
                     yields = 0;
                 }
                 for (i, &id) in ids.iter().enumerate() {
@@ -778,7 +823,7 @@ impl Engine {
                         return Ok((i, r));
                     }
                 }
-                if Instant::now() >= deadline {
+                if now >= deadline {
                     let what = ids
                         .first()
                         .and_then(|id| st.ops.get(id))
@@ -803,7 +848,6 @@ impl Engine {
                     }
                 }
             }
-            let now = Instant::now();
             events.clear();
             polled = false;
             if now < spin_until {

@@ -29,6 +29,9 @@ const KILL_WAIT: Duration = Duration::from_secs(3);
 /// How long a rank's output may still drain after the rank exited: output is complete once
 /// the pipes close, but a leftover background process of the rank may hold them open.
 const DRAIN_WAIT: Duration = Duration::from_millis(500);
+/// After a rank failed, how long other failures are gathered to find the first (the others
+/// usually fail because of it).
+const FAILURE_WINDOW: Duration = Duration::from_millis(300);
 /// Stack size of the helper threads (three per rank): they only copy lines and wait.
 const THREAD_STACK: usize = 128 * 1024;
 /// Exit status for usage errors and jobs that could not be started.
@@ -106,6 +109,8 @@ enum Event {
     Exited {
         rank: u32,
         status: io::Result<ExitStatus>,
+        /// When the process ended (before its output drained).
+        at: Instant,
     },
     /// hcommrun got a signal to stop.
     Signal(i32),
@@ -351,9 +356,10 @@ fn watch_rank(rank: u32, mut child: Child, tx: Sender<Event>) -> anyhow::Result<
     drop(drained_tx);
     spawn_helper(format!("rank{rank}-wait"), move || {
         let status = child.wait();
+        let at = Instant::now();
         // Let the rank's last lines out before its exit is reported.
         let _ = drained_rx.recv_timeout(DRAIN_WAIT);
-        let _ = tx.send(Event::Exited { rank, status });
+        let _ = tx.send(Event::Exited { rank, status, at });
     })?;
     Ok(())
 }
@@ -387,9 +393,11 @@ impl Job<'_> {
                     .recv_timeout(d.saturating_duration_since(Instant::now())),
             };
             match event {
-                Ok(Event::Exited { rank, status }) => {
+                Ok(Event::Exited { rank, status, at }) => {
                     self.running -= 1;
-                    if let Some(code) = failure(rank, &status) {
+                    if failed(&status) {
+                        let (rank, status) = self.first_failure(rank, status, at);
+                        let code = report_failure(rank, &status);
                         self.stop(libc::SIGTERM);
                         return code;
                     }
@@ -460,6 +468,33 @@ impl Job<'_> {
         }
     }
 
+    /// A rank failed: its peers notice within moments and fail too, and their exits may be
+    /// reported first. Gathers the failures of a short while and returns the earliest.
+    fn first_failure(
+        &mut self,
+        rank: u32,
+        status: io::Result<ExitStatus>,
+        at: Instant,
+    ) -> (u32, io::Result<ExitStatus>) {
+        let mut first = (at, rank, status);
+        let until = Instant::now() + FAILURE_WINDOW;
+        while self.running > 0 {
+            match self
+                .rx
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                Ok(Event::Exited { rank, status, at }) => {
+                    self.running -= 1;
+                    if failed(&status) && at < first.0 {
+                        first = (at, rank, status);
+                    }
+                }
+                Ok(Event::Signal(_)) | Err(_) => break,
+            }
+        }
+        (first.1, first.2)
+    }
+
     fn signal_all(&self, sig: i32) {
         for &pid in &self.pids {
             // SAFETY: kill has no memory preconditions; a negative pid names the rank's
@@ -469,28 +504,32 @@ impl Job<'_> {
     }
 }
 
-/// Reports a failed rank and returns hcommrun's exit status for it; `None` for success.
-fn failure(rank: u32, status: &io::Result<ExitStatus>) -> Option<i32> {
+/// Whether a rank's exit is a failure.
+fn failed(status: &io::Result<ExitStatus>) -> bool {
+    !matches!(status, Ok(s) if s.success())
+}
+
+/// Reports a failed rank and returns hcommrun's exit status for it.
+fn report_failure(rank: u32, status: &io::Result<ExitStatus>) -> i32 {
     match status {
-        Ok(s) if s.success() => None,
         Ok(s) => {
             if let Some(sig) = s.signal() {
                 eprintln!(
                     "hcommrun: rank {rank} was killed by signal {} ({sig}); stopping the other ranks",
                     signal_name(sig)
                 );
-                Some(128 + sig)
+                128 + sig
             } else {
                 let code = s.code().unwrap_or(1);
                 eprintln!(
                     "hcommrun: rank {rank} exited with status {code}; stopping the other ranks"
                 );
-                Some(code)
+                code
             }
         }
         Err(e) => {
             eprintln!("hcommrun: cannot wait for rank {rank}: {e}; stopping the other ranks");
-            Some(1)
+            1
         }
     }
 }

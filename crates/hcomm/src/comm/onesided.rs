@@ -55,6 +55,9 @@ const DATA: usize = 512;
 const SEG_LEN: usize = DATA + 2 * SLOT;
 /// Bytes reduced at a time by the large all-reduce (they stay in the core's cache).
 const CHUNK: usize = 128 << 10;
+/// Calls on at least this many bytes write their results with non-temporal stores: their
+/// buffers do not fit the caches, and the stores then skip reading the destination first.
+const STREAM_FROM: usize = 64 << 20;
 /// Spins of a waiter that has a core to itself, before it yields.
 const SPINS: u32 = 20_000;
 /// Yields before a waiter sleeps.
@@ -382,6 +385,15 @@ impl OneSided {
         // SAFETY: the caller's receive buffer, valid for `recv_len` bytes for this call.
         let out = unsafe { std::slice::from_raw_parts_mut(bufs.recv, bufs.recv_len) };
         let block = shape.count * shape.elem();
+        let stream = block >= STREAM_FROM;
+        let put = |dst: &mut [u8], src: &[u8]| -> Result<()> {
+            if stream {
+                reduce::copy_streaming(dst, src)
+            } else {
+                dst.copy_from_slice(src);
+                Ok(())
+            }
+        };
         match shape.kind {
             CollKind::AllReduce => {
                 let segs = algos::segments(shape.count, n, shape.elem());
@@ -425,7 +437,7 @@ impl OneSided {
                     if shape.op == ReduceOp::Avg {
                         reduce::finish_avg(shape.dtype, acc, n)?;
                     }
-                    out[pos..pos + m].copy_from_slice(acc);
+                    put(&mut out[pos..pos + m], acc)?;
                     at += m;
                 }
                 self.publish(waiter.comm, READY, j);
@@ -433,25 +445,39 @@ impl OneSided {
                     waiter.wait(p, READY, j)?;
                     let (off, len) = segs[p];
                     let h = hdr(p);
-                    self.read_peer(p, h.output, h.output_loc, off, &mut out[off..off + len])?;
+                    self.read_peer(
+                        p,
+                        h.output,
+                        h.output_loc,
+                        off,
+                        &mut out[off..off + len],
+                        put,
+                    )?;
                 }
             }
             CollKind::AllGather => {
                 if !shape.in_place {
                     // SAFETY: the send buffer holds `block` readable bytes.
                     let own = unsafe { std::slice::from_raw_parts(bufs.send, block) };
-                    out[me * block..(me + 1) * block].copy_from_slice(own);
+                    put(&mut out[me * block..(me + 1) * block], own)?;
                 }
                 for p in peers() {
                     let h = hdr(p);
                     let dst = &mut out[p * block..(p + 1) * block];
-                    self.read_peer(p, h.input, h.input_loc, 0, dst)?;
+                    self.read_peer(p, h.input, h.input_loc, 0, dst, put)?;
                 }
             }
             CollKind::Broadcast => {
                 if me != shape.root {
                     let h = hdr(shape.root);
-                    self.read_peer(shape.root, h.output, h.output_loc, 0, &mut out[..block])?;
+                    self.read_peer(
+                        shape.root,
+                        h.output,
+                        h.output_loc,
+                        0,
+                        &mut out[..block],
+                        put,
+                    )?;
                 }
             }
             _ => {
@@ -475,13 +501,21 @@ impl OneSided {
     /// Copies `dst.len()` bytes at `pos` of peer `p`'s buffer (address `addr`, pool location
     /// `loc`) into `dst`: straight from its pool block when mapped, else with cross-memory
     /// attach.
-    fn read_peer(&self, p: usize, addr: u64, loc: u64, pos: usize, dst: &mut [u8]) -> Result<()> {
+    fn read_peer(
+        &self,
+        p: usize,
+        addr: u64,
+        loc: u64,
+        pos: usize,
+        dst: &mut [u8],
+        put: impl Fn(&mut [u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
         match self.peer_mem(p, loc, pos, dst.len()) {
             Some(src) => {
                 // SAFETY: `peer_mem` checked that the bytes lie in the peer's mapped pool
                 // block, which stays mapped while `self` lives; `dst` is this rank's own.
-                unsafe { dst.as_mut_ptr().copy_from_nonoverlapping(src, dst.len()) };
-                Ok(())
+                let src = unsafe { std::slice::from_raw_parts(src, dst.len()) };
+                put(dst, src)
             }
             None => cma::read_remote(self.pids[p], addr as usize + pos, dst),
         }

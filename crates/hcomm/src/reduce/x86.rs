@@ -132,6 +132,13 @@ impl Avx2 {
         unsafe { kernel(dst, a, b) }
     }
 
+    /// [`super::copy_streaming`] for slices of equal length.
+    pub(super) fn copy_streaming(self, dst: &mut [u8], src: &[u8]) {
+        // SAFETY: `self` exists only where `detect` found AVX2 (which includes AVX, the
+        // kernel's only requirement); the slices have equal lengths (the caller checked).
+        unsafe { stream_copy(dst, src) }
+    }
+
     /// [`super::finish_avg`] for checked arguments; integers stay scalar (no vector division).
     pub(super) fn finish_avg(self, dtype: DataType, buf: &mut [u8], n: usize) {
         let kernel: AvgKernel = match dtype {
@@ -723,6 +730,40 @@ unsafe fn round_bf16(x: __m256) -> __m256i {
         let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
         _mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)))
     }
+}
+
+/// Copies `src` to `dst` (equal lengths) with non-temporal 32-byte stores to the aligned
+/// middle of `dst`, then a store fence.
+///
+/// # Safety
+/// The CPU must support AVX.
+#[target_feature(enable = "avx")]
+unsafe fn stream_copy(dst: &mut [u8], src: &[u8]) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256, _mm_sfence};
+    let len = dst.len().min(src.len());
+    let head = dst.as_ptr().align_offset(32).min(len);
+    dst[..head].copy_from_slice(&src[..head]);
+    let mut i = head;
+    let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+    while i + 128 <= len {
+        // SAFETY: `i + 128 <= len`, so the four 32-byte loads and stores are in bounds; the
+        // stores are 32-byte aligned (`head` aligned `d + i`, and `i` moves in steps of 128).
+        unsafe {
+            let a = _mm256_loadu_si256(s.add(i).cast::<__m256i>());
+            let b = _mm256_loadu_si256(s.add(i + 32).cast::<__m256i>());
+            let c = _mm256_loadu_si256(s.add(i + 64).cast::<__m256i>());
+            let e = _mm256_loadu_si256(s.add(i + 96).cast::<__m256i>());
+            _mm256_stream_si256(d.add(i).cast::<__m256i>(), a);
+            _mm256_stream_si256(d.add(i + 32).cast::<__m256i>(), b);
+            _mm256_stream_si256(d.add(i + 64).cast::<__m256i>(), c);
+            _mm256_stream_si256(d.add(i + 96).cast::<__m256i>(), e);
+        }
+        i += 128;
+    }
+    dst[i..len].copy_from_slice(&src[i..len]);
+    // Non-temporal stores are weakly ordered: make them visible before anything the caller
+    // stores next (a release store that tells a peer the data is there).
+    _mm_sfence();
 }
 
 #[cfg(test)]
