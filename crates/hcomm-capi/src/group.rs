@@ -165,6 +165,11 @@ pub extern "C" fn hcommGroupStart() -> c_int {
 #[no_mangle]
 pub extern "C" fn hcommGroupEnd() -> c_int {
     guard("hcommGroupEnd", || {
+        if let Err(e) = state::with_tables(|_| Ok(())) {
+            // Not initialized (any more): whatever was queued cannot run.
+            GROUP.with(|g| std::mem::take(&mut *g.borrow_mut()));
+            return Err(e);
+        }
         let ended = GROUP.with(|g| {
             let mut g = g.borrow_mut();
             if g.depth == 0 {

@@ -208,6 +208,7 @@ pub unsafe extern "C" fn hcommIrecv(
 #[no_mangle]
 pub unsafe extern "C" fn hcommWait(request: *mut hcommRequest_t) -> c_int {
     guard("hcommWait", || {
+        state::with_tables(|_| Ok(()))?;
         args::out(request, "request")?;
         // SAFETY: checked not NULL; the caller passes the address of an hcommRequest_t.
         let handle = unsafe { request.read() };
@@ -231,6 +232,7 @@ pub unsafe extern "C" fn hcommWait(request: *mut hcommRequest_t) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn hcommTest(request: *mut hcommRequest_t, done: *mut c_int) -> c_int {
     guard("hcommTest", || {
+        state::with_tables(|_| Ok(()))?;
         args::out(request, "request")?;
         args::out(done, "done")?;
         // SAFETY: both checked not NULL; the caller passes the addresses of an
