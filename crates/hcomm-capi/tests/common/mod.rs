@@ -1,0 +1,227 @@
+//! Helpers of the C tests: find the built library and `hcommrun`, compile C programs against
+//! them with gcc, run jobs with a time limit.
+//!
+//! The library is the one cargo built for this test run: `libhcomm.so` in the profile
+//! directory, found from this test executable's path (`target/<profile>/deps/<test>`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The profile directory of this build: `target/<profile>`.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test runs from target/<profile>/deps");
+    assert!(
+        dir.join("libhcomm.so").is_file(),
+        "{} has no libhcomm.so: build the workspace (cargo nextest run --workspace builds it)",
+        dir.display()
+    );
+    dir.to_path_buf()
+}
+
+/// `hcommrun` of this build, built first if this run did not build it (a run of only this
+/// package's tests).
+pub fn hcommrun() -> PathBuf {
+    let dir = profile_dir();
+    let exe = dir.join("hcommrun");
+    if !exe.is_file() {
+        let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cargo
+            .current_dir(root())
+            .args([
+                "build",
+                "-p",
+                "hcomm-tools",
+                "--bin",
+                "hcommrun",
+                "--target-dir",
+            ])
+            .arg(dir.parent().expect("target directory"));
+        match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => {}
+            Some("release") => {
+                cargo.arg("--release");
+            }
+            Some(profile) => {
+                cargo.args(["--profile", profile]);
+            }
+            None => panic!("no profile in {}", dir.display()),
+        }
+        let status = cargo.status().expect("running cargo to build hcommrun");
+        assert!(status.success(), "building hcommrun failed");
+    }
+    exe
+}
+
+/// A directory removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A fresh directory named after `name`.
+    pub fn new(name: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "hcomm-capi-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("creating a temporary directory");
+        TempDir(dir)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles `sources` (relative to the workspace root) into `dir/name` against this build's
+/// `libhcomm.so` with warnings as errors; the program finds the library through its rpath
+/// (`dir` holds the `libhcomm.so.0` link its soname asks for).
+pub fn compile(dir: &TempDir, name: &str, source: &str) -> PathBuf {
+    let lib = profile_dir();
+    let link = dir.path().join("libhcomm.so.0");
+    if !link.exists() {
+        std::os::unix::fs::symlink(lib.join("libhcomm.so"), &link).expect("libhcomm.so.0 link");
+    }
+    let out = dir.path().join(name);
+    let root = root();
+    let output = Command::new("gcc")
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(root.join("crates/hcomm-capi/include"))
+        .arg("-I")
+        .arg(root.join("crates/hcomm-capi/tests/c"))
+        .arg(root.join(source))
+        .arg("-o")
+        .arg(&out)
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", dir.path().display()))
+        .args(["-lhcomm", "-lm"])
+        .output()
+        .expect("running gcc (apt-get install gcc)");
+    assert!(
+        output.status.success(),
+        "gcc {source} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
+/// What a finished job printed.
+pub struct Finished {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// Fails the test, showing the output, unless the job succeeded.
+    pub fn assert_success(&self, what: &str) -> &Self {
+        assert!(
+            self.success,
+            "{what} failed\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    /// Fails the test unless stdout holds `text`.
+    pub fn assert_stdout_has(&self, text: &str) -> &Self {
+        assert!(
+            self.stdout.contains(text),
+            "no {text:?} in stdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Launcher variables of an outer job, removed so that a program runs alone or under the
+/// hcommrun the test starts.
+const LAUNCHER_VARS: &[&str] = &[
+    "HCOMM_RANK",
+    "HCOMM_SIZE",
+    "HCOMM_LOCAL_RANK",
+    "HCOMM_ROOT_ADDR",
+    "HCOMM_JOB_SECRET",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+/// Runs `cmd` in `dir`, killed after `limit`; stdout and stderr go to files there.
+pub fn run(dir: &TempDir, cmd: &mut Command, limit: Duration) -> Finished {
+    for v in LAUNCHER_VARS {
+        cmd.env_remove(v);
+    }
+    let out_path = dir.path().join("stdout.txt");
+    let err_path = dir.path().join("stderr.txt");
+    let mut child = cmd
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("starting the job");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("waiting for the job") {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                std::fs::read_to_string(&out_path).unwrap_or_default(),
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Finished {
+        success: status.success(),
+        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+    }
+}
+
+/// Runs `program args` on `n` ranks under hcommrun.
+pub fn job(dir: &TempDir, n: usize, program: &Path, args: &[&str], limit: Duration) -> Finished {
+    let mut cmd = Command::new(hcommrun());
+    cmd.arg("-n")
+        .arg(n.to_string())
+        .arg("--")
+        .arg(program)
+        .args(args);
+    run(dir, &mut cmd, limit)
+}
