@@ -236,3 +236,94 @@ fn make_install_lets_plain_gcc_build_the_seed_example() {
             .assert_stdout_has("Received: Hello from rank 0");
     }
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The gradient-averaging example, compiled once per test.
+fn gradients(dir: &TempDir) -> std::path::PathBuf {
+    compile(dir, "gradients", "examples/c/gradient_averaging.c")
+}
+
+#[test]
+fn hcomm_init_joins_jobs_of_open_mpi_and_mpich() {
+    let dir = TempDir::new("mpi");
+    let program = gradients(&dir);
+    let root_addr = format!("127.0.0.1:{}", free_port());
+    let mut ompi = Command::new("mpirun.openmpi");
+    ompi.args(["--allow-run-as-root", "--oversubscribe", "-n", "3"])
+        .args(["-x", &format!("HCOMM_ROOT_ADDR={root_addr}")])
+        .args(["-x", "HCOMM_JOB_SECRET=capi-ompi"])
+        .arg(&program)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    run(&dir, &mut ompi, LIMIT)
+        .assert_success("the example under mpirun.openmpi")
+        .assert_stdout_has("3 ranks, 768 samples")
+        .assert_stdout_has("ranks agree");
+    let root_addr = format!("127.0.0.1:{}", free_port());
+    let mut mpich = Command::new("mpiexec.mpich");
+    mpich
+        .args(["-n", "3", "-genv", "HCOMM_ROOT_ADDR", &root_addr])
+        .args(["-genv", "HCOMM_JOB_SECRET", "capi-mpich"])
+        .arg(&program);
+    run(&dir, &mut mpich, LIMIT)
+        .assert_success("the example under mpiexec.mpich")
+        .assert_stdout_has("3 ranks, 768 samples")
+        .assert_stdout_has("ranks agree");
+}
+
+/// Starts `n` ranks of `program` by hand, each with the variables `set_env` gives it, as
+/// `name` would; every rank must succeed.
+fn by_hand(
+    dir: &TempDir,
+    program: &Path,
+    name: &str,
+    n: usize,
+    set_env: impl Fn(&mut Command, usize),
+) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(program);
+            set_env(&mut c, r);
+            common::start(dir, &mut c, &format!("{name}-{r}"))
+        })
+        .collect();
+    let done: Vec<Finished> = ranks.into_iter().map(|r| r.finish(deadline)).collect();
+    for (r, f) in done.iter().enumerate() {
+        f.assert_success(&format!("rank {r} under {name} variables"));
+    }
+    done[0]
+        .assert_stdout_has(&format!("{n} ranks, {} samples", 256 * n))
+        .assert_stdout_has("ranks agree");
+}
+
+#[test]
+fn hcomm_init_joins_jobs_of_slurm_and_torchrun() {
+    let dir = TempDir::new("slurm-torchrun");
+    let program = gradients(&dir);
+    let n = 3;
+    let store = free_port();
+    by_hand(&dir, &program, "slurm", n, |c, r| {
+        c.env("SLURM_PROCID", r.to_string())
+            .env("SLURM_NTASKS", n.to_string())
+            .env("SLURM_LOCALID", r.to_string())
+            .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{store}"))
+            .env("HCOMM_JOB_SECRET", "capi-slurm");
+    });
+    // hcomm's store takes MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT).
+    let store = free_port();
+    by_hand(&dir, &program, "torchrun", n, |c, r| {
+        c.env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", (store - 1).to_string())
+            .env("HCOMM_JOB_SECRET", "capi-torchrun");
+    });
+}

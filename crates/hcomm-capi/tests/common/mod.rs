@@ -178,41 +178,70 @@ const LAUNCHER_VARS: &[&str] = &[
     "MASTER_PORT",
 ];
 
-/// Runs `cmd` in `dir`, killed after `limit`; stdout and stderr go to files there.
-pub fn run(dir: &TempDir, cmd: &mut Command, limit: Duration) -> Finished {
+/// A started process whose stdout and stderr go to files.
+pub struct Running {
+    child: std::process::Child,
+    command: String,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+/// Starts `cmd` in `dir` without the launcher variables of an outer job (those set on `cmd`
+/// stay); `name` names its output files there.
+pub fn start(dir: &TempDir, cmd: &mut Command, name: &str) -> Running {
     for v in LAUNCHER_VARS {
-        cmd.env_remove(v);
+        if !cmd.get_envs().any(|(k, _)| k == *v) {
+            cmd.env_remove(v);
+        }
     }
-    let out_path = dir.path().join("stdout.txt");
-    let err_path = dir.path().join("stderr.txt");
-    let mut child = cmd
+    let out = dir.path().join(format!("{name}.stdout"));
+    let err = dir.path().join(format!("{name}.stderr"));
+    let child = cmd
         .current_dir(dir.path())
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
-        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"))
         .spawn()
-        .expect("starting the job");
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("waiting for the job") {
-            break s;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{cmd:?} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                std::fs::read_to_string(&out_path).unwrap_or_default(),
-                std::fs::read_to_string(&err_path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Finished {
-        success: status.success(),
-        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
-        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+        .expect("starting the program");
+    Running {
+        child,
+        command: format!("{cmd:?}"),
+        out,
+        err,
     }
+}
+
+impl Running {
+    /// Waits until `deadline`, then kills the process and fails the test.
+    pub fn finish(mut self, deadline: Instant) -> Finished {
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("waiting for the program") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{} did not finish in time\nstdout:\n{}\nstderr:\n{}",
+                    self.command,
+                    read(&self.out),
+                    read(&self.err)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Finished {
+            success: status.success(),
+            stdout: read(&self.out),
+            stderr: read(&self.err),
+        }
+    }
+}
+
+/// Runs `cmd` in `dir`, killed after `limit`.
+pub fn run(dir: &TempDir, cmd: &mut Command, limit: Duration) -> Finished {
+    start(dir, cmd, "job").finish(Instant::now() + limit)
 }
 
 /// Runs `program args` on `n` ranks under hcommrun.
