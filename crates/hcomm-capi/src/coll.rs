@@ -148,12 +148,13 @@ impl Layout {
     }
 }
 
-/// A call without a reduction.
+/// A call: `op` is `None` for collectives without a reduction.
 #[allow(clippy::too_many_arguments)]
-fn plain(
+fn call(
     comm: hcommComm_t,
     kind: CollKind,
     dtype: DataTypeArg,
+    op: Option<ReduceOpArg>,
     count: usize,
     root: c_int,
     send: *const c_void,
@@ -163,29 +164,11 @@ fn plain(
         comm,
         kind,
         dtype: args::data_type(dtype)?,
-        op: ReduceOp::Sum,
+        op: op.map_or(Ok(ReduceOp::Sum), args::reduce_op)?,
         count,
         root,
         send,
         recv,
-    })
-}
-
-/// A reducing call.
-#[allow(clippy::too_many_arguments)]
-fn reducing(
-    comm: hcommComm_t,
-    kind: CollKind,
-    dtype: DataTypeArg,
-    op: ReduceOpArg,
-    count: usize,
-    root: c_int,
-    send: *const c_void,
-    recv: *mut c_void,
-) -> Result<Call> {
-    Ok(Call {
-        op: args::reduce_op(op)?,
-        ..plain(comm, kind, dtype, count, root, send, recv)?
     })
 }
 
@@ -220,11 +203,11 @@ pub unsafe extern "C" fn hcommAllReduce(
     comm: hcommComm_t,
 ) -> c_int {
     run("hcommAllReduce", comm, || {
-        reducing(
+        call(
             comm,
             CollKind::AllReduce,
             dtype,
-            op,
+            Some(op),
             count,
             0,
             sendbuf,
@@ -247,10 +230,11 @@ pub unsafe extern "C" fn hcommBroadcast(
     comm: hcommComm_t,
 ) -> c_int {
     run("hcommBroadcast", comm, || {
-        plain(
+        call(
             comm,
             CollKind::Broadcast,
             dtype,
+            None,
             count,
             root,
             std::ptr::null(),
@@ -277,11 +261,11 @@ pub unsafe extern "C" fn hcommReduce(
     comm: hcommComm_t,
 ) -> c_int {
     run("hcommReduce", comm, || {
-        reducing(
+        call(
             comm,
             CollKind::Reduce,
             dtype,
-            op,
+            Some(op),
             count,
             root,
             sendbuf,
@@ -305,10 +289,11 @@ pub unsafe extern "C" fn hcommAllGather(
     comm: hcommComm_t,
 ) -> c_int {
     run("hcommAllGather", comm, || {
-        plain(
+        call(
             comm,
             CollKind::AllGather,
             dtype,
+            None,
             sendcount,
             0,
             sendbuf,
@@ -334,11 +319,11 @@ pub unsafe extern "C" fn hcommReduceScatter(
     comm: hcommComm_t,
 ) -> c_int {
     run("hcommReduceScatter", comm, || {
-        reducing(
+        call(
             comm,
             CollKind::ReduceScatter,
             dtype,
-            op,
+            Some(op),
             recvcount,
             0,
             sendbuf,
@@ -363,7 +348,16 @@ pub unsafe extern "C" fn hcommAlltoAll(
     comm: hcommComm_t,
 ) -> c_int {
     run("hcommAlltoAll", comm, || {
-        plain(comm, CollKind::AllToAll, dtype, count, 0, sendbuf, recvbuf)
+        call(
+            comm,
+            CollKind::AllToAll,
+            dtype,
+            None,
+            count,
+            0,
+            sendbuf,
+            recvbuf,
+        )
     })
 }
 
@@ -384,10 +378,11 @@ pub unsafe extern "C" fn hcommGather(
     comm: hcommComm_t,
 ) -> c_int {
     run("hcommGather", comm, || {
-        plain(
+        call(
             comm,
             CollKind::Gather,
             dtype,
+            None,
             sendcount,
             root,
             sendbuf,
@@ -413,10 +408,11 @@ pub unsafe extern "C" fn hcommScatter(
     comm: hcommComm_t,
 ) -> c_int {
     run("hcommScatter", comm, || {
-        plain(
+        call(
             comm,
             CollKind::Scatter,
             dtype,
+            None,
             recvcount,
             root,
             sendbuf,

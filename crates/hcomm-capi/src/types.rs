@@ -92,3 +92,38 @@ pub(crate) fn comm_handle(key: usize) -> hcommComm_t {
 pub(crate) fn request_handle(key: usize) -> hcommRequest_t {
     std::ptr::without_provenance_mut(key)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hcomm_core::{DataType, ReduceOp};
+
+    #[test]
+    fn c_enums_are_the_rust_discriminants() {
+        use hcommDataType_t::*;
+        use hcommReduceOp_t::*;
+        let types = [
+            HCOMM_INT8,
+            HCOMM_UINT8,
+            HCOMM_INT32,
+            HCOMM_UINT32,
+            HCOMM_INT64,
+            HCOMM_UINT64,
+            HCOMM_FLOAT16,
+            HCOMM_BFLOAT16,
+            HCOMM_FLOAT32,
+            HCOMM_FLOAT64,
+        ];
+        assert_eq!(types.len(), DataType::ALL.len());
+        for (c, rust) in types.into_iter().zip(DataType::ALL) {
+            assert_eq!(c as c_int, rust as c_int);
+        }
+        let ops = [HCOMM_SUM, HCOMM_PROD, HCOMM_MAX, HCOMM_MIN, HCOMM_AVG];
+        assert_eq!(ops.len(), ReduceOp::ALL.len());
+        for (c, rust) in ops.into_iter().zip(ReduceOp::ALL) {
+            assert_eq!(c as c_int, rust as c_int);
+        }
+        assert_eq!(COMM_WORLD.addr(), 1);
+        assert!(HCOMM_COMM_NULL.is_null() && HCOMM_REQUEST_NULL.is_null());
+    }
+}

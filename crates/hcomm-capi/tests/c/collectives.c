@@ -55,21 +55,9 @@ static void reference(int t, int op, size_t i, int s, void *out) {
     }
     double res = op == HCOMM_SUM ? sum : op == HCOMM_PROD ? prod : best;
     /* Sums and products of small integers are exact (a zero times a negative is -0); an
-     * average divides in float32 for the 16-bit types and rounds to nearest even. */
+     * average divides in float32 for the 16-bit types (then rounds to nearest even). */
     if (op == HCOMM_AVG) res = t == HCOMM_FLOAT64 ? sum / nranks : (float)sum / (float)nranks;
-    unsigned char *p = out;
-    if (t == HCOMM_FLOAT16) {
-        _Float16 h = (_Float16)(float)res;
-        memcpy(p, &h, 2);
-    } else if (t == HCOMM_BFLOAT16) {
-        uint16_t b = bf16_from_float((float)res);
-        memcpy(p, &b, 2);
-    } else if (t == HCOMM_FLOAT32) {
-        float f = (float)res;
-        memcpy(p, &f, 4);
-    } else {
-        memcpy(p, &res, 8);
-    }
+    set_float(t, out, 0, res);
 }
 
 /* A buffer of n elements of type t: from hcommMalloc or from malloc, alternately. */
@@ -170,15 +158,20 @@ static void broadcast(int t, size_t count, int root) {
     release(buf); release(want);
 }
 
+/* send: this rank's input; want: every rank's input in rank order. */
+static void gathered(int t, size_t count, void *send, void *want) {
+    for (size_t i = 0; i < count; i++) set_value(t, send, i, input(my_rank, i, salt));
+    for (int r = 0; r < nranks; r++)
+        for (size_t i = 0; i < count; i++)
+            set_value(t, want, (size_t)r * count + i, input(r, i, salt));
+}
+
 static void allgather(int t, size_t count, int in_place) {
     salt++;
     describe("allgather", t, -1, count, 0, in_place);
     size_t total = count * (size_t)nranks;
     void *send = alloc(count, t), *recv = alloc(total, t), *want = alloc(total, t);
-    for (size_t i = 0; i < count; i++) set_value(t, send, i, input(my_rank, i, salt));
-    for (int r = 0; r < nranks; r++)
-        for (size_t i = 0; i < count; i++)
-            set_value(t, want, (size_t)r * count + i, input(r, i, salt));
+    gathered(t, count, send, want);
     poison(recv, total, t);
     if (in_place) {
         char *mine = (char *)recv + (size_t)my_rank * count * type_size[t];
@@ -218,10 +211,7 @@ static void gather(int t, size_t count, int root, int in_place) {
     describe("gather", t, -1, count, root, in_place);
     size_t total = count * (size_t)nranks;
     void *send = alloc(count, t), *recv = alloc(total, t), *want = alloc(total, t);
-    for (size_t i = 0; i < count; i++) set_value(t, send, i, input(my_rank, i, salt));
-    for (int r = 0; r < nranks; r++)
-        for (size_t i = 0; i < count; i++)
-            set_value(t, want, (size_t)r * count + i, input(r, i, salt));
+    gathered(t, count, send, want);
     poison(recv, total, t);
     if (in_place && my_rank == root) {
         char *mine = (char *)recv + (size_t)root * count * type_size[t];

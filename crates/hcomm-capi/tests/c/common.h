@@ -76,12 +76,10 @@ static inline void set_bits(int t, void *buf, size_t i, uint64_t bits) {
     }
 }
 
-/* Element i of buffer `buf` of type t becomes the small integer v (exact in every type). */
-static inline void set_value(int t, void *buf, size_t i, int64_t v) {
+/* Element i of a float buffer of type t becomes v (rounded to nearest even). */
+static inline void set_float(int t, void *buf, size_t i, double v) {
     unsigned char *p = (unsigned char *)buf + i * type_size[t];
-    if (!is_float(t)) {
-        set_bits(t, buf, i, (uint64_t)v);
-    } else if (t == HCOMM_FLOAT16) {
+    if (t == HCOMM_FLOAT16) {
         _Float16 h = (_Float16)v;
         memcpy(p, &h, 2);
     } else if (t == HCOMM_BFLOAT16) {
@@ -91,9 +89,14 @@ static inline void set_value(int t, void *buf, size_t i, int64_t v) {
         float f = (float)v;
         memcpy(p, &f, 4);
     } else {
-        double d = (double)v;
-        memcpy(p, &d, 8);
+        memcpy(p, &v, 8);
     }
+}
+
+/* Element i of buffer `buf` of type t becomes the small integer v (exact in every type). */
+static inline void set_value(int t, void *buf, size_t i, int64_t v) {
+    if (is_float(t)) set_float(t, buf, i, (double)v);
+    else set_bits(t, buf, i, (uint64_t)v);
 }
 
 /* Fills n elements with a value no test expects, so that untouched output shows. */
