@@ -164,7 +164,6 @@ fn make_install(prefix: &Path) {
 
 #[test]
 fn make_install_lets_plain_gcc_build_the_seed_example() {
-    common::hcommrun(); // installed with the library
     let dir = TempDir::new("install");
     let prefix = dir.path().join("prefix");
     make_install(&prefix);

@@ -1,12 +1,16 @@
-//! Helpers of the C tests: find the built library and `hcommrun`, compile C programs against
-//! them with gcc, run jobs with a time limit.
+//! Helpers of the C tests: build the library and `hcommrun`, compile C programs against them
+//! with gcc, run jobs with a time limit.
 //!
-//! The library is the one cargo built for this test run: `libhcomm.so` in the profile
-//! directory, found from this test executable's path (`target/<profile>/deps/<test>`).
+//! Cargo builds a package's `cdylib` for `cargo build` but not for its tests, so the first
+//! helper that needs the library runs `cargo build` for this test's profile and target
+//! directory (found from this test executable's path, `target/<profile>/deps/<test>`): the C
+//! programs always link the library of the current sources, and nothing is rebuilt when it is
+//! current.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The workspace root.
@@ -14,53 +18,47 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The profile directory of this build: `target/<profile>`.
+/// The profile directory of this build, `target/<profile>`, with `libhcomm.so`, `libhcomm.a`
+/// and `hcommrun` built from the current sources.
 pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test runs from target/<profile>/deps");
-    assert!(
-        dir.join("libhcomm.so").is_file(),
-        "{} has no libhcomm.so: build the workspace (cargo nextest run --workspace builds it)",
-        dir.display()
-    );
-    dir.to_path_buf()
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test executable path");
+            let dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .expect("the test runs from target/<profile>/deps");
+            let mut cargo =
+                Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            cargo
+                .current_dir(root())
+                .args(["build", "-p", "hcomm-capi", "-p", "hcomm-tools"])
+                .args(["--lib", "--bin", "hcommrun", "--target-dir"])
+                .arg(dir.parent().expect("target directory"));
+            match dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") => {}
+                Some("release") => {
+                    cargo.arg("--release");
+                }
+                Some(profile) => {
+                    cargo.args(["--profile", profile]);
+                }
+                None => panic!("no profile in {}", dir.display()),
+            }
+            let status = cargo.status().expect("running cargo build");
+            assert!(
+                status.success(),
+                "cargo build of libhcomm and hcommrun failed"
+            );
+            dir.to_path_buf()
+        })
+        .clone()
 }
 
-/// `hcommrun` of this build, built first if this run did not build it (a run of only this
-/// package's tests).
+/// `hcommrun` of this build.
 pub fn hcommrun() -> PathBuf {
-    let dir = profile_dir();
-    let exe = dir.join("hcommrun");
-    if !exe.is_file() {
-        let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        cargo
-            .current_dir(root())
-            .args([
-                "build",
-                "-p",
-                "hcomm-tools",
-                "--bin",
-                "hcommrun",
-                "--target-dir",
-            ])
-            .arg(dir.parent().expect("target directory"));
-        match dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => {}
-            Some("release") => {
-                cargo.arg("--release");
-            }
-            Some(profile) => {
-                cargo.args(["--profile", profile]);
-            }
-            None => panic!("no profile in {}", dir.display()),
-        }
-        let status = cargo.status().expect("running cargo to build hcommrun");
-        assert!(status.success(), "building hcommrun failed");
-    }
-    exe
+    profile_dir().join("hcommrun")
 }
 
 /// A directory removed when dropped.
