@@ -32,21 +32,36 @@ pub extern "C" fn hcommFinalize() -> c_int {
     })
 }
 
+/// `*out` becomes `value` of the communicator behind `comm`.
+///
+/// # Safety
+/// `out` is NULL (an error) or points to a writable `int`.
+unsafe fn store_int(
+    function: &str,
+    comm: hcommComm_t,
+    out: *mut c_int,
+    what: &str,
+    value: fn(&Communicator) -> usize,
+) -> c_int {
+    guard(function, || {
+        let c = state::comm(comm)?;
+        args::out(out, what)?;
+        let v = c_int::try_from(value(&c))
+            .map_err(|_| Error::Internal(format!("the {what} does not fit an int")))?;
+        // SAFETY: checked not NULL; the caller's promise.
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
 /// `*rank` becomes this process's rank in `comm` (0 .. size - 1).
 ///
 /// # Safety
 /// `rank` is NULL or points to a writable `int`.
 #[no_mangle]
 pub unsafe extern "C" fn hcommCommRank(comm: hcommComm_t, rank: *mut c_int) -> c_int {
-    guard("hcommCommRank", || {
-        let c = state::comm(comm)?;
-        args::out(rank, "rank")?;
-        let r = c_int::try_from(c.rank())
-            .map_err(|_| Error::Internal("the rank does not fit an int".into()))?;
-        // SAFETY: checked not NULL; the caller passes the address of an int.
-        unsafe { rank.write(r) };
-        Ok(())
-    })
+    // SAFETY: the caller passes NULL or the address of an int.
+    unsafe { store_int("hcommCommRank", comm, rank, "rank", Communicator::rank) }
 }
 
 /// `*size` becomes the number of ranks in `comm`.
@@ -55,15 +70,8 @@ pub unsafe extern "C" fn hcommCommRank(comm: hcommComm_t, rank: *mut c_int) -> c
 /// `size` is NULL or points to a writable `int`.
 #[no_mangle]
 pub unsafe extern "C" fn hcommCommSize(comm: hcommComm_t, size: *mut c_int) -> c_int {
-    guard("hcommCommSize", || {
-        let c = state::comm(comm)?;
-        args::out(size, "size")?;
-        let n = c_int::try_from(c.size())
-            .map_err(|_| Error::Internal("the size does not fit an int".into()))?;
-        // SAFETY: checked not NULL; the caller passes the address of an int.
-        unsafe { size.write(n) };
-        Ok(())
-    })
+    // SAFETY: the caller passes NULL or the address of an int.
+    unsafe { store_int("hcommCommSize", comm, size, "size", Communicator::size) }
 }
 
 /// Splits `comm`: ranks that pass the same `color` form a new communicator, ordered by `key`

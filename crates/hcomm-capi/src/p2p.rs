@@ -89,6 +89,23 @@ pub(crate) fn finish(pending: Pending) -> Result<()> {
     Ok(())
 }
 
+/// `*request` becomes the handle `start` returns, or `HCOMM_REQUEST_NULL` when it fails.
+///
+/// # Safety
+/// `request` is NULL (an error) or points to a writable `hcommRequest_t`.
+unsafe fn store_request(
+    request: *mut hcommRequest_t,
+    start: impl FnOnce() -> Result<hcommRequest_t>,
+) -> Result<()> {
+    args::out(request, "request")?;
+    // SAFETY: checked not NULL; the caller's promise.
+    unsafe { request.write(HCOMM_REQUEST_NULL) };
+    let handle = start()?;
+    // SAFETY: as above.
+    unsafe { request.write(handle) };
+    Ok(())
+}
+
 /// Sends `bytes` bytes at `buf` to rank `dest` of `comm` with `tag` (0 .. INT_MAX); returns
 /// when `buf` may be reused. Between `hcommGroupStart` and `hcommGroupEnd` the send is started
 /// at once and completed by `hcommGroupEnd`.
@@ -162,13 +179,8 @@ pub unsafe extern "C" fn hcommIsend(
     request: *mut hcommRequest_t,
 ) -> c_int {
     guard("hcommIsend", || {
-        args::out(request, "request")?;
-        // SAFETY: checked not NULL; the caller passes the address of an hcommRequest_t.
-        unsafe { request.write(HCOMM_REQUEST_NULL) };
-        let handle = start_send(buf, bytes, dest, tag, comm)?;
-        // SAFETY: as above.
-        unsafe { request.write(handle) };
-        Ok(())
+        // SAFETY: the caller passes NULL or the address of an hcommRequest_t.
+        unsafe { store_request(request, || start_send(buf, bytes, dest, tag, comm)) }
     })
 }
 
@@ -189,13 +201,8 @@ pub unsafe extern "C" fn hcommIrecv(
     request: *mut hcommRequest_t,
 ) -> c_int {
     guard("hcommIrecv", || {
-        args::out(request, "request")?;
-        // SAFETY: checked not NULL; the caller passes the address of an hcommRequest_t.
-        unsafe { request.write(HCOMM_REQUEST_NULL) };
-        let handle = start_recv(buf, bytes, src, tag, comm)?;
-        // SAFETY: as above.
-        unsafe { request.write(handle) };
-        Ok(())
+        // SAFETY: the caller passes NULL or the address of an hcommRequest_t.
+        unsafe { store_request(request, || start_recv(buf, bytes, src, tag, comm)) }
     })
 }
 

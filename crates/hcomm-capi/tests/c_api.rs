@@ -65,7 +65,19 @@ fn point_to_point_groups_and_split_on_1_2_3_and_5_ranks() {
     }
 }
 
-fn validation(finished: &Finished, ranks: usize) {
+/// validation.c alone (`ranks == 1`, no launcher) or under hcommrun.
+fn validation(ranks: usize) {
+    let dir = TempDir::new("validation");
+    let program = compile(&dir, "validation", "crates/hcomm-capi/tests/c/validation.c");
+    let mut cmd = if ranks == 1 {
+        Command::new(&program)
+    } else {
+        let mut c = Command::new(common::hcommrun());
+        c.args(["-n", &ranks.to_string(), "--"]).arg(&program);
+        c
+    };
+    cmd.arg(ranks.to_string()).env("HCOMM_TIMEOUT", "2");
+    let finished = run(&dir, &mut cmd, LIMIT);
     finished
         .assert_success("validation.c")
         .assert_stdout_has(&format!("PASS validation on rank 0 of {ranks}"));
@@ -81,31 +93,18 @@ fn validation(finished: &Finished, ranks: usize) {
 
 #[test]
 fn bad_arguments_give_the_documented_codes_without_a_launcher() {
-    let dir = TempDir::new("validation1");
-    let program = compile(&dir, "validation", "crates/hcomm-capi/tests/c/validation.c");
-    let mut cmd = Command::new(&program);
-    cmd.arg("1").env("HCOMM_TIMEOUT", "2");
-    let finished = run(&dir, &mut cmd, LIMIT);
-    validation(&finished, 1);
+    validation(1);
 }
 
 #[test]
 fn bad_arguments_mismatches_and_lost_peers_give_the_documented_codes_on_2_ranks() {
-    let dir = TempDir::new("validation2");
-    let program = compile(&dir, "validation", "crates/hcomm-capi/tests/c/validation.c");
-    let mut cmd = Command::new(common::hcommrun());
-    cmd.args(["-n", "2", "--"])
-        .arg(&program)
-        .arg("2")
-        .env("HCOMM_TIMEOUT", "2");
-    let finished = run(&dir, &mut cmd, LIMIT);
-    validation(&finished, 2);
+    validation(2);
 }
 
 #[test]
 fn gradient_averaging_example_converges_and_ranks_agree() {
     let dir = TempDir::new("gradients");
-    let program = compile(&dir, "gradients", "examples/c/gradient_averaging.c");
+    let program = gradients(&dir);
     job(&dir, 3, &program, &[], LIMIT)
         .assert_success("gradient_averaging.c")
         .assert_stdout_has("3 ranks, 768 samples")
@@ -121,44 +120,33 @@ fn the_header_is_strict_c99() {
         "#include <hcomm/hcomm.h>\nint main(void) { return hcommGetLastError(); }\n",
     )
     .unwrap();
-    let output = Command::new("gcc")
-        .args([
-            "-std=c99",
-            "-pedantic-errors",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-c",
-            "-I",
-        ])
-        .arg(root().join("crates/hcomm-capi/include"))
-        .arg(&source)
-        .arg("-o")
-        .arg(dir.path().join("only_header.o"))
-        .output()
-        .expect("running gcc");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    common::succeeds(
+        Command::new("gcc")
+            .args([
+                "-std=c99",
+                "-pedantic-errors",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-c",
+                "-I",
+            ])
+            .arg(root().join("crates/hcomm-capi/include"))
+            .arg(&source)
+            .arg("-o")
+            .arg(dir.path().join("only_header.o")),
     );
 }
 
 /// `make install-bin install-capi` of this build into `prefix`.
 fn make_install(prefix: &Path) {
-    let output = Command::new("make")
-        .current_dir(root())
-        .arg("install")
-        .arg(format!("PREFIX={}", prefix.display()))
-        .arg(format!("RELEASE_DIR={}", common::profile_dir().display()))
-        .env_remove("DESTDIR")
-        .output()
-        .expect("running make (apt-get install make)");
-    assert!(
-        output.status.success(),
-        "make install failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+    common::succeeds(
+        Command::new("make")
+            .current_dir(root())
+            .arg("install")
+            .arg(format!("PREFIX={}", prefix.display()))
+            .arg(format!("RELEASE_DIR={}", common::profile_dir().display()))
+            .env_remove("DESTDIR"),
     );
 }
 
@@ -183,19 +171,13 @@ fn make_install_lets_plain_gcc_build_the_seed_example() {
     // The article's command, verbatim; the compiler finds the scratch prefix through the
     // environment as it would find /usr/local by default.
     let gcc = |args: &[&str]| {
-        let output = Command::new("gcc")
-            .current_dir(&work)
-            .args(args)
-            .env("CPATH", prefix.join("include"))
-            .env("LIBRARY_PATH", &lib)
-            .env("PKG_CONFIG_PATH", lib.join("pkgconfig"))
-            .output()
-            .expect("running gcc");
-        assert!(
-            output.status.success(),
-            "gcc {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        common::succeeds(
+            Command::new("gcc")
+                .current_dir(&work)
+                .args(args)
+                .env("CPATH", prefix.join("include"))
+                .env("LIBRARY_PATH", &lib),
+        )
     };
     gcc(&["example.c", "-o", "example", "-lhcomm"]);
     let pkg = |args: &[&str]| {

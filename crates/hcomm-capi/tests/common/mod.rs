@@ -100,8 +100,8 @@ pub fn compile(dir: &TempDir, name: &str, source: &str) -> PathBuf {
     }
     let out = dir.path().join(name);
     let root = root();
-    let output = Command::new("gcc")
-        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+    let mut gcc = Command::new("gcc");
+    gcc.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(root.join("crates/hcomm-capi/include"))
         .arg("-I")
         .arg(root.join("crates/hcomm-capi/tests/c"))
@@ -111,15 +111,22 @@ pub fn compile(dir: &TempDir, name: &str, source: &str) -> PathBuf {
         .arg("-L")
         .arg(&lib)
         .arg(format!("-Wl,-rpath,{}", dir.path().display()))
-        .args(["-lhcomm", "-lm"])
+        .args(["-lhcomm", "-lm"]);
+    succeeds(&mut gcc);
+    out
+}
+
+/// Runs a compiler or build command; fails the test with its output unless it succeeds.
+pub fn succeeds(cmd: &mut Command) {
+    let output = cmd
         .output()
-        .expect("running gcc (apt-get install gcc)");
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (is it installed?): {e}"));
     assert!(
         output.status.success(),
-        "gcc {source} failed:\n{}",
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    out
 }
 
 /// What a finished job printed.
