@@ -5,7 +5,8 @@
 #                        data, then latency/bandwidth and collective tables
 #   make test            cargo nextest run --workspace
 #   make lint            rustfmt --check and clippy -D warnings
-#   make install         install the release binaries into $(PREFIX)/bin (PREFIX=/usr/local)
+#   make install         install the release binaries into $(PREFIX)/bin (PREFIX=/usr/local) and
+#                        the C library: libhcomm.so/.a, <hcomm/hcomm.h>, hcomm.pc
 #   make uninstall       remove what `make install` put there
 #   make bench           bench/p2p_tcp.sh: hcomm vs Open MPI over TCP (root: network namespaces)
 #   make bench-local     the same on loopback, no namespaces
@@ -76,35 +77,44 @@ install-bin:
 	fi
 
 # ---- C API (SPEC F7): libhcomm.so / libhcomm.a, <hcomm/hcomm.h>, hcomm.pc --------------
-# PLACEHOLDER until crates/hcomm-capi lands: installs each piece only if it exists, so this
-# never fails today. When the crate is there, make the pieces required and generate
-# hcomm.pc with the real prefix/libdir/includedir (and run ldconfig hints if wanted).
-CAPI_HEADER := crates/hcomm-capi/include/hcomm/hcomm.h
-CAPI_PC_IN  := crates/hcomm-capi/hcomm.pc.in
+# libhcomm.so.X.Y.Z with the soname libhcomm.so.X (set by crates/hcomm-capi/build.rs) and the
+# links libhcomm.so.X and libhcomm.so; libhcomm.a; the header; hcomm.pc for pkg-config. Without
+# DESTDIR, as root, ldconfig runs when LIBDIR is a directory the dynamic linker searches (so
+# that `gcc example.c -o example -lhcomm` then runs as is); otherwise a note says what to do.
+CAPI_HEADER    := crates/hcomm-capi/include/hcomm/hcomm.h
+CAPI_PC_IN     := crates/hcomm-capi/hcomm.pc.in
+CAPI_VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+CAPI_SOVERSION := $(firstword $(subst ., ,$(CAPI_VERSION)))
+LDCONFIG       ?= ldconfig
 
 install-capi:
 	@for f in libhcomm.so libhcomm.a; do \
-	  if [ -f "$(RELEASE_DIR)/$$f" ]; then \
-	    $(INSTALL) -D -m 0644 "$(RELEASE_DIR)/$$f" "$(DESTDIR)$(LIBDIR)/$$f" || exit 1; \
-	    echo "installed $(DESTDIR)$(LIBDIR)/$$f"; \
+	  if [ ! -f "$(RELEASE_DIR)/$$f" ]; then \
+	    echo "make install: $(RELEASE_DIR)/$$f is missing: run 'make' first" >&2; exit 1; \
 	  fi; \
-	done; \
-	if [ -f "$(CAPI_HEADER)" ]; then \
-	  $(INSTALL) -D -m 0644 "$(CAPI_HEADER)" "$(DESTDIR)$(INCLUDEDIR)/hcomm/hcomm.h" || exit 1; \
-	  echo "installed $(DESTDIR)$(INCLUDEDIR)/hcomm/hcomm.h"; \
-	fi; \
-	if [ -f "$(CAPI_PC_IN)" ]; then \
-	  mkdir -p "$(DESTDIR)$(PKGCONFIGDIR)" && \
-	  sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
-	      -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' "$(CAPI_PC_IN)" \
-	      >"$(DESTDIR)$(PKGCONFIGDIR)/hcomm.pc" || exit 1; \
-	  echo "installed $(DESTDIR)$(PKGCONFIGDIR)/hcomm.pc"; \
+	done
+	$(INSTALL) -D -m 0755 "$(RELEASE_DIR)/libhcomm.so" "$(DESTDIR)$(LIBDIR)/libhcomm.so.$(CAPI_VERSION)"
+	ln -sf "libhcomm.so.$(CAPI_VERSION)" "$(DESTDIR)$(LIBDIR)/libhcomm.so.$(CAPI_SOVERSION)"
+	ln -sf "libhcomm.so.$(CAPI_SOVERSION)" "$(DESTDIR)$(LIBDIR)/libhcomm.so"
+	$(INSTALL) -D -m 0644 "$(RELEASE_DIR)/libhcomm.a" "$(DESTDIR)$(LIBDIR)/libhcomm.a"
+	$(INSTALL) -D -m 0644 "$(CAPI_HEADER)" "$(DESTDIR)$(INCLUDEDIR)/hcomm/hcomm.h"
+	mkdir -p "$(DESTDIR)$(PKGCONFIGDIR)"
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(CAPI_VERSION)|g' \
+	    "$(CAPI_PC_IN)" >"$(DESTDIR)$(PKGCONFIGDIR)/hcomm.pc"
+	@if [ -n "$(DESTDIR)" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v $(LDCONFIG) >/dev/null 2>&1 && \
+	   $(LDCONFIG) -v -N 2>/dev/null | grep -q "^$(LIBDIR):"; then \
+	  $(LDCONFIG) && echo "ran $(LDCONFIG): programs linked with -lhcomm find libhcomm.so.$(CAPI_SOVERSION)"; \
+	else \
+	  echo "note: $(LIBDIR) is not in the dynamic linker's cache: run programs with"; \
+	  echo "      LD_LIBRARY_PATH=$(LIBDIR), or add it to /etc/ld.so.conf.d/ and run ldconfig"; \
 	fi
-# ---- end of C API placeholder ------------------------------------------------------------
 
 uninstall:
 	rm -f $(foreach b,$(BINARIES),"$(DESTDIR)$(BINDIR)/$(b)")
-	rm -f "$(DESTDIR)$(LIBDIR)/libhcomm.so" "$(DESTDIR)$(LIBDIR)/libhcomm.a" \
+	rm -f "$(DESTDIR)$(LIBDIR)/libhcomm.so" "$(DESTDIR)$(LIBDIR)/libhcomm.so.$(CAPI_SOVERSION)" \
+	  "$(DESTDIR)$(LIBDIR)/libhcomm.so.$(CAPI_VERSION)" "$(DESTDIR)$(LIBDIR)/libhcomm.a" \
 	  "$(DESTDIR)$(INCLUDEDIR)/hcomm/hcomm.h" "$(DESTDIR)$(PKGCONFIGDIR)/hcomm.pc"
 	@rmdir "$(DESTDIR)$(INCLUDEDIR)/hcomm" 2>/dev/null || true
 
@@ -124,4 +134,4 @@ bench-shm: build
 	bench/shm.sh --no-build
 
 help:
-	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,20p' Makefile | sed 's/^# \{0,1\}//'

@@ -82,17 +82,22 @@ impl ErrorCode {
     /// A short description of the code and what to do about it.
     pub fn description(self) -> &'static str {
         match self {
-            ErrorCode::Success => "success",
+            ErrorCode::Success => "success: the call did what was asked",
             ErrorCode::Init => {
                 "initialization failed: check the launcher variables (HCOMM_RANK, HCOMM_SIZE, \
                  HCOMM_ROOT_ADDR, HCOMM_JOB_SECRET) and that every rank was started"
             }
-            ErrorCode::NoMem => "out of memory: reduce message sizes or free memory",
+            ErrorCode::NoMem => {
+                "out of memory: use smaller buffers or fewer outstanding operations, or free \
+                 memory on this host"
+            }
             ErrorCode::Timeout => {
                 "a wait exceeded HCOMM_TIMEOUT: a peer is slow, stuck or missing; raise \
                  HCOMM_TIMEOUT or find the peer named in the message"
             }
-            ErrorCode::InvalidArgument => "invalid argument: fix the call or the variable named",
+            ErrorCode::InvalidArgument => {
+                "invalid argument: fix the argument or environment variable the message names"
+            }
             ErrorCode::PeerLost => {
                 "a peer rank died or closed its connection: look at that rank's output"
             }
@@ -104,8 +109,13 @@ impl ErrorCode {
                 "a message was longer than the receive buffer: post a larger buffer"
             }
             ErrorCode::Transport => "a transport failed: check the network and the log",
-            ErrorCode::NotSupported => "not supported in this build or configuration",
-            ErrorCode::Aborted => "the communicator was aborted",
+            ErrorCode::NotSupported => {
+                "not supported in this build or configuration: change the setting the message \
+                 names (HCOMM_TRANSPORT, HCOMM_ALGO) or use another operation"
+            }
+            ErrorCode::Aborted => {
+                "the communicator was aborted: it cannot be used any more; restart the job"
+            }
             ErrorCode::Internal => "internal error in hcomm: please report it with the log",
         }
     }

@@ -124,3 +124,39 @@ fn calls_are_counted_per_algorithm_and_plans_are_reused() {
         "{counts:?}"
     );
 }
+
+#[test]
+fn untyped_batches_fuse_and_check_lengths() {
+    let comm = world();
+    let mut a = 1.5f32.to_ne_bytes().repeat(3);
+    let mut b = 2i64.to_ne_bytes().to_vec();
+    let mut c = 7u16.to_ne_bytes().repeat(5);
+    let mut d = vec![9u8; 3];
+    let mut e = (-4.0f32).to_ne_bytes().to_vec();
+    let mut batch = comm.batch();
+    batch
+        .allreduce_bytes(&mut a, DataType::Float32, ReduceOp::Max)
+        .unwrap()
+        .allreduce_bytes(&mut c, DataType::Float16, ReduceOp::Max)
+        .unwrap()
+        .broadcast_bytes(&mut d, 0)
+        .allreduce_bytes(&mut e, DataType::Float32, ReduceOp::Max)
+        .unwrap();
+    batch
+        .allreduce_bytes(&mut b, DataType::Int64, ReduceOp::Avg)
+        .unwrap();
+    let mut odd = [0u8; 3];
+    assert!(matches!(
+        batch.allreduce_bytes(&mut odd, DataType::Int32, ReduceOp::Sum),
+        Err(Error::InvalidArgument(_))
+    ));
+    batch.run().unwrap();
+    assert_eq!(a, 1.5f32.to_ne_bytes().repeat(3));
+    assert_eq!(b, 2i64.to_ne_bytes());
+    assert_eq!(c, 7u16.to_ne_bytes().repeat(5));
+    assert_eq!(d, [9, 9, 9]);
+    assert_eq!(e, (-4.0f32).to_ne_bytes());
+    // One all-reduce per (type, op) and one broadcast: four calls for five operations.
+    let calls: u64 = comm.collective_counts().iter().map(|c| c.2).sum();
+    assert_eq!(calls, 4);
+}

@@ -692,6 +692,31 @@ impl<'b> Batch<'_, 'b> {
         self
     }
 
+    /// Adds an in-place all-reduce of `buf`, elements of `dtype`: the untyped form of
+    /// [`Batch::allreduce`] (the C API's grouped calls use it). Fails unless `buf` holds a
+    /// whole number of elements.
+    pub fn allreduce_bytes(
+        &mut self,
+        buf: &'b mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        if buf.len() % dtype.size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "allreduce: {} bytes are not a whole number of {dtype} elements",
+                buf.len()
+            )));
+        }
+        self.ops.push(BatchOp::AllReduce { buf, dtype, op });
+        Ok(self)
+    }
+
+    /// Adds a broadcast of the root's `buf`: the untyped form of [`Batch::broadcast`].
+    pub fn broadcast_bytes(&mut self, buf: &'b mut [u8], root: usize) -> &mut Self {
+        self.ops.push(BatchOp::Broadcast { buf, root });
+        self
+    }
+
     /// Runs the batch: one fused call per (all-reduce type and op) and per broadcast root,
     /// in order of first appearance.
     pub fn run(mut self) -> Result<()> {

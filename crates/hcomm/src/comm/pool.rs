@@ -36,7 +36,10 @@ impl<T: Element> PoolBuf<T> {
             .checked_mul(size_of::<T>())
             .and_then(|bytes| Layout::from_size_align(bytes.max(1), POOL_ALIGN).ok())
             .ok_or_else(|| {
-                Error::InvalidArgument(format!("{count} elements are too many to allocate"))
+                Error::InvalidArgument(format!(
+                    "{count} elements of {} bytes: more bytes than can be allocated",
+                    size_of::<T>()
+                ))
             })
     }
 }

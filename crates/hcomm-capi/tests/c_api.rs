@@ -1,0 +1,310 @@
+//! The C API from C: gcc compiles programs against the libhcomm.so of this build and runs them
+//! alone and under hcommrun; `make install` into a scratch prefix lets the seed's example build
+//! with exactly `gcc example.c -o example -lhcomm`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{compile, job, root, run, Finished, TempDir};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[test]
+fn seed_example_prints_the_message_on_two_ranks() {
+    let dir = TempDir::new("seed");
+    let example = compile(&dir, "example", "examples/c/example.c");
+    job(&dir, 2, &example, &[], LIMIT)
+        .assert_success("the seed example")
+        .assert_stdout_has("Received: Hello from rank 0");
+}
+
+fn collectives_on(n: usize) {
+    let dir = TempDir::new("collectives");
+    let program = compile(
+        &dir,
+        "collectives",
+        "crates/hcomm-capi/tests/c/collectives.c",
+    );
+    job(&dir, n, &program, &[], LIMIT)
+        .assert_success("collectives.c")
+        .assert_stdout_has("PASS collectives")
+        .assert_stdout_has(&format!("calls on {n} ranks"));
+}
+
+#[test]
+fn every_collective_type_and_op_matches_the_reference_on_1_rank() {
+    collectives_on(1);
+}
+
+#[test]
+fn every_collective_type_and_op_matches_the_reference_on_2_ranks() {
+    collectives_on(2);
+}
+
+#[test]
+fn every_collective_type_and_op_matches_the_reference_on_3_ranks() {
+    collectives_on(3);
+}
+
+#[test]
+fn every_collective_type_and_op_matches_the_reference_on_5_ranks() {
+    collectives_on(5);
+}
+
+#[test]
+fn point_to_point_groups_and_split_on_1_2_3_and_5_ranks() {
+    let dir = TempDir::new("p2p");
+    let program = compile(&dir, "p2p_groups", "crates/hcomm-capi/tests/c/p2p_groups.c");
+    for n in [1, 2, 3, 5] {
+        job(&dir, n, &program, &[], LIMIT)
+            .assert_success("p2p_groups.c")
+            .assert_stdout_has(&format!("PASS p2p_groups on {n} ranks"));
+    }
+}
+
+/// validation.c alone (`ranks == 1`, no launcher) or under hcommrun.
+fn validation(ranks: usize) {
+    let dir = TempDir::new("validation");
+    let program = compile(&dir, "validation", "crates/hcomm-capi/tests/c/validation.c");
+    let mut cmd = if ranks == 1 {
+        Command::new(&program)
+    } else {
+        let mut c = Command::new(common::hcommrun());
+        c.args(["-n", &ranks.to_string(), "--"]).arg(&program);
+        c
+    };
+    cmd.arg(ranks.to_string()).env("HCOMM_TIMEOUT", "2");
+    let finished = run(&dir, &mut cmd, LIMIT);
+    finished
+        .assert_success("validation.c")
+        .assert_stdout_has(&format!("PASS validation on rank 0 of {ranks}"));
+    // hcommFree returns nothing: a foreign pointer is reported on stderr.
+    assert!(
+        finished
+            .stderr
+            .contains("hcommFree: hcomm invalid argument: 0x"),
+        "{}",
+        finished.stderr
+    );
+}
+
+#[test]
+fn bad_arguments_give_the_documented_codes_without_a_launcher() {
+    validation(1);
+}
+
+#[test]
+fn bad_arguments_mismatches_and_lost_peers_give_the_documented_codes_on_2_ranks() {
+    validation(2);
+}
+
+#[test]
+fn gradient_averaging_example_converges_and_ranks_agree() {
+    let dir = TempDir::new("gradients");
+    let program = gradients(&dir);
+    job(&dir, 3, &program, &[], LIMIT)
+        .assert_success("gradient_averaging.c")
+        .assert_stdout_has("3 ranks, 768 samples")
+        .assert_stdout_has("ranks agree");
+}
+
+#[test]
+fn the_header_is_strict_c99() {
+    let dir = TempDir::new("header");
+    let source = dir.path().join("only_header.c");
+    std::fs::write(
+        &source,
+        "#include <hcomm/hcomm.h>\nint main(void) { return hcommGetLastError(); }\n",
+    )
+    .unwrap();
+    common::succeeds(
+        Command::new("gcc")
+            .args([
+                "-std=c99",
+                "-pedantic-errors",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-c",
+                "-I",
+            ])
+            .arg(root().join("crates/hcomm-capi/include"))
+            .arg(&source)
+            .arg("-o")
+            .arg(dir.path().join("only_header.o")),
+    );
+}
+
+/// `make install-bin install-capi` of this build into `prefix`.
+fn make_install(prefix: &Path) {
+    common::succeeds(
+        Command::new("make")
+            .current_dir(root())
+            .arg("install")
+            .arg(format!("PREFIX={}", prefix.display()))
+            .arg(format!("RELEASE_DIR={}", common::profile_dir().display()))
+            .env_remove("DESTDIR"),
+    );
+}
+
+#[test]
+fn make_install_lets_plain_gcc_build_the_seed_example() {
+    let dir = TempDir::new("install");
+    let prefix = dir.path().join("prefix");
+    make_install(&prefix);
+    let lib = prefix.join("lib");
+    for f in [
+        "libhcomm.so",
+        "libhcomm.so.0",
+        "libhcomm.a",
+        "pkgconfig/hcomm.pc",
+    ] {
+        assert!(lib.join(f).exists(), "{f} was not installed");
+    }
+    assert!(prefix.join("include/hcomm/hcomm.h").is_file());
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::copy(root().join("examples/c/example.c"), work.join("example.c")).unwrap();
+    // The article's command, verbatim; the compiler finds the scratch prefix through the
+    // environment as it would find /usr/local by default.
+    let gcc = |args: &[&str]| {
+        common::succeeds(
+            Command::new("gcc")
+                .current_dir(&work)
+                .args(args)
+                .env("CPATH", prefix.join("include"))
+                .env("LIBRARY_PATH", &lib),
+        )
+    };
+    gcc(&["example.c", "-o", "example", "-lhcomm"]);
+    let pkg = |args: &[&str]| {
+        let output = Command::new("pkg-config")
+            .args(args)
+            .arg("hcomm")
+            .env("PKG_CONFIG_PATH", lib.join("pkgconfig"))
+            .output()
+            .expect("running pkg-config (apt-get install pkg-config)");
+        assert!(output.status.success(), "pkg-config {args:?} failed");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let flags = pkg(&["--cflags", "--libs"]);
+    assert!(flags.contains("-lhcomm"), "{flags}");
+    let mut args: Vec<&str> = vec!["example.c", "-o", "example_pc"];
+    args.extend(flags.split_whitespace());
+    gcc(&args);
+    // Static: the archive and the libraries pkg-config lists for it.
+    let private = pkg(&["--static", "--libs-only-l"]);
+    let archive = lib.join("libhcomm.a");
+    let mut args: Vec<&str> = vec![
+        "example.c",
+        "-o",
+        "example_static",
+        archive.to_str().unwrap(),
+    ];
+    args.extend(private.split_whitespace().filter(|a| *a != "-lhcomm"));
+    gcc(&args);
+    let run_dir = TempDir::new("install-run");
+    for program in ["example", "example_pc", "example_static"] {
+        let mut cmd = Command::new(prefix.join("bin/hcommrun"));
+        cmd.args(["-n", "2", "--"])
+            .arg(work.join(program))
+            .env("LD_LIBRARY_PATH", &lib);
+        run(&run_dir, &mut cmd, LIMIT)
+            .assert_success(program)
+            .assert_stdout_has("Received: Hello from rank 0");
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The gradient-averaging example, compiled once per test.
+fn gradients(dir: &TempDir) -> std::path::PathBuf {
+    compile(dir, "gradients", "examples/c/gradient_averaging.c")
+}
+
+#[test]
+fn hcomm_init_joins_jobs_of_open_mpi_and_mpich() {
+    let dir = TempDir::new("mpi");
+    let program = gradients(&dir);
+    let root_addr = format!("127.0.0.1:{}", free_port());
+    let mut ompi = Command::new("mpirun.openmpi");
+    ompi.args(["--allow-run-as-root", "--oversubscribe", "-n", "3"])
+        .args(["-x", &format!("HCOMM_ROOT_ADDR={root_addr}")])
+        .args(["-x", "HCOMM_JOB_SECRET=capi-ompi"])
+        .arg(&program)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    run(&dir, &mut ompi, LIMIT)
+        .assert_success("the example under mpirun.openmpi")
+        .assert_stdout_has("3 ranks, 768 samples")
+        .assert_stdout_has("ranks agree");
+    let root_addr = format!("127.0.0.1:{}", free_port());
+    let mut mpich = Command::new("mpiexec.mpich");
+    mpich
+        .args(["-n", "3", "-genv", "HCOMM_ROOT_ADDR", &root_addr])
+        .args(["-genv", "HCOMM_JOB_SECRET", "capi-mpich"])
+        .arg(&program);
+    run(&dir, &mut mpich, LIMIT)
+        .assert_success("the example under mpiexec.mpich")
+        .assert_stdout_has("3 ranks, 768 samples")
+        .assert_stdout_has("ranks agree");
+}
+
+/// Starts `n` ranks of `program` by hand, each with the variables `set_env` gives it, as
+/// `name` would; every rank must succeed.
+fn by_hand(
+    dir: &TempDir,
+    program: &Path,
+    name: &str,
+    n: usize,
+    set_env: impl Fn(&mut Command, usize),
+) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(program);
+            set_env(&mut c, r);
+            common::start(dir, &mut c, &format!("{name}-{r}"))
+        })
+        .collect();
+    let done: Vec<Finished> = ranks.into_iter().map(|r| r.finish(deadline)).collect();
+    for (r, f) in done.iter().enumerate() {
+        f.assert_success(&format!("rank {r} under {name} variables"));
+    }
+    done[0]
+        .assert_stdout_has(&format!("{n} ranks, {} samples", 256 * n))
+        .assert_stdout_has("ranks agree");
+}
+
+#[test]
+fn hcomm_init_joins_jobs_of_slurm_and_torchrun() {
+    let dir = TempDir::new("slurm-torchrun");
+    let program = gradients(&dir);
+    let n = 3;
+    let store = free_port();
+    by_hand(&dir, &program, "slurm", n, |c, r| {
+        c.env("SLURM_PROCID", r.to_string())
+            .env("SLURM_NTASKS", n.to_string())
+            .env("SLURM_LOCALID", r.to_string())
+            .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{store}"))
+            .env("HCOMM_JOB_SECRET", "capi-slurm");
+    });
+    // hcomm's store takes MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT).
+    let store = free_port();
+    by_hand(&dir, &program, "torchrun", n, |c, r| {
+        c.env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", (store - 1).to_string())
+            .env("HCOMM_JOB_SECRET", "capi-torchrun");
+    });
+}
