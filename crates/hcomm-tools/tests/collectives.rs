@@ -158,6 +158,8 @@ fn ranks_spanning_hosts_use_the_hierarchical_algorithms() {
         format!("HCOMM_HOST_ID=host$((HCOMM_RANK % 3)) exec {CHECK} collectives --max-count 70000");
     let text = run_job(5, &[], &["sh", "-c", &script]);
     assert_eq!(text.matches("OK collectives").count(), 5, "{text}");
+    // Forced hier on 4 ranks (hosts of 2, 1, 1): all-reduce runs tiered, its host stage
+    // one-sided through shared memory.
     run_job(
         4,
         &[("HCOMM_ALGO", "allreduce:hier,allgather:hier")],

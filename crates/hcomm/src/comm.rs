@@ -3,6 +3,7 @@
 mod collectives;
 mod onesided;
 mod pool;
+mod tiered;
 
 pub use pool::PoolBuf;
 
@@ -99,6 +100,9 @@ struct CommState {
     /// The one-sided state, made at the first call that may use it (`Some(None)`: this
     /// communicator cannot use one-sided collectives).
     onesided: Mutex<Option<Option<Arc<onesided::OneSided>>>>,
+    /// The host and host-leader sub-communicators of the tiered all-reduce, made at its first
+    /// call.
+    tiers: Mutex<Option<Arc<tiered::Tiers>>>,
 }
 
 /// A cached choice of algorithm and its schedule for one call shape.
@@ -110,6 +114,8 @@ struct Plan {
     slot: usize,
     /// Blocking calls run one-sided (the schedule is for nonblocking ones).
     onesided: Option<Arc<onesided::OneSided>>,
+    /// Blocking calls run the tiered all-reduce: one-sided within hosts.
+    tiered: bool,
 }
 
 /// A finished nonblocking operation: its buffer back, and the bytes sent or received.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::onesided::{Buffers, OneSided};
+use super::tiered::Tiers;
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
 use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
 use crate::coll::{Algorithm, CollKind, Shape, VLayout};
@@ -50,6 +51,16 @@ impl Communicator {
                 onesided = Some(os);
             }
         }
+        // The hierarchical all-reduce of ranks on several hosts, some sharing one, with shared
+        // memory inside them: its host stages run one-sided. Decided from what every rank sees
+        // alike (the topology and the settings). Not in deterministic mode (it adds in host
+        // order, not rank order).
+        let tiered = shape.kind == CollKind::AllReduce
+            && algo.name() == "hier"
+            && !self.world.config.deterministic
+            && self.topology.num_hosts() > 1
+            && self.topology.num_hosts() < self.size()
+            && self.world.config.transport.as_deref() != Some("tcp");
         let sched = Arc::new(algo.schedule(shape, self.rank, &self.topology));
         let slot = selector.slot(shape.kind, algo);
         let plan = Plan {
@@ -57,6 +68,7 @@ impl Communicator {
             sched,
             slot,
             onesided,
+            tiered,
         };
         // Bound the cache: a program sweeping sizes must not grow it forever.
         if plans.len() >= 1024 {
@@ -79,6 +91,18 @@ impl Communicator {
         }
         let made = OneSided::create(self)?.map(Arc::new);
         *slot = Some(made.clone());
+        Ok(made)
+    }
+
+    /// The sub-communicators of the tiered all-reduce, made by the first call that needs them
+    /// (every member makes them at the same call).
+    fn tiers(&self) -> Result<Arc<Tiers>> {
+        let mut slot = self.state.tiers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = &*slot {
+            return Ok(Arc::clone(t));
+        }
+        let made = Arc::new(Tiers::create(self)?);
+        *slot = Some(Arc::clone(&made));
         Ok(made)
     }
 
@@ -130,6 +154,7 @@ impl Communicator {
         // must run in call order on every rank.
         let plan = Plan {
             onesided: None,
+            tiered: false,
             ..self.plan(&shape)?
         };
         let seq = self
@@ -304,6 +329,12 @@ impl Communicator {
             };
             // SAFETY: forwarded from the caller.
             return unsafe { os.run(self, shape, seq, sig, &bufs, deadline) }
+                .map_err(|e| self.explain(shape, e));
+        }
+        if plan.tiered {
+            let tiers = self.tiers()?;
+            // SAFETY: forwarded from the caller.
+            return unsafe { tiers.allreduce(shape, send.0, recv.0) }
                 .map_err(|e| self.explain(shape, e));
         }
         let call = exec::Call {

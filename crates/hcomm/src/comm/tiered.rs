@@ -1,0 +1,109 @@
+//! The hierarchical all-reduce of communicators spanning hosts, with one-sided host stages.
+//!
+//! The members of each host reduce into their host's first member (one-sided, through shared
+//! memory: see `comm::onesided`), the first members all-reduce among themselves over the
+//! network (the message-based algorithms), and each host's first member broadcasts the result
+//! to its host (one-sided again). The two sub-communicators, one per host and one of the
+//! hosts' first members, are split off at the first such call (every member makes it at the
+//! same call).
+
+use super::Communicator;
+use crate::coll::{CollKind, Shape};
+use crate::dtype::ReduceOp;
+use crate::error::{Error, Result};
+use crate::reduce;
+
+/// The sub-communicators of a communicator spanning hosts.
+pub(super) struct Tiers {
+    /// The members on this host.
+    host: Communicator,
+    /// The first member of every host; `None` on the others.
+    leaders: Option<Communicator>,
+}
+
+impl Tiers {
+    /// Splits `comm` into its hosts and its hosts' first members (collective over `comm`).
+    pub(super) fn create(comm: &Communicator) -> Result<Tiers> {
+        let topo = &comm.topology;
+        let me = comm.rank;
+        let host = comm
+            .split(topo.host_of(me) as i32, me as i32)?
+            .ok_or_else(|| Error::Internal("no host communicator".into()))?;
+        let first = topo.local_rank(me) == 0;
+        let leaders = comm.split(if first { 0 } else { -1 }, me as i32)?;
+        Ok(Tiers { host, leaders })
+    }
+
+    /// Runs the all-reduce of `shape` on `comm` through the tiers.
+    ///
+    /// # Safety
+    /// `send` (unless null, when the call is in place) must be valid for reads of the
+    /// shape's bytes and `recv` for reads and writes of them, for the whole call, and not be
+    /// used otherwise.
+    pub(super) unsafe fn allreduce(
+        &self,
+        shape: &Shape,
+        send: *const u8,
+        recv: *mut u8,
+    ) -> Result<()> {
+        let bytes = shape.count * shape.elem();
+        // Partial results are sums: an average divides once, at the end.
+        let op = match shape.op {
+            ReduceOp::Avg => ReduceOp::Sum,
+            other => other,
+        };
+        // SAFETY: forwarded from the caller.
+        let out = unsafe { std::slice::from_raw_parts_mut(recv, bytes) };
+        let input: Option<&[u8]> = (!send.is_null() && !shape.in_place)
+            // SAFETY: forwarded from the caller; not in place, so it does not overlap `out`.
+            .then(|| unsafe { std::slice::from_raw_parts(send, bytes) });
+        let host_size = self.host.size();
+        let first = self.host.rank() == 0;
+        // 1. Reduce into the host's first member. There, in place when the call is (or its
+        //    input is copied in first); elsewhere the input is wherever the caller has it.
+        let reduce = Shape {
+            in_place: first,
+            ..Shape::new(CollKind::Reduce, shape.dtype, op, shape.count, 0, host_size)
+        };
+        if first {
+            if let Some(input) = input {
+                out.copy_from_slice(input);
+            }
+            self.host.run_collective(reduce, None, out)?;
+        } else {
+            let mine: &[u8] = match input {
+                Some(input) => input,
+                None => out,
+            };
+            self.host.run_collective(reduce, Some(mine), &mut [])?;
+        }
+        // 2. The hosts' first members combine their hosts' results.
+        if let Some(leaders) = &self.leaders {
+            let all = Shape {
+                in_place: true,
+                ..Shape::new(
+                    CollKind::AllReduce,
+                    shape.dtype,
+                    op,
+                    shape.count,
+                    0,
+                    leaders.size(),
+                )
+            };
+            leaders.run_collective(all, None, out)?;
+            if shape.op == ReduceOp::Avg {
+                reduce::finish_avg(shape.dtype, out, shape.size)?;
+            }
+        }
+        // 3. Each host's first member hands the result to its host.
+        let bcast = Shape::new(
+            CollKind::Broadcast,
+            shape.dtype,
+            shape.op,
+            shape.count,
+            0,
+            host_size,
+        );
+        self.host.run_collective(bcast, None, out)
+    }
+}
