@@ -320,7 +320,6 @@ impl Communicator {
         } else {
             [0; 2]
         };
-        let deadline = Instant::now() + self.world.config.timeout;
         if let Some(os) = &plan.onesided {
             let bufs = Buffers {
                 send: send.0,
@@ -328,7 +327,7 @@ impl Communicator {
                 recv_len: recv.1,
             };
             // SAFETY: forwarded from the caller.
-            return unsafe { os.run(self, shape, seq, sig, &bufs, deadline) }
+            return unsafe { os.run(self, shape, seq, sig, &bufs) }
                 .map_err(|e| self.explain(shape, e));
         }
         if plan.tiered {
@@ -337,6 +336,7 @@ impl Communicator {
             return unsafe { tiers.allreduce(shape, send.0, recv.0) }
                 .map_err(|e| self.explain(shape, e));
         }
+        let deadline = Instant::now() + self.world.config.timeout;
         let call = exec::Call {
             sched: &plan.sched,
             comm: self.id | COLL,

@@ -32,6 +32,7 @@
 //! `HCOMM_TIMEOUT` and checks that the peer is still alive.
 
 use rustc_hash::FxHashMap as HashMap;
+use std::cell::OnceCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -229,7 +230,6 @@ impl OneSided {
         tag: u32,
         sig: [u64; 2],
         bufs: &Buffers,
-        deadline: Instant,
     ) -> Result<()> {
         let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         let j = *calls + 1;
@@ -238,7 +238,7 @@ impl OneSided {
             os: self,
             comm,
             tag,
-            deadline,
+            deadline: OnceCell::new(),
         };
         let engine = &comm.world.engine;
         engine.begin_call(comm.id | COLL, tag, sig)?;
@@ -583,7 +583,9 @@ struct Waiter<'a> {
     os: &'a OneSided,
     comm: &'a Communicator,
     tag: u32,
-    deadline: Instant,
+    /// `HCOMM_TIMEOUT` from the first wait that had to sleep (reading the clock costs as
+    /// much as a whole small call).
+    deadline: OnceCell<Instant>,
 }
 
 impl Waiter<'_> {
@@ -609,15 +611,18 @@ impl Waiter<'_> {
             }
         }
         let engine = &self.comm.world.engine;
+        let deadline = *self
+            .deadline
+            .get_or_init(|| Instant::now() + self.comm.world.config.timeout);
         loop {
             let now = Instant::now();
-            if now >= self.deadline {
+            if now >= deadline {
                 return Err(Error::Timeout(format!(
                     "rank {p} has not reached this collective (one-sided call {target}) within \
                      HCOMM_TIMEOUT; it may be stuck, slow, or calling something else"
                 )));
             }
-            let left = (self.deadline - now).min(SLEEP);
+            let left = (deadline - now).min(SLEEP);
             if let Some(bell) = engine.own_bell() {
                 if bell.sleep_unless(&mut || ready(), left) || ready() {
                     return Ok(());
