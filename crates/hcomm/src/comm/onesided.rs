@@ -4,7 +4,8 @@
 //! created at the communicator's first one-sided call:
 //!
 //! ```text
-//! 0    seq    (AtomicU64, own 128 bytes): number of the last one-sided call this rank started
+//! 0    seq    (AtomicU64): number of the last one-sided call this rank started
+//! 64   failed (AtomicU64): last call this rank abandoned after starting it
 //! 128  ready  (AtomicU64): last call whose reduced slice this rank has finished
 //! 256  done   (AtomicU64): last call whose peers' buffers this rank has finished reading
 //! 384  header of slot 0 | 448 header of slot 1: signature, length, buffer addresses
@@ -49,6 +50,8 @@ use crate::transport::shm::segment::{segment_name, ShmSegment};
 /// Bytes of each slot's data: the largest contribution that goes inline.
 pub(super) const SLOT: usize = 32 << 10;
 const SEQ: usize = 0;
+/// Last call this rank abandoned after publishing it (its peers must not wait for it).
+const FAILED: usize = 64;
 const READY: usize = 128;
 const DONE: usize = 256;
 const HEADERS: usize = 384;
@@ -238,6 +241,7 @@ impl OneSided {
             os: self,
             comm,
             tag,
+            call: j,
             deadline: OnceCell::new(),
         };
         let engine = &comm.world.engine;
@@ -271,6 +275,32 @@ impl OneSided {
             }
         }
         self.publish(comm, SEQ, j);
+        // SAFETY: forwarded from the caller.
+        let result = unsafe { self.complete(&waiter, shape, sig, j, slot, inline, bufs) };
+        if result.is_err() {
+            // Peers may wait for this rank's part of the call: tell them it will not come.
+            self.publish(comm, FAILED, j);
+        }
+        result
+    }
+
+    /// The rest of call `j` once this rank published it: check the peers' signatures, then
+    /// compute the result.
+    ///
+    /// # Safety
+    /// As for [`OneSided::run`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn complete(
+        &self,
+        waiter: &Waiter<'_>,
+        shape: &Shape,
+        sig: [u64; 2],
+        j: u64,
+        slot: usize,
+        inline: bool,
+        bufs: &Buffers,
+    ) -> Result<()> {
+        let n = self.segs.len();
         for p in (0..n).filter(|&p| p != self.me) {
             waiter.wait(p, SEQ, j)?;
         }
@@ -301,7 +331,7 @@ impl OneSided {
             unsafe { self.inline(shape, slot, bufs) }
         } else {
             // SAFETY: forwarded from the caller.
-            unsafe { self.large(&waiter, shape, j, slot, bufs) }
+            unsafe { self.large(waiter, shape, j, slot, bufs) }
         }
     }
 
@@ -583,6 +613,8 @@ struct Waiter<'a> {
     os: &'a OneSided,
     comm: &'a Communicator,
     tag: u32,
+    /// The call's number.
+    call: u64,
     /// `HCOMM_TIMEOUT` from the first wait that had to sleep (reading the clock costs as
     /// much as a whole small call).
     deadline: OnceCell<Instant>,
@@ -629,6 +661,11 @@ impl Waiter<'_> {
                 }
             }
             engine.check_peer(self.os.world[p])?;
+            if self.os.counter(p, FAILED).load(Ordering::Acquire) >= self.call {
+                return Err(Error::Aborted(format!(
+                    "rank {p} abandoned this collective after an error; see that rank's error"
+                )));
+            }
             if let Some(e) = engine.call_failed(self.comm.id | COLL, self.tag) {
                 return Err(e);
             }
