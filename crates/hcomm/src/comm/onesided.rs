@@ -56,7 +56,11 @@ const READY: usize = 128;
 const DONE: usize = 256;
 const HEADERS: usize = 384;
 const DATA: usize = 512;
-const SEG_LEN: usize = DATA + 2 * SLOT;
+/// The two tiny slots, one cache line each, after the data slots.
+const TINY: usize = DATA + 2 * SLOT;
+const SEG_LEN: usize = TINY + 2 * 64;
+/// Largest contribution of a tiny call: it travels in one cache line with its call number.
+const TINY_MAX: usize = 32;
 /// Bytes reduced at a time by the large all-reduce (they stay in the core's cache).
 const CHUNK: usize = 128 << 10;
 /// Calls on at least this many bytes write their results with non-temporal stores: their
@@ -97,6 +101,27 @@ fn pool_loc(pool: Option<&ShmPool>, ptr: *const u8, len: usize) -> u64 {
 
 const _: () = assert!(size_of::<Header>() <= 64);
 
+/// A tiny call's whole slot: one cache line, so that a peer sees the call number and the data
+/// with a single transfer.
+#[repr(C, align(64))]
+struct Tiny {
+    /// The call; stored last, with release ordering.
+    seq: AtomicU64,
+    sig: [u64; 2],
+    len: u64,
+    data: [u8; TINY_MAX],
+}
+
+const _: () = assert!(size_of::<Tiny>() == 64);
+
+/// The call counter of a communicator and what this rank knows of its peers.
+struct Calls {
+    /// Calls this rank started.
+    last: u64,
+    /// The latest call each peer is known to have started.
+    known: Vec<u64>,
+}
+
 /// The one-sided state of a communicator.
 pub(super) struct OneSided {
     me: usize,
@@ -111,7 +136,7 @@ pub(super) struct OneSided {
     /// Whether cross-memory attach reaches every peer.
     cma: bool,
     /// Calls so far; held for the length of a call.
-    calls: Mutex<u64>,
+    calls: Mutex<Calls>,
     /// The job id of the segment names.
     job: String,
     /// Bytes of a pool block (the same on every rank).
@@ -199,7 +224,10 @@ impl OneSided {
             segs,
             spin: comm.world.spin,
             cma,
-            calls: Mutex::new(0),
+            calls: Mutex::new(Calls {
+                last: 0,
+                known: vec![0; n],
+            }),
             job: job.to_owned(),
             block_size: comm.world.pool.as_ref().map_or(0, |p| p.block_size()),
             local_ranks: engine.shm_peer_count() as u32 + 1,
@@ -235,8 +263,8 @@ impl OneSided {
         bufs: &Buffers,
     ) -> Result<()> {
         let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
-        let j = *calls + 1;
-        *calls = j;
+        let j = calls.last + 1;
+        calls.last = j;
         let waiter = Waiter {
             os: self,
             comm,
@@ -248,13 +276,29 @@ impl OneSided {
         engine.begin_call(comm.id | COLL, tag, sig)?;
         let n = self.segs.len();
         // Slot j % 2 was last used by call j - 2: every peer has finished it once it started
-        // call j - 1.
+        // call j - 1 (which this rank usually saw during call j - 1).
         for p in (0..n).filter(|&p| p != self.me) {
-            waiter.wait(p, SEQ, j - 1)?;
+            if calls.known[p] < j - 1 {
+                waiter.wait(p, SEQ, j - 1)?;
+            }
         }
         let (input, len) = contribution(shape, self.me, bufs);
-        let inline = max_contribution(shape) <= SLOT;
         let slot = (j % 2) as usize;
+        if max_contribution(shape) <= TINY_MAX {
+            // SAFETY: forwarded from the caller.
+            return unsafe {
+                self.tiny(
+                    &waiter,
+                    shape,
+                    sig,
+                    (j, slot),
+                    (input, len),
+                    bufs,
+                    &mut calls.known,
+                )
+            };
+        }
+        let inline = max_contribution(shape) <= SLOT;
         let pool = comm.world.pool.as_deref();
         let header = Header {
             sig,
@@ -276,12 +320,87 @@ impl OneSided {
         }
         self.publish(comm, SEQ, j);
         // SAFETY: forwarded from the caller.
-        let result = unsafe { self.complete(&waiter, shape, sig, j, slot, inline, bufs) };
+        let result = unsafe {
+            self.complete(
+                &waiter,
+                shape,
+                sig,
+                (j, slot),
+                inline,
+                bufs,
+                &mut calls.known,
+            )
+        };
         if result.is_err() {
             // Peers may wait for this rank's part of the call: tell them it will not come.
             self.publish(comm, FAILED, j);
         }
         result
+    }
+
+    /// A call whose every contribution fits a cache line: it goes with the call number in
+    /// one line of the tiny slot, and each rank computes its result from the peers' lines.
+    ///
+    /// # Safety
+    /// As for [`OneSided::run`]; `input` is this rank's contribution.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tiny(
+        &self,
+        waiter: &Waiter<'_>,
+        shape: &Shape,
+        sig: [u64; 2],
+        (j, slot): (u64, usize),
+        input: (*const u8, usize),
+        bufs: &Buffers,
+        known: &mut [u64],
+    ) -> Result<()> {
+        let mine = self.tiny_ptr(self.me, slot);
+        // SAFETY: the line is this rank's to write until it publishes `seq` (no peer reads it
+        // before); the contribution is `input.1 <= TINY_MAX` readable bytes.
+        unsafe {
+            std::ptr::addr_of_mut!((*mine).sig).write(sig);
+            std::ptr::addr_of_mut!((*mine).len).write(input.1 as u64);
+            std::ptr::addr_of_mut!((*mine).data)
+                .cast::<u8>()
+                .copy_from_nonoverlapping(input.0, input.1);
+            (*mine).seq.store(j, Ordering::Release);
+        }
+        // The call counter too (after the line, which is what the peers watch now): a later
+        // call's peers may not have seen this one.
+        self.counter(self.me, SEQ).store(j, Ordering::Release);
+        for p in (0..self.segs.len()).filter(|&p| p != self.me) {
+            waiter.comm.world.engine.ring_peer(self.world[p]);
+        }
+        for p in (0..self.segs.len()).filter(|&p| p != self.me) {
+            // SAFETY: the line lies in the peer's mapped segment; `seq` is an atomic.
+            let seq = unsafe { &(*self.tiny_ptr(p, slot)).seq };
+            waiter.wait_on(p, seq, j)?;
+            known[p] = j;
+            // SAFETY: the peer published call j in this line (acquire above) and does not
+            // rewrite it before this rank starts call j + 1.
+            let (theirs, len) = unsafe {
+                let line = self.tiny_ptr(p, slot);
+                (
+                    std::ptr::addr_of!((*line).sig).read(),
+                    std::ptr::addr_of!((*line).len).read(),
+                )
+            };
+            check_peer_call(shape, sig, p, theirs, len)?;
+        }
+        // SAFETY: every line holds its rank's contribution (checked above); forwarded from the
+        // caller for the buffers.
+        unsafe {
+            self.compute(shape, bufs, |p| {
+                std::ptr::addr_of!((*self.tiny_ptr(p, slot)).data).cast::<u8>()
+            })
+        }
+    }
+
+    fn tiny_ptr(&self, rank: usize, slot: usize) -> *mut Tiny {
+        self.segs[rank]
+            .as_ptr()
+            .wrapping_add(TINY + 64 * slot)
+            .cast()
     }
 
     /// The rest of call `j` once this rank published it: check the peers' signatures, then
@@ -295,36 +414,22 @@ impl OneSided {
         waiter: &Waiter<'_>,
         shape: &Shape,
         sig: [u64; 2],
-        j: u64,
-        slot: usize,
+        (j, slot): (u64, usize),
         inline: bool,
         bufs: &Buffers,
+        known: &mut [u64],
     ) -> Result<()> {
         let n = self.segs.len();
         for p in (0..n).filter(|&p| p != self.me) {
             waiter.wait(p, SEQ, j)?;
+            known[p] = j;
         }
         // Every rank checks every signature, so a mismatch fails every rank of the call.
         for p in (0..n).filter(|&p| p != self.me) {
             // SAFETY: the peer published call j, so its header is written, and it is not
             // rewritten before this rank starts call j + 1.
             let theirs = unsafe { self.header_ptr(p, slot).read() };
-            if theirs.sig != sig {
-                return Err(Error::Mismatch(format!(
-                    "this rank called {} but rank {p} called {}: every rank must call the same \
-                     collectives in the same order with the same type, op, count and root",
-                    Shape::describe_signature(sig),
-                    Shape::describe_signature(theirs.sig)
-                )));
-            }
-            let want = contribution_len(shape, p);
-            if theirs.len != want as u64 {
-                return Err(Error::Mismatch(format!(
-                    "rank {p} contributes {} bytes to {} where {want} were expected",
-                    theirs.len,
-                    Shape::describe_signature(sig)
-                )));
-            }
+            check_peer_call(shape, sig, p, theirs.sig, theirs.len)?;
         }
         if inline {
             // SAFETY: forwarded from the caller; the peers' slots hold call j.
@@ -340,15 +445,27 @@ impl OneSided {
     /// # Safety
     /// As for [`OneSided::run`], with every peer's slot `slot` published for this call.
     unsafe fn inline(&self, shape: &Shape, slot: usize, bufs: &Buffers) -> Result<()> {
+        // SAFETY: forwarded from the caller: every slot holds its rank's contribution.
+        unsafe { self.compute(shape, bufs, |p| self.data_ptr(p, slot).cast_const()) }
+    }
+
+    /// This rank's result from every rank's contribution, at `at(rank)`.
+    ///
+    /// # Safety
+    /// `at(p)` must point to rank `p`'s contribution of `contribution_len(shape, p)` bytes,
+    /// not changing during the call; the buffers as for [`OneSided::run`].
+    unsafe fn compute(
+        &self,
+        shape: &Shape,
+        bufs: &Buffers,
+        at: impl Fn(usize) -> *const u8,
+    ) -> Result<()> {
         let n = self.segs.len();
         let me = self.me;
         let e = shape.elem();
         let block = shape.count * e;
-        // SAFETY: every rank's slot holds its contribution of `contribution_len` bytes (checked
-        // against the header); this rank's own slot too.
-        let c = |p: usize| unsafe {
-            std::slice::from_raw_parts(self.data_ptr(p, slot), contribution_len(shape, p))
-        };
+        // SAFETY: the caller's promise on `at`.
+        let c = |p: usize| unsafe { std::slice::from_raw_parts(at(p), contribution_len(shape, p)) };
         // SAFETY: the caller's receive buffer, valid for `recv_len` bytes for this call and
         // used by nothing else.
         let out = unsafe { std::slice::from_raw_parts_mut(bufs.recv, bufs.recv_len) };
@@ -623,7 +740,11 @@ struct Waiter<'a> {
 impl Waiter<'_> {
     /// Waits until rank `p`'s counter `which` reaches `target`.
     fn wait(&self, p: usize, which: usize, target: u64) -> Result<()> {
-        let ctr = self.os.counter(p, which);
+        self.wait_on(p, self.os.counter(p, which), target)
+    }
+
+    /// Waits until `ctr`, a counter of rank `p`, reaches `target`.
+    fn wait_on(&self, p: usize, ctr: &AtomicU64, target: u64) -> Result<()> {
         let ready = || ctr.load(Ordering::Acquire) >= target;
         if ready() {
             return Ok(());
@@ -674,6 +795,33 @@ impl Waiter<'_> {
             }
         }
     }
+}
+
+/// Fails unless peer `p`'s call (signature `theirs`, contribution of `len` bytes) is this
+/// rank's (`sig`): every rank checks every other, so a mismatch fails every rank of the call.
+fn check_peer_call(
+    shape: &Shape,
+    sig: [u64; 2],
+    p: usize,
+    theirs: [u64; 2],
+    len: u64,
+) -> Result<()> {
+    if theirs != sig {
+        return Err(Error::Mismatch(format!(
+            "this rank called {} but rank {p} called {}: every rank must call the same \
+             collectives in the same order with the same type, op, count and root",
+            Shape::describe_signature(sig),
+            Shape::describe_signature(theirs)
+        )));
+    }
+    let want = contribution_len(shape, p);
+    if len != want as u64 {
+        return Err(Error::Mismatch(format!(
+            "rank {p} contributes {len} bytes to {} where {want} were expected",
+            Shape::describe_signature(sig)
+        )));
+    }
+    Ok(())
 }
 
 /// Whether the ranks of `comm` all say `ok` (collective).
