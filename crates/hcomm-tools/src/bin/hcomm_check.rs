@@ -394,6 +394,19 @@ fn inputs(shapes: &[Shape], seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     (sends, recvs)
 }
 
+/// A call for messages: collective, type, op, count, root, in place or not.
+fn describe(s: &Shape) -> String {
+    format!(
+        "{} {} {} count {} root {} in place {}",
+        s.kind.name(),
+        s.dtype.name(),
+        s.op.name(),
+        s.count,
+        s.root,
+        s.in_place
+    )
+}
+
 /// Runs one call on this rank and checks it against the reference.
 fn check_call(comm: &Communicator, shapes: &[Shape], seed: u64, pool: bool) -> Result<()> {
     let r = comm.rank();
@@ -420,27 +433,12 @@ fn check_call(comm: &Communicator, shapes: &[Shape], seed: u64, pool: bool) -> R
         comm.run_collective(s.clone(), send, &mut recv)
             .map(|()| recv)
     };
-    let recv = result.with_context(|| {
-        format!(
-            "{} {} {} count {} root {} in place {}",
-            s.kind.name(),
-            s.dtype.name(),
-            s.op.name(),
-            s.count,
-            s.root,
-            s.in_place
-        )
-    })?;
+    let recv = result.with_context(|| describe(s))?;
     if recv != want[r] {
         let at = recv.iter().zip(&want[r]).position(|(a, b)| a != b);
         bail!(
-            "{} {} {} count {} root {} in place {}: result differs from the reference at byte {at:?}",
-            s.kind.name(),
-            s.dtype.name(),
-            s.op.name(),
-            s.count,
-            s.root,
-            s.in_place
+            "{}: result differs from the reference at byte {at:?}",
+            describe(s)
         );
     }
     Ok(())
