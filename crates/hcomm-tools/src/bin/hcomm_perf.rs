@@ -21,6 +21,7 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use hcomm::coll::CollKind;
 use hcomm::{DataType, ReduceOp};
+use hcomm_tools::parse_size;
 use serde::Serialize;
 
 /// Measure hcomm's bandwidth and latency over a sweep of message sizes (like nccl-tests).
@@ -253,41 +254,6 @@ const MAX_ITERS: u64 = 100_000_000;
 const MIN_ITERS: u64 = 5;
 /// Most sizes in one sweep.
 const MAX_SIZES: usize = 4096;
-
-/// Parses a byte count: digits with an optional K, M, G or T suffix (powers of 1024),
-/// optionally followed by `B` or `iB` (`64K`, `16MiB`, `128m`).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits);
-    if num.is_empty() {
-        return Err(format!(
-            "{s:?} is not a size: expected digits, e.g. 8, 64K, 16M"
-        ));
-    }
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is too large for a size"))?;
-    let upper = suffix.to_ascii_uppercase();
-    let unit = upper
-        .strip_suffix("IB")
-        .or_else(|| upper.strip_suffix('B'))
-        .unwrap_or(&upper);
-    let shift = match unit {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => {
-            return Err(format!(
-                "{s:?} has an unknown unit: use K, M, G or T (powers of 1024)"
-            ))
-        }
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{s:?} is too large for a size"))
-}
 
 /// Parses a positive number of seconds (at most one hour).
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -729,6 +695,8 @@ mod p2p {
 
     use anyhow::{bail, Context as _};
     use hcomm::Communicator;
+
+    use hcomm_tools::pattern;
 
     use super::{Outcome, Report, Row, SweepArgs};
 
@@ -1200,60 +1168,6 @@ mod p2p {
         v.resize(size, 0);
         Ok(v)
     }
-
-    /// The check pattern: a pseudo-random byte stream per (sending rank, size, iteration,
-    /// message), so that misplaced, stale, duplicated or foreign data all show up.
-    pub(super) mod pattern {
-        fn mix(mut x: u64) -> u64 {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            x ^ (x >> 31)
-        }
-
-        /// The seed of the message `msg` that `rank` sends at checked iteration `iter`.
-        pub fn seed(rank: usize, size: usize, iter: u64, msg: usize) -> u64 {
-            [rank as u64, size as u64, iter, msg as u64]
-                .iter()
-                .fold(0x6863_6f6d_6d5f_7066, |s, &v| mix(s ^ v))
-        }
-
-        /// The 8 pattern bytes at word `w` of the stream `seed`.
-        fn word(seed: u64, w: usize) -> [u8; 8] {
-            mix(seed ^ (w as u64).wrapping_mul(0xd134_2543_de82_ef95)).to_le_bytes()
-        }
-
-        /// Fills `buf` with the pattern `seed`.
-        pub fn fill(buf: &mut [u8], seed: u64) {
-            fill_with(buf, seed, 0);
-        }
-
-        /// Fills `buf` with the bitwise complement of the pattern `seed`.
-        pub fn fill_complement(buf: &mut [u8], seed: u64) {
-            fill_with(buf, seed, 0xff);
-        }
-
-        fn fill_with(buf: &mut [u8], seed: u64, xor: u8) {
-            for (w, chunk) in buf.chunks_mut(8).enumerate() {
-                let expect = word(seed, w);
-                for (b, e) in chunk.iter_mut().zip(expect) {
-                    *b = e ^ xor;
-                }
-            }
-        }
-
-        /// Number of bytes of `buf` that differ from the pattern `seed`.
-        pub fn count_wrong(buf: &[u8], seed: u64) -> u64 {
-            let mut wrong = 0u64;
-            for (w, chunk) in buf.chunks(8).enumerate() {
-                let expect = word(seed, w);
-                if chunk != &expect[..chunk.len()] {
-                    wrong += chunk.iter().zip(expect).filter(|(b, e)| *b != e).count() as u64;
-                }
-            }
-            wrong
-        }
-    }
 }
 
 /// Collectives: every rank takes part, rank 0 prints.
@@ -1416,13 +1330,6 @@ mod collective {
         })
     }
 
-    fn mix(mut x: u64) -> u64 {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^ (x >> 31)
-    }
-
     /// A fingerprint of everything that must be equal on every rank for the sweeps to match.
     pub(super) fn fingerprint(
         kinds: &[CollKind],
@@ -1448,7 +1355,9 @@ mod collective {
         ]);
         words.extend_from_slice(sizes);
         words.extend(algo.unwrap_or("").bytes().map(u64::from));
-        words.iter().fold(0x6863_6f6d_6d5f_636f, |h, &w| mix(h ^ w))
+        words.iter().fold(0x6863_6f6d_6d5f_636f, |h, &w| {
+            hcomm_tools::pattern::mix(h ^ w)
+        })
     }
 
     /// Compares this rank's fingerprint with every other rank's, and tells whether every rank
@@ -1978,7 +1887,6 @@ mod collective {
 
 #[cfg(test)]
 mod tests {
-    use super::p2p::pattern;
     use super::*;
 
     fn sweep(extra: &[&str]) -> SweepArgs {
@@ -1989,23 +1897,6 @@ mod tests {
             Operation::Stream(a) => a.sweep,
             other => panic!("not a point-to-point operation: {other:?}"),
         }
-    }
-
-    #[test]
-    fn sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_size("8"), Ok(8));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("16M"), Ok(16 << 20));
-        assert_eq!(parse_size("128m"), Ok(128 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("4KiB"), Ok(4096));
-        assert_eq!(parse_size("2MB"), Ok(2 << 20));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("K").is_err());
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("-1").is_err());
-        assert!(parse_size("99999999999999999999").is_err());
-        assert!(parse_size("99999999999T").is_err());
     }
 
     #[test]
@@ -2061,30 +1952,6 @@ mod tests {
         assert_eq!(s.warmup_for(128 << 20), 2);
         assert_eq!(sweep(&["-w", "0"]).warmup_for(8), 2);
         assert_eq!(sweep(&["-w", "0", "-n", "3"]).warmup_for(8), 0);
-    }
-
-    #[test]
-    fn pattern_detects_every_wrong_byte() {
-        let seed = pattern::seed(0, 13, 0, 0);
-        let mut buf = vec![0u8; 13];
-        pattern::fill(&mut buf, seed);
-        assert_eq!(pattern::count_wrong(&buf, seed), 0);
-        buf[3] ^= 1;
-        buf[12] ^= 0x80;
-        assert_eq!(pattern::count_wrong(&buf, seed), 2);
-        pattern::fill_complement(&mut buf, seed);
-        assert_eq!(pattern::count_wrong(&buf, seed), 13);
-        // Different rank, size, iteration or message give different data.
-        let other = [
-            pattern::seed(1, 13, 0, 0),
-            pattern::seed(0, 14, 0, 0),
-            pattern::seed(0, 13, 1, 0),
-            pattern::seed(0, 13, 0, 1),
-        ];
-        pattern::fill(&mut buf, seed);
-        for s in other {
-            assert!(pattern::count_wrong(&buf, s) > 0);
-        }
     }
 
     #[test]
