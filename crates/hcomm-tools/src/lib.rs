@@ -5,6 +5,7 @@
 use std::io::{self, BufRead, Write};
 
 pub mod pattern;
+pub mod plot;
 
 /// Number of random bytes in a job secret made by [`generate_job_secret`].
 pub const JOB_SECRET_BYTES: usize = 32;

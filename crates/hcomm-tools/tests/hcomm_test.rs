@@ -80,7 +80,10 @@ fn hcomm_test_passes_every_link_of_4_ranks() {
 fn a_link_that_corrupts_data_fails_and_the_exit_status_says_so() {
     let args = [&["--all", "--corrupt", "2,1"], &QUICK[..]].concat();
     let (o, text) = run(4, &args, &[], false);
-    assert!(!o.status.success(), "a failed link must fail the run:\n{text}");
+    assert!(
+        !o.status.success(),
+        "a failed link must fail the run:\n{text}"
+    );
     let l = links(&text);
     assert_eq!(l.len(), 12, "{text}");
     for ((a, b), (_, result)) in &l {
