@@ -99,30 +99,38 @@ pub fn read_peer(name: &str, text: &str) -> Result<Vec<Curve>, String> {
             .map(|r| (r.collective.as_str(), r.curve.as_deref(), r.size, r.busbw));
         return Ok(curves(points, name, true));
     }
-    let mut op: Option<String> = None;
-    let mut rows: Vec<(String, f64, f64)> = Vec::new();
+    // (op, ranks) of the table being read; rows as (op, ranks, size, busbw).
+    let mut table: Option<(String, String)> = None;
+    let mut rows: Vec<(String, String, f64, f64)> = Vec::new();
     for line in text.lines() {
         let t = line.trim();
         if let Some(rest) = t.strip_prefix("# op:") {
-            op = rest.split_whitespace().next().map(|o| match o {
-                "bcast" => "broadcast".to_string(),
-                other => other.to_string(),
-            });
+            let mut words = rest.split_whitespace();
+            let op = match words.next() {
+                Some("bcast") => "broadcast",
+                Some(other) => other,
+                None => continue,
+            };
+            let ranks = match (words.next(), words.next()) {
+                (Some("nranks:"), Some(n)) => n,
+                _ => "?",
+            };
+            table = Some((op.to_string(), ranks.to_string()));
             continue;
         }
         // Another tool's section (the summary files hold several) ends the op's table.
         if t.starts_with("# ----") || t.starts_with("# mpi_bench") || t.starts_with("# hcomm") {
-            op = None;
+            table = None;
             continue;
         }
-        let f: Vec<&str> = t.split_whitespace().collect();
         // mpi_bench's rows: size count "float" time_us algbw busbw #wrong avg_us min_us iters.
-        let Some(op) = &op else { continue };
+        let Some((op, ranks)) = &table else { continue };
+        let f: Vec<&str> = t.split_whitespace().collect();
         if f.len() != 10 || f[2] != "float" {
             continue;
         }
         if let (Ok(size), Ok(busbw)) = (f[0].parse::<f64>(), f[5].parse::<f64>()) {
-            rows.push((op.clone(), size, busbw));
+            rows.push((op.clone(), ranks.clone(), size, busbw));
         }
     }
     if rows.is_empty() {
@@ -130,7 +138,19 @@ pub fn read_peer(name: &str, text: &str) -> Result<Vec<Curve>, String> {
             "neither hcomm_perf -J JSON nor mpi_bench output (no '# op:' table found)".into(),
         );
     }
-    let points = rows.iter().map(|(o, s, b)| (o.as_str(), None, *s, *b));
+    // An op measured at several rank counts (the summary files do that) gets a curve per
+    // count, named by it; otherwise the curve has no algorithm name.
+    let labels: Vec<Option<String>> = rows
+        .iter()
+        .map(|(op, ranks, _, _)| {
+            let several = rows.iter().any(|(o, r, _, _)| o == op && r != ranks);
+            several.then(|| format!("{ranks} ranks"))
+        })
+        .collect();
+    let points = rows
+        .iter()
+        .zip(&labels)
+        .map(|((o, _, s, b), l)| (o.as_str(), l.as_deref(), *s, *b));
     Ok(curves(points, name, true))
 }
 
@@ -445,6 +465,21 @@ mod tests {
         assert_eq!(c[1].points, [(8.0, 0.005)]);
         assert!(c.iter().all(|c| c.peer && c.algo.is_none()));
         assert!(read_peer("x", "nothing here\n").is_err());
+        // The same op at two rank counts: a curve each.
+        let two = format!("{text}# op: allreduce   nranks: 8\n 8 2 float 9 0.001 0.0015 0 9 9 5\n");
+        let c = read_peer("ompi", &two).unwrap();
+        let labels: Vec<(&str, String)> = c
+            .iter()
+            .map(|c| (c.collective.as_str(), c.label()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("allreduce", "ompi 2 ranks".to_string()),
+                ("broadcast", "ompi".to_string()),
+                ("allreduce", "ompi 8 ranks".to_string())
+            ]
+        );
     }
 
     #[test]
