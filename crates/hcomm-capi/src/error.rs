@@ -204,10 +204,15 @@ mod tests {
         let doc = std::fs::read_to_string(path).unwrap();
         for (code, name) in CODES {
             let heading = format!("\n## {}\n", code.doc_entry());
-            let at = doc.find(&heading).unwrap_or_else(|| panic!("no entry {heading:?}"));
+            let at = doc
+                .find(&heading)
+                .unwrap_or_else(|| panic!("no entry {heading:?}"));
             let body = &doc[at + heading.len()..];
             let body = &body[..body.find("\n## ").unwrap_or(body.len())];
-            assert!(body.contains(&format!("C `{name}`")), "{name} in {heading:?}");
+            assert!(
+                body.contains(&format!("C `{name}`")),
+                "{name} in {heading:?}"
+            );
         }
     }
 
