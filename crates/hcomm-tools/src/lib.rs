@@ -142,6 +142,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large for a size"))
 }
 
+/// A zeroed buffer of `size` bytes, or an error instead of an abort when memory is short.
+pub fn alloc_zeroed(size: usize) -> io::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(size)
+        .map_err(|e| io::Error::other(format!("cannot allocate a {size}-byte buffer: {e}")))?;
+    v.resize(size, 0);
+    Ok(v)
+}
+
 /// Appends the test element with seed `x` (any u64) to `out`: a small integer (±1 for
 /// products), so that float reductions are exact in any order and results compare bit for
 /// bit; integers get a spread of bit patterns. Every rank generates every rank's input

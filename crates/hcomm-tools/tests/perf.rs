@@ -98,17 +98,13 @@ fn all_algos_plot_has_a_curve_per_collective_algorithm_and_peer() {
 
     // One host with shared memory: every algorithm runs, onesided too.
     let mut want = Vec::new();
-    let kinds = [
-        CollKind::AllReduce,
-        CollKind::Broadcast,
-        CollKind::Reduce,
-        CollKind::AllGather,
-        CollKind::ReduceScatter,
-        CollKind::AllToAll,
-        CollKind::Gather,
-        CollKind::Scatter,
-    ];
-    for k in kinds {
+    let measured = CollKind::ALL.into_iter().filter(|k| {
+        !matches!(
+            k,
+            CollKind::AllGatherV | CollKind::AllToAllV | CollKind::Barrier
+        )
+    });
+    for k in measured {
         for a in algos::names_for(k) {
             want.push(owned(k.name(), "hcomm", a));
         }

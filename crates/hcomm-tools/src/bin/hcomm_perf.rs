@@ -802,7 +802,7 @@ mod p2p {
     use anyhow::{bail, Context as _};
     use hcomm::Communicator;
 
-    use hcomm_tools::pattern;
+    use hcomm_tools::{alloc_zeroed as alloc, pattern};
 
     use super::{Outcome, Report, Row, SweepArgs};
 
@@ -1264,15 +1264,6 @@ mod p2p {
             self.length_errors = before;
             Ok(wrong)
         }
-    }
-
-    /// A zeroed buffer of `size` bytes, or an error instead of an abort when memory is short.
-    fn alloc(size: usize) -> anyhow::Result<Vec<u8>> {
-        let mut v = Vec::new();
-        v.try_reserve_exact(size)
-            .with_context(|| format!("cannot allocate a {size}-byte buffer"))?;
-        v.resize(size, 0);
-        Ok(v)
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context as _};
 use clap::{ArgGroup, Parser};
 use hcomm::{Communicator, ReduceOp};
-use hcomm_tools::{parse_size, pattern};
+use hcomm_tools::{alloc_zeroed as alloc, parse_size, pattern};
 
 /// Test every link of an hcomm job: latency, bandwidth and data integrity, with a pass/fail
 /// matrix.
@@ -209,15 +209,6 @@ fn integrity_sizes(comm: &Communicator, bw_size: usize) -> Vec<usize> {
     sizes
 }
 
-/// A zeroed buffer, or an error instead of an abort when memory is short.
-fn alloc(size: usize) -> anyhow::Result<Vec<u8>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(size)
-        .with_context(|| format!("cannot allocate a {size}-byte buffer"))?;
-    v.resize(size, 0);
-    Ok(v)
-}
-
 /// The median of `times` (sorted here).
 fn median(times: &mut [f64]) -> f64 {
     times.sort_by(f64::total_cmp);
@@ -255,7 +246,7 @@ impl Link<'_> {
         let size = usize::try_from(self.cli.bw_size)?;
         let mut bufs = (0..self.cli.window)
             .map(|_| alloc(size))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<std::io::Result<Vec<_>>>()?;
         let mut times = Vec::with_capacity(self.cli.bw_iters as usize);
         for i in 0..=self.cli.bw_iters {
             let t = Instant::now();
@@ -317,7 +308,7 @@ impl Link<'_> {
         let size = usize::try_from(self.cli.bw_size)?;
         let mut bufs = (0..self.cli.window)
             .map(|_| alloc(size))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<std::io::Result<Vec<_>>>()?;
         for _ in 0..=self.cli.bw_iters {
             let reqs = bufs
                 .into_iter()
