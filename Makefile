@@ -30,7 +30,7 @@ INSTALL    ?= install
 # Where cargo puts the release build (CARGO_TARGET_DIR moves it).
 RELEASE_DIR := $(or $(CARGO_TARGET_DIR),target)/release
 # Binaries `make install` installs, each only if it was built.
-BINARIES := hcommrun hcomm_perf hcomm_check
+BINARIES := hcommrun hcomm_perf hcomm_check hcomm_test
 
 .PHONY: all build run test lint fmt-check clippy install install-bin install-capi uninstall \
 	bench bench-local bench-coll bench-coll-local bench-shm help
@@ -40,9 +40,10 @@ all: build
 build:
 	$(CARGO) build --release --workspace
 
-# The main job on this machine: verified exchanges on 4 local ranks, then point-to-point
-# latency/bandwidth and collective tables (2 and 4 ranks).
+# The main job on this machine: verified exchanges on 4 local ranks, every link's check, then
+# point-to-point latency/bandwidth and collective tables (2 and 4 ranks).
 run: build
+	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_test --all
 	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_check all-pairs --max-size 16777216
 	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_check collectives --max-count 100000
 	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf pingpong -b 8 -e 16M -f 4

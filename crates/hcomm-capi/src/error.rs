@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use hcomm_core::{Error, ErrorCode};
+use hcomm_core::{Error, ErrorCode, ERRORS_DOC};
 
 /// Success.
 pub const HCOMM_SUCCESS: c_int = 0;
@@ -117,13 +117,19 @@ fn messages() -> &'static [CString] {
     MESSAGES.get_or_init(|| {
         CODES
             .iter()
-            .map(|(code, name)| c_string(format!("{name}: {}", code.description())))
+            .map(|(code, name)| {
+                c_string(format!(
+                    "{name}: {} (see {ERRORS_DOC}#{})",
+                    code.description(),
+                    code.doc_entry()
+                ))
+            })
             .collect()
     })
 }
 
-/// What `code` means and what to do about it: a static string, never NULL, also for a value
-/// that is not an hcomm code.
+/// What `code` means and what to do about it, ending with its entry of causes and fixes in
+/// docs/errors.md: a static string, never NULL, also for a value that is not an hcomm code.
 #[no_mangle]
 pub extern "C" fn hcommGetErrorString(code: c_int) -> *const c_char {
     let message = catch_unwind(|| {
@@ -143,8 +149,8 @@ pub extern "C" fn hcommGetLastError() -> c_int {
 }
 
 /// The detailed message of the last hcomm call that failed on this thread: the function, what
-/// went wrong (the peer, the operation, the argument) and what to do; `""` if none has. Valid
-/// until the next hcomm call on this thread fails.
+/// went wrong (the peer, the operation, the argument), what to do and the code's entry in
+/// docs/errors.md; `""` if none has. Valid until the next hcomm call on this thread fails.
 #[no_mangle]
 pub extern "C" fn hcommGetLastErrorMessage() -> *const c_char {
     catch_unwind(|| LAST.with(|l| l.borrow().1.as_ptr())).unwrap_or(c"".as_ptr())
@@ -178,15 +184,35 @@ mod tests {
 
     #[test]
     fn every_code_has_a_message_and_unknown_codes_too() {
-        for (i, (_, name)) in CODES.iter().enumerate() {
+        for (i, (code, name)) in CODES.iter().enumerate() {
             // SAFETY: hcommGetErrorString returns a static NUL-terminated string.
             let m = unsafe { CStr::from_ptr(hcommGetErrorString(i as c_int)) };
             let m = m.to_str().unwrap();
             assert!(m.starts_with(name), "{m}");
             assert!(m.len() > name.len() + 10, "{m}");
+            let entry = format!(" (see {ERRORS_DOC}#{})", code.doc_entry());
+            assert!(m.ends_with(&entry), "{m}");
         }
         for bad in [-1, 12, c_int::MAX, c_int::MIN] {
             assert_eq!(hcommGetErrorString(bad), UNKNOWN_CODE.as_ptr());
+        }
+    }
+
+    #[test]
+    fn every_c_code_is_named_in_its_entry_of_the_errors_doc() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/errors.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        for (code, name) in CODES {
+            let heading = format!("\n## {}\n", code.doc_entry());
+            let at = doc
+                .find(&heading)
+                .unwrap_or_else(|| panic!("no entry {heading:?}"));
+            let body = &doc[at + heading.len()..];
+            let body = &body[..body.find("\n## ").unwrap_or(body.len())];
+            assert!(
+                body.contains(&format!("C `{name}`")),
+                "{name} in {heading:?}"
+            );
         }
     }
 

@@ -4,6 +4,9 @@
 
 use std::io::{self, BufRead, Write};
 
+pub mod pattern;
+pub mod plot;
+
 /// Number of random bytes in a job secret made by [`generate_job_secret`].
 pub const JOB_SECRET_BYTES: usize = 32;
 
@@ -102,6 +105,50 @@ where
 pub fn write_line_locked<W: Write>(mut stream: W, line: &[u8]) -> io::Result<()> {
     stream.write_all(line)?;
     stream.flush()
+}
+
+/// Parses a byte count: digits with an optional K, M, G or T suffix (powers of 1024),
+/// optionally followed by `B` or `iB` (`64K`, `16MiB`, `128m`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits);
+    if num.is_empty() {
+        return Err(format!(
+            "{s:?} is not a size: expected digits, e.g. 8, 64K, 16M"
+        ));
+    }
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is too large for a size"))?;
+    let upper = suffix.to_ascii_uppercase();
+    let unit = upper
+        .strip_suffix("IB")
+        .or_else(|| upper.strip_suffix('B'))
+        .unwrap_or(&upper);
+    let shift = match unit {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => {
+            return Err(format!(
+                "{s:?} has an unknown unit: use K, M, G or T (powers of 1024)"
+            ))
+        }
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?} is too large for a size"))
+}
+
+/// A zeroed buffer of `size` bytes, or an error instead of an abort when memory is short.
+pub fn alloc_zeroed(size: usize) -> io::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(size)
+        .map_err(|e| io::Error::other(format!("cannot allocate a {size}-byte buffer: {e}")))?;
+    v.resize(size, 0);
+    Ok(v)
 }
 
 /// Appends the test element with seed `x` (any u64) to `out`: a small integer (±1 for
@@ -203,6 +250,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
         assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("16M"), Ok(16 << 20));
+        assert_eq!(parse_size("128m"), Ok(128 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("2MB"), Ok(2 << 20));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("K").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("99999999999T").is_err());
     }
 
     #[test]

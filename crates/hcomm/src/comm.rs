@@ -405,7 +405,8 @@ impl Communicator {
                 StoreClient::connect(&root, &secret, config.timeout).map_err(
                     |e| match &bind_err {
                         Some(b) => Error::Init(format!(
-                            "{e} (rank 0 could not host the store there either: {b})"
+                            "{} (rank 0 could not host the store there either: {b})",
+                            e.detail()
                         )),
                         None => e,
                     },

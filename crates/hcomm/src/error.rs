@@ -9,43 +9,64 @@ use std::fmt;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// An hcomm error: a code (the variant) and a message for people.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Its `Display` is `hcomm <kind>: <message> (see docs/errors.md#<entry>)`: the entry of
+/// [`ErrorCode::doc_entry`] in `docs/errors.md` lists the causes of the code and their fixes.
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
     /// Initialization failed: bad launcher environment, store unreachable, handshake refused.
-    #[error("hcomm init error: {0}")]
     Init(String),
     /// Memory could not be allocated.
-    #[error("hcomm out of memory: {0}")]
     NoMem(String),
     /// A bounded wait ran out (`HCOMM_TIMEOUT`).
-    #[error("hcomm timeout: {0}")]
     Timeout(String),
     /// An argument was invalid (rank out of range, bad tag, bad configuration value).
-    #[error("hcomm invalid argument: {0}")]
     InvalidArgument(String),
     /// A peer rank died or closed its connection.
-    #[error("hcomm peer lost: {0}")]
     PeerLost(String),
     /// Ranks called different operations, counts, types or roots.
-    #[error("hcomm mismatch: {0}")]
     Mismatch(String),
     /// A message was longer than the receive buffer.
-    #[error("hcomm truncated: {0}")]
     Truncated(String),
     /// A transport (socket, shared memory) failed.
-    #[error("hcomm transport error: {0}")]
     Transport(String),
     /// The operation is not supported in this build or configuration.
-    #[error("hcomm not supported: {0}")]
     NotSupported(String),
     /// The communicator was aborted.
-    #[error("hcomm aborted: {0}")]
     Aborted(String),
     /// A bug in hcomm: please report it.
-    #[error("hcomm internal error (please report): {0}")]
     Internal(String),
 }
+
+/// Where the documented error entries live, relative to the repository root.
+pub const ERRORS_DOC: &str = "docs/errors.md";
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self {
+            Error::Init(_) => "init error",
+            Error::NoMem(_) => "out of memory",
+            Error::Timeout(_) => "timeout",
+            Error::InvalidArgument(_) => "invalid argument",
+            Error::PeerLost(_) => "peer lost",
+            Error::Mismatch(_) => "mismatch",
+            Error::Truncated(_) => "truncated",
+            Error::Transport(_) => "transport error",
+            Error::NotSupported(_) => "not supported",
+            Error::Aborted(_) => "aborted",
+            Error::Internal(_) => "internal error (please report)",
+        };
+        write!(
+            f,
+            "hcomm {kind}: {} (see {ERRORS_DOC}#{})",
+            self.detail(),
+            self.code().doc_entry()
+        )
+    }
+}
+
+impl std::error::Error for Error {}
 
 /// The numeric codes of the C API, in the order of SPEC F7.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,6 +100,41 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in numeric order.
+    pub const ALL: [ErrorCode; 12] = [
+        ErrorCode::Success,
+        ErrorCode::Init,
+        ErrorCode::NoMem,
+        ErrorCode::Timeout,
+        ErrorCode::InvalidArgument,
+        ErrorCode::PeerLost,
+        ErrorCode::Mismatch,
+        ErrorCode::Truncated,
+        ErrorCode::Transport,
+        ErrorCode::NotSupported,
+        ErrorCode::Aborted,
+        ErrorCode::Internal,
+    ];
+
+    /// The name of this code's entry in `docs/errors.md`: the entry's heading and its anchor
+    /// (`docs/errors.md#peer-lost`).
+    pub fn doc_entry(self) -> &'static str {
+        match self {
+            ErrorCode::Success => "success",
+            ErrorCode::Init => "init",
+            ErrorCode::NoMem => "no-mem",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::InvalidArgument => "invalid-argument",
+            ErrorCode::PeerLost => "peer-lost",
+            ErrorCode::Mismatch => "mismatch",
+            ErrorCode::Truncated => "truncated",
+            ErrorCode::Transport => "transport",
+            ErrorCode::NotSupported => "not-supported",
+            ErrorCode::Aborted => "aborted",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
     /// A short description of the code and what to do about it.
     pub fn description(self) -> &'static str {
         match self {
@@ -142,6 +198,24 @@ impl Error {
             Error::NotSupported(_) => ErrorCode::NotSupported,
             Error::Aborted(_) => ErrorCode::Aborted,
             Error::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The message alone, without the code's words and the pointer to its entry: for
+    /// wrapping this error into another one.
+    pub fn detail(&self) -> &str {
+        match self {
+            Error::Init(m)
+            | Error::NoMem(m)
+            | Error::Timeout(m)
+            | Error::InvalidArgument(m)
+            | Error::PeerLost(m)
+            | Error::Mismatch(m)
+            | Error::Truncated(m)
+            | Error::Transport(m)
+            | Error::NotSupported(m)
+            | Error::Aborted(m)
+            | Error::Internal(m) => m,
         }
     }
 

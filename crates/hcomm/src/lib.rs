@@ -33,5 +33,5 @@ pub mod transport;
 pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, Request};
 pub use config::Config;
 pub use dtype::{DataType, ReduceOp};
-pub use error::{Error, ErrorCode, Result};
+pub use error::{Error, ErrorCode, Result, ERRORS_DOC};
 pub use p2p::ProtocolStats;

@@ -200,8 +200,8 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * What `code` means and what to do about it: a static string, never NULL, also for a value
- * that is not an hcomm code.
+ * What `code` means and what to do about it, ending with its entry of causes and fixes in
+ * docs/errors.md: a static string, never NULL, also for a value that is not an hcomm code.
  */
 const char *hcommGetErrorString(int code);
 
@@ -213,8 +213,8 @@ int hcommGetLastError(void);
 
 /**
  * The detailed message of the last hcomm call that failed on this thread: the function, what
- * went wrong (the peer, the operation, the argument) and what to do; `""` if none has. Valid
- * until the next hcomm call on this thread fails.
+ * went wrong (the peer, the operation, the argument), what to do and the code's entry in
+ * docs/errors.md; `""` if none has. Valid until the next hcomm call on this thread fails.
  */
 const char *hcommGetLastErrorMessage(void);
 

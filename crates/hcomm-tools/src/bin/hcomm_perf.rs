@@ -21,6 +21,8 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use hcomm::coll::CollKind;
 use hcomm::{DataType, ReduceOp};
+use hcomm_tools::parse_size;
+use hcomm_tools::plot::{self, Curve};
 use serde::Serialize;
 
 /// Measure hcomm's bandwidth and latency over a sweep of message sizes (like nccl-tests).
@@ -29,6 +31,7 @@ use serde::Serialize;
 ///
 ///   hcommrun -n 2 hcomm_perf pingpong -b 8 -e 128M -f 2
 ///   hcommrun -n 4 hcomm_perf allreduce -b 8 -e 128M -f 2 -d float32 -o sum
+///   hcommrun -n 4 hcomm_perf all -a --plot busbw.svg --peer ompi=mpi_bench.txt
 ///
 /// or start the ranks by hand with HCOMM_RANK, HCOMM_SIZE, HCOMM_ROOT_ADDR (rank 0 hosts the
 /// rendezvous store there) and the same HCOMM_JOB_SECRET on every rank. Every rank must get
@@ -147,10 +150,24 @@ struct SweepArgs {
     check: u64,
 
     /// Also write the rows as JSON to FILE (rank 0): a list of objects with the keys
-    /// collective, size, count, type, redop, root, time_us, algbw, busbw, wrong
-    /// (redop and root are null for point-to-point).
+    /// collective, size, count, type, redop, root, time_us, algbw, busbw, wrong, algo (what
+    /// ran at that size) and curve (the row's curve in plots: the algorithm forced by
+    /// --algo, -a or HCOMM_ALGO, or "auto"); redop, root, algo and curve are null for
+    /// point-to-point.
     #[arg(short = 'J', long = "json", value_name = "FILE")]
     json: Option<PathBuf>,
+
+    /// Also draw busbw against size on log-log axes to FILE as SVG (rank 0): a panel per
+    /// operation, a curve per (operation, algorithm) measured, and the peers' curves.
+    #[arg(long = "plot", value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+
+    /// Draw a peer's results too (with --plot), as NAME=FILE: hcomm_perf's -J JSON or the
+    /// text output of bench/mpi_bench.c (the bench/results/*_summary.txt files hold it).
+    /// Only the operations this run measures are drawn. Repeat for more peers.
+    #[arg(long = "peer", value_name = "NAME=FILE", value_parser = parse_peer,
+          requires = "plot")]
+    peers: Vec<(String, PathBuf)>,
 
     /// Seconds of timed iterations to aim for per size when -n is not given.
     #[arg(long = "time-target", value_name = "SECS", default_value = "0.2",
@@ -214,6 +231,13 @@ struct CollArgs {
     #[arg(long = "algo", value_name = "NAME")]
     algo: Option<String>,
 
+    /// Sweep every algorithm of each collective in turn (the names HCOMM_ALGO takes), one
+    /// table and one plot curve each. `onesided` runs only where every rank is on one host
+    /// with shared memory (elsewhere it is skipped); where a call does not fit it, it runs
+    /// the direct schedule under its name.
+    #[arg(short = 'a', long = "all-algos", conflicts_with = "algo")]
+    all_algos: bool,
+
     /// Where the buffers live: `heap` (plain memory, reached through cross-memory attach or
     /// copies) or `pool` (hcomm's shared-memory pool, which local peers read in place).
     #[arg(long = "mem", value_name = "KIND", default_value = "heap",
@@ -254,39 +278,16 @@ const MIN_ITERS: u64 = 5;
 /// Most sizes in one sweep.
 const MAX_SIZES: usize = 4096;
 
-/// Parses a byte count: digits with an optional K, M, G or T suffix (powers of 1024),
-/// optionally followed by `B` or `iB` (`64K`, `16MiB`, `128m`).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits);
-    if num.is_empty() {
-        return Err(format!(
-            "{s:?} is not a size: expected digits, e.g. 8, 64K, 16M"
-        ));
-    }
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is too large for a size"))?;
-    let upper = suffix.to_ascii_uppercase();
-    let unit = upper
-        .strip_suffix("IB")
-        .or_else(|| upper.strip_suffix('B'))
-        .unwrap_or(&upper);
-    let shift = match unit {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => {
-            return Err(format!(
-                "{s:?} has an unknown unit: use K, M, G or T (powers of 1024)"
-            ))
+/// Parses `NAME=FILE` of --peer.
+fn parse_peer(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, file)) if !name.trim().is_empty() && !file.is_empty() => {
+            Ok((name.trim().to_string(), PathBuf::from(file)))
         }
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{s:?} is too large for a size"))
+        _ => Err(format!(
+            "{s:?} is not NAME=FILE (e.g. ompi=bench/results/coll_tcp_summary.txt)"
+        )),
+    }
 }
 
 /// Parses a positive number of seconds (at most one hour).
@@ -385,26 +386,46 @@ struct Row {
     /// Wrong bytes (point-to-point) or elements (collectives) found by the checked
     /// iterations, summed over all ranks.
     wrong: u64,
-    /// The algorithm hcomm chose (collectives); printed as a last column, not in the JSON.
-    #[serde(skip)]
+    /// The algorithm that ran (collectives), printed as the last column.
     algo: Option<&'static str>,
+    /// The row's curve in plots (collectives): the forced algorithm, or "auto".
+    curve: Option<&'static str>,
 }
 
-/// Rank 0's output: the table on stdout as rows arrive, the JSON file at the end.
+/// Rank 0's output: the table on stdout as rows arrive, the JSON file and the picture at the
+/// end.
 struct Report {
     rows: Vec<Row>,
     out: io::Stdout,
     /// The JSON file (-J), created before the sweep so that a bad path fails at once.
     json: Option<(PathBuf, BufWriter<File>)>,
+    /// The picture (--plot), created before the sweep, and the peers' curves (--peer).
+    plot: Option<(PathBuf, File, Vec<Curve>)>,
+}
+
+/// Creates `path` for writing, or says which file could not be.
+fn create(path: &Path) -> anyhow::Result<File> {
+    File::create(path).with_context(|| format!("cannot create {}", path.display()))
 }
 
 impl Report {
-    fn new(json: Option<&Path>) -> anyhow::Result<Report> {
-        let json = match json {
+    fn new(sweep: &SweepArgs) -> anyhow::Result<Report> {
+        let json = match &sweep.json {
+            Some(path) => Some((path.clone(), BufWriter::new(create(path)?))),
+            None => None,
+        };
+        let plot = match &sweep.plot {
             Some(path) => {
-                let file = File::create(path)
-                    .with_context(|| format!("cannot create {}", path.display()))?;
-                Some((path.to_path_buf(), BufWriter::new(file)))
+                let mut peers = Vec::new();
+                for (name, file) in &sweep.peers {
+                    let text = std::fs::read_to_string(file).with_context(|| {
+                        format!("--peer {name}: cannot read {}", file.display())
+                    })?;
+                    let curves = plot::read_peer(name, &text)
+                        .map_err(|e| anyhow::anyhow!("--peer {name}: {}: {e}", file.display()))?;
+                    peers.extend(curves);
+                }
+                Some((path.clone(), create(path)?, peers))
             }
             None => None,
         };
@@ -412,7 +433,53 @@ impl Report {
             rows: Vec::new(),
             out: io::stdout(),
             json,
+            plot,
         })
+    }
+
+    /// The footer, the JSON file and the picture; `what` describes the run in the picture's
+    /// title.
+    fn finish(&mut self, what: &str) -> anyhow::Result<()> {
+        self.footer()?;
+        self.write_json()?;
+        self.write_plot(what)
+    }
+
+    /// Draws the rows, and the peers' curves of the operations measured, into the picture.
+    fn write_plot(&mut self, what: &str) -> anyhow::Result<()> {
+        let Some((path, file, peers)) = &mut self.plot else {
+            return Ok(());
+        };
+        let points = self
+            .rows
+            .iter()
+            .map(|r| (r.collective, r.curve, r.size as f64, r.busbw));
+        let mut curves = plot::curves(points, plot::THIS_RUN, false);
+        let mut names: Vec<&str> = peers.iter().map(|c| c.source.as_str()).collect();
+        names.dedup();
+        for name in names {
+            let theirs: Vec<&Curve> = peers
+                .iter()
+                .filter(|c| c.source == name && curves.iter().any(|m| m.collective == c.collective))
+                .collect();
+            if theirs.is_empty() {
+                let has: Vec<&str> = peers
+                    .iter()
+                    .filter(|c| c.source == name)
+                    .map(|c| c.collective.as_str())
+                    .collect();
+                eprintln!(
+                    "hcomm_perf: --peer {name}: no results of the operations measured here \
+                     (it has {})",
+                    has.join(", ")
+                );
+            }
+            curves.extend(theirs.into_iter().cloned());
+        }
+        let title = format!("hcomm_perf: bus bandwidth against message size, {what}");
+        file.write_all(plot::svg(&title, &curves).as_bytes())
+            .and_then(|()| file.flush())
+            .with_context(|| format!("cannot write {}", path.display()))
     }
 
     /// Prints comment lines (each gets a leading "# ").
@@ -690,15 +757,20 @@ fn run_coll(args: &CollArgs, kinds: &[CollKind]) -> ExitCode {
         },
         None => None,
     };
-    let config = hcomm::Config::from_lookup(|name| {
+    run_joined(&launcher_rank, config_with_algo(algo), |comm| {
+        collective::run(comm, kinds, args, &sizes)
+    })
+}
+
+/// This process's configuration, with `algo` (when given) as its HCOMM_ALGO; the environment
+/// itself stays untouched.
+fn config_with_algo(algo: Option<String>) -> hcomm::Result<hcomm::Config> {
+    hcomm::Config::from_lookup(|name| {
         if name == "HCOMM_ALGO" && algo.is_some() {
             algo.clone()
         } else {
             std::env::var(name).ok()
         }
-    });
-    run_joined(&launcher_rank, config, |comm| {
-        collective::run(comm, kinds, args, &sizes)
     })
 }
 
@@ -729,6 +801,8 @@ mod p2p {
 
     use anyhow::{bail, Context as _};
     use hcomm::Communicator;
+
+    use hcomm_tools::{alloc_zeroed as alloc, pattern};
 
     use super::{Outcome, Report, Row, SweepArgs};
 
@@ -840,7 +914,7 @@ mod p2p {
         args: &SweepArgs,
         sizes: &[u64],
     ) -> anyhow::Result<Outcome> {
-        let mut report = Report::new(args.json.as_deref())?;
+        let mut report = Report::new(args)?;
         let cfg = comm.config();
         let iters = match args.iters {
             Some(n) => format!("{n} iterations"),
@@ -928,10 +1002,10 @@ mod p2p {
                 busbw: algbw,
                 wrong,
                 algo: None,
+                curve: None,
             })?;
         }
-        report.footer()?;
-        report.write_json()?;
+        report.finish(&format!("{}, ranks 0 and 1", kind.name()))?;
         send_words(comm, &[MSG_DONE, kind.code(), total_wrong, 0, 0, 0])?;
         Ok(if total_wrong == 0 {
             Outcome::Passed
@@ -1191,69 +1265,6 @@ mod p2p {
             Ok(wrong)
         }
     }
-
-    /// A zeroed buffer of `size` bytes, or an error instead of an abort when memory is short.
-    fn alloc(size: usize) -> anyhow::Result<Vec<u8>> {
-        let mut v = Vec::new();
-        v.try_reserve_exact(size)
-            .with_context(|| format!("cannot allocate a {size}-byte buffer"))?;
-        v.resize(size, 0);
-        Ok(v)
-    }
-
-    /// The check pattern: a pseudo-random byte stream per (sending rank, size, iteration,
-    /// message), so that misplaced, stale, duplicated or foreign data all show up.
-    pub(super) mod pattern {
-        fn mix(mut x: u64) -> u64 {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            x ^ (x >> 31)
-        }
-
-        /// The seed of the message `msg` that `rank` sends at checked iteration `iter`.
-        pub fn seed(rank: usize, size: usize, iter: u64, msg: usize) -> u64 {
-            [rank as u64, size as u64, iter, msg as u64]
-                .iter()
-                .fold(0x6863_6f6d_6d5f_7066, |s, &v| mix(s ^ v))
-        }
-
-        /// The 8 pattern bytes at word `w` of the stream `seed`.
-        fn word(seed: u64, w: usize) -> [u8; 8] {
-            mix(seed ^ (w as u64).wrapping_mul(0xd134_2543_de82_ef95)).to_le_bytes()
-        }
-
-        /// Fills `buf` with the pattern `seed`.
-        pub fn fill(buf: &mut [u8], seed: u64) {
-            fill_with(buf, seed, 0);
-        }
-
-        /// Fills `buf` with the bitwise complement of the pattern `seed`.
-        pub fn fill_complement(buf: &mut [u8], seed: u64) {
-            fill_with(buf, seed, 0xff);
-        }
-
-        fn fill_with(buf: &mut [u8], seed: u64, xor: u8) {
-            for (w, chunk) in buf.chunks_mut(8).enumerate() {
-                let expect = word(seed, w);
-                for (b, e) in chunk.iter_mut().zip(expect) {
-                    *b = e ^ xor;
-                }
-            }
-        }
-
-        /// Number of bytes of `buf` that differ from the pattern `seed`.
-        pub fn count_wrong(buf: &[u8], seed: u64) -> u64 {
-            let mut wrong = 0u64;
-            for (w, chunk) in buf.chunks(8).enumerate() {
-                let expect = word(seed, w);
-                if chunk != &expect[..chunk.len()] {
-                    wrong += chunk.iter().zip(expect).filter(|(b, e)| *b != e).count() as u64;
-                }
-            }
-            wrong
-        }
-    }
 }
 
 /// Collectives: every rank takes part, rank 0 prints.
@@ -1270,7 +1281,9 @@ mod collective {
     use std::time::Instant;
 
     use anyhow::{anyhow, bail, Context as _};
-    use hcomm::coll::{algos, reference, CollKind, Shape};
+    use hcomm::coll::algos::onesided::OneSided;
+    use hcomm::coll::select::Selector;
+    use hcomm::coll::{algos, reference, Algorithm, CollKind, Shape};
     use hcomm::{Communicator, DataType, ReduceOp};
 
     use super::{CollArgs, Outcome, Report, Row};
@@ -1416,13 +1429,6 @@ mod collective {
         })
     }
 
-    fn mix(mut x: u64) -> u64 {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^ (x >> 31)
-    }
-
     /// A fingerprint of everything that must be equal on every rank for the sweeps to match.
     pub(super) fn fingerprint(
         kinds: &[CollKind],
@@ -1438,6 +1444,7 @@ mod collective {
             args.op as u64,
             args.root as u64,
             u64::from(args.in_place),
+            u64::from(args.all_algos),
             u64::from(deterministic),
             s.check,
             s.iters.unwrap_or(0),
@@ -1448,7 +1455,9 @@ mod collective {
         ]);
         words.extend_from_slice(sizes);
         words.extend(algo.unwrap_or("").bytes().map(u64::from));
-        words.iter().fold(0x6863_6f6d_6d5f_636f, |h, &w| mix(h ^ w))
+        words.iter().fold(0x6863_6f6d_6d5f_636f, |h, &w| {
+            hcomm_tools::pattern::mix(h ^ w)
+        })
     }
 
     /// Compares this rank's fingerprint with every other rank's, and tells whether every rank
@@ -1477,7 +1486,26 @@ mod collective {
         Ok(all[0] == 1)
     }
 
-    /// Runs the sweep of every collective of `kinds` on this rank.
+    /// Rank 0's report, and this rank's first error, which the other ranks learn of at the
+    /// next agreement (so that none is left waiting).
+    struct Sink {
+        report: Option<Report>,
+        pending: Option<anyhow::Error>,
+    }
+
+    impl Sink {
+        /// Runs `f` on the report (rank 0); an error becomes pending.
+        fn with_report(&mut self, f: impl FnOnce(&mut Report) -> anyhow::Result<()>) {
+            if let Some(rep) = &mut self.report {
+                if let Err(e) = f(rep) {
+                    self.pending.get_or_insert(e);
+                }
+            }
+        }
+    }
+
+    /// Runs the sweep of every collective of `kinds` on this rank: with the algorithms
+    /// `comm`'s settings choose, or (`-a`) once with each algorithm of each collective.
     pub(super) fn run(
         comm: &Communicator,
         kinds: &[CollKind],
@@ -1486,7 +1514,6 @@ mod collective {
     ) -> anyhow::Result<Outcome> {
         let n = comm.size();
         let rank = comm.rank();
-        let sweep = &args.sweep;
         if kinds.iter().any(|k| k.rooted()) && args.root >= n {
             // Every rank sees the same, so every rank stops here.
             bail!(
@@ -1496,98 +1523,155 @@ mod collective {
             );
         }
         // Rank 0's report; an error (a bad -J path) stops every rank at the agreement.
-        let mut pending: Option<anyhow::Error> = None;
-        let mut report = None;
+        let mut sink = Sink {
+            report: None,
+            pending: None,
+        };
         if rank == 0 {
-            match Report::new(sweep.json.as_deref()) {
-                Ok(r) => report = Some(r),
-                Err(e) => pending = Some(e),
+            match Report::new(&args.sweep) {
+                Ok(r) => sink.report = Some(r),
+                Err(e) => sink.pending = Some(e),
             }
         }
         let cfg = comm.config();
         let fp = fingerprint(kinds, args, sizes, cfg.algo.as_deref(), cfg.deterministic);
-        if !agree(comm, pending.is_none(), fp)? {
-            return Err(
-                pending.unwrap_or_else(|| anyhow!("rank 0 stopped on an error (see its output)"))
-            );
+        if !agree(comm, sink.pending.is_none(), fp)? {
+            return Err(sink
+                .pending
+                .unwrap_or_else(|| anyhow!("rank 0 stopped on an error (see its output)")));
         }
         let mut total_wrong = 0u64;
-        for &kind in kinds {
-            let op = if kind.reduces() {
-                args.op
-            } else {
-                ReduceOp::Sum
-            };
-            let root = if kind.rooted() { args.root } else { 0 };
-            if let Some(rep) = &mut report {
-                if let Err(e) = header(rep, comm, kind, args, op, sizes) {
-                    pending = Some(e.into());
+        if args.all_algos {
+            // One-sided collectives run only where every member is on this host with shared
+            // memory; elsewhere "onesided" would measure the direct algorithm under its name.
+            let single_host = all_ok(comm, (0..n).all(|p| p == rank || comm.uses_shm(p)))?;
+            let env_algo = std::env::var("HCOMM_ALGO").ok();
+            for &kind in kinds {
+                for name in algos::names_for(kind) {
+                    if name == OneSided.name() && !single_host {
+                        sink.with_report(|rep| {
+                            Ok(rep.comment(&format!(
+                                "{} {name}: skipped, the ranks are not all on one host with \
+                                 shared memory",
+                                kind.name()
+                            ))?)
+                        });
+                        continue;
+                    }
+                    let spec =
+                        algo_spec(&[kind], name, env_algo.as_deref()).map_err(|e| anyhow!(e))?;
+                    // A world of its own per algorithm: the algorithm is a setting of the
+                    // world. `comm`'s world lives on, holding the store of launchers whose
+                    // rank 0 hosts it.
+                    let world = super::config_with_algo(Some(spec))
+                        .and_then(Communicator::init_with)
+                        .with_context(|| {
+                            format!("joining the job again for {} {name}", kind.name())
+                        })?;
+                    total_wrong += sweep(&world, kind, args, sizes, &mut sink)?;
                 }
             }
-            for &requested in sizes {
-                let Some(lay) = layout(kind, args.dtype, n, requested) else {
-                    continue;
-                };
-                let shape = Shape {
-                    // Broadcast has one buffer anyway; the typed API never marks it.
-                    in_place: args.in_place && kind != CollKind::Broadcast,
-                    ..Shape::new(kind, args.dtype, op, lay.shape_count, root, n)
-                };
-                let algo = comm.algorithm_for(kind, args.dtype, op, lay.shape_count, root);
-                let mut bench = match Bench::new(comm, shape, args.mem == "pool") {
-                    Ok(b) => Some(b),
-                    Err(e) => {
-                        pending.get_or_insert(e);
-                        None
-                    }
-                };
-                if !all_ok(comm, pending.is_none())? {
-                    return Err(pending.unwrap_or_else(|| {
-                        anyhow!("another rank stopped on an error (see its output)")
-                    }));
-                }
-                let Some(b) = bench.as_mut() else {
-                    unreachable!("every rank has its buffers")
-                };
-                let (wrong, time) = b.measure(sweep.warmup_for(lay.size), sweep)?;
-                total_wrong += wrong;
-                if let Some(rep) = &mut report {
-                    let algbw = if time > 0.0 {
-                        lay.size as f64 / time / 1e9
-                    } else {
-                        0.0
-                    };
-                    let row = Row {
-                        collective: kind.name(),
-                        size: lay.size,
-                        count: lay.count,
-                        dtype: args.dtype.name(),
-                        redop: kind.reduces().then(|| op.name()),
-                        root: kind.rooted().then_some(root),
-                        time_us: time * 1e6,
-                        algbw,
-                        busbw: algbw * bus_factor(kind, n),
-                        wrong,
-                        algo: Some(algo),
-                    };
-                    if let Err(e) = rep.row(row) {
-                        pending.get_or_insert(e.into());
-                    }
-                }
+        } else {
+            for &kind in kinds {
+                total_wrong += sweep(comm, kind, args, sizes, &mut sink)?;
             }
         }
-        if let Some(e) = pending {
+        if let Some(e) = sink.pending {
             return Err(e);
         }
-        if let Some(rep) = &mut report {
-            rep.footer()?;
-            rep.write_json()?;
+        if let Some(rep) = &mut sink.report {
+            let op = if kinds.iter().any(|k| k.reduces()) {
+                format!(" {}", args.op.name())
+            } else {
+                String::new()
+            };
+            rep.finish(&format!("{n} ranks, {}{op}", args.dtype.name()))?;
         }
         Ok(if total_wrong == 0 {
             Outcome::Passed
         } else {
             Outcome::Wrong(total_wrong)
         })
+    }
+
+    /// The curve of `kind`'s rows on `comm`: the algorithm its settings force, or "auto".
+    fn curve(comm: &Communicator, kind: CollKind) -> &'static str {
+        comm.config()
+            .algo
+            .as_deref()
+            .and_then(|a| Selector::new(Some(a), false).ok())
+            .and_then(|s| s.forced(kind))
+            .map_or("auto", |a| a.name())
+    }
+
+    /// The sweep of one collective on `comm`; returns the wrong elements of all ranks.
+    fn sweep(
+        comm: &Communicator,
+        kind: CollKind,
+        args: &CollArgs,
+        sizes: &[u64],
+        sink: &mut Sink,
+    ) -> anyhow::Result<u64> {
+        let n = comm.size();
+        let sweep = &args.sweep;
+        let op = if kind.reduces() {
+            args.op
+        } else {
+            ReduceOp::Sum
+        };
+        let root = if kind.rooted() { args.root } else { 0 };
+        let curve = curve(comm, kind);
+        sink.with_report(|rep| Ok(header(rep, comm, kind, args, op, sizes)?));
+        let mut total_wrong = 0;
+        for &requested in sizes {
+            let Some(lay) = layout(kind, args.dtype, n, requested) else {
+                continue;
+            };
+            let shape = Shape {
+                // Broadcast has one buffer anyway; the typed API never marks it.
+                in_place: args.in_place && kind != CollKind::Broadcast,
+                ..Shape::new(kind, args.dtype, op, lay.shape_count, root, n)
+            };
+            let algo = comm.algorithm_for(kind, args.dtype, op, lay.shape_count, root);
+            let mut bench = match Bench::new(comm, shape, args.mem == "pool") {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    sink.pending.get_or_insert(e);
+                    None
+                }
+            };
+            if !all_ok(comm, sink.pending.is_none())? {
+                return Err(sink.pending.take().unwrap_or_else(|| {
+                    anyhow!("another rank stopped on an error (see its output)")
+                }));
+            }
+            let Some(b) = bench.as_mut() else {
+                unreachable!("every rank has its buffers")
+            };
+            let (wrong, time) = b.measure(sweep.warmup_for(lay.size), sweep)?;
+            total_wrong += wrong;
+            let algbw = if time > 0.0 {
+                lay.size as f64 / time / 1e9
+            } else {
+                0.0
+            };
+            let row = Row {
+                collective: kind.name(),
+                size: lay.size,
+                count: lay.count,
+                dtype: args.dtype.name(),
+                redop: kind.reduces().then(|| op.name()),
+                root: kind.rooted().then_some(root),
+                time_us: time * 1e6,
+                algbw,
+                busbw: algbw * bus_factor(kind, n),
+                wrong,
+                algo: Some(algo),
+                curve: Some(curve),
+            };
+            sink.with_report(|rep| Ok(rep.row(row)?));
+        }
+        Ok(total_wrong)
     }
 
     /// The comment lines and column titles before a collective's rows.
@@ -1978,7 +2062,6 @@ mod collective {
 
 #[cfg(test)]
 mod tests {
-    use super::p2p::pattern;
     use super::*;
 
     fn sweep(extra: &[&str]) -> SweepArgs {
@@ -1989,23 +2072,6 @@ mod tests {
             Operation::Stream(a) => a.sweep,
             other => panic!("not a point-to-point operation: {other:?}"),
         }
-    }
-
-    #[test]
-    fn sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_size("8"), Ok(8));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("16M"), Ok(16 << 20));
-        assert_eq!(parse_size("128m"), Ok(128 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("4KiB"), Ok(4096));
-        assert_eq!(parse_size("2MB"), Ok(2 << 20));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("K").is_err());
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("-1").is_err());
-        assert!(parse_size("99999999999999999999").is_err());
-        assert!(parse_size("99999999999T").is_err());
     }
 
     #[test]
@@ -2064,30 +2130,6 @@ mod tests {
     }
 
     #[test]
-    fn pattern_detects_every_wrong_byte() {
-        let seed = pattern::seed(0, 13, 0, 0);
-        let mut buf = vec![0u8; 13];
-        pattern::fill(&mut buf, seed);
-        assert_eq!(pattern::count_wrong(&buf, seed), 0);
-        buf[3] ^= 1;
-        buf[12] ^= 0x80;
-        assert_eq!(pattern::count_wrong(&buf, seed), 2);
-        pattern::fill_complement(&mut buf, seed);
-        assert_eq!(pattern::count_wrong(&buf, seed), 13);
-        // Different rank, size, iteration or message give different data.
-        let other = [
-            pattern::seed(1, 13, 0, 0),
-            pattern::seed(0, 14, 0, 0),
-            pattern::seed(0, 13, 1, 0),
-            pattern::seed(0, 13, 0, 1),
-        ];
-        pattern::fill(&mut buf, seed);
-        for s in other {
-            assert!(pattern::count_wrong(&buf, s) > 0);
-        }
-    }
-
-    #[test]
     fn json_rows_have_the_documented_keys() {
         let row = Row {
             collective: "pingpong",
@@ -2101,6 +2143,7 @@ mod tests {
             busbw: 0.005,
             wrong: 0,
             algo: Some("ring"),
+            curve: Some("auto"),
         };
         let v = serde_json::to_value([row]).unwrap();
         let obj = v[0].as_object().unwrap();
@@ -2110,9 +2153,11 @@ mod tests {
             keys,
             [
                 "algbw",
+                "algo",
                 "busbw",
                 "collective",
                 "count",
+                "curve",
                 "redop",
                 "root",
                 "size",
@@ -2234,6 +2279,22 @@ mod tests {
         assert!(Cli::try_parse_from(["hcomm_perf", "allreduce", "-d", "x"]).is_err());
         assert!(Cli::try_parse_from(["hcomm_perf", "allreduce", "-o", "x"]).is_err());
         assert!(Cli::try_parse_from(["hcomm_perf", "allreduce", "-r", "-1"]).is_err());
+        let (_, a) = coll(&["all", "-a", "--plot", "p.svg", "--peer", "ompi=x.txt"]);
+        assert!(a.all_algos);
+        assert_eq!(a.sweep.plot.as_deref(), Some(Path::new("p.svg")));
+        assert_eq!(
+            a.sweep.peers,
+            [("ompi".to_string(), PathBuf::from("x.txt"))]
+        );
+        for bad in [
+            &["allreduce", "-a", "--algo", "ring"][..],
+            &["allreduce", "--peer", "ompi=x.txt"],
+            &["allreduce", "--plot", "p.svg", "--peer", "x.txt"],
+            &["allreduce", "--plot", "p.svg", "--peer", "=x.txt"],
+        ] {
+            let argv = [&["hcomm_perf"], bad].concat();
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -2354,6 +2415,7 @@ mod tests {
             fp(&["allreduce", "-o", "max"], None),
             fp(&["allreduce", "-r", "1"], None),
             fp(&["allreduce", "--in-place"], None),
+            fp(&["allreduce", "-a"], None),
             fp(&["allreduce", "-c", "2"], None),
             fp(&["allreduce", "-n", "5"], None),
             fp(&["allreduce"], Some("allreduce:ring")),
