@@ -41,7 +41,7 @@ pub const MAX_NAME: usize = 64;
 pub trait Plugin: Send + Sync {
     /// Prepares the links of this process, rank `rank` of `size` (connections to every peer,
     /// typically). Called once per world before any `send` or `recv`; an error fails the
-    /// world's creation.
+    /// world's creation, and `finalize` is then not called (clean up before returning).
     fn init(&self, rank: usize, size: usize) -> Result<()> {
         let _ = (rank, size);
         Ok(())
