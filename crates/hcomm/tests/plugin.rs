@@ -32,6 +32,8 @@ struct UnixSockets {
     links: RwLock<Vec<Option<Arc<UnixStream>>>>,
     /// Sends to this peer block until `finalize`.
     stall_to: Option<usize>,
+    /// A failed `recv` blocks until `finalize` (the plug-in does not notice dead peers).
+    deaf: bool,
     finalized: Mutex<bool>,
     finalized_cv: Condvar,
     sends: AtomicUsize,
@@ -48,6 +50,13 @@ impl UnixSockets {
         self.links.read().unwrap()[peer]
             .clone()
             .ok_or_else(|| err(format!("no link to {peer}")))
+    }
+
+    fn until_finalized(&self) {
+        let mut done = self.finalized.lock().unwrap();
+        while !*done {
+            done = self.finalized_cv.wait(done).unwrap();
+        }
     }
 
     fn counted(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -93,10 +102,7 @@ impl Plugin for UnixSockets {
         self.counted(|| {
             let link = self.link(dest)?;
             if self.stall_to == Some(dest) {
-                let mut done = self.finalized.lock().unwrap();
-                while !*done {
-                    done = self.finalized_cv.wait(done).unwrap();
-                }
+                self.until_finalized();
                 return Err(err("finalized while stalled"));
             }
             self.sends.fetch_add(1, Ordering::SeqCst);
@@ -108,7 +114,11 @@ impl Plugin for UnixSockets {
         self.counted(|| {
             let link = self.link(src)?;
             self.recvs.fetch_add(1, Ordering::SeqCst);
-            (&*link).read_exact(buf).map_err(err)
+            let got = (&*link).read_exact(buf).map_err(err);
+            if got.is_err() && self.deaf {
+                self.until_finalized();
+            }
+            got
         })
     }
 
@@ -134,10 +144,11 @@ fn link_threads() -> Vec<String> {
 }
 
 /// Registers this rank's plug-in as "unix" and joins the job through it.
-fn join(stall_to: Option<usize>) -> (Arc<UnixSockets>, Communicator) {
+fn join(stall_to: Option<usize>, deaf: bool) -> (Arc<UnixSockets>, Communicator) {
     let sockets = Arc::new(UnixSockets {
         dir: PathBuf::from(std::env::var(DIR).unwrap()),
         stall_to,
+        deaf,
         ..UnixSockets::default()
     });
     plugin::register("unix", sockets.clone()).unwrap();
@@ -157,7 +168,7 @@ fn assert_wound_down(sockets: &UnixSockets) {
 /// Point-to-point of every protocol, collectives, split and nonblocking calls: everything
 /// goes through the plug-in, nothing over TCP.
 fn traffic() {
-    let (sockets, comm) = join(None);
+    let (sockets, comm) = join(None, false);
     let (rank, size) = (comm.rank(), comm.size());
     let (right, left) = ((rank + 1) % size, (rank + size - 1) % size);
     for len in [0, 1, 64 << 10, (64 << 10) + 1, 3 << 20] {
@@ -207,9 +218,11 @@ fn traffic() {
     println!("OK traffic on rank {rank}");
 }
 
-/// Rank 1 dies; rank 0, waiting for it, learns at once (its plug-in sees the socket end).
-fn lost() {
-    let (sockets, comm) = join(None);
+/// Rank 1 dies; rank 0, waiting for it, learns at once: from its plug-in, which sees the
+/// socket end, or (`deaf`: a plug-in that does not) from the end of the TCP connection, a
+/// grace period later.
+fn lost(deaf: bool) {
+    let (sockets, comm) = join(None, deaf);
     comm.barrier().unwrap();
     if comm.rank() == 1 {
         std::process::exit(3);
@@ -220,6 +233,11 @@ fn lost() {
         matches!(e, Error::PeerLost(ref m) if m.contains("world rank 1")),
         "{e}"
     );
+    let why = match deaf {
+        true => "no goodbye came",
+        false => "failed receiving from world rank 1",
+    };
+    assert!(e.to_string().contains(why), "{e}");
     assert!(started.elapsed() < Duration::from_secs(10), "{e}");
     drop(comm);
     assert_wound_down(&sockets);
@@ -230,7 +248,7 @@ fn lost() {
 /// and closing (whose finalize unblocks the send) still ends every thread.
 fn stuck() {
     let rank: usize = std::env::var("HCOMM_RANK").unwrap().parse().unwrap();
-    let (sockets, comm) = join((rank == 0).then_some(1));
+    let (sockets, comm) = join((rank == 0).then_some(1), false);
     let e = if rank == 0 {
         // Complete only once the plug-in took it.
         comm.send(b"hello", 1, 2).unwrap_err()
@@ -249,7 +267,8 @@ fn stuck() {
 fn rank_of_a_job() {
     match std::env::var(SCENARIO).as_deref() {
         Ok("traffic") => traffic(),
-        Ok("lost") => lost(),
+        Ok("lost") => lost(false),
+        Ok("deaf") => lost(true),
         Ok("stuck") => stuck(),
         other => panic!("no scenario {other:?}"),
     }
@@ -328,10 +347,12 @@ fn a_unix_socket_plugin_carries_all_traffic_of_2_and_3_ranks() {
 }
 
 #[test]
-fn a_dead_peer_is_lost_at_once_through_the_plugin() {
-    let results = job("lost", 2, "30");
-    assert!(!results[1].0, "rank 1 was to die:\n{}", results[1].1);
-    assert_ok(&results[..1], "OK lost");
+fn a_dead_peer_is_lost_at_once_whether_or_not_the_plugin_notices() {
+    for scenario in ["lost", "deaf"] {
+        let results = job(scenario, 2, "30");
+        assert!(!results[1].0, "rank 1 was to die:\n{}", results[1].1);
+        assert_ok(&results[..1], "OK lost");
+    }
 }
 
 #[test]

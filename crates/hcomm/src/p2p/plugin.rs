@@ -163,7 +163,7 @@ impl Links {
         });
         common
             .call(
-                || format!("to start as rank {rank} of {size}"),
+                || format!("starting as rank {rank} of {size}"),
                 |p| p.init(rank, size),
             )
             .map_err(Error::Init)?;
@@ -207,7 +207,7 @@ impl Drop for Links {
             link.tx_ready.notify_one();
         }
         let name = &self.common.name;
-        if let Err(why) = self.common.call(|| "to finalize".into(), |p| p.finalize()) {
+        if let Err(why) = self.common.call(|| "finalizing".into(), |p| p.finalize()) {
             tracing::warn!("{why}");
         }
         let deadline = Instant::now() + LINGER;
