@@ -210,21 +210,18 @@ static void leave(int sending, size_t bytes) {
     pthread_mutex_unlock(&plugin.lock);
 }
 
-static int unix_send(void *buf, size_t count, int dest) {
-    int fd = enter(dest);
+/* Sends or receives all `count` bytes to or from `peer`. */
+static int unix_transfer(int peer, void *buf, size_t count, int sending) {
+    int fd = enter(peer);
     if (fd < 0) return -1;
-    int rc = transfer(fd, buf, count, 1);
-    leave(1, rc == 0 ? count : 0);
+    int rc = transfer(fd, buf, count, sending);
+    leave(sending, rc == 0 ? count : 0);
     return rc;
 }
 
-static int unix_recv(void *buf, size_t count, int src) {
-    int fd = enter(src);
-    if (fd < 0) return -1;
-    int rc = transfer(fd, buf, count, 0);
-    leave(0, rc == 0 ? count : 0);
-    return rc;
-}
+static int unix_send(void *buf, size_t count, int dest) { return unix_transfer(dest, buf, count, 1); }
+
+static int unix_recv(void *buf, size_t count, int src) { return unix_transfer(src, buf, count, 0); }
 
 static int unix_finalize(void *ctx) {
     struct unix_plugin *up = ctx;

@@ -21,48 +21,68 @@ fn seed_example_prints_the_message_on_two_ranks() {
         .assert_stdout_has("Received: Hello from rank 0");
 }
 
-fn collectives_on(n: usize) {
-    let dir = TempDir::new("collectives");
-    let program = compile(
-        &dir,
-        "collectives",
-        "crates/hcomm-capi/tests/c/collectives.c",
-    );
-    job(&dir, n, &program, &[], LIMIT)
-        .assert_success("collectives.c")
+/// Runs the C test program `source` (whose name it has) on each of `ranks` under hcommrun,
+/// through hcomm's own transports or, with `plugin`, the Unix-socket plug-in; checks that
+/// every job succeeded (and that the plug-in carried its traffic) and returns their output.
+fn suite(source: &str, ranks: &[usize], plugin: bool) -> Vec<Finished> {
+    let name = Path::new(source)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap();
+    let dir = TempDir::new(name);
+    let (program, env) = match plugin {
+        true => (with_unix_plugin(&dir, name, source), UNIX),
+        false => (compile(&dir, name, source), &[][..]),
+    };
+    let mut done = Vec::new();
+    for &n in ranks {
+        let finished = job_with_env(&dir, n, &program, &[], env, LIMIT);
+        finished.assert_success(&format!("{name} on {n} ranks (plug-in: {plugin})"));
+        if plugin {
+            assert_plugin_carried(&finished, n);
+        }
+        done.push(finished);
+    }
+    done
+}
+
+fn collectives_on(n: usize, plugin: bool) {
+    suite("crates/hcomm-capi/tests/c/collectives.c", &[n], plugin)[0]
         .assert_stdout_has("PASS collectives")
         .assert_stdout_has(&format!("calls on {n} ranks"));
 }
 
 #[test]
 fn every_collective_type_and_op_matches_the_reference_on_1_rank() {
-    collectives_on(1);
+    collectives_on(1, false);
 }
 
 #[test]
 fn every_collective_type_and_op_matches_the_reference_on_2_ranks() {
-    collectives_on(2);
+    collectives_on(2, false);
 }
 
 #[test]
 fn every_collective_type_and_op_matches_the_reference_on_3_ranks() {
-    collectives_on(3);
+    collectives_on(3, false);
 }
 
 #[test]
 fn every_collective_type_and_op_matches_the_reference_on_5_ranks() {
-    collectives_on(5);
+    collectives_on(5, false);
+}
+
+fn point_to_point_groups_and_split(plugin: bool) {
+    let ranks = [1, 2, 3, 5];
+    let jobs = suite("crates/hcomm-capi/tests/c/p2p_groups.c", &ranks, plugin);
+    for (n, finished) in ranks.iter().zip(&jobs) {
+        finished.assert_stdout_has(&format!("PASS p2p_groups on {n} ranks"));
+    }
 }
 
 #[test]
 fn point_to_point_groups_and_split_on_1_2_3_and_5_ranks() {
-    let dir = TempDir::new("p2p");
-    let program = compile(&dir, "p2p_groups", "crates/hcomm-capi/tests/c/p2p_groups.c");
-    for n in [1, 2, 3, 5] {
-        job(&dir, n, &program, &[], LIMIT)
-            .assert_success("p2p_groups.c")
-            .assert_stdout_has(&format!("PASS p2p_groups on {n} ranks"));
-    }
+    point_to_point_groups_and_split(false);
 }
 
 /// `source` linked with the Unix-socket plug-in of `examples/c/plugin_unix.c`, which it
@@ -100,52 +120,29 @@ fn assert_plugin_carried(job: &Finished, n: usize) {
     }
 }
 
-fn collectives_through_the_plugin_on(n: usize) {
-    let dir = TempDir::new("plugin-collectives");
-    let program = with_unix_plugin(
-        &dir,
-        "collectives",
-        "crates/hcomm-capi/tests/c/collectives.c",
-    );
-    let finished = job_with_env(&dir, n, &program, &[], UNIX, LIMIT);
-    finished
-        .assert_success("collectives.c through the plug-in")
-        .assert_stdout_has("PASS collectives")
-        .assert_stdout_has(&format!("calls on {n} ranks"));
-    assert_plugin_carried(&finished, n);
-}
-
 #[test]
 fn every_collective_matches_the_reference_through_the_unix_socket_plugin_on_1_rank() {
-    collectives_through_the_plugin_on(1);
+    collectives_on(1, true);
 }
 
 #[test]
 fn every_collective_matches_the_reference_through_the_unix_socket_plugin_on_2_ranks() {
-    collectives_through_the_plugin_on(2);
+    collectives_on(2, true);
 }
 
 #[test]
 fn every_collective_matches_the_reference_through_the_unix_socket_plugin_on_3_ranks() {
-    collectives_through_the_plugin_on(3);
+    collectives_on(3, true);
 }
 
 #[test]
 fn every_collective_matches_the_reference_through_the_unix_socket_plugin_on_5_ranks() {
-    collectives_through_the_plugin_on(5);
+    collectives_on(5, true);
 }
 
 #[test]
 fn point_to_point_groups_and_split_through_the_unix_socket_plugin_on_1_2_3_and_5_ranks() {
-    let dir = TempDir::new("plugin-p2p");
-    let program = with_unix_plugin(&dir, "p2p_groups", "crates/hcomm-capi/tests/c/p2p_groups.c");
-    for n in [1, 2, 3, 5] {
-        let finished = job_with_env(&dir, n, &program, &[], UNIX, LIMIT);
-        finished
-            .assert_success("p2p_groups.c through the plug-in")
-            .assert_stdout_has(&format!("PASS p2p_groups on {n} ranks"));
-        assert_plugin_carried(&finished, n);
-    }
+    point_to_point_groups_and_split(true);
 }
 
 #[test]
