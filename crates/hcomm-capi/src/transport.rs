@@ -34,7 +34,7 @@ pub struct hcomm_transport_ops {
     /// first).
     pub init: Option<unsafe extern "C" fn(rank: c_int, size: c_int, ctx: *mut c_void) -> c_int>,
     /// Optional. Called once by `hcommFinalize` with `ctx`, after the last message to the peers
-    /// was sent: releases the connections. Calls still running on other threads (a `recv` from
+    /// was sent (or `HCOMM_TIMEOUT` ran out): releases the connections. Calls still running on other threads (a `recv` from
     /// a peer that has not finalized yet, a `send` to a stuck one) must be made to return
     /// non-zero, as `shutdown(2)` does for a socket, and later calls must fail at once.
     pub finalize: Option<unsafe extern "C" fn(ctx: *mut c_void) -> c_int>,

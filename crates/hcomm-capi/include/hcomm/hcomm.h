@@ -213,7 +213,7 @@ typedef struct hcomm_transport_ops {
   int (*init)(int rank, int size, void *ctx);
   /**
    * Optional. Called once by `hcommFinalize` with `ctx`, after the last message to the peers
-   * was sent: releases the connections. Calls still running on other threads (a `recv` from
+   * was sent (or `HCOMM_TIMEOUT` ran out): releases the connections. Calls still running on other threads (a `recv` from
    * a peer that has not finalized yet, a `send` to a stuck one) must be made to return
    * non-zero, as `shutdown(2)` does for a socket, and later calls must fail at once.
    */

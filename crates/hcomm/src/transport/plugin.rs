@@ -9,8 +9,10 @@
 //! Threading contract (what the engine guarantees, and what it needs):
 //!
 //! * [`Plugin::init`] is called once per world, before any other call, from the thread
-//!   creating the world; [`Plugin::finalize`] once when the world closes. One plug-in serves
-//!   one world at a time: a second world naming it while the first is open is refused.
+//!   creating the world (if it fails, `finalize` is not called); [`Plugin::finalize`] once
+//!   when the world closes, after the last frame to the peers was sent or the close ran out
+//!   of time (`HCOMM_TIMEOUT`). One plug-in serves one world at a time: a second world naming
+//!   it while the first is open is refused.
 //! * Every frame is sent as two calls (its 64-byte header, then its payload when it has one)
 //!   and received with calls of exactly the same sizes, in the same order: so a stream
 //!   transport and a message transport (each `recv` takes one whole `send`) both work. No
@@ -19,11 +21,13 @@
 //!   thread at a time; calls for different peers, and a peer's `send` and `recv`, run
 //!   concurrently on different threads. `recv` blocks until the bytes arrived.
 //! * `send` may block while the peer is slow, not forever: it runs on a thread of its own,
-//!   so operations still time out (`HCOMM_TIMEOUT`), but the world cannot close cleanly
-//!   until it returns.
-//! * Once `finalize` is called no call starts; calls still running (a `recv` from a peer that
-//!   has not finalized yet, a `send` to a stuck one) must be made to return an error by
-//!   `finalize`, as `shutdown(2)` does for a socket. hcomm waits a second for them.
+//!   so operations still time out (`HCOMM_TIMEOUT`), and closing the world waits for queued
+//!   frames at most that long before it calls `finalize`.
+//! * `finalize` may run while calls are in progress on other threads (a `recv` from a peer
+//!   that has not finalized yet, a `send` to a stuck one): it must make them return an
+//!   error, as `shutdown(2)` does for a socket, and calls after it (a thread winding down may
+//!   make one) must fail at once. hcomm waits a second for its threads, then leaves them
+//!   behind with a warning.
 //! * An error from `send` or `recv` means the link to that peer is gone: every operation
 //!   with the peer fails with [`Error::PeerLost`](crate::Error::PeerLost) naming it.
 
