@@ -29,7 +29,7 @@
 //!   make one) must fail at once. hcomm waits a second for its threads, then leaves them
 //!   behind with a warning.
 //! * An error from `send` or `recv` means the link to that peer is gone: every operation
-//!   with the peer fails with [`Error::PeerLost`](crate::Error::PeerLost) naming it.
+//!   with the peer fails with [`Error::PeerLost`] naming it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
