@@ -25,5 +25,7 @@ pub mod coll;
 
 pub mod group;
 
+pub mod transport;
+
 mod args;
 mod state;

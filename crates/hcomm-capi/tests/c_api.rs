@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{compile, job, root, run, Finished, TempDir};
+use common::{compile, compile_with, job, job_with_env, root, run, Finished, TempDir};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -21,47 +21,154 @@ fn seed_example_prints_the_message_on_two_ranks() {
         .assert_stdout_has("Received: Hello from rank 0");
 }
 
-fn collectives_on(n: usize) {
-    let dir = TempDir::new("collectives");
-    let program = compile(
-        &dir,
-        "collectives",
-        "crates/hcomm-capi/tests/c/collectives.c",
-    );
-    job(&dir, n, &program, &[], LIMIT)
-        .assert_success("collectives.c")
+/// Runs the C test program `source` (whose name it has) on each of `ranks` under hcommrun,
+/// through hcomm's own transports or, with `plugin`, the Unix-socket plug-in; checks that
+/// every job succeeded (and that the plug-in carried its traffic) and returns their output.
+fn suite(source: &str, ranks: &[usize], plugin: bool) -> Vec<Finished> {
+    let name = Path::new(source)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap();
+    let dir = TempDir::new(name);
+    let (program, env) = match plugin {
+        true => (with_unix_plugin(&dir, name, source), UNIX),
+        false => (compile(&dir, name, source), &[][..]),
+    };
+    let mut done = Vec::new();
+    for &n in ranks {
+        let finished = job_with_env(&dir, n, &program, &[], env, LIMIT);
+        finished.assert_success(&format!("{name} on {n} ranks (plug-in: {plugin})"));
+        if plugin {
+            assert_plugin_carried(&finished, n);
+        }
+        done.push(finished);
+    }
+    done
+}
+
+fn collectives_on(n: usize, plugin: bool) {
+    suite("crates/hcomm-capi/tests/c/collectives.c", &[n], plugin)[0]
         .assert_stdout_has("PASS collectives")
         .assert_stdout_has(&format!("calls on {n} ranks"));
 }
 
 #[test]
 fn every_collective_type_and_op_matches_the_reference_on_1_rank() {
-    collectives_on(1);
+    collectives_on(1, false);
 }
 
 #[test]
 fn every_collective_type_and_op_matches_the_reference_on_2_ranks() {
-    collectives_on(2);
+    collectives_on(2, false);
 }
 
 #[test]
 fn every_collective_type_and_op_matches_the_reference_on_3_ranks() {
-    collectives_on(3);
+    collectives_on(3, false);
 }
 
 #[test]
 fn every_collective_type_and_op_matches_the_reference_on_5_ranks() {
-    collectives_on(5);
+    collectives_on(5, false);
+}
+
+fn point_to_point_groups_and_split(plugin: bool) {
+    let ranks = [1, 2, 3, 5];
+    let jobs = suite("crates/hcomm-capi/tests/c/p2p_groups.c", &ranks, plugin);
+    for (n, finished) in ranks.iter().zip(&jobs) {
+        finished.assert_stdout_has(&format!("PASS p2p_groups on {n} ranks"));
+    }
 }
 
 #[test]
 fn point_to_point_groups_and_split_on_1_2_3_and_5_ranks() {
-    let dir = TempDir::new("p2p");
-    let program = compile(&dir, "p2p_groups", "crates/hcomm-capi/tests/c/p2p_groups.c");
-    for n in [1, 2, 3, 5] {
-        job(&dir, n, &program, &[], LIMIT)
-            .assert_success("p2p_groups.c")
-            .assert_stdout_has(&format!("PASS p2p_groups on {n} ranks"));
+    point_to_point_groups_and_split(false);
+}
+
+/// `source` linked with the Unix-socket plug-in of `examples/c/plugin_unix.c`, which it
+/// registers before `hcommInit`.
+fn with_unix_plugin(dir: &TempDir, name: &str, source: &str) -> std::path::PathBuf {
+    compile_with(
+        dir,
+        name,
+        &[source, "examples/c/plugin_unix.c"],
+        &[
+            "-DPLUGIN_UNIX_NO_MAIN",
+            "-DTEST_TRANSPORT_PLUGIN=plugin_unix_register",
+        ],
+    )
+}
+
+/// Selects the Unix-socket plug-in, which reports its traffic at finalize.
+const UNIX: &[(&str, &str)] = &[("HCOMM_TRANSPORT", "unix"), ("HCOMM_UNIX_STATS", "1")];
+
+/// Every rank of a job of `n` reported what the plug-in carried: something, unless alone.
+fn assert_plugin_carried(job: &Finished, n: usize) {
+    for r in 0..n {
+        let prefix = format!("plugin_unix: rank {r} of {n}: sent ");
+        let sent: u64 = job
+            .stdout
+            .lines()
+            .find_map(|l| l.split_once(&prefix))
+            .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix:?} in stdout:\n{}", job.stdout));
+        assert_eq!(
+            sent > 0,
+            n > 1,
+            "rank {r} sent {sent} messages through the plug-in"
+        );
+    }
+}
+
+#[test]
+fn every_collective_matches_the_reference_through_the_unix_socket_plugin_on_1_rank() {
+    collectives_on(1, true);
+}
+
+#[test]
+fn every_collective_matches_the_reference_through_the_unix_socket_plugin_on_2_ranks() {
+    collectives_on(2, true);
+}
+
+#[test]
+fn every_collective_matches_the_reference_through_the_unix_socket_plugin_on_3_ranks() {
+    collectives_on(3, true);
+}
+
+#[test]
+fn every_collective_matches_the_reference_through_the_unix_socket_plugin_on_5_ranks() {
+    collectives_on(5, true);
+}
+
+#[test]
+fn point_to_point_groups_and_split_through_the_unix_socket_plugin_on_1_2_3_and_5_ranks() {
+    point_to_point_groups_and_split(true);
+}
+
+#[test]
+fn the_plugin_example_runs_and_an_unknown_transport_is_refused() {
+    let dir = TempDir::new("plugin-example");
+    let program = compile(&dir, "plugin_unix", "examples/c/plugin_unix.c");
+    let finished = job_with_env(&dir, 3, &program, &[], UNIX, LIMIT);
+    finished
+        .assert_success("plugin_unix.c")
+        .assert_stdout_has("rank 1 of 3: got \"hello from rank 0\"; the ranks sum to 3");
+    assert_plugin_carried(&finished, 3);
+    let refused = job_with_env(
+        &dir,
+        2,
+        &program,
+        &[],
+        &[("HCOMM_TRANSPORT", "pigeon")],
+        LIMIT,
+    );
+    assert!(!refused.success, "{}", refused.stdout);
+    for text in ["invalid argument", "\"pigeon\"", "tcp, shm, unix"] {
+        assert!(
+            refused.stderr.contains(text) || refused.stdout.contains(text),
+            "no {text} in:\n{}",
+            refused.stderr
+        );
     }
 }
 

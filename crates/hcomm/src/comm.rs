@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::p2p::{Deadline, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
 use crate::topology::{RankInfo, Topology};
+use crate::transport::plugin::{self, Lease};
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
 use crate::transport::shm::pool::{PoolConfig, ShmPool};
 use crate::transport::tcp;
@@ -296,8 +297,8 @@ fn lock_client(m: &Mutex<StoreClient>) -> std::sync::MutexGuard<'_, StoreClient>
 }
 
 /// Sets up the shared-memory links with the other ranks of this host (unless
-/// `HCOMM_TRANSPORT=tcp`): every local rank creates its inbox, publishes it under `ns`, and
-/// maps the others'.
+/// `HCOMM_TRANSPORT` names another transport than `shm`): every local rank creates its inbox,
+/// publishes it under `ns`, and maps the others'.
 fn setup_shm(
     config: &Config,
     topology: &Topology,
@@ -311,7 +312,7 @@ fn setup_shm(
     let locals: Vec<usize> = (0..topology.size())
         .filter(|&r| topology.host_of(r) == host)
         .collect();
-    if locals.len() < 2 || config.transport.as_deref() == Some("tcp") {
+    if locals.len() < 2 || config.transport.as_deref().is_some_and(|t| t != "shm") {
         return Ok(None);
     }
     let job_id = link::job_id(
@@ -379,6 +380,16 @@ impl Communicator {
     pub fn init_with(config: Config) -> Result<Communicator> {
         init_logging(config.log_level);
         let selector = Selector::new(config.algo.as_deref(), config.deterministic)?;
+        // A transport plug-in carries all traffic; the TCP mesh (one stream per peer) then
+        // only starts the job and notices peers that die.
+        let lease = match config.transport.as_deref() {
+            Some(name) if !plugin::BUILT_IN.contains(&name) => Some(Lease::take(name)?),
+            _ => None,
+        };
+        let tcp_streams = match lease {
+            Some(_) => 1,
+            None => config.tcp_streams,
+        };
         let (rank, size) = (config.launch.rank, config.launch.size);
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
@@ -442,14 +453,7 @@ impl Communicator {
                     &client.wait(&format!("{ns}/info/{r}"), left)?,
                 )?);
             }
-            let links = tcp::connect_mesh(
-                listener,
-                rank,
-                &addrs,
-                config.tcp_streams,
-                &secret,
-                deadline,
-            )?;
+            let links = tcp::connect_mesh(listener, rank, &addrs, tcp_streams, &secret, deadline)?;
             (links, infos, store, Some(Mutex::new(client)))
         };
         let topology = Topology::new(infos);
@@ -475,9 +479,21 @@ impl Communicator {
             )?,
             None => None,
         };
+        if let Some(lease) = &lease {
+            let line = format!(
+                "hcomm: rank {rank}: all traffic through the transport plug-in {:?}",
+                lease.name()
+            );
+            if config.debug {
+                // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+                eprintln!("{line}");
+            }
+            tracing::debug!("{line}");
+        }
         let engine = Engine::new(
             links,
             shm,
+            lease,
             EngineConfig {
                 rank,
                 eager_limit: config.tcp_eager_limit,

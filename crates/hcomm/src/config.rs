@@ -73,8 +73,10 @@ pub struct Config {
     pub log_level: Option<u8>,
     /// `HCOMM_TIMEOUT` (seconds, fractions allowed): the bound on every wait.
     pub timeout: Duration,
-    /// `HCOMM_TRANSPORT`: force one transport (`tcp`; `shm` is the default: shared memory
-    /// between ranks of one host, TCP between hosts).
+    /// `HCOMM_TRANSPORT`: force one transport: `tcp`, `shm` (the default: shared memory
+    /// between ranks of one host, TCP between hosts), or the name of a transport plug-in
+    /// ([`crate::transport::plugin`]), checked against the registered ones when the world
+    /// starts.
     pub transport: Option<String>,
     /// `HCOMM_SHM_EAGER_LIMIT`: largest message sent inline through a shared-memory ring.
     pub shm_eager_limit: usize,
@@ -203,9 +205,7 @@ impl Config {
         };
         let transport = get("HCOMM_TRANSPORT");
         if let Some(t) = &transport {
-            if t != "tcp" && t != "shm" {
-                return Err(invalid("HCOMM_TRANSPORT", t, "tcp or shm"));
-            }
+            crate::transport::plugin::check_name(t, "HCOMM_TRANSPORT")?;
         }
         Ok(Config {
             debug: get("HCOMM_DEBUG").is_some_and(|v| v != "0"),
@@ -404,7 +404,10 @@ mod tests {
         assert!(e.to_string().contains("HCOMM_ROOT_ADDR"), "{e}");
         let e = cfg(&[("HCOMM_TCP_STREAMS", "99")]).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-        let e = cfg(&[("HCOMM_TRANSPORT", "carrier-pigeon")]).unwrap_err();
+        let e = cfg(&[("HCOMM_TRANSPORT", "carrier pigeon")]).unwrap_err();
         assert!(e.to_string().contains("HCOMM_TRANSPORT"), "{e}");
+        // Any other name may be a plug-in's: checked when the world starts.
+        let c = cfg(&[("HCOMM_TRANSPORT", "carrier-pigeon")]).unwrap();
+        assert_eq!(c.transport.as_deref(), Some("carrier-pigeon"));
     }
 }

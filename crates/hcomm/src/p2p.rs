@@ -1,4 +1,5 @@
-//! Point-to-point messaging: tag matching, requests and the progress engine over TCP links.
+//! Point-to-point messaging: tag matching, requests and the progress engine over TCP links,
+//! shared-memory rings, or a transport plug-in.
 //!
 //! One [`Engine`] serves every communicator of a world (split and dup share it); frames carry
 //! the communicator id. Messages up to the eager limit travel in one frame; larger ones use a
@@ -37,7 +38,10 @@ use std::time::{Duration, Instant};
 use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
+mod plugin;
+
 use crate::error::{Error, Result};
+use crate::transport::plugin::Lease;
 use crate::transport::shm::cma;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
 use crate::transport::wire::{
@@ -89,6 +93,10 @@ pub(crate) struct ProtocolCounts {
     pub tcp_eager: AtomicU64,
     /// Rendezvous over TCP.
     pub tcp_rendezvous: AtomicU64,
+    /// Eager through a transport plug-in.
+    pub plugin_eager: AtomicU64,
+    /// Rendezvous through a transport plug-in.
+    pub plugin_rendezvous: AtomicU64,
 }
 
 /// A snapshot of [`ProtocolCounts`].
@@ -104,6 +112,10 @@ pub struct ProtocolStats {
     pub tcp_eager: u64,
     /// Rendezvous messages over TCP.
     pub tcp_rendezvous: u64,
+    /// Eager messages through a transport plug-in.
+    pub plugin_eager: u64,
+    /// Rendezvous messages through a transport plug-in.
+    pub plugin_rendezvous: u64,
 }
 
 impl ProtocolCounts {
@@ -119,6 +131,8 @@ impl ProtocolCounts {
             shm_push: get(&self.shm_push),
             tcp_eager: get(&self.tcp_eager),
             tcp_rendezvous: get(&self.tcp_rendezvous),
+            plugin_eager: get(&self.plugin_eager),
+            plugin_rendezvous: get(&self.plugin_rendezvous),
         }
     }
 }
@@ -351,6 +365,9 @@ struct Peer {
     /// `Wake`, which take stream 0 (so that a `Close` and the connection's end are seen in
     /// order).
     shm: Option<ShmPeer>,
+    /// The transport plug-in, when the world has one: it then carries every frame (the TCP
+    /// connection only tells whether the peer is still there).
+    plugin: Option<plugin::PluginPeer>,
     next_msg_id: u64,
     next_data_stream: usize,
     /// The peer said it is finalizing.
@@ -375,6 +392,8 @@ struct Io {
     /// The inboxes of the shared-memory peers, by world rank, with their process ids and
     /// whether cross-memory attach reaches them.
     peer_inboxes: HashMap<usize, (PeerInbox, u32, bool)>,
+    /// Items the plug-in receivers queued that the engine has not taken yet.
+    plugin_rx: AtomicUsize,
 }
 
 impl Io {
@@ -397,6 +416,8 @@ struct State {
     peers: Vec<Option<Peer>>,
     /// World ranks of the peers reached through shared memory.
     shm_peers: Vec<usize>,
+    /// World ranks of the peers reached through the transport plug-in.
+    plugin_peers: Vec<usize>,
     counts: Arc<ProtocolCounts>,
     ops: HashMap<OpId, Op>,
     next_op: OpId,
@@ -441,6 +462,8 @@ struct Shared {
 pub(crate) struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// The transport plug-in's links, when the world has one.
+    plugin: Option<plugin::Links>,
 }
 
 fn token(peer: usize, stream: usize) -> u64 {
@@ -471,9 +494,11 @@ fn poll(io: &Io, events: &mut Vec<epoll::Event>, sleep: Duration) -> Result<()> 
 impl Engine {
     /// Takes over the established links (`links[peer]` = its streams, empty for self).
     /// `shm`: the shared-memory links of the local peers, which then carry their traffic.
+    /// `plugin`: a transport plug-in, initialized here, which then carries all traffic.
     pub(crate) fn new(
         links: Vec<Vec<TcpStream>>,
         shm: Option<ShmSetup>,
+        plugin: Option<Lease>,
         cfg: EngineConfig,
     ) -> Result<Engine> {
         let sys = |what: &str, e: rustix::io::Errno| Error::Init(format!("{what}: {e}"));
@@ -519,6 +544,7 @@ impl Engine {
             peers.push(Some(Peer {
                 streams,
                 shm: None,
+                plugin: None,
                 next_msg_id: 0,
                 next_data_stream: 0,
                 closed: false,
@@ -554,13 +580,32 @@ impl Engine {
             polling: AtomicBool::new(false),
             inbox,
             peer_inboxes,
+            plugin_rx: AtomicUsize::new(0),
         });
+        let size = peers.len();
+        let mut plugin_peers = Vec::new();
+        let plugin = match plugin {
+            Some(lease) => {
+                let links = plugin::Links::start(lease, cfg.rank, size, &io)?;
+                for link in links.links() {
+                    let p = link.peer();
+                    let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
+                        Error::Internal(format!("plug-in link to world rank {p} has no peer"))
+                    })?;
+                    peer.plugin = Some(plugin::PluginPeer::new(Arc::clone(link)));
+                    plugin_peers.push(p);
+                }
+                Some(links)
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 cfg,
                 io: Arc::clone(&io),
                 peers,
                 shm_peers,
+                plugin_peers,
                 counts: Arc::clone(&counts),
                 ops: HashMap::default(),
                 next_op: 1,
@@ -594,6 +639,7 @@ impl Engine {
         Ok(Engine {
             shared,
             thread: Some(thread),
+            plugin,
         })
     }
 
@@ -982,8 +1028,16 @@ impl Engine {
         {
             let mut st = lock(&sh.state);
             for p in 0..st.peers.len() {
-                if st.peers[p].as_ref().is_some_and(|peer| peer.lost.is_none()) {
-                    st.queue_tcp(p, 0, OutFrame::control(FrameHeader::new(FrameKind::Close)));
+                let Some(peer) = st.peers[p].as_ref().filter(|peer| peer.lost.is_none()) else {
+                    continue;
+                };
+                let close = OutFrame::control(FrameHeader::new(FrameKind::Close));
+                // Through the plug-in, after the data; otherwise on the stream whose end
+                // follows it.
+                if peer.plugin.is_some() {
+                    st.queue(p, 0, close);
+                } else {
+                    st.queue_tcp(p, 0, close);
                 }
             }
         }
@@ -1033,6 +1087,8 @@ impl Drop for Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // Stops the plug-in's threads and finalizes it.
+        drop(self.plugin.take());
         let mut st = lock(&self.shared.state);
         for peer in st.peers.iter().flatten() {
             for s in &peer.streams {
@@ -1154,6 +1210,7 @@ impl State {
         hdr.len = len as u64;
         hdr.sig = t.sig;
         let shm = peer.shm.as_ref().map(|m| m.link.cma);
+        let plugin = peer.plugin.is_some();
         let limit = match shm {
             Some(_) => self.cfg.shm_eager_limit,
             None => self.cfg.eager_limit,
@@ -1177,11 +1234,14 @@ impl State {
             OutFrame::control(hdr)
         };
         // A shared-memory rendezvous is counted where its protocol is decided.
-        let counter = match (shm.is_some(), eager) {
-            (true, true) => Some(&self.counts.shm_eager),
-            (true, false) => None,
-            (false, true) => Some(&self.counts.tcp_eager),
-            (false, false) => Some(&self.counts.tcp_rendezvous),
+        let c = &self.counts;
+        let counter = match (shm.is_some(), plugin, eager) {
+            (true, _, true) => Some(&c.shm_eager),
+            (true, _, false) => None,
+            (false, true, true) => Some(&c.plugin_eager),
+            (false, true, false) => Some(&c.plugin_rendezvous),
+            (false, false, true) => Some(&c.tcp_eager),
+            (false, false, false) => Some(&c.tcp_rendezvous),
         };
         counter.map(ProtocolCounts::bump);
         tracing::trace!(
@@ -1190,6 +1250,7 @@ impl State {
             len,
             eager,
             shm = shm.is_some(),
+            plugin,
             "send posted"
         );
         self.queue(t.peer, 0, frame);
@@ -1693,9 +1754,12 @@ impl State {
                     .as_ref()
                     .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
                 if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
-                    // Ring frames go whole or not at all.
+                    // Ring and plug-in frames go whole or not at all.
                     if let Some(m) = p.shm.as_mut() {
                         m.out.retain(|f| f.op != Some(id));
+                    }
+                    if let Some(pp) = p.plugin.as_mut() {
+                        pp.out.retain(|f| f.op != Some(id));
                     }
                     for st in &mut p.streams {
                         st.out.retain(|f| f.op != Some(id) || f.hdr_done > 0);
@@ -1720,7 +1784,9 @@ impl State {
                 .peers
                 .get(peer)
                 .and_then(Option::as_ref)
-                .is_some_and(|p| p.lost.is_none() && p.shm.is_none() && !p.streams[0].eof)
+                .is_some_and(|p| {
+                    p.lost.is_none() && p.shm.is_none() && p.plugin.is_none() && !p.streams[0].eof
+                })
     }
 
     /// Reachable peers with frames not yet handed to the kernel or the ring.
@@ -1728,7 +1794,10 @@ impl State {
         let unflushed = |p: &Peer| {
             p.lost.is_none()
                 && (p.streams.iter().any(|s| !s.out.is_empty())
-                    || p.shm.as_ref().is_some_and(|m| !m.out.is_empty()))
+                    || p.shm.as_ref().is_some_and(|m| !m.out.is_empty())
+                    || p.plugin
+                        .as_ref()
+                        .is_some_and(|pp| !pp.out.is_empty() || pp.link.sending()))
         };
         (0..self.peers.len())
             .filter(|&p| self.peers[p].as_ref().is_some_and(unflushed))
@@ -1742,13 +1811,20 @@ impl State {
             .collect()
     }
 
-    /// Sends a frame to `peer`: through shared memory when the peer has it, otherwise
-    /// on TCP stream `stream`.
+    /// Sends a frame to `peer`: through the transport plug-in or shared memory when the peer
+    /// has it, otherwise on TCP stream `stream`.
     fn queue(&mut self, peer: usize, stream: usize, frame: OutFrame) {
         let Some(p) = self.peers[peer].as_mut() else {
             return;
         };
         if p.lost.is_some() {
+            return;
+        }
+        if let Some(pp) = p.plugin.as_mut() {
+            pp.out.push_back(frame);
+            if pp.out.len() == 1 {
+                self.flush_plugin(peer);
+            }
             return;
         }
         match p.shm.as_mut() {
@@ -1837,19 +1913,7 @@ impl State {
                 return false;
             };
             while let Some(f) = m.out.front() {
-                let payload: &[u8] = match f.op.and_then(|id| self.ops.get(&id)) {
-                    _ if f.owned.is_some() => f.owned.as_deref().unwrap_or(&[]),
-                    Some(op) if f.len > 0 => {
-                        let src = op
-                            .detached
-                            .as_ref()
-                            .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
-                        // SAFETY: the frame's operation is live, so its buffer is valid for
-                        // `off + len <= cap` bytes (see `post_send`).
-                        unsafe { std::slice::from_raw_parts(src.add(f.off), f.len) }
-                    }
-                    _ => &[],
-                };
+                let payload = frame_payload(f, &self.ops);
                 match m.link.producer.try_push_parts(0, [&f.hdr, payload]) {
                     Ok(true) => {
                         if let Some(id) = f.op {
@@ -1869,15 +1933,7 @@ impl State {
             }
         }
         let moved = !done_ops.is_empty();
-        for id in done_ops {
-            if let Some(op) = self.ops.get_mut(&id) {
-                op.remaining = op.remaining.saturating_sub(1);
-                if op.remaining == 0 {
-                    let len = op.cap;
-                    self.complete(id, Ok(len));
-                }
-            }
-        }
+        self.frames_sent(done_ops);
         if wake {
             self.queue_tcp(
                 peer,
@@ -1928,31 +1984,21 @@ impl State {
                 }
             };
             read += 1;
-            let dest = match self.on_header(peer, hdr) {
-                Ok(d) => d,
-                Err(why) => {
-                    failure = Some(why);
-                    break;
-                }
-            };
-            let Some(m) = self.peers[peer].as_mut().and_then(|p| p.shm.as_mut()) else {
-                break;
-            };
-            let Ok(Some(msg)) = m.link.consumer.peek() else {
-                failure = Some("a frame vanished from its shared-memory ring".to_string());
-                break;
-            };
-            let n = hdr.payload_len() as usize;
-            if let Some(dest) = dest {
-                if n > 0 {
-                    if let Some(dst) = dest_slice(&mut self.ops, &mut self.umsgs, dest, 0, n) {
-                        msg.copy_range(HEADER_LEN, dst);
-                    }
+            let landed = self.dispatch_whole(peer, hdr, |peers, dst| {
+                let msg = peers[peer]
+                    .as_mut()
+                    .and_then(|p| p.shm.as_mut())
+                    .and_then(|m| m.link.consumer.peek().ok().flatten())
+                    .ok_or("a frame vanished from its shared-memory ring")?;
+                if let Some(dst) = dst {
+                    msg.copy_range(HEADER_LEN, dst);
                 }
                 msg.consume();
-                self.on_payload(peer, hdr, dest);
-            } else {
-                msg.consume();
+                Ok(())
+            });
+            if let Err(why) = landed {
+                failure = Some(why);
+                break;
             }
         }
         if read > 0 {
@@ -1973,15 +2019,42 @@ impl State {
         read > 0
     }
 
+    /// Dispatches a frame that arrived whole (a ring message, a plug-in frame): handles its
+    /// header, then calls `land` once with where the payload goes (`None`: nowhere, or there
+    /// is none) to copy it there and release the frame, then finishes what the payload
+    /// completes. An error says why the peer must be dropped.
+    fn dispatch_whole(
+        &mut self,
+        peer: usize,
+        hdr: FrameHeader,
+        land: impl FnOnce(&mut [Option<Peer>], Option<&mut [u8]>) -> std::result::Result<(), String>,
+    ) -> std::result::Result<(), String> {
+        let dest = self.on_header(peer, hdr)?;
+        let n = hdr.payload_len() as usize;
+        let dst = match dest {
+            Some(d) if n > 0 => dest_slice(&mut self.ops, &mut self.umsgs, d, 0, n),
+            _ => None,
+        };
+        land(&mut self.peers, dst)?;
+        if let Some(dest) = dest {
+            self.on_payload(peer, hdr, dest);
+        }
+        Ok(())
+    }
+
     /// Handles the events of one `epoll_wait`.
     /// `by_waiter`: the caller is itself one of the waiting threads.
     fn handle(&mut self, events: &[epoll::Event], by_waiter: bool) -> bool {
-        let moved = !self.shm_peers.is_empty() && self.poll_shm();
+        // The wake-up first: one that comes while the links are read below stays pending.
+        if events.iter().any(|ev| ev.data.u64() == WAKE_TOKEN) {
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(&self.io.wake, &mut b);
+        }
+        let mut moved = !self.shm_peers.is_empty() && self.poll_shm();
+        moved |= !self.plugin_peers.is_empty() && self.poll_plugin();
         for ev in events {
             let tok = ev.data.u64();
             if tok == WAKE_TOKEN {
-                let mut b = [0u8; 8];
-                let _ = rustix::io::read(&self.io.wake, &mut b);
                 continue;
             }
             let (peer, stream) = ((tok >> 16) as usize, (tok & 0xffff) as usize);
@@ -2023,21 +2096,9 @@ impl State {
             let mut outcome = Ok(());
             for _ in 0..MAX_ROUNDS {
                 let Some(f) = s.out.front_mut() else { break };
-                let payload: &[u8] = match f.op.and_then(|id| self.ops.get(&id)) {
-                    _ if f.owned.is_some() => f.owned.as_deref().map_or(&[], |v| &v[f.done..]),
-                    Some(op) if f.len > 0 => {
-                        let src = op
-                            .detached
-                            .as_ref()
-                            .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
-                        // SAFETY: the frame's operation is live, so its buffer is valid for
-                        // `off + len <= cap` bytes (see `post_send`).
-                        unsafe {
-                            std::slice::from_raw_parts(src.add(f.off + f.done), f.len - f.done)
-                        }
-                    }
-                    _ => &[],
-                };
+                let payload = frame_payload(f, &self.ops)
+                    .get(f.done..)
+                    .unwrap_or_default();
                 let bufs = [IoSlice::new(&f.hdr[f.hdr_done..]), IoSlice::new(payload)];
                 match s.sock.write_vectored(&bufs) {
                     Ok(0) => {
@@ -2084,7 +2145,16 @@ impl State {
             }
             outcome
         };
-        for id in done_ops {
+        self.frames_sent(done_ops);
+        if let Err(why) = outcome {
+            self.fail_peer(peer, why);
+        }
+    }
+
+    /// One frame of each of `ops` (sends) left this rank: a send whose frames all did is
+    /// complete.
+    fn frames_sent(&mut self, ops: impl IntoIterator<Item = OpId>) {
+        for id in ops {
             if let Some(op) = self.ops.get_mut(&id) {
                 op.remaining = op.remaining.saturating_sub(1);
                 if op.remaining == 0 {
@@ -2092,9 +2162,6 @@ impl State {
                     self.complete(id, Ok(len));
                 }
             }
-        }
-        if let Err(why) = outcome {
-            self.fail_peer(peer, why);
         }
     }
 
@@ -2409,45 +2476,31 @@ impl State {
                 .shm_chunk
                 .min(m.link.producer.layout().max_payload() - HEADER_LEN)
                 .max(1);
-            let mut frames = 0;
-            for off in (0..len).step_by(chunk) {
-                let n = chunk.min(len - off);
-                let mut hdr = FrameHeader::new(FrameKind::Data);
-                hdr.msg_id = msg_id;
-                hdr.len = n as u64;
-                hdr.offset = off as u64;
-                m.out.push_back(OutFrame {
-                    op: Some(id),
-                    off,
-                    len: n,
-                    ..OutFrame::control(hdr)
-                });
-                frames += 1;
-            }
-            op.remaining = frames;
+            let before = m.out.len();
+            m.out.extend(data_frames(id, msg_id, len, chunk));
+            op.remaining = m.out.len() - before;
             ProtocolCounts::bump(&self.counts.shm_push);
+            let frames = op.remaining;
             tracing::debug!(peer, len, frames, "shared-memory send: pushed in chunks");
             self.flush_shm(peer);
+            return;
+        }
+        if let Some(pp) = p.plugin.as_mut() {
+            let before = pp.out.len();
+            pp.out
+                .extend(data_frames(id, msg_id, op.cap, self.cfg.chunk));
+            op.remaining = pp.out.len() - before;
+            self.flush_plugin(peer);
             return;
         }
         let (len, chunk) = (op.cap, self.cfg.chunk);
         let nstreams = p.streams.len();
         let mut frames = 0;
         let mut touched = vec![false; nstreams];
-        for off in (0..len).step_by(chunk) {
-            let n = chunk.min(len - off);
-            let mut hdr = FrameHeader::new(FrameKind::Data);
-            hdr.msg_id = msg_id;
-            hdr.len = n as u64;
-            hdr.offset = off as u64;
+        for frame in data_frames(id, msg_id, len, chunk) {
             let s = p.next_data_stream % nstreams;
             p.next_data_stream += 1;
-            p.streams[s].out.push_back(OutFrame {
-                op: Some(id),
-                off,
-                len: n,
-                ..OutFrame::control(hdr)
-            });
+            p.streams[s].out.push_back(frame);
             touched[s] = true;
             frames += 1;
         }
@@ -2462,7 +2515,8 @@ impl State {
 
     /// A stream of `peer` reached its end. After the peer's Close (on stream 0) that is
     /// orderly, and data may still arrive on its other streams: the peer is done when all
-    /// have ended. Without a Close it died.
+    /// have ended. Without a Close it died. A plug-in peer's end is judged by
+    /// `State::poll_plugin`, which knows whether its Close and this rank's frames are through.
     fn stream_ended(&mut self, peer: usize, stream: usize) {
         let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
             return;
@@ -2470,6 +2524,10 @@ impl State {
         let s = &mut p.streams[stream];
         s.eof = true;
         let _ = epoll::delete(&self.io.epoll, &s.sock);
+        if let Some(pp) = p.plugin.as_mut() {
+            pp.tcp_gone.get_or_insert_with(Instant::now);
+            return;
+        }
         if (stream == 0 && !p.closed) || p.streams.iter().all(|s| s.eof) {
             self.fail_peer(peer, "it closed the connection".into());
         }
@@ -2514,6 +2572,11 @@ impl State {
         }
         if let Some(m) = p.shm.as_mut() {
             m.out.clear();
+        }
+        if let Some(pp) = p.plugin.as_mut() {
+            pp.out.clear();
+            pp.link.clear_tx();
+            pp.tcp_gone = None;
         }
         p.lost = Some(msg.clone());
         self.rndv_recv.retain(|(q, _), _| *q != peer);
@@ -2629,6 +2692,41 @@ fn dest_slice<'a>(
             UnexpectedKind::Eager { data, .. } => data.get_mut(done..done + len),
             UnexpectedKind::Rts { .. } => None,
         },
+    }
+}
+
+/// The data frames of rendezvous message `msg_id` of send `id`: `len` bytes in chunks of
+/// `chunk`.
+fn data_frames(id: OpId, msg_id: u64, len: usize, chunk: usize) -> impl Iterator<Item = OutFrame> {
+    (0..len).step_by(chunk).map(move |off| {
+        let n = chunk.min(len - off);
+        let mut hdr = FrameHeader::new(FrameKind::Data);
+        hdr.msg_id = msg_id;
+        hdr.len = n as u64;
+        hdr.offset = off as u64;
+        OutFrame {
+            op: Some(id),
+            off,
+            len: n,
+            ..OutFrame::control(hdr)
+        }
+    })
+}
+
+/// The whole payload of an outgoing frame: its own copy, or its live operation's bytes.
+fn frame_payload<'a>(f: &'a OutFrame, ops: &'a HashMap<OpId, Op>) -> &'a [u8] {
+    match f.op.and_then(|id| ops.get(&id)) {
+        _ if f.owned.is_some() => f.owned.as_deref().unwrap_or(&[]),
+        Some(op) if f.len > 0 => {
+            let src = op
+                .detached
+                .as_ref()
+                .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
+            // SAFETY: the frame's operation is live, so its buffer is valid for
+            // `off + len <= cap` bytes (see `post_send`).
+            unsafe { std::slice::from_raw_parts(src.add(f.off), f.len) }
+        }
+        _ => &[],
     }
 }
 

@@ -181,6 +181,50 @@ typedef struct hcommComm *hcommComm_t;
 typedef struct hcommRequest *hcommRequest_t;
 
 /**
+ * The functions of a transport plug-in, registered with `hcommTransportRegister`. `send` and
+ * `recv` are required; the members after them are optional, and a zero member is absent
+ * (initialize the struct with designated initializers, or zero it first).
+ *
+ * The contract, for every member: hcomm sends each message as two `send` calls (a 64-byte
+ * header, then the payload when there is one) and receives it with `recv` calls of exactly
+ * the same counts in the same order, so a byte stream and a message transport both work;
+ * counts are never 0 and a rank never sends to itself. `send` to one peer is called from one
+ * thread at a time, and so is `recv` from one peer; calls for different peers, and one
+ * peer's `send` and `recv`, run at the same time on different threads. Both block until done
+ * (`send` may block while the peer is slow, but not forever) and return 0, or non-zero when
+ * the link to that peer failed: hcomm then fails every operation with it
+ * (`HCOMM_ERR_PEER_LOST`).
+ */
+typedef struct hcomm_transport_ops {
+  /**
+   * Sends the `count` bytes at `buf` (which it must not write) to world rank `dest`.
+   */
+  int (*send)(void *buf, size_t count, int dest);
+  /**
+   * Receives exactly `count` bytes from world rank `src` into `buf`.
+   */
+  int (*recv)(void *buf, size_t count, int src);
+  /**
+   * Optional. Called once by `hcommInit`, before any `send` or `recv`, as rank `rank` of
+   * `size` (world ranks), with `ctx`: sets up the connections to the peers. Non-zero
+   * fails `hcommInit` with `HCOMM_ERR_INIT` (and `finalize` is not called: clean up
+   * first).
+   */
+  int (*init)(int rank, int size, void *ctx);
+  /**
+   * Optional. Called once by `hcommFinalize` with `ctx`, after the last message to the peers
+   * was sent (or `HCOMM_TIMEOUT` ran out): releases the connections. Calls still running on other threads (a `recv` from
+   * a peer that has not finalized yet, a `send` to a stuck one) must be made to return
+   * non-zero, as `shutdown(2)` does for a socket, and later calls must fail at once.
+   */
+  int (*finalize)(void *ctx);
+  /**
+   * Optional. Passed to `init` and `finalize` as it is.
+   */
+  void *ctx;
+} hcomm_transport_ops;
+
+/**
  * The world communicator: every rank of the job. Valid from `hcommInit` to `hcommFinalize`.
  */
 #define COMM_WORLD (hcommComm_t)1
@@ -496,6 +540,21 @@ int hcommGroupStart(void);
  * group).
  */
 int hcommGroupEnd(void);
+
+/**
+ * Registers the transport plug-in `ops` as `name`: with `HCOMM_TRANSPORT=<name>`, `hcommInit`
+ * sends all traffic of the job (collectives included) through it. Call it before
+ * `hcommInit`. `*ops` is copied: it need not outlive the call. `name` is 1 to 64 letters,
+ * digits, `_`, `-` or `.`, and neither `tcp` nor `shm` (the built-in transports); a name can
+ * be registered once. NULL `name` or `ops`, a NULL `send` or `recv`, or a bad or taken name
+ * give `HCOMM_ERR_INVALID_ARGUMENT`. Works at any time, but only a plug-in registered before
+ * `hcommInit` can be chosen (the world picks its transport there).
+ *
+ * # Safety
+ * `name` is NULL or a NUL-terminated string; `ops` is NULL or points to a
+ * `struct hcomm_transport_ops` whose members are valid for the contract documented there.
+ */
+int hcommTransportRegister(const char *name, const struct hcomm_transport_ops *ops);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -245,7 +245,7 @@ static void scatter(int t, size_t count, int root, int in_place) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(hcommInit(&argc, &argv));
+    CHECK(test_init(&argc, &argv));
     CHECK(hcommCommRank(COMM_WORLD, &my_rank));
     CHECK(hcommCommSize(COMM_WORLD, &nranks));
     static const size_t counts[] = {0, 1, 7, 300};

@@ -43,6 +43,20 @@ static int my_rank __attribute__((unused)) = -1;
         }                                                                               \
     } while (0)
 
+/* hcommInit, after registering the transport plug-in the program was built with, if any:
+ * -DTEST_TRANSPORT_PLUGIN=f links a plug-in whose `int f(void)` registers it (and the test
+ * selects it with HCOMM_TRANSPORT). */
+#ifdef TEST_TRANSPORT_PLUGIN
+int TEST_TRANSPORT_PLUGIN(void);
+#endif
+static inline int test_init(int *argc, char ***argv) {
+#ifdef TEST_TRANSPORT_PLUGIN
+    int rc = TEST_TRANSPORT_PLUGIN();
+    if (rc != HCOMM_SUCCESS) return rc;
+#endif
+    return hcommInit(argc, argv);
+}
+
 #define NTYPES 10
 #define NOPS 5
 

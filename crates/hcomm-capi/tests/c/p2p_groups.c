@@ -139,7 +139,7 @@ static void split(void) {
 }
 
 int main(void) {
-    CHECK(hcommInit(NULL, NULL));
+    CHECK(test_init(NULL, NULL));
     CHECK(hcommCommRank(COMM_WORLD, &my_rank));
     CHECK(hcommCommSize(COMM_WORLD, &nranks));
     const size_t sizes[] = {0, 1, 4096, 100000, 3000000};

@@ -1,7 +1,8 @@
 /* Feeds the C API every kind of bad input and checks each documented error code: calls before
  * hcommInit and after hcommFinalize, NULL pointers, sizes that overflow, ranks, roots and tags
  * out of range, unknown types and operations, NULL, forged and destroyed communicators,
- * completed requests, foreign pointers to hcommFree, a truncated message, a timeout
+ * completed requests, foreign pointers to hcommFree, bad transport plug-in registrations,
+ * a truncated message, a timeout
  * (HCOMM_TIMEOUT must be small), and with two or more ranks a mismatch and a lost peer.
  * Prints "PASS validation" on success; exits 1 naming the first wrong code otherwise. */
 #include "common.h"
@@ -280,6 +281,34 @@ static void timeout(void) {
     ASSERT(time(NULL) - t0 < 30);
 }
 
+static int never_send(void *buf, size_t count, int dest) { (void)buf; (void)count; (void)dest; return 1; }
+static int never_recv(void *buf, size_t count, int src) { (void)buf; (void)count; (void)src; return 1; }
+
+/* hcommTransportRegister: NULLs, missing functions, bad, built-in and taken names. */
+static void transport_registration(void) {
+    struct hcomm_transport_ops ops = {.send = never_send, .recv = never_recv};
+    struct hcomm_transport_ops no_send = {.recv = never_recv}, no_recv = {.send = never_send};
+    char long_name[66];
+    memset(long_name, 'n', 65);
+    long_name[65] = 0;
+    EXPECT(INVALID, hcommTransportRegister(NULL, &ops));
+    last_error_mentions(INVALID, "hcommTransportRegister", "name");
+    EXPECT(INVALID, hcommTransportRegister("validation", NULL));
+    EXPECT(INVALID, hcommTransportRegister("validation", &no_send));
+    last_error_mentions(INVALID, "send", "recv");
+    EXPECT(INVALID, hcommTransportRegister("validation", &no_recv));
+    EXPECT(INVALID, hcommTransportRegister("", &ops));
+    EXPECT(INVALID, hcommTransportRegister("two words", &ops));
+    EXPECT(INVALID, hcommTransportRegister(long_name, &ops));
+    EXPECT(INVALID, hcommTransportRegister("tcp", &ops));
+    last_error_mentions(INVALID, "tcp", "built-in");
+    EXPECT(INVALID, hcommTransportRegister("shm", &ops));
+    CHECK(hcommTransportRegister(long_name + 1, &ops)); /* 64 characters */
+    CHECK(hcommTransportRegister("validation", &ops));
+    EXPECT(INVALID, hcommTransportRegister("validation", &ops));
+    last_error_mentions(INVALID, "validation", "already registered");
+}
+
 /* Two or more ranks: rank 0 calls an all-reduce of 4 elements, the others of 5. */
 static void mismatched_calls(void) {
     int32_t v[5] = {1, 2, 3, 4, 5};
@@ -310,6 +339,8 @@ int main(int argc, char **argv) {
     ASSERT(strcmp(hcommGetLastErrorMessage(), "") == 0);
     error_strings();
     not_initialized();
+    /* Registered, never chosen (HCOMM_TRANSPORT is unset). */
+    transport_registration();
     /* Memory works before hcommInit. */
     void *early = hcommMalloc(1000);
     ASSERT(early != NULL && (uintptr_t)early % 64 == 0);

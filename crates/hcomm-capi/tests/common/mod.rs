@@ -89,10 +89,16 @@ impl Drop for TempDir {
     }
 }
 
-/// Compiles `sources` (relative to the workspace root) into `dir/name` against this build's
+/// Compiles `source` (relative to the workspace root) into `dir/name` against this build's
 /// `libhcomm.so` with warnings as errors; the program finds the library through its rpath
 /// (`dir` holds the `libhcomm.so.0` link its soname asks for).
 pub fn compile(dir: &TempDir, name: &str, source: &str) -> PathBuf {
+    compile_with(dir, name, &[source], &[])
+}
+
+/// Like [`compile`], for a program of several `sources` built with the gcc options `extra`
+/// (`-DNAME=value`).
+pub fn compile_with(dir: &TempDir, name: &str, sources: &[&str], extra: &[&str]) -> PathBuf {
     let lib = profile_dir();
     let link = dir.path().join("libhcomm.so.0");
     if !link.exists() {
@@ -105,7 +111,8 @@ pub fn compile(dir: &TempDir, name: &str, source: &str) -> PathBuf {
         .arg(root.join("crates/hcomm-capi/include"))
         .arg("-I")
         .arg(root.join("crates/hcomm-capi/tests/c"))
-        .arg(root.join(source))
+        .args(extra)
+        .args(sources.iter().map(|s| root.join(s)))
         .arg("-o")
         .arg(&out)
         .arg("-L")
@@ -251,8 +258,21 @@ pub fn run(dir: &TempDir, cmd: &mut Command, limit: Duration) -> Finished {
 
 /// Runs `program args` on `n` ranks under hcommrun.
 pub fn job(dir: &TempDir, n: usize, program: &Path, args: &[&str], limit: Duration) -> Finished {
+    job_with_env(dir, n, program, args, &[], limit)
+}
+
+/// Runs `program args` on `n` ranks under hcommrun, with the variables `env` set.
+pub fn job_with_env(
+    dir: &TempDir,
+    n: usize,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Finished {
     let mut cmd = Command::new(hcommrun());
-    cmd.arg("-n")
+    cmd.envs(env.iter().copied())
+        .arg("-n")
         .arg(n.to_string())
         .arg("--")
         .arg(program)

@@ -1,0 +1,434 @@
+//! The engine's links through a transport plug-in ([`crate::transport::plugin`]).
+//!
+//! A plug-in's `send` and `recv` block, so every peer gets two threads: a sender that hands
+//! the peer's frames to `send` (header, then payload), and a receiver that loops on `recv`
+//! (a 64-byte header, validated, then the payload it announces) and queues each whole frame
+//! for the engine, waking it. The engine drains those queues in its progress passes exactly
+//! as it reads a shared-memory ring, and copies outgoing frames into the sender's queue up to
+//! a window of bytes, so that a slow peer holds back only its own frames and no engine lock is
+//! ever held across a plug-in call.
+//!
+//! A peer's receiver ends after the peer's `Close` (nothing follows it) or at the first
+//! error, which fails the peer unless it had said goodbye. The TCP connection of the mesh
+//! stays open beside the plug-in: its end tells a dead peer apart from one still delivering
+//! its goodbye (see `State::stream_ended`).
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{lock, Io, OpId, OutFrame, State, LINGER};
+use crate::error::{Error, Result};
+use crate::transport::plugin::{Lease, Plugin};
+use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
+
+/// Bytes of frames a peer's sender may hold before the engine keeps further frames back.
+const WINDOW: usize = 4 << 20;
+/// How long the engine waits, after a peer's TCP connection ended, for its goodbye to come
+/// through the plug-in before it counts the peer as lost.
+const GRACE: Duration = LINGER;
+/// How often a closing engine looks whether its plug-in threads have ended.
+const JOIN_POLL: Duration = Duration::from_millis(2);
+
+/// What a peer's threads hand the engine.
+pub(super) enum Incoming {
+    /// A whole frame the receiver got.
+    Frame(FrameHeader, Vec<u8>),
+    /// The sender handed a frame of this send operation to the plug-in.
+    Sent(OpId),
+    /// The link failed: why.
+    Ended(String),
+}
+
+/// Frames on their way to the sender thread, with the send operation each belongs to.
+#[derive(Default)]
+struct Tx {
+    frames: VecDeque<(Option<OpId>, Vec<u8>)>,
+    /// Bytes of `frames` and of the frame being sent.
+    bytes: usize,
+    /// The engine kept frames back for want of room: wake it when there is some.
+    blocked: bool,
+    /// The world is closing: the sender stops.
+    stop: bool,
+}
+
+/// One peer's link through the plug-in, shared by the engine and the link's two threads.
+pub(super) struct Link {
+    peer: usize,
+    tx: Mutex<Tx>,
+    tx_ready: Condvar,
+    rx: Mutex<VecDeque<Incoming>>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Link {
+    /// The world rank at the other end.
+    pub(super) fn peer(&self) -> usize {
+        self.peer
+    }
+
+    /// Queues what the threads have for the engine, and wakes the engine if the queue was
+    /// empty (otherwise a wake-up is still due from the earlier item).
+    fn deliver(&self, io: &Io, item: Incoming) {
+        let was_empty = {
+            let mut rx = lock(&self.rx);
+            let was_empty = rx.is_empty();
+            rx.push_back(item);
+            was_empty
+        };
+        io.plugin_rx.fetch_add(1, Ordering::SeqCst);
+        if was_empty {
+            io.wake_all();
+        }
+    }
+
+    /// Everything the receiver queued so far.
+    pub(super) fn take_rx(&self, io: &Io) -> VecDeque<Incoming> {
+        let items = std::mem::take(&mut *lock(&self.rx));
+        io.plugin_rx.fetch_sub(items.len(), Ordering::SeqCst);
+        items
+    }
+
+    /// Whether frames handed to the sender are not all sent yet.
+    pub(super) fn sending(&self) -> bool {
+        lock(&self.tx).bytes > 0
+    }
+
+    /// Drops the frames not yet sent (the peer is lost).
+    pub(super) fn clear_tx(&self) {
+        let mut tx = lock(&self.tx);
+        let queued: usize = tx.frames.iter().map(|(_, f)| f.len()).sum();
+        tx.frames.clear();
+        tx.bytes -= queued;
+    }
+}
+
+/// What the threads of all links share.
+struct Common {
+    name: String,
+    plugin: Arc<dyn Plugin>,
+    io: Arc<Io>,
+}
+
+impl Common {
+    /// Runs one plug-in call; an error or a panic becomes a message saying `what` failed.
+    fn call(
+        &self,
+        what: impl FnOnce() -> String,
+        f: impl FnOnce(&dyn Plugin) -> Result<()>,
+    ) -> std::result::Result<(), String> {
+        let name = &self.name;
+        match catch_unwind(AssertUnwindSafe(|| f(&*self.plugin))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!(
+                "the transport plug-in {name:?} failed {}: {e}",
+                what()
+            )),
+            Err(_) => Err(format!(
+                "the transport plug-in {name:?} panicked {}",
+                what()
+            )),
+        }
+    }
+}
+
+/// A world's plug-in and the threads of its links. Dropping it stops the senders, finalizes
+/// the plug-in and waits (boundedly) for the threads.
+pub(super) struct Links {
+    common: Arc<Common>,
+    links: Vec<Arc<Link>>,
+    threads: Vec<JoinHandle<()>>,
+    /// Held until the threads are gone: the plug-in is free for another world then.
+    _lease: Lease,
+}
+
+impl Links {
+    /// Initializes the plug-in of `lease` as rank `rank` of `size` and starts the threads of
+    /// a link to every other rank.
+    pub(super) fn start(lease: Lease, rank: usize, size: usize, io: &Arc<Io>) -> Result<Links> {
+        let common = Arc::new(Common {
+            name: lease.name().to_owned(),
+            plugin: Arc::clone(lease.plugin()),
+            io: Arc::clone(io),
+        });
+        common
+            .call(
+                || format!("starting as rank {rank} of {size}"),
+                |p| p.init(rank, size),
+            )
+            .map_err(Error::Init)?;
+        let mut links = Links {
+            common,
+            links: Vec::new(),
+            threads: Vec::new(),
+            _lease: lease,
+        };
+        for peer in (0..size).filter(|&p| p != rank) {
+            let link = Arc::new(Link {
+                peer,
+                tx: Mutex::default(),
+                tx_ready: Condvar::new(),
+                rx: Mutex::default(),
+            });
+            // Dropping `links` on an error stops what was started and finalizes the plug-in.
+            links.links.push(Arc::clone(&link));
+            for (role, body) in [("tx", send_loop as fn(&Common, &Link)), ("rx", recv_loop)] {
+                let (common, link) = (Arc::clone(&links.common), Arc::clone(&link));
+                let thread = std::thread::Builder::new()
+                    .name(format!("hcomm-{role}-{peer}"))
+                    .spawn(move || body(&common, &link))
+                    .map_err(|e| Error::Init(format!("cannot start a plug-in thread: {e}")))?;
+                links.threads.push(thread);
+            }
+        }
+        Ok(links)
+    }
+
+    /// The link to every other rank.
+    pub(super) fn links(&self) -> &[Arc<Link>] {
+        &self.links
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        for link in &self.links {
+            lock(&link.tx).stop = true;
+            link.tx_ready.notify_one();
+        }
+        let name = &self.common.name;
+        if let Err(why) = self.common.call(|| "finalizing".into(), |p| p.finalize()) {
+            tracing::warn!("{why}");
+        }
+        let deadline = Instant::now() + LINGER;
+        while self.threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(JOIN_POLL);
+        }
+        for t in self.threads.drain(..) {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::warn!(
+                    "a call into the transport plug-in {name:?} did not return within {LINGER:?} \
+                     after its finalize; leaving its thread behind"
+                );
+            }
+        }
+    }
+}
+
+/// The sender of one link: hands each queued frame to the plug-in, header then payload.
+fn send_loop(common: &Common, link: &Link) {
+    loop {
+        let (op, frame) = {
+            let mut tx = lock(&link.tx);
+            loop {
+                if tx.stop {
+                    return;
+                }
+                if let Some(f) = tx.frames.pop_front() {
+                    break f;
+                }
+                tx = link.tx_ready.wait(tx).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let (hdr, payload) = frame.split_at(HEADER_LEN);
+        let peer = link.peer;
+        let what = || format!("sending to world rank {peer}");
+        let sent =
+            common
+                .call(what, |p| p.send(hdr, peer))
+                .and_then(|()| match payload.is_empty() {
+                    true => Ok(()),
+                    false => common.call(what, |p| p.send(payload, peer)),
+                });
+        let wake = {
+            let mut tx = lock(&link.tx);
+            tx.bytes -= frame.len();
+            // The engine waits for room, or (closing) for everything to be sent.
+            std::mem::take(&mut tx.blocked) || tx.bytes == 0
+        };
+        if let Err(why) = sent {
+            link.deliver(&common.io, Incoming::Ended(why));
+            return;
+        }
+        // Like a TCP send once the kernel has it, a send is complete once the plug-in took
+        // all its frames.
+        match op {
+            Some(id) => link.deliver(&common.io, Incoming::Sent(id)),
+            None if wake => common.io.wake_all(),
+            None => {}
+        }
+    }
+}
+
+/// The receiver of one link: receives whole frames and queues them for the engine, until the
+/// peer's goodbye or the first error.
+fn recv_loop(common: &Common, link: &Link) {
+    let peer = link.peer;
+    let what = || format!("receiving from world rank {peer}");
+    let why = loop {
+        let mut raw = [0u8; HEADER_LEN];
+        if let Err(why) = common.call(what, |p| p.recv(&mut raw, peer)) {
+            break why;
+        }
+        // Validated before the payload is allocated: its length is bounded.
+        let hdr = match FrameHeader::decode(&raw) {
+            Ok(h) => h,
+            Err(e) => break format!("it sent a malformed frame through the plug-in ({e})"),
+        };
+        let mut payload = vec![0u8; hdr.payload_len() as usize];
+        if !payload.is_empty() {
+            if let Err(why) = common.call(what, |p| p.recv(&mut payload, peer)) {
+                break why;
+            }
+        }
+        let last = hdr.kind == FrameKind::Close;
+        link.deliver(&common.io, Incoming::Frame(hdr, payload));
+        if last {
+            return;
+        }
+    };
+    link.deliver(&common.io, Incoming::Ended(why));
+}
+
+/// A peer reached through the plug-in, as the engine sees it.
+#[derive(Debug)]
+pub(super) struct PluginPeer {
+    pub(super) link: Arc<Link>,
+    /// Frames waiting for room in the sender's window, in order.
+    pub(super) out: VecDeque<OutFrame>,
+    /// When the peer's TCP connection ended (its end is then judged by `State::poll_plugin`).
+    pub(super) tcp_gone: Option<Instant>,
+}
+
+impl PluginPeer {
+    pub(super) fn new(link: Arc<Link>) -> PluginPeer {
+        PluginPeer {
+            link,
+            out: VecDeque::new(),
+            tcp_gone: None,
+        }
+    }
+}
+
+impl State {
+    /// Hands waiting frames to the senders, dispatches what the threads queued, and ends the
+    /// peers whose connection ended: once their goodbye came and this rank's frames to them
+    /// are all sent (like the end of a TCP stream, after the data), or as lost when no
+    /// goodbye came within the grace period. Returns whether anything moved.
+    pub(super) fn poll_plugin(&mut self) -> bool {
+        let received = self.io.plugin_rx.load(Ordering::SeqCst) > 0;
+        let mut moved = false;
+        for i in 0..self.plugin_peers.len() {
+            let p = self.plugin_peers[i];
+            let Some(pp) = self.peers[p].as_ref().and_then(|peer| peer.plugin.as_ref()) else {
+                continue;
+            };
+            if !pp.out.is_empty() {
+                moved |= self.flush_plugin(p);
+            }
+            if received {
+                moved |= self.read_plugin(p);
+            }
+            let Some(peer) = self.peers[p].as_ref() else {
+                continue;
+            };
+            let Some(pp) = peer.plugin.as_ref() else {
+                continue;
+            };
+            let Some(gone) = pp.tcp_gone else {
+                continue;
+            };
+            if peer.closed && !pp.link.sending() {
+                self.fail_peer(p, "it finalized".into());
+            } else if !peer.closed && gone.elapsed() >= GRACE {
+                self.fail_peer(
+                    p,
+                    "its connection closed and no goodbye came through the transport plug-in"
+                        .into(),
+                );
+            }
+        }
+        moved
+    }
+
+    /// Copies the frames queued for a plug-in peer into its sender's queue while the window
+    /// has room (a frame is copied whole, so that its operation may be cancelled while the
+    /// copy is sent); returns whether any was.
+    pub(super) fn flush_plugin(&mut self, peer: usize) -> bool {
+        let mut moved = false;
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return false;
+        };
+        let (Some(pp), None) = (p.plugin.as_mut(), &p.lost) else {
+            return false;
+        };
+        {
+            let mut tx = lock(&pp.link.tx);
+            while let Some(f) = pp.out.front() {
+                let size = HEADER_LEN + f.len;
+                if tx.bytes > 0 && tx.bytes + size > WINDOW {
+                    tx.blocked = true;
+                    break;
+                }
+                let mut frame = Vec::with_capacity(size);
+                frame.extend_from_slice(&f.hdr);
+                frame.extend_from_slice(super::frame_payload(f, &self.ops));
+                tx.bytes += size;
+                tx.frames.push_back((f.op, frame));
+                pp.out.pop_front();
+                moved = true;
+            }
+        }
+        if moved {
+            pp.link.tx_ready.notify_one();
+        }
+        moved
+    }
+
+    /// Dispatches what a plug-in peer's receiver queued; returns whether there was anything.
+    fn read_plugin(&mut self, peer: usize) -> bool {
+        let Some(link) = self.peers[peer]
+            .as_ref()
+            .and_then(|p| p.plugin.as_ref())
+            .map(|pp| Arc::clone(&pp.link))
+        else {
+            return false;
+        };
+        let items = link.take_rx(&self.io);
+        let moved = !items.is_empty();
+        for item in items {
+            if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
+                break;
+            }
+            match item {
+                Incoming::Sent(id) => self.frames_sent([id]),
+                Incoming::Frame(hdr, payload) => {
+                    let dispatched = self.dispatch_whole(peer, hdr, |_, dst| {
+                        if let Some(dst) = dst {
+                            dst.copy_from_slice(&payload);
+                        }
+                        Ok(())
+                    });
+                    if let Err(why) = dispatched {
+                        self.fail_peer(peer, why);
+                    }
+                }
+                // After the peer's goodbye only a send can fail: the peer is done then.
+                Incoming::Ended(why) => self.fail_peer(peer, why),
+            }
+        }
+        moved
+    }
+}

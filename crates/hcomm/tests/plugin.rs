@@ -1,0 +1,445 @@
+//! Transport plug-ins from Rust: a plug-in over Unix domain sockets carries all traffic of
+//! jobs of real processes (this test binary started again as each rank), and the failures a
+//! plug-in can meet (an unknown name, a failing init, a dead peer, a send that blocks) end in
+//! clear errors within `HCOMM_TIMEOUT`, with every thread of the plug-in gone afterwards.
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use hcomm::transport::plugin::{self, Plugin};
+use hcomm::{Communicator, Config, Error, ReduceOp, Result};
+
+/// Environment of a rank started by [`job`]: the scenario it runs.
+const SCENARIO: &str = "HCOMM_PLUGIN_TEST_SCENARIO";
+/// Environment of a rank started by [`job`]: the directory of its sockets.
+const DIR: &str = "HCOMM_PLUGIN_TEST_DIR";
+
+fn err(what: impl std::fmt::Display) -> Error {
+    Error::Transport(what.to_string())
+}
+
+/// A plug-in over Unix domain sockets in a directory: rank r listens at `dir/r`, connects to
+/// every lower rank and accepts every higher one. It counts its calls and can be told to
+/// block every send to one peer until it is finalized.
+#[derive(Default)]
+struct UnixSockets {
+    dir: PathBuf,
+    links: RwLock<Vec<Option<Arc<UnixStream>>>>,
+    /// Sends to this peer block until `finalize`.
+    stall_to: Option<usize>,
+    /// A failed `recv` blocks until `finalize` (the plug-in does not notice dead peers).
+    deaf: bool,
+    finalized: Mutex<bool>,
+    finalized_cv: Condvar,
+    sends: AtomicUsize,
+    recvs: AtomicUsize,
+    active: AtomicUsize,
+    finalizes: AtomicUsize,
+}
+
+impl UnixSockets {
+    fn link(&self, peer: usize) -> Result<Arc<UnixStream>> {
+        if *self.finalized.lock().unwrap() {
+            return Err(err("finalized"));
+        }
+        self.links.read().unwrap()[peer]
+            .clone()
+            .ok_or_else(|| err(format!("no link to {peer}")))
+    }
+
+    fn until_finalized(&self) {
+        let mut done = self.finalized.lock().unwrap();
+        while !*done {
+            done = self.finalized_cv.wait(done).unwrap();
+        }
+    }
+
+    fn counted(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let r = f();
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+}
+
+impl Plugin for UnixSockets {
+    fn init(&self, rank: usize, size: usize) -> Result<()> {
+        let listener = UnixListener::bind(self.dir.join(rank.to_string())).map_err(err)?;
+        let mut links = vec![None; size];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for (peer, link) in links.iter_mut().enumerate().take(rank) {
+            let stream = loop {
+                match UnixStream::connect(self.dir.join(peer.to_string())) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    Err(e) => return Err(err(format!("connecting to {peer}: {e}"))),
+                }
+            };
+            (&stream)
+                .write_all(&(rank as u32).to_le_bytes())
+                .map_err(err)?;
+            *link = Some(Arc::new(stream));
+        }
+        for _ in rank + 1..size {
+            let (stream, _) = listener.accept().map_err(err)?;
+            let mut who = [0u8; 4];
+            (&stream).read_exact(&mut who).map_err(err)?;
+            let peer = u32::from_le_bytes(who) as usize;
+            links[peer] = Some(Arc::new(stream));
+        }
+        *self.links.write().unwrap() = links;
+        Ok(())
+    }
+
+    fn send(&self, buf: &[u8], dest: usize) -> Result<()> {
+        self.counted(|| {
+            let link = self.link(dest)?;
+            if self.stall_to == Some(dest) {
+                self.until_finalized();
+                return Err(err("finalized while stalled"));
+            }
+            self.sends.fetch_add(1, Ordering::SeqCst);
+            (&*link).write_all(buf).map_err(err)
+        })
+    }
+
+    fn recv(&self, buf: &mut [u8], src: usize) -> Result<()> {
+        self.counted(|| {
+            let link = self.link(src)?;
+            self.recvs.fetch_add(1, Ordering::SeqCst);
+            let got = (&*link).read_exact(buf).map_err(err);
+            if got.is_err() && self.deaf {
+                self.until_finalized();
+            }
+            got
+        })
+    }
+
+    fn finalize(&self) -> Result<()> {
+        self.finalizes.fetch_add(1, Ordering::SeqCst);
+        *self.finalized.lock().unwrap() = true;
+        self.finalized_cv.notify_all();
+        for link in self.links.write().unwrap().drain(..).flatten() {
+            let _ = link.shutdown(std::net::Shutdown::Both);
+        }
+        Ok(())
+    }
+}
+
+/// Names of this process's threads that belong to plug-in links.
+fn link_threads() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| n.starts_with("hcomm-tx-") || n.starts_with("hcomm-rx-"))
+        .collect()
+}
+
+/// Registers this rank's plug-in as "unix" and joins the job through it.
+fn join(stall_to: Option<usize>, deaf: bool) -> (Arc<UnixSockets>, Communicator) {
+    let sockets = Arc::new(UnixSockets {
+        dir: PathBuf::from(std::env::var(DIR).unwrap()),
+        stall_to,
+        deaf,
+        ..UnixSockets::default()
+    });
+    plugin::register("unix", sockets.clone()).unwrap();
+    let comm = Communicator::init().unwrap();
+    (sockets, comm)
+}
+
+/// After the world closed: the plug-in was finalized once, no call runs or came after, and
+/// no thread of a link is left.
+fn assert_wound_down(sockets: &UnixSockets) {
+    assert_eq!(sockets.finalizes.load(Ordering::SeqCst), 1);
+    assert_eq!(sockets.active.load(Ordering::SeqCst), 0);
+    let threads = link_threads();
+    assert!(threads.is_empty(), "threads left: {threads:?}");
+}
+
+/// Point-to-point of every protocol, collectives, split and nonblocking calls: everything
+/// goes through the plug-in, nothing over TCP.
+fn traffic() {
+    let (sockets, comm) = join(None, false);
+    let (rank, size) = (comm.rank(), comm.size());
+    let (right, left) = ((rank + 1) % size, (rank + size - 1) % size);
+    for len in [0, 1, 64 << 10, (64 << 10) + 1, 3 << 20] {
+        let out: Vec<u8> = (0..len).map(|i| (i * 7 + rank) as u8).collect();
+        let mut got = vec![0u8; len];
+        let n = comm.sendrecv(&out, right, 5, &mut got, left, 5).unwrap();
+        assert_eq!(n, len);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i * 7 + left) as u8));
+    }
+    let send: Vec<f32> = (0..300_000).map(|i| (i % 13 + rank) as f32).collect();
+    let mut sum = vec![0f32; send.len()];
+    comm.allreduce(&send, &mut sum, ReduceOp::Sum).unwrap();
+    let ranks: usize = (0..size).sum();
+    assert!(sum
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| v == ((i % 13) * size + ranks) as f32));
+    let half = comm.split((rank % 2) as i32, rank as i32).unwrap().unwrap();
+    let mut b = [rank as u64];
+    half.broadcast(&mut b, 0).unwrap();
+    assert_eq!(b[0], (rank % 2) as u64);
+    let req = comm.irecv(vec![0u8; 100], left, 9).unwrap();
+    comm.send(b"nonblocking", right, 9).unwrap();
+    assert_eq!(req.wait().unwrap().len, 11);
+    // Nobody has left yet: every link has its two threads.
+    assert_eq!(link_threads().len(), 2 * (size - 1));
+    comm.barrier().unwrap();
+    let s = comm.protocol_stats();
+    assert!(s.plugin_eager > 0 && s.plugin_rendezvous > 0, "{s:?}");
+    assert_eq!(
+        (
+            s.tcp_eager,
+            s.tcp_rendezvous,
+            s.shm_eager,
+            s.shm_pull,
+            s.shm_push
+        ),
+        (0, 0, 0, 0, 0),
+        "{s:?}"
+    );
+    assert!(sockets.sends.load(Ordering::SeqCst) > 0 && sockets.recvs.load(Ordering::SeqCst) > 0);
+    drop((half, comm));
+    assert_wound_down(&sockets);
+    println!("OK traffic on rank {rank}");
+}
+
+/// Rank 1 dies; rank 0, waiting for it, learns at once: from its plug-in, which sees the
+/// socket end, or (`deaf`: a plug-in that does not) from the end of the TCP connection, a
+/// grace period later.
+fn lost(deaf: bool) {
+    let (sockets, comm) = join(None, deaf);
+    comm.barrier().unwrap();
+    if comm.rank() == 1 {
+        std::process::exit(3);
+    }
+    let started = Instant::now();
+    let e = comm.recv(&mut [0u8; 4], 1, 1).unwrap_err();
+    assert!(
+        matches!(e, Error::PeerLost(ref m) if m.contains("world rank 1")),
+        "{e}"
+    );
+    let why = match deaf {
+        true => "no goodbye came",
+        false => "failed receiving from world rank 1",
+    };
+    assert!(e.to_string().contains(why), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{e}");
+    drop(comm);
+    assert_wound_down(&sockets);
+    println!("OK lost: {e}");
+}
+
+/// Rank 0's plug-in blocks every send to rank 1: rank 0's send and rank 1's receive time out,
+/// and closing (whose finalize unblocks the send) still ends every thread.
+fn stuck() {
+    let rank: usize = std::env::var("HCOMM_RANK").unwrap().parse().unwrap();
+    let (sockets, comm) = join((rank == 0).then_some(1), false);
+    let e = if rank == 0 {
+        // Complete only once the plug-in took it.
+        comm.send(b"hello", 1, 2).unwrap_err()
+    } else {
+        comm.recv(&mut [0u8; 5], 0, 2).unwrap_err()
+    };
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    drop(comm);
+    assert_wound_down(&sockets);
+    println!("OK stuck on rank {rank}");
+}
+
+/// The entry of a rank started by [`job`] (ignored in normal runs).
+#[test]
+#[ignore = "a rank of the jobs the other tests start"]
+fn rank_of_a_job() {
+    match std::env::var(SCENARIO).as_deref() {
+        Ok("traffic") => traffic(),
+        Ok("lost") => lost(false),
+        Ok("deaf") => lost(true),
+        Ok("stuck") => stuck(),
+        other => panic!("no scenario {other:?}"),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// Runs `scenario` on `n` ranks (this binary, each its own process, with HCOMM_TRANSPORT
+/// naming the plug-in); returns each rank's exit success and output.
+fn job(scenario: &str, n: usize, timeout: &str) -> Vec<(bool, String)> {
+    let dir = std::env::temp_dir().join(format!(
+        "hcomm-plugin-{scenario}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = format!("127.0.0.1:{}", free_port());
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--ignored", "--exact", "rank_of_a_job", "--nocapture"])
+                .env(SCENARIO, scenario)
+                .env(DIR, &dir)
+                .env("HCOMM_TRANSPORT", "unix")
+                .env("HCOMM_RANK", r.to_string())
+                .env("HCOMM_SIZE", n.to_string())
+                .env("HCOMM_ROOT_ADDR", &root)
+                .env("HCOMM_JOB_SECRET", format!("plugin-{scenario}"))
+                .env("HCOMM_TIMEOUT", timeout)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let results = children
+        .into_iter()
+        .map(|mut c| {
+            while c.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let out = c.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (out.status.success(), text)
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    results
+}
+
+fn assert_ok(results: &[(bool, String)], expected: &str) {
+    for (r, (ok, out)) in results.iter().enumerate() {
+        assert!(*ok && out.contains(expected), "rank {r}:\n{out}");
+    }
+}
+
+#[test]
+fn a_unix_socket_plugin_carries_all_traffic_of_2_and_3_ranks() {
+    for n in [2, 3] {
+        assert_ok(&job("traffic", n, "30"), "OK traffic on rank");
+    }
+}
+
+#[test]
+fn a_dead_peer_is_lost_at_once_whether_or_not_the_plugin_notices() {
+    for scenario in ["lost", "deaf"] {
+        let results = job(scenario, 2, "30");
+        assert!(!results[1].0, "rank 1 was to die:\n{}", results[1].1);
+        assert_ok(&results[..1], "OK lost");
+    }
+}
+
+#[test]
+fn a_blocking_plugin_send_ends_in_timeouts_and_a_clean_close() {
+    let started = Instant::now();
+    assert_ok(&job("stuck", 2, "2"), "OK stuck on rank");
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// A plug-in that refuses to start.
+struct Refuses;
+
+impl Plugin for Refuses {
+    fn init(&self, _: usize, _: usize) -> Result<()> {
+        Err(err("no network today"))
+    }
+    fn send(&self, _: &[u8], _: usize) -> Result<()> {
+        Ok(())
+    }
+    fn recv(&self, _: &mut [u8], _: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A world of one rank with `HCOMM_TRANSPORT=transport`.
+fn alone(transport: &str) -> Result<Communicator> {
+    let config = Config::from_lookup(|k| (k == "HCOMM_TRANSPORT").then(|| transport.into()))?;
+    Communicator::init_with(config)
+}
+
+#[test]
+fn unknown_and_failing_plugins_are_clear_errors() {
+    plugin::register("refuses", Arc::new(Refuses)).unwrap();
+    let e = alone("nowhere").err().unwrap();
+    let m = e.to_string();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{m}");
+    assert!(
+        m.contains("nowhere") && m.contains("tcp, shm, refuses"),
+        "{m}"
+    );
+    let e = alone("refuses").err().unwrap();
+    assert!(
+        matches!(e, Error::Init(ref m) if m.contains("no network today") && m.contains("refuses")),
+        "{e}"
+    );
+}
+
+/// Counts its init and finalize calls.
+#[derive(Default)]
+struct Counts {
+    init: AtomicUsize,
+    finalize: AtomicBool,
+}
+
+impl Plugin for Counts {
+    fn init(&self, rank: usize, size: usize) -> Result<()> {
+        assert_eq!((rank, size), (0, 1));
+        self.init.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    fn send(&self, _: &[u8], _: usize) -> Result<()> {
+        Err(err("a world of one sends nothing"))
+    }
+    fn recv(&self, _: &mut [u8], _: usize) -> Result<()> {
+        Err(err("a world of one receives nothing"))
+    }
+    fn finalize(&self) -> Result<()> {
+        self.finalize.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_plugin_serves_one_world_at_a_time_from_init_to_finalize() {
+    let counts = Arc::new(Counts::default());
+    plugin::register("counts", counts.clone()).unwrap();
+    let comm = alone("counts").unwrap();
+    assert_eq!(counts.init.load(Ordering::SeqCst), 1);
+    let e = alone("counts").err().unwrap();
+    assert!(e.to_string().contains("one world at a time"), "{e}");
+    let mut v = [1.5f64; 4];
+    comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    comm.send(b"self", 0, 1).unwrap();
+    assert_eq!(comm.recv(&mut [0u8; 4], 0, 1).unwrap(), 4);
+    assert!(!counts.finalize.load(Ordering::SeqCst));
+    drop(comm);
+    assert!(counts.finalize.load(Ordering::SeqCst));
+    drop(alone("counts").unwrap());
+    assert_eq!(counts.init.load(Ordering::SeqCst), 2);
+}
