@@ -21,7 +21,7 @@ use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::p2p::{Deadline, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
+use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
 use crate::topology::{RankInfo, Topology};
 use crate::transport::plugin::{self, Lease};
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
@@ -602,12 +602,19 @@ impl Communicator {
 
     fn send_to(&self, t: Target, buf: &[u8]) -> Result<()> {
         let engine = &self.world.engine;
-        // SAFETY: `buf` is borrowed for this whole call and `wait` removes the operation
-        // (on success, error or timeout) before returning.
-        let id = unsafe { engine.post_send(t, buf.as_ptr(), buf.len(), false)? };
-        engine
-            .wait(id, Deadline::After(self.world.config.timeout))
-            .map(drop)
+        let timeout = self.world.config.timeout;
+        // SAFETY: `buf` is borrowed for this whole call, which removes the operation (on
+        // success, error or timeout) before returning; a send only reads it.
+        unsafe {
+            engine.blocking(
+                Blocking::Send,
+                t,
+                buf.as_ptr().cast_mut(),
+                buf.len(),
+                timeout,
+            )
+        }
+        .map(drop)
     }
 
     /// Receives a message from rank `src` with `tag` into `buf`; returns its length.
@@ -619,10 +626,10 @@ impl Communicator {
 
     fn recv_from(&self, t: Target, buf: &mut [u8]) -> Result<usize> {
         let engine = &self.world.engine;
-        // SAFETY: `buf` is mutably borrowed for this whole call and `wait` removes the
-        // operation (on success, error or timeout) before returning.
-        let id = unsafe { engine.post_recv(t, buf.as_mut_ptr(), buf.len(), false)? };
-        engine.wait(id, Deadline::After(self.world.config.timeout))
+        let timeout = self.world.config.timeout;
+        // SAFETY: `buf` is mutably borrowed for this whole call, which removes the operation
+        // (on success, error or timeout) before returning.
+        unsafe { engine.blocking(Blocking::Recv, t, buf.as_mut_ptr(), buf.len(), timeout) }
     }
 
     /// Sends `sendbuf` to `dest` and receives from `src` into `recvbuf` at the same time, so

@@ -167,6 +167,13 @@ pub(crate) struct EngineConfig {
     pub describe: fn([u64; 2]) -> String,
 }
 
+/// Which operation [`Engine::blocking`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Blocking {
+    Send,
+    Recv,
+}
+
 /// When a wait gives up: at an instant, or a duration after the wait starts (the clock is
 /// then read only if the operation is not complete at once: reading it costs about as much as
 /// a small message through shared memory).
@@ -749,6 +756,39 @@ impl Engine {
         let id = st.post_send(t, BufPtr(buf.cast_mut()), len, asynchronous)?;
         self.note_async(&mut st, id, asynchronous);
         Ok(id)
+    }
+
+    /// A blocking send or receive: posts it, looks at the links once under the same lock,
+    /// and waits only if it did not complete there (a small send, or a receive whose
+    /// message is already in, costs one lock and no clock read).
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid for reads (a send) or for writes and otherwise unused
+    /// (a receive) until this returns.
+    pub(crate) unsafe fn blocking(
+        &self,
+        kind: Blocking,
+        t: Target,
+        buf: *mut u8,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<usize> {
+        let id = {
+            let mut st = lock(&self.shared.state);
+            let id = match kind {
+                Blocking::Send => st.post_send(t, BufPtr(buf), len, false)?,
+                Blocking::Recv => st.post_recv(t, BufPtr(buf), len, false)?,
+            };
+            if let Some(r) = st.take(id) {
+                return r;
+            }
+            st.handle(&[], false);
+            if let Some(r) = st.take(id) {
+                return r;
+            }
+            id
+        };
+        self.wait(id, Deadline::After(timeout))
     }
 
     /// Posts a receive into `cap` bytes at `buf`.
