@@ -546,13 +546,59 @@ impl OneSided {
                 let segs = algos::segments(shape.count, n, shape.elem());
                 let (off, len) = segs[me];
                 let (input, _) = contribution(shape, me, bufs);
-                let mut acc = vec![0u8; CHUNK.min(len)];
-                let mut tmp = vec![0u8; CHUNK.min(len)];
+                // Staging for operands that are not readable in place, made on first need.
+                let (mut acc, mut tmp) = (Vec::new(), Vec::new());
                 let mut at = 0;
                 while at < len {
                     let m = CHUNK.min(len - at);
-                    let (acc, tmp) = (&mut acc[..m], &mut tmp[..m]);
                     let pos = off + at;
+                    // Every operand readable in place (this rank's own input apart from its
+                    // receive buffer, the peers' in mapped pool blocks), and a result that
+                    // stays in the caches: reduce straight into the receive buffer.
+                    let in_place = input == bufs.recv.cast_const();
+                    let operands: Option<Vec<&[u8]>> = (!stream && !in_place)
+                        .then(|| {
+                            (0..n)
+                                .map(|p| {
+                                    if p == me {
+                                        // SAFETY: not in place, so the contribution is a
+                                        // separate buffer of `block` readable bytes.
+                                        Some(unsafe {
+                                            std::slice::from_raw_parts(input.add(pos), m)
+                                        })
+                                    } else {
+                                        let h = hdr(p);
+                                        self.peer_mem(p, h.input_loc, pos, m).map(|src| {
+                                            // SAFETY: `peer_mem` checked that the bytes lie in
+                                            // the peer's mapped pool block, which stays mapped.
+                                            unsafe { std::slice::from_raw_parts(src, m) }
+                                        })
+                                    }
+                                })
+                                .collect()
+                        })
+                        .flatten();
+                    if let Some(ops) = operands {
+                        let dst = &mut out[pos..pos + m];
+                        if n == 1 {
+                            dst.copy_from_slice(ops[0]);
+                        } else {
+                            reduce::reduce_to(shape.dtype, shape.op, dst, ops[0], ops[1])?;
+                        }
+                        for src in &ops[2.min(n)..] {
+                            reduce::reduce_into(shape.dtype, shape.op, dst, src)?;
+                        }
+                        if shape.op == ReduceOp::Avg {
+                            reduce::finish_avg(shape.dtype, dst, n)?;
+                        }
+                        at += m;
+                        continue;
+                    }
+                    if acc.is_empty() {
+                        acc = vec![0u8; CHUNK.min(len)];
+                        tmp = vec![0u8; CHUNK.min(len)];
+                    }
+                    let (acc, tmp) = (&mut acc[..m], &mut tmp[..m]);
                     for p in 0..n {
                         let h = hdr(p);
                         if p != me {
