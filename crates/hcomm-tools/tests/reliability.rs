@@ -70,8 +70,10 @@ fn kill_to_error(transport: &str, pending: &str) -> Vec<Duration> {
         c
     });
     job.wait_for_lines(&[0, 1, 2], "ready ", Duration::from_secs(60));
-    // Let the survivors settle into their wait (a sleeping receiver, a running loop).
-    std::thread::sleep(Duration::from_millis(300));
+    // Let the survivors settle into their wait (a sleeping receiver, a running loop), for a
+    // time of random phase: a sleeping waiter wakes every 100 ms.
+    let jitter = (ranks::unix_ns() % 100_000_000) as u64;
+    std::thread::sleep(Duration::from_millis(250) + Duration::from_nanos(jitter));
     let killed = ranks::unix_ns();
     job.kill(1);
     let status = job.finish(Duration::from_secs(30));
