@@ -122,7 +122,7 @@ impl Hosts {
     /// Starts `program args` with two ranks in each host, ranks numbered host by host.
     fn start(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Ranks {
         let n = self.names.len() * PER_HOST;
-        Ranks::start(n, &self.root(), args, |r| {
+        Ranks::start(n, Some(&self.root()), args, |r| {
             let mut c = self.exec(r / PER_HOST, program);
             c.env("HCOMM_TIMEOUT", "60");
             for (k, v) in env {

@@ -5,7 +5,6 @@ mod common;
 #[path = "common/ranks.rs"]
 mod ranks;
 
-use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
@@ -50,20 +49,11 @@ fn soak_of_random_collectives_over_tcp() {
     soak(2000, 12, &[("HCOMM_TRANSPORT", "tcp")]);
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts `hcomm_check peer-loss` on 3 ranks, kills rank 1 from outside once all are ready,
 /// and returns each survivor's kill-to-error latency.
 fn kill_to_error(transport: &str, pending: &str) -> Vec<Duration> {
-    let root = format!("127.0.0.1:{}", free_port());
     let args = ["peer-loss", "--victims", "1", "--pending", pending];
-    let mut job = Ranks::start(3, &root, &args, |_| {
+    let mut job = Ranks::start(3, None, &args, |_| {
         let mut c = Command::new(CHECK);
         c.env("HCOMM_TRANSPORT", transport)
             .env("HCOMM_TIMEOUT", "60");
