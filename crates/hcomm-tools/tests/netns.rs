@@ -193,8 +193,7 @@ fn shared_memory_inside_hosts_and_tcp_between_with_every_collective_right() {
         return;
     };
     let before = hosts.rx_bytes(1);
-    let args = ["collectives", "--max-count", "5000"];
-    let mut job = hosts.start(CHECK, &args, &[("HCOMM_DEBUG", "1")]);
+    let mut job = hosts.start(CHECK, &["collectives"], &[("HCOMM_DEBUG", "1")]);
     let text = succeed(&mut job, Duration::from_secs(200));
     for r in 0..3 * PER_HOST {
         assert!(
