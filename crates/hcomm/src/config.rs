@@ -135,11 +135,15 @@ impl Config {
             Some(v) => parse_num::<f64>("HCOMM_TIMEOUT", &v)?,
             None => DEFAULT_TIMEOUT_SECS,
         };
-        if !(timeout_secs > 0.0 && timeout_secs <= 1e7) {
+        // A positive value below a nanosecond would become a zero timeout: every wait would
+        // fail at once.
+        if !(timeout_secs > 0.0 && timeout_secs <= 1e7)
+            || Duration::from_secs_f64(timeout_secs).is_zero()
+        {
             return Err(invalid(
                 "HCOMM_TIMEOUT",
                 &timeout_secs.to_string(),
-                "0 < seconds <= 1e7",
+                "0 < seconds <= 1e7, at least a nanosecond",
             ));
         }
         let log_level = match get("HCOMM_LOG_LEVEL") {
@@ -409,5 +413,249 @@ mod tests {
         // Any other name may be a plug-in's: checked when the world starts.
         let c = cfg(&[("HCOMM_TRANSPORT", "carrier-pigeon")]).unwrap();
         assert_eq!(c.transport.as_deref(), Some("carrier-pigeon"));
+    }
+
+    /// Every variable `from_lookup` reads (the fuzz harness checks that it asks for no other).
+    const NAMES: [&str; 39] = [
+        "HCOMM_TIMEOUT",
+        "HCOMM_LOG_LEVEL",
+        "HCOMM_TCP_STREAMS",
+        "HCOMM_TCP_EAGER_LIMIT",
+        "HCOMM_TCP_CHUNK",
+        "HCOMM_SHM_EAGER_LIMIT",
+        "HCOMM_SHM_PUSH_THRESHOLD",
+        "HCOMM_SHM_CHUNK",
+        "HCOMM_SHM_RING",
+        "HCOMM_POOL_BLOCK",
+        "HCOMM_POOL_MAX",
+        "HCOMM_CMA",
+        "HCOMM_SPIN_US",
+        "HCOMM_TRANSPORT",
+        "HCOMM_DEBUG",
+        "HCOMM_ALGO",
+        "HCOMM_DETERMINISTIC",
+        "HCOMM_MISMATCH_CHECK",
+        "HCOMM_JOB_SECRET",
+        "HCOMM_IFADDR",
+        "HCOMM_HOST_ID",
+        "HCOMM_ROOT_ADDR",
+        "HCOMM_RANK",
+        "HCOMM_SIZE",
+        "HCOMM_LOCAL_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "MPI_LOCALRANKID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ];
+
+    /// An environment as fuzz input: records of a variable (index into [`NAMES`]), a value
+    /// length and the value's bytes (not UTF-8 ones replaced, as `std::env::var` gives only
+    /// strings).
+    fn environment(input: &[u8]) -> HashMap<String, String> {
+        let mut vars = HashMap::new();
+        let mut rest = input;
+        while let [name, len, tail @ ..] = rest {
+            let (value, next) = tail.split_at((*len as usize).min(tail.len()));
+            let name = NAMES[*name as usize % NAMES.len()].to_string();
+            vars.insert(name, String::from_utf8_lossy(value).into_owned());
+            rest = next;
+        }
+        vars
+    }
+
+    fn record(name: &str, value: &str) -> Vec<u8> {
+        let i = NAMES.iter().position(|n| *n == name).unwrap();
+        let mut r = vec![i as u8, value.len() as u8];
+        r.extend_from_slice(value.as_bytes());
+        r
+    }
+
+    /// Whatever the environment holds: parsing never panics and asks for no variable outside
+    /// the documented list; a configuration it accepts keeps every value within its documented
+    /// range; a refusal names a variable; `HCOMM_ALGO` goes through the selector the same
+    /// way; and valid values parse to themselves.
+    #[test]
+    fn fuzz_config_from_lookup() {
+        let seeds = [
+            &[
+                ("HCOMM_RANK", "1"),
+                ("HCOMM_SIZE", "4"),
+                ("HCOMM_LOCAL_RANK", "1"),
+                ("HCOMM_ROOT_ADDR", "127.0.0.1:29400"),
+                ("HCOMM_JOB_SECRET", "s3cret"),
+                ("HCOMM_TIMEOUT", "0.5"),
+                ("HCOMM_ALGO", "allreduce:hier,broadcast:tree"),
+            ][..],
+            &[
+                ("OMPI_COMM_WORLD_RANK", "0"),
+                ("OMPI_COMM_WORLD_SIZE", "2"),
+                ("HCOMM_ROOT_ADDR", "[::1]:80"),
+                ("HCOMM_TCP_STREAMS", "16"),
+                ("HCOMM_TCP_EAGER_LIMIT", "16777216"),
+                ("HCOMM_SHM_RING", "131072"),
+                ("HCOMM_POOL_BLOCK", "65537"),
+                ("HCOMM_POOL_MAX", "0"),
+            ],
+            &[
+                ("RANK", "3"),
+                ("WORLD_SIZE", "4"),
+                ("MASTER_ADDR", "node0"),
+                ("MASTER_PORT", "65534"),
+                ("HCOMM_SPIN_US", "18446744073709551615"),
+                ("HCOMM_CMA", " off "),
+                ("HCOMM_LOG_LEVEL", "4"),
+            ],
+            &[
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "1"),
+                ("PMI_RANK", "1"),
+                ("PMI_SIZE", "1"),
+                ("HCOMM_TRANSPORT", "tcp"),
+                ("HCOMM_SHM_PUSH_THRESHOLD", "0"),
+                ("HCOMM_TIMEOUT", "1e7"),
+                ("HCOMM_ALGO", " barrier : dissemination , "),
+            ],
+        ]
+        .map(|vars| {
+            vars.iter()
+                .flat_map(|(n, v)| record(n, v))
+                .collect::<Vec<u8>>()
+        });
+        // Numbers as people and programs misspell them, given to every variable in turn.
+        let tricky = [
+            "-1",
+            "-0",
+            "+5",
+            "0x10",
+            "1_000",
+            " 7 ",
+            "NaN",
+            "inf",
+            "1e400",
+            "1e-10",
+            "4.5",
+            "18446744073709551616",
+            "65535",
+            "65536",
+            "0.0",
+            "\u{663}",
+            "",
+            ":",
+            ",",
+        ];
+        let tricky = NAMES.iter().enumerate().map(|(i, name)| {
+            (0..4)
+                .flat_map(|k| {
+                    record(
+                        NAMES[(i + 7 * k) % NAMES.len()],
+                        tricky[(i + k) % tricky.len()],
+                    )
+                })
+                .chain(record(name, tricky[i % tricky.len()]))
+                .collect::<Vec<u8>>()
+        });
+        let target = crate::fuzz::Target {
+            name: "config from_lookup",
+            default_cases: 50_000,
+            seeds: seeds.into_iter().chain(tricky).collect(),
+            max_len: 512,
+            dict: vec![
+                u64::from(b'0'),
+                u64::from(b'9'),
+                u64::from(b':'),
+                u64::from(b'e'),
+            ],
+        };
+        crate::fuzz::run(&target, check_environment);
+    }
+
+    /// Found by `fuzz_config_from_lookup`: a positive timeout below a nanosecond was accepted
+    /// and became zero, so every wait failed at once.
+    #[test]
+    fn fuzz_regression_timeout_below_a_nanosecond() {
+        let input = hex::decode("19034e614e2003696e6600053165343030000531652d313019034e614e");
+        check_environment(
+            &input.unwrap(),
+            &mut crate::fuzz::Rng::new(0x0af1_f8bc_062f_318d),
+        );
+        let e = cfg(&[("HCOMM_TIMEOUT", "1e-10")]).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("HCOMM_TIMEOUT")));
+        assert_eq!(
+            cfg(&[("HCOMM_TIMEOUT", "1e-9")]).unwrap().timeout,
+            Duration::from_nanos(1)
+        );
+    }
+
+    /// The check of `fuzz_config_from_lookup` on one input.
+    fn check_environment(input: &[u8], rng: &mut crate::fuzz::Rng) {
+        let vars = environment(input);
+        let asked = std::cell::RefCell::new(Vec::new());
+        let (parsed, usage) = crate::fuzz::measure(|| {
+            Config::from_lookup(|name| {
+                asked.borrow_mut().push(name.to_string());
+                vars.get(name).cloned()
+            })
+        });
+        let bound = 64 * 1024 + 16 * input.len();
+        assert!(usage.peak <= bound, "{usage:?}");
+        for name in asked.borrow().iter() {
+            assert!(NAMES.contains(&name.as_str()), "reads undocumented {name}");
+        }
+        match parsed {
+            Ok(c) => check_ranges(&c, &vars),
+            Err(e @ (Error::InvalidArgument(_) | Error::Init(_))) => {
+                let msg = e.to_string();
+                assert!(NAMES.iter().any(|n| msg.contains(n)), "{msg}");
+            }
+            Err(e) => panic!("{e}"),
+        }
+        if let Some(algo) = vars.get("HCOMM_ALGO") {
+            match crate::coll::select::Selector::new(Some(algo), rng.one_in(2)) {
+                Ok(_) => {}
+                Err(Error::InvalidArgument(msg)) => assert!(msg.contains("HCOMM_ALGO")),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let (eager, spin) = (rng.below((16 << 20) + 1), rng.below(1_000_001));
+        let c = cfg(&[
+            ("HCOMM_TCP_EAGER_LIMIT", &eager.to_string()),
+            ("HCOMM_SPIN_US", &format!(" {spin}\n")),
+        ])
+        .unwrap();
+        assert_eq!((c.tcp_eager_limit, c.spin_us), (eager, Some(spin as u64)));
+    }
+
+    /// What an accepted configuration promises.
+    fn check_ranges(c: &Config, vars: &HashMap<String, String>) {
+        assert!(!c.timeout.is_zero() && c.timeout <= Duration::from_secs(10_000_000));
+        assert!(c.log_level.is_none_or(|l| l <= 4));
+        assert!((1..=MAX_TCP_STREAMS).contains(&c.tcp_streams));
+        assert!(c.tcp_eager_limit <= 16 << 20);
+        assert!((4096..=64 << 20).contains(&c.tcp_chunk));
+        assert!(c.shm_eager_limit <= 32 << 10);
+        assert!((4096..=32 << 20).contains(&c.shm_chunk));
+        assert!((128 << 10..=64 << 20).contains(&c.shm_ring));
+        assert!((64 << 10..=1 << 40).contains(&c.pool_block) && c.pool_block % 64 == 0);
+        assert!(c.pool_max <= 1 << 44);
+        assert!(c.spin_us.is_none_or(|us| us <= 1_000_000));
+        assert!(matches!(c.transport.as_deref(), None | Some("tcp" | "shm")));
+        let l = &c.launch;
+        assert!(l.rank < l.size, "{l:?}");
+        assert!(l.size == 1 || l.root_addr.is_some(), "{l:?}");
+        if l.launcher == Launcher::Torchrun && !vars.contains_key("HCOMM_ROOT_ADDR") {
+            let port: u16 = vars["MASTER_PORT"].trim().parse().unwrap();
+            let addr = l.root_addr.as_deref().unwrap();
+            assert!(addr.ends_with(&format!(":{}", port + 1)), "{addr}");
+        }
     }
 }

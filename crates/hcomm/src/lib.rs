@@ -25,6 +25,8 @@ pub mod config;
 pub mod dtype;
 mod error;
 mod exec;
+#[cfg(test)]
+mod fuzz;
 mod p2p;
 pub mod reduce;
 pub mod topology;

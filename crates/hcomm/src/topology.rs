@@ -239,4 +239,46 @@ mod tests {
         assert_eq!((s.num_hosts(), s.local_rank(1)), (1, 1));
         assert!(t.table().contains("4 ranks on 2 hosts"));
     }
+
+    fn random_info(rng: &mut crate::fuzz::Rng) -> RankInfo {
+        let text = |rng: &mut crate::fuzz::Rng| -> String {
+            (0..rng.len(40))
+                .map(|_| char::from(*rng.pick(b"ab-/.:09 \t\xe9")))
+                .collect()
+        };
+        RankInfo {
+            host_id: text(rng),
+            hostname: text(rng),
+            pid: rng.next_u64() as u32,
+            numa_node: rng.next_u64() as u32,
+            cpu: rng.next_u64() as u32,
+        }
+    }
+
+    /// Whatever a rank publishes about itself: decoding never panics, accepts five lines
+    /// with numbers where numbers belong (which encode to an entry that decodes the same),
+    /// refuses the rest with an error naming the rank, allocates in proportion to the entry,
+    /// and valid entries round-trip.
+    #[test]
+    fn fuzz_rank_info_decode() {
+        let mut rng = crate::fuzz::Rng::new(9);
+        let target = crate::fuzz::Target {
+            name: "topology RankInfo::decode",
+            default_cases: 100_000,
+            seeds: (0..16).map(|_| random_info(&mut rng).encode()).collect(),
+            max_len: 512,
+            dict: vec![u32::MAX as u64, u64::from(b'\n')],
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let (decoded, usage) = crate::fuzz::measure(|| RankInfo::decode(5, input));
+            assert!(usage.peak <= 8 * input.len() + 1024, "{usage:?}");
+            match decoded {
+                Ok(info) => assert_eq!(RankInfo::decode(5, &info.encode()).unwrap(), info),
+                Err(Error::Init(msg)) => assert!(msg.contains("rank 5"), "{msg}"),
+                Err(e) => panic!("{e}"),
+            }
+            let valid = random_info(rng);
+            assert_eq!(RankInfo::decode(5, &valid.encode()).unwrap(), valid);
+        });
+    }
 }

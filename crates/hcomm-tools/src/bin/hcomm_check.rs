@@ -77,6 +77,38 @@ enum Scenario {
     Lifecycle,
     /// Ring exchange at sizes around every protocol threshold, then the protocol counts.
     Protocols,
+    /// Random collectives (kinds, types, ops, counts, roots, in place or not, heap or pool
+    /// memory) on the world and on communicators made by split and dup, each checked against
+    /// the sequential reference; every rank draws the same calls from --seed.
+    Soak {
+        /// Number of calls (on all communicators together).
+        #[arg(long, default_value_t = 1000)]
+        calls: usize,
+        /// Seed of the random calls: the same seed gives the same calls.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Largest count (elements) of a call.
+        #[arg(long, default_value_t = 100_000)]
+        max_count: usize,
+    },
+    /// The ranks in --victims are killed while the others wait in a pending operation on
+    /// them; the others must fail with PeerLost (or Aborted, when another survivor's abort
+    /// reaches them first). Every rank prints `ready <ns>` after the start-up barrier, a victim
+    /// that kills itself `killing <ns>` just before, a survivor `lost <ns> <error>` when its
+    /// operation fails (ns: nanoseconds since the Unix epoch), for kill-to-error latencies.
+    PeerLoss {
+        /// World ranks that die.
+        #[arg(long, value_delimiter = ',', required = true)]
+        victims: Vec<usize>,
+        /// A victim kills itself with SIGKILL this long after the barrier; without it, the
+        /// victims wait to be killed from outside (a failure if nobody does).
+        #[arg(long)]
+        kill_after_ms: Option<u64>,
+        /// What the survivors wait in: a receive from the first victim, or a loop of
+        /// all-reduces on the world (the victims run it too until they die).
+        #[arg(long, value_enum, default_value_t = Pending::Recv)]
+        pending: Pending,
+    },
     /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
     /// fail fast with PeerLost naming it.
     Kill {
@@ -85,6 +117,15 @@ enum Scenario {
         #[arg(long)]
         pool: bool,
     },
+}
+
+/// The operation survivors of `peer-loss` wait in.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Pending {
+    /// A blocking receive from the first victim (the waiter sleeps).
+    Recv,
+    /// All-reduces of 256 KiB in a loop (the waiter is busy).
+    Allreduce,
 }
 
 /// The byte at `i` of the message from `src` to `dst` in round `round`.
@@ -660,6 +701,186 @@ fn mismatch(comm: &Communicator) -> Result<()> {
     Ok(())
 }
 
+/// SplitMix64: every rank draws the same soak calls from the same seed.
+struct SoakRng(u64);
+
+impl SoakRng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// A count for a soak call: mostly small, sometimes up to `max`.
+fn soak_count(rng: &mut SoakRng, max: usize) -> usize {
+    let top = match rng.below(20) {
+        0..=9 => 64,
+        10..=15 => 4096,
+        16..=18 => 65_536,
+        _ => max,
+    };
+    rng.below(top.min(max) + 1)
+}
+
+/// Unix time in nanoseconds, to compare events of different processes of one machine.
+fn unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn soak(world: &Communicator, calls: usize, seed: u64, max_count: usize) -> Result<()> {
+    let (r, n) = (world.rank(), world.size());
+    // Every rank makes every communicator (split is collective); a rank outside one gets
+    // None and skips its calls. Calls on different communicators interleave in the one order
+    // all ranks draw, so nobody waits for a rank that waits for it.
+    let comms: Vec<(&str, Option<Communicator>)> = vec![
+        ("world", Some(world.dup()?)),
+        ("parity", world.split((r % 2) as i32, -(r as i32))?),
+        (
+            "lower half",
+            world.split(if 2 * r < n { 0 } else { -1 }, r as i32)?,
+        ),
+        ("rotated", world.split(0, ((r + 1) % n) as i32)?),
+    ];
+    let mut rng = SoakRng(seed);
+    let mut done = vec![0u64; CollKind::ALL.len()];
+    let t0 = Instant::now();
+    let mut report = t0;
+    for call in 0..calls {
+        // The same draws on every rank, member or not.
+        let (c, k, d, o) = (rng.below(comms.len()), rng.next(), rng.next(), rng.next());
+        let (count, root, flags, salt) = (
+            soak_count(&mut rng, max_count),
+            rng.next(),
+            rng.next(),
+            rng.next(),
+        );
+        let (name, Some(comm)) = (comms[c].0, &comms[c].1) else {
+            continue;
+        };
+        let kind = CollKind::ALL[k as usize % CollKind::ALL.len()];
+        let dtype = DataType::ALL[d as usize % DataType::ALL.len()];
+        let op = if kind.reduces() {
+            ReduceOp::ALL[o as usize % ReduceOp::ALL.len()]
+        } else {
+            ReduceOp::Sum
+        };
+        let size = comm.size();
+        let root = if kind.rooted() {
+            root as usize % size
+        } else {
+            0
+        };
+        let in_place = flags & 1 == 1
+            && !matches!(
+                kind,
+                CollKind::AllToAllV | CollKind::Broadcast | CollKind::Barrier
+            );
+        let pool = flags & 2 == 2;
+        let shapes = call_shapes(kind, size, count, root, dtype, op, in_place, salt);
+        check_call(comm, &shapes, salt, pool)
+            .with_context(|| format!("soak call {call} (--seed {seed}) on {name}"))?;
+        done[k as usize % CollKind::ALL.len()] += 1;
+        if r == 0 && report.elapsed() > Duration::from_secs(30) {
+            report = Instant::now();
+            println!(
+                "soak: {call} of {calls} calls, {:.0} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
+    for (_, comm) in comms {
+        if let Some(c) = comm {
+            c.destroy()?;
+        }
+    }
+    let per_kind: Vec<String> = CollKind::ALL
+        .iter()
+        .zip(&done)
+        .map(|(k, d)| format!("{}={d}", k.name()))
+        .collect();
+    println!(
+        "soak: {} calls checked on this rank of {calls} drawn (seed {seed}) in {:.1} s: {}",
+        done.iter().sum::<u64>(),
+        t0.elapsed().as_secs_f64(),
+        per_kind.join(" ")
+    );
+    Ok(())
+}
+
+fn peer_loss(
+    comm: Communicator,
+    victims: &[usize],
+    kill_after_ms: Option<u64>,
+    pending: Pending,
+) -> Result<()> {
+    let r = comm.rank();
+    ensure!(
+        victims.iter().all(|&v| v < comm.size()) && !victims.is_empty(),
+        "--victims must name ranks below {}",
+        comm.size()
+    );
+    ensure!(
+        victims.len() < comm.size(),
+        "somebody must survive to notice"
+    );
+    comm.barrier()?;
+    println!("ready {}", unix_ns());
+    let mut buf = vec![1.0f32; 1 << 16];
+    if victims.contains(&r) {
+        let Some(ms) = kill_after_ms else {
+            // Wait to be killed from outside, taking part meanwhile.
+            let until = Instant::now() + comm.config().timeout;
+            while Instant::now() < until {
+                match pending {
+                    Pending::Allreduce => comm.allreduce_in_place(&mut buf, ReduceOp::Max)?,
+                    Pending::Recv => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+            bail!("rank {r} of --victims was not killed");
+        };
+        std::thread::sleep(Duration::from_millis(ms));
+        println!("killing {}", unix_ns());
+        // SAFETY: kill has no memory-safety preconditions; it ends this process at once.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        bail!("SIGKILL did not arrive");
+    }
+    let err = match pending {
+        Pending::Recv => {
+            let mut byte = [0u8; 1];
+            match comm.recv(&mut byte, victims[0], 99) {
+                Ok(_) => bail!(
+                    "received a message from rank {} that never sends",
+                    victims[0]
+                ),
+                Err(e) => e,
+            }
+        }
+        Pending::Allreduce => loop {
+            if let Err(e) = comm.allreduce_in_place(&mut buf, ReduceOp::Max) {
+                break e;
+            }
+        },
+    };
+    let at = unix_ns();
+    match err {
+        Error::PeerLost(_) | Error::Aborted(_) => {
+            println!("lost {at} {:?}: {err}", err.code());
+            Ok(())
+        }
+        e => bail!("expected PeerLost or Aborted, got {e}"),
+    }
+}
+
 fn deterministic(comm: &Communicator) -> Result<()> {
     ensure!(
         comm.config().deterministic,
@@ -859,6 +1080,23 @@ fn run(scenario: Scenario) -> Result<()> {
             "overlap"
         }
         Scenario::Lifecycle => return lifecycle(comm).map(|()| println!("OK lifecycle")),
+        Scenario::Soak {
+            calls,
+            seed,
+            max_count,
+        } => {
+            soak(&comm, calls, seed, max_count)?;
+            "soak"
+        }
+        Scenario::PeerLoss {
+            victims,
+            kill_after_ms,
+            pending,
+        } => {
+            // The survivors' world has lost a rank: drop it without the goodbye of destroy.
+            return peer_loss(comm, &victims, kill_after_ms, pending)
+                .map(|()| println!("OK peer-loss"));
+        }
         Scenario::Protocols => {
             let c = comm.config();
             let (eager, push) = (c.shm_eager_limit, c.shm_push_threshold);

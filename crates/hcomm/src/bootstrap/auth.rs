@@ -29,7 +29,7 @@ use std::time::Instant;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{read_exact_until, read_vec_until, write_all_until};
+use super::{read_exact_until, read_vec_until, write_all_until, TimedStream};
 use crate::error::{Error, Result};
 
 /// Largest hello (application payload) either side may send, in bytes.
@@ -127,7 +127,10 @@ pub(crate) fn client_handshake_detailed(
     deadline: Instant,
 ) -> std::result::Result<Vec<u8>, HandshakeError> {
     check_args(secret, hello).map_err(HandshakeError::fatal)?;
-    with_saved_timeouts(stream, || client_exchange(stream, secret, hello, deadline))
+    let peer = peer_name(stream);
+    with_saved_timeouts(stream, || {
+        client_exchange(stream, &peer, secret, hello, deadline)
+    })
 }
 
 /// [`server_handshake`] on a shared stream (the store keeps a second handle to shut it down).
@@ -138,8 +141,11 @@ pub(crate) fn server_handshake_shared(
     deadline: Instant,
 ) -> Result<Vec<u8>> {
     check_args(secret, hello)?;
-    with_saved_timeouts(stream, || server_exchange(stream, secret, hello, deadline))
-        .map_err(|e| e.error)
+    let peer = peer_name(stream);
+    with_saved_timeouts(stream, || {
+        server_exchange(stream, &peer, secret, hello, deadline)
+    })
+    .map_err(|e| e.error)
 }
 
 fn check_args(secret: &[u8], hello: &[u8]) -> Result<()> {
@@ -174,20 +180,21 @@ fn with_saved_timeouts<T>(stream: &TcpStream, f: impl FnOnce() -> T) -> T {
     out
 }
 
-fn client_exchange(
-    stream: &TcpStream,
+/// The client's part of the handshake with `peer` (its name, for messages) on `stream`.
+fn client_exchange<S: TimedStream + ?Sized>(
+    stream: &S,
+    peer: &str,
     secret: &[u8],
     hello: &[u8],
     deadline: Instant,
 ) -> std::result::Result<Vec<u8>, HandshakeError> {
     let side = Side::Client;
-    let peer = peer_name(stream);
-    let io = |step: &str, e: io::Error| io_failure(side, &peer, step, e, deadline);
+    let io = |step: &str, e: io::Error| io_failure(side, peer, step, e, deadline);
 
     let client_nonce = nonce()?;
     write_all_until(stream, &greeting(&client_nonce, hello), deadline)
         .map_err(|e| io("sending the challenge", e))?;
-    let (server_nonce, server_hello) = read_greeting(stream, side, &peer, deadline)?;
+    let (server_nonce, server_hello) = read_greeting(stream, side, peer, deadline)?;
 
     let transcript = Transcript {
         client_nonce: &client_nonce,
@@ -233,17 +240,18 @@ fn client_exchange(
     Ok(server_hello)
 }
 
-fn server_exchange(
-    stream: &TcpStream,
+/// The server's part of the handshake with `peer` (its name, for messages) on `stream`.
+fn server_exchange<S: TimedStream + ?Sized>(
+    stream: &S,
+    peer: &str,
     secret: &[u8],
     hello: &[u8],
     deadline: Instant,
 ) -> std::result::Result<Vec<u8>, HandshakeError> {
     let side = Side::Server;
-    let peer = peer_name(stream);
-    let io = |step: &str, e: io::Error| io_failure(side, &peer, step, e, deadline);
+    let io = |step: &str, e: io::Error| io_failure(side, peer, step, e, deadline);
 
-    let (client_nonce, client_hello) = read_greeting(stream, side, &peer, deadline)?;
+    let (client_nonce, client_hello) = read_greeting(stream, side, peer, deadline)?;
     let server_nonce = nonce()?;
     write_all_until(stream, &greeting(&server_nonce, hello), deadline)
         .map_err(|e| io("sending the challenge", e))?;
@@ -329,8 +337,8 @@ fn greeting(nonce: &[u8; NONCE_LEN], hello: &[u8]) -> Vec<u8> {
 
 /// Reads and checks the peer's message 1 or 2; the hello length is checked before any
 /// allocation.
-fn read_greeting(
-    stream: &TcpStream,
+fn read_greeting<S: TimedStream + ?Sized>(
+    stream: &S,
     side: Side,
     peer: &str,
     deadline: Instant,
@@ -577,5 +585,130 @@ mod tests {
         let err = client_handshake_detailed(&c, b"k", b"", soon()).unwrap_err();
         assert!(err.retryable, "{}", err.error);
         assert!(matches!(err.error, Error::Init(_)));
+    }
+
+    /// What a well-behaved peer sends: a greeting with hellos of several lengths, followed by
+    /// `tail` (a proof, or a verdict and a proof).
+    fn peer_messages(tail: &dyn Fn(&mut crate::fuzz::Rng) -> Vec<u8>) -> Vec<Vec<u8>> {
+        let mut rng = crate::fuzz::Rng::new(7);
+        [0, 1, 9, 16, 200, MAX_HELLO]
+            .into_iter()
+            .map(|len| {
+                let mut nonce = [0u8; NONCE_LEN];
+                rng.fill(&mut nonce);
+                let mut hello = vec![0u8; len];
+                rng.fill(&mut hello);
+                let mut msg = greeting(&nonce, &hello);
+                msg.extend(tail(&mut rng));
+                msg
+            })
+            .collect()
+    }
+
+    fn random_bytes(rng: &mut crate::fuzz::Rng, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        rng.fill(&mut v);
+        v
+    }
+
+    fn fuzz_target(name: &'static str, seeds: Vec<Vec<u8>>) -> crate::fuzz::Target {
+        crate::fuzz::Target {
+            name,
+            default_cases: 20_000,
+            seeds,
+            max_len: GREETING_LEN + MAX_HELLO + 1 + MAC_LEN + 64,
+            dict: vec![
+                u64::from_le_bytes(MAGIC),
+                VERSION as u64,
+                MAX_HELLO as u64,
+                ACCEPTED as u64,
+                REFUSED as u64,
+            ],
+        }
+    }
+
+    /// Most bytes a handshake may hold allocated, whatever the peer claims: two hellos and
+    /// the messages of its errors.
+    const HANDSHAKE_MEMORY: usize = 4 * MAX_HELLO + 8192;
+
+    /// Whatever a client without the secret sends, in whatever pieces, the server refuses it
+    /// (the proof cannot match its fresh nonce) without panicking, reads no more than the
+    /// protocol's messages, allocates no more than [`HANDSHAKE_MEMORY`], and answers at
+    /// most its greeting and a refusal.
+    #[test]
+    fn fuzz_auth_server() {
+        let seeds = peer_messages(&|rng| random_bytes(rng, MAC_LEN));
+        crate::fuzz::run(&fuzz_target("auth server", seeds), |input, rng| {
+            let stream = super::super::MemStream::new(input, 1 + rng.len(input.len()));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let (result, usage) = crate::fuzz::measure(|| {
+                server_exchange(&stream, "fuzzer", b"k", b"server hi", deadline)
+            });
+            let err = result.expect_err("a client without the secret was accepted");
+            assert!(matches!(err.error, Error::Init(_)), "{}", err.error);
+            assert!(usage.peak <= HANDSHAKE_MEMORY, "{usage:?}");
+            assert!(stream.consumed() <= GREETING_LEN + MAX_HELLO + MAC_LEN);
+            let out = stream.take_output();
+            let ours = GREETING_LEN + b"server hi".len();
+            assert!(out.is_empty() || out[..MAGIC.len()] == MAGIC, "{out:?}");
+            assert!(out.is_empty() || out.len() == ours || out.len() == ours + 1);
+            if out.len() == ours + 1 {
+                assert_eq!(out[ours], REFUSED);
+            }
+        });
+    }
+
+    /// Whatever a server without the secret answers, the client refuses it (the server's
+    /// proof cannot match the client's fresh nonce) without panicking, with memory bounded
+    /// by [`HANDSHAKE_MEMORY`], and sends nothing but its greeting and its proof.
+    #[test]
+    fn fuzz_auth_client() {
+        let seeds = peer_messages(&|rng| {
+            let mut tail = random_bytes(rng, 1 + MAC_LEN);
+            tail[0] = ACCEPTED;
+            tail
+        });
+        crate::fuzz::run(&fuzz_target("auth client", seeds), |input, rng| {
+            let stream = super::super::MemStream::new(input, 1 + rng.len(input.len()));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let (result, usage) = crate::fuzz::measure(|| {
+                client_exchange(&stream, "fuzzer", b"k", b"client hi", deadline)
+            });
+            let err = result.expect_err("a server without the secret was accepted");
+            assert!(matches!(err.error, Error::Init(_)), "{}", err.error);
+            assert!(usage.peak <= HANDSHAKE_MEMORY, "{usage:?}");
+            assert!(stream.consumed() <= GREETING_LEN + MAX_HELLO + 1 + MAC_LEN);
+            let out = stream.take_output();
+            let ours = GREETING_LEN + b"client hi".len();
+            assert!(
+                out.len() == ours || out.len() == ours + MAC_LEN,
+                "{}",
+                out.len()
+            );
+        });
+    }
+
+    /// A greeting read back in any pieces is the nonce and hello that were sent, and nothing
+    /// more is read.
+    #[test]
+    fn fuzz_greeting_round_trip() {
+        let target = crate::fuzz::Target {
+            default_cases: 50_000,
+            ..fuzz_target("auth greeting round trip", vec![Vec::new()])
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let mut nonce = [0u8; NONCE_LEN];
+            rng.fill(&mut nonce);
+            let hello = &input[..input.len().min(MAX_HELLO)];
+            let mut msg = greeting(&nonce, hello);
+            msg.extend_from_slice(b"next");
+            let stream = super::super::MemStream::new(&msg, 1 + rng.len(msg.len()));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let (n, h) = read_greeting(&stream, Side::Server, "fuzzer", deadline)
+                .map_err(|e| e.error)
+                .unwrap();
+            assert_eq!((n, &h[..]), (nonce, hello));
+            assert_eq!(stream.consumed(), msg.len() - 4);
+        });
     }
 }

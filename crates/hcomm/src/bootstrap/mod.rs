@@ -16,10 +16,34 @@ pub use store::{RendezvousStore, StoreClient};
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// A byte stream whose reads and writes wait at most a given time: a TCP socket, or in tests
+/// an in-memory stream through which the fuzz harnesses feed the decoders their input.
+pub(crate) trait TimedStream {
+    /// Reads some bytes into `buf`, waiting at most `timeout`, as [`Read::read`] does (`Ok(0)`
+    /// at the end of the stream); nothing in time is a `WouldBlock` or `TimedOut` error.
+    fn read_within(&self, buf: &mut [u8], timeout: Duration) -> io::Result<usize>;
+    /// Writes some of `buf`, waiting at most `timeout`, as [`Write::write`] does.
+    fn write_within(&self, buf: &[u8], timeout: Duration) -> io::Result<usize>;
+}
+
+impl TimedStream for TcpStream {
+    fn read_within(&self, buf: &mut [u8], timeout: Duration) -> io::Result<usize> {
+        self.set_read_timeout(Some(timeout))?;
+        let mut stream = self;
+        stream.read(buf)
+    }
+
+    fn write_within(&self, buf: &[u8], timeout: Duration) -> io::Result<usize> {
+        self.set_write_timeout(Some(timeout))?;
+        let mut stream = self;
+        stream.write(buf)
+    }
+}
 
 /// Time left until `deadline`, or a `TimedOut` error when it has passed.
-fn remaining(deadline: Instant) -> io::Result<std::time::Duration> {
+fn remaining(deadline: Instant) -> io::Result<Duration> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
@@ -41,14 +65,13 @@ fn is_timeout(err: &io::Error) -> bool {
 /// Unlike `read_exact` with a socket timeout, the deadline bounds the whole read: a peer that
 /// trickles one byte at a time cannot stretch it. Errors: `TimedOut` when the deadline passes,
 /// `UnexpectedEof` when the peer closes first.
-pub(crate) fn read_exact_until(
-    mut stream: &TcpStream,
+pub(crate) fn read_exact_until<S: TimedStream + ?Sized>(
+    stream: &S,
     mut buf: &mut [u8],
     deadline: Instant,
 ) -> io::Result<()> {
     while !buf.is_empty() {
-        stream.set_read_timeout(Some(remaining(deadline)?))?;
-        match stream.read(buf) {
+        match stream.read_within(buf, remaining(deadline)?) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => buf = &mut buf[n..],
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -63,8 +86,8 @@ pub(crate) fn read_exact_until(
 ///
 /// The vector grows as data arrives, so a length announced by a peer that then sends nothing
 /// costs no memory.
-pub(crate) fn read_vec_until(
-    mut stream: &TcpStream,
+pub(crate) fn read_vec_until<S: TimedStream + ?Sized>(
+    stream: &S,
     len: usize,
     deadline: Instant,
 ) -> io::Result<Vec<u8>> {
@@ -73,9 +96,7 @@ pub(crate) fn read_vec_until(
     while out.len() < len {
         let have = out.len();
         out.resize(have + (len - have).min(STEP), 0);
-        stream.set_read_timeout(Some(remaining(deadline)?))?;
-        let got = stream.read(&mut out[have..]);
-        match got {
+        match stream.read_within(&mut out[have..], remaining(deadline)?) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => out.truncate(have + n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => out.truncate(have),
@@ -88,14 +109,13 @@ pub(crate) fn read_vec_until(
 
 /// Writes all of `buf` to `stream` before `deadline` (a peer that stops reading cannot block
 /// the writer for longer).
-pub(crate) fn write_all_until(
-    mut stream: &TcpStream,
+pub(crate) fn write_all_until<S: TimedStream + ?Sized>(
+    stream: &S,
     mut buf: &[u8],
     deadline: Instant,
 ) -> io::Result<()> {
     while !buf.is_empty() {
-        stream.set_write_timeout(Some(remaining(deadline)?))?;
-        match stream.write(buf) {
+        match stream.write_within(buf, remaining(deadline)?) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => buf = &buf[n..],
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -104,6 +124,55 @@ pub(crate) fn write_all_until(
         }
     }
     Ok(())
+}
+
+/// An in-memory stream for the fuzz harnesses: reads hand out `input` in pieces of at most
+/// `chunk` bytes, then report the end of the stream; writes are collected.
+#[cfg(test)]
+pub(crate) struct MemStream<'a> {
+    input: &'a [u8],
+    pos: std::cell::Cell<usize>,
+    chunk: usize,
+    output: std::cell::RefCell<Vec<u8>>,
+}
+
+#[cfg(test)]
+impl<'a> MemStream<'a> {
+    /// A stream that reads `input`, at most `chunk` (at least 1) bytes per read.
+    pub(crate) fn new(input: &'a [u8], chunk: usize) -> MemStream<'a> {
+        MemStream {
+            input,
+            pos: std::cell::Cell::new(0),
+            chunk: chunk.max(1),
+            output: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Bytes of the input read so far.
+    pub(crate) fn consumed(&self) -> usize {
+        self.pos.get()
+    }
+
+    /// What was written since the last call.
+    pub(crate) fn take_output(&self) -> Vec<u8> {
+        self.output.take()
+    }
+}
+
+#[cfg(test)]
+impl TimedStream for MemStream<'_> {
+    fn read_within(&self, buf: &mut [u8], _timeout: Duration) -> io::Result<usize> {
+        let pos = self.pos.get();
+        let n = buf.len().min(self.chunk).min(self.input.len() - pos);
+        buf[..n].copy_from_slice(&self.input[pos..pos + n]);
+        self.pos.set(pos + n);
+        Ok(n)
+    }
+
+    fn write_within(&self, buf: &[u8], _timeout: Duration) -> io::Result<usize> {
+        self.output.borrow_mut().extend_from_slice(buf);
+        Ok(buf.len())
+    }
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::auth;
-use super::{read_exact_until, read_vec_until, write_all_until};
+use super::{read_exact_until, read_vec_until, write_all_until, TimedStream};
 use crate::error::{Error, Result};
 
 /// Longest key, in bytes.
@@ -145,6 +145,8 @@ struct Shared {
     /// Number of live connection threads.
     threads: Mutex<usize>,
     threads_done: Condvar,
+    /// Longest server-side wait ([`MAX_WAIT`]).
+    max_wait: Duration,
 }
 
 /// Every open connection, kept so that eviction and shutdown can close them.
@@ -186,6 +188,7 @@ impl RendezvousStore {
             conns: Mutex::new(Conns::default()),
             threads: Mutex::new(0),
             threads_done: Condvar::new(),
+            max_wait: MAX_WAIT,
         });
         let for_thread = Arc::clone(&shared);
         let acceptor = thread::Builder::new()
@@ -452,13 +455,13 @@ fn serve_requests(shared: &Shared, stream: &TcpStream, peer: SocketAddr) {
 
 /// Reads one request, answers it.
 fn serve_one(shared: &Shared, stream: &TcpStream) -> std::result::Result<(), Stop> {
-    let mut header = [0u8; REQUEST_HEADER];
+    let mut op = [0u8; 1];
     // An authenticated client may stay idle as long as it likes: block without a deadline.
     // Shutdown closes the socket, which ends this read.
     let _ = stream.set_read_timeout(None);
     let mut reader = stream;
     loop {
-        match reader.read(&mut header[..1]) {
+        match reader.read(&mut op) {
             Ok(0) => return Err(Stop::Closed),
             Ok(_) => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -468,11 +471,20 @@ fn serve_one(shared: &Shared, stream: &TcpStream) -> std::result::Result<(), Sto
     if shared.stopping.load(Ordering::SeqCst) {
         return Err(Stop::Closed);
     }
+    serve_request(shared, stream, op[0])
+}
+
+/// Reads the rest of a request whose first byte, `op`, has arrived, and answers it.
+fn serve_request<S: TimedStream + ?Sized>(
+    shared: &Shared,
+    stream: &S,
+    op: u8,
+) -> std::result::Result<(), Stop> {
+    let mut header = [op; REQUEST_HEADER];
     let deadline = Instant::now() + FRAME_TIMEOUT;
     let io_err = |what: &str, e: io::Error| Stop::Dropped(format!("{what}: {e}"));
     read_exact_until(stream, &mut header[1..], deadline)
         .map_err(|e| io_err("reading a request header", e))?;
-    let op = header[0];
     let key_len = u16::from_le_bytes([header[1], header[2]]) as usize;
     let value_len = u32::from_le_bytes([header[3], header[4], header[5], header[6]]) as usize;
     let expected_value = match op {
@@ -496,7 +508,7 @@ fn serve_one(shared: &Shared, stream: &TcpStream) -> std::result::Result<(), Sto
         OP_GET => lock(&shared.table).get(&key),
         OP_WAIT => {
             let ms = u64::from_le_bytes(value.as_slice().try_into().unwrap_or_default());
-            wait_for(shared, &key, Duration::from_millis(ms).min(MAX_WAIT))?
+            wait_for(shared, &key, Duration::from_millis(ms).min(shared.max_wait))?
         }
         OP_ADD => {
             let delta = i64::from_le_bytes(value.as_slice().try_into().unwrap_or_default());
@@ -807,31 +819,9 @@ impl StoreClient {
         value: &[u8],
         deadline: Instant,
     ) -> io::Result<(u8, Vec<u8>)> {
-        let mut head = Vec::with_capacity(REQUEST_HEADER + key.len());
-        head.push(op);
-        head.extend_from_slice(&(key.len() as u16).to_le_bytes());
-        head.extend_from_slice(&(value.len() as u32).to_le_bytes());
-        head.extend_from_slice(key);
-        write_all_until(&self.stream, &head, deadline)?;
+        write_all_until(&self.stream, &request_head(op, key, value.len()), deadline)?;
         write_all_until(&self.stream, value, deadline)?;
-
-        let mut reply = [0u8; REPLY_HEADER];
-        read_exact_until(&self.stream, &mut reply, deadline)?;
-        let status = reply[0];
-        let len = u32::from_le_bytes([reply[1], reply[2], reply[3], reply[4]]) as usize;
-        let limit = if status == ST_OK {
-            MAX_VALUE
-        } else {
-            MAX_MESSAGE
-        };
-        if len > limit {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("malformed reply: status {status} with {len} bytes"),
-            ));
-        }
-        let payload = read_vec_until(&self.stream, len, deadline)?;
-        Ok((status, payload))
+        read_reply(&self.stream, deadline)
     }
 
     /// The error for a reply that is not a success of `op`.
@@ -853,6 +843,38 @@ impl StoreClient {
             }
         }
     }
+}
+
+/// A request's header and key; the value follows it. `key` and `value_len` are within their
+/// limits.
+fn request_head(op: u8, key: &[u8], value_len: usize) -> Vec<u8> {
+    let mut head = Vec::with_capacity(REQUEST_HEADER + key.len());
+    head.push(op);
+    head.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    head.extend_from_slice(&(value_len as u32).to_le_bytes());
+    head.extend_from_slice(key);
+    head
+}
+
+/// Reads one reply (status and payload), checking its length before reading the payload.
+fn read_reply<S: TimedStream + ?Sized>(stream: &S, deadline: Instant) -> io::Result<(u8, Vec<u8>)> {
+    let mut reply = [0u8; REPLY_HEADER];
+    read_exact_until(stream, &mut reply, deadline)?;
+    let status = reply[0];
+    let len = u32::from_le_bytes([reply[1], reply[2], reply[3], reply[4]]) as usize;
+    let limit = if status == ST_OK {
+        MAX_VALUE
+    } else {
+        MAX_MESSAGE
+    };
+    if len > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("malformed reply: status {status} with {len} bytes"),
+        ));
+    }
+    let payload = read_vec_until(stream, len, deadline)?;
+    Ok((status, payload))
 }
 
 /// One try at connecting and authenticating.
@@ -1097,5 +1119,257 @@ mod tests {
         let (result, waited) = waiter.join().unwrap();
         assert!(matches!(result, Err(Error::Transport(_))), "{result:?}");
         assert!(waited < Duration::from_secs(2));
+    }
+
+    /// The server's state for driving `serve_request` in memory: a table of `max_bytes` and
+    /// waits that give up at once.
+    fn memory_shared(max_bytes: usize) -> Shared {
+        Shared {
+            secret: SECRET.to_vec(),
+            table: Mutex::new(Table::new(max_bytes)),
+            changed: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            conns: Mutex::new(Conns::default()),
+            threads: Mutex::new(0),
+            threads_done: Condvar::new(),
+            max_wait: Duration::ZERO,
+        }
+    }
+
+    /// A request as a client encodes it.
+    fn request(op: u8, key: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut r = request_head(op, key, value.len());
+        r.extend_from_slice(value);
+        r
+    }
+
+    /// Table of the fuzzed server: small, so that "store full" happens too.
+    const FUZZ_TABLE: usize = 4096;
+
+    /// Serves the requests in `input` (read in pieces of at most `chunk` bytes) until the input
+    /// ends or the server drops the client; returns the replies, decoded by the client's
+    /// decoder, and whether the server dropped the client. Checks on the way that no request
+    /// costs memory beyond what arrived and that the table's accounting holds.
+    fn serve_all(shared: &Shared, input: &[u8], chunk: usize) -> (Vec<(u8, Vec<u8>)>, bool) {
+        let stream = super::super::MemStream::new(input, chunk);
+        let deadline = Instant::now() + T;
+        let mut replies = Vec::new();
+        loop {
+            let mut op = [0u8; 1];
+            if stream.read_within(&mut op, T).unwrap() == 0 {
+                return (replies, false);
+            }
+            let before = stream.consumed();
+            let (served, usage) = crate::fuzz::measure(|| serve_request(shared, &stream, op[0]));
+            let arrived = stream.consumed() - before;
+            let bound = 4 * arrived + 256 * 1024 + 2 * FUZZ_TABLE;
+            assert!(usage.peak <= bound, "{usage:?} for {arrived} bytes");
+            let out = stream.take_output();
+            match served {
+                Ok(()) => {
+                    let reply_stream = super::super::MemStream::new(&out, out.len());
+                    let reply = read_reply(&reply_stream, deadline).unwrap();
+                    assert_eq!(reply_stream.consumed(), out.len(), "one reply per request");
+                    assert!(reply.0 <= ST_FULL, "status {}", reply.0);
+                    replies.push(reply);
+                }
+                Err(Stop::Dropped(_)) => {
+                    assert!(out.is_empty(), "a dropped request was answered");
+                    return (replies, true);
+                }
+                Err(Stop::Closed) => panic!("closed while the store is not stopping"),
+            }
+            let table = lock(&shared.table);
+            let bytes: usize = table.map.iter().map(|(k, v)| k.len() + v.len()).sum();
+            assert_eq!(table.bytes, bytes);
+            assert!(bytes <= FUZZ_TABLE);
+        }
+    }
+
+    /// Any bytes an authenticated client sends: the server never panics, answers each
+    /// well-formed request with one well-formed reply, drops the client at the first
+    /// malformed one, keeps its byte accounting and allocates in proportion to what arrived,
+    /// never to what a length field claims.
+    #[test]
+    fn fuzz_store_server() {
+        let seeds = vec![
+            [
+                request(OP_SET, b"k", b"value"),
+                request(OP_GET, b"k", b""),
+                request(OP_ADD, b"n", &5i64.to_le_bytes()),
+                request(OP_WAIT, b"n", &0u64.to_le_bytes()),
+                request(OP_DELETE, b"k", b""),
+            ]
+            .concat(),
+            request(OP_SET, &[b'x'; MAX_KEY], &[7; 3000]),
+            [
+                request(OP_WAIT, b"missing", &1000u64.to_le_bytes()),
+                request(OP_ADD, b"n", &i64::MAX.to_le_bytes()),
+                request(OP_ADD, b"n", &1i64.to_le_bytes()),
+                request(OP_SET, b"big", &[1; 2000]),
+                request(OP_SET, b"bigger", &[2; 2500]),
+            ]
+            .concat(),
+        ];
+        let target = crate::fuzz::Target {
+            name: "store server",
+            default_cases: 20_000,
+            seeds,
+            max_len: 8192,
+            dict: vec![
+                MAX_KEY as u64,
+                MAX_VALUE as u64,
+                OP_SET as u64,
+                OP_GET as u64,
+                OP_WAIT as u64,
+                OP_ADD as u64,
+                OP_DELETE as u64,
+                8,
+            ],
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let shared = memory_shared(FUZZ_TABLE);
+            serve_all(&shared, input, 1 + rng.len(input.len()));
+        });
+    }
+
+    /// Random valid request sequences, encoded as the client encodes them: every reply,
+    /// decoded as the client decodes it, is what a plain map with the same byte limit says.
+    #[test]
+    fn fuzz_store_model() {
+        let target = crate::fuzz::Target {
+            name: "store model",
+            default_cases: 20_000,
+            seeds: Vec::new(),
+            max_len: 0,
+            dict: Vec::new(),
+        };
+        crate::fuzz::run(&target, |_, rng| {
+            let keys: [&[u8]; 4] = [b"", b"a", b"counter", &[b'k'; MAX_KEY]];
+            let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+            let mut input = Vec::new();
+            let mut want = Vec::new();
+            for _ in 0..rng.below(24) {
+                let key = rng.pick(&keys).to_vec();
+                let used: usize = model.iter().map(|(k, v)| k.len() + v.len()).sum();
+                let old = model.get(&key).map_or(0, |v| key.len() + v.len());
+                match rng.below(5) {
+                    0 => {
+                        let mut value = vec![0u8; rng.len(1200)];
+                        rng.fill(&mut value);
+                        input.extend(request(OP_SET, &key, &value));
+                        if used - old + key.len() + value.len() > FUZZ_TABLE {
+                            want.push((ST_FULL, None));
+                        } else {
+                            model.insert(key, value);
+                            want.push((ST_OK, Some(Vec::new())));
+                        }
+                    }
+                    1 | 2 => {
+                        let op = *rng.pick(&[OP_GET, OP_WAIT]);
+                        let value = if op == OP_GET {
+                            vec![]
+                        } else {
+                            5u64.to_le_bytes().to_vec()
+                        };
+                        input.extend(request(op, &key, &value));
+                        want.push(match model.get(&key) {
+                            Some(v) => (ST_OK, Some(v.clone())),
+                            None if op == OP_GET => (ST_NOT_FOUND, Some(Vec::new())),
+                            None => (ST_TIMED_OUT, Some(Vec::new())),
+                        });
+                    }
+                    3 => {
+                        let delta = *rng.pick(&[1i64, -7, i64::MAX, i64::MIN]);
+                        input.extend(request(OP_ADD, &key, &delta.to_le_bytes()));
+                        let current = match model.get(&key) {
+                            None => Some(0),
+                            Some(v) => <[u8; 8]>::try_from(&v[..]).ok().map(i64::from_le_bytes),
+                        };
+                        match current.and_then(|c| c.checked_add(delta)) {
+                            None => want.push((ST_INVALID, None)),
+                            Some(_) if used - old + key.len() + 8 > FUZZ_TABLE => {
+                                want.push((ST_FULL, None))
+                            }
+                            Some(sum) => {
+                                let bytes = sum.to_le_bytes().to_vec();
+                                model.insert(key, bytes.clone());
+                                want.push((ST_OK, Some(bytes)));
+                            }
+                        }
+                    }
+                    _ => {
+                        input.extend(request(OP_DELETE, &key, b""));
+                        let status = match model.remove(&key) {
+                            Some(_) => ST_OK,
+                            None => ST_NOT_FOUND,
+                        };
+                        want.push((status, Some(Vec::new())));
+                    }
+                }
+            }
+            let shared = memory_shared(FUZZ_TABLE);
+            let (replies, dropped) = serve_all(&shared, &input, 1 + rng.len(input.len()));
+            assert!(!dropped, "a valid request was dropped");
+            assert_eq!(replies.len(), want.len());
+            for ((status, payload), (want_status, want_payload)) in replies.iter().zip(&want) {
+                assert_eq!(status, want_status);
+                // Error messages are text for people; only successes carry data.
+                if let Some(p) = want_payload {
+                    assert_eq!(payload, p);
+                }
+            }
+        });
+    }
+
+    /// Any reply bytes a store (or an impostor with the secret) sends: the client's decoder
+    /// never panics, takes a status and exactly the announced payload when the length is
+    /// within the limit of its status, refuses it otherwise, and allocates in proportion to
+    /// what arrived.
+    #[test]
+    fn fuzz_store_client_reply() {
+        let reply = |status: u8, payload: &[u8]| {
+            let mut r = vec![status];
+            r.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            r.extend_from_slice(payload);
+            r
+        };
+        let target = crate::fuzz::Target {
+            name: "store client reply",
+            default_cases: 50_000,
+            seeds: vec![
+                reply(ST_OK, b""),
+                reply(ST_OK, &[9; 700]),
+                reply(ST_INVALID, b"not a counter"),
+                reply(ST_FULL, &[b'x'; MAX_MESSAGE]),
+            ],
+            max_len: 4096,
+            dict: vec![MAX_VALUE as u64, MAX_MESSAGE as u64, ST_FULL as u64],
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let stream = super::super::MemStream::new(input, 1 + rng.len(input.len()));
+            let deadline = Instant::now() + T;
+            let (result, usage) = crate::fuzz::measure(|| read_reply(&stream, deadline));
+            assert!(usage.peak <= 4 * input.len() + 256 * 1024, "{usage:?}");
+            match result {
+                Ok((status, payload)) => {
+                    let limit = if status == ST_OK {
+                        MAX_VALUE
+                    } else {
+                        MAX_MESSAGE
+                    };
+                    assert!(payload.len() <= limit);
+                    assert_eq!(stream.consumed(), REPLY_HEADER + payload.len());
+                    assert_eq!(&input[REPLY_HEADER..stream.consumed()], &payload[..]);
+                }
+                Err(e) => assert!(
+                    matches!(
+                        e.kind(),
+                        io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData
+                    ),
+                    "{e}"
+                ),
+            }
+        });
     }
 }

@@ -621,7 +621,8 @@ impl OneSided {
                             // overwrites only after this read.
                             unsafe { dst.as_mut_ptr().copy_from_nonoverlapping(input.add(pos), m) };
                         } else {
-                            cma::read_remote(self.pids[p], h.input as usize + pos, dst)?;
+                            cma::read_remote(self.pids[p], h.input as usize + pos, dst)
+                                .map_err(|e| waiter.read_failed(p, e))?;
                         }
                         if p > 0 {
                             reduce::reduce_into(shape.dtype, shape.op, acc, tmp)?;
@@ -645,7 +646,8 @@ impl OneSided {
                         off,
                         &mut out[off..off + len],
                         put,
-                    )?;
+                    )
+                    .map_err(|e| waiter.read_failed(p, e))?;
                 }
             }
             CollKind::AllGather => {
@@ -657,7 +659,8 @@ impl OneSided {
                 for p in peers() {
                     let h = hdr(p);
                     let dst = &mut out[p * block..(p + 1) * block];
-                    self.read_peer(p, h.input, h.input_loc, 0, dst, put)?;
+                    self.read_peer(p, h.input, h.input_loc, 0, dst, put)
+                        .map_err(|e| waiter.read_failed(p, e))?;
                 }
             }
             CollKind::Broadcast => {
@@ -670,7 +673,8 @@ impl OneSided {
                         0,
                         &mut out[..block],
                         put,
-                    )?;
+                    )
+                    .map_err(|e| waiter.read_failed(shape.root, e))?;
                 }
             }
             _ => {
@@ -784,6 +788,26 @@ struct Waiter<'a> {
 }
 
 impl Waiter<'_> {
+    /// What a failed read of rank `p`'s memory means: `p` abandoned the call, and may have
+    /// freed the buffers once it said so (found by the kill-to-error test: a survivor read a
+    /// buffer that another survivor had freed on its way out, and reported `EFAULT`); `p`
+    /// died; or, when neither, the read's own error.
+    fn read_failed(&self, p: usize, err: Error) -> Error {
+        if matches!(err, Error::PeerLost(_)) {
+            return err;
+        }
+        if self.os.counter(p, FAILED).load(Ordering::Acquire) >= self.call {
+            return Error::Aborted(format!(
+                "rank {p} abandoned this collective after an error while this rank read its \
+                 buffers; see that rank's error"
+            ));
+        }
+        match self.comm.world.engine.check_peer(self.os.world[p]) {
+            Err(lost) => lost,
+            Ok(()) => err,
+        }
+    }
+
     /// Waits until rank `p`'s counter `which` reaches `target`.
     fn wait(&self, p: usize, which: usize, target: u64) -> Result<()> {
         self.wait_on(p, self.os.counter(p, which), target)

@@ -288,25 +288,80 @@ mod tests {
         assert!(FrameHeader::decode(&h.encode()).is_err());
     }
 
-    #[test]
-    fn random_headers_never_panic() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..100_000 {
-            let mut b = [0u8; HEADER_LEN];
-            for x in b.iter_mut() {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                *x = state as u8;
+    /// A valid header of every kind with random fields within their limits.
+    fn random_valid(rng: &mut crate::fuzz::Rng) -> FrameHeader {
+        let kind = *rng.pick(&[
+            FrameKind::Eager,
+            FrameKind::Rts,
+            FrameKind::Cts,
+            FrameKind::Data,
+            FrameKind::Close,
+            FrameKind::Abort,
+            FrameKind::Wake,
+        ]);
+        let mut h = FrameHeader::new(kind);
+        h.comm = rng.next_u64();
+        h.tag = rng.next_u64() as u32;
+        h.msg_id = rng.next_u64();
+        h.sig = [rng.next_u64(), rng.next_u64()];
+        let below = |rng: &mut crate::fuzz::Rng, max: u64| rng.next_u64() % (max + 1);
+        match kind {
+            FrameKind::Eager => h.len = below(rng, MAX_EAGER),
+            FrameKind::Data => {
+                h.len = below(rng, MAX_CHUNK);
+                h.offset = below(rng, MAX_MESSAGE - h.len);
             }
-            // Keep magic and version half the time so the deeper checks run too.
-            if state & 1 == 0 {
-                b[..4].copy_from_slice(&MAGIC.to_le_bytes());
-                b[4] = VERSION;
+            FrameKind::Rts => {
+                h.len = below(rng, MAX_MESSAGE);
+                if rng.one_in(2) {
+                    h.flags = FLAG_CAN_PULL;
+                    h.offset = rng.next_u64();
+                }
             }
-            if let Ok(h) = FrameHeader::decode(&b) {
-                assert!(h.payload_len() <= MAX_CHUNK);
-            }
+            FrameKind::Cts => h.flags = *rng.pick(&[0, FLAG_DISCARD, FLAG_PULLED]),
+            FrameKind::Abort => h.flags = *rng.pick(&[0, FLAG_MISMATCH]),
+            FrameKind::Close | FrameKind::Wake => {}
         }
+        h
+    }
+
+    /// Every 64 bytes a peer may send: decoding never panics or allocates, accepts exactly
+    /// the canonical encodings of valid headers (so what it accepts re-encodes to the same
+    /// bytes) with payloads within the limits, and valid headers round-trip.
+    #[test]
+    fn fuzz_frame_header() {
+        let mut seed_rng = crate::fuzz::Rng::new(1);
+        let target = crate::fuzz::Target {
+            name: "wire::FrameHeader::decode",
+            default_cases: 300_000,
+            seeds: (0..64)
+                .map(|_| random_valid(&mut seed_rng).encode().to_vec())
+                .collect(),
+            max_len: HEADER_LEN,
+            dict: vec![
+                MAGIC as u64,
+                VERSION as u64,
+                MAX_EAGER,
+                MAX_CHUNK,
+                MAX_MESSAGE,
+                FLAG_DISCARD as u64,
+                FLAG_MISMATCH as u64,
+                FLAG_CAN_PULL as u64,
+                FLAG_PULLED as u64,
+            ],
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let mut b = [0u8; HEADER_LEN];
+            b[..input.len()].copy_from_slice(input);
+            let (decoded, usage) = crate::fuzz::measure(|| FrameHeader::decode(&b));
+            assert_eq!(usage.largest, 0, "decoding allocated");
+            if let Ok(h) = decoded {
+                assert_eq!(h.encode(), b, "accepted a non-canonical encoding");
+                assert!(h.payload_len() <= MAX_CHUNK.max(MAX_EAGER));
+                assert!(h.kind != FrameKind::Data || h.offset + h.len <= MAX_MESSAGE);
+            }
+            let valid = random_valid(rng);
+            assert_eq!(FrameHeader::decode(&valid.encode()), Ok(valid));
+        });
     }
 }

@@ -34,12 +34,9 @@ impl Algorithm for Pairwise {
             return None;
         }
         let (alpha, beta) = m.worst_link(topo);
-        let e = s.elem();
-        // Bytes this rank sends (the busiest rank's are not known here for v-layouts).
-        let bytes = match &s.v {
-            Some(v) => v.send_counts.iter().sum::<usize>() * e,
-            None => (s.size - 1) * s.count * e,
-        } as f64;
+        // Bytes each rank sends. Not from a v-layout: every rank has its own counts, and all
+        // of them must come to the same choice (`count` is the same everywhere).
+        let bytes = ((s.size - 1) * s.count * s.elem()) as f64;
         // Latencies overlap within the window; the bytes all cross this rank's link.
         let waves = (s.size - 1).div_ceil(WINDOW) as f64;
         Some(waves * alpha + bytes * beta)

@@ -361,3 +361,28 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The ranks of one call see different v-layouts (each its own counts of all-to-all-v)
+    /// but must pick the same algorithm, or their schedules do not fit together (found by
+    /// the soak test of hcomm_check: ranks of an all-to-all-v with uneven counts chose
+    /// pairwise and direct and failed with a mismatch).
+    #[test]
+    fn every_rank_of_a_call_chooses_the_same_algorithm(
+        kind in proptest::sample::select(CollKind::ALL.to_vec()),
+        n in proptest::sample::select(SIZES.to_vec()),
+        log_count in 0u32..23,
+        dt in 0usize..DataType::ALL.len(),
+        hosts in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let count = (1usize << log_count) - 1;
+        let topo = topology(n, hosts);
+        let selector = crate::coll::select::Selector::new(None, false).unwrap();
+        let shapes = shapes(kind, n, count, 0, DataType::ALL[dt], ReduceOp::Sum, false, seed);
+        let chosen: Vec<&str> = shapes.iter().map(|s| selector.choose(s, &topo).name()).collect();
+        prop_assert!(chosen.iter().all(|a| *a == chosen[0]), "{:?} {} ranks: {:?}", kind, n, chosen);
+    }
+}

@@ -7,8 +7,10 @@
 //! than asked (the kernel stops at the first page it cannot reach) is continued where it
 //! stopped, so the next call reports the reason. Failures become [`Error`]s that name the
 //! process, the address and the length: [`Error::PeerLost`] when the process no longer exists
-//! (`ESRCH`), [`Error::Transport`] otherwise (`EPERM`, `EFAULT`, `ENOSYS`, ...), with what to
-//! do about it.
+//! (`ESRCH`) or is exiting (a process killed during a transfer fails it with whatever the
+//! kernel meets first while tearing it down, `EFAULT` once its mappings are gone),
+//! [`Error::Transport`] otherwise (`EPERM`, `EFAULT`, `ENOSYS`, ...), with what to do about
+//! it.
 //!
 //! # Permission
 //!
@@ -291,6 +293,15 @@ impl Failure {
             what.push_str(&format!(" stopped after {} bytes", self.done));
         }
         let syscall = op.syscall();
+        if self.errno != Some(libc::ESRCH) && exiting(pid) {
+            let why = self.errno.map_or_else(
+                || "no progress".to_string(),
+                |e| io::Error::from_raw_os_error(e).to_string(),
+            );
+            return Error::PeerLost(format!(
+                "{what}: the process is exiting; it died during the transfer ({syscall}: {why})"
+            ));
+        }
         match self.errno {
             Some(libc::ESRCH) => Error::PeerLost(format!(
                 "{what}: the process no longer exists ({syscall}: ESRCH)"
@@ -323,6 +334,28 @@ impl Failure {
             )),
         }
     }
+}
+
+/// Whether process `pid` is gone or on its way out, as `/proc/<pid>/stat` says: no such
+/// process, a zombie, or exiting (`PF_EXITING` among its flags).
+fn exiting(pid: u32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat,
+        Err(e) => return e.kind() == io::ErrorKind::NotFound,
+    };
+    // The fields after the command name, which ends at the last ')': the state is the first
+    // of them (field 3 of the file), the flags the seventh (field 9).
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return false;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first().copied().unwrap_or_default();
+    let flags = fields
+        .get(6)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
 }
 
 /// Checks the arguments of a transfer: a pid the kernel can name and a remote range that does
@@ -924,6 +957,46 @@ mod tests {
             Err(err) => eprintln!("dead child, with the system calls blocked: {err}"),
             Ok(()) => panic!("read a dead process"),
         }
+    }
+
+    /// A transfer that fails because its peer is dying is `PeerLost`, whatever the kernel
+    /// said (found by the kill-to-error test: a rank killed during a one-sided all-reduce
+    /// made a peer's read fail with `EFAULT`, reported as a transport error); the same
+    /// failure on a live process stays a transport error.
+    #[test]
+    fn failures_against_a_dying_process_are_peer_lost() {
+        let efault = Failure {
+            errno: Some(libc::EFAULT),
+            done: 0,
+        };
+        let live = efault.into_error(Op::Read, std::process::id(), 8, 64);
+        assert!(matches!(live, Error::Transport(_)), "{live}");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not waited for: once it has exited it stays a zombie.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !exiting(pid) {
+            assert!(
+                std::time::Instant::now() < until,
+                "child {pid} did not exit"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        for failure in [
+            efault,
+            Failure {
+                errno: None,
+                done: 10,
+            },
+        ] {
+            let err = failure.into_error(Op::Read, pid, 8, 64);
+            assert!(
+                matches!(&err, Error::PeerLost(m) if m.contains("exiting")),
+                "{err}"
+            );
+        }
+        child.wait().unwrap();
+        assert!(!exiting(std::process::id()));
     }
 
     /// A non-dumpable peer refuses cross-memory attach, even after nothing else would, unless

@@ -346,3 +346,55 @@ pub fn prepare_cma(mode: CmaMode) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::shm::segment::MAX_NAME_LEN;
+
+    fn random_published(rng: &mut crate::fuzz::Rng) -> Published {
+        let job: String = (0..1 + rng.below(40))
+            .map(|_| *rng.pick(b"abcxyz019_."))
+            .map(char::from)
+            .collect();
+        let rank = rng.next_u64() as u32;
+        Published {
+            name: segment_name(&job, rank, "inbox").unwrap(),
+            pid: rng.next_u64() as u32,
+            probe_addr: rng.next_u64() as usize,
+        }
+    }
+
+    /// Whatever a local rank publishes as its inbox: decoding never panics, accepts only a
+    /// valid segment name with a pid and an address (which then encode to an entry that
+    /// decodes the same), refuses the rest with an error naming the rank, allocates in
+    /// proportion to the entry, and valid entries round-trip.
+    #[test]
+    fn fuzz_published_decode() {
+        let mut rng = crate::fuzz::Rng::new(5);
+        let target = crate::fuzz::Target {
+            name: "shm Published::decode",
+            default_cases: 100_000,
+            seeds: (0..16)
+                .map(|_| random_published(&mut rng).encode())
+                .collect(),
+            max_len: 2 * MAX_NAME_LEN + 64,
+            dict: vec![u32::MAX as u64, MAX_NAME_LEN as u64, u64::from(b' ')],
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let (decoded, usage) = crate::fuzz::measure(|| Published::decode(3, input));
+            assert!(usage.peak <= 2 * input.len() + 1024, "{usage:?}");
+            match decoded {
+                Ok(p) => {
+                    super::super::segment::validate_name(&p.name).unwrap();
+                    assert_eq!(Published::decode(3, &p.encode()).unwrap(), p);
+                }
+                Err(Error::Init(msg)) => assert!(msg.contains("rank 3"), "{msg}"),
+                Err(Error::InvalidArgument(msg)) => assert!(msg.contains("segment name")),
+                Err(e) => panic!("{e}"),
+            }
+            let valid = random_published(rng);
+            assert_eq!(Published::decode(3, &valid.encode()).unwrap(), valid);
+        });
+    }
+}

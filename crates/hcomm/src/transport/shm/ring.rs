@@ -1171,6 +1171,158 @@ mod tests {
         );
     }
 
+    /// Bytes of a ring image in a fuzz input: header, tail and head, then the slots.
+    const IMAGE_CONTROL: usize = size_of::<RingHeader>() + 16;
+    /// Byte written after the end of a fuzzed region, checked afterwards.
+    const CANARY: u8 = 0xa5;
+
+    /// A compact image of a ring in use: `slot_count` slots of `slot_size` bytes after
+    /// `rounds` messages of random lengths, some of them still queued.
+    fn ring_image(slot_size: usize, slot_count: usize, rng: &mut crate::fuzz::Rng) -> Vec<u8> {
+        let mut region = Region::for_layout(slot_size, slot_count);
+        {
+            let (mut producer, mut consumer) = region.ring(slot_size);
+            let max = producer.layout().max_payload();
+            for seq in 0..rng.below(3 * slot_count) as u64 {
+                let data = payload(seq, rng.len(max));
+                if !producer.try_push(seq, &data).unwrap() {
+                    pop(&mut consumer);
+                }
+            }
+        }
+        let bytes = region.len();
+        // SAFETY: the region is ours and `bytes` long; the handles are gone.
+        let mem = unsafe { std::slice::from_raw_parts(region.ptr(), bytes) };
+        let mut image = mem[..size_of::<RingHeader>()].to_vec();
+        image.extend_from_slice(&mem[RING_ALIGN..RING_ALIGN + 8]);
+        image.extend_from_slice(&mem[2 * RING_ALIGN..2 * RING_ALIGN + 8]);
+        image.extend_from_slice(&mem[CONTROL_LEN..]);
+        image
+    }
+
+    /// Whatever a broken or hostile peer leaves in a ring's memory (header, counters and
+    /// slots, in a region of any length): attaching refuses what is no valid ring for the
+    /// region; a consumer peeks and copies only messages that fit the ring and were
+    /// published, from memory inside the region, without allocating; a producer pushes
+    /// only inside the region; everything else is a transport error, never a panic.
+    #[test]
+    fn fuzz_ring_attach_and_peek() {
+        let mut rng = crate::fuzz::Rng::new(3);
+        let seeds = [(64, 1), (64, 4), (128, 8), (192, 2), (64, 16)]
+            .into_iter()
+            .map(|(size, count)| ring_image(size, count, &mut rng))
+            .collect();
+        let target = crate::fuzz::Target {
+            name: "shm ring attach and peek",
+            default_cases: 50_000,
+            seeds,
+            max_len: IMAGE_CONTROL + 16 * 192,
+            dict: vec![
+                MAGIC,
+                VERSION as u64,
+                64,
+                128,
+                16,
+                MESSAGE_HEADER_LEN as u64,
+            ],
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let (control, slots) = input.split_at(input.len().min(IMAGE_CONTROL));
+            let len = match rng.below(8) {
+                0 => rng.len(CONTROL_LEN + 4096),
+                1 => CONTROL_LEN + slots.len() - rng.below(slots.len() + 1),
+                _ => CONTROL_LEN + slots.len(),
+            };
+            // One line more than the region needs, for the canary.
+            let mut region = Region {
+                lines: vec![Line([0; 128]); len.div_ceil(128) + 1],
+                len,
+            };
+            let base = region.ptr();
+            let total = region.lines.len() * 128;
+            // SAFETY: the buffer is ours, `total` bytes long, and no handle exists yet.
+            let mem = unsafe { std::slice::from_raw_parts_mut(base, total) };
+            mem[len..].fill(CANARY);
+            let header = size_of::<RingHeader>();
+            let put = |mem: &mut [u8], at: usize, bytes: &[u8]| {
+                if at < len {
+                    let n = bytes.len().min(len - at);
+                    mem[at..at + n].copy_from_slice(&bytes[..n]);
+                }
+            };
+            put(mem, 0, &control[..control.len().min(header)]);
+            put(
+                mem,
+                RING_ALIGN,
+                control.get(header..header + 8).unwrap_or(&[]),
+            );
+            put(
+                mem,
+                2 * RING_ALIGN,
+                control.get(header + 8..).unwrap_or(&[]),
+            );
+            put(mem, CONTROL_LEN, slots);
+            let inside = |p: *const u8, n: usize| {
+                let (start, end) = (base as usize + CONTROL_LEN, base as usize + len);
+                n == 0 || (p as usize >= start && p as usize + n <= end)
+            };
+            let ring = match region.attach() {
+                Ok(ring) => ring,
+                Err(Error::Transport(_)) => return,
+                Err(e) => panic!("attach: {e}"),
+            };
+            let layout = ring.layout();
+            assert!(layout.region_len() <= len);
+            {
+                // SAFETY: the only consumer of the region, used on this thread.
+                let mut consumer = unsafe { ring.into_consumer() };
+                for _ in 0..8 {
+                    let (peeked, usage) =
+                        crate::fuzz::measure(|| consumer.peek().map(|m| m.is_some()));
+                    match peeked {
+                        Ok(false) => break,
+                        Err(Error::Transport(_)) => break,
+                        Err(e) => panic!("peek: {e}"),
+                        Ok(true) => assert_eq!(usage.largest, 0, "peek allocated"),
+                    }
+                    let message = consumer.peek().unwrap().unwrap();
+                    assert!(message.len() <= layout.max_payload());
+                    let (first, second) = message.as_slices();
+                    assert_eq!(first.len() + second.len(), message.len());
+                    assert!(inside(first.as_ptr(), first.len()), "first piece outside");
+                    assert!(
+                        inside(second.as_ptr(), second.len()),
+                        "second piece outside"
+                    );
+                    let mut buf = vec![0u8; rng.len(message.len() + 64)];
+                    match message.copy_to(&mut buf) {
+                        Ok(n) => assert_eq!(n, message.len()),
+                        Err(Error::Truncated(_)) => assert!(buf.len() < message.len()),
+                        Err(e) => panic!("copy_to: {e}"),
+                    }
+                    message.copy_range(rng.len(message.len()), &mut buf);
+                    message.consume();
+                }
+            }
+            {
+                // SAFETY: the consumer is gone; this is the region's only handle now.
+                let mut producer = unsafe { region.attach().unwrap().into_producer() };
+                let data = payload(7, rng.len(layout.max_payload() + 64));
+                match producer.try_push(7, &data) {
+                    Ok(_) | Err(Error::Transport(_)) => {}
+                    Err(Error::InvalidArgument(_)) => assert!(data.len() > layout.max_payload()),
+                    Err(e) => panic!("try_push: {e}"),
+                }
+            }
+            // SAFETY: as above; no handle is left.
+            let mem = unsafe { std::slice::from_raw_parts(base, total) };
+            assert!(
+                mem[len..].iter().all(|&b| b == CANARY),
+                "wrote past the region"
+            );
+        });
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Push(usize),

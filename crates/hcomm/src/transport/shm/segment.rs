@@ -263,7 +263,7 @@ impl ShmSegment {
             )));
         }
         let mut seg = Self::map(name, &fd, map_len)?;
-        seg.validate(expected_len)?;
+        check_header(name, seg.header(), expected_len)?;
         seg.mapped_as = seg.header().mapped.fetch_add(1, Ordering::AcqRel) + 1;
         Ok(seg)
     }
@@ -340,40 +340,6 @@ impl ShmSegment {
         })
     }
 
-    fn validate(&self, expected_len: usize) -> Result<()> {
-        let name = &self.name;
-        let header = self.header();
-        let magic = header.magic.load(Ordering::Acquire);
-        if magic == 0 {
-            return Err(Error::Transport(format!(
-                "shared-memory segment {name} has no header yet: it was opened before its \
-                 creator finished setting it up"
-            )));
-        }
-        if magic != SEGMENT_MAGIC {
-            return Err(Error::Transport(format!(
-                "shared-memory segment {name} is not an hcomm segment (magic {magic:#018x}, \
-                 expected {SEGMENT_MAGIC:#018x})"
-            )));
-        }
-        if header.version != SEGMENT_VERSION {
-            return Err(Error::Transport(format!(
-                "shared-memory segment {name} has layout version {}, this hcomm speaks version \
-                 {SEGMENT_VERSION}: every rank of a job must run the same hcomm build (creator \
-                 pid {})",
-                header.version, header.creator_pid
-            )));
-        }
-        if header.header_len as usize != PAYLOAD_OFFSET || header.len != expected_len as u64 {
-            return Err(Error::Transport(format!(
-                "shared-memory segment {name} has a {}-byte header and {} bytes of payload, \
-                 expected {PAYLOAD_OFFSET} and {expected_len} (creator pid {})",
-                header.header_len, header.len, header.creator_pid
-            )));
-        }
-        Ok(())
-    }
-
     fn header_ptr(&self) -> *mut SegmentHeader {
         self.base.as_ptr().cast()
     }
@@ -383,6 +349,40 @@ impl ShmSegment {
         // bytes are a valid `SegmentHeader`, and after creation only its atomics change.
         unsafe { &*self.header_ptr() }
     }
+}
+
+/// Checks the header of the segment `name` as a process that maps it finds it: complete, of
+/// this version, and describing a payload of `expected_len` bytes.
+fn check_header(name: &str, header: &SegmentHeader, expected_len: usize) -> Result<()> {
+    let magic = header.magic.load(Ordering::Acquire);
+    if magic == 0 {
+        return Err(Error::Transport(format!(
+            "shared-memory segment {name} has no header yet: it was opened before its \
+             creator finished setting it up"
+        )));
+    }
+    if magic != SEGMENT_MAGIC {
+        return Err(Error::Transport(format!(
+            "shared-memory segment {name} is not an hcomm segment (magic {magic:#018x}, \
+             expected {SEGMENT_MAGIC:#018x})"
+        )));
+    }
+    if header.version != SEGMENT_VERSION {
+        return Err(Error::Transport(format!(
+            "shared-memory segment {name} has layout version {}, this hcomm speaks version \
+             {SEGMENT_VERSION}: every rank of a job must run the same hcomm build (creator \
+             pid {})",
+            header.version, header.creator_pid
+        )));
+    }
+    if header.header_len as usize != PAYLOAD_OFFSET || header.len != expected_len as u64 {
+        return Err(Error::Transport(format!(
+            "shared-memory segment {name} has a {}-byte header and {} bytes of payload, \
+             expected {PAYLOAD_OFFSET} and {expected_len} (creator pid {})",
+            header.header_len, header.len, header.creator_pid
+        )));
+    }
+    Ok(())
 }
 
 impl Drop for ShmSegment {
@@ -649,5 +649,98 @@ pub(crate) mod tests {
         // Failed opens do not count as mappers.
         assert_eq!(seg.mapped_count(), 2);
         ShmSegment::unlink(&name).unwrap();
+    }
+
+    /// A header's bytes, aligned as at the start of a mapping.
+    #[repr(C, align(128))]
+    struct HeaderBytes([u8; PAYLOAD_OFFSET]);
+
+    fn put(b: &mut [u8], at: usize, value: &[u8]) {
+        b[at..at + value.len()].copy_from_slice(value);
+    }
+
+    /// The header a creator writes for a payload of `len` bytes.
+    fn valid_header(len: u64, pid: u32, mapped: u32) -> Vec<u8> {
+        use std::mem::offset_of;
+        let mut b = vec![0u8; size_of::<SegmentHeader>()];
+        put(
+            &mut b,
+            offset_of!(SegmentHeader, magic),
+            &SEGMENT_MAGIC.to_le_bytes(),
+        );
+        put(
+            &mut b,
+            offset_of!(SegmentHeader, version),
+            &SEGMENT_VERSION.to_le_bytes(),
+        );
+        let header_len = PAYLOAD_OFFSET as u32;
+        put(
+            &mut b,
+            offset_of!(SegmentHeader, header_len),
+            &header_len.to_le_bytes(),
+        );
+        put(&mut b, offset_of!(SegmentHeader, len), &len.to_le_bytes());
+        put(
+            &mut b,
+            offset_of!(SegmentHeader, creator_pid),
+            &pid.to_le_bytes(),
+        );
+        put(
+            &mut b,
+            offset_of!(SegmentHeader, mapped),
+            &mapped.to_le_bytes(),
+        );
+        b
+    }
+
+    /// Whatever another process (or a stale segment) left in a header: the check never
+    /// panics, accepts exactly a complete header of this version for the expected payload,
+    /// allocates nothing when it accepts, and names the segment when it refuses.
+    #[test]
+    fn fuzz_segment_header() {
+        let target = crate::fuzz::Target {
+            name: "shm segment header",
+            default_cases: 200_000,
+            seeds: vec![
+                valid_header(0, 1, 1),
+                valid_header(4096, 4242, 3),
+                valid_header(1 << 20, u32::MAX, 0),
+            ],
+            max_len: PAYLOAD_OFFSET,
+            dict: vec![
+                SEGMENT_MAGIC,
+                SEGMENT_VERSION as u64,
+                PAYLOAD_OFFSET as u64,
+                4096,
+                1 << 20,
+            ],
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let mut bytes = HeaderBytes([0; PAYLOAD_OFFSET]);
+            bytes.0[..input.len()].copy_from_slice(input);
+            // SAFETY: the buffer is aligned and long enough for a header, and any bytes are a
+            // valid `SegmentHeader` (integers and atomics).
+            let header = unsafe { &*bytes.0.as_ptr().cast::<SegmentHeader>() };
+            let claimed = header.len as usize;
+            let random = rng.next_u64() as usize;
+            let expected = *rng.pick(&[0, 4096, 1 << 20, claimed, random]);
+            let (checked, usage) =
+                crate::fuzz::measure(|| check_header("hcomm-fuzz-0-x", header, expected));
+            let valid = header.magic.load(Ordering::Relaxed) == SEGMENT_MAGIC
+                && header.version == SEGMENT_VERSION
+                && header.header_len as usize == PAYLOAD_OFFSET
+                && header.len == expected as u64;
+            match checked {
+                Ok(()) => {
+                    assert!(valid, "accepted a bad header");
+                    assert_eq!(usage.largest, 0);
+                }
+                Err(Error::Transport(msg)) => {
+                    assert!(!valid, "refused a good header: {msg}");
+                    assert!(msg.contains("hcomm-fuzz-0-x"), "{msg}");
+                }
+                Err(e) => panic!("not a transport error: {e}"),
+            }
+        });
     }
 }

@@ -1,0 +1,183 @@
+//! Ranks started by hand, without a launcher: one process each with the variables a launcher
+//! would set, their output read line by line as it comes, every wait bounded, and every
+//! process still running killed when the value is dropped.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A job of ranks started by hand.
+pub struct Ranks {
+    children: Vec<Child>,
+    status: Vec<Option<ExitStatus>>,
+    lines: Receiver<(usize, String)>,
+    /// Every line each rank printed so far (stdout and stderr).
+    pub output: Vec<Vec<String>>,
+}
+
+/// Nanoseconds since the Unix epoch, as `hcomm_check peer-loss` prints them.
+pub fn unix_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn forward(rank: usize, from: impl Read + Send + 'static, to: mpsc::Sender<(usize, String)>) {
+    thread::spawn(move || {
+        for line in BufReader::new(from).lines() {
+            let Ok(line) = line else { break };
+            if to.send((rank, line)).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+impl Ranks {
+    /// Starts `n` ranks: `command(r)` is rank r's command (the program, or a wrapper such as
+    /// `ip netns exec NS` followed by it, with any variables of that rank), to which `args`,
+    /// `HCOMM_RANK`, `HCOMM_SIZE`, `HCOMM_ROOT_ADDR` and a job secret are added. Rank 0 serves
+    /// the rendezvous store at `root`, by default on a free port of 127.0.0.1.
+    pub fn start(
+        n: usize,
+        root: Option<&str>,
+        args: &[&str],
+        command: impl Fn(usize) -> Command,
+    ) -> Ranks {
+        let root = match root {
+            Some(root) => root.to_string(),
+            None => {
+                let free = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr());
+                format!("127.0.0.1:{}", free.unwrap().port())
+            }
+        };
+        let (tx, lines) = mpsc::channel();
+        let secret = format!("by-hand-{}", std::process::id());
+        let children = (0..n)
+            .map(|r| {
+                let mut c = command(r);
+                c.args(args)
+                    .env("HCOMM_RANK", r.to_string())
+                    .env("HCOMM_SIZE", n.to_string())
+                    .env("HCOMM_ROOT_ADDR", &root)
+                    .env("HCOMM_JOB_SECRET", &secret)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                let mut child = c.spawn().unwrap_or_else(|e| panic!("starting {c:?}: {e}"));
+                forward(r, child.stdout.take().unwrap(), tx.clone());
+                forward(r, child.stderr.take().unwrap(), tx.clone());
+                child
+            })
+            .collect();
+        Ranks {
+            children,
+            status: vec![None; n],
+            lines,
+            output: vec![Vec::new(); n],
+        }
+    }
+
+    /// Every line so far, each prefixed with its rank.
+    pub fn text(&self) -> String {
+        let mut t = String::new();
+        for (r, lines) in self.output.iter().enumerate() {
+            for l in lines {
+                t.push_str(&format!("[{r}] {l}\n"));
+            }
+        }
+        t
+    }
+
+    /// Collects output until `done` holds or `limit` passes; returns whether it held.
+    fn collect_until(&mut self, limit: Duration, mut done: impl FnMut(&mut Ranks) -> bool) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            if done(self) {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let tick = left.min(Duration::from_millis(20));
+            match self.lines.recv_timeout(tick) {
+                Ok((r, line)) => self.output[r].push(line),
+                Err(RecvTimeoutError::Timeout) => {}
+                // Every process has closed its output (they may not have exited yet).
+                Err(RecvTimeoutError::Disconnected) => thread::sleep(tick),
+            }
+        }
+    }
+
+    /// Waits up to `limit` until every rank of `ranks` printed a line starting with `prefix`;
+    /// panics with the output otherwise.
+    pub fn wait_for_lines(&mut self, ranks: &[usize], prefix: &str, limit: Duration) {
+        let seen = |me: &mut Ranks| {
+            ranks
+                .iter()
+                .all(|&r| me.output[r].iter().any(|l| l.starts_with(prefix)))
+        };
+        if !self.collect_until(limit, seen) {
+            panic!(
+                "ranks {ranks:?} did not all print {prefix:?} within {limit:?}:\n{}",
+                self.text()
+            );
+        }
+    }
+
+    /// Kills rank `r` with SIGKILL.
+    pub fn kill(&mut self, r: usize) {
+        let _ = self.children[r].kill();
+        self.status[r] = self.children[r].wait().ok();
+    }
+
+    /// Waits up to `limit` for every rank to exit and for its output; panics with the output
+    /// (after killing the rest) otherwise. Returns the exit statuses.
+    pub fn finish(&mut self, limit: Duration) -> Vec<ExitStatus> {
+        let exited = |me: &mut Ranks| {
+            for (child, status) in me.children.iter_mut().zip(me.status.iter_mut()) {
+                if status.is_none() {
+                    *status = child.try_wait().ok().flatten();
+                }
+            }
+            me.status.iter().all(Option::is_some)
+        };
+        let all = self.collect_until(limit, exited);
+        // The rest of the output, until the pipes close.
+        let until = Instant::now() + Duration::from_secs(5);
+        while let Ok((r, line)) = self
+            .lines
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
+            self.output[r].push(line);
+        }
+        if !all {
+            let left: Vec<usize> = (0..self.status.len())
+                .filter(|&r| self.status[r].is_none())
+                .collect();
+            for &r in &left {
+                self.kill(r);
+            }
+            panic!(
+                "ranks {left:?} still ran after {limit:?} (killed):\n{}",
+                self.text()
+            );
+        }
+        self.status.iter().flatten().copied().collect()
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for (child, status) in self.children.iter_mut().zip(&self.status) {
+            if status.is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Several hosts on one machine: network namespaces joined by veth pairs to a bridge, two
+//! ranks in each "host" (told apart by `HCOMM_HOST_ID`, since namespaces share the hostname
+//! and boot id; `/dev/shm` stays shared, as between the ranks of one real host). The ranks
+//! must use shared memory inside a host and TCP between hosts, get every collective right,
+//! run the hierarchical all-reduce, and fail fast when one host's ranks are killed.
+//!
+//! Namespaces need root and `ip`; without them each test says it is skipped and passes. The
+//! names hold this process's id and a counter, so concurrent tests and runs do not collide,
+//! and the namespaces (with their links) are removed when a test ends, failed or not.
+
+#[path = "common/ranks.rs"]
+mod ranks;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ranks::Ranks;
+
+const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
+const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
+/// Ranks per host.
+const PER_HOST: usize = 2;
+/// Where rank 0, in the first host, serves the rendezvous store.
+const STORE_PORT: u16 = 29400;
+
+/// Network namespaces ("hosts") on one bridge, removed on drop.
+struct Hosts {
+    names: Vec<String>,
+}
+
+/// Runs `ip args`; the error output when it fails.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Hosts {
+    /// Creates `n` namespaces: the first holds a bridge with 10.77.0.1/24, host `i` a veth
+    /// end with 10.77.0.`i + 1` plugged into it. `None`, after saying why, where this process
+    /// cannot make namespaces (not root, or no `ip`); where it can, a failure panics.
+    fn create(test: &str, n: usize) -> Option<Hosts> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            println!("{test}: skipped: network namespaces need root");
+            return None;
+        }
+        if Command::new("ip").arg("-V").output().is_err() {
+            println!("{test}: skipped: no `ip` command (iproute2)");
+            return None;
+        }
+        sweep_stale();
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let job = format!(
+            "hct{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut hosts = Hosts { names: Vec::new() };
+        for i in 0..n {
+            let name = format!("{job}-h{i}");
+            ip(&["netns", "add", &name]).unwrap_or_else(|e| panic!("{e}"));
+            hosts.names.push(name);
+        }
+        hosts.wire().unwrap_or_else(|e| panic!("{e}"));
+        Some(hosts)
+    }
+
+    fn wire(&self) -> Result<(), String> {
+        let first = &self.names[0];
+        ip(&["-n", first, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", first, "addr", "add", "10.77.0.1/24", "dev", "br0"])?;
+        ip(&["-n", first, "link", "set", "br0", "up"])?;
+        for (i, name) in self.names.iter().enumerate() {
+            ip(&["-n", name, "link", "set", "lo", "up"])?;
+            if i == 0 {
+                continue;
+            }
+            let port = format!("h{i}");
+            ip(&[
+                "link", "add", &port, "netns", first, "type", "veth", "peer", "name", "eth0",
+                "netns", name,
+            ])?;
+            ip(&["-n", first, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", first, "link", "set", &port, "up"])?;
+            let addr = format!("{}/24", self.addr(i));
+            ip(&["-n", name, "addr", "add", &addr, "dev", "eth0"])?;
+            ip(&["-n", name, "link", "set", "eth0", "up"])?;
+        }
+        Ok(())
+    }
+
+    /// The address of host `i`.
+    fn addr(&self, i: usize) -> String {
+        format!("10.77.0.{}", i + 1)
+    }
+
+    /// The rendezvous store's address (rank 0, in the first host).
+    fn root(&self) -> String {
+        format!("{}:{STORE_PORT}", self.addr(0))
+    }
+
+    /// `program` in host `i`, announcing it as its host.
+    fn exec(&self, i: usize, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.names[i], program])
+            .env("HCOMM_HOST_ID", &self.names[i]);
+        c
+    }
+
+    /// Starts `program args` with two ranks in each host, ranks numbered host by host.
+    fn start(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Ranks {
+        let n = self.names.len() * PER_HOST;
+        Ranks::start(n, Some(&self.root()), args, |r| {
+            let mut c = self.exec(r / PER_HOST, program);
+            c.env("HCOMM_TIMEOUT", "60");
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c
+        })
+    }
+
+    /// Bytes host `i`'s interface received so far.
+    fn rx_bytes(&self, i: usize) -> u64 {
+        let dev = if i == 0 { "br0" } else { "eth0" };
+        let path = format!("/sys/class/net/{dev}/statistics/rx_bytes");
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.names[i], "cat", &path])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    }
+}
+
+/// Removes the namespaces of test processes that are gone (killed before they could clean
+/// up, by a test timeout say): names `hct<pid>-...` whose process no longer exists.
+fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for name in entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+    {
+        let pid = name
+            .strip_prefix("hct")
+            .and_then(|rest| rest.split('-').next());
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = ip(&["netns", "del", &name]);
+        }
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // Deleting a namespace removes its end of every veth pair, and so the pair.
+        for name in &self.names {
+            if let Err(e) = ip(&["netns", "del", name]) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+    }
+}
+
+/// Waits for a job that must succeed; returns its output.
+fn succeed(job: &mut Ranks, limit: Duration) -> String {
+    let status = job.finish(limit);
+    let text = job.text();
+    for (r, s) in status.iter().enumerate() {
+        assert!(s.success(), "rank {r}: {s}\n{text}");
+    }
+    text
+}
+
+#[test]
+fn shared_memory_inside_hosts_and_tcp_between_with_every_collective_right() {
+    let Some(hosts) = Hosts::create("netns collectives", 3) else {
+        return;
+    };
+    let before = hosts.rx_bytes(1);
+    let mut job = hosts.start(CHECK, &["collectives"], &[("HCOMM_DEBUG", "1")]);
+    let text = succeed(&mut job, Duration::from_secs(200));
+    for r in 0..3 * PER_HOST {
+        assert!(
+            text.contains(&format!("[{r}] OK collectives")),
+            "rank {r}:\n{text}"
+        );
+        // The other rank of its host, and no one else.
+        let mate = r ^ 1;
+        let line = format!("[{r}] hcomm: rank {r}: shared memory with world ranks [{mate}]");
+        assert!(
+            text.contains(&line),
+            "rank {r} does not share memory with {mate}:\n{text}"
+        );
+    }
+    let crossed = hosts.rx_bytes(1) - before;
+    assert!(
+        crossed > 1 << 20,
+        "only {crossed} bytes crossed the link of host 1"
+    );
+}
+
+#[test]
+fn hierarchical_allreduce_across_hosts() {
+    let Some(hosts) = Hosts::create("netns hier", 2) else {
+        return;
+    };
+    let algo = [("HCOMM_ALGO", "allreduce:hier")];
+    let args = ["collectives", "--only", "allreduce", "--max-count", "70000"];
+    let mut job = hosts.start(CHECK, &args, &algo);
+    succeed(&mut job, Duration::from_secs(200));
+    // hcomm_perf names the algorithm of every size and checks the results: forced, and as
+    // the cost model chooses.
+    for forced in [true, false] {
+        let args = [
+            "allreduce",
+            "-b",
+            "4K",
+            "-e",
+            "16M",
+            "-f",
+            "64",
+            "-n",
+            "3",
+            "-w",
+            "1",
+        ];
+        let env: &[(&str, &str)] = if forced { &algo } else { &[] };
+        let mut job = hosts.start(PERF, &args, env);
+        let text = succeed(&mut job, Duration::from_secs(200));
+        let rows: Vec<Vec<&str>> = job.output[0]
+            .iter()
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 3, "{text}");
+        for row in &rows {
+            assert_eq!(row[8], "0", "wrong elements: {row:?}");
+        }
+        let algos: Vec<&str> = rows.iter().map(|row| row[9]).collect();
+        println!("allreduce on 2 hosts x {PER_HOST}, forced {forced}: {algos:?}");
+        // Unforced, the cost model prefers a flat algorithm at these sizes (printed above).
+        if forced {
+            assert!(algos.iter().all(|a| *a == "hier"), "{text}");
+        }
+    }
+}
+
+#[test]
+fn the_others_fail_fast_when_one_hosts_ranks_are_killed() {
+    let Some(hosts) = Hosts::create("netns host failure", 3) else {
+        return;
+    };
+    let args = ["peer-loss", "--victims", "2,3", "--pending", "allreduce"];
+    let mut job = hosts.start(CHECK, &args, &[]);
+    job.wait_for_lines(&[0, 1, 2, 3, 4, 5], "ready ", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let killed = ranks::unix_ns();
+    job.kill(2);
+    job.kill(3);
+    let status = job.finish(Duration::from_secs(30));
+    let elapsed = t0.elapsed();
+    let text = job.text();
+    let mut named = 0;
+    for r in [0, 1, 4, 5] {
+        assert!(status[r].success(), "rank {r}: {}\n{text}", status[r]);
+        let lost = job.output[r]
+            .iter()
+            .find_map(|l| l.strip_prefix("lost "))
+            .unwrap_or_else(|| panic!("rank {r} did not notice:\n{text}"));
+        let at: u128 = lost.split(' ').next().unwrap().parse().unwrap();
+        let latency = Duration::from_nanos(at.saturating_sub(killed) as u64);
+        println!("rank {r} failed {latency:.2?} after the kill: {lost}");
+        if lost.contains("PeerLost") && (lost.contains("rank 2") || lost.contains("rank 3")) {
+            named += 1;
+        }
+    }
+    assert!(named > 0, "no survivor named a killed rank:\n{text}");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "took {elapsed:?}:\n{text}"
+    );
+}

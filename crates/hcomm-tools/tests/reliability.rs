@@ -1,0 +1,101 @@
+//! Reliability: a soak of random collectives on 4 ranks over both transports, and how fast
+//! the survivors of a SIGKILLed rank fail (kill-to-error latency).
+
+mod common;
+#[path = "common/ranks.rs"]
+mod ranks;
+
+use std::process::Command;
+use std::time::Duration;
+
+use ranks::Ranks;
+
+const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
+const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
+
+/// Runs `hcomm_check soak` on 4 ranks with `env`; every rank must finish and report.
+fn soak(calls: usize, seed: u64, env: &[(&str, &str)]) {
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "4", "--timeout", "150", "--", CHECK, "soak"])
+        .args(["--calls", &calls.to_string(), "--seed", &seed.to_string()])
+        .env("HCOMM_TIMEOUT", "60");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let (o, took) = common::run_bounded(&mut c, Duration::from_secs(180));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "soak with {env:?} failed:\n{text}");
+    for r in 0..4 {
+        assert!(
+            text.contains(&format!("[{r}] OK soak")),
+            "rank {r}:\n{text}"
+        );
+    }
+    let summary = text.lines().find(|l| l.starts_with("[0] soak: "));
+    println!("{} in {took:.1?}", summary.unwrap_or("no summary"));
+}
+
+#[test]
+fn soak_of_random_collectives_over_shared_memory() {
+    soak(2000, 11, &[]);
+}
+
+#[test]
+fn soak_of_random_collectives_over_tcp() {
+    soak(2000, 12, &[("HCOMM_TRANSPORT", "tcp")]);
+}
+
+/// Starts `hcomm_check peer-loss` on 3 ranks, kills rank 1 from outside once all are ready,
+/// and returns each survivor's kill-to-error latency.
+fn kill_to_error(transport: &str, pending: &str) -> Vec<Duration> {
+    let args = ["peer-loss", "--victims", "1", "--pending", pending];
+    let mut job = Ranks::start(3, None, &args, |_| {
+        let mut c = Command::new(CHECK);
+        c.env("HCOMM_TRANSPORT", transport)
+            .env("HCOMM_TIMEOUT", "60");
+        c
+    });
+    job.wait_for_lines(&[0, 1, 2], "ready ", Duration::from_secs(60));
+    // Let the survivors settle into their wait (a sleeping receiver, a running loop), for a
+    // time of random phase: a sleeping waiter wakes every 100 ms.
+    let jitter = (ranks::unix_ns() % 100_000_000) as u64;
+    std::thread::sleep(Duration::from_millis(250) + Duration::from_nanos(jitter));
+    let killed = ranks::unix_ns();
+    job.kill(1);
+    let status = job.finish(Duration::from_secs(30));
+    let text = job.text();
+    [0, 2]
+        .into_iter()
+        .map(|r| {
+            assert!(
+                status[r].success(),
+                "rank {r} ({transport}, {pending}):\n{text}"
+            );
+            let lost: u128 = job.output[r]
+                .iter()
+                .find_map(|l| l.strip_prefix("lost ")?.split(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("rank {r} printed no loss:\n{text}"));
+            Duration::from_nanos(lost.saturating_sub(killed) as u64)
+        })
+        .collect()
+}
+
+/// The survivors of a SIGKILLed shared-memory or TCP peer fail within a bound far below
+/// HCOMM_TIMEOUT, whether they wait in a receive from it or run collectives with it; the
+/// latencies are printed (`--nocapture`).
+#[test]
+fn survivors_of_a_killed_rank_fail_fast() {
+    for transport in ["shm", "tcp"] {
+        for pending in ["recv", "allreduce"] {
+            let latencies = kill_to_error(transport, pending);
+            println!("kill-to-error latency, {transport}, pending {pending}: {latencies:.2?}");
+            for l in latencies {
+                assert!(l < Duration::from_secs(5), "{transport} {pending}: {l:?}");
+            }
+        }
+    }
+}
