@@ -185,3 +185,20 @@ fn hcommrun_sweeps_what_a_killed_rank_left_in_dev_shm() {
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+#[test]
+fn every_protocol_wakes_a_sleeping_receiver() {
+    // No spinning: every wait sleeps on the doorbell, and every frame (data, RTS, CTS) must
+    // wake it. A lost wake-up shows as a sleep that ran its whole time (100 ms).
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "2", "--timeout", "100", "--", CHECK, "wakeups"])
+        .env("HCOMM_TIMEOUT", "60")
+        .env("HCOMM_SPIN_US", "0");
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("[0] OK wakeups") && t.contains("[1] OK wakeups"),
+        "{t}"
+    );
+}

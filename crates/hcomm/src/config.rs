@@ -648,7 +648,11 @@ mod tests {
         assert!((64 << 10..=1 << 40).contains(&c.pool_block) && c.pool_block % 64 == 0);
         assert!(c.pool_max <= 1 << 44);
         assert!(c.spin_us.is_none_or(|us| us <= 1_000_000));
-        assert!(matches!(c.transport.as_deref(), None | Some("tcp" | "shm")));
+        // `tcp`, `shm` or a plug-in's name: a well-formed one.
+        assert!(c
+            .transport
+            .as_deref()
+            .is_none_or(|t| crate::transport::plugin::check_name(t, "HCOMM_TRANSPORT").is_ok()));
         let l = &c.launch;
         assert!(l.rank < l.size, "{l:?}");
         assert!(l.size == 1 || l.root_addr.is_some(), "{l:?}");

@@ -97,6 +97,10 @@ pub(crate) struct ProtocolCounts {
     pub plugin_eager: AtomicU64,
     /// Rendezvous through a transport plug-in.
     pub plugin_rendezvous: AtomicU64,
+    /// Sleeps of waiters on their shared-memory doorbell.
+    pub naps: AtomicU64,
+    /// Of those, sleeps that lasted their whole time, woken by nobody.
+    pub full_naps: AtomicU64,
 }
 
 /// A snapshot of [`ProtocolCounts`].
@@ -116,6 +120,11 @@ pub struct ProtocolStats {
     pub plugin_eager: u64,
     /// Rendezvous messages through a transport plug-in.
     pub plugin_rendezvous: u64,
+    /// Times a waiter slept on its shared-memory doorbell.
+    pub naps: u64,
+    /// Of those, sleeps that lasted their whole time (at most 100 ms), woken by nobody:
+    /// only a peer that stays silent that long causes them, or a lost wake-up.
+    pub full_naps: u64,
 }
 
 impl ProtocolCounts {
@@ -133,6 +142,8 @@ impl ProtocolCounts {
             tcp_rendezvous: get(&self.tcp_rendezvous),
             plugin_eager: get(&self.plugin_eager),
             plugin_rendezvous: get(&self.plugin_rendezvous),
+            naps: get(&self.naps),
+            full_naps: get(&self.full_naps),
         }
     }
 }
@@ -982,7 +993,13 @@ impl Engine {
         };
         let mut ready = || lock(&sh.state).shm_ready();
         if all_shm {
-            bell.sleep_unless(&mut ready, sleep);
+            let start = Instant::now();
+            if !bell.sleep_unless(&mut ready, sleep) {
+                ProtocolCounts::bump(&sh.counts.naps);
+                if start.elapsed() >= sleep {
+                    ProtocolCounts::bump(&sh.counts.full_naps);
+                }
+            }
             return poll(&sh.io, events, Duration::ZERO);
         }
         bell.enter_epoll();
@@ -1945,6 +1962,7 @@ impl State {
         let mut done_ops: Vec<OpId> = Vec::new();
         let mut failure = None;
         let mut wake = false;
+        let mut pushed = 0;
         {
             let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
                 return false;
@@ -1960,6 +1978,7 @@ impl State {
                             done_ops.push(id);
                         }
                         m.out.pop_front();
+                        pushed += 1;
                     }
                     Ok(false) => break,
                     Err(e) => {
@@ -1968,11 +1987,13 @@ impl State {
                     }
                 }
             }
-            if !done_ops.is_empty() || failure.is_some() {
+            // Every frame may be what the peer sleeps for, control frames (CTS, RTS)
+            // included.
+            if pushed > 0 || failure.is_some() {
                 wake = m.link.peer_bell().ring();
             }
         }
-        let moved = !done_ops.is_empty();
+        let moved = pushed > 0;
         self.frames_sent(done_ops);
         if wake {
             self.queue_tcp(

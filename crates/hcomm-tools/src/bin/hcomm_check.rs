@@ -77,6 +77,9 @@ enum Scenario {
     Lifecycle,
     /// Ring exchange at sizes around every protocol threshold, then the protocol counts.
     Protocols,
+    /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
+    /// every wait sleeps); then the count of sleeps nobody woke, which must be zero.
+    Wakeups,
     /// Random collectives (kinds, types, ops, counts, roots, in place or not, heap or pool
     /// memory) on the world and on communicators made by split and dup, each checked against
     /// the sequential reference; every rank draws the same calls from --seed.
@@ -1115,6 +1118,38 @@ fn run(scenario: Scenario) -> Result<()> {
                 s.tcp_rendezvous
             );
             "protocols"
+        }
+        Scenario::Wakeups => {
+            let c = comm.config();
+            let sizes = [8, c.shm_eager_limit + 1, c.shm_push_threshold + 1];
+            let me = comm.rank();
+            for (round, &len) in sizes.iter().enumerate() {
+                for _ in 0..50 {
+                    let mut got = vec![0u8; len];
+                    match me {
+                        0 => {
+                            comm.send(&fill(0, 1, round, len), 1, 9)?;
+                            comm.recv(&mut got, 1, 9)?;
+                            verify(&got, 1, 0, round)?;
+                        }
+                        1 => {
+                            comm.recv(&mut got, 0, 9)?;
+                            verify(&got, 0, 1, round)?;
+                            comm.send(&fill(1, 0, round, len), 0, 9)?;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let s = comm.protocol_stats();
+            println!("wakeups naps={} full_naps={}", s.naps, s.full_naps);
+            ensure!(
+                s.full_naps == 0,
+                "{} of {} sleeps were never woken: a lost wake-up",
+                s.full_naps,
+                s.naps
+            );
+            "wakeups"
         }
         Scenario::Kill { pool } => {
             comm.barrier()?;
