@@ -103,7 +103,7 @@ pub(crate) struct ProtocolCounts {
     pub full_naps: AtomicU64,
 }
 
-/// A snapshot of [`ProtocolCounts`].
+/// How many messages took each protocol so far (SPEC F4), and how waiters slept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProtocolStats {
     /// Messages inline through a shared-memory ring.
