@@ -353,6 +353,14 @@ fn debug_prints_the_topology_once_and_logging_is_opt_in() {
         "{t}"
     );
     assert!(t.contains("[0] ") && t.contains(" numa "), "{t}");
+    for r in 0..3 {
+        assert!(
+            t.contains(&format!(
+                "[{r}] hcomm: rank {r}: shared-memory pool: blocks of"
+            )),
+            "{t}"
+        );
+    }
 
     let (o, _) = run_bounded(&mut hcommrun(2, &["hello"]), Duration::from_secs(60));
     assert!(

@@ -510,6 +510,18 @@ impl Communicator {
             eprint!("{}", topology.table());
         }
         let pool = make_pool(&config, &engine, rank, local_size, generation)?;
+        if config.debug {
+            // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+            match &pool {
+                Some(p) => eprintln!(
+                    "hcomm: rank {rank}: shared-memory pool: blocks of {} B, at most {} B \
+                     (HCOMM_POOL_BLOCK, HCOMM_POOL_MAX); larger allocations use the heap",
+                    p.block_size(),
+                    p.block_size() * p.max_blocks()
+                ),
+                None => eprintln!("hcomm: rank {rank}: shared-memory pool off (HCOMM_POOL_MAX=0)"),
+            }
+        }
         tracing::debug!(rank, size, launcher = ?config.launch.launcher, "world ready");
         let world = Arc::new(World {
             config,
