@@ -10,6 +10,8 @@
 //! 256  done   (AtomicU64): last call whose peers' buffers this rank has finished reading
 //! 384  header of slot 0 | 448 header of slot 1: signature, length, buffer addresses
 //! 512  data of slot 0 (SLOT bytes) | data of slot 1 (SLOT bytes)
+//! then tiny slot 0 | tiny slot 1: one cache line each (call number, signature, length and
+//!      up to 32 bytes of contribution)
 //! ```
 //!
 //! Call `j` (numbered per communicator, the same on every rank) uses slot `j % 2`. A rank
@@ -18,19 +20,23 @@
 //! for `seq >= j` with acquire ordering, check the signature (a mismatch fails every rank of
 //! the call), and read what they need in place.
 //!
+//! * **Tiny** (every contribution up to 32 bytes): the contribution travels in one cache line
+//!   with the call number (stored last), so a peer sees both with one transfer.
 //! * **Inline** (every rank's contribution fits a slot): each rank computes its result
 //!   straight from the peers' slots, reductions folded in rank order, so every rank gets the
 //!   same bits as the rank-order reference. One round of cache-line transfers, no message.
 //! * **Large** all-reduce: each rank reduces its slice straight out of the peers' buffers
-//!   (cross-memory attach, in chunks that stay in cache), publishes `ready`, then copies the
+//!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache), publishes
+//!   `ready`, then copies the
 //!   other slices from the peers' results; large all-gather and broadcast read the sources
 //!   directly. Each rank then publishes `done` and waits for its peers' before returning, so
 //!   no buffer is released while a peer still reads it.
 //!
 //! A rank overwrites slot `j % 2` only once every peer has started call `j - 1`, which it does
-//! only after finishing call `j - 2`, the slot's previous user. Waits spin (when the host has
-//! a core per rank), yield, then sleep on the rank's doorbell futex; every wait is bounded by
-//! `HCOMM_TIMEOUT` and checks that the peer is still alive.
+//! only after finishing call `j - 2`, the slot's previous user (a rank that saw its peers
+//! start `j - 1` during that call does not look again). Waits spin (when the host has a core
+//! per rank), yield, then sleep on the rank's doorbell futex; every wait is bounded by
+//! `HCOMM_TIMEOUT` and checks that the peer is still alive and has not abandoned the call.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::cell::OnceCell;
