@@ -22,6 +22,7 @@ use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
+use crate::sync::lock;
 use crate::topology::{RankInfo, Topology};
 use crate::transport::plugin::{self, Lease};
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
@@ -292,10 +293,6 @@ fn make_pool(
     ShmPool::new(&job_id, rank as u32, pool_config).map(|p| Some(Arc::new(p)))
 }
 
-fn lock_client(m: &Mutex<StoreClient>) -> std::sync::MutexGuard<'_, StoreClient> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Sets up the shared-memory links with the other ranks of this host (unless
 /// `HCOMM_TRANSPORT` names another transport than `shm`): every local rank creates its inbox,
 /// publishes it under `ns`, and maps the others'.
@@ -473,7 +470,7 @@ impl Communicator {
                 &config,
                 &topology,
                 rank,
-                &mut lock_client(client),
+                &mut lock(client),
                 generation,
                 deadline,
             )?,

@@ -29,6 +29,7 @@ mod exec;
 mod fuzz;
 mod p2p;
 pub mod reduce;
+mod sync;
 pub mod topology;
 pub mod transport;
 

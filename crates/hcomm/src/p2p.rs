@@ -31,7 +31,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,7 @@ use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 mod plugin;
 
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::cma;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
@@ -486,12 +487,6 @@ pub(crate) struct Engine {
 
 fn token(peer: usize, stream: usize) -> u64 {
     ((peer as u64) << 16) | stream as u64
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Engine state stays consistent between statements, so a panic elsewhere must not turn
-    // every later call into a panic too.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn timespec(d: Duration) -> Timespec {

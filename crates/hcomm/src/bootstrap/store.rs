@@ -32,13 +32,14 @@ use std::fmt;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::auth;
 use super::{read_exact_until, read_vec_until, write_all_until, TimedStream};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// Longest key, in bytes.
 pub const MAX_KEY: usize = 512;
@@ -97,12 +98,6 @@ fn op_name(op: u8) -> &'static str {
         OP_DELETE => "delete",
         _ => "unknown",
     }
-}
-
-/// Locks `m`, ignoring poisoning: every critical section leaves the data consistent, so a
-/// panic elsewhere must not take the store down with it.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// `now + d`, saturating far in the future instead of overflowing.

@@ -13,6 +13,7 @@ use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec;
 use crate::reduce;
+use crate::sync::lock;
 
 fn bytes<T: Element>(s: &[T]) -> &[u8] {
     bytemuck::cast_slice(s)
@@ -37,7 +38,7 @@ impl Communicator {
 
     /// The cached plan for `shape`, made on first use.
     fn plan(&self, shape: &Shape) -> Result<Plan> {
-        let mut plans = self.state.plans.lock().unwrap_or_else(|e| e.into_inner());
+        let mut plans = lock(&self.state.plans);
         if let Some(p) = plans.get(shape) {
             return Ok(p.clone());
         }
@@ -81,11 +82,7 @@ impl Communicator {
     /// The one-sided state of this communicator, made by its first caller (every member
     /// makes it at the same call).
     fn onesided(&self) -> Result<Option<Arc<OneSided>>> {
-        let mut slot = self
-            .state
-            .onesided
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut slot = lock(&self.state.onesided);
         if let Some(made) = &*slot {
             return Ok(made.clone());
         }
@@ -97,7 +94,7 @@ impl Communicator {
     /// The sub-communicators of the tiered all-reduce, made by the first call that needs them
     /// (every member makes them at the same call).
     fn tiers(&self) -> Result<Arc<Tiers>> {
-        let mut slot = self.state.tiers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = lock(&self.state.tiers);
         if let Some(t) = &*slot {
             return Ok(Arc::clone(t));
         }

@@ -41,7 +41,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::cell::OnceCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{Communicator, COLL};
@@ -49,6 +49,7 @@ use crate::coll::{algos, CollKind, Shape};
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::reduce;
+use crate::sync::lock;
 use crate::transport::shm::cma;
 use crate::transport::shm::pool::ShmPool;
 use crate::transport::shm::segment::{segment_name, ShmSegment};
@@ -268,7 +269,7 @@ impl OneSided {
         sig: [u64; 2],
         bufs: &Buffers,
     ) -> Result<()> {
-        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut calls = lock(&self.calls);
         let j = calls.last + 1;
         calls.last = j;
         let waiter = Waiter {
@@ -735,7 +736,7 @@ impl OneSided {
         if start.checked_add(len)? > self.block_size {
             return None;
         }
-        let mut blocks = self.blocks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut blocks = lock(&self.blocks);
         let seg = blocks.entry((p, block)).or_insert_with(|| {
             let opened = segment_name(&self.job, self.world[p] as u32, &format!("pool{block}"))
                 .and_then(|name| ShmSegment::open(&name, self.block_size));

@@ -74,7 +74,7 @@ static REGISTRY: Mutex<BTreeMap<String, Entry>> = Mutex::new(BTreeMap::new());
 
 fn registry() -> MutexGuard<'static, BTreeMap<String, Entry>> {
     // Every update is a single insert or flag change: a panic elsewhere leaves it consistent.
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(&REGISTRY)
 }
 
 /// Checks that `name` may name a transport: 1 to [`MAX_NAME`] letters, digits, `_`, `-` or
