@@ -29,8 +29,12 @@
 //!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache), publishes
 //!   `ready`, then copies the
 //!   other slices from the peers' results; large all-gather and broadcast read the sources
-//!   directly. Each rank then publishes `done` and waits for its peers' before returning, so
-//!   no buffer is released while a peer still reads it.
+//!   directly. When every rank's receive buffer lies in a pool, results are pushed instead:
+//!   each rank writes its reduced slice (all-reduce) or its block (all-gather) into every
+//!   rank's receive buffer, and a broadcast's root writes the last n-th of the buffer into
+//!   the non-roots while they copy the rest; nobody copies results out of a peer afterwards.
+//!   Each rank then publishes `done` and waits for its peers' before returning, so no buffer
+//!   is released while a peer still reads or writes it.
 //!
 //! A rank overwrites slot `j % 2` only once every peer has started call `j - 1`, which it does
 //! only after finishing call `j - 2`, the slot's previous user (a rank that saw its peers
@@ -548,6 +552,37 @@ impl OneSided {
                 Ok(())
             }
         };
+        // Every receive buffer in a pool: each rank writes its results into its peers'
+        // receive buffers itself (through their mapped blocks, else cross-memory attach), so
+        // nobody copies them out of the peers' memory afterwards. Every rank sees the same
+        // headers, so all decide alike.
+        let push = (0..n).all(|p| hdr(p).output_loc != 0);
+        // Writes `src`, this rank's bytes at `pos` of the result, into peer `p`'s receive
+        // buffer.
+        let deliver = |p: usize, pos: usize, src: &[u8]| -> Result<()> {
+            let h = hdr(p);
+            match self.peer_mem(p, h.output_loc, pos, src.len()) {
+                Some(dst) => {
+                    // SAFETY: `peer_mem` checked that the bytes lie in the peer's mapped pool
+                    // block (mapped writable, and staying mapped); the peer reserved its
+                    // receive buffer for this call, in which only this rank writes these bytes.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(dst.cast_mut(), src.len()) };
+                    put(dst, src)
+                }
+                None => cma::write_remote(self.pids[p], h.output as usize + pos, src),
+            }
+            .map_err(|e| waiter.read_failed(p, e))
+        };
+        // Writes `src`, this rank's bytes at `pos` of the result, into every peer's receive
+        // buffer, a cache-sized chunk to all peers at a time.
+        let fan_out = |pos: usize, src: &[u8]| -> Result<()> {
+            for (i, chunk) in src.chunks(CHUNK).enumerate() {
+                for p in peers() {
+                    deliver(p, pos + i * CHUNK, chunk)?;
+                }
+            }
+            Ok(())
+        };
         match shape.kind {
             CollKind::AllReduce => {
                 let segs = algos::segments(shape.count, n, shape.elem());
@@ -598,6 +633,11 @@ impl OneSided {
                         if shape.op == ReduceOp::Avg {
                             reduce::finish_avg(shape.dtype, dst, n)?;
                         }
+                        if push {
+                            for p in peers() {
+                                deliver(p, pos, dst)?;
+                            }
+                        }
                         at += m;
                         continue;
                     }
@@ -639,10 +679,17 @@ impl OneSided {
                         reduce::finish_avg(shape.dtype, acc, n)?;
                     }
                     put(&mut out[pos..pos + m], acc)?;
+                    if push {
+                        for p in peers() {
+                            deliver(p, pos, acc)?;
+                        }
+                    }
                     at += m;
                 }
-                self.publish(waiter.comm, READY, j);
-                for p in peers() {
+                if !push {
+                    self.publish(waiter.comm, READY, j);
+                }
+                for p in peers().filter(|_| !push) {
                     waiter.wait(p, READY, j)?;
                     let (off, len) = segs[p];
                     let h = hdr(p);
@@ -656,6 +703,18 @@ impl OneSided {
                     )
                     .map_err(|e| waiter.read_failed(p, e))?;
                 }
+            }
+            CollKind::AllGather if push => {
+                let pos = me * block;
+                let own: &[u8] = if shape.in_place {
+                    &out[pos..pos + block]
+                } else {
+                    // SAFETY: the send buffer holds `block` readable bytes.
+                    let own = unsafe { std::slice::from_raw_parts(bufs.send, block) };
+                    put(&mut out[pos..pos + block], own)?;
+                    own
+                };
+                fan_out(pos, own)?;
             }
             CollKind::AllGather => {
                 if !shape.in_place {
@@ -671,17 +730,20 @@ impl OneSided {
                 }
             }
             CollKind::Broadcast => {
-                if me != shape.root {
+                // With every receive buffer in a pool, the root does not idle: it writes the
+                // last n-th of the buffer into every non-root while they copy the rest.
+                let e = shape.elem();
+                let cut = if push {
+                    block - block / n / e * e
+                } else {
+                    block
+                };
+                if me == shape.root {
+                    fan_out(cut, &out[cut..block])?;
+                } else {
                     let h = hdr(shape.root);
-                    self.read_peer(
-                        shape.root,
-                        h.output,
-                        h.output_loc,
-                        0,
-                        &mut out[..block],
-                        put,
-                    )
-                    .map_err(|e| waiter.read_failed(shape.root, e))?;
+                    self.read_peer(shape.root, h.output, h.output_loc, 0, &mut out[..cut], put)
+                        .map_err(|e| waiter.read_failed(shape.root, e))?;
                 }
             }
             _ => {
@@ -692,12 +754,12 @@ impl OneSided {
             }
         }
         self.publish(waiter.comm, DONE, j);
-        // Nobody returns (and releases its buffers) while a peer may still read them; a
-        // broadcast's non-roots have nothing anyone reads.
-        if shape.kind != CollKind::Broadcast || me == shape.root {
-            for p in peers() {
-                waiter.wait(p, DONE, j)?;
-            }
+        // Nobody returns (and releases its buffers) while a peer may still read them or write
+        // its results into them; a broadcast's non-roots have nothing anyone reads, and only
+        // the root writes into them.
+        let bcast_leaf = shape.kind == CollKind::Broadcast && me != shape.root;
+        for p in peers().filter(|&p| !bcast_leaf || (push && p == shape.root)) {
+            waiter.wait(p, DONE, j)?;
         }
         Ok(())
     }
