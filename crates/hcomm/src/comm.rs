@@ -96,7 +96,7 @@ struct CommState {
     /// Collectives called so far: the sequence number tags each call's messages.
     coll_seq: AtomicU32,
     /// Planned schedules by call shape.
-    plans: Mutex<HashMap<Shape, Plan>>,
+    plans: Mutex<HashMap<Shape, Arc<Plan>>>,
     /// Scratch space reused by blocking collectives.
     scratch: Mutex<Vec<u8>>,
     /// The one-sided state, made at the first call that may use it (`Some(None)`: this

@@ -37,10 +37,10 @@ impl Communicator {
     }
 
     /// The cached plan for `shape`, made on first use.
-    fn plan(&self, shape: &Shape) -> Result<Plan> {
+    fn plan(&self, shape: &Shape) -> Result<Arc<Plan>> {
         let mut plans = lock(&self.state.plans);
         if let Some(p) = plans.get(shape) {
-            return Ok(p.clone());
+            return Ok(Arc::clone(p));
         }
         let selector = &self.world.selector;
         let forced = selector.forced(shape.kind);
@@ -64,18 +64,18 @@ impl Communicator {
             && self.world.config.transport.as_deref() != Some("tcp");
         let sched = Arc::new(algo.schedule(shape, self.rank, &self.topology));
         let slot = selector.slot(shape.kind, algo);
-        let plan = Plan {
+        let plan = Arc::new(Plan {
             algo,
             sched,
             slot,
             onesided,
             tiered,
-        };
+        });
         // Bound the cache: a program sweeping sizes must not grow it forever.
         if plans.len() >= 1024 {
             plans.clear();
         }
-        plans.insert(shape.clone(), plan.clone());
+        plans.insert(shape.clone(), Arc::clone(&plan));
         Ok(plan)
     }
 
@@ -152,7 +152,7 @@ impl Communicator {
         let plan = Plan {
             onesided: None,
             tiered: false,
-            ..self.plan(&shape)?
+            ..(*self.plan(&shape)?).clone()
         };
         let seq = self
             .state

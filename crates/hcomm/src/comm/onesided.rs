@@ -79,6 +79,8 @@ const CHUNK: usize = 128 << 10;
 const STREAM_FROM: usize = 64 << 20;
 /// Spins of a waiter that has a core to itself, before it yields.
 const SPINS: u32 = 20_000;
+/// Spins of those that poll without pausing.
+const EAGER_POLLS: u32 = 256;
 /// Yields before a waiter sleeps.
 const YIELDS: u32 = 64;
 /// Longest sleep between checks of the peer's liveness and of the deadline.
@@ -379,9 +381,10 @@ impl OneSided {
         // The call counter too (after the line, which is what the peers watch now): a later
         // call's peers may not have seen this one.
         self.counter(self.me, SEQ).store(j, Ordering::Release);
-        for p in (0..self.segs.len()).filter(|&p| p != self.me) {
-            waiter.comm.world.engine.ring_peer(self.world[p]);
-        }
+        // The peers' doorbells ring after the waits below: ringing fences, which would hold
+        // this rank until its line reached the peers' caches, and a peer asleep on this call
+        // has published its own line already, so the waits end without it. (The last rank to
+        // publish finds every line there and rings everyone.)
         for p in (0..self.segs.len()).filter(|&p| p != self.me) {
             // SAFETY: the line lies in the peer's mapped segment; `seq` is an atomic.
             let seq = unsafe { &(*self.tiny_ptr(p, slot)).seq };
@@ -398,11 +401,19 @@ impl OneSided {
             };
             check_peer_call(shape, sig, p, theirs, len)?;
         }
-        // SAFETY: every line holds its rank's contribution (checked above); forwarded from the
-        // caller for the buffers.
+        for p in (0..self.segs.len()).filter(|&p| p != self.me) {
+            waiter.comm.world.engine.ring_peer(self.world[p]);
+        }
+        // This rank's own contribution comes from its buffer, which stays in its cache, rather
+        // than from its line, which the peers are fetching; not when it lies in the receive
+        // buffer (in place).
+        let own = (!bufs.send.is_null() && input.0 == bufs.send).then_some(input.0);
+        // SAFETY: every line holds its rank's contribution (checked above), and so does `own`,
+        // a buffer apart from the receive buffer; forwarded from the caller for the buffers.
         unsafe {
-            self.compute(shape, bufs, |p| {
-                std::ptr::addr_of!((*self.tiny_ptr(p, slot)).data).cast::<u8>()
+            self.compute(shape, bufs, |p| match own {
+                Some(own) if p == self.me => own,
+                _ => std::ptr::addr_of!((*self.tiny_ptr(p, slot)).data).cast::<u8>(),
             })
         }
     }
@@ -889,8 +900,12 @@ impl Waiter<'_> {
             return Ok(());
         }
         if self.os.spin {
-            for _ in 0..SPINS {
-                std::hint::spin_loop();
+            // The first polls without a pause: a pause takes about as long as a cache line
+            // takes to arrive, and most small calls find their peers' lines within a few.
+            for i in 0..SPINS {
+                if i >= EAGER_POLLS {
+                    std::hint::spin_loop();
+                }
                 if ready() {
                     return Ok(());
                 }

@@ -8,11 +8,13 @@
 //! ```text
 //! payload offset 0    Doorbell (128 bytes): event count + epoll sleepers
 //!                128  probe pattern (PROBE_LEN bytes, padded to 128)
-//!                256  ring of local rank 0 | ring of local rank 1 | ...   (ring_bytes each)
+//!                256  fast box and ring of local rank 0 | of local rank 1 | ...
+//!                     (fastbox::REGION_LEN + ring_bytes each)
 //! ```
 //!
-//! The ring of local rank `i` in the inbox of rank `r` carries `i`'s frames to `r`; the slot
-//! of `r` itself is unused. A rank publishes the name, its process id and the address of its
+//! The fast box and ring of local rank `i` in the inbox of rank `r` carry `i`'s frames to `r`
+//! (single-line frames through the box, the others through the ring; see
+//! [`super::fastbox`]); the place of `r` itself is unused. A rank publishes the name, its process id and the address of its
 //! probe pattern in the rendezvous store, maps its peers' inboxes, and the last mapper of each
 //! inbox removes its name, so after start-up nothing of the job is left under `/dev/shm`
 //! whatever happens to its processes.
@@ -31,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::cma::{self, CmaMode, CmaSupport};
+use super::fastbox::{self, FastBox, FastReader, FastWriter};
 use super::futex::EventCount;
 use super::ring::{Consumer, Producer, ShmRing, RING_ALIGN};
 use super::segment::{segment_name, ShmSegment};
@@ -152,6 +155,10 @@ pub struct ShmLink {
     pub producer: Producer,
     /// The peer's frames to this rank (a ring in this rank's inbox).
     pub consumer: Consumer,
+    /// This rank's single-line frames to the peer (a fast box in the peer's inbox).
+    pub fast_out: FastWriter,
+    /// The peer's single-line frames to this rank (a fast box in this rank's inbox).
+    pub fast_in: FastReader,
     /// The peer's process id (for cross-memory attach).
     pub pid: u32,
     /// Whether this rank may read and write the peer's memory with cross-memory attach.
@@ -205,6 +212,12 @@ fn bell_of(inbox: &ShmSegment) -> &Doorbell {
     unsafe { &*inbox.as_ptr().cast::<Doorbell>() }
 }
 
+/// Offset in an inbox of the fast box and ring of local rank `i` (with rings of `ring_bytes`);
+/// for `i` = the number of local ranks, the inbox's length.
+fn place(i: usize, ring_bytes: usize) -> usize {
+    RINGS_OFFSET + i * (fastbox::REGION_LEN + ring_bytes)
+}
+
 fn pattern(me: usize) -> [u8; PROBE_LEN] {
     let mut p = [0u8; PROBE_LEN];
     for (i, b) in p.iter_mut().enumerate() {
@@ -218,7 +231,7 @@ impl Inbox {
     pub fn create(cfg: &LinkConfig, rank: usize, locals: usize, me: usize) -> Result<Inbox> {
         let ring_bytes = cfg.ring_bytes / RING_ALIGN * RING_ALIGN;
         let len = locals
-            .checked_mul(ring_bytes)
+            .checked_mul(fastbox::REGION_LEN + ring_bytes)
             .and_then(|n| n.checked_add(RINGS_OFFSET))
             .ok_or_else(|| Error::InvalidArgument("shared-memory rings too large".into()))?;
         let name = segment_name(&cfg.job_id, rank as u32, "inbox")?;
@@ -233,14 +246,12 @@ impl Inbox {
                 .copy_from_nonoverlapping(pattern(me).as_ptr(), PROBE_LEN);
         }
         for i in (0..locals).filter(|&i| i != me) {
-            // SAFETY: ring `i`'s region lies within the payload, aligned to 128, and nobody
-            // else touches it before the name is published.
+            let at = place(i, ring_bytes);
+            // SAFETY: the fast box and ring of `i` lie within the payload, aligned to 128, and
+            // nobody else touches them before the name is published.
             unsafe {
-                ShmRing::init(
-                    base.add(RINGS_OFFSET + i * ring_bytes),
-                    ring_bytes,
-                    SLOT_SIZE,
-                )?
+                FastBox::init(base.add(at));
+                ShmRing::init(base.add(at + fastbox::REGION_LEN), ring_bytes, SLOT_SIZE)?
             };
         }
         Ok(Inbox {
@@ -274,30 +285,28 @@ impl Inbox {
     /// Maps the inbox of local rank `peer_local` (published as `peer`) and joins the two rings
     /// between them. Every rank links with every other local rank once.
     pub fn link(&self, peer_local: usize, peer: &Published) -> Result<ShmLink> {
-        let len = RINGS_OFFSET + self.locals * self.ring_bytes;
+        let len = place(self.locals, self.ring_bytes);
         let theirs = Arc::new(ShmSegment::open(&peer.name, len)?);
         theirs.unlink_if_last(self.locals as u32)?;
-        // SAFETY: the peer initialised our ring in its inbox before publishing its name; the
-        // region lies within the mapping and is 128-byte aligned. We are its only producer.
-        let producer = unsafe {
-            ShmRing::attach(
-                theirs
-                    .as_ptr()
-                    .add(RINGS_OFFSET + self.me * self.ring_bytes),
-                self.ring_bytes,
-            )?
-            .into_producer()
+        let out_at = place(self.me, self.ring_bytes);
+        let in_at = place(peer_local, self.ring_bytes);
+        // SAFETY: the peer initialised our fast box and ring in its inbox before publishing
+        // its name; they lie within the mapping, 128-byte aligned. We are their only writer.
+        let (producer, fast_out) = unsafe {
+            let base = theirs.as_ptr().add(out_at);
+            (
+                ShmRing::attach(base.add(fastbox::REGION_LEN), self.ring_bytes)?.into_producer(),
+                FastBox::attach(base).into_writer(),
+            )
         };
-        // SAFETY: we initialised the peer's ring in our inbox in `create`; we are its only
-        // consumer.
-        let consumer = unsafe {
-            ShmRing::attach(
-                self.seg
-                    .as_ptr()
-                    .add(RINGS_OFFSET + peer_local * self.ring_bytes),
-                self.ring_bytes,
-            )?
-            .into_consumer()
+        // SAFETY: we initialised the peer's fast box and ring in our inbox in `create`; we are
+        // their only reader.
+        let (consumer, fast_in) = unsafe {
+            let base = self.seg.as_ptr().add(in_at);
+            (
+                ShmRing::attach(base.add(fastbox::REGION_LEN), self.ring_bytes)?.into_consumer(),
+                FastBox::attach(base).into_reader(),
+            )
         };
         let support = cma::probe_with_mode(
             self.cfg.cma,
@@ -308,6 +317,8 @@ impl Inbox {
         Ok(ShmLink {
             producer,
             consumer,
+            fast_out,
+            fast_in,
             pid: peer.pid,
             cma: matches!(support, CmaSupport::Available),
             peer_inbox: theirs,

@@ -8,6 +8,7 @@
 //! futex, which works across processes), woken by the writer only when a sleeper is flagged.
 
 pub mod cma;
+pub mod fastbox;
 pub mod futex;
 pub mod link;
 pub mod pool;
