@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::cma;
-use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
+use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink, Watch};
 use crate::transport::wire::{
     FrameHeader, FrameKind, FAST_PAYLOAD, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_MISMATCH, FLAG_PULLED,
     HEADER_LEN,
@@ -74,6 +74,11 @@ const LINGER: Duration = Duration::from_secs(1);
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// A spinning waiter reads the clock once in this many rounds.
 const CLOCK_ROUNDS: u32 = 16;
+/// Polls of a local peer's next frame before a receive's wait takes the engine's lock.
+const WATCH_POLLS: u32 = 4096;
+/// Of those, the first ones poll without pausing (a pause takes about as long as a cache
+/// line takes to arrive).
+const EAGER_POLLS: u32 = 256;
 /// A waiter with only shared-memory peers asks epoll once in this many rounds.
 const SHM_POLLS_PER_EPOLL: u32 = 64;
 /// After spinning, a waiter with shared-memory peers yields the CPU this many times before
@@ -472,6 +477,8 @@ struct State {
     late: HashMap<u64, Error>,
     /// A failing peer's ring is being read to its end.
     draining: bool,
+    /// The operations whose frames one `flush_shm` wrote (kept to reuse its allocation).
+    sent: Vec<OpId>,
 }
 
 struct Shared {
@@ -490,6 +497,20 @@ pub(crate) struct Engine {
     thread: Option<JoinHandle<()>>,
     /// The transport plug-in's links, when the world has one.
     plugin: Option<plugin::Links>,
+}
+
+/// Polls `watch` for a while, without the engine's lock and without the clock; returns whether
+/// it fired.
+fn spin_on(watch: &Watch<'_>) -> bool {
+    for i in 0..WATCH_POLLS {
+        if i >= EAGER_POLLS {
+            std::hint::spin_loop();
+        }
+        if watch.ready() {
+            return true;
+        }
+    }
+    false
 }
 
 fn token(peer: usize, stream: usize) -> u64 {
@@ -644,6 +665,7 @@ impl Engine {
                 calls: HashMap::default(),
                 call_order: VecDeque::new(),
                 late: HashMap::default(),
+                sent: Vec::new(),
                 draining: false,
             }),
             io,
@@ -788,8 +810,39 @@ impl Engine {
         len: usize,
         timeout: Duration,
     ) -> Result<usize> {
+        let sh = &*self.shared;
+        if kind == Blocking::Recv {
+            // A small message from a local peer: taken straight from its fast box when it is
+            // there, or once it comes within a short watch.
+            let watch = {
+                let mut st = lock(&sh.state);
+                // SAFETY: forwarded from the caller.
+                if let Some(n) = unsafe { st.recv_fast(&t, buf, len) } {
+                    return Ok(n);
+                }
+                match sh.io.inbox.as_ref() {
+                    Some(inbox) if !sh.spin.is_zero() && len <= st.cfg.shm_eager_limit => {
+                        st.recv_watch(inbox, &t)
+                    }
+                    _ => None,
+                }
+            };
+            if watch.is_some_and(|w| spin_on(&w)) {
+                // SAFETY: forwarded from the caller.
+                if let Some(n) = unsafe { lock(&sh.state).recv_fast(&t, buf, len) } {
+                    return Ok(n);
+                }
+            }
+        }
         let id = {
-            let mut st = lock(&self.shared.state);
+            let mut st = lock(&sh.state);
+            if kind == Blocking::Send && len <= FAST_PAYLOAD {
+                // SAFETY: the caller's promise: `buf` holds `len` readable bytes.
+                let data = unsafe { std::slice::from_raw_parts(buf, len) };
+                if st.send_fast(&t, data)? {
+                    return Ok(len);
+                }
+            }
             let id = match kind {
                 Blocking::Send => st.post_send(t, BufPtr(buf), len, false)?,
                 Blocking::Recv => st.post_recv(t, BufPtr(buf), len, false)?,
@@ -884,15 +937,33 @@ impl Engine {
 
     fn wait_any_inner(&self, ids: &[OpId], deadline: Deadline) -> Result<(usize, Result<usize>)> {
         let sh = &*self.shared;
-        {
-            // One look before reading the clock: a small send is usually complete already.
+        // A look before reading the clock: a small send is usually complete already.
+        let look = || {
             let mut st = lock(&sh.state);
             st.handle(&[], true);
             for (i, &id) in ids.iter().enumerate() {
                 if let Some(r) = st.take(id) {
-                    return Ok((i, r));
+                    return Err((i, r));
                 }
             }
+            Ok(match (sh.io.inbox.as_ref(), ids) {
+                (Some(inbox), &[id]) if !sh.spin.is_zero() => st.watch(inbox, id),
+                _ => None,
+            })
+        };
+        // A receive from a local peer: watch for its next frame without the lock and without
+        // the clock for a while (a small message then lands a cache-line transfer after it
+        // was written), then look again; the loop below does the rest.
+        match look() {
+            Err(done) => return Ok(done),
+            Ok(Some(watch)) => {
+                if spin_on(&watch) {
+                    if let Err(done) = look().map(drop) {
+                        return Ok(done);
+                    }
+                }
+            }
+            Ok(None) => {}
         }
         let deadline = deadline.resolve();
         let mut now = Instant::now();
@@ -1316,6 +1387,90 @@ impl State {
         );
         self.queue(t.peer, 0, frame);
         Ok(id)
+    }
+
+    /// Writes a small message straight into a local peer's fast box, without an operation,
+    /// when nothing is queued before it; returns whether it did (then the send is complete:
+    /// the message is in the peer's memory). An error when the peer cannot be reached.
+    fn send_fast(&mut self, t: &Target, data: &[u8]) -> Result<bool> {
+        self.live_peer(t)?;
+        let Some(peer) = self.peers.get_mut(t.peer).and_then(Option::as_mut) else {
+            return Ok(false);
+        };
+        let Some(m) = peer.shm.as_mut().filter(|m| m.out.is_empty()) else {
+            return Ok(false);
+        };
+        let mut hdr = FrameHeader::new(FrameKind::Eager);
+        hdr.comm = t.comm;
+        hdr.tag = t.tag;
+        hdr.msg_id = peer.next_msg_id;
+        hdr.len = data.len() as u64;
+        hdr.sig = t.sig;
+        let Some(body) = hdr.encode_fast(data) else {
+            return Ok(false);
+        };
+        if !m.link.fast_out.try_push(m.out_seq + 1, &body) {
+            return Ok(false);
+        }
+        m.out_seq += 1;
+        peer.next_msg_id += 1;
+        let wake = m.link.peer_bell().ring();
+        ProtocolCounts::bump(&self.counts.shm_eager);
+        tracing::trace!(
+            peer = t.peer,
+            tag = t.tag,
+            len = data.len(),
+            "sent through the fast box"
+        );
+        if wake {
+            self.queue_tcp(
+                t.peer,
+                0,
+                OutFrame::control(FrameHeader::new(FrameKind::Wake)),
+            );
+        }
+        Ok(true)
+    }
+
+    /// Receives the next frame of local peer `t.peer` straight into `buf` (`cap` bytes) when
+    /// it is a small message in the fast box that this receive matches and nothing else
+    /// could (no receive posted before it, no message held for it); returns its length.
+    /// Anything else (errors included) is left to the general path.
+    ///
+    /// # Safety
+    /// `buf..buf+cap` must be valid for writes.
+    unsafe fn recv_fast(&mut self, t: &Target, buf: *mut u8, cap: usize) -> Option<usize> {
+        let key = MatchKey {
+            comm: t.comm,
+            peer: t.peer,
+            tag: t.tag,
+        };
+        if self.live_peer(t).is_err()
+            || self.posted.contains_key(&key)
+            || self.unexpected.contains_key(&key)
+        {
+            return None;
+        }
+        let m = self.peers.get_mut(t.peer)?.as_mut()?.shm.as_mut()?;
+        let body = m.link.fast_in.peek(m.in_seq + 1)?;
+        let (hdr, payload) = FrameHeader::decode_fast(&body).ok()?;
+        let len = hdr.len as usize;
+        if hdr.comm != t.comm || hdr.tag != t.tag || hdr.sig != t.sig || len > cap {
+            return None;
+        }
+        // SAFETY: the caller's promise; `len <= cap`.
+        unsafe { buf.copy_from_nonoverlapping(payload.as_ptr(), len) };
+        m.link.fast_in.consume();
+        m.in_seq += 1;
+        Some(len)
+    }
+
+    /// A watch on the next frame of local peer `t.peer`, for a receive that
+    /// [`State::recv_fast`] may complete once it comes.
+    fn recv_watch<'a>(&self, inbox: &'a Inbox, t: &Target) -> Option<Watch<'a>> {
+        let peer = self.peers.get(t.peer)?.as_ref()?;
+        let m = peer.shm.as_ref().filter(|m| m.out.is_empty())?;
+        peer.lost.is_none().then(|| inbox.watch(&m.link, m.in_seq))
     }
 
     /// A message to this rank itself is copied at once, like a buffered send.
@@ -1918,6 +2073,13 @@ impl State {
         }
     }
 
+    /// A watch on the next frame of the local peer that `id`, a receive, waits for, when
+    /// nothing else is to be done for that peer.
+    fn watch<'a>(&self, inbox: &'a Inbox, id: OpId) -> Option<Watch<'a>> {
+        let op = self.ops.get(&id).filter(|op| op.kind == OpKind::Recv)?;
+        self.recv_watch(inbox, &op.target)
+    }
+
     /// Whether every other rank is reached through shared memory (then waiters sleep on the
     /// doorbell's futex rather than in `epoll_wait`).
     fn all_shm(&self) -> bool {
@@ -1968,7 +2130,7 @@ impl State {
     /// Writes the frames queued for a shared-memory peer until its ring is full; returns
     /// whether any was written.
     fn flush_shm(&mut self, peer: usize) -> bool {
-        let mut done_ops: Vec<OpId> = Vec::new();
+        let mut done_ops = std::mem::take(&mut self.sent);
         let mut failure = None;
         let mut wake = false;
         let mut pushed = 0;
@@ -2015,7 +2177,8 @@ impl State {
             }
         }
         let moved = pushed > 0;
-        self.frames_sent(done_ops);
+        self.frames_sent(done_ops.drain(..));
+        self.sent = done_ops;
         if wake {
             self.queue_tcp(
                 peer,

@@ -64,7 +64,11 @@ struct Region {
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(std::mem::size_of::<Region>() == REGION_LEN);
+const _: () = assert!(
+    std::mem::size_of::<Region>() == REGION_LEN
+        && std::mem::offset_of!(Region, slots) == 128
+        && std::mem::offset_of!(Slot, stamp) == 0
+);
 
 /// A fast box in shared memory, before it is split into its two ends.
 #[derive(Debug)]
@@ -194,6 +198,12 @@ impl FastReader {
 
     fn next(&self) -> &Slot {
         &self.region().slots[(self.read % SLOTS as u64) as usize]
+    }
+
+    /// Offset in the region of the stamp of the next slot: a waiter may watch it (for the
+    /// stamp it expects) without this end, until this end reads again.
+    pub fn next_stamp_offset(&self) -> usize {
+        128 + (self.read % SLOTS as u64) as usize * 64
     }
 
     /// Whether the next slot holds the message stamped `stamp`.

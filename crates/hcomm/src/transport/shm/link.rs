@@ -28,14 +28,14 @@
 //! over the pair's TCP connection (the same store-buffering handshake as the futex; see
 //! [`super::futex`]).
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::cma::{self, CmaMode, CmaSupport};
 use super::fastbox::{self, FastBox, FastReader, FastWriter};
 use super::futex::EventCount;
-use super::ring::{Consumer, Producer, ShmRing, RING_ALIGN};
+use super::ring::{Consumer, Producer, ShmRing, RING_ALIGN, TAIL_OFFSET};
 use super::segment::{segment_name, ShmSegment};
 use crate::error::{Error, Result};
 
@@ -163,6 +163,8 @@ pub struct ShmLink {
     pub pid: u32,
     /// Whether this rank may read and write the peer's memory with cross-memory attach.
     pub cma: bool,
+    /// The peer's local rank (the place of its fast box and ring in this rank's inbox).
+    local: usize,
     /// The peer's inbox, which holds its doorbell (and the producer's ring).
     peer_inbox: Arc<ShmSegment>,
     /// This rank's inbox, which holds the consumer's ring.
@@ -188,6 +190,23 @@ impl ShmLink {
     /// A handle on the peer's inbox, to ring its doorbell without the link.
     pub fn peer_inbox(&self) -> PeerInbox {
         PeerInbox(Arc::clone(&self.peer_inbox))
+    }
+}
+
+/// A look at whether a local peer's next frame has arrived, made by [`Inbox::watch`].
+#[derive(Debug)]
+pub struct Watch<'a> {
+    stamp: &'a AtomicU64,
+    want: u64,
+    tail: &'a AtomicU64,
+    seen: u64,
+}
+
+impl Watch<'_> {
+    /// Whether the frame arrived in the fast box, or something in the ring.
+    pub fn ready(&self) -> bool {
+        self.stamp.load(Ordering::Acquire) == self.want
+            || self.tail.load(Ordering::Acquire) != self.seen
     }
 }
 
@@ -321,9 +340,30 @@ impl Inbox {
             fast_in,
             pid: peer.pid,
             cma: matches!(support, CmaSupport::Available),
+            local: peer_local,
             peer_inbox: theirs,
             _own_inbox: Arc::clone(&self.seg),
         })
+    }
+
+    /// A watch on the next frame `link`'s peer sends this rank, numbered `seq`, that needs
+    /// neither the link nor its lock: it looks at the fast box slot and the ring tail in this
+    /// inbox that the link's reading ends look at next. It goes stale once they read again.
+    pub fn watch(&self, link: &ShmLink, seq: u64) -> Watch<'_> {
+        let at = place(link.local, self.ring_bytes);
+        let word = |offset: usize| -> &AtomicU64 {
+            // SAFETY: the offset lies within this inbox (the fast box and ring of a local
+            // peer; `link` was made by this inbox for that peer), 8-byte aligned; the inbox
+            // stays mapped while `self` is borrowed, and both words are atomics shared with
+            // the peer.
+            unsafe { &*self.seg.as_ptr().add(offset).cast::<AtomicU64>() }
+        };
+        Watch {
+            stamp: word(at + link.fast_in.next_stamp_offset()),
+            want: seq + 1,
+            tail: word(at + fastbox::REGION_LEN + TAIL_OFFSET),
+            seen: link.consumer.seen_tail(),
+        }
     }
 
     /// Removes the inbox's name whoever has mapped it: for a start-up that failed.

@@ -66,6 +66,8 @@ pub const MAX_SLOT_SIZE: usize = 64 * 1024;
 pub const RING_ALIGN: usize = 128;
 /// Bytes in front of every payload: its length and its metadata word.
 pub const MESSAGE_HEADER_LEN: usize = size_of::<MessageHeader>();
+/// Offset of the tail counter in a ring's region (see the layout above).
+pub const TAIL_OFFSET: usize = 128;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"HCOMRING");
 const VERSION: u32 = 1;
@@ -105,7 +107,11 @@ const CONTROL_LEN: usize = size_of::<RingControl>();
 
 // The shared layout is an ABI between processes: keep it where the module docs say it is.
 #[cfg(not(loom))]
-const _: () = assert!(CONTROL_LEN == 3 * RING_ALIGN && MESSAGE_HEADER_LEN == 16);
+const _: () = assert!(
+    CONTROL_LEN == 3 * RING_ALIGN
+        && MESSAGE_HEADER_LEN == 16
+        && std::mem::offset_of!(RingControl, tail) == TAIL_OFFSET
+);
 
 /// The header at the start of each message's first slot.
 #[repr(C)]
@@ -593,6 +599,12 @@ impl Consumer {
             len,
             slots,
         }))
+    }
+
+    /// The tail this consumer last loaded: a message beyond it has arrived once the ring's
+    /// tail (at [`TAIL_OFFSET`] of its region) differs.
+    pub fn seen_tail(&self) -> u64 {
+        self.tail_cache
     }
 
     /// Whether no message is waiting.
