@@ -475,6 +475,8 @@ struct State {
     /// A mismatch found after this rank's part of a call had finished: reported by the next
     /// call on that communicator.
     late: HashMap<u64, Error>,
+    /// Whether `late` holds anything, for a look without the lock.
+    late_news: Arc<AtomicBool>,
     /// A failing peer's ring is being read to its end.
     draining: bool,
     /// The operations whose frames one `flush_shm` wrote (kept to reuse its allocation).
@@ -484,6 +486,8 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     counts: Arc<ProtocolCounts>,
+    /// `State::late_news`.
+    late_news: Arc<AtomicBool>,
     io: Arc<Io>,
     idle: Mutex<()>,
     idle_cv: Condvar,
@@ -615,6 +619,7 @@ impl Engine {
         };
         let spin = cfg.spin;
         let counts = Arc::new(ProtocolCounts::default());
+        let late_news = Arc::new(AtomicBool::new(false));
         let io = Arc::new(Io {
             epoll,
             wake,
@@ -665,11 +670,13 @@ impl Engine {
                 calls: HashMap::default(),
                 call_order: VecDeque::new(),
                 late: HashMap::default(),
+                late_news: Arc::clone(&late_news),
                 sent: Vec::new(),
                 draining: false,
             }),
             io,
             counts,
+            late_news,
             idle: Mutex::new(()),
             idle_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
@@ -741,7 +748,7 @@ impl Engine {
     /// message of this call with another signature), for calls that wait outside the engine.
     pub(crate) fn call_failed(&self, comm: u64, tag: u32) -> Option<Error> {
         let mut st = lock(&self.shared.state);
-        if let Some(e) = st.late.remove(&comm) {
+        if let Err(e) = st.late_error(comm) {
             return Some(e);
         }
         st.aborted
@@ -1096,6 +1103,15 @@ impl Engine {
                 let _ = st.time_out(id);
             }
         }
+    }
+
+    /// The error of an earlier call on `comm` that turned out mismatched after it returned
+    /// (see `State::begin_call`), reported once; without the lock when there is none.
+    pub(crate) fn late_error(&self, comm: u64) -> Result<()> {
+        if !self.shared.late_news.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        lock(&self.shared.state).late_error(comm)
     }
 
     /// Registers the start of this rank's collective call `(comm, tag)` with signature
@@ -1779,6 +1795,7 @@ impl State {
             victims = pending(self, true);
             if victims.is_empty() {
                 self.late.entry(comm).or_insert(err);
+                self.late_news.store(true, Ordering::Release);
                 return;
             }
         }
@@ -1792,9 +1809,7 @@ impl State {
     /// call on `comm` turned out mismatched after it returned, or if a message of this call
     /// already arrived with another signature.
     fn begin_call(&mut self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
-        if let Some(e) = self.late.remove(&comm) {
-            return Err(e);
-        }
+        self.late_error(comm)?;
 
         if self.call_order.len() >= CALL_MEMORY {
             if let Some(old) = self.call_order.pop_front() {
@@ -1846,6 +1861,17 @@ impl State {
             key.peer,
             describe(theirs)
         )))
+    }
+
+    /// The error of an earlier call on `comm` that turned out mismatched after it returned,
+    /// reported once.
+    fn late_error(&mut self, comm: u64) -> Result<()> {
+        let Some(e) = self.late.remove(&comm) else {
+            return Ok(());
+        };
+        self.late_news
+            .store(!self.late.is_empty(), Ordering::Release);
+        Err(e)
     }
 
     /// A peer abandoned `(comm, tag)`: fail this rank's operations of it, now and later.

@@ -283,10 +283,14 @@ impl OneSided {
             comm,
             tag,
             call: j,
+            sig,
             deadline: OnceCell::new(),
         };
         let engine = &comm.world.engine;
-        engine.begin_call(comm.id | COLL, tag, sig)?;
+        // The call is registered with the engine (for messages of a peer that runs it with
+        // another algorithm) only once it has to wait (`Waiter::wait_on`); an earlier call's
+        // mismatch found after it returned is reported now.
+        engine.late_error(comm.id | COLL)?;
         let n = self.segs.len();
         // Slot j % 2 was last used by call j - 2: every peer has finished it once it started
         // call j - 1 (which this rank usually saw during call j - 1).
@@ -862,8 +866,10 @@ struct Waiter<'a> {
     tag: u32,
     /// The call's number.
     call: u64,
+    /// The call's signature.
+    sig: [u64; 2],
     /// `HCOMM_TIMEOUT` from the first wait that had to sleep (reading the clock costs as
-    /// much as a whole small call).
+    /// much as a whole small call); set once the call is registered with the engine.
     deadline: OnceCell<Instant>,
 }
 
@@ -918,6 +924,11 @@ impl Waiter<'_> {
             }
         }
         let engine = &self.comm.world.engine;
+        if self.deadline.get().is_none() {
+            // Messages of this call that a peer running another algorithm sent now fail it
+            // with a mismatch, and so will later ones.
+            engine.begin_call(self.comm.id | COLL, self.tag, self.sig)?;
+        }
         let deadline = *self
             .deadline
             .get_or_init(|| Instant::now() + self.comm.world.config.timeout);
