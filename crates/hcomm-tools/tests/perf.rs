@@ -166,3 +166,33 @@ fn an_unreadable_peer_fails_before_the_sweep() {
         "{text}"
     );
 }
+
+/// Collectives on pool buffers of 64 MiB and more: results are pushed into the peers' receive
+/// buffers with non-temporal stores, from a staging buffer; every byte is checked.
+#[test]
+fn large_pool_collectives_stream_correct_results() {
+    let calls = [
+        (2, "allreduce", "64M"),
+        (2, "broadcast", "64M"),
+        (2, "allgather", "128M"),
+        (3, "allreduce", "64M"),
+    ];
+    for (n, op, size) in calls {
+        let mut c = Command::new(HCOMMRUN);
+        c.args(["-n", &n.to_string(), "--timeout", "150", "--", PERF, op])
+            .args(["-b", size, "-e", size, "-n", "1", "-w", "1", "-c", "2"])
+            .args(["--mem", "pool"])
+            .env("HCOMM_TIMEOUT", "60")
+            .env("HCOMM_POOL_BLOCK", "1073741824");
+        let (o, _) = common::run_bounded(&mut c, Duration::from_secs(200));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{op} {size} on {n} ranks failed:\n{text}"
+        );
+        assert!(
+            text.contains("Out of bounds values : 0 OK"),
+            "{op} {size} on {n} ranks got wrong results:\n{text}"
+        );
+    }
+}

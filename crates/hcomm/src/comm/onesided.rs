@@ -613,7 +613,7 @@ impl OneSided {
                     // receive buffer, the peers' in mapped pool blocks), and a result that
                     // stays in the caches: reduce straight into the receive buffer.
                     let in_place = input == bufs.recv.cast_const();
-                    let operands: Option<Vec<&[u8]>> = (!stream && !in_place)
+                    let operands: Option<Vec<&[u8]>> = (!in_place)
                         .then(|| {
                             (0..n)
                                 .map(|p| {
@@ -636,18 +636,33 @@ impl OneSided {
                         })
                         .flatten();
                     if let Some(ops) = operands {
-                        let dst = &mut out[pos..pos + m];
-                        if n == 1 {
-                            dst.copy_from_slice(ops[0]);
+                        let fold = |dst: &mut [u8]| -> Result<()> {
+                            if n == 1 {
+                                dst.copy_from_slice(ops[0]);
+                            } else {
+                                reduce::reduce_to(shape.dtype, shape.op, dst, ops[0], ops[1])?;
+                            }
+                            for src in &ops[2.min(n)..] {
+                                reduce::reduce_into(shape.dtype, shape.op, dst, src)?;
+                            }
+                            if shape.op == ReduceOp::Avg {
+                                reduce::finish_avg(shape.dtype, dst, n)?;
+                            }
+                            Ok(())
+                        };
+                        // Results that do not fit the caches are made in a cache-sized staging
+                        // buffer and streamed out from there.
+                        let dst = if stream {
+                            if acc.is_empty() {
+                                acc = vec![0u8; CHUNK.min(len)];
+                            }
+                            fold(&mut acc[..m])?;
+                            put(&mut out[pos..pos + m], &acc[..m])?;
+                            &acc[..m]
                         } else {
-                            reduce::reduce_to(shape.dtype, shape.op, dst, ops[0], ops[1])?;
-                        }
-                        for src in &ops[2.min(n)..] {
-                            reduce::reduce_into(shape.dtype, shape.op, dst, src)?;
-                        }
-                        if shape.op == ReduceOp::Avg {
-                            reduce::finish_avg(shape.dtype, dst, n)?;
-                        }
+                            fold(&mut out[pos..pos + m])?;
+                            &out[pos..pos + m]
+                        };
                         if push {
                             for p in peers() {
                                 deliver(p, pos, dst)?;
@@ -658,6 +673,8 @@ impl OneSided {
                     }
                     if acc.is_empty() {
                         acc = vec![0u8; CHUNK.min(len)];
+                    }
+                    if tmp.is_empty() {
                         tmp = vec![0u8; CHUNK.min(len)];
                     }
                     let (acc, tmp) = (&mut acc[..m], &mut tmp[..m]);
