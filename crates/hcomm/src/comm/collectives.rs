@@ -208,18 +208,22 @@ impl Communicator {
             .name(format!("hcomm-{name}"))
             .spawn(move || {
                 let send_ptr = send.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+                let mut op = comm.record(&shape);
                 // SAFETY: the thread owns both buffers for the whole call, and they hold
                 // what the shape needs (checked before the thread started).
-                unsafe {
+                let result = unsafe {
                     comm.run_planned(
+                        &mut op,
                         &shape,
                         &plan,
                         seq,
                         (send_ptr, send_len),
                         (recv.as_mut_ptr(), recv_len),
                     )
-                }
-                .map(|()| Completion {
+                };
+                drop(op);
+                comm.world.publish_counters();
+                result.map(|()| Completion {
                     len: recv_len,
                     buffer: recv,
                 })
@@ -334,21 +338,57 @@ impl Communicator {
         recv: *mut u8,
         recv_len: usize,
     ) -> Result<()> {
+        // Recorded from before planning: the first call of a shape may wait for the peers
+        // while it sets up (the one-sided segments).
+        let mut op = self.record(shape);
         let plan = self.plan(shape)?;
         let seq = self
             .state
             .coll_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_planned(shape, &plan, seq, (send, send_len), (recv, recv_len)) }
+        let result = unsafe {
+            self.run_planned(
+                &mut op,
+                shape,
+                &plan,
+                seq,
+                (send, send_len),
+                (recv, recv_len),
+            )
+        };
+        drop(op);
+        self.world.publish_counters();
+        result
     }
 
-    /// Runs a planned call with sequence number `seq`.
+    /// Starts recording a call of `shape` for the profiler, the stall warnings and the trace
+    /// (sequence number and algorithm come with [`Communicator::run_planned`]).
+    fn record(&self, shape: &Shape) -> OpScope {
+        let bytes = shape.send_bytes(self.rank).max(shape.recv_bytes(self.rank));
+        let next = self
+            .state
+            .coll_seq
+            .load(std::sync::atomic::Ordering::Relaxed);
+        OpScope::start(
+            observe_kind(shape.kind),
+            u64::from(next),
+            bytes as u64,
+            self.size(),
+            [0; 3],
+            0,
+            0,
+            None,
+        )
+    }
+
+    /// Runs a planned call with sequence number `seq`, recorded by `op`.
     ///
     /// # Safety
     /// As for [`Communicator::run`].
     unsafe fn run_planned(
         &self,
+        op: &mut OpScope,
         shape: &Shape,
         plan: &Plan,
         seq: u32,
@@ -356,40 +396,11 @@ impl Communicator {
         recv: (*mut u8, usize),
     ) -> Result<()> {
         self.world.selector.count(plan.slot);
-        let bytes = shape.send_bytes(self.rank).max(shape.recv_bytes(self.rank));
         let steps = match (&plan.onesided, plan.tiered) {
             (None, false) => plan.sched.steps.len(),
             _ => 0,
         };
-        let op = OpScope::start(
-            observe_kind(shape.kind),
-            u64::from(seq),
-            bytes as u64,
-            self.size(),
-            plan.algo_name,
-            plan.protocols,
-            steps,
-            None,
-        );
-        // SAFETY: forwarded from the caller.
-        let result = unsafe { self.run_recorded(shape, plan, seq, send, recv) };
-        drop(op);
-        self.world.publish_counters();
-        result
-    }
-
-    /// [`Communicator::run_planned`] without the recording.
-    ///
-    /// # Safety
-    /// As for [`Communicator::run`].
-    unsafe fn run_recorded(
-        &self,
-        shape: &Shape,
-        plan: &Plan,
-        seq: u32,
-        send: (*const u8, usize),
-        recv: (*mut u8, usize),
-    ) -> Result<()> {
+        op.planned(u64::from(seq), plan.algo_name, plan.protocols, steps);
         let sig = if self.world.config.mismatch_check {
             shape.signature_with(plan.slot % crate::coll::algos::all().len())
         } else {

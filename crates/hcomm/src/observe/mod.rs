@@ -173,6 +173,16 @@ impl OpScope {
             peer,
         }
     }
+
+    /// The operation is now known better: its sequence number, algorithm, protocols and
+    /// steps (a collective, once planned).
+    pub(crate) fn planned(&mut self, seq: u64, algo: [u64; 3], protocols: u64, steps: usize) {
+        self.info.seq = seq;
+        self.info.algo = algo;
+        self.info.protocols = protocols;
+        self.info.steps = steps;
+        stats::update(self.rec.as_ref(), &self.info);
+    }
 }
 
 impl Drop for OpScope {

@@ -89,13 +89,16 @@ fn message(
                 Some(s) if f.steps > 0 => format!(", step {}/{}", s + 1, f.steps),
                 _ => String::new(),
             };
+            let algo = match f.algo.as_str() {
+                "" => "not chosen yet: setting up the call's shape".into(),
+                a => format!("algorithm {a}"),
+            };
             format!(
-                "{} #{} ({} B, {} ranks, algorithm {}{step})",
+                "{} #{} ({} B, {} ranks, {algo}{step})",
                 f.kind.name(),
                 f.seq,
                 f.bytes,
                 f.comm_size,
-                if f.algo.is_empty() { "-" } else { &f.algo },
             )
         }
         Some(f) => format!("{} (tag {}, {} B)", f.kind.name(), f.seq, f.bytes),

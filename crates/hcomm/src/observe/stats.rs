@@ -411,18 +411,11 @@ pub(crate) fn start(info: &OpInfo) -> Option<Recording> {
     let started = if timed { clock::ticks() } else { 0 };
     if !shared {
         let f = &lane.flight;
-        f.seq.store(info.seq, Ordering::Relaxed);
-        f.bytes.store(info.bytes, Ordering::Relaxed);
-        f.comm_size.store(info.comm_size as u64, Ordering::Relaxed);
-        for (w, v) in f.algo.iter().zip(info.algo) {
-            w.store(v, Ordering::Relaxed);
-        }
-        f.protocols.store(info.protocols, Ordering::Relaxed);
+        describe(f, info);
         f.started.store(started, Ordering::Relaxed);
         f.waiting_since.store(0, Ordering::Relaxed);
         f.peer.store(0, Ordering::Relaxed);
         f.step.store(0, Ordering::Relaxed);
-        f.steps.store(info.steps as u64, Ordering::Relaxed);
         f.kind.store(info.kind as u64 + 1, Ordering::Release);
     }
     Some(Recording {
@@ -430,6 +423,30 @@ pub(crate) fn start(info: &OpInfo) -> Option<Recording> {
         shared,
         started,
     })
+}
+
+/// Writes what `info` says of an operation into its flight record.
+fn describe(f: &Flight, info: &OpInfo) {
+    f.seq.store(info.seq, Ordering::Relaxed);
+    f.bytes.store(info.bytes, Ordering::Relaxed);
+    f.comm_size.store(info.comm_size as u64, Ordering::Relaxed);
+    for (w, v) in f.algo.iter().zip(info.algo) {
+        w.store(v, Ordering::Relaxed);
+    }
+    f.protocols.store(info.protocols, Ordering::Relaxed);
+    f.steps.store(info.steps as u64, Ordering::Relaxed);
+}
+
+/// The operation being recorded now says `info` (a collective once it is planned).
+pub(crate) fn update(rec: Option<&Recording>, info: &OpInfo) {
+    if let Some(Recording {
+        lane,
+        shared: false,
+        ..
+    }) = rec
+    {
+        describe(&lane.flight, info);
+    }
 }
 
 /// Ends the recording of the operation `info` started.
@@ -513,13 +530,18 @@ fn list() -> Result<Vec<String>> {
 #[derive(Debug)]
 pub struct StatsReader {
     seg: ShmSegment,
+    /// This reader counts in [`StatsHeader::watchers`].
+    watching: bool,
 }
 
 impl StatsReader {
     /// Maps the segment `name` and checks its layout.
     pub fn open(name: &str) -> Result<StatsReader> {
         let seg = ShmSegment::open(name, size_of::<StatsLayout>())?;
-        let r = StatsReader { seg };
+        let r = StatsReader {
+            seg,
+            watching: false,
+        };
         let h = &r.layout().header;
         if h.magic.load(Ordering::Acquire) != STATS_MAGIC || h.version != STATS_VERSION {
             return Err(Error::Transport(format!(
@@ -545,23 +567,25 @@ impl StatsReader {
     }
 
     /// Starts watching: the process then refreshes its process-wide counters and times its
-    /// operations (for the rest of its life: timing stays on). Ends when the returned guard
-    /// is dropped.
-    pub fn watch(&self) -> Watch<'_> {
-        let h = &self.layout().header;
-        h.timing.store(1, Ordering::Relaxed);
-        h.watchers.fetch_add(1, Ordering::Relaxed);
-        Watch(h)
+    /// operations (for the rest of its life: timing stays on), until this reader is dropped.
+    pub fn watch(&mut self) {
+        if !self.watching {
+            let h = &self.layout().header;
+            h.timing.store(1, Ordering::Relaxed);
+            h.watchers.fetch_add(1, Ordering::Relaxed);
+            self.watching = true;
+        }
     }
 }
 
-/// A profiler watching a segment (see [`StatsReader::watch`]).
-#[derive(Debug)]
-pub struct Watch<'a>(&'a StatsHeader);
-
-impl Drop for Watch<'_> {
+impl Drop for StatsReader {
     fn drop(&mut self) {
-        self.0.watchers.fetch_sub(1, Ordering::Relaxed);
+        if self.watching {
+            self.layout()
+                .header
+                .watchers
+                .fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
