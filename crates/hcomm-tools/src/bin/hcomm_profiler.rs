@@ -118,8 +118,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
         let window = last.elapsed();
         last = Instant::now();
         // Home, then clear the screen: one redraw per refresh, no scrolling.
-        print!(
-            "\x1b[H\x1b[2J{}(every {} ms; Ctrl-C to quit)\n",
+        println!(
+            "\x1b[H\x1b[2J{}(every {} ms; Ctrl-C to quit)",
             render(&mut targets, window),
             args.interval
         );

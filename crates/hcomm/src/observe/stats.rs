@@ -348,7 +348,7 @@ static THREADS: AtomicU64 = AtomicU64::new(1);
 fn lane() -> Option<(&'static Lane, bool)> {
     let layout = current()?;
     SLOT.try_with(|slot| {
-        if slot.layout.get() != layout as *const _ {
+        if !std::ptr::eq(slot.layout.get(), layout) {
             slot.layout.set(layout);
             let me = THREADS.fetch_add(1, Ordering::Relaxed);
             let own = layout.lanes[..LANES - 1].iter().find(|l| {
