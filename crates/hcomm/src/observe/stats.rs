@@ -267,7 +267,9 @@ impl Drop for Registration {
 fn create(job_id: &str, rank: usize, size: usize) -> Result<ShmSegment> {
     let pid = std::process::id();
     let name = segment_name(job_id, rank as u32, &format!("{PURPOSE}-{pid}"))?;
-    // A process with this pid and job id that was killed left the name: it is ours now.
+    // Processes of this job killed outside hcommrun (which sweeps) left their names; so may
+    // a killed process of this job with our pid: it is ours now.
+    sweep_dead(job_id);
     let _ = ShmSegment::unlink(&name);
     let seg = ShmSegment::create(&name, size_of::<StatsLayout>())?;
     let layout = seg.as_ptr().cast::<StatsLayout>();
@@ -290,6 +292,19 @@ fn create(job_id: &str, rank: usize, size: usize) -> Result<ShmSegment> {
         (*h).magic.store(STATS_MAGIC, Ordering::Release);
     }
     Ok(seg)
+}
+
+/// Removes the names of this job's statistics segments whose process is gone.
+fn sweep_dead(job_id: &str) {
+    let Ok(names) = find_by_job(job_id) else {
+        return;
+    };
+    for name in names {
+        let pid = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = ShmSegment::unlink(&name);
+        }
+    }
 }
 
 /// The live segment's layout, if the process has one.
@@ -648,6 +663,54 @@ mod tests {
             assert_eq!(unpack_name(pack_name(name)), name);
         }
         assert_eq!(unpack_name(pack_name(&"x".repeat(30))), "x".repeat(24));
+    }
+
+    #[test]
+    fn names_of_dead_processes_are_swept() {
+        let job = format!("sweep{}", std::process::id());
+        // No process has the largest pid.
+        let dead = segment_name(&job, 0, &format!("{PURPOSE}-{}", u32::MAX)).unwrap();
+        let live = segment_name(&job, 1, &format!("{PURPOSE}-{}", std::process::id())).unwrap();
+        let _a = ShmSegment::create(&dead, 64).unwrap();
+        let _b = ShmSegment::create(&live, 64).unwrap();
+        sweep_dead(&job);
+        assert_eq!(find_by_job(&job).unwrap(), [live.clone()]);
+        ShmSegment::unlink(&live).unwrap();
+    }
+
+    /// What a thread records, a reader of the segment finds; the last world unlinks it.
+    #[test]
+    fn operations_reach_a_reader() {
+        use crate::observe::{OpKind, OpScope};
+        let job = format!("ops{}", std::process::id());
+        let reg = register(&job, 3, 4);
+        let name = find_by_pid(std::process::id()).unwrap().unwrap();
+        assert_eq!(
+            name,
+            format!("hcomm-{job}-3-{PURPOSE}-{}", std::process::id())
+        );
+        let mut reader = StatsReader::open(&name).unwrap();
+        reader.watch();
+        let mut op = OpScope::start(OpKind::AllReduce, 0, 64, 4, [0; 3], 0, 0, None);
+        op.planned(5, pack_name("ring"), proto::SHM_INLINE, 6);
+        crate::observe::waiting_for_step(2, Some(1));
+        let f = FlightSnapshot::read(&reader.layout().lanes[0].flight).unwrap();
+        assert_eq!(
+            (f.kind, f.seq, f.bytes, f.algo.as_str()),
+            (OpKind::AllReduce, 5, 64, "ring")
+        );
+        assert_eq!((f.step, f.steps, f.peer), (Some(2), 6, Some(1)));
+        drop(op);
+        let lane = &reader.layout().lanes[0];
+        assert!(FlightSnapshot::read(&lane.flight).is_none());
+        let k = &lane.kinds[OpKind::AllReduce as usize];
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!((load(&k.count), load(&k.bytes), load(&k.timed)), (1, 64, 1));
+        assert_eq!(load(&k.protocols), proto::SHM_INLINE);
+        let h = &reader.layout().header;
+        assert_eq!((h.rank, h.size, h.pid), (3, 4, std::process::id()));
+        drop(reg);
+        assert_eq!(find_by_pid(std::process::id()).unwrap(), None);
     }
 
     #[test]
