@@ -333,10 +333,13 @@ fn add(c: &AtomicU64, v: u64, shared: bool) {
     }
 }
 
-/// This thread's lane: the layout it belongs to, and whether it is the shared last lane.
+/// This thread's lane (in the layout it belongs to) and its depth of operations.
 struct LaneSlot {
     layout: Cell<*const StatsLayout>,
+    /// The lane owned in `layout` (null: the shared last lane).
     lane: Cell<*const Lane>,
+    /// Operations of this thread in progress (an operation inside another is not recorded).
+    depth: Cell<u32>,
 }
 
 impl Drop for LaneSlot {
@@ -350,37 +353,38 @@ impl Drop for LaneSlot {
 
 thread_local! {
     static SLOT: LaneSlot = const {
-        LaneSlot { layout: Cell::new(std::ptr::null()), lane: Cell::new(std::ptr::null()) }
+        LaneSlot {
+            layout: Cell::new(std::ptr::null()),
+            lane: Cell::new(std::ptr::null()),
+            depth: Cell::new(0),
+        }
     };
-    /// Operations of this thread in progress (an operation inside another is not recorded).
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Numbers threads for lane ownership.
 static THREADS: AtomicU64 = AtomicU64::new(1);
 
-/// This thread's lane of the live segment, claimed on first use; `(lane, shared)`.
-fn lane() -> Option<(&'static Lane, bool)> {
-    let layout = current()?;
-    SLOT.try_with(|slot| {
-        if !std::ptr::eq(slot.layout.get(), layout) {
-            slot.layout.set(layout);
+impl LaneSlot {
+    /// This thread's lane of `layout`, claimed on first use; `(lane, shared)`.
+    #[inline]
+    fn lane_in(&self, layout: &'static StatsLayout) -> (&'static Lane, bool) {
+        if !std::ptr::eq(self.layout.get(), layout) {
+            self.layout.set(layout);
             let me = THREADS.fetch_add(1, Ordering::Relaxed);
             let own = layout.lanes[..LANES - 1].iter().find(|l| {
                 l.owner
                     .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             });
-            slot.lane
+            self.lane
                 .set(own.map_or(std::ptr::null(), |l| l as *const Lane));
         }
         // SAFETY: as in `LaneSlot::drop`.
-        match unsafe { slot.lane.get().as_ref() } {
+        match unsafe { self.lane.get().as_ref() } {
             Some(l) => (l, false),
             None => (&layout.lanes[LANES - 1], true),
         }
-    })
-    .ok()
+    }
 }
 
 /// What an operation records when it starts.
@@ -413,31 +417,35 @@ pub(crate) struct Recording {
 /// already inside an operation).
 #[inline]
 pub(crate) fn start(info: &OpInfo) -> Option<Recording> {
-    let depth = DEPTH.with(|d| {
-        let v = d.get();
-        d.set(v + 1);
-        v
-    });
-    if depth > 0 {
-        return None;
-    }
-    let (lane, shared) = lane()?;
-    let timed = current().is_some_and(|l| l.header.timing.load(Ordering::Relaxed) != 0);
-    let started = if timed { clock::ticks() } else { 0 };
-    if !shared {
-        let f = &lane.flight;
-        describe(f, info);
-        f.started.store(started, Ordering::Relaxed);
-        f.waiting_since.store(0, Ordering::Relaxed);
-        f.peer.store(0, Ordering::Relaxed);
-        f.step.store(0, Ordering::Relaxed);
-        f.kind.store(info.kind as u64 + 1, Ordering::Release);
-    }
-    Some(Recording {
-        lane,
-        shared,
-        started,
+    SLOT.try_with(|slot| {
+        let depth = slot.depth.get();
+        slot.depth.set(depth + 1);
+        if depth > 0 {
+            return None;
+        }
+        let layout = current()?;
+        let (lane, shared) = slot.lane_in(layout);
+        let started = match layout.header.timing.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => clock::ticks(),
+        };
+        if !shared {
+            let f = &lane.flight;
+            describe(f, info);
+            f.started.store(started, Ordering::Relaxed);
+            f.waiting_since.store(0, Ordering::Relaxed);
+            f.peer.store(0, Ordering::Relaxed);
+            f.step.store(0, Ordering::Relaxed);
+            f.kind.store(info.kind as u64 + 1, Ordering::Release);
+        }
+        Some(Recording {
+            lane,
+            shared,
+            started,
+        })
     })
+    .ok()
+    .flatten()
 }
 
 /// Writes what `info` says of an operation into its flight record.
@@ -467,7 +475,7 @@ pub(crate) fn update(rec: Option<&Recording>, info: &OpInfo) {
 /// Ends the recording of the operation `info` started.
 #[inline]
 pub(crate) fn finish(rec: Option<Recording>, info: &OpInfo) {
-    DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    let _ = SLOT.try_with(|slot| slot.depth.set(slot.depth.get().saturating_sub(1)));
     let Some(rec) = rec else { return };
     let (lane, shared) = (rec.lane, rec.shared);
     if !shared {
@@ -497,13 +505,17 @@ pub(crate) fn finish(rec: Option<Recording>, info: &OpInfo) {
 /// Runs `f` on this thread's flight record, while it is inside a recorded operation.
 #[inline]
 pub(crate) fn with_flight(f: impl FnOnce(&Flight)) {
-    if DEPTH.with(Cell::get) == 0 {
-        return;
-    }
-    if let Some((lane, false)) = lane() {
-        if lane.flight.kind.load(Ordering::Relaxed) != 0 {
-            f(&lane.flight);
+    let flight = SLOT.try_with(|slot| {
+        if slot.depth.get() == 0 {
+            return None;
         }
+        match slot.lane_in(current()?) {
+            (lane, false) if lane.flight.kind.load(Ordering::Relaxed) != 0 => Some(&lane.flight),
+            _ => None,
+        }
+    });
+    if let Ok(Some(flight)) = flight {
+        f(flight);
     }
 }
 
