@@ -45,6 +45,19 @@ const TAG_SPLIT: u32 = 1;
 /// keys apart (every rank creates its worlds in the same order).
 static WORLDS: AtomicU64 = AtomicU64::new(0);
 
+/// How messages to a peer travel (decided at init; for the statistics).
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    /// This rank itself.
+    Own,
+    /// Shared memory; whether cross-memory attach reaches the peer.
+    Shm { cma: bool },
+    /// TCP.
+    Tcp,
+    /// A transport plug-in.
+    Plugin,
+}
+
 /// What every communicator of one world shares: the engine, the store and the settings.
 struct World {
     config: Config,
@@ -55,6 +68,8 @@ struct World {
     spin: bool,
     /// This rank's shared-memory pool (`None` with `HCOMM_POOL_MAX=0`).
     pool: Option<Arc<ShmPool>>,
+    /// How messages to each world rank travel.
+    routes: Box<[Route]>,
     /// The world's hold on the statistics segment and the trace (after the engine: closing
     /// it may still finish operations).
     _observe: crate::observe::stats::Registration,
@@ -69,24 +84,15 @@ impl World {
     fn protocol(&self, peer: usize, len: usize) -> u64 {
         use crate::observe::stats::proto;
         let c = &self.config;
-        if peer == self.rank {
-            return 0;
-        }
-        if c.transport
-            .as_deref()
-            .is_some_and(|t| !plugin::BUILT_IN.contains(&t))
-        {
-            return match len <= c.tcp_eager_limit {
-                true => proto::PLUGIN_EAGER,
-                false => proto::PLUGIN_RENDEZVOUS,
-            };
-        }
-        match self.engine.shm_peer_pid(peer) {
-            Some(_) if len <= c.shm_eager_limit => proto::SHM_INLINE,
-            Some((_, true)) if len <= c.shm_push_threshold => proto::SHM_PULL,
-            Some(_) => proto::SHM_PUSH,
-            None if len <= c.tcp_eager_limit => proto::TCP_EAGER,
-            None => proto::TCP_RENDEZVOUS,
+        match self.routes.get(peer) {
+            None | Some(Route::Own) => 0,
+            Some(Route::Plugin) if len <= c.tcp_eager_limit => proto::PLUGIN_EAGER,
+            Some(Route::Plugin) => proto::PLUGIN_RENDEZVOUS,
+            Some(Route::Shm { .. }) if len <= c.shm_eager_limit => proto::SHM_INLINE,
+            Some(Route::Shm { cma: true }) if len <= c.shm_push_threshold => proto::SHM_PULL,
+            Some(Route::Shm { .. }) => proto::SHM_PUSH,
+            Some(Route::Tcp) if len <= c.tcp_eager_limit => proto::TCP_EAGER,
+            Some(Route::Tcp) => proto::TCP_RENDEZVOUS,
         }
     }
 
@@ -566,6 +572,7 @@ impl Communicator {
             }
             tracing::debug!("{line}");
         }
+        let via_plugin = lease.is_some();
         let engine = Engine::new(
             links,
             shm,
@@ -600,6 +607,14 @@ impl Communicator {
         }
         tracing::debug!(rank, size, launcher = ?config.launch.launcher, "world ready");
         let observe = crate::observe::attach(&config, rank, size);
+        let routes = (0..size)
+            .map(|p| match engine.shm_peer_pid(p) {
+                _ if p == rank => Route::Own,
+                _ if via_plugin => Route::Plugin,
+                Some((_, cma)) => Route::Shm { cma },
+                None => Route::Tcp,
+            })
+            .collect();
         let world = Arc::new(World {
             config,
             selector,
@@ -607,6 +622,7 @@ impl Communicator {
             rank,
             spin: !spin.is_zero(),
             pool,
+            routes,
             _observe: observe,
             _store: store,
             _client: client,
