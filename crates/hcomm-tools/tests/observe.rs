@@ -169,6 +169,7 @@ fn a_trace_holds_one_complete_event_per_operation() {
         Duration::from_secs(120),
     );
     assert!(o.status.success(), "{}", text(&o));
+    let mut spans = Vec::new();
     for r in 0..2 {
         let file = dir.join(format!("t-{r}.json"));
         let json = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file:?}: {e}"));
@@ -187,6 +188,11 @@ fn a_trace_holds_one_complete_event_per_operation() {
             assert_eq!(e["args"]["bytes"], 4096);
             assert!(e["ts"].as_f64().is_some() && e["dur"].as_f64().unwrap() >= 0.0);
         }
+        let (ts, dur) = (events[3]["ts"].as_f64(), events[3]["dur"].as_f64());
+        spans.push((ts.unwrap(), ts.unwrap() + dur.unwrap()));
     }
+    // The ranks' clocks are the host's: the two parts of one all-reduce overlap.
+    let ((a0, a1), (b0, b1)) = (spans[0], spans[1]);
+    assert!(a0 <= b1 && b0 <= a1, "{spans:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

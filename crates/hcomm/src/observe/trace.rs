@@ -3,8 +3,9 @@
 //! process's last world closes; Perfetto and `chrome://tracing` load the file.
 //!
 //! Each rank writes its own file: `%r` in the path is replaced by the rank; a path without
-//! it gets `.rank<N>` before a final `.json`, or `.rank<N>.json` appended. When the variable
-//! is unset, an operation costs one relaxed load of a flag.
+//! it gets `.rank<N>` before a final `.json`, or `.rank<N>.json` appended. Timestamps are
+//! microseconds of the host's monotonic clock, so the files of one host's ranks line up when
+//! merged. When the variable is unset, an operation costs one relaxed load of a flag.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +25,8 @@ static SINK: Mutex<Option<Sink>> = Mutex::new(None);
 struct Sink {
     path: String,
     rank: usize,
-    origin: Instant,
+    /// An instant and the monotonic clock's microseconds then.
+    origin: (Instant, f64),
     events: Vec<Event>,
     dropped: u64,
 }
@@ -62,7 +64,7 @@ pub(crate) fn start(path: &str, rank: usize) {
         *sink = Some(Sink {
             path: rank_path(path, rank),
             rank,
-            origin: Instant::now(),
+            origin: (Instant::now(), super::clock::monotonic_ns() as f64 / 1e3),
             events: Vec::new(),
             dropped: 0,
         });
@@ -88,7 +90,8 @@ pub(crate) fn record(start: Instant, info: &OpInfo, peer: Option<usize>) {
         s.dropped += 1;
         return;
     }
-    let us = |t: Instant| t.saturating_duration_since(s.origin).as_secs_f64() * 1e6;
+    let (at, at_us) = s.origin;
+    let us = |t: Instant| at_us + t.saturating_duration_since(at).as_secs_f64() * 1e6;
     let ev = Event {
         info: *info,
         peer,
@@ -183,7 +186,7 @@ mod tests {
 
     #[test]
     fn rendered_events_are_complete_events() {
-        let origin = Instant::now();
+        let origin = (Instant::now(), 0.0);
         let info = OpInfo {
             kind: OpKind::AllReduce,
             seq: 4,
