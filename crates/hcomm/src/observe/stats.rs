@@ -686,7 +686,7 @@ mod tests {
         let _a = ShmSegment::create(&dead, 64).unwrap();
         let _b = ShmSegment::create(&live, 64).unwrap();
         sweep_dead(&job);
-        assert_eq!(find_by_job(&job).unwrap(), [live.clone()]);
+        assert_eq!(find_by_job(&job).unwrap(), std::slice::from_ref(&live));
         ShmSegment::unlink(&live).unwrap();
     }
 
