@@ -124,7 +124,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
             args.interval
         );
         if !targets.iter().any(|t| alive(t.reader.layout().header.pid)) {
-            bail!("the watched processes have exited");
+            println!("the watched processes have exited");
+            break;
         }
     }
     Ok(())

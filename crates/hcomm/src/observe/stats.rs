@@ -214,15 +214,11 @@ static CURRENT: AtomicPtr<StatsLayout> = AtomicPtr::new(std::ptr::null_mut());
 struct Registry {
     live: Option<ShmSegment>,
     worlds: usize,
-    /// Segments of worlds that closed: unlinked, but kept mapped, because threads may still
-    /// point at their lanes (a few tens of KiB each, one per round of worlds).
-    retired: Vec<ShmSegment>,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     live: None,
     worlds: 0,
-    retired: Vec::new(),
 });
 
 /// A world's hold on the process's segment; the last one to go unlinks it and writes the
@@ -257,7 +253,9 @@ impl Drop for Registration {
                 if let Err(e) = ShmSegment::unlink(seg.name()) {
                     tracing::warn!("{e}");
                 }
-                reg.retired.push(seg);
+                // Unmapped here: no operation runs without a world, and the lanes that
+                // threads still claim are let go under this lock (`LaneSlot::drop`).
+                drop(seg);
             }
             super::trace::finish();
         }
@@ -310,8 +308,9 @@ fn sweep_dead(job_id: &str) {
 /// The live segment's layout, if the process has one.
 fn current() -> Option<&'static StatsLayout> {
     let p = CURRENT.load(Ordering::Acquire);
-    // SAFETY: a published segment stays mapped for the rest of the process (retired, never
-    // dropped), and its layout was initialised before it was published.
+    // SAFETY: a published layout was initialised before it was published, and stays mapped
+    // while a world is registered: the callers run inside operations of a live world (or hold
+    // the registry's lock), and the segment is unmapped only when the last world goes.
     unsafe { p.as_ref() }
 }
 
@@ -335,7 +334,9 @@ fn add(c: &AtomicU64, v: u64, shared: bool) {
 
 /// This thread's lane (in the layout it belongs to) and its depth of operations.
 struct LaneSlot {
-    layout: Cell<*const StatsLayout>,
+    /// The segment of `lane`: its [`StatsHeader::created_ticks`], unique per segment (a new
+    /// segment may be mapped where an old one was).
+    ident: Cell<u64>,
     /// The lane owned in `layout` (null: the shared last lane).
     lane: Cell<*const Lane>,
     /// Operations of this thread in progress (an operation inside another is not recorded).
@@ -344,9 +345,15 @@ struct LaneSlot {
 
 impl Drop for LaneSlot {
     fn drop(&mut self) {
-        // SAFETY: lanes live in segments that stay mapped for the rest of the process.
-        if let Some(lane) = unsafe { self.lane.get().as_ref() } {
-            lane.owner.store(0, Ordering::Release);
+        // Under the lock, the live segment stays mapped; a lane of an earlier segment (one
+        // that is gone) needs no letting go.
+        let _reg = lock(&REGISTRY);
+        let Some(layout) = current() else { return };
+        if layout.header.created_ticks == self.ident.get() {
+            // SAFETY: `lane` points into `layout` (the identities match), mapped (above).
+            if let Some(lane) = unsafe { self.lane.get().as_ref() } {
+                lane.owner.store(0, Ordering::Release);
+            }
         }
     }
 }
@@ -354,7 +361,7 @@ impl Drop for LaneSlot {
 thread_local! {
     static SLOT: LaneSlot = const {
         LaneSlot {
-            layout: Cell::new(std::ptr::null()),
+            ident: Cell::new(0),
             lane: Cell::new(std::ptr::null()),
             depth: Cell::new(0),
         }
@@ -368,8 +375,8 @@ impl LaneSlot {
     /// This thread's lane of `layout`, claimed on first use; `(lane, shared)`.
     #[inline]
     fn lane_in(&self, layout: &'static StatsLayout) -> (&'static Lane, bool) {
-        if !std::ptr::eq(self.layout.get(), layout) {
-            self.layout.set(layout);
+        if self.ident.get() != layout.header.created_ticks {
+            self.ident.set(layout.header.created_ticks);
             let me = THREADS.fetch_add(1, Ordering::Relaxed);
             let own = layout.lanes[..LANES - 1].iter().find(|l| {
                 l.owner
@@ -379,7 +386,8 @@ impl LaneSlot {
             self.lane
                 .set(own.map_or(std::ptr::null(), |l| l as *const Lane));
         }
-        // SAFETY: as in `LaneSlot::drop`.
+        // SAFETY: `lane` points into `layout` (the identities match), which the caller has
+        // from `current()` inside an operation: mapped.
         match unsafe { self.lane.get().as_ref() } {
             Some(l) => (l, false),
             None => (&layout.lanes[LANES - 1], true),
@@ -723,6 +731,33 @@ mod tests {
         assert_eq!((h.rank, h.size, h.pid), (3, 4, std::process::id()));
         drop(reg);
         assert_eq!(find_by_pid(std::process::id()).unwrap(), None);
+    }
+
+    /// Worlds come and go: each round has a fresh segment, a thread that ended has let its
+    /// lane go, and a thread that lives on claims a lane in the new segment.
+    #[test]
+    fn lanes_are_let_go_and_segments_replaced() {
+        use crate::observe::{OpKind, OpScope};
+        let barrier = || drop(OpScope::start(OpKind::Barrier, 0, 0, 1, [0; 3], 0, 0, None));
+        let job = format!("cycle{}", std::process::id());
+        for round in 0..3 {
+            let reg = register(&job, 0, 1);
+            std::thread::spawn(barrier).join().unwrap();
+            barrier();
+            let layout = current().unwrap();
+            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            let owned = layout.lanes.iter().filter(|l| load(&l.owner) != 0).count();
+            assert_eq!(owned, 1, "round {round}");
+            let kind = OpKind::Barrier as usize;
+            let counted: u64 = layout
+                .lanes
+                .iter()
+                .map(|l| load(&l.kinds[kind].count))
+                .sum();
+            assert_eq!(counted, 2, "round {round}");
+            drop(reg);
+            assert!(current().is_none());
+        }
     }
 
     #[test]
