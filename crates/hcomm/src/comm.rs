@@ -21,6 +21,7 @@ use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::observe::OpKind;
 use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
 use crate::sync::lock;
 use crate::topology::{RankInfo, Topology};
@@ -44,6 +45,19 @@ const TAG_SPLIT: u32 = 1;
 /// keys apart (every rank creates its worlds in the same order).
 static WORLDS: AtomicU64 = AtomicU64::new(0);
 
+/// How messages to a peer travel (decided at init; for the statistics).
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    /// This rank itself.
+    Own,
+    /// Shared memory; whether cross-memory attach reaches the peer.
+    Shm { cma: bool },
+    /// TCP.
+    Tcp,
+    /// A transport plug-in.
+    Plugin,
+}
+
 /// What every communicator of one world shares: the engine, the store and the settings.
 struct World {
     config: Config,
@@ -54,9 +68,76 @@ struct World {
     spin: bool,
     /// This rank's shared-memory pool (`None` with `HCOMM_POOL_MAX=0`).
     pool: Option<Arc<ShmPool>>,
+    /// How messages to each world rank travel.
+    routes: Box<[Route]>,
+    /// The world's hold on the statistics segment and the trace (after the engine: closing
+    /// it may still finish operations).
+    _observe: crate::observe::stats::Registration,
     /// Kept for the world's lifetime: rank 0 may host the store of the job.
     _store: Option<RendezvousStore>,
     _client: Option<Mutex<StoreClient>>,
+}
+
+impl World {
+    /// How a message of `len` bytes to world rank `peer` travels (an
+    /// `observe::stats::proto` bit; 0 for this rank itself), as the engine decides it.
+    fn protocol(&self, peer: usize, len: usize) -> u64 {
+        use crate::observe::stats::proto;
+        let c = &self.config;
+        match self.routes.get(peer) {
+            None | Some(Route::Own) => 0,
+            Some(Route::Plugin) if len <= c.tcp_eager_limit => proto::PLUGIN_EAGER,
+            Some(Route::Plugin) => proto::PLUGIN_RENDEZVOUS,
+            Some(Route::Shm { .. }) if len <= c.shm_eager_limit => proto::SHM_INLINE,
+            Some(Route::Shm { cma: true }) if len <= c.shm_push_threshold => proto::SHM_PULL,
+            Some(Route::Shm { .. }) => proto::SHM_PUSH,
+            Some(Route::Tcp) if len <= c.tcp_eager_limit => proto::TCP_EAGER,
+            Some(Route::Tcp) => proto::TCP_RENDEZVOUS,
+        }
+    }
+
+    /// Copies the process-wide counters into the statistics segment while a profiler
+    /// watches it (nothing otherwise: one load).
+    fn publish_counters(&self) {
+        if let Some(h) = crate::observe::stats::watched() {
+            let p = self.engine.protocol_stats();
+            let pool = self.pool.as_ref().map(|p| p.stats()).unwrap_or_default();
+            h.publish(
+                [
+                    p.shm_eager,
+                    p.shm_pull,
+                    p.shm_push,
+                    p.tcp_eager,
+                    p.tcp_rendezvous,
+                    p.plugin_eager,
+                    p.plugin_rendezvous,
+                    0,
+                ],
+                pool.hits,
+                pool.misses,
+            );
+        }
+    }
+
+    /// Starts recording a point-to-point operation `kind` of `len` bytes with `t`'s peer.
+    fn p2p_scope(
+        &self,
+        kind: crate::observe::OpKind,
+        t: &Target,
+        len: usize,
+        size: usize,
+    ) -> crate::observe::OpScope {
+        crate::observe::OpScope::start(
+            kind,
+            u64::from(t.tag),
+            len as u64,
+            size,
+            [0; 3],
+            self.protocol(t.peer, len),
+            0,
+            Some(t.comm_rank),
+        )
+    }
 }
 
 impl Drop for World {
@@ -118,6 +199,10 @@ struct Plan {
     onesided: Option<Arc<onesided::OneSided>>,
     /// Blocking calls run the tiered all-reduce: one-sided within hosts.
     tiered: bool,
+    /// The algorithm's name for the statistics (`observe::stats::pack_name`).
+    algo_name: [u64; 3],
+    /// How the call's messages travel (`observe::stats::proto` bits).
+    protocols: u64,
 }
 
 /// A finished nonblocking operation: its buffer back, and the bytes sent or received.
@@ -487,6 +572,7 @@ impl Communicator {
             }
             tracing::debug!("{line}");
         }
+        let via_plugin = lease.is_some();
         let engine = Engine::new(
             links,
             shm,
@@ -520,6 +606,15 @@ impl Communicator {
             }
         }
         tracing::debug!(rank, size, launcher = ?config.launch.launcher, "world ready");
+        let observe = crate::observe::attach(&config, rank, size);
+        let routes = (0..size)
+            .map(|p| match engine.shm_peer_pid(p) {
+                _ if p == rank => Route::Own,
+                _ if via_plugin => Route::Plugin,
+                Some((_, cma)) => Route::Shm { cma },
+                None => Route::Tcp,
+            })
+            .collect();
         let world = Arc::new(World {
             config,
             selector,
@@ -527,6 +622,8 @@ impl Communicator {
             rank,
             spin: !spin.is_zero(),
             pool,
+            routes,
+            _observe: observe,
             _store: store,
             _client: client,
         });
@@ -606,7 +703,13 @@ impl Communicator {
     /// Sends `buf` to rank `dest` with `tag`; returns when `buf` may be reused.
     pub fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
         let t = self.target(self.id, dest, tag, "destination")?;
-        self.send_to(t, buf)
+        let op = self
+            .world
+            .p2p_scope(OpKind::Send, &t, buf.len(), self.size());
+        let r = self.send_to(t, buf);
+        drop(op);
+        self.world.publish_counters();
+        r
     }
 
     fn send_to(&self, t: Target, buf: &[u8]) -> Result<()> {
@@ -630,7 +733,13 @@ impl Communicator {
     /// A longer message gives [`Error::Truncated`] (and is consumed).
     pub fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
         let t = self.target(self.id, src, tag, "source")?;
-        self.recv_from(t, buf)
+        let op = self
+            .world
+            .p2p_scope(OpKind::Recv, &t, buf.len(), self.size());
+        let r = self.recv_from(t, buf);
+        drop(op);
+        self.world.publish_counters();
+        r
     }
 
     fn recv_from(&self, t: Target, buf: &mut [u8]) -> Result<usize> {
@@ -654,7 +763,13 @@ impl Communicator {
     ) -> Result<usize> {
         let st = self.target(self.id, dest, sendtag, "destination")?;
         let rt = self.target(self.id, src, recvtag, "source")?;
-        self.exchange(st, sendbuf, rt, recvbuf)
+        let op = self
+            .world
+            .p2p_scope(OpKind::SendRecv, &st, sendbuf.len(), self.size());
+        let r = self.exchange(st, sendbuf, rt, recvbuf);
+        drop(op);
+        self.world.publish_counters();
+        r
     }
 
     fn exchange(
@@ -694,6 +809,10 @@ impl Communicator {
     /// Starts sending `buf` to `dest`; [`Request::wait`] gives the buffer back.
     pub fn isend(&self, buf: Vec<u8>, dest: usize, tag: u32) -> Result<Request> {
         let t = self.target(self.id, dest, tag, "destination")?;
+        drop(
+            self.world
+                .p2p_scope(OpKind::Isend, &t, buf.len(), self.size()),
+        );
         // SAFETY: the Vec's heap block does not move when the Vec does; the request owns it
         // until the operation is taken by wait/test, or hands it to the engine in `detach`.
         let id = unsafe {
@@ -708,6 +827,10 @@ impl Communicator {
     /// [`Request::wait`] gives the buffer back with the received length.
     pub fn irecv(&self, mut buf: Vec<u8>, src: usize, tag: u32) -> Result<Request> {
         let t = self.target(self.id, src, tag, "source")?;
+        drop(
+            self.world
+                .p2p_scope(OpKind::Irecv, &t, buf.len(), self.size()),
+        );
         // SAFETY: as in `isend`; nothing else touches the Vec while the request owns it.
         let id = unsafe {
             self.world

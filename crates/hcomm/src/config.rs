@@ -31,6 +31,8 @@ pub const DEFAULT_SHM_RING: usize = 1 << 20;
 pub const DEFAULT_POOL_BLOCK: usize = 64 << 20;
 /// Default most bytes of pool blocks per rank (`HCOMM_POOL_MAX`).
 pub const DEFAULT_POOL_MAX: usize = 1 << 30;
+/// Default seconds a wait blocks before it is logged as a stall (`HCOMM_STALL_WARN`).
+pub const DEFAULT_STALL_WARN_SECS: f64 = 10.0;
 
 /// Which launcher the rank information came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +75,13 @@ pub struct Config {
     pub log_level: Option<u8>,
     /// `HCOMM_TIMEOUT` (seconds, fractions allowed): the bound on every wait.
     pub timeout: Duration,
+    /// `HCOMM_STALL_WARN` (seconds, fractions allowed): a wait blocked this long is logged
+    /// with its operation and the peers it waits for, again at doubling intervals; `None`
+    /// (`0`) turns the warnings off.
+    pub stall_warn: Option<Duration>,
+    /// `HCOMM_TRACE`: where each rank writes a Chrome trace of its operations (see
+    /// `observe::trace::rank_path` for the file of each rank).
+    pub trace: Option<String>,
     /// `HCOMM_TRANSPORT`: force one transport: `tcp`, `shm` (the default: shared memory
     /// between ranks of one host, TCP between hosts), or the name of a transport plug-in
     /// ([`crate::transport::plugin`]), checked against the registered ones when the world
@@ -146,6 +155,21 @@ impl Config {
                 "0 < seconds <= 1e7, at least a nanosecond",
             ));
         }
+        let stall_secs = match get("HCOMM_STALL_WARN") {
+            Some(v) => parse_num::<f64>("HCOMM_STALL_WARN", &v)?,
+            None => DEFAULT_STALL_WARN_SECS,
+        };
+        if !(0.0..=1e7).contains(&stall_secs) {
+            return Err(invalid(
+                "HCOMM_STALL_WARN",
+                &stall_secs.to_string(),
+                "0 (off) <= seconds <= 1e7",
+            ));
+        }
+        // `-0` passes the range check but is no duration.
+        let stall_warn = Duration::try_from_secs_f64(stall_secs)
+            .ok()
+            .filter(|d| !d.is_zero());
         let log_level = match get("HCOMM_LOG_LEVEL") {
             Some(v) => {
                 let l = parse_num::<u8>("HCOMM_LOG_LEVEL", &v)?;
@@ -215,6 +239,8 @@ impl Config {
             debug: get("HCOMM_DEBUG").is_some_and(|v| v != "0"),
             log_level,
             timeout: Duration::from_secs_f64(timeout_secs),
+            stall_warn,
+            trace: get("HCOMM_TRACE"),
             transport,
             shm_eager_limit,
             shm_push_threshold,
@@ -357,6 +383,19 @@ mod tests {
         assert_eq!(c.launch.launcher, Launcher::Singleton);
         assert_eq!((c.launch.rank, c.launch.size), (0, 1));
         assert_eq!(c.timeout, Duration::from_secs(300));
+        assert_eq!(c.stall_warn, Some(Duration::from_secs(10)));
+        assert_eq!(c.trace, None);
+    }
+
+    #[test]
+    fn stall_warnings_turn_off_with_zero() {
+        assert_eq!(cfg(&[("HCOMM_STALL_WARN", "0")]).unwrap().stall_warn, None);
+        assert_eq!(
+            cfg(&[("HCOMM_STALL_WARN", "0.5")]).unwrap().stall_warn,
+            Some(Duration::from_millis(500))
+        );
+        let e = cfg(&[("HCOMM_STALL_WARN", "-1")]).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_STALL_WARN"), "{e}");
     }
 
     #[test]
@@ -416,8 +455,10 @@ mod tests {
     }
 
     /// Every variable `from_lookup` reads (the fuzz harness checks that it asks for no other).
-    const NAMES: [&str; 39] = [
+    const NAMES: [&str; 41] = [
         "HCOMM_TIMEOUT",
+        "HCOMM_STALL_WARN",
+        "HCOMM_TRACE",
         "HCOMM_LOG_LEVEL",
         "HCOMM_TCP_STREAMS",
         "HCOMM_TCP_EAGER_LIMIT",
@@ -639,6 +680,9 @@ mod tests {
     fn check_ranges(c: &Config, vars: &HashMap<String, String>) {
         assert!(!c.timeout.is_zero() && c.timeout <= Duration::from_secs(10_000_000));
         assert!(c.log_level.is_none_or(|l| l <= 4));
+        assert!(c
+            .stall_warn
+            .is_none_or(|d| !d.is_zero() && d <= Duration::from_secs(10_000_000)));
         assert!((1..=MAX_TCP_STREAMS).contains(&c.tcp_streams));
         assert!(c.tcp_eager_limit <= 16 << 20);
         assert!((4096..=64 << 20).contains(&c.tcp_chunk));

@@ -163,6 +163,13 @@ fn run_steps(
         }
         ids.clear();
         ids.extend(pending.iter().map(|&(_, id)| id));
+        if let Some(&(first, _)) = pending.iter().min_by_key(|&&(step, _)| step) {
+            let peer = match steps[first] {
+                Step::Send { peer, .. } | Step::Recv { peer, .. } => Some(peer),
+                _ => None,
+            };
+            crate::observe::waiting_for_step(first, peer);
+        }
         let (k, result) = engine.wait_any(&ids, deadline)?;
         let (step, _) = pending.swap_remove(k);
         result?;

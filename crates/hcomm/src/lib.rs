@@ -14,7 +14,8 @@
 //! ```
 //!
 //! Layers, bottom up: [`bootstrap`] (rendezvous store, authentication), [`topology`],
-//! [`transport`] (TCP, shared memory), `p2p` (matching, requests, progress), [`Communicator`].
+//! [`transport`] (TCP, shared memory), [`observe`] (statistics for hcomm_profiler, stall
+//! warnings, traces), `p2p` (matching, requests, progress), [`Communicator`].
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -27,6 +28,7 @@ mod error;
 mod exec;
 #[cfg(test)]
 mod fuzz;
+pub mod observe;
 mod p2p;
 pub mod reduce;
 mod sync;

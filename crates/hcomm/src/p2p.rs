@@ -41,6 +41,7 @@ use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 mod plugin;
 
 use crate::error::{Error, Result};
+use crate::observe::stall::StallWatch;
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::cma;
@@ -939,6 +940,7 @@ impl Engine {
         self.enter_wait();
         let result = self.wait_any_inner(ids, deadline.into());
         self.leave_wait();
+        crate::observe::unblocked();
         result
     }
 
@@ -982,6 +984,8 @@ impl Engine {
         let mut yields = 0;
         let mut hot: Vec<usize> = Vec::new();
         let mut all_shm;
+        let mut stall = StallWatch::new(now);
+        let mut blocked = false;
         loop {
             {
                 let mut st = lock(&sh.state);
@@ -1012,6 +1016,13 @@ impl Engine {
                         "{what} did not complete within HCOMM_TIMEOUT; the peer may be stuck, slow, \
                          or calling something else"
                     )));
+                }
+                stall.check(now, || st.awaited(ids));
+                if !blocked && now >= spin_until {
+                    blocked = true;
+                    if let Some(op) = ids.first().and_then(|id| st.ops.get(id)) {
+                        crate::observe::blocked_on(op.target.comm_rank);
+                    }
                 }
                 all_shm = st.all_shm();
                 // Only small receives: large transfers use every stream and need writes
@@ -1916,6 +1927,24 @@ impl State {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
         }
         op.result
+    }
+
+    /// The peers that the operations `ids` still wait for, and the operations, for stall
+    /// warnings.
+    fn awaited(&self, ids: &[OpId]) -> String {
+        let ops: Vec<&Op> = ids.iter().filter_map(|id| self.ops.get(id)).collect();
+        let mut ranks: Vec<(usize, usize)> = ops
+            .iter()
+            .map(|o| (o.target.comm_rank, o.target.peer))
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        let ranks: Vec<String> = ranks
+            .iter()
+            .map(|(r, w)| format!("rank {r} (world rank {w})"))
+            .collect();
+        let ops: Vec<String> = ops.iter().map(|o| o.describe()).collect();
+        format!("{} [{}]", ranks.join(", "), ops.join("; "))
     }
 
     /// Gives up on `id` at its deadline and removes it (see [`State::disentangle`]).

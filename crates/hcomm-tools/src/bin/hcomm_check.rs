@@ -112,6 +112,29 @@ enum Scenario {
         #[arg(long, value_enum, default_value_t = Pending::Recv)]
         pending: Pending,
     },
+    /// All-reduces in a loop, checked, for the profiler, stall and trace tests: every rank
+    /// prints `pid <pid>` first; rank --late joins call --late-call only after --late-ms (the
+    /// others stall in it), and every rank pauses --pause-ms between calls.
+    Observe {
+        /// Number of all-reduces.
+        #[arg(long, default_value_t = 100)]
+        calls: usize,
+        /// Floats per all-reduce.
+        #[arg(long, default_value_t = 1024)]
+        count: usize,
+        /// Milliseconds between calls.
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
+        /// The rank that comes late to the first call.
+        #[arg(long)]
+        late: Option<usize>,
+        /// How late it comes, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        late_ms: u64,
+        /// The call it comes late to (from 0; the first call of a shape also sets up).
+        #[arg(long, default_value_t = 0)]
+        late_call: usize,
+    },
     /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
     /// fail fast with PeerLost naming it.
     Kill {
@@ -1013,6 +1036,39 @@ fn overlap(comm: &Communicator) -> Result<()> {
     Ok(())
 }
 
+/// The `observe` scenario: checked all-reduces; `late` = (rank, call, delay): that rank
+/// comes to that call that late.
+fn observe(
+    comm: &Communicator,
+    calls: usize,
+    count: usize,
+    pause_ms: u64,
+    late: Option<(usize, usize, Duration)>,
+) -> Result<()> {
+    use std::io::Write as _;
+    println!("pid {}", std::process::id());
+    std::io::stdout().flush()?;
+    let n = comm.size() as f32;
+    for call in 0..calls {
+        if let Some((_, _, delay)) = late.filter(|&(r, c, _)| (r, c) == (comm.rank(), call)) {
+            std::thread::sleep(delay);
+        }
+        let mut buf = vec![(comm.rank() + call) as f32; count];
+        comm.allreduce_in_place(&mut buf, ReduceOp::Sum)?;
+        // Rank r contributes r + call: the sum is n(n-1)/2 + n * call.
+        let want = n * (n - 1.0) / 2.0 + n * call as f32;
+        ensure!(
+            buf.iter().all(|&x| x == want),
+            "all-reduce {call}: got {:?}, expected {want}",
+            buf.first()
+        );
+        if pause_ms > 0 {
+            std::thread::sleep(Duration::from_millis(pause_ms));
+        }
+    }
+    Ok(())
+}
+
 fn run(scenario: Scenario) -> Result<()> {
     let comm = Communicator::init().context("init")?;
     let name = match scenario {
@@ -1099,6 +1155,18 @@ fn run(scenario: Scenario) -> Result<()> {
             // The survivors' world has lost a rank: drop it without the goodbye of destroy.
             return peer_loss(comm, &victims, kill_after_ms, pending)
                 .map(|()| println!("OK peer-loss"));
+        }
+        Scenario::Observe {
+            calls,
+            count,
+            pause_ms,
+            late,
+            late_ms,
+            late_call,
+        } => {
+            let late = late.map(|rank| (rank, late_call, Duration::from_millis(late_ms)));
+            observe(&comm, calls, count, pause_ms, late)?;
+            "observe"
         }
         Scenario::Protocols => {
             let c = comm.config();

@@ -8,12 +8,32 @@ use super::onesided::{Buffers, OneSided};
 use super::tiered::Tiers;
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
 use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
+use crate::coll::schedule::{Schedule, Step};
 use crate::coll::{Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec;
+use crate::observe::stats::{self, proto};
+use crate::observe::{OpKind, OpScope};
 use crate::reduce;
 use crate::sync::lock;
+
+/// The statistics' kind of a collective.
+fn observe_kind(kind: CollKind) -> OpKind {
+    match kind {
+        CollKind::AllReduce => OpKind::AllReduce,
+        CollKind::Broadcast => OpKind::Broadcast,
+        CollKind::Reduce => OpKind::Reduce,
+        CollKind::AllGather => OpKind::AllGather,
+        CollKind::AllGatherV => OpKind::AllGatherV,
+        CollKind::ReduceScatter => OpKind::ReduceScatter,
+        CollKind::AllToAll => OpKind::AllToAll,
+        CollKind::AllToAllV => OpKind::AllToAllV,
+        CollKind::Gather => OpKind::Gather,
+        CollKind::Scatter => OpKind::Scatter,
+        CollKind::Barrier => OpKind::Barrier,
+    }
+}
 
 fn bytes<T: Element>(s: &[T]) -> &[u8] {
     bytemuck::cast_slice(s)
@@ -64,12 +84,19 @@ impl Communicator {
             && self.world.config.transport.as_deref() != Some("tcp");
         let sched = Arc::new(algo.schedule(shape, self.rank, &self.topology));
         let slot = selector.slot(shape.kind, algo);
+        let protocols = match (&onesided, tiered) {
+            (Some(_), _) => proto::ONESIDED,
+            (None, true) => proto::ONESIDED | self.schedule_protocols(&sched),
+            (None, false) => self.schedule_protocols(&sched),
+        };
         let plan = Arc::new(Plan {
             algo,
             sched,
             slot,
             onesided,
             tiered,
+            algo_name: stats::pack_name(algo.name()),
+            protocols,
         });
         // Bound the cache: a program sweeping sizes must not grow it forever.
         if plans.len() >= 1024 {
@@ -77,6 +104,21 @@ impl Communicator {
         }
         plans.insert(shape.clone(), Arc::clone(&plan));
         Ok(plan)
+    }
+
+    /// How the messages of a schedule travel (`proto` bits).
+    fn schedule_protocols(&self, sched: &Schedule) -> u64 {
+        sched
+            .steps
+            .iter()
+            .filter_map(|s| match *s {
+                Step::Send { peer, src: r } | Step::Recv { peer, dst: r } => {
+                    let world = *self.members.get(peer)?;
+                    Some(self.world.protocol(world, r.len))
+                }
+                _ => None,
+            })
+            .fold(0, |m, p| m | p)
     }
 
     /// The one-sided state of this communicator, made by its first caller (every member
@@ -149,10 +191,12 @@ impl Communicator {
         // Plan and take the sequence number now: calls are matched in the order they are
         // made, whenever their threads run. They run the plan's schedule: one-sided calls
         // must run in call order on every rank.
+        let planned = self.plan(&shape)?;
         let plan = Plan {
             onesided: None,
             tiered: false,
-            ..(*self.plan(&shape)?).clone()
+            protocols: self.schedule_protocols(&planned.sched),
+            ..(*planned).clone()
         };
         let seq = self
             .state
@@ -164,18 +208,22 @@ impl Communicator {
             .name(format!("hcomm-{name}"))
             .spawn(move || {
                 let send_ptr = send.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+                let mut op = comm.record(&shape);
                 // SAFETY: the thread owns both buffers for the whole call, and they hold
                 // what the shape needs (checked before the thread started).
-                unsafe {
+                let result = unsafe {
                     comm.run_planned(
+                        &mut op,
                         &shape,
                         &plan,
                         seq,
                         (send_ptr, send_len),
                         (recv.as_mut_ptr(), recv_len),
                     )
-                }
-                .map(|()| Completion {
+                };
+                drop(op);
+                comm.world.publish_counters();
+                result.map(|()| Completion {
                     len: recv_len,
                     buffer: recv,
                 })
@@ -290,21 +338,57 @@ impl Communicator {
         recv: *mut u8,
         recv_len: usize,
     ) -> Result<()> {
+        // Recorded from before planning: the first call of a shape may wait for the peers
+        // while it sets up (the one-sided segments).
+        let mut op = self.record(shape);
         let plan = self.plan(shape)?;
         let seq = self
             .state
             .coll_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_planned(shape, &plan, seq, (send, send_len), (recv, recv_len)) }
+        let result = unsafe {
+            self.run_planned(
+                &mut op,
+                shape,
+                &plan,
+                seq,
+                (send, send_len),
+                (recv, recv_len),
+            )
+        };
+        drop(op);
+        self.world.publish_counters();
+        result
     }
 
-    /// Runs a planned call with sequence number `seq`.
+    /// Starts recording a call of `shape` for the profiler, the stall warnings and the trace
+    /// (sequence number and algorithm come with [`Communicator::run_planned`]).
+    fn record(&self, shape: &Shape) -> OpScope {
+        let bytes = shape.send_bytes(self.rank).max(shape.recv_bytes(self.rank));
+        let next = self
+            .state
+            .coll_seq
+            .load(std::sync::atomic::Ordering::Relaxed);
+        OpScope::start(
+            observe_kind(shape.kind),
+            u64::from(next),
+            bytes as u64,
+            self.size(),
+            [0; 3],
+            0,
+            0,
+            None,
+        )
+    }
+
+    /// Runs a planned call with sequence number `seq`, recorded by `op`.
     ///
     /// # Safety
     /// As for [`Communicator::run`].
     unsafe fn run_planned(
         &self,
+        op: &mut OpScope,
         shape: &Shape,
         plan: &Plan,
         seq: u32,
@@ -312,6 +396,11 @@ impl Communicator {
         recv: (*mut u8, usize),
     ) -> Result<()> {
         self.world.selector.count(plan.slot);
+        let steps = match (&plan.onesided, plan.tiered) {
+            (None, false) => plan.sched.steps.len(),
+            _ => 0,
+        };
+        op.planned(u64::from(seq), plan.algo_name, plan.protocols, steps);
         let sig = if self.world.config.mismatch_check {
             shape.signature_with(plan.slot % crate::coll::algos::all().len())
         } else {

@@ -52,6 +52,7 @@ use super::{Communicator, COLL};
 use crate::coll::{algos, CollKind, Shape};
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
+use crate::observe::stall::StallWatch;
 use crate::reduce;
 use crate::sync::lock;
 use crate::transport::shm::cma;
@@ -949,8 +950,16 @@ impl Waiter<'_> {
         let deadline = *self
             .deadline
             .get_or_init(|| Instant::now() + self.comm.world.config.timeout);
+        let mut stall = StallWatch::new(Instant::now());
+        crate::observe::blocked_on(p);
         loop {
             let now = Instant::now();
+            stall.check(now, || {
+                format!(
+                    "rank {p} (world rank {}) [one-sided call {target}]",
+                    self.os.world[p]
+                )
+            });
             if now >= deadline {
                 return Err(Error::Timeout(format!(
                     "rank {p} has not reached this collective (one-sided call {target}) within \

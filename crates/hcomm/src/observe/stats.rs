@@ -1,0 +1,768 @@
+//! The statistics segment: what a rank has done and is doing, in shared memory that
+//! `hcomm_profiler` maps read-only in spirit (it writes only [`StatsHeader::watchers`] and
+//! [`StatsHeader::timing`]).
+//!
+//! One segment per process, `hcomm-<job id>-<rank>-stats-<pid>` in `/dev/shm` (mode 0600,
+//! the [`ShmSegment`] header with its magic and version, then a [`StatsLayout`]), created with
+//! the process's first world and unlinked when its last world closes; `hcommrun` sweeps the
+//! names of a job that was killed, like every other `hcomm-<job id>-` name. The job id is the
+//! one of the job's first world (`link::job_id(secret, store address, 0)`), so the ranks of a
+//! job are found by the names alone.
+//!
+//! Writers never wait and never share a cache line with another writer: each thread that
+//! runs operations owns a [`Lane`] (claimed at its first operation, given back when it ends)
+//! and updates its counters with plain relaxed loads and stores; only threads beyond
+//! [`LANES`]` - 1` share the last lane, with atomic additions. Nothing is read by the process
+//! itself, so when nobody watches the cost is a few stores to memory of its own; operations
+//! are timed (two reads of the TSC) only after a profiler has set [`StatsHeader::timing`].
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::clock::{self, TICK_KIND};
+use super::{OpKind, OP_KINDS};
+use crate::error::{Error, Result};
+use crate::sync::lock;
+use crate::transport::shm::segment::{segment_name, ShmSegment};
+
+/// `HCSTATS1`: the first eight bytes of a [`StatsLayout`].
+pub const STATS_MAGIC: u64 = u64::from_le_bytes(*b"HCSTATS1");
+/// Version of the [`StatsLayout`]; readers refuse others.
+pub const STATS_VERSION: u32 = 1;
+/// Lanes of a segment: threads that run operations at the same time, each with counters of
+/// its own (the last one is shared by any further threads).
+pub const LANES: usize = 32;
+/// Purpose part of the segment name, before the pid.
+pub const PURPOSE: &str = "stats";
+
+/// Bits of [`KindStats::protocols`] and [`Flight::protocols`]: how an operation's messages
+/// travel.
+pub mod proto {
+    /// Inline through a shared-memory ring.
+    pub const SHM_INLINE: u64 = 1;
+    /// Pulled by the receiver with cross-memory attach.
+    pub const SHM_PULL: u64 = 2;
+    /// Pushed by the sender in chunks through a shared-memory ring.
+    pub const SHM_PUSH: u64 = 4;
+    /// Eager over TCP.
+    pub const TCP_EAGER: u64 = 8;
+    /// Rendezvous over TCP.
+    pub const TCP_RENDEZVOUS: u64 = 16;
+    /// Eager through a transport plug-in.
+    pub const PLUGIN_EAGER: u64 = 32;
+    /// Rendezvous through a transport plug-in.
+    pub const PLUGIN_RENDEZVOUS: u64 = 64;
+    /// One-sided: the peers' memory read in place (shared memory).
+    pub const ONESIDED: u64 = 128;
+    /// Names of the bits, lowest first.
+    pub const NAMES: [&str; 8] = [
+        "shm-inline",
+        "shm-pull",
+        "shm-push",
+        "tcp-eager",
+        "tcp-rndv",
+        "plugin-eager",
+        "plugin-rndv",
+        "onesided",
+    ];
+    /// The transport of each bit: `shm`, `tcp` or `plugin`.
+    pub const TRANSPORTS: [&str; 8] =
+        ["shm", "shm", "shm", "tcp", "tcp", "plugin", "plugin", "shm"];
+}
+
+/// Counters of one kind of operation in one lane.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct KindStats {
+    /// Operations completed.
+    pub count: AtomicU64,
+    /// Bytes of their buffers (a collective: this rank's contribution, or what it receives).
+    pub bytes: AtomicU64,
+    /// Operations that were timed (those after a profiler first attached).
+    pub timed: AtomicU64,
+    /// Ticks spent in the timed operations.
+    pub total_ticks: AtomicU64,
+    /// Moving average of the last operations' ticks (weight 1/8 for the newest).
+    pub recent_ticks: AtomicU64,
+    /// Tick at which the last timed operation ended.
+    pub last_end: AtomicU64,
+    /// [`proto`] bits of every operation so far.
+    pub protocols: AtomicU64,
+    /// Name of the last operation's algorithm, ASCII, NUL padded.
+    pub algo: [AtomicU64; 3],
+}
+
+/// The operation a lane's thread is in, if any.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Flight {
+    /// `OpKind as u64 + 1` while an operation runs, 0 otherwise; written last on start
+    /// (release) and first on end.
+    pub kind: AtomicU64,
+    /// Sequence number of a collective on its communicator; the tag of a message.
+    pub seq: AtomicU64,
+    /// Bytes, as in [`KindStats::bytes`].
+    pub bytes: AtomicU64,
+    /// Ranks of the communicator.
+    pub comm_size: AtomicU64,
+    /// Algorithm name, as in [`KindStats::algo`].
+    pub algo: [AtomicU64; 3],
+    /// [`proto`] bits of the operation.
+    pub protocols: AtomicU64,
+    /// Tick the operation started (0: not timed).
+    pub started: AtomicU64,
+    /// Tick the current wait started to block (0: not blocked).
+    pub waiting_since: AtomicU64,
+    /// Rank (in the communicator) waited for, plus one (0: none).
+    pub peer: AtomicU64,
+    /// Step of the schedule being waited for, plus one (0: none), and the steps in all.
+    pub step: AtomicU64,
+    /// Steps of the schedule.
+    pub steps: AtomicU64,
+}
+
+/// One thread's part of the segment.
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub struct Lane {
+    /// 0 when free, else a number of the owning thread.
+    pub owner: AtomicU64,
+    /// Counters by [`OpKind`].
+    pub kinds: [KindStats; OP_KINDS],
+    /// The operation in flight.
+    pub flight: Flight,
+}
+
+/// The start of the segment: who the process is, and process-wide counters.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct StatsHeader {
+    /// [`STATS_MAGIC`] once the header is complete (release).
+    pub magic: AtomicU64,
+    /// [`STATS_VERSION`].
+    pub version: u32,
+    /// [`TICK_KIND`] of the writer.
+    pub tick_kind: u32,
+    /// World rank of the process.
+    pub rank: u32,
+    /// Ranks of the world.
+    pub size: u32,
+    /// Process id.
+    pub pid: u32,
+    /// Threads of a profiler mapping the segment (each adds one while it watches).
+    pub watchers: AtomicU32,
+    /// Set to 1 by the first profiler to attach: from then on operations are timed.
+    pub timing: AtomicU64,
+    /// [`clock::ticks`] when the segment was made.
+    pub created_ticks: u64,
+    /// [`clock::monotonic_ns`] when the segment was made.
+    pub created_ns: u64,
+    /// Job id, ASCII, NUL padded.
+    pub job_id: [u8; 32],
+    /// Pool allocations served from shared memory (refreshed while watched).
+    pub pool_hits: AtomicU64,
+    /// Pool allocations that fell back to the heap (refreshed while watched).
+    pub pool_misses: AtomicU64,
+    /// Messages per protocol of the engine, by bit of [`proto`] (refreshed while watched).
+    pub messages: [AtomicU64; 8],
+}
+
+impl StatsHeader {
+    /// Stores the engine's messages per protocol (by [`proto`] bit) and the pool's hits and
+    /// misses.
+    pub(crate) fn publish(&self, messages: [u64; 8], pool_hits: u64, pool_misses: u64) {
+        for (c, v) in self.messages.iter().zip(messages) {
+            c.store(v, Ordering::Relaxed);
+        }
+        self.pool_hits.store(pool_hits, Ordering::Relaxed);
+        self.pool_misses.store(pool_misses, Ordering::Relaxed);
+    }
+}
+
+/// The whole segment payload.
+#[repr(C)]
+#[derive(Debug)]
+pub struct StatsLayout {
+    /// Identity and process-wide counters.
+    pub header: StatsHeader,
+    /// Per-thread counters.
+    pub lanes: [Lane; LANES],
+}
+
+/// Packs an algorithm name into the three words of [`KindStats::algo`] (longer names are
+/// cut at 24 bytes).
+pub fn pack_name(name: &str) -> [u64; 3] {
+    let mut b = [0u8; 24];
+    let n = name.len().min(24);
+    b[..n].copy_from_slice(&name.as_bytes()[..n]);
+    let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+    [word(0), word(1), word(2)]
+}
+
+/// The name packed by [`pack_name`].
+pub fn unpack_name(words: [u64; 3]) -> String {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// The process's live segment (null when it has no world).
+static CURRENT: AtomicPtr<StatsLayout> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The process's segment and the worlds using it.
+struct Registry {
+    live: Option<ShmSegment>,
+    worlds: usize,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    live: None,
+    worlds: 0,
+});
+
+/// A world's hold on the process's segment; the last one to go unlinks it and writes the
+/// trace.
+#[derive(Debug)]
+pub(crate) struct Registration(());
+
+/// Joins the process's segment, creating it for the first world. A failure to create it is
+/// logged and leaves the process without statistics: profiling is never worth failing a job.
+pub(crate) fn register(job_id: &str, rank: usize, size: usize) -> Registration {
+    let mut reg = lock(&REGISTRY);
+    reg.worlds += 1;
+    if reg.live.is_none() {
+        match create(job_id, rank, size) {
+            Ok(seg) => {
+                CURRENT.store(seg.as_ptr().cast(), Ordering::Release);
+                reg.live = Some(seg);
+            }
+            Err(e) => tracing::warn!("no statistics for hcomm_profiler: {e}"),
+        }
+    }
+    Registration(())
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut reg = lock(&REGISTRY);
+        reg.worlds -= 1;
+        if reg.worlds == 0 {
+            if let Some(seg) = reg.live.take() {
+                CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+                if let Err(e) = ShmSegment::unlink(seg.name()) {
+                    tracing::warn!("{e}");
+                }
+                // Unmapped here: no operation runs without a world, and the lanes that
+                // threads still claim are let go under this lock (`LaneSlot::drop`).
+                drop(seg);
+            }
+            super::trace::finish();
+        }
+    }
+}
+
+fn create(job_id: &str, rank: usize, size: usize) -> Result<ShmSegment> {
+    let pid = std::process::id();
+    let name = segment_name(job_id, rank as u32, &format!("{PURPOSE}-{pid}"))?;
+    // Processes of this job killed outside hcommrun (which sweeps) left their names; so may
+    // a killed process of this job with our pid: it is ours now.
+    sweep_dead(job_id);
+    let _ = ShmSegment::unlink(&name);
+    let seg = ShmSegment::create(&name, size_of::<StatsLayout>())?;
+    let layout = seg.as_ptr().cast::<StatsLayout>();
+    let mut id = [0u8; 32];
+    let n = job_id.len().min(32);
+    id[..n].copy_from_slice(&job_id.as_bytes()[..n]);
+    // SAFETY: the payload is `size_of::<StatsLayout>()` zero bytes, 128-byte aligned (the
+    // alignment of `StatsLayout`), and all-zero is a valid `StatsLayout`; no other process
+    // reads the plain fields before the magic is published (release) below.
+    unsafe {
+        let h = std::ptr::addr_of_mut!((*layout).header);
+        (*h).version = STATS_VERSION;
+        (*h).tick_kind = TICK_KIND as u32;
+        (*h).rank = rank as u32;
+        (*h).size = size as u32;
+        (*h).pid = pid;
+        (*h).created_ticks = clock::ticks();
+        (*h).created_ns = clock::monotonic_ns();
+        (*h).job_id = id;
+        (*h).magic.store(STATS_MAGIC, Ordering::Release);
+    }
+    Ok(seg)
+}
+
+/// Removes the names of this job's statistics segments whose process is gone.
+fn sweep_dead(job_id: &str) {
+    let Ok(names) = find_by_job(job_id) else {
+        return;
+    };
+    for name in names {
+        let pid = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = ShmSegment::unlink(&name);
+        }
+    }
+}
+
+/// The live segment's layout, if the process has one.
+fn current() -> Option<&'static StatsLayout> {
+    let p = CURRENT.load(Ordering::Acquire);
+    // SAFETY: a published layout was initialised before it was published, and stays mapped
+    // while a world is registered: the callers run inside operations of a live world (or hold
+    // the registry's lock), and the segment is unmapped only when the last world goes.
+    unsafe { p.as_ref() }
+}
+
+/// The process's header, while it has a segment and a profiler watches it.
+pub(crate) fn watched() -> Option<&'static StatsHeader> {
+    current()
+        .map(|l| &l.header)
+        .filter(|h| h.watchers.load(Ordering::Relaxed) > 0)
+}
+
+/// Stores `v` with a plain load and store on a lane that only this thread writes, or an
+/// atomic addition on the shared last lane.
+#[inline]
+fn add(c: &AtomicU64, v: u64, shared: bool) {
+    if shared {
+        c.fetch_add(v, Ordering::Relaxed);
+    } else {
+        c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+    }
+}
+
+/// This thread's lane (in the layout it belongs to) and its depth of operations.
+struct LaneSlot {
+    /// The segment of `lane`: its [`StatsHeader::created_ticks`], unique per segment (a new
+    /// segment may be mapped where an old one was).
+    ident: Cell<u64>,
+    /// The lane owned in `layout` (null: the shared last lane).
+    lane: Cell<*const Lane>,
+    /// Operations of this thread in progress (an operation inside another is not recorded).
+    depth: Cell<u32>,
+}
+
+impl Drop for LaneSlot {
+    fn drop(&mut self) {
+        // Under the lock, the live segment stays mapped; a lane of an earlier segment (one
+        // that is gone) needs no letting go.
+        let _reg = lock(&REGISTRY);
+        let Some(layout) = current() else { return };
+        if layout.header.created_ticks == self.ident.get() {
+            // SAFETY: `lane` points into `layout` (the identities match), mapped (above).
+            if let Some(lane) = unsafe { self.lane.get().as_ref() } {
+                lane.owner.store(0, Ordering::Release);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static SLOT: LaneSlot = const {
+        LaneSlot {
+            ident: Cell::new(0),
+            lane: Cell::new(std::ptr::null()),
+            depth: Cell::new(0),
+        }
+    };
+}
+
+/// Numbers threads for lane ownership.
+static THREADS: AtomicU64 = AtomicU64::new(1);
+
+impl LaneSlot {
+    /// This thread's lane of `layout`, claimed on first use; `(lane, shared)`.
+    #[inline]
+    fn lane_in(&self, layout: &'static StatsLayout) -> (&'static Lane, bool) {
+        if self.ident.get() != layout.header.created_ticks {
+            self.ident.set(layout.header.created_ticks);
+            let me = THREADS.fetch_add(1, Ordering::Relaxed);
+            let own = layout.lanes[..LANES - 1].iter().find(|l| {
+                l.owner
+                    .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            });
+            self.lane
+                .set(own.map_or(std::ptr::null(), |l| l as *const Lane));
+        }
+        // SAFETY: `lane` points into `layout` (the identities match), which the caller has
+        // from `current()` inside an operation: mapped.
+        match unsafe { self.lane.get().as_ref() } {
+            Some(l) => (l, false),
+            None => (&layout.lanes[LANES - 1], true),
+        }
+    }
+}
+
+/// What an operation records when it starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OpInfo {
+    /// Which operation.
+    pub kind: OpKind,
+    /// Collective sequence number, or message tag.
+    pub seq: u64,
+    /// Bytes of the operation.
+    pub bytes: u64,
+    /// Ranks of the communicator.
+    pub comm_size: usize,
+    /// Algorithm name packed by [`pack_name`] (zeros: none).
+    pub algo: [u64; 3],
+    /// [`proto`] bits.
+    pub protocols: u64,
+    /// Steps of its schedule (0: none).
+    pub steps: usize,
+}
+
+/// An operation being recorded in this thread's lane.
+pub(crate) struct Recording {
+    lane: &'static Lane,
+    shared: bool,
+    started: u64,
+}
+
+/// Starts recording `info` (nothing when the process has no segment, or when this thread is
+/// already inside an operation).
+#[inline]
+pub(crate) fn start(info: &OpInfo) -> Option<Recording> {
+    SLOT.try_with(|slot| {
+        let depth = slot.depth.get();
+        slot.depth.set(depth + 1);
+        if depth > 0 {
+            return None;
+        }
+        let layout = current()?;
+        let (lane, shared) = slot.lane_in(layout);
+        let started = match layout.header.timing.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => clock::ticks(),
+        };
+        if !shared {
+            let f = &lane.flight;
+            describe(f, info);
+            f.started.store(started, Ordering::Relaxed);
+            f.waiting_since.store(0, Ordering::Relaxed);
+            f.peer.store(0, Ordering::Relaxed);
+            f.step.store(0, Ordering::Relaxed);
+            f.kind.store(info.kind as u64 + 1, Ordering::Release);
+        }
+        Some(Recording {
+            lane,
+            shared,
+            started,
+        })
+    })
+    .ok()
+    .flatten()
+}
+
+/// Writes what `info` says of an operation into its flight record.
+fn describe(f: &Flight, info: &OpInfo) {
+    f.seq.store(info.seq, Ordering::Relaxed);
+    f.bytes.store(info.bytes, Ordering::Relaxed);
+    f.comm_size.store(info.comm_size as u64, Ordering::Relaxed);
+    for (w, v) in f.algo.iter().zip(info.algo) {
+        w.store(v, Ordering::Relaxed);
+    }
+    f.protocols.store(info.protocols, Ordering::Relaxed);
+    f.steps.store(info.steps as u64, Ordering::Relaxed);
+}
+
+/// The operation being recorded now says `info` (a collective once it is planned).
+pub(crate) fn update(rec: Option<&Recording>, info: &OpInfo) {
+    if let Some(Recording {
+        lane,
+        shared: false,
+        ..
+    }) = rec
+    {
+        describe(&lane.flight, info);
+    }
+}
+
+/// Ends the recording of the operation `info` started.
+#[inline]
+pub(crate) fn finish(rec: Option<Recording>, info: &OpInfo) {
+    let _ = SLOT.try_with(|slot| slot.depth.set(slot.depth.get().saturating_sub(1)));
+    let Some(rec) = rec else { return };
+    let (lane, shared) = (rec.lane, rec.shared);
+    if !shared {
+        lane.flight.kind.store(0, Ordering::Release);
+    }
+    let k = &lane.kinds[info.kind as usize];
+    add(&k.count, 1, shared);
+    add(&k.bytes, info.bytes, shared);
+    if k.protocols.load(Ordering::Relaxed) & info.protocols != info.protocols {
+        k.protocols.fetch_or(info.protocols, Ordering::Relaxed);
+    }
+    for (w, v) in k.algo.iter().zip(info.algo) {
+        w.store(v, Ordering::Relaxed);
+    }
+    if rec.started != 0 {
+        let end = clock::ticks();
+        let d = end.saturating_sub(rec.started);
+        add(&k.timed, 1, shared);
+        add(&k.total_ticks, d, shared);
+        let r = k.recent_ticks.load(Ordering::Relaxed);
+        let recent = if r == 0 { d } else { r - r / 8 + d / 8 };
+        k.recent_ticks.store(recent, Ordering::Relaxed);
+        k.last_end.store(end, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f` on this thread's flight record, while it is inside a recorded operation.
+#[inline]
+pub(crate) fn with_flight(f: impl FnOnce(&Flight)) {
+    let flight = SLOT.try_with(|slot| {
+        if slot.depth.get() == 0 {
+            return None;
+        }
+        match slot.lane_in(current()?) {
+            (lane, false) if lane.flight.kind.load(Ordering::Relaxed) != 0 => Some(&lane.flight),
+            _ => None,
+        }
+    });
+    if let Ok(Some(flight)) = flight {
+        f(flight);
+    }
+}
+
+/// A copy of the flight record of this thread's operation, for stall messages.
+pub(crate) fn current_flight() -> Option<FlightSnapshot> {
+    let mut out = None;
+    with_flight(|f| out = FlightSnapshot::read(f));
+    out
+}
+
+/// Finds the statistics segment of process `pid`: its name in `/dev/shm`.
+pub fn find_by_pid(pid: u32) -> Result<Option<String>> {
+    let suffix = format!("-{PURPOSE}-{pid}");
+    Ok(list()?.into_iter().find(|n| n.ends_with(&suffix)))
+}
+
+/// The names of every statistics segment of job `job_id`.
+pub fn find_by_job(job_id: &str) -> Result<Vec<String>> {
+    let prefix = format!("hcomm-{job_id}-");
+    Ok(list()?
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect())
+}
+
+/// Every statistics segment name in `/dev/shm`.
+fn list() -> Result<Vec<String>> {
+    let dir = std::fs::read_dir("/dev/shm")
+        .map_err(|e| Error::transport(format_args!("cannot list /dev/shm"), e))?;
+    let marker = format!("-{PURPOSE}-");
+    Ok(dir
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("hcomm-") && n.contains(&marker))
+        .collect())
+}
+
+/// A mapped statistics segment of another process, for reading.
+#[derive(Debug)]
+pub struct StatsReader {
+    seg: ShmSegment,
+    /// This reader counts in [`StatsHeader::watchers`].
+    watching: bool,
+}
+
+impl StatsReader {
+    /// Maps the segment `name` and checks its layout.
+    pub fn open(name: &str) -> Result<StatsReader> {
+        let seg = ShmSegment::open(name, size_of::<StatsLayout>())?;
+        let r = StatsReader {
+            seg,
+            watching: false,
+        };
+        let h = &r.layout().header;
+        if h.magic.load(Ordering::Acquire) != STATS_MAGIC || h.version != STATS_VERSION {
+            return Err(Error::Transport(format!(
+                "statistics segment {name} has magic {:#x} version {}, expected {STATS_MAGIC:#x} \
+                 version {STATS_VERSION}: it belongs to another version of hcomm",
+                h.magic.load(Ordering::Relaxed),
+                h.version
+            )));
+        }
+        Ok(r)
+    }
+
+    /// The segment's name.
+    pub fn name(&self) -> &str {
+        self.seg.name()
+    }
+
+    /// The mapped layout.
+    pub fn layout(&self) -> &StatsLayout {
+        // SAFETY: the payload is `size_of::<StatsLayout>()` bytes, 128-byte aligned, and
+        // every field of the layout is valid for any bytes (integers and atomics).
+        unsafe { &*self.seg.as_ptr().cast::<StatsLayout>() }
+    }
+
+    /// Starts watching: the process then refreshes its process-wide counters and times its
+    /// operations (for the rest of its life: timing stays on), until this reader is dropped.
+    pub fn watch(&mut self) {
+        if !self.watching {
+            let h = &self.layout().header;
+            h.timing.store(1, Ordering::Relaxed);
+            h.watchers.fetch_add(1, Ordering::Relaxed);
+            self.watching = true;
+        }
+    }
+}
+
+impl Drop for StatsReader {
+    fn drop(&mut self) {
+        if self.watching {
+            self.layout()
+                .header
+                .watchers
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A consistent-enough copy of a flight record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlightSnapshot {
+    /// The operation.
+    pub kind: OpKind,
+    /// Sequence number or tag.
+    pub seq: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Ranks of the communicator.
+    pub comm_size: u64,
+    /// Algorithm name ("" for point-to-point).
+    pub algo: String,
+    /// [`proto`] bits.
+    pub protocols: u64,
+    /// Tick it started (0: not timed).
+    pub started: u64,
+    /// Tick its current wait started to block (0: not blocked).
+    pub waiting_since: u64,
+    /// Rank waited for.
+    pub peer: Option<u64>,
+    /// Step waited for (from 0), if it runs a schedule.
+    pub step: Option<u64>,
+    /// Steps of its schedule.
+    pub steps: u64,
+}
+
+impl FlightSnapshot {
+    /// Reads `f`; `None` when no operation is in flight (or it ended while being read).
+    pub fn read(f: &Flight) -> Option<FlightSnapshot> {
+        let kind = f.kind.load(Ordering::Acquire);
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let snap = FlightSnapshot {
+            kind: OpKind::from_index(kind.checked_sub(1)? as usize)?,
+            seq: load(&f.seq),
+            bytes: load(&f.bytes),
+            comm_size: load(&f.comm_size),
+            algo: unpack_name([load(&f.algo[0]), load(&f.algo[1]), load(&f.algo[2])]),
+            protocols: load(&f.protocols),
+            started: load(&f.started),
+            waiting_since: load(&f.waiting_since),
+            peer: load(&f.peer).checked_sub(1),
+            step: load(&f.step).checked_sub(1),
+            steps: load(&f.steps),
+        };
+        (f.kind.load(Ordering::Acquire) == kind).then_some(snap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_pack_and_unpack() {
+        for name in ["", "ring", "recursive_doubling", "onesided"] {
+            assert_eq!(unpack_name(pack_name(name)), name);
+        }
+        assert_eq!(unpack_name(pack_name(&"x".repeat(30))), "x".repeat(24));
+    }
+
+    #[test]
+    fn names_of_dead_processes_are_swept() {
+        let job = format!("sweep{}", std::process::id());
+        // No process has the largest pid.
+        let dead = segment_name(&job, 0, &format!("{PURPOSE}-{}", u32::MAX)).unwrap();
+        let live = segment_name(&job, 1, &format!("{PURPOSE}-{}", std::process::id())).unwrap();
+        let _a = ShmSegment::create(&dead, 64).unwrap();
+        let _b = ShmSegment::create(&live, 64).unwrap();
+        sweep_dead(&job);
+        assert_eq!(find_by_job(&job).unwrap(), std::slice::from_ref(&live));
+        ShmSegment::unlink(&live).unwrap();
+    }
+
+    /// What a thread records, a reader of the segment finds; the last world unlinks it.
+    #[test]
+    fn operations_reach_a_reader() {
+        use crate::observe::{OpKind, OpScope};
+        let job = format!("ops{}", std::process::id());
+        let reg = register(&job, 3, 4);
+        let name = find_by_pid(std::process::id()).unwrap().unwrap();
+        assert_eq!(
+            name,
+            format!("hcomm-{job}-3-{PURPOSE}-{}", std::process::id())
+        );
+        let mut reader = StatsReader::open(&name).unwrap();
+        reader.watch();
+        let mut op = OpScope::start(OpKind::AllReduce, 0, 64, 4, [0; 3], 0, 0, None);
+        op.planned(5, pack_name("ring"), proto::SHM_INLINE, 6);
+        crate::observe::waiting_for_step(2, Some(1));
+        let f = FlightSnapshot::read(&reader.layout().lanes[0].flight).unwrap();
+        assert_eq!(
+            (f.kind, f.seq, f.bytes, f.algo.as_str()),
+            (OpKind::AllReduce, 5, 64, "ring")
+        );
+        assert_eq!((f.step, f.steps, f.peer), (Some(2), 6, Some(1)));
+        drop(op);
+        let lane = &reader.layout().lanes[0];
+        assert!(FlightSnapshot::read(&lane.flight).is_none());
+        let k = &lane.kinds[OpKind::AllReduce as usize];
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!((load(&k.count), load(&k.bytes), load(&k.timed)), (1, 64, 1));
+        assert_eq!(load(&k.protocols), proto::SHM_INLINE);
+        let h = &reader.layout().header;
+        assert_eq!((h.rank, h.size, h.pid), (3, 4, std::process::id()));
+        drop(reg);
+        assert_eq!(find_by_pid(std::process::id()).unwrap(), None);
+    }
+
+    /// Worlds come and go: each round has a fresh segment, a thread that ended has let its
+    /// lane go, and a thread that lives on claims a lane in the new segment.
+    #[test]
+    fn lanes_are_let_go_and_segments_replaced() {
+        use crate::observe::{OpKind, OpScope};
+        let barrier = || drop(OpScope::start(OpKind::Barrier, 0, 0, 1, [0; 3], 0, 0, None));
+        let job = format!("cycle{}", std::process::id());
+        for round in 0..3 {
+            let reg = register(&job, 0, 1);
+            std::thread::spawn(barrier).join().unwrap();
+            barrier();
+            let layout = current().unwrap();
+            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            let owned = layout.lanes.iter().filter(|l| load(&l.owner) != 0).count();
+            assert_eq!(owned, 1, "round {round}");
+            let kind = OpKind::Barrier as usize;
+            let counted: u64 = layout
+                .lanes
+                .iter()
+                .map(|l| load(&l.kinds[kind].count))
+                .sum();
+            assert_eq!(counted, 2, "round {round}");
+            drop(reg);
+            assert!(current().is_none());
+        }
+    }
+
+    #[test]
+    fn layout_fits_lanes_on_their_own_lines() {
+        assert_eq!(size_of::<Lane>() % 128, 0);
+        assert_eq!(std::mem::align_of::<StatsLayout>(), 128);
+    }
+}
