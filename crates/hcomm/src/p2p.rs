@@ -46,7 +46,8 @@ use crate::transport::plugin::Lease;
 use crate::transport::shm::cma;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
 use crate::transport::wire::{
-    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_MISMATCH, FLAG_PULLED, HEADER_LEN,
+    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_DISCARD, FLAG_MISMATCH,
+    FLAG_PULLED, HEADER_LEN,
 };
 
 /// Identifies an operation inside the engine.
@@ -465,6 +466,8 @@ struct State {
     late: HashMap<u64, Error>,
     /// A failing peer's ring is being read to its end.
     draining: bool,
+    /// Communicators aborted (by this rank or a peer), with the error of their operations.
+    comm_aborted: HashMap<u64, Error>,
 }
 
 struct Shared {
@@ -636,6 +639,7 @@ impl Engine {
                 call_order: VecDeque::new(),
                 late: HashMap::default(),
                 draining: false,
+                comm_aborted: HashMap::default(),
             }),
             io,
             counts,
@@ -710,6 +714,9 @@ impl Engine {
     /// message of this call with another signature), for calls that wait outside the engine.
     pub(crate) fn call_failed(&self, comm: u64, tag: u32) -> Option<Error> {
         let mut st = lock(&self.shared.state);
+        if let Some(e) = st.comm_aborted.get(&comm) {
+            return Some(e.clone());
+        }
         if let Some(e) = st.late.remove(&comm) {
             return Some(e);
         }
@@ -1041,6 +1048,35 @@ impl Engine {
         }
     }
 
+    /// Aborts the communicator whose frames carry the ids `comms`: every pending and later
+    /// operation on them fails with `Error::Aborted`, here and on the world ranks `peers`,
+    /// which are told with an abort frame.
+    pub(crate) fn abort_comm(&self, comms: &[u64], peers: &[usize]) {
+        {
+            let mut st = lock(&self.shared.state);
+            for &comm in comms {
+                let err = Error::Aborted(
+                    "this rank aborted the communicator (Communicator::abort, hcommCommAbort)"
+                        .into(),
+                );
+                st.abort_comm(comm, err);
+            }
+            for &peer in peers {
+                if peer == st.cfg.rank {
+                    continue;
+                }
+                for &comm in comms {
+                    let mut hdr = FrameHeader::new(FrameKind::Abort);
+                    hdr.flags = FLAG_COMM_ABORT;
+                    hdr.comm = comm;
+                    st.queue(peer, 0, OutFrame::control(hdr));
+                }
+            }
+        }
+        // Threads of this rank waiting on the communicator, in the engine or outside it.
+        self.shared.io.wake_all();
+    }
+
     /// Progresses once without blocking; returns the result of `id` if it is complete (and
     /// removes it).
     pub(crate) fn test(&self, id: OpId) -> Option<Result<usize>> {
@@ -1224,6 +1260,9 @@ impl State {
     }
 
     fn live_peer(&self, t: &Target) -> Result<()> {
+        if let Some(e) = self.comm_aborted.get(&t.comm) {
+            return Err(e.clone());
+        }
         if let Some(&(peer, sig, mismatch)) = self.aborted.get(&(t.comm, t.tag)) {
             return Err(self.abandoned(t, peer, sig, mismatch));
         }
@@ -1628,6 +1667,9 @@ impl State {
     /// call on `comm` turned out mismatched after it returned, or if a message of this call
     /// already arrived with another signature.
     fn begin_call(&mut self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
+        if let Some(e) = self.comm_aborted.get(&comm) {
+            return Err(e.clone());
+        }
         if let Some(e) = self.late.remove(&comm) {
             return Err(e);
         }
@@ -1692,6 +1734,22 @@ impl State {
             };
             let err = self.abandoned(&t, peer, sig, mismatch);
             self.fail_call(comm, tag, err);
+        }
+    }
+
+    /// Communicator `comm` is aborted: its pending operations fail with `err`, and so will
+    /// every later one.
+    fn abort_comm(&mut self, comm: u64, err: Error) {
+        let err = self.comm_aborted.entry(comm).or_insert(err).clone();
+        let victims: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.result.is_none() && op.target.comm == comm)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in victims {
+            self.disentangle(id);
+            self.complete(id, Err(err.clone()));
         }
     }
 
@@ -2469,6 +2527,14 @@ impl State {
             }
             // It only had to wake this rank up.
             FrameKind::Wake => return Ok(None),
+            FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
+                let err = Error::Aborted(format!(
+                    "world rank {peer} aborted the communicator (Communicator::abort, \
+                     hcommCommAbort); see that rank's output for why"
+                ));
+                self.abort_comm(hdr.comm, err);
+                return Ok(None);
+            }
             FrameKind::Abort => {
                 self.on_abort(
                     peer,

@@ -29,6 +29,9 @@ pub const FLAG_MISMATCH: u16 = 2;
 pub const FLAG_CAN_PULL: u16 = 4;
 /// `Cts` flag: the receiver copied the data itself; the sender's part is done.
 pub const FLAG_PULLED: u16 = 8;
+/// `Abort` flag: the sender aborted the whole communicator `comm` (every operation on it,
+/// whatever its tag, now and later), not one operation.
+pub const FLAG_COMM_ABORT: u16 = 16;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,7 +193,7 @@ impl FrameHeader {
     fn validate(&self) -> Result<(), WireError> {
         let allowed_flags = match self.kind {
             FrameKind::Cts => FLAG_DISCARD | FLAG_PULLED,
-            FrameKind::Abort => FLAG_MISMATCH,
+            FrameKind::Abort => FLAG_MISMATCH | FLAG_COMM_ABORT,
             FrameKind::Rts => FLAG_CAN_PULL,
             _ => 0,
         };
@@ -319,7 +322,7 @@ mod tests {
                 }
             }
             FrameKind::Cts => h.flags = *rng.pick(&[0, FLAG_DISCARD, FLAG_PULLED]),
-            FrameKind::Abort => h.flags = *rng.pick(&[0, FLAG_MISMATCH]),
+            FrameKind::Abort => h.flags = *rng.pick(&[0, FLAG_MISMATCH, FLAG_COMM_ABORT]),
             FrameKind::Close | FrameKind::Wake => {}
         }
         h
@@ -348,6 +351,7 @@ mod tests {
                 FLAG_MISMATCH as u64,
                 FLAG_CAN_PULL as u64,
                 FLAG_PULLED as u64,
+                FLAG_COMM_ABORT as u64,
             ],
         };
         crate::fuzz::run(&target, |input, rng| {
