@@ -859,13 +859,15 @@ impl Waiter<'_> {
                 }
             }
             engine.check_peer(self.os.world[p])?;
+            // Before the peer's own abandonment: an aborted communicator fails every member's
+            // wait, and its error names the rank that aborted it.
+            if let Some(e) = engine.call_failed(self.comm.id | COLL, self.tag) {
+                return Err(e);
+            }
             if self.os.counter(p, FAILED).load(Ordering::Acquire) >= self.call {
                 return Err(Error::Aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"
                 )));
-            }
-            if let Some(e) = engine.call_failed(self.comm.id | COLL, self.tag) {
-                return Err(e);
             }
             if ready() {
                 return Ok(());
