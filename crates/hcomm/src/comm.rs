@@ -500,6 +500,7 @@ impl Communicator {
                 shm_push_threshold: config.shm_push_threshold,
                 shm_chunk: config.shm_chunk,
                 describe: crate::coll::Shape::describe_signature,
+                timeout: config.timeout,
             },
         )?;
         if config.debug && rank == 0 {

@@ -39,6 +39,7 @@ use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 mod plugin;
+mod watch;
 
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -178,6 +179,8 @@ pub(crate) struct EngineConfig {
     pub shm_chunk: usize,
     /// Describes an operation signature for mismatch messages.
     pub describe: fn([u64; 2]) -> String,
+    /// `HCOMM_TIMEOUT`: sets the heartbeats of the watcher (see `p2p/watch.rs`).
+    pub timeout: Duration,
 }
 
 /// Which operation [`Engine::blocking`] runs.
@@ -394,6 +397,8 @@ struct Peer {
     closed: bool,
     /// Why the peer cannot be reached any more.
     lost: Option<String>,
+    /// Frames received from the peer (a sign of life for the watcher).
+    heard: u64,
 }
 
 /// The parts of the engine used without its lock.
@@ -414,6 +419,9 @@ struct Io {
     peer_inboxes: HashMap<usize, (PeerInbox, u32, bool)>,
     /// Items the plug-in receivers queued that the engine has not taken yet.
     plugin_rx: AtomicUsize,
+    /// Bumped by the watcher when a peer's connection ended or it failed a peer: a sleeper
+    /// that saw it change must look at the sockets and its operations before sleeping.
+    alarms: AtomicU64,
 }
 
 impl Io {
@@ -427,6 +435,13 @@ impl Io {
 
     fn bell(&self) -> Option<&Doorbell> {
         self.inbox.as_ref().map(Inbox::bell)
+    }
+
+    /// The watcher found news about a peer: wakes every sleeper, and keeps those about to
+    /// sleep awake (see `alarms`).
+    fn alarm(&self) {
+        self.alarms.fetch_add(1, Ordering::SeqCst);
+        self.wake_all();
     }
 }
 
@@ -477,6 +492,8 @@ struct Shared {
     idle: Mutex<()>,
     idle_cv: Condvar,
     shutdown: AtomicBool,
+    /// The engine is closing: the watcher sends no more heartbeats and judges nobody.
+    closing: AtomicBool,
     spin: Duration,
 }
 
@@ -486,6 +503,8 @@ pub(crate) struct Engine {
     thread: Option<JoinHandle<()>>,
     /// The transport plug-in's links, when the world has one.
     plugin: Option<plugin::Links>,
+    /// The thread that notices dead and hung peers.
+    watcher: Option<watch::Watcher>,
 }
 
 fn token(peer: usize, stream: usize) -> u64 {
@@ -565,6 +584,7 @@ impl Engine {
                 next_data_stream: 0,
                 closed: false,
                 lost: None,
+                heard: 0,
             }));
         }
         let mut shm_peers = Vec::new();
@@ -587,6 +607,18 @@ impl Engine {
             None => None,
         };
         let spin = cfg.spin;
+        let timing = watch::Timing::for_timeout(cfg.timeout);
+        // Duplicates of the local peers' stream 0, whose end the watcher waits for.
+        let mut ends = Vec::with_capacity(shm_peers.len());
+        for &p in &shm_peers {
+            if let Some(s) = peers[p].as_ref().and_then(|peer| peer.streams.first()) {
+                let dup = s
+                    .sock
+                    .try_clone()
+                    .map_err(|e| Error::transport("duplicating a link for the watcher", e))?;
+                ends.push((p, dup));
+            }
+        }
         let counts = Arc::new(ProtocolCounts::default());
         let io = Arc::new(Io {
             epoll,
@@ -597,6 +629,7 @@ impl Engine {
             inbox,
             peer_inboxes,
             plugin_rx: AtomicUsize::new(0),
+            alarms: AtomicU64::new(0),
         });
         let size = peers.len();
         let mut plugin_peers = Vec::new();
@@ -646,8 +679,11 @@ impl Engine {
             idle: Mutex::new(()),
             idle_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             spin,
         });
+        // First: should the progress thread fail to start, dropping the watcher stops it.
+        let watcher = watch::Watcher::start(Arc::clone(&shared), ends, timing)?;
         let bg = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("hcomm-progress".into())
@@ -657,6 +693,7 @@ impl Engine {
             shared,
             thread: Some(thread),
             plugin,
+            watcher: Some(watcher),
         })
     }
 
@@ -683,6 +720,13 @@ impl Engine {
             .peer_inboxes
             .get(&peer)
             .map(|(_, pid, cma)| (*pid, *cma))
+    }
+
+    /// A count that changes whenever the watcher learns that a peer's connection ended or
+    /// fails a peer: a wait outside the engine reads it before it looks at its peers
+    /// ([`Engine::check_peer`]), and does not sleep once it changed.
+    pub(crate) fn alarms(&self) -> u64 {
+        self.shared.io.alarms.load(Ordering::SeqCst)
     }
 
     /// This rank's doorbell, when it has shared-memory peers.
@@ -993,8 +1037,16 @@ impl Engine {
         let Some(bell) = sh.io.bell() else {
             return poll(&sh.io, events, sleep);
         };
-        let mut ready = || lock(&sh.state).shm_ready();
         if all_shm {
+            // The sockets first, and no sleep once the watcher saw a connection end since:
+            // the peer's end may have come after the sockets were last looked at.
+            let alarms = sh.io.alarms.load(Ordering::SeqCst);
+            poll(&sh.io, events, Duration::ZERO)?;
+            if !events.is_empty() {
+                return Ok(());
+            }
+            let mut ready =
+                || sh.io.alarms.load(Ordering::SeqCst) != alarms || lock(&sh.state).shm_ready();
             let start = Instant::now();
             if !bell.sleep_unless(&mut ready, sleep) {
                 ProtocolCounts::bump(&sh.counts.naps);
@@ -1005,7 +1057,7 @@ impl Engine {
             return poll(&sh.io, events, Duration::ZERO);
         }
         bell.enter_epoll();
-        let result = if ready() {
+        let result = if lock(&sh.state).shm_ready() {
             poll(&sh.io, events, Duration::ZERO)
         } else {
             poll(&sh.io, events, sleep)
@@ -1113,6 +1165,7 @@ impl Engine {
     /// with data in it. Returns the peers whose queued data could not be delivered.
     pub(crate) fn close(&self, deadline: Instant) -> Vec<usize> {
         let sh = &*self.shared;
+        sh.closing.store(true, Ordering::SeqCst);
         {
             let mut st = lock(&sh.state);
             for p in 0..st.peers.len() {
@@ -1170,6 +1223,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        drop(self.watcher.take());
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.shared.idle_cv.notify_all();
         if let Some(t) = self.thread.take() {
@@ -2404,6 +2458,9 @@ impl State {
         peer: usize,
         hdr: FrameHeader,
     ) -> std::result::Result<Option<Dest>, String> {
+        if let Some(p) = self.peers[peer].as_mut() {
+            p.heard = p.heard.wrapping_add(1);
+        }
         let dest = match hdr.kind {
             FrameKind::Eager => {
                 let key = MatchKey {

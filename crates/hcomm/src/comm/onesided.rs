@@ -852,12 +852,9 @@ impl Waiter<'_> {
                      HCOMM_TIMEOUT; it may be stuck, slow, or calling something else"
                 )));
             }
-            let left = (deadline - now).min(SLEEP);
-            if let Some(bell) = engine.own_bell() {
-                if bell.sleep_unless(&mut || ready(), left) || ready() {
-                    return Ok(());
-                }
-            }
+            // Look at the peer before each sleep, and do not sleep once the watcher has news
+            // from after that look (a peer's connection ended: the peer may be dead).
+            let alarms = engine.alarms();
             engine.check_peer(self.os.world[p])?;
             // Before the peer's own abandonment: an aborted communicator fails every member's
             // wait, and its error names the rank that aborted it.
@@ -868,6 +865,14 @@ impl Waiter<'_> {
                 return Err(Error::Aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"
                 )));
+            }
+            if ready() {
+                return Ok(());
+            }
+            let left = (deadline - now).min(SLEEP);
+            if let Some(bell) = engine.own_bell() {
+                let mut woken = || ready() || engine.alarms() != alarms;
+                bell.sleep_unless(&mut woken, left);
             }
             if ready() {
                 return Ok(());
