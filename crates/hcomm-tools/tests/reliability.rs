@@ -52,11 +52,26 @@ fn soak_of_random_collectives_over_tcp() {
 /// Starts `hcomm_check peer-loss` on 3 ranks, kills rank 1 from outside once all are ready,
 /// and returns each survivor's kill-to-error latency.
 fn kill_to_error(transport: &str, pending: &str) -> Vec<Duration> {
+    let (latencies, text) = fault_to_error(transport, pending, "60", libc::SIGKILL);
+    assert!(!text.contains("no heartbeat"), "{text}");
+    latencies
+}
+
+/// Starts `hcomm_check peer-loss` on 3 ranks with `HCOMM_TIMEOUT` = `timeout`, sends rank 1
+/// `sig` once all are ready (SIGKILL: it dies; SIGSTOP: it hangs, then is killed once the
+/// survivors have reported), and returns each survivor's signal-to-error latency and the
+/// output.
+fn fault_to_error(
+    transport: &str,
+    pending: &str,
+    timeout: &str,
+    sig: libc::c_int,
+) -> (Vec<Duration>, String) {
     let args = ["peer-loss", "--victims", "1", "--pending", pending];
     let mut job = Ranks::start(3, None, &args, |_| {
         let mut c = Command::new(CHECK);
         c.env("HCOMM_TRANSPORT", transport)
-            .env("HCOMM_TIMEOUT", "60");
+            .env("HCOMM_TIMEOUT", timeout);
         c
     });
     job.wait_for_lines(&[0, 1, 2], "ready ", Duration::from_secs(60));
@@ -65,10 +80,14 @@ fn kill_to_error(transport: &str, pending: &str) -> Vec<Duration> {
     let jitter = (ranks::unix_ns() % 100_000_000) as u64;
     std::thread::sleep(Duration::from_millis(250) + Duration::from_nanos(jitter));
     let killed = ranks::unix_ns();
+    job.signal(1, sig);
+    if sig != libc::SIGKILL {
+        job.wait_for_lines(&[0, 2], "lost ", Duration::from_secs(60));
+    }
     job.kill(1);
     let status = job.finish(Duration::from_secs(30));
     let text = job.text();
-    [0, 2]
+    let latencies = [0, 2]
         .into_iter()
         .map(|r| {
             assert!(
@@ -81,7 +100,8 @@ fn kill_to_error(transport: &str, pending: &str) -> Vec<Duration> {
                 .unwrap_or_else(|| panic!("rank {r} printed no loss:\n{text}"));
             Duration::from_nanos(lost.saturating_sub(killed) as u64)
         })
-        .collect()
+        .collect();
+    (latencies, text)
 }
 
 /// The survivors of a SIGKILLed shared-memory or TCP peer fail within a bound far below
@@ -95,6 +115,40 @@ fn survivors_of_a_killed_rank_fail_fast() {
             println!("kill-to-error latency, {transport}, pending {pending}: {latencies:.2?}");
             for l in latencies {
                 assert!(l < Duration::from_secs(5), "{transport} {pending}: {l:?}");
+            }
+        }
+    }
+}
+
+/// A receiver asleep on its doorbell's futex learns of a killed shared-memory peer from the
+/// watcher, which sees the peer's TCP connection end, rather than when its nap of up to 100 ms
+/// ends: four latencies in a row must be well below the nap (each has a random phase).
+#[test]
+fn a_sleeping_receiver_learns_of_a_killed_shared_memory_peer_at_once() {
+    let mut all = Vec::new();
+    for _ in 0..2 {
+        all.extend(kill_to_error("shm", "recv"));
+    }
+    println!("kill-to-error latency, shm, pending recv: {all:.2?}");
+    assert!(
+        all.iter().all(|&l| l < Duration::from_millis(50)),
+        "{all:?}"
+    );
+}
+
+/// A rank that hangs (SIGSTOP: alive, its sockets open, its shared memory silent) is lost by
+/// its shared-memory and TCP peers through the missing heartbeats, with `PeerLost` naming it,
+/// within 2 x HCOMM_TIMEOUT (about HCOMM_TIMEOUT / 2 here), not a timeout.
+#[test]
+fn survivors_of_a_hung_rank_lose_it_through_missing_heartbeats() {
+    let timeout = Duration::from_secs(4);
+    for transport in ["shm", "tcp"] {
+        for pending in ["recv", "allreduce"] {
+            let (latencies, text) = fault_to_error(transport, pending, "4", libc::SIGSTOP);
+            println!("stop-to-error latency, {transport}, pending {pending}: {latencies:.2?}");
+            assert!(text.contains("no heartbeat"), "{text}");
+            for l in latencies {
+                assert!(l < 2 * timeout, "{transport} {pending}: {l:?}\n{text}");
             }
         }
     }
