@@ -1,5 +1,6 @@
-//! Reliability: a soak of random collectives on 4 ranks over both transports, and how fast
-//! the survivors of a SIGKILLed rank fail (kill-to-error latency).
+//! Reliability: a soak of random collectives on 4 ranks over both transports; how fast the
+//! survivors of a SIGKILLed or hung rank fail (kill-to-error latency), and of an aborted
+//! world; and that nothing of a failed or aborted job is left behind.
 
 mod common;
 #[path = "common/ranks.rs"]
@@ -54,6 +55,10 @@ fn soak_of_random_collectives_over_tcp() {
 fn kill_to_error(transport: &str, pending: &str) -> Vec<Duration> {
     let (latencies, text) = fault_to_error(transport, pending, "60", libc::SIGKILL);
     assert!(!text.contains("no heartbeat"), "{text}");
+    for r in [0, 2] {
+        let clean = format!("[{r}] left threads=0 sockets=0");
+        assert!(text.contains(&clean), "{text}");
+    }
     latencies
 }
 
@@ -151,5 +156,124 @@ fn survivors_of_a_hung_rank_lose_it_through_missing_heartbeats() {
                 assert!(l < 2 * timeout, "{transport} {pending}: {l:?}\n{text}");
             }
         }
+    }
+}
+
+/// Runs `hcomm_check args` on `n` ranks under hcommrun with `HCOMM_TRANSPORT` = `transport`;
+/// once hcommrun is done, checks that nothing of the job is left: no process (each rank's
+/// environment carries a mark), and no name of the job in /dev/shm. Returns the output.
+fn job_leaving_nothing(n: usize, transport: &str, args: &[&str]) -> (bool, String) {
+    let mark = format!("{}-{}", std::process::id(), ranks::unix_ns());
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", &n.to_string(), "--timeout", "120", "--", CHECK])
+        .args(args)
+        .env("HCOMM_TRANSPORT", transport)
+        .env("HCOMM_TIMEOUT", "60")
+        .env("HCOMM_DEBUG", "1")
+        .env("RELIABILITY_TEST_MARK", &mark);
+    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(150));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let needle = format!("RELIABILITY_TEST_MARK={mark}");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .map(|env| env.split(|&b| b == 0).any(|v| v == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "processes of the job left: {left:?}\n{text}"
+    );
+    if transport == "shm" {
+        let prefix = text
+            .split_whitespace()
+            .find(|w| w.starts_with("hcomm-") && w.ends_with("-inbox;"))
+            .and_then(|w| w.rsplitn(3, '-').nth(2))
+            .unwrap_or_else(|| panic!("no inbox name in the debug output:\n{text}"))
+            .to_owned();
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(&format!("{prefix}-")))
+            .collect();
+        assert!(left.is_empty(), "left in /dev/shm: {left:?}\n{text}");
+    }
+    (o.status.success(), text)
+}
+
+/// The nanoseconds a rank printed after `prefix` (`hcomm_check`'s time stamps).
+fn stamp(text: &str, rank: usize, prefix: &str) -> u128 {
+    let start = format!("[{rank}] {prefix} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&start)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("rank {rank} printed no {prefix:?}:\n{text}"))
+}
+
+/// A rank aborts the world while the others wait in a receive from it or in all-reduces it
+/// never joins: every other rank fails with Aborted naming it within a second (not
+/// HCOMM_TIMEOUT), later calls fail the same way, every rank is back to the threads and
+/// sockets it had before init, hcommrun exits non-zero naming the aborter, and no process or
+/// shared memory of the job is left.
+#[test]
+fn an_aborted_world_fails_every_rank_promptly_and_leaves_nothing_behind() {
+    for transport in ["shm", "tcp"] {
+        for pending in ["recv", "allreduce"] {
+            let args = ["abort", "--aborter", "2", "--pending", pending];
+            let (success, text) = job_leaving_nothing(4, transport, &args);
+            assert!(!success, "{text}");
+            assert!(
+                text.contains("hcommrun: rank 2 exited with status 1"),
+                "{text}"
+            );
+            let aborting = stamp(&text, 2, "aborting");
+            let mut latencies = Vec::new();
+            for r in [0, 1, 3] {
+                assert!(text.contains(&format!("[{r}] OK abort")), "{text}");
+                let at = stamp(&text, r, "aborted");
+                latencies.push(Duration::from_nanos(at.saturating_sub(aborting) as u64));
+            }
+            assert!(text.contains("[2] left threads=0 sockets=0"), "{text}");
+            println!("abort-to-error latency, {transport}, pending {pending}: {latencies:.2?}");
+            for l in latencies {
+                assert!(
+                    l < Duration::from_secs(1),
+                    "{transport} {pending}: {l:?}\n{text}"
+                );
+            }
+        }
+    }
+}
+
+/// A rank SIGKILLed under hcommrun: hcommrun exits non-zero naming it, and no process or
+/// shared memory of the job is left (the survivors' own threads and sockets are checked by
+/// `peer-loss` itself, see `survivors_of_a_killed_rank_fail_fast`).
+#[test]
+fn a_killed_rank_leaves_no_process_or_shared_memory_behind() {
+    for transport in ["shm", "tcp"] {
+        let args = [
+            "peer-loss",
+            "--victims",
+            "1",
+            "--kill-after-ms",
+            "200",
+            "--pending",
+            "allreduce",
+        ];
+        let (success, text) = job_leaving_nothing(3, transport, &args);
+        assert!(!success, "{text}");
+        assert!(
+            text.contains("hcommrun: rank 1 was killed by signal SIGKILL"),
+            "{text}"
+        );
     }
 }

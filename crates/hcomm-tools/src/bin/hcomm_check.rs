@@ -112,6 +112,21 @@ enum Scenario {
         #[arg(long, value_enum, default_value_t = Pending::Recv)]
         pending: Pending,
     },
+    /// Rank --aborter aborts the world (`Communicator::abort`) while the others wait in a
+    /// pending operation; they must fail with Aborted naming it, as must every later call.
+    /// Every rank prints `ready <ns>` after the start-up barrier, the aborter `aborting <ns>`
+    /// just before, the others `aborted <ns> <error>`. Then every rank releases the world and
+    /// checks that no thread or socket of hcomm is left; the aborter lingers a second (so that
+    /// the others report before the launcher stops them) and exits with status 1.
+    Abort {
+        /// World rank that aborts.
+        #[arg(long, default_value_t = 1)]
+        aborter: usize,
+        /// What the others wait in: a receive from the aborter, or a loop of all-reduces on
+        /// the world (which the aborter never joins).
+        #[arg(long, value_enum, default_value_t = Pending::Recv)]
+        pending: Pending,
+    },
     /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
     /// fail fast with PeerLost naming it.
     Kill {
@@ -385,6 +400,32 @@ fn progress(comm: &Communicator) -> Result<()> {
         _ => {}
     }
     comm.barrier()?;
+    Ok(())
+}
+
+/// Threads and open sockets of this process.
+fn footprint() -> Result<(usize, usize)> {
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    let mut sockets = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        // An fd closed since the listing has no link any more.
+        if let Ok(link) = std::fs::read_link(entry?.path()) {
+            sockets += usize::from(link.to_string_lossy().starts_with("socket:"));
+        }
+    }
+    Ok((threads, sockets))
+}
+
+/// Releases `comm` after a failure and checks that the process is back to `before` (its
+/// footprint before the first init): no thread or socket of hcomm is left.
+fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result<()> {
+    drop(comm);
+    let after = footprint()?;
+    ensure!(
+        after == before,
+        "after the failure and release: (threads, sockets) {after:?}, before init {before:?}"
+    );
+    println!("left threads=0 sockets=0");
     Ok(())
 }
 
@@ -825,6 +866,7 @@ fn peer_loss(
     victims: &[usize],
     kill_after_ms: Option<u64>,
     pending: Pending,
+    before: (usize, usize),
 ) -> Result<()> {
     let r = comm.rank();
     ensure!(
@@ -878,10 +920,66 @@ fn peer_loss(
     match err {
         Error::PeerLost(_) | Error::Aborted(_) => {
             println!("lost {at} {:?}: {err}", err.code());
-            Ok(())
         }
         e => bail!("expected PeerLost or Aborted, got {e}"),
     }
+    // The world has lost a rank: release it without the goodbye of destroy.
+    nothing_left(comm, before)
+}
+
+fn abort(
+    comm: Communicator,
+    aborter: usize,
+    pending: Pending,
+    before: (usize, usize),
+) -> Result<()> {
+    let r = comm.rank();
+    ensure!(
+        aborter < comm.size() && comm.size() > 1,
+        "--aborter must name a rank below {}, and somebody must wait",
+        comm.size()
+    );
+    comm.barrier()?;
+    println!("ready {}", unix_ns());
+    let mut buf = vec![1.0f32; 1 << 16];
+    let later = |comm: &Communicator| -> Result<()> {
+        match comm.barrier() {
+            Err(Error::Aborted(_)) => Ok(()),
+            other => bail!("a call after the abort gave {other:?}, not Aborted"),
+        }
+    };
+    if r == aborter {
+        std::thread::sleep(Duration::from_millis(300));
+        println!("aborting {}", unix_ns());
+        comm.abort()?;
+        comm.abort()?;
+        later(&comm)?;
+        std::thread::sleep(Duration::from_secs(1));
+        nothing_left(comm, before)?;
+        bail!("rank {r} aborted the world on purpose");
+    }
+    let err = match pending {
+        Pending::Recv => {
+            let mut byte = [0u8; 1];
+            match comm.recv(&mut byte, aborter, 99) {
+                Ok(_) => bail!("received a message from rank {aborter} that never sends"),
+                Err(e) => e,
+            }
+        }
+        Pending::Allreduce => loop {
+            if let Err(e) = comm.allreduce_in_place(&mut buf, ReduceOp::Max) {
+                break e;
+            }
+        },
+    };
+    let at = unix_ns();
+    let named = format!("world rank {aborter} aborted");
+    match &err {
+        Error::Aborted(m) if m.contains(&named) => println!("aborted {at} {:?}: {err}", err.code()),
+        e => bail!("expected Aborted naming rank {aborter}, got {e}"),
+    }
+    later(&comm)?;
+    nothing_left(comm, before)
 }
 
 fn deterministic(comm: &Communicator) -> Result<()> {
@@ -1014,6 +1112,7 @@ fn overlap(comm: &Communicator) -> Result<()> {
 }
 
 fn run(scenario: Scenario) -> Result<()> {
+    let before = footprint()?;
     let comm = Communicator::init().context("init")?;
     let name = match scenario {
         Scenario::Hello => {
@@ -1096,9 +1195,11 @@ fn run(scenario: Scenario) -> Result<()> {
             kill_after_ms,
             pending,
         } => {
-            // The survivors' world has lost a rank: drop it without the goodbye of destroy.
-            return peer_loss(comm, &victims, kill_after_ms, pending)
+            return peer_loss(comm, &victims, kill_after_ms, pending, before)
                 .map(|()| println!("OK peer-loss"));
+        }
+        Scenario::Abort { aborter, pending } => {
+            return abort(comm, aborter, pending, before).map(|()| println!("OK abort"));
         }
         Scenario::Protocols => {
             let c = comm.config();
