@@ -30,7 +30,10 @@ enum Scenario {
         #[arg(long, default_value_t = 64 << 20)]
         max_size: usize,
     },
-    /// Every rank sends to and receives from every other rank at once (nonblocking).
+    /// Every rank sends to and receives from every other rank at once (nonblocking). First
+    /// every rank prints `listening N threads T`: its TCP sockets in the listening state once
+    /// init is done (the mesh listener closes once every peer connected; rank 0 of a job
+    /// without a launcher's store keeps the store's) and its threads.
     AllPairs {
         /// Largest message, in bytes.
         #[arg(long, default_value_t = 4 << 20)]
@@ -427,6 +430,37 @@ fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result<()> {
     );
     println!("left threads=0 sockets=0");
     Ok(())
+}
+
+/// This process's TCP sockets in the listening state.
+fn listening_sockets() -> Result<usize> {
+    // Sockets of this process by inode, from /proc/self/fd ("socket:[INODE]").
+    let mut mine = std::collections::HashSet::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Ok(link) = std::fs::read_link(entry?.path()) {
+            let link = link.to_string_lossy().into_owned();
+            if let Some(inode) = link
+                .strip_prefix("socket:[")
+                .and_then(|l| l.strip_suffix(']'))
+            {
+                mine.insert(inode.to_owned());
+            }
+        }
+    }
+    // The namespace's TCP sockets: column 4 is the state (0A: listening), column 10 the inode.
+    let mut count = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" && mine.contains(cols[9]) {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
 }
 
 /// Open file descriptors and threads of this process.
@@ -1132,6 +1166,8 @@ fn run(scenario: Scenario) -> Result<()> {
             "ring"
         }
         Scenario::AllPairs { max_size } => {
+            let threads = std::fs::read_dir("/proc/self/task")?.count();
+            println!("listening {} threads {threads}", listening_sockets()?);
             all_pairs(&comm, max_size)?;
             "all-pairs"
         }
