@@ -156,13 +156,18 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
     if sh.closing.load(Ordering::SeqCst) {
         return;
     }
-    // Read what arrived, heartbeats among it, even when no thread of this rank waits.
+    // Read what arrived, heartbeats among it, when no thread of this rank does: a waiting
+    // thread or the polling progress thread reads the sockets itself (and must not have its
+    // wake-up taken from under it).
     let mut events = Vec::with_capacity(64);
-    if poll(&sh.io, &mut events, Duration::ZERO).is_err() {
+    let idle = sh.io.waiters.load(Ordering::SeqCst) == 0 && !sh.io.polling.load(Ordering::SeqCst);
+    if idle && poll(&sh.io, &mut events, Duration::ZERO).is_err() {
         events.clear();
     }
     let mut st = lock(&sh.state);
-    st.handle(&events, false);
+    if idle {
+        st.handle(&events, false);
+    }
     let mut lost = false;
     for p in 0..st.peers.len() {
         let Some(peer) = st.peers[p].as_ref() else {
