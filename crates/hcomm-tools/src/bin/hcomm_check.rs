@@ -115,8 +115,9 @@ enum Scenario {
         #[arg(long, value_enum, default_value_t = Pending::Recv)]
         pending: Pending,
     },
-    /// Rank --aborter aborts the world (`Communicator::abort`) while the others wait in a
-    /// pending operation; they must fail with Aborted naming it, as must every later call.
+    /// Rank --aborter aborts the world (`Communicator::abort`) while the others, and another
+    /// thread of its own, wait in a pending operation; they must fail with Aborted naming it,
+    /// as must every later call.
     /// Every rank prints `ready <ns>` after the start-up barrier, the aborter `aborting <ns>`
     /// just before, the others `aborted <ns> <error>`. Then every rank releases the world and
     /// checks that no thread or socket of hcomm is left; the aborter lingers a second (so that
@@ -983,10 +984,23 @@ fn abort(
         }
     };
     if r == aborter {
-        std::thread::sleep(Duration::from_millis(300));
-        println!("aborting {}", unix_ns());
-        comm.abort()?;
-        comm.abort()?;
+        // Another thread of the aborter waits on the communicator too: the abort ends it.
+        let peer = (r + 1) % comm.size();
+        std::thread::scope(|s| -> Result<()> {
+            let waiter = s.spawn(|| {
+                let mut byte = [0u8; 1];
+                comm.recv(&mut byte, peer, 98)
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            println!("aborting {}", unix_ns());
+            comm.abort()?;
+            comm.abort()?;
+            match waiter.join() {
+                Ok(Err(Error::Aborted(m))) if m.contains("this rank aborted") => Ok(()),
+                Ok(other) => bail!("the aborter's other thread got {other:?}, not Aborted"),
+                Err(_) => bail!("the aborter's other thread panicked"),
+            }
+        })?;
         later(&comm)?;
         std::thread::sleep(Duration::from_secs(1));
         nothing_left(comm, before)?;

@@ -855,12 +855,14 @@ impl Waiter<'_> {
             // Look at the peer before each sleep, and do not sleep once the watcher has news
             // from after that look (a peer's connection ended: the peer may be dead).
             let alarms = engine.alarms();
-            engine.check_peer(self.os.world[p])?;
-            // Before the peer's own abandonment: an aborted communicator fails every member's
-            // wait, and its error names the rank that aborted it.
+            let peer = engine.check_peer(self.os.world[p]);
+            // Before the peer's loss or abandonment: an aborted communicator fails every
+            // member's wait, and its error names the rank that aborted it (the peer may have
+            // learnt of it first and left already).
             if let Some(e) = engine.call_failed(self.comm.id | COLL, self.tag) {
                 return Err(e);
             }
+            peer?;
             if self.os.counter(p, FAILED).load(Ordering::Acquire) >= self.call {
                 return Err(Error::Aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"

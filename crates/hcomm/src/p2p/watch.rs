@@ -204,3 +204,31 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
         sh.io.alarm();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hung peer is lost within 2 x HCOMM_TIMEOUT at most (by `limit` + two intervals: the
+    /// last beat seen, then the turn that judges) for every timeout, and a peer gets several
+    /// intervals to beat before it is judged.
+    #[test]
+    fn heartbeat_timing_loses_a_hung_peer_within_twice_the_timeout() {
+        for secs in [1e-9, 0.01, 0.1, 1.0, 2.0, 4.0, 60.0, 300.0, 1e7] {
+            let timeout = Duration::from_secs_f64(secs);
+            let t = Timing::for_timeout(timeout);
+            assert!(
+                t.interval >= MIN_INTERVAL && t.interval <= MAX_INTERVAL,
+                "{t:?}"
+            );
+            assert!(t.limit >= 4 * t.interval, "{t:?}");
+            if timeout >= 8 * MIN_INTERVAL {
+                assert!(
+                    t.limit + 2 * t.interval <= 2 * timeout,
+                    "{timeout:?}: {t:?}"
+                );
+                assert!(t.limit >= timeout / 2, "{timeout:?}: {t:?}");
+            }
+        }
+    }
+}
