@@ -5,6 +5,8 @@
 mod common;
 #[path = "common/ranks.rs"]
 mod ranks;
+#[path = "common/shm_names.rs"]
+mod shm_names;
 
 use std::process::Command;
 use std::time::Duration;
@@ -194,18 +196,7 @@ fn job_leaving_nothing(n: usize, transport: &str, args: &[&str]) -> (bool, Strin
         "processes of the job left: {left:?}\n{text}"
     );
     if transport == "shm" {
-        let prefix = text
-            .split_whitespace()
-            .find(|w| w.starts_with("hcomm-") && w.ends_with("-inbox;"))
-            .and_then(|w| w.rsplitn(3, '-').nth(2))
-            .unwrap_or_else(|| panic!("no inbox name in the debug output:\n{text}"))
-            .to_owned();
-        let left: Vec<String> = std::fs::read_dir("/dev/shm")
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|name| name.starts_with(&format!("{prefix}-")))
-            .collect();
+        let left = shm_names::left_in_dev_shm(&text);
         assert!(left.is_empty(), "left in /dev/shm: {left:?}\n{text}");
     }
     (o.status.success(), text)
