@@ -822,7 +822,7 @@ impl Communicator {
     /// communicator afterwards as usual. Aborting twice does nothing more.
     pub fn abort(&self) -> Result<()> {
         let comms = [self.id, self.id | COLL, self.id | INTERNAL];
-        self.world.engine.abort_comm(&comms, &self.members);
+        self.world.engine.abort_comm(comms, &self.members);
         // The sub-communicators of the tiered all-reduce run parts of this one's calls. While
         // they are being made (a split over this communicator, which the abort ends) there
         // are none to abort yet.

@@ -422,6 +422,8 @@ struct Io {
     /// Bumped by the watcher when a peer's connection ended or it failed a peer: a sleeper
     /// that saw it change must look at the sockets and its operations before sleeping.
     alarms: AtomicU64,
+    /// Some communicator was aborted (so that checking for it costs no lock until one is).
+    any_aborted: AtomicBool,
 }
 
 impl Io {
@@ -630,6 +632,7 @@ impl Engine {
             peer_inboxes,
             plugin_rx: AtomicUsize::new(0),
             alarms: AtomicU64::new(0),
+            any_aborted: AtomicBool::new(false),
         });
         let size = peers.len();
         let mut plugin_peers = Vec::new();
@@ -777,6 +780,18 @@ impl Engine {
                 };
                 st.abandoned(&t, peer, sig, mismatch)
             })
+    }
+
+    /// Fails if communicator `comm` was aborted, by this rank or a peer (as far as this rank
+    /// has read), before a call on it does anything else.
+    pub(crate) fn check_aborted(&self, comm: u64) -> Result<()> {
+        if !self.shared.io.any_aborted.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        match lock(&self.shared.state).comm_aborted.get(&comm) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
     }
 
     /// Progresses once without blocking, then tells whether world rank `peer` is still
@@ -1102,11 +1117,12 @@ impl Engine {
 
     /// Aborts the communicator whose frames carry the ids `comms`: every pending and later
     /// operation on them fails with `Error::Aborted`, here and on the world ranks `peers`,
-    /// which are told with an abort frame.
-    pub(crate) fn abort_comm(&self, comms: &[u64], peers: &[usize]) {
+    /// which are told with one abort frame each (one, so that a peer learns of all the ids
+    /// at once).
+    pub(crate) fn abort_comm(&self, comms: [u64; 3], peers: &[usize]) {
         {
             let mut st = lock(&self.shared.state);
-            for &comm in comms {
+            for comm in comms {
                 let err = Error::Aborted(
                     "this rank aborted the communicator (Communicator::abort, hcommCommAbort)"
                         .into(),
@@ -1117,12 +1133,11 @@ impl Engine {
                 if peer == st.cfg.rank {
                     continue;
                 }
-                for &comm in comms {
-                    let mut hdr = FrameHeader::new(FrameKind::Abort);
-                    hdr.flags = FLAG_COMM_ABORT;
-                    hdr.comm = comm;
-                    st.queue(peer, 0, OutFrame::control(hdr));
-                }
+                let mut hdr = FrameHeader::new(FrameKind::Abort);
+                hdr.flags = FLAG_COMM_ABORT;
+                hdr.comm = comms[0];
+                hdr.sig = [comms[1], comms[2]];
+                st.queue(peer, 0, OutFrame::control(hdr));
             }
         }
         // Threads of this rank waiting on the communicator, in the engine or outside it.
@@ -1794,6 +1809,7 @@ impl State {
     /// Communicator `comm` is aborted: its pending operations fail with `err`, and so will
     /// every later one.
     fn abort_comm(&mut self, comm: u64, err: Error) {
+        self.io.any_aborted.store(true, Ordering::SeqCst);
         let err = self.comm_aborted.entry(comm).or_insert(err).clone();
         let victims: Vec<OpId> = self
             .ops
@@ -2589,7 +2605,9 @@ impl State {
                     "world rank {peer} aborted the communicator (Communicator::abort, \
                      hcommCommAbort); see that rank's output for why"
                 ));
-                self.abort_comm(hdr.comm, err);
+                for comm in [hdr.comm, hdr.sig[0], hdr.sig[1]] {
+                    self.abort_comm(comm, err.clone());
+                }
                 return Ok(None);
             }
             FrameKind::Abort => {

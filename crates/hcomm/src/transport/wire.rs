@@ -29,8 +29,9 @@ pub const FLAG_MISMATCH: u16 = 2;
 pub const FLAG_CAN_PULL: u16 = 4;
 /// `Cts` flag: the receiver copied the data itself; the sender's part is done.
 pub const FLAG_PULLED: u16 = 8;
-/// `Abort` flag: the sender aborted the whole communicator `comm` (every operation on it,
-/// whatever its tag, now and later), not one operation.
+/// `Abort` flag: the sender aborted a whole communicator (every operation on it, whatever its
+/// tag, now and later), not one operation: the one whose frames carry the ids `comm`, `sig[0]`
+/// and `sig[1]` (its point-to-point, collective and internal messages).
 pub const FLAG_COMM_ABORT: u16 = 16;
 
 /// What a frame is.
