@@ -53,27 +53,34 @@ fn soak_of_random_collectives_over_tcp() {
 }
 
 /// Starts `hcomm_check peer-loss` on 3 ranks, kills rank 1 from outside once all are ready,
-/// and returns each survivor's kill-to-error latency.
-fn kill_to_error(transport: &str, pending: &str) -> Vec<Duration> {
-    let (latencies, text) = fault_to_error(transport, pending, "60", libc::SIGKILL);
-    assert!(!text.contains("no heartbeat"), "{text}");
+/// and returns each survivor's kill-to-error latency, and its latency from the moment the
+/// killed rank was reaped (it had died: the time a loaded machine takes to end the process
+/// left out).
+fn kill_to_error(transport: &str, pending: &str) -> (Vec<Duration>, Vec<Duration>) {
+    let fault = fault_to_error(transport, pending, "60", libc::SIGKILL);
+    assert!(!fault.text.contains("no heartbeat"), "{}", fault.text);
     for r in [0, 2] {
         let clean = format!("[{r}] left threads=0 sockets=0");
-        assert!(text.contains(&clean), "{text}");
+        assert!(fault.text.contains(&clean), "{}", fault.text);
     }
-    latencies
+    (fault.since_signal, fault.since_reaped)
 }
 
-/// Starts `hcomm_check peer-loss` on 3 ranks with `HCOMM_TIMEOUT` = `timeout`, sends rank 1
+/// What the survivors of a faulty rank reported.
+struct Fault {
+    /// Each survivor's latency from the signal to its error.
+    since_signal: Vec<Duration>,
+    /// Each survivor's latency from the moment the faulty rank was reaped to its error (zero
+    /// when it came first).
+    since_reaped: Vec<Duration>,
+    /// Every rank's output.
+    text: String,
+}
+
+/// Starts `hcomm_check peer-loss` on 3 ranks with `HCOMM_TIMEOUT` = `timeout` and sends rank 1
 /// `sig` once all are ready (SIGKILL: it dies; SIGSTOP: it hangs, then is killed once the
-/// survivors have reported), and returns each survivor's signal-to-error latency and the
-/// output.
-fn fault_to_error(
-    transport: &str,
-    pending: &str,
-    timeout: &str,
-    sig: libc::c_int,
-) -> (Vec<Duration>, String) {
+/// survivors have reported).
+fn fault_to_error(transport: &str, pending: &str, timeout: &str, sig: libc::c_int) -> Fault {
     let args = ["peer-loss", "--victims", "1", "--pending", pending];
     let mut job = Ranks::start(3, None, &args, |_| {
         let mut c = Command::new(CHECK);
@@ -92,23 +99,32 @@ fn fault_to_error(
         job.wait_for_lines(&[0, 2], "lost ", Duration::from_secs(60));
     }
     job.kill(1);
+    let reaped = ranks::unix_ns();
     let status = job.finish(Duration::from_secs(30));
     let text = job.text();
-    let latencies = [0, 2]
+    let lost: Vec<u128> = [0, 2]
         .into_iter()
         .map(|r| {
             assert!(
                 status[r].success(),
                 "rank {r} ({transport}, {pending}):\n{text}"
             );
-            let lost: u128 = job.output[r]
+            job.output[r]
                 .iter()
                 .find_map(|l| l.strip_prefix("lost ")?.split(' ').next()?.parse().ok())
-                .unwrap_or_else(|| panic!("rank {r} printed no loss:\n{text}"));
-            Duration::from_nanos(lost.saturating_sub(killed) as u64)
+                .unwrap_or_else(|| panic!("rank {r} printed no loss:\n{text}"))
         })
         .collect();
-    (latencies, text)
+    let since = |t: u128| -> Vec<Duration> {
+        lost.iter()
+            .map(|&l| Duration::from_nanos(l.saturating_sub(t) as u64))
+            .collect()
+    };
+    Fault {
+        since_signal: since(killed),
+        since_reaped: since(reaped),
+        text,
+    }
 }
 
 /// The survivors of a SIGKILLed shared-memory or TCP peer fail within a bound far below
@@ -118,7 +134,7 @@ fn fault_to_error(
 fn survivors_of_a_killed_rank_fail_fast() {
     for transport in ["shm", "tcp"] {
         for pending in ["recv", "allreduce"] {
-            let latencies = kill_to_error(transport, pending);
+            let (latencies, _) = kill_to_error(transport, pending);
             println!("kill-to-error latency, {transport}, pending {pending}: {latencies:.2?}");
             for l in latencies {
                 assert!(l < Duration::from_secs(5), "{transport} {pending}: {l:?}");
@@ -129,18 +145,22 @@ fn survivors_of_a_killed_rank_fail_fast() {
 
 /// A receiver asleep on its doorbell's futex learns of a killed shared-memory peer from the
 /// watcher, which sees the peer's TCP connection end, rather than when its nap of up to 100 ms
-/// ends: four latencies in a row must be well below the nap (each has a random phase).
+/// ends. Counted from the killed rank's death (a loaded machine may take long to end it),
+/// 4 of 6 latencies must be below 30 ms (about 1 ms when the cores are not taken by other
+/// work: nextest runs this test alone); with naps of random phase that would happen in
+/// about one run of fourteen.
 #[test]
 fn a_sleeping_receiver_learns_of_a_killed_shared_memory_peer_at_once() {
     let mut all = Vec::new();
-    for _ in 0..2 {
-        all.extend(kill_to_error("shm", "recv"));
+    for _ in 0..3 {
+        all.extend(kill_to_error("shm", "recv").1);
     }
-    println!("kill-to-error latency, shm, pending recv: {all:.2?}");
-    assert!(
-        all.iter().all(|&l| l < Duration::from_millis(50)),
-        "{all:?}"
-    );
+    println!("death-to-error latency, shm, pending recv: {all:.2?}");
+    let fast = all
+        .iter()
+        .filter(|&&l| l < Duration::from_millis(30))
+        .count();
+    assert!(fast >= 4, "{all:?}");
 }
 
 /// A rank that hangs (SIGSTOP: alive, its sockets open, its shared memory silent) is lost by
@@ -148,10 +168,11 @@ fn a_sleeping_receiver_learns_of_a_killed_shared_memory_peer_at_once() {
 /// within 2 x HCOMM_TIMEOUT (about HCOMM_TIMEOUT / 2 here), not a timeout.
 #[test]
 fn survivors_of_a_hung_rank_lose_it_through_missing_heartbeats() {
-    let timeout = Duration::from_secs(4);
+    let timeout = Duration::from_secs(6);
     for transport in ["shm", "tcp"] {
         for pending in ["recv", "allreduce"] {
-            let (latencies, text) = fault_to_error(transport, pending, "4", libc::SIGSTOP);
+            let fault = fault_to_error(transport, pending, "6", libc::SIGSTOP);
+            let (latencies, text) = (fault.since_signal, fault.text);
             println!("stop-to-error latency, {transport}, pending {pending}: {latencies:.2?}");
             assert!(text.contains("no heartbeat"), "{text}");
             for l in latencies {
