@@ -1,4 +1,5 @@
-//! Lifetime and communicators: `hcommInit`, `hcommFinalize`, rank and size, split, destroy.
+//! Lifetime and communicators: `hcommInit`, `hcommFinalize`, rank and size, split, abort,
+//! destroy.
 
 use std::ffi::{c_char, c_int};
 
@@ -100,6 +101,18 @@ pub unsafe extern "C" fn hcommCommSplit(
         }
         Ok(())
     })
+}
+
+/// Aborts `comm` on every rank: each call pending on it — on this rank's other threads and on
+/// the other members, which this rank tells at once — returns `HCOMM_ERR_ABORTED`, and so does
+/// every later call on it. Returns `HCOMM_SUCCESS` without waiting for the other ranks (a
+/// second abort succeeds and does nothing more), `HCOMM_ERR_INVALID_ARGUMENT` for a NULL,
+/// destroyed or forged handle, `HCOMM_ERR_INIT` before `hcommInit` or after `hcommFinalize`.
+/// The handle stays valid: release it with `hcommCommDestroy` (or `hcommFinalize` for
+/// `COMM_WORLD`) as usual.
+#[no_mangle]
+pub extern "C" fn hcommCommAbort(comm: hcommComm_t) -> c_int {
+    guard("hcommCommAbort", || state::comm(comm)?.abort())
 }
 
 /// Releases a communicator from `hcommCommSplit`; its handle becomes invalid (using it again

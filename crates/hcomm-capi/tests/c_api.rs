@@ -415,3 +415,34 @@ fn hcomm_init_joins_jobs_of_slurm_and_torchrun() {
             .env("HCOMM_JOB_SECRET", "capi-torchrun");
     });
 }
+
+#[test]
+fn comm_abort_fails_every_waiting_rank_with_aborted_and_hcommrun_names_the_aborter() {
+    let dir = TempDir::new("abort");
+    let program = compile(&dir, "abort", "crates/hcomm-capi/tests/c/abort.c");
+    let env = [("HCOMM_TIMEOUT", "60")];
+    let started = std::time::Instant::now();
+    let finished = job_with_env(&dir, 4, &program, &[], &env, LIMIT);
+    let took = started.elapsed();
+    let all = format!("{}{}", finished.stdout, finished.stderr);
+    assert!(!finished.success, "{all}");
+    assert!(all.contains("rank 3 exited with status 3"), "{all}");
+    for r in 0..3 {
+        let line = finished
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("[{r}] PASS abort on rank {r}:")))
+            .unwrap_or_else(|| panic!("rank {r} did not pass:\n{all}"));
+        println!("{line}");
+        assert!(line.contains("world rank 3 aborted"), "{line}");
+        let ms: f64 = line
+            .split("after ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        // The waits began about 300 ms before the abort: anything near HCOMM_TIMEOUT fails.
+        assert!(ms < 5000.0, "rank {r} waited {ms} ms:\n{all}");
+    }
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{all}");
+}

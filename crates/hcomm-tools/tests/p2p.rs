@@ -4,7 +4,7 @@
 mod common;
 
 use common::run_bounded;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -261,21 +261,24 @@ fn launched_by_mpich() {
     assert_eq!(t.matches("OK ring").count(), 4, "{t}");
 }
 
-/// Sends hostile traffic to the store until `stop`: garbage, huge lengths, silence, wrong
-/// secrets.
-fn attack(port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
+/// Sends hostile traffic to `addr` (the store, or a rank's listener) until `stop`: random
+/// bytes, absurd lengths, silent connections, handshakes with a wrong secret, and replayed
+/// handshakes (what the server sent one connection, sent back to it on another). Returns the
+/// connections made.
+fn attack(addr: String, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
     thread::spawn(move || {
         let mut attempts = 0;
         let mut silent = Vec::new();
         let mut seed = 0x1234_5678_9abc_def0u64;
         while !stop.load(Ordering::SeqCst) {
-            let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+            let Ok(mut s) = TcpStream::connect(&addr) else {
                 thread::sleep(Duration::from_millis(5));
                 continue;
             };
             let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+            let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
             attempts += 1;
-            match attempts % 4 {
+            match attempts % 5 {
                 0 => {
                     let junk: Vec<u8> = (0..4096)
                         .map(|_| {
@@ -296,12 +299,22 @@ fn attack(port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
                         silent.push(s);
                     }
                 }
-                _ => {
-                    let _ = hcomm::bootstrap::StoreClient::connect(
-                        &format!("127.0.0.1:{port}"),
+                3 => {
+                    let _ = hcomm::bootstrap::auth::client_handshake(
+                        &mut s,
                         b"not-the-secret",
-                        Duration::from_millis(500),
+                        b"hello",
+                        Instant::now() + Duration::from_millis(500),
                     );
+                }
+                _ => {
+                    let mut heard = vec![0u8; 4096];
+                    let n = s.read(&mut heard).unwrap_or(0);
+                    if let Ok(mut again) = TcpStream::connect(&addr) {
+                        let _ = again.set_write_timeout(Some(Duration::from_millis(200)));
+                        let _ = again.write_all(&heard[..n]);
+                        let _ = s.write_all(&heard[..n]);
+                    }
                 }
             }
             thread::sleep(Duration::from_millis(2));
@@ -314,7 +327,9 @@ fn attack(port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
 fn hostile_traffic_to_the_store_leaves_the_job_correct() {
     let port = free_port();
     let stop = Arc::new(AtomicBool::new(false));
-    let attackers: Vec<_> = (0..2).map(|_| attack(port, Arc::clone(&stop))).collect();
+    let attackers: Vec<_> = (0..2)
+        .map(|_| attack(format!("127.0.0.1:{port}"), Arc::clone(&stop)))
+        .collect();
     // Several jobs in a row on the same store address, each under attack from its start.
     for _ in 0..3 {
         let mut c = hcommrun(4, &["all-pairs", "--max-size", "1048576"]);
@@ -327,6 +342,88 @@ fn hostile_traffic_to_the_store_leaves_the_job_correct() {
     assert!(
         attempts >= 8,
         "the attack barely reached the store ({attempts} connections)"
+    );
+}
+
+/// A rank's only port is its mesh listener, open from init until every peer has connected
+/// (no port stays open afterwards). Three ranks of four start and open theirs; hostile
+/// traffic hits all three while they wait for the fourth, whose start then completes the
+/// mesh. The job must be right and on time, every rank must report no listening socket
+/// once init is done (rank 0 only the store it hosts) and no thread left of the intruders'
+/// handshakes, and the attack must have reached the listeners.
+#[test]
+fn hostile_traffic_to_the_ranks_listeners_during_setup_leaves_the_job_correct() {
+    let port = free_port();
+    let root = format!("127.0.0.1:{port}");
+    let secret = "listener-attack";
+    let rank = |r: usize| {
+        Command::new(CHECK)
+            .args(["all-pairs", "--max-size", "1048576"])
+            .env("HCOMM_RANK", r.to_string())
+            .env("HCOMM_SIZE", "4")
+            .env("HCOMM_ROOT_ADDR", &root)
+            .env("HCOMM_JOB_SECRET", secret)
+            .env("HCOMM_TIMEOUT", "60")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut children: Vec<Child> = (0..3).map(rank).collect();
+    let t0 = Instant::now();
+    let mut store = loop {
+        let timeout = Duration::from_millis(500);
+        match hcomm::bootstrap::StoreClient::connect(&root, secret.as_bytes(), timeout) {
+            Ok(c) => break c,
+            Err(_) if t0.elapsed() < Duration::from_secs(30) => {
+                thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("no store at {root}: {e}"),
+        }
+    };
+    let listeners: Vec<String> = (0..3)
+        .map(|r| {
+            let a = store
+                .wait(&format!("hcomm/0/addr/{r}"), Duration::from_secs(30))
+                .unwrap();
+            String::from_utf8(a).unwrap()
+        })
+        .collect();
+    drop(store);
+    let stop = Arc::new(AtomicBool::new(false));
+    let attackers: Vec<_> = listeners
+        .iter()
+        .map(|a| attack(a.clone(), Arc::clone(&stop)))
+        .collect();
+    thread::sleep(Duration::from_secs(1));
+    let started = Instant::now();
+    children.push(rank(3));
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let took = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let attempts: usize = attackers.into_iter().map(|a| a.join().unwrap()).sum();
+    for (r, o) in outputs.iter().enumerate() {
+        let t = text(o);
+        assert!(
+            o.status.success() && t.contains("OK all-pairs"),
+            "rank {r}: {t}"
+        );
+        // No thread of an intruder's handshake outlives init: main, progress and watcher.
+        let listening = if r == 0 {
+            "listening 1 "
+        } else {
+            "listening 0 threads 3"
+        };
+        assert!(t.contains(listening), "rank {r}: {t}");
+    }
+    println!("the job took {took:?} from its last rank's start; {attempts} hostile connections");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(
+        attempts >= 10,
+        "the attack barely reached the listeners ({attempts} connections)"
     );
 }
 

@@ -2,6 +2,8 @@
 //! that leaves nothing in /dev/shm while its peers fail fast naming it.
 
 mod common;
+#[path = "common/shm_names.rs"]
+mod shm_names;
 
 use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
@@ -171,18 +173,7 @@ fn hcommrun_sweeps_what_a_killed_rank_left_in_dev_shm() {
     assert!(!o.status.success(), "{t}");
     assert!(t.contains("rank 1 was killed by signal SIGKILL"), "{t}");
     assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}:\n{t}");
-    let prefix = t
-        .split_whitespace()
-        .find(|w| w.starts_with("hcomm-") && w.ends_with("-inbox;"))
-        .and_then(|w| w.rsplitn(3, '-').nth(2))
-        .unwrap_or_else(|| panic!("no inbox name in the debug output:\n{t}"))
-        .to_owned();
-    let left: Vec<String> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with(&format!("{prefix}-")))
-        .collect();
+    let left = shm_names::left_in_dev_shm(&t);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 

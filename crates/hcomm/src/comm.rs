@@ -586,6 +586,7 @@ impl Communicator {
                 shm_push_threshold: config.shm_push_threshold,
                 shm_chunk: config.shm_chunk,
                 describe: crate::coll::Shape::describe_signature,
+                timeout: config.timeout,
             },
         )?;
         if config.debug && rank == 0 {
@@ -935,6 +936,27 @@ impl Communicator {
         self.barrier()?;
         let id = self.next_id(u64::MAX);
         Ok(self.derive(id, (0..self.size()).collect(), self.rank))
+    }
+
+    /// Aborts the communicator, on every rank: each operation pending on it — here, on
+    /// other threads, and on the other members, which this rank tells at once — fails with
+    /// [`Error::Aborted`], and so does every later call on it (communicators derived from it
+    /// before are not affected). It returns without waiting for the other ranks; release the
+    /// communicator afterwards as usual. Aborting twice does nothing more.
+    pub fn abort(&self) -> Result<()> {
+        let comms = [self.id, self.id | COLL, self.id | INTERNAL];
+        self.world.engine.abort_comm(comms, &self.members);
+        // The sub-communicators of the tiered all-reduce run parts of this one's calls. While
+        // they are being made (a split over this communicator, which the abort ends) there
+        // are none to abort yet.
+        let tiers = match self.state.tiers.try_lock() {
+            Ok(slot) => slot.clone(),
+            Err(_) => None,
+        };
+        if let Some(tiers) = tiers {
+            tiers.abort()?;
+        }
+        Ok(())
     }
 
     /// Releases the communicator. For the last communicator of a world this delivers what

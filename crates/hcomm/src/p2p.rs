@@ -39,6 +39,7 @@ use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 mod plugin;
+mod watch;
 
 use crate::error::{Error, Result};
 use crate::observe::stall::StallWatch;
@@ -47,8 +48,8 @@ use crate::transport::plugin::Lease;
 use crate::transport::shm::cma;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink, Watch};
 use crate::transport::wire::{
-    FrameHeader, FrameKind, FAST_PAYLOAD, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_MISMATCH, FLAG_PULLED,
-    HEADER_LEN,
+    FrameHeader, FrameKind, FAST_PAYLOAD, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_DISCARD,
+    FLAG_MISMATCH, FLAG_PULLED, HEADER_LEN,
 };
 
 /// Identifies an operation inside the engine.
@@ -184,6 +185,8 @@ pub(crate) struct EngineConfig {
     pub shm_chunk: usize,
     /// Describes an operation signature for mismatch messages.
     pub describe: fn([u64; 2]) -> String,
+    /// `HCOMM_TIMEOUT`: sets the heartbeats of the watcher (see `p2p/watch.rs`).
+    pub timeout: Duration,
 }
 
 /// Which operation [`Engine::blocking`] runs.
@@ -406,6 +409,8 @@ struct Peer {
     closed: bool,
     /// Why the peer cannot be reached any more.
     lost: Option<String>,
+    /// Frames received from the peer (a sign of life for the watcher).
+    heard: u64,
 }
 
 /// The parts of the engine used without its lock.
@@ -426,6 +431,11 @@ struct Io {
     peer_inboxes: HashMap<usize, (PeerInbox, u32, bool)>,
     /// Items the plug-in receivers queued that the engine has not taken yet.
     plugin_rx: AtomicUsize,
+    /// Bumped by the watcher when a peer's connection ended or it failed a peer: a sleeper
+    /// that saw it change must look at the sockets and its operations before sleeping.
+    alarms: AtomicU64,
+    /// Some communicator was aborted (so that checking for it costs no lock until one is).
+    any_aborted: AtomicBool,
 }
 
 impl Io {
@@ -439,6 +449,13 @@ impl Io {
 
     fn bell(&self) -> Option<&Doorbell> {
         self.inbox.as_ref().map(Inbox::bell)
+    }
+
+    /// The watcher found news about a peer: wakes every sleeper, and keeps those about to
+    /// sleep awake (see `alarms`).
+    fn alarm(&self) {
+        self.alarms.fetch_add(1, Ordering::SeqCst);
+        self.wake_all();
     }
 }
 
@@ -482,6 +499,8 @@ struct State {
     draining: bool,
     /// The operations whose frames one `flush_shm` wrote (kept to reuse its allocation).
     sent: Vec<OpId>,
+    /// Communicators aborted (by this rank or a peer), with the error of their operations.
+    comm_aborted: HashMap<u64, Error>,
 }
 
 struct Shared {
@@ -493,6 +512,8 @@ struct Shared {
     idle: Mutex<()>,
     idle_cv: Condvar,
     shutdown: AtomicBool,
+    /// The engine is closing: the watcher sends no more heartbeats and judges nobody.
+    closing: AtomicBool,
     spin: Duration,
 }
 
@@ -502,6 +523,8 @@ pub(crate) struct Engine {
     thread: Option<JoinHandle<()>>,
     /// The transport plug-in's links, when the world has one.
     plugin: Option<plugin::Links>,
+    /// The thread that notices dead and hung peers.
+    watcher: Option<watch::Watcher>,
 }
 
 /// Polls `watch` for a while, without the engine's lock and without the clock; returns whether
@@ -595,6 +618,7 @@ impl Engine {
                 next_data_stream: 0,
                 closed: false,
                 lost: None,
+                heard: 0,
             }));
         }
         let mut shm_peers = Vec::new();
@@ -619,6 +643,18 @@ impl Engine {
             None => None,
         };
         let spin = cfg.spin;
+        let timing = watch::Timing::for_timeout(cfg.timeout);
+        // Duplicates of the local peers' stream 0, whose end the watcher waits for.
+        let mut ends = Vec::with_capacity(shm_peers.len());
+        for &p in &shm_peers {
+            if let Some(s) = peers[p].as_ref().and_then(|peer| peer.streams.first()) {
+                let dup = s
+                    .sock
+                    .try_clone()
+                    .map_err(|e| Error::transport("duplicating a link for the watcher", e))?;
+                ends.push((p, dup));
+            }
+        }
         let counts = Arc::new(ProtocolCounts::default());
         let late_news = Arc::new(AtomicBool::new(false));
         let io = Arc::new(Io {
@@ -630,6 +666,8 @@ impl Engine {
             inbox,
             peer_inboxes,
             plugin_rx: AtomicUsize::new(0),
+            alarms: AtomicU64::new(0),
+            any_aborted: AtomicBool::new(false),
         });
         let size = peers.len();
         let mut plugin_peers = Vec::new();
@@ -674,6 +712,7 @@ impl Engine {
                 late_news: Arc::clone(&late_news),
                 sent: Vec::new(),
                 draining: false,
+                comm_aborted: HashMap::default(),
             }),
             io,
             counts,
@@ -681,8 +720,11 @@ impl Engine {
             idle: Mutex::new(()),
             idle_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             spin,
         });
+        // First: should the progress thread fail to start, dropping the watcher stops it.
+        let watcher = watch::Watcher::start(Arc::clone(&shared), ends, timing)?;
         let bg = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("hcomm-progress".into())
@@ -692,6 +734,7 @@ impl Engine {
             shared,
             thread: Some(thread),
             plugin,
+            watcher: Some(watcher),
         })
     }
 
@@ -718,6 +761,13 @@ impl Engine {
             .peer_inboxes
             .get(&peer)
             .map(|(_, pid, cma)| (*pid, *cma))
+    }
+
+    /// A count that changes whenever the watcher learns that a peer's connection ended or
+    /// fails a peer: a wait outside the engine reads it before it looks at its peers
+    /// ([`Engine::check_peer`]), and does not sleep once it changed.
+    pub(crate) fn alarms(&self) -> u64 {
+        self.shared.io.alarms.load(Ordering::SeqCst)
     }
 
     /// This rank's doorbell, when it has shared-memory peers.
@@ -749,6 +799,9 @@ impl Engine {
     /// message of this call with another signature), for calls that wait outside the engine.
     pub(crate) fn call_failed(&self, comm: u64, tag: u32) -> Option<Error> {
         let mut st = lock(&self.shared.state);
+        if let Some(e) = st.comm_aborted.get(&comm) {
+            return Some(e.clone());
+        }
         if let Err(e) = st.late_error(comm) {
             return Some(e);
         }
@@ -765,6 +818,18 @@ impl Engine {
                 };
                 st.abandoned(&t, peer, sig, mismatch)
             })
+    }
+
+    /// Fails if communicator `comm` was aborted, by this rank or a peer (as far as this rank
+    /// has read), before a call on it does anything else.
+    pub(crate) fn check_aborted(&self, comm: u64) -> Result<()> {
+        if !self.shared.io.any_aborted.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        match lock(&self.shared.state).comm_aborted.get(&comm) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
     }
 
     /// Progresses once without blocking, then tells whether world rank `peer` is still
@@ -1084,8 +1149,16 @@ impl Engine {
         let Some(bell) = sh.io.bell() else {
             return poll(&sh.io, events, sleep);
         };
-        let mut ready = || lock(&sh.state).shm_ready();
         if all_shm {
+            // The sockets first, and no sleep once the watcher saw a connection end since:
+            // the peer's end may have come after the sockets were last looked at.
+            let alarms = sh.io.alarms.load(Ordering::SeqCst);
+            poll(&sh.io, events, Duration::ZERO)?;
+            if !events.is_empty() {
+                return Ok(());
+            }
+            let mut ready =
+                || sh.io.alarms.load(Ordering::SeqCst) != alarms || lock(&sh.state).shm_ready();
             let start = Instant::now();
             if !bell.sleep_unless(&mut ready, sleep) {
                 ProtocolCounts::bump(&sh.counts.naps);
@@ -1096,7 +1169,7 @@ impl Engine {
             return poll(&sh.io, events, Duration::ZERO);
         }
         bell.enter_epoll();
-        let result = if ready() {
+        let result = if lock(&sh.state).shm_ready() {
             poll(&sh.io, events, Duration::ZERO)
         } else {
             poll(&sh.io, events, sleep)
@@ -1148,6 +1221,35 @@ impl Engine {
         }
     }
 
+    /// Aborts the communicator whose frames carry the ids `comms`: every pending and later
+    /// operation on them fails with `Error::Aborted`, here and on the world ranks `peers`,
+    /// which are told with one abort frame each (one, so that a peer learns of all the ids
+    /// at once).
+    pub(crate) fn abort_comm(&self, comms: [u64; 3], peers: &[usize]) {
+        {
+            let mut st = lock(&self.shared.state);
+            for comm in comms {
+                let err = Error::Aborted(
+                    "this rank aborted the communicator (Communicator::abort, hcommCommAbort)"
+                        .into(),
+                );
+                st.abort_comm(comm, err);
+            }
+            for &peer in peers {
+                if peer == st.cfg.rank {
+                    continue;
+                }
+                let mut hdr = FrameHeader::new(FrameKind::Abort);
+                hdr.flags = FLAG_COMM_ABORT;
+                hdr.comm = comms[0];
+                hdr.sig = [comms[1], comms[2]];
+                st.queue(peer, 0, OutFrame::control(hdr));
+            }
+        }
+        // Threads of this rank waiting on the communicator, in the engine or outside it.
+        self.shared.io.wake_all();
+    }
+
     /// Progresses once without blocking; returns the result of `id` if it is complete (and
     /// removes it).
     pub(crate) fn test(&self, id: OpId) -> Option<Result<usize>> {
@@ -1184,6 +1286,7 @@ impl Engine {
     /// with data in it. Returns the peers whose queued data could not be delivered.
     pub(crate) fn close(&self, deadline: Instant) -> Vec<usize> {
         let sh = &*self.shared;
+        sh.closing.store(true, Ordering::SeqCst);
         {
             let mut st = lock(&sh.state);
             for p in 0..st.peers.len() {
@@ -1241,6 +1344,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        drop(self.watcher.take());
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.shared.idle_cv.notify_all();
         if let Some(t) = self.thread.take() {
@@ -1331,6 +1435,9 @@ impl State {
     }
 
     fn live_peer(&self, t: &Target) -> Result<()> {
+        if let Some(e) = self.comm_aborted.get(&t.comm) {
+            return Err(e.clone());
+        }
         if let Some(&(peer, sig, mismatch)) = self.aborted.get(&(t.comm, t.tag)) {
             return Err(self.abandoned(t, peer, sig, mismatch));
         }
@@ -1820,8 +1927,10 @@ impl State {
     /// call on `comm` turned out mismatched after it returned, or if a message of this call
     /// already arrived with another signature.
     fn begin_call(&mut self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
+        if let Some(e) = self.comm_aborted.get(&comm) {
+            return Err(e.clone());
+        }
         self.late_error(comm)?;
-
         if self.call_order.len() >= CALL_MEMORY {
             if let Some(old) = self.call_order.pop_front() {
                 self.calls.remove(&old);
@@ -1898,6 +2007,23 @@ impl State {
             };
             let err = self.abandoned(&t, peer, sig, mismatch);
             self.fail_call(comm, tag, err);
+        }
+    }
+
+    /// Communicator `comm` is aborted: its pending operations fail with `err`, and so will
+    /// every later one.
+    fn abort_comm(&mut self, comm: u64, err: Error) {
+        self.io.any_aborted.store(true, Ordering::SeqCst);
+        let err = self.comm_aborted.entry(comm).or_insert(err).clone();
+        let victims: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.result.is_none() && op.target.comm == comm)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in victims {
+            self.disentangle(id);
+            self.complete(id, Err(err.clone()));
         }
     }
 
@@ -2633,6 +2759,9 @@ impl State {
         peer: usize,
         hdr: FrameHeader,
     ) -> std::result::Result<Option<Dest>, String> {
+        if let Some(p) = self.peers[peer].as_mut() {
+            p.heard = p.heard.wrapping_add(1);
+        }
         let dest = match hdr.kind {
             FrameKind::Eager => {
                 let key = MatchKey {
@@ -2756,6 +2885,16 @@ impl State {
             }
             // It only had to wake this rank up.
             FrameKind::Wake => return Ok(None),
+            FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
+                let err = Error::Aborted(format!(
+                    "world rank {peer} aborted the communicator (Communicator::abort, \
+                     hcommCommAbort); see that rank's output for why"
+                ));
+                for comm in [hdr.comm, hdr.sig[0], hdr.sig[1]] {
+                    self.abort_comm(comm, err.clone());
+                }
+                return Ok(None);
+            }
             FrameKind::Abort => {
                 self.on_abort(
                     peer,

@@ -306,6 +306,17 @@ int hcommCommSize(hcommComm_t comm, int *size);
 int hcommCommSplit(hcommComm_t comm, int color, int key, hcommComm_t *newcomm);
 
 /**
+ * Aborts `comm` on every rank: each call pending on it — on this rank's other threads and on
+ * the other members, which this rank tells at once — returns `HCOMM_ERR_ABORTED`, and so does
+ * every later call on it. Returns `HCOMM_SUCCESS` without waiting for the other ranks (a
+ * second abort succeeds and does nothing more), `HCOMM_ERR_INVALID_ARGUMENT` for a NULL,
+ * destroyed or forged handle, `HCOMM_ERR_INIT` before `hcommInit` or after `hcommFinalize`.
+ * The handle stays valid: release it with `hcommCommDestroy` (or `hcommFinalize` for
+ * `COMM_WORLD`) as usual.
+ */
+int hcommCommAbort(hcommComm_t comm);
+
+/**
  * Releases a communicator from `hcommCommSplit`; its handle becomes invalid (using it again
  * gives `HCOMM_ERR_INVALID_ARGUMENT`). `COMM_WORLD` is released by `hcommFinalize` instead.
  * Calls still running on it on other threads finish first.

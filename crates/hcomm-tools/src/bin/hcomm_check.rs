@@ -30,7 +30,10 @@ enum Scenario {
         #[arg(long, default_value_t = 64 << 20)]
         max_size: usize,
     },
-    /// Every rank sends to and receives from every other rank at once (nonblocking).
+    /// Every rank sends to and receives from every other rank at once (nonblocking). First
+    /// every rank prints `listening N threads T`: its TCP sockets in the listening state once
+    /// init is done (the mesh listener closes once every peer connected; rank 0 of a job
+    /// without a launcher's store keeps the store's) and its threads.
     AllPairs {
         /// Largest message, in bytes.
         #[arg(long, default_value_t = 4 << 20)]
@@ -134,6 +137,22 @@ enum Scenario {
         /// The call it comes late to (from 0; the first call of a shape also sets up).
         #[arg(long, default_value_t = 0)]
         late_call: usize,
+    },
+    /// Rank --aborter aborts the world (`Communicator::abort`) while the others, and another
+    /// thread of its own, wait in a pending operation; they must fail with Aborted naming it,
+    /// as must every later call.
+    /// Every rank prints `ready <ns>` after the start-up barrier, the aborter `aborting <ns>`
+    /// just before, the others `aborted <ns> <error>`. Then every rank releases the world and
+    /// checks that no thread or socket of hcomm is left; the aborter lingers a second (so that
+    /// the others report before the launcher stops them) and exits with status 1.
+    Abort {
+        /// World rank that aborts.
+        #[arg(long, default_value_t = 1)]
+        aborter: usize,
+        /// What the others wait in: a receive from the aborter, or a loop of all-reduces on
+        /// the world (which the aborter never joins).
+        #[arg(long, value_enum, default_value_t = Pending::Recv)]
+        pending: Pending,
     },
     /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
     /// fail fast with PeerLost naming it.
@@ -409,6 +428,63 @@ fn progress(comm: &Communicator) -> Result<()> {
     }
     comm.barrier()?;
     Ok(())
+}
+
+/// Threads and open sockets of this process.
+fn footprint() -> Result<(usize, usize)> {
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    let mut sockets = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        // An fd closed since the listing has no link any more.
+        if let Ok(link) = std::fs::read_link(entry?.path()) {
+            sockets += usize::from(link.to_string_lossy().starts_with("socket:"));
+        }
+    }
+    Ok((threads, sockets))
+}
+
+/// Releases `comm` after a failure and checks that the process is back to `before` (its
+/// footprint before the first init): no thread or socket of hcomm is left.
+fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result<()> {
+    drop(comm);
+    let after = footprint()?;
+    ensure!(
+        after == before,
+        "after the failure and release: (threads, sockets) {after:?}, before init {before:?}"
+    );
+    println!("left threads=0 sockets=0");
+    Ok(())
+}
+
+/// This process's TCP sockets in the listening state.
+fn listening_sockets() -> Result<usize> {
+    // Sockets of this process by inode, from /proc/self/fd ("socket:[INODE]").
+    let mut mine = std::collections::HashSet::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Ok(link) = std::fs::read_link(entry?.path()) {
+            let link = link.to_string_lossy().into_owned();
+            if let Some(inode) = link
+                .strip_prefix("socket:[")
+                .and_then(|l| l.strip_suffix(']'))
+            {
+                mine.insert(inode.to_owned());
+            }
+        }
+    }
+    // The namespace's TCP sockets: column 4 is the state (0A: listening), column 10 the inode.
+    let mut count = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" && mine.contains(cols[9]) {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
 }
 
 /// Open file descriptors and threads of this process.
@@ -848,6 +924,7 @@ fn peer_loss(
     victims: &[usize],
     kill_after_ms: Option<u64>,
     pending: Pending,
+    before: (usize, usize),
 ) -> Result<()> {
     let r = comm.rank();
     ensure!(
@@ -901,10 +978,79 @@ fn peer_loss(
     match err {
         Error::PeerLost(_) | Error::Aborted(_) => {
             println!("lost {at} {:?}: {err}", err.code());
-            Ok(())
         }
         e => bail!("expected PeerLost or Aborted, got {e}"),
     }
+    // The world has lost a rank: release it without the goodbye of destroy.
+    nothing_left(comm, before)
+}
+
+fn abort(
+    comm: Communicator,
+    aborter: usize,
+    pending: Pending,
+    before: (usize, usize),
+) -> Result<()> {
+    let r = comm.rank();
+    ensure!(
+        aborter < comm.size() && comm.size() > 1,
+        "--aborter must name a rank below {}, and somebody must wait",
+        comm.size()
+    );
+    comm.barrier()?;
+    println!("ready {}", unix_ns());
+    let mut buf = vec![1.0f32; 1 << 16];
+    let later = |comm: &Communicator| -> Result<()> {
+        match comm.barrier() {
+            Err(Error::Aborted(_)) => Ok(()),
+            other => bail!("a call after the abort gave {other:?}, not Aborted"),
+        }
+    };
+    if r == aborter {
+        // Another thread of the aborter waits on the communicator too: the abort ends it.
+        let peer = (r + 1) % comm.size();
+        std::thread::scope(|s| -> Result<()> {
+            let waiter = s.spawn(|| {
+                let mut byte = [0u8; 1];
+                comm.recv(&mut byte, peer, 98)
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            println!("aborting {}", unix_ns());
+            comm.abort()?;
+            comm.abort()?;
+            match waiter.join() {
+                Ok(Err(Error::Aborted(m))) if m.contains("this rank aborted") => Ok(()),
+                Ok(other) => bail!("the aborter's other thread got {other:?}, not Aborted"),
+                Err(_) => bail!("the aborter's other thread panicked"),
+            }
+        })?;
+        later(&comm)?;
+        std::thread::sleep(Duration::from_secs(1));
+        nothing_left(comm, before)?;
+        bail!("rank {r} aborted the world on purpose");
+    }
+    let err = match pending {
+        Pending::Recv => {
+            let mut byte = [0u8; 1];
+            match comm.recv(&mut byte, aborter, 99) {
+                Ok(_) => bail!("received a message from rank {aborter} that never sends"),
+                Err(e) => e,
+            }
+        }
+        Pending::Allreduce => loop {
+            if let Err(e) = comm.allreduce_in_place(&mut buf, ReduceOp::Max) {
+                break e;
+            }
+        },
+    };
+    let at = unix_ns();
+    let named = format!("world rank {aborter} aborted");
+    match &err {
+        Error::Aborted(m) if m.contains(&named) => println!("aborted {at} {:?}: {err}", err.code()),
+        e => bail!("expected Aborted naming rank {aborter}, got {e}"),
+    }
+    later(&comm)?;
+    nothing_left(comm, before)
 }
 
 fn deterministic(comm: &Communicator) -> Result<()> {
@@ -1070,6 +1216,7 @@ fn observe(
 }
 
 fn run(scenario: Scenario) -> Result<()> {
+    let before = footprint()?;
     let comm = Communicator::init().context("init")?;
     let name = match scenario {
         Scenario::Hello => {
@@ -1089,6 +1236,8 @@ fn run(scenario: Scenario) -> Result<()> {
             "ring"
         }
         Scenario::AllPairs { max_size } => {
+            let threads = std::fs::read_dir("/proc/self/task")?.count();
+            println!("listening {} threads {threads}", listening_sockets()?);
             all_pairs(&comm, max_size)?;
             "all-pairs"
         }
@@ -1152,8 +1301,7 @@ fn run(scenario: Scenario) -> Result<()> {
             kill_after_ms,
             pending,
         } => {
-            // The survivors' world has lost a rank: drop it without the goodbye of destroy.
-            return peer_loss(comm, &victims, kill_after_ms, pending)
+            return peer_loss(comm, &victims, kill_after_ms, pending, before)
                 .map(|()| println!("OK peer-loss"));
         }
         Scenario::Observe {
@@ -1167,6 +1315,9 @@ fn run(scenario: Scenario) -> Result<()> {
             let late = late.map(|rank| (rank, late_call, Duration::from_millis(late_ms)));
             observe(&comm, calls, count, pause_ms, late)?;
             "observe"
+        }
+        Scenario::Abort { aborter, pending } => {
+            return abort(comm, aborter, pending, before).map(|()| println!("OK abort"));
         }
         Scenario::Protocols => {
             let c = comm.config();

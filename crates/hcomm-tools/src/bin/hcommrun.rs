@@ -331,34 +331,52 @@ fn raise_nofile_limit(ranks: u32) -> Option<libc::rlimit> {
 }
 
 /// Starts the threads that copy a rank's output and report its exit.
+///
+/// The exit is dated by the end of the rank's output when that came first: a process closes
+/// its files, its pipes (fds 0-2) before its sockets, before its parent learns it exited, so
+/// the end of a dying rank's output precedes anything its peers do on noticing its sockets
+/// close, their own exits included. Dated by `wait` alone, a peer that noticed fast and failed
+/// at once could seem to have failed first and be named instead.
 fn watch_rank(rank: u32, mut child: Child, tx: Sender<Event>) -> anyhow::Result<()> {
-    // The copy threads hold these senders; the channel disconnects when both are done.
-    let (drained_tx, drained_rx) = mpsc::channel::<()>();
+    // The copy threads hold these senders and send when their pipe ended; the channel
+    // disconnects when both are done.
+    let (drained_tx, drained_rx) = mpsc::channel::<Instant>();
     let prefix = format!("[{rank}] ").into_bytes();
     if let Some(out) = child.stdout.take() {
         let (prefix, drained) = (prefix.clone(), drained_tx.clone());
         spawn_helper(format!("rank{rank}-out"), move || {
-            let _drained = drained;
             let _ = copy_prefixed_lines(BufReader::new(out), &prefix, |line| {
                 write_line_locked(io::stdout().lock(), line)
             });
+            let _ = drained.send(Instant::now());
         })?;
     }
     if let Some(err) = child.stderr.take() {
         let drained = drained_tx.clone();
         spawn_helper(format!("rank{rank}-err"), move || {
-            let _drained = drained;
             let _ = copy_prefixed_lines(BufReader::new(err), &prefix, |line| {
                 write_line_locked(io::stderr().lock(), line)
             });
+            let _ = drained.send(Instant::now());
         })?;
     }
     drop(drained_tx);
     spawn_helper(format!("rank{rank}-wait"), move || {
         let status = child.wait();
-        let at = Instant::now();
+        let exited = Instant::now();
         // Let the rank's last lines out before its exit is reported.
-        let _ = drained_rx.recv_timeout(DRAIN_WAIT);
+        let until = exited + DRAIN_WAIT;
+        let mut ended: Option<Instant> = None;
+        let mut pipes = 0;
+        while let Ok(t) = drained_rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            ended = ended.max(Some(t));
+            pipes += 1;
+        }
+        // Both pipes ended (a rank that closed one early is dated by its exit).
+        let at = match ended {
+            Some(t) if pipes == 2 => t.min(exited),
+            _ => exited,
+        };
         let _ = tx.send(Event::Exited { rank, status, at });
     })?;
     Ok(())

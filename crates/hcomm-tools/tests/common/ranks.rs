@@ -131,8 +131,16 @@ impl Ranks {
 
     /// Kills rank `r` with SIGKILL.
     pub fn kill(&mut self, r: usize) {
-        let _ = self.children[r].kill();
+        self.signal(r, libc::SIGKILL);
         self.status[r] = self.children[r].wait().ok();
+    }
+
+    /// Sends rank `r` the signal `sig` (SIGSTOP: the rank hangs, alive).
+    pub fn signal(&mut self, r: usize, sig: libc::c_int) {
+        let pid = self.children[r].id() as libc::pid_t;
+        // SAFETY: kill has no memory preconditions; the child is not reaped before `kill` or
+        // `finish` waits for it, so `pid` is still this child's.
+        unsafe { libc::kill(pid, sig) };
     }
 
     /// Waits up to `limit` for every rank to exit and for its output; panics with the output

@@ -58,6 +58,8 @@ impl Communicator {
 
     /// The cached plan for `shape`, made on first use.
     fn plan(&self, shape: &Shape) -> Result<Arc<Plan>> {
+        // An aborted communicator fails before planning, which may talk to the peers.
+        self.world.engine.check_aborted(self.id | COLL)?;
         let mut plans = lock(&self.state.plans);
         if let Some(p) = plans.get(shape) {
             return Ok(Arc::clone(p));

@@ -966,20 +966,29 @@ impl Waiter<'_> {
                      HCOMM_TIMEOUT; it may be stuck, slow, or calling something else"
                 )));
             }
-            let left = (deadline - now).min(SLEEP);
-            if let Some(bell) = engine.own_bell() {
-                if bell.sleep_unless(&mut || ready(), left) || ready() {
-                    return Ok(());
-                }
+            // Look at the peer before each sleep, and do not sleep once the watcher has news
+            // from after that look (a peer's connection ended: the peer may be dead).
+            let alarms = engine.alarms();
+            let peer = engine.check_peer(self.os.world[p]);
+            // Before the peer's loss or abandonment: an aborted communicator fails every
+            // member's wait, and its error names the rank that aborted it (the peer may have
+            // learnt of it first and left already).
+            if let Some(e) = engine.call_failed(self.comm.id | COLL, self.tag) {
+                return Err(e);
             }
-            engine.check_peer(self.os.world[p])?;
+            peer?;
             if self.os.counter(p, FAILED).load(Ordering::Acquire) >= self.call {
                 return Err(Error::Aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"
                 )));
             }
-            if let Some(e) = engine.call_failed(self.comm.id | COLL, self.tag) {
-                return Err(e);
+            if ready() {
+                return Ok(());
+            }
+            let left = (deadline - now).min(SLEEP);
+            if let Some(bell) = engine.own_bell() {
+                let mut woken = || ready() || engine.alarms() != alarms;
+                bell.sleep_unless(&mut woken, left);
             }
             if ready() {
                 return Ok(());

@@ -34,6 +34,15 @@ impl Tiers {
         Ok(Tiers { host, leaders })
     }
 
+    /// Aborts the sub-communicators (see [`Communicator::abort`]).
+    pub(super) fn abort(&self) -> Result<()> {
+        self.host.abort()?;
+        match &self.leaders {
+            Some(leaders) => leaders.abort(),
+            None => Ok(()),
+        }
+    }
+
     /// Runs the all-reduce of `shape` on `comm` through the tiers.
     ///
     /// # Safety

@@ -268,8 +268,14 @@ fn accept_peers(
     }
     .encode();
     let me: Arc<[u8]> = Arc::from(me);
+    // The handshakes in flight, and whether each handed its connection over as a link: the
+    // others are ended (their sockets shut down) and joined when the acceptor stops, so that
+    // no intruder's silent connection keeps a thread after init.
+    type Handshake = (thread::JoinHandle<()>, TcpStream, Arc<AtomicBool>);
+    let mut handshakes: Vec<Handshake> = Vec::new();
     // Stops when the deadline passes or when the main thread has all its links.
     while Instant::now() < deadline {
+        handshakes.retain(|(t, _, _)| !t.is_finished());
         match listener.accept() {
             Ok((conn, from)) => {
                 use std::sync::atomic::Ordering::SeqCst;
@@ -277,12 +283,18 @@ fn accept_peers(
                     tracing::warn!("rank {rank}: too many handshakes in flight, dropping {from}");
                     continue;
                 }
+                let Ok(end) = conn.try_clone() else {
+                    tracing::warn!("rank {rank}: cannot keep track of {from}, dropping it");
+                    continue;
+                };
                 pending.fetch_add(1, SeqCst);
-                let (tx, secret, me, slot) = (
+                let handed = Arc::new(AtomicBool::new(false));
+                let (tx, secret, me, slot, handing) = (
                     tx.clone(),
                     Arc::clone(&secret),
                     Arc::clone(&me),
                     Arc::clone(&pending),
+                    Arc::clone(&handed),
                 );
                 let spawned =
                     thread::Builder::new()
@@ -291,6 +303,7 @@ fn accept_peers(
                             let limit = deadline.min(Instant::now() + HANDSHAKE_LIMIT);
                             match accept_one(conn, rank, size, streams, &secret, &me, limit) {
                                 Ok((peer, s, c)) => {
+                                    handing.store(true, SeqCst);
                                     let _ = tx.send((peer, s, c));
                                 }
                                 Err(e) => tracing::warn!(
@@ -299,13 +312,16 @@ fn accept_peers(
                             }
                             slot.fetch_sub(1, SeqCst);
                         });
-                if spawned.is_err() {
-                    pending.fetch_sub(1, SeqCst);
+                match spawned {
+                    Ok(t) => handshakes.push((t, end, handed)),
+                    Err(_) => {
+                        pending.fetch_sub(1, SeqCst);
+                    }
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if done.load(std::sync::atomic::Ordering::SeqCst) {
-                    return;
+                    break;
                 }
                 thread::sleep(Duration::from_millis(2));
             }
@@ -314,6 +330,14 @@ fn accept_peers(
                 thread::sleep(Duration::from_millis(10));
             }
         }
+    }
+    // Every link arrived (or the deadline passed): a handshake that has not handed over a
+    // link is an intruder's, whose blocked read or write fails once its socket is shut down.
+    for (t, end, handed) in handshakes {
+        if !handed.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = end.shutdown(std::net::Shutdown::Both);
+        }
+        let _ = t.join();
     }
 }
 

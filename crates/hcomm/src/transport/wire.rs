@@ -35,6 +35,10 @@ pub const FAST_PAYLOAD_SIG: usize = 16;
 pub const FLAG_CAN_PULL: u16 = 4;
 /// `Cts` flag: the receiver copied the data itself; the sender's part is done.
 pub const FLAG_PULLED: u16 = 8;
+/// `Abort` flag: the sender aborted a whole communicator (every operation on it, whatever its
+/// tag, now and later), not one operation: the one whose frames carry the ids `comm`, `sig[0]`
+/// and `sig[1]` (its point-to-point, collective and internal messages).
+pub const FLAG_COMM_ABORT: u16 = 16;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,7 +296,7 @@ impl FrameHeader {
     fn validate(&self) -> Result<(), WireError> {
         let allowed_flags = match self.kind {
             FrameKind::Cts => FLAG_DISCARD | FLAG_PULLED,
-            FrameKind::Abort => FLAG_MISMATCH,
+            FrameKind::Abort => FLAG_MISMATCH | FLAG_COMM_ABORT,
             FrameKind::Rts => FLAG_CAN_PULL,
             _ => 0,
         };
@@ -421,7 +425,7 @@ mod tests {
                 }
             }
             FrameKind::Cts => h.flags = *rng.pick(&[0, FLAG_DISCARD, FLAG_PULLED]),
-            FrameKind::Abort => h.flags = *rng.pick(&[0, FLAG_MISMATCH]),
+            FrameKind::Abort => h.flags = *rng.pick(&[0, FLAG_MISMATCH, FLAG_COMM_ABORT]),
             FrameKind::Close | FrameKind::Wake => {}
         }
         h
@@ -450,6 +454,7 @@ mod tests {
                 FLAG_MISMATCH as u64,
                 FLAG_CAN_PULL as u64,
                 FLAG_PULLED as u64,
+                FLAG_COMM_ABORT as u64,
             ],
         };
         crate::fuzz::run(&target, |input, rng| {

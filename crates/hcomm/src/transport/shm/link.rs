@@ -56,6 +56,9 @@ pub struct Doorbell {
     event: EventCount,
     /// Threads of the inbox's owner sleeping in `epoll_wait` rather than on the futex.
     epoll_sleepers: AtomicU32,
+    /// The owner's heartbeat: bumped by its watcher thread while the process runs, so that
+    /// local peers tell a hung or stopped process from a slow one.
+    heartbeat: AtomicU64,
 }
 
 const _: () = assert!(size_of::<Doorbell>() <= PROBE_OFFSET);
@@ -86,6 +89,16 @@ impl Doorbell {
     /// The owner woke up from `epoll_wait`.
     pub fn leave_epoll(&self) {
         self.epoll_sleepers.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The owner shows it is alive.
+    pub fn beat(&self) {
+        self.heartbeat.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The owner's heartbeats so far.
+    pub fn beats(&self) -> u64 {
+        self.heartbeat.load(Ordering::Relaxed)
     }
 }
 

@@ -34,7 +34,8 @@ use crate::error::{Error, Result};
 /// The first eight bytes of every hcomm segment: `HCOMMSHM` in little-endian order.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"HCOMMSHM");
 /// Version of the segment layout; a process refuses a segment of another version.
-pub const SEGMENT_VERSION: u32 = 1;
+/// 2: the inbox's doorbell carries a heartbeat.
+pub const SEGMENT_VERSION: u32 = 2;
 /// Offset of the payload from the start of the mapping: the header padded to two cache lines,
 /// so the payload is 128-byte aligned and shares no cache line with the header.
 pub const PAYLOAD_OFFSET: usize = 128;
@@ -629,7 +630,7 @@ pub(crate) mod tests {
         unsafe { ptr::addr_of_mut!((*header).version).write(SEGMENT_VERSION + 1) };
         let msg = open_error();
         assert!(
-            msg.contains(&name) && msg.contains("layout version 2"),
+            msg.contains(&name) && msg.contains(&format!("layout version {}", SEGMENT_VERSION + 1)),
             "{msg}"
         );
         // SAFETY: see above.

@@ -1,0 +1,234 @@
+//! The watcher: a thread per engine that notices peers that died or hang while nobody looks
+//! at their sockets.
+//!
+//! * **Dead local peers.** A waiter whose peers all share the host sleeps on its doorbell's
+//!   futex, which a dying process cannot ring. But the TCP connection kept beside each
+//!   shared-memory link ends when its process does (the kernel closes a dead process's
+//!   sockets, SIGKILL included), so the watcher polls a duplicate of each local peer's
+//!   stream 0 for its end only (`POLLRDHUP`, not for data, which the engine reads) and then
+//!   wakes the engine's sleepers, which read the end and fail the peer as usual (or, after its
+//!   `Close`, let it go in order). No process ids are involved: ranks in other pid namespaces
+//!   (containers sharing a host) are watched the same way.
+//! * **Hung or stopped peers.** A process that hangs (stopped by a signal, frozen, a host that
+//!   vanished without closing its connections) keeps its sockets open. Every `interval` each
+//!   watcher shows that its process runs: it bumps the heartbeat in its inbox's doorbell, which
+//!   local peers read, and sends each TCP peer a `Wake` frame, which does nothing else. A peer
+//!   from which nothing came for `limit` (no heartbeat, no frame) is lost. A peer that is only
+//!   busy (computing, blocked in a long call, oversubscribed) keeps beating: the beats come from
+//!   this thread, which needs a few microseconds of CPU per interval. A watcher that ran late
+//!   itself (its turn came more than `limit / 2` after the last) was starved or stopped too,
+//!   so it judges nobody that turn: it restarts its clocks instead.
+//!
+//! The timing follows `HCOMM_TIMEOUT` (`T`): `interval = T / 8` (between 10 ms and 1 s) and
+//! `limit = T / 2` (at least 4 intervals), so a hung peer is lost within `T / 2 + 2 interval`,
+//! before the operations waiting for it time out. Peers behind a transport plug-in are left to
+//! the plug-in and their TCP connection.
+
+use std::net::TcpStream;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap as HashMap;
+use rustix::event::{eventfd, poll as poll_fds, EventfdFlags, PollFd, PollFlags};
+
+use super::{poll, timespec, FrameHeader, FrameKind, OutFrame, Shared};
+use crate::error::{Error, Result};
+use crate::sync::lock;
+
+/// Shortest heartbeat interval.
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// Longest heartbeat interval.
+const MAX_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often the watcher beats and judges, and how long a silent peer has.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timing {
+    interval: Duration,
+    limit: Duration,
+}
+
+impl Timing {
+    /// The timing for `HCOMM_TIMEOUT` = `timeout` (see the module docs).
+    pub(super) fn for_timeout(timeout: Duration) -> Timing {
+        let interval = (timeout / 8).clamp(MIN_INTERVAL, MAX_INTERVAL);
+        Timing {
+            interval,
+            limit: (timeout / 2).max(4 * interval),
+        }
+    }
+}
+
+/// The running watcher; dropping it stops the thread.
+pub(super) struct Watcher {
+    stop: Arc<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Starts watching: `ends` are duplicates of the local peers' stream 0, by world rank.
+    pub(super) fn start(
+        shared: Arc<Shared>,
+        ends: Vec<(usize, TcpStream)>,
+        timing: Timing,
+    ) -> Result<Watcher> {
+        let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| Error::Init(format!("eventfd: {e}")))?;
+        let stop = Arc::new(stop);
+        let told = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("hcomm-watch".into())
+            .spawn(move || watch(&shared, &told, ends, timing))
+            .map_err(|e| Error::Init(format!("cannot start the watcher thread: {e}")))?;
+        Ok(Watcher {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// When the watcher last saw a sign of life of a peer.
+struct Seen {
+    /// The peer's heartbeat count (local peers) or frames received (TCP peers).
+    mark: u64,
+    since: Instant,
+}
+
+fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, TcpStream)>, timing: Timing) {
+    let mut seen: HashMap<usize, Seen> = HashMap::default();
+    let mut last_turn = Instant::now();
+    let mut next_turn = last_turn;
+    loop {
+        let now = Instant::now();
+        if now >= next_turn {
+            let late = now - last_turn > timing.limit / 2;
+            turn(sh, &mut seen, now, late, timing);
+            last_turn = now;
+            next_turn = now + timing.interval;
+        }
+        let wait = next_turn.saturating_duration_since(Instant::now());
+        let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(stop, PollFlags::IN))
+            .chain(ends.iter().map(|(_, s)| PollFd::new(s, PollFlags::RDHUP)))
+            .collect();
+        match poll_fds(&mut fds, Some(&timespec(wait))) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                tracing::warn!("the watcher's poll failed: {e}");
+                std::thread::sleep(wait);
+            }
+        }
+        if !fds[0].revents().is_empty() {
+            return;
+        }
+        // Ended, reset or failed: the connection has nothing more to say to the watcher.
+        let ended: Vec<usize> = (1..fds.len())
+            .filter(|&i| !fds[i].revents().is_empty())
+            .map(|i| i - 1)
+            .collect();
+        drop(fds);
+        if !ended.is_empty() {
+            for &i in ended.iter().rev() {
+                let (peer, _) = ends.swap_remove(i);
+                tracing::debug!("the connection of local world rank {peer} ended");
+            }
+            sh.io.alarm();
+        }
+    }
+}
+
+/// One turn: beat, send the TCP peers theirs, read what came, and fail the peers silent for
+/// too long (none when this turn is `late`).
+fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, timing: Timing) {
+    if let Some(bell) = sh.io.bell() {
+        bell.beat();
+    }
+    if sh.closing.load(Ordering::SeqCst) {
+        return;
+    }
+    // Read what arrived, heartbeats among it, when no thread of this rank does: a waiting
+    // thread or the polling progress thread reads the sockets itself (and must not have its
+    // wake-up taken from under it).
+    let mut events = Vec::with_capacity(64);
+    let idle = sh.io.waiters.load(Ordering::SeqCst) == 0 && !sh.io.polling.load(Ordering::SeqCst);
+    if idle && poll(&sh.io, &mut events, Duration::ZERO).is_err() {
+        events.clear();
+    }
+    let mut st = lock(&sh.state);
+    if idle {
+        st.handle(&events, false);
+    }
+    let mut lost = false;
+    for p in 0..st.peers.len() {
+        let Some(peer) = st.peers[p].as_ref() else {
+            continue;
+        };
+        if peer.lost.is_some() || peer.closed || peer.plugin.is_some() {
+            seen.remove(&p);
+            continue;
+        }
+        let mark = match sh.io.peer_inboxes.get(&p) {
+            Some((inbox, _, _)) => inbox.bell().beats(),
+            None => peer.heard,
+        };
+        // A stream with frames queued is busy (or stuck): the beat would only wait behind.
+        if peer.shm.is_none() && peer.streams.first().is_some_and(|s| s.out.is_empty()) {
+            st.queue_tcp(p, 0, OutFrame::control(FrameHeader::new(FrameKind::Wake)));
+        }
+        let last = seen.entry(p).or_insert(Seen { mark, since: now });
+        if late || last.mark != mark {
+            *last = Seen { mark, since: now };
+        } else if now - last.since >= timing.limit {
+            let why = format!(
+                "nothing came from it for {:.1?} (no heartbeat: its process is hung or stopped, \
+                 or its host is gone)",
+                now - last.since
+            );
+            seen.remove(&p);
+            st.fail_peer(p, why);
+            lost = true;
+        }
+    }
+    drop(st);
+    if lost {
+        sh.io.alarm();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hung peer is lost within 2 x HCOMM_TIMEOUT at most (by `limit` + two intervals: the
+    /// last beat seen, then the turn that judges) for every timeout, and a peer gets several
+    /// intervals to beat before it is judged.
+    #[test]
+    fn heartbeat_timing_loses_a_hung_peer_within_twice_the_timeout() {
+        for secs in [1e-9, 0.01, 0.1, 1.0, 2.0, 4.0, 60.0, 300.0, 1e7] {
+            let timeout = Duration::from_secs_f64(secs);
+            let t = Timing::for_timeout(timeout);
+            assert!(
+                t.interval >= MIN_INTERVAL && t.interval <= MAX_INTERVAL,
+                "{t:?}"
+            );
+            assert!(t.limit >= 4 * t.interval, "{t:?}");
+            if timeout >= 8 * MIN_INTERVAL {
+                assert!(
+                    t.limit + 2 * t.interval <= 2 * timeout,
+                    "{timeout:?}: {t:?}"
+                );
+                assert!(t.limit >= timeout / 2, "{timeout:?}: {t:?}");
+            }
+        }
+    }
+}
