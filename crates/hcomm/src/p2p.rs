@@ -1585,7 +1585,8 @@ impl State {
         {
             return None;
         }
-        let m = self.peers.get_mut(t.peer)?.as_mut()?.shm.as_mut()?;
+        let peer = self.peers.get_mut(t.peer)?.as_mut()?;
+        let m = peer.shm.as_mut()?;
         let body = m.link.fast_in.peek(m.in_seq + 1)?;
         let (hdr, payload) = FrameHeader::decode_fast(&body).ok()?;
         let len = hdr.len as usize;
@@ -1596,6 +1597,7 @@ impl State {
         unsafe { buf.copy_from_nonoverlapping(payload.as_ptr(), len) };
         m.link.fast_in.consume();
         m.in_seq += 1;
+        peer.heard = peer.heard.wrapping_add(1);
         Some(len)
     }
 
