@@ -799,8 +799,8 @@ impl Engine {
     /// message of this call with another signature), for calls that wait outside the engine.
     pub(crate) fn call_failed(&self, comm: u64, tag: u32) -> Option<Error> {
         let mut st = lock(&self.shared.state);
-        if let Some(e) = st.comm_aborted.get(&comm) {
-            return Some(e.clone());
+        if let Some(e) = st.aborted_comm(comm) {
+            return Some(e);
         }
         if let Err(e) = st.late_error(comm) {
             return Some(e);
@@ -826,8 +826,8 @@ impl Engine {
         if !self.shared.io.any_aborted.load(Ordering::SeqCst) {
             return Ok(());
         }
-        match lock(&self.shared.state).comm_aborted.get(&comm) {
-            Some(e) => Err(e.clone()),
+        match lock(&self.shared.state).aborted_comm(comm) {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
@@ -1435,8 +1435,8 @@ impl State {
     }
 
     fn live_peer(&self, t: &Target) -> Result<()> {
-        if let Some(e) = self.comm_aborted.get(&t.comm) {
-            return Err(e.clone());
+        if let Some(e) = self.aborted_comm(t.comm) {
+            return Err(e);
         }
         if let Some(&(peer, sig, mismatch)) = self.aborted.get(&(t.comm, t.tag)) {
             return Err(self.abandoned(t, peer, sig, mismatch));
@@ -1929,8 +1929,8 @@ impl State {
     /// call on `comm` turned out mismatched after it returned, or if a message of this call
     /// already arrived with another signature.
     fn begin_call(&mut self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
-        if let Some(e) = self.comm_aborted.get(&comm) {
-            return Err(e.clone());
+        if let Some(e) = self.aborted_comm(comm) {
+            return Err(e);
         }
         self.late_error(comm)?;
         if self.call_order.len() >= CALL_MEMORY {
@@ -2010,6 +2010,14 @@ impl State {
             let err = self.abandoned(&t, peer, sig, mismatch);
             self.fail_call(comm, tag, err);
         }
+    }
+
+    /// The error of every operation on `comm`, if it was aborted.
+    fn aborted_comm(&self, comm: u64) -> Option<Error> {
+        if self.comm_aborted.is_empty() {
+            return None;
+        }
+        self.comm_aborted.get(&comm).cloned()
     }
 
     /// Communicator `comm` is aborted: its pending operations fail with `err`, and so will

@@ -140,7 +140,7 @@ enum Scenario {
     },
     /// Rank --aborter aborts the world (`Communicator::abort`) while the others, and another
     /// thread of its own, wait in a pending operation; they must fail with Aborted naming it,
-    /// as must every later call.
+    /// as must every later call, while a communicator duplicated before still works.
     /// Every rank prints `ready <ns>` after the start-up barrier, the aborter `aborting <ns>`
     /// just before, the others `aborted <ns> <error>`. Then every rank releases the world and
     /// checks that no thread or socket of hcomm is left; the aborter lingers a second (so that
@@ -997,14 +997,19 @@ fn abort(
         "--aborter must name a rank below {}, and somebody must wait",
         comm.size()
     );
+    // Derived before the abort: not aborted with it.
+    let spare = comm.dup()?;
     comm.barrier()?;
     println!("ready {}", unix_ns());
     let mut buf = vec![1.0f32; 1 << 16];
     let later = |comm: &Communicator| -> Result<()> {
         match comm.barrier() {
-            Err(Error::Aborted(_)) => Ok(()),
+            Err(Error::Aborted(_)) => {}
             other => bail!("a call after the abort gave {other:?}, not Aborted"),
         }
+        spare
+            .barrier()
+            .context("a communicator duplicated before the abort")
     };
     if r == aborter {
         // Another thread of the aborter waits on the communicator too: the abort ends it.
@@ -1025,6 +1030,7 @@ fn abort(
             }
         })?;
         later(&comm)?;
+        drop(spare);
         std::thread::sleep(Duration::from_secs(1));
         nothing_left(comm, before)?;
         bail!("rank {r} aborted the world on purpose");
@@ -1050,6 +1056,7 @@ fn abort(
         e => bail!("expected Aborted naming rank {aborter}, got {e}"),
     }
     later(&comm)?;
+    drop(spare);
     nothing_left(comm, before)
 }
 
