@@ -787,11 +787,7 @@ impl Engine {
             return;
         };
         if inbox.bell().ring() {
-            lock(&self.shared.state).queue_tcp(
-                peer,
-                0,
-                OutFrame::control(FrameHeader::new(FrameKind::Wake)),
-            );
+            lock(&self.shared.state).queue_wake(peer);
         }
     }
 
@@ -1557,11 +1553,7 @@ impl State {
             "sent through the fast box"
         );
         if wake {
-            self.queue_tcp(
-                t.peer,
-                0,
-                OutFrame::control(FrameHeader::new(FrameKind::Wake)),
-            );
+            self.queue_wake(t.peer);
         }
         Ok(true)
     }
@@ -2271,6 +2263,16 @@ impl State {
         self.recv_watch(inbox, &op.target)
     }
 
+    /// Sends `peer` a frame that only wakes it (it sleeps in `epoll_wait` while this rank
+    /// wrote to its shared memory).
+    fn queue_wake(&mut self, peer: usize) {
+        self.queue_tcp(
+            peer,
+            0,
+            OutFrame::control(FrameHeader::new(FrameKind::Wake)),
+        );
+    }
+
     /// Whether every other rank is reached through shared memory (then waiters sleep on the
     /// doorbell's futex rather than in `epoll_wait`).
     fn all_shm(&self) -> bool {
@@ -2371,11 +2373,7 @@ impl State {
         self.frames_sent(done_ops.drain(..));
         self.sent = done_ops;
         if wake {
-            self.queue_tcp(
-                peer,
-                0,
-                OutFrame::control(FrameHeader::new(FrameKind::Wake)),
-            );
+            self.queue_wake(peer);
         }
         if let Some(why) = failure {
             self.fail_peer(peer, why);
@@ -2484,11 +2482,7 @@ impl State {
             if let Some(m) = self.peers[peer].as_ref().and_then(|p| p.shm.as_ref()) {
                 // The peer may wait for room in this ring.
                 if m.link.peer_bell().ring() {
-                    self.queue_tcp(
-                        peer,
-                        0,
-                        OutFrame::control(FrameHeader::new(FrameKind::Wake)),
-                    );
+                    self.queue_wake(peer);
                 }
             }
         }
