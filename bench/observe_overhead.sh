@@ -4,8 +4,8 @@
 #   base     the tools of BASE (a directory with hcommrun and hcomm_perf built before the
 #            statistics existed, e.g. from commit 00249b7)
 #   new      the tools of NEW (hcommrun, hcomm_perf, hcomm_profiler of this tree), nobody watching
-#   watched  NEW again, with `hcomm_profiler --job --interval 100` attached as soon as the
-#            job's statistics segments appear
+#   watched  NEW again, with `hcomm_profiler --job --interval 100` attached as soon as a
+#            rank's statistics are open
 # Prints one line per configuration and run, `size:time(us)` for every size, then the medians.
 #
 # Usage: BASE=/path/to/old/bin NEW=target/release [ROUNDS=7] [ARGS="allreduce -b 8 -e 32K -f 8"] \
@@ -27,22 +27,26 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "base $(perf "$BASE" 2>&1 | row)" | tee -a "$results"
     echo "new $(perf "$NEW" 2>&1 | row)" | tee -a "$results"
     out=$(mktemp)
-    before=$(ls /dev/shm | grep -- '-stats-' || true)
     perf "$NEW" >"$out" 2>&1 &
     job=$!
+    # A rank of the job, once its statistics (a memfd) are open.
     pid=""
     for _ in $(seq 1 2000); do
-        pid=$(ls /dev/shm | grep -- '-stats-' | grep -vxF "$before" | sed 's/.*-stats-//' | head -1 || true)
-        [ -n "$pid" ] && break
+        pid=$(pgrep -n -f "^$NEW/hcomm_perf" || true)
+        if [ -n "$pid" ] && ls -l "/proc/$pid/fd" 2>/dev/null | grep -q 'memfd:hcomm-.*-stats'; then
+            break
+        fi
         sleep 0.002
     done
-    "$NEW/hcomm_profiler" --pid "$pid" --job --interval 100 >/dev/null 2>&1 &
+    "$NEW/hcomm_profiler" --pid "$pid" --job --interval 100 >/dev/null 2>"$out.prof" &
     prof=$!
     wait "$job"
     kill "$prof" 2>/dev/null || true
     wait "$prof" 2>/dev/null || true
     echo "watched $(row <"$out")" | tee -a "$results"
-    rm -f "$out"
+    # The profiler says nothing unless it failed to attach.
+    if [ -s "$out.prof" ]; then cat "$out.prof" >&2; fi
+    rm -f "$out" "$out.prof"
 done
 
 echo "# medians (us)"
@@ -50,7 +54,7 @@ python3 - "$results" <<'EOF'
 import collections, statistics, sys
 d = collections.defaultdict(lambda: collections.defaultdict(list))
 for line in open(sys.argv[1]):
-    name, *cols = line.split()
+    name, *cols = line.split() or [""]
     for c in cols:
         size, t = c.split(":")
         d[name][int(size)].append(float(t))

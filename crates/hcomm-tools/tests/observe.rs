@@ -73,17 +73,9 @@ fn profiler_attaches_to_a_running_job_and_reads_its_allreduces() {
         assert_ne!(row[8], "-", "no algorithm: {out}");
     }
 
-    // The job runs on, unharmed by the profiler, and its statistics go with it.
+    // The job runs on, unharmed by the profiler.
     let status = ranks.finish(Duration::from_secs(100));
     assert!(status.iter().all(|s| s.success()), "{}", ranks.text());
-    for r in 0..2 {
-        let suffix = format!("-stats-{}", pid_of(&ranks, r));
-        let names = std::fs::read_dir("/dev/shm").unwrap().flatten();
-        let left: Vec<_> = names
-            .filter(|e| e.file_name().to_string_lossy().ends_with(&suffix))
-            .collect();
-        assert!(left.is_empty(), "{left:?}");
-    }
 
     let (o, _) = common::run_bounded(
         Command::new(PROFILER).args(["--pid", &std::process::id().to_string(), "--once"]),

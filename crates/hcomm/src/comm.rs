@@ -704,10 +704,14 @@ impl Communicator {
     /// Sends `buf` to rank `dest` with `tag`; returns when `buf` may be reused.
     pub fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
         let t = self.target(self.id, dest, tag, "destination")?;
-        let op = self
-            .world
-            .p2p_scope(OpKind::Send, &t, buf.len(), self.size());
-        let r = self.send_to(t, buf);
+        self.recorded(OpKind::Send, &t, buf.len(), || self.send_to(t, buf))
+    }
+
+    /// Runs `f`, a point-to-point operation `kind` of `len` bytes with `t`'s peer, recorded
+    /// for the profiler and the trace.
+    fn recorded<R>(&self, kind: OpKind, t: &Target, len: usize, f: impl FnOnce() -> R) -> R {
+        let op = self.world.p2p_scope(kind, t, len, self.size());
+        let r = f();
         drop(op);
         self.world.publish_counters();
         r
@@ -734,13 +738,7 @@ impl Communicator {
     /// A longer message gives [`Error::Truncated`] (and is consumed).
     pub fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
         let t = self.target(self.id, src, tag, "source")?;
-        let op = self
-            .world
-            .p2p_scope(OpKind::Recv, &t, buf.len(), self.size());
-        let r = self.recv_from(t, buf);
-        drop(op);
-        self.world.publish_counters();
-        r
+        self.recorded(OpKind::Recv, &t, buf.len(), || self.recv_from(t, buf))
     }
 
     fn recv_from(&self, t: Target, buf: &mut [u8]) -> Result<usize> {
@@ -764,13 +762,9 @@ impl Communicator {
     ) -> Result<usize> {
         let st = self.target(self.id, dest, sendtag, "destination")?;
         let rt = self.target(self.id, src, recvtag, "source")?;
-        let op = self
-            .world
-            .p2p_scope(OpKind::SendRecv, &st, sendbuf.len(), self.size());
-        let r = self.exchange(st, sendbuf, rt, recvbuf);
-        drop(op);
-        self.world.publish_counters();
-        r
+        self.recorded(OpKind::SendRecv, &st, sendbuf.len(), || {
+            self.exchange(st, sendbuf, rt, recvbuf)
+        })
     }
 
     fn exchange(

@@ -1001,7 +1001,6 @@ impl Engine {
         self.enter_wait();
         let result = self.wait_any_inner(ids, deadline.into());
         self.leave_wait();
-        crate::observe::unblocked();
         result
     }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context as _};
+use anyhow::{anyhow, bail};
 use clap::Parser;
 use hcomm::observe::clock::{self, TickKind};
 use hcomm::observe::stats::{
@@ -75,29 +75,36 @@ fn main() {
 }
 
 fn run(args: &Args) -> anyhow::Result<()> {
-    let name = stats::find_by_pid(args.pid)?.ok_or_else(|| not_hcomm(args.pid))?;
-    let names = if args.job {
-        let job = job_of(&name)?;
-        let mut names: Vec<String> = stats::find_by_job(&job)?
-            .into_iter()
-            .filter(|n| pid_of(n).is_some_and(alive))
-            .collect();
-        names.sort_by_key(|n| rank_of(n));
-        names
+    let first = StatsReader::open_pid(args.pid)
+        .map_err(|e| match alive(args.pid) {
+            true => anyhow!("cannot read the statistics of process {}: {e}", args.pid),
+            false => anyhow!("no process {}", args.pid),
+        })?
+        .ok_or_else(|| not_hcomm(args.pid))?;
+    let readers = if args.job {
+        let job = first.job_id();
+        let mut readers = vec![first];
+        for pid in stats::find_job(&job)? {
+            if pid != args.pid {
+                // A rank may exit while we look: take those that are still there.
+                if let Ok(Some(r)) = StatsReader::open_pid(pid) {
+                    readers.push(r);
+                }
+            }
+        }
+        readers.sort_by_key(|r| r.layout().header.rank);
+        readers
     } else {
-        vec![name]
+        vec![first]
     };
-    let mut targets = names
-        .iter()
-        .map(|n| {
-            let reader = StatsReader::open(n).with_context(|| format!("cannot map {n}"))?;
-            Ok(Target {
-                tick_hz: 0.0,
-                reader,
-                last_counts: [0; OP_KINDS],
-            })
+    let mut targets: Vec<Target> = readers
+        .into_iter()
+        .map(|reader| Target {
+            tick_hz: 0.0,
+            reader,
+            last_counts: [0; OP_KINDS],
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect();
     for t in &mut targets {
         t.reader.watch();
         t.tick_hz = tick_rate(t.reader.layout())?;
@@ -131,36 +138,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The error for a pid without a statistics segment.
+/// The error for a process without statistics.
 fn not_hcomm(pid: u32) -> anyhow::Error {
-    if alive(pid) {
-        anyhow!(
-            "process {pid} is not an hcomm rank: /dev/shm holds no hcomm-*-stats-{pid} (it has \
-             no hcomm world open, or belongs to another user)"
-        )
-    } else {
-        anyhow!("no process {pid}")
-    }
+    anyhow!(
+        "process {pid} is not an hcomm rank: it has no hcomm statistics open (no hcomm world, or \
+         an hcomm without them)"
+    )
 }
 
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// `hcomm-<job>-<rank>-stats-<pid>` → job.
-fn job_of(name: &str) -> anyhow::Result<String> {
-    name.strip_prefix("hcomm-")
-        .and_then(|rest| rest.split('-').next())
-        .map(str::to_owned)
-        .ok_or_else(|| anyhow!("malformed statistics segment name {name}"))
-}
-
-fn rank_of(name: &str) -> Option<u32> {
-    name.split('-').nth(2)?.parse().ok()
-}
-
-fn pid_of(name: &str) -> Option<u32> {
-    name.rsplit('-').next()?.parse().ok()
 }
 
 /// Ticks per second of the rank's clock: the TSC's rate measured against the monotonic clock
@@ -265,7 +252,7 @@ fn render_one(out: &mut String, t: &mut Target, window: Duration) {
         h.rank,
         h.size,
         h.pid,
-        t.reader.name()
+        t.reader.path()
     );
     let _ = writeln!(
         out,
@@ -386,14 +373,6 @@ fn describe_flight(f: &FlightSnapshot, now: u64, tick_hz: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_give_job_rank_and_pid() {
-        let n = "hcomm-0123abcd-3-stats-4567";
-        assert_eq!(job_of(n).unwrap(), "0123abcd");
-        assert_eq!(rank_of(n), Some(3));
-        assert_eq!(pid_of(n), Some(4567));
-    }
 
     #[test]
     fn protocol_bits_name_their_transports_once() {

@@ -196,12 +196,13 @@ impl Drop for OpScope {
 }
 
 /// The executor waits for step `step` (from 0) of its schedule, a transfer with rank `peer`
-/// of the communicator.
+/// of the communicator (and no longer blocks in an earlier wait).
 #[inline]
 pub(crate) fn waiting_for_step(step: usize, peer: Option<usize>) {
     stats::with_flight(|f| {
         use std::sync::atomic::Ordering::Relaxed;
         f.step.store(step as u64 + 1, Relaxed);
+        f.waiting_since.store(0, Relaxed);
         if let Some(p) = peer {
             f.peer.store(p as u64 + 1, Relaxed);
         }
@@ -214,16 +215,6 @@ pub(crate) fn blocked_on(peer: usize) {
     stats::with_flight(|f| {
         use std::sync::atomic::Ordering::Relaxed;
         f.peer.store(peer as u64 + 1, Relaxed);
-        if f.waiting_since.load(Relaxed) == 0 {
-            f.waiting_since.store(clock::ticks(), Relaxed);
-        }
-    });
-}
-
-/// The current blocking wait of this thread is over.
-pub(crate) fn unblocked() {
-    stats::with_flight(|f| {
-        f.waiting_since
-            .store(0, std::sync::atomic::Ordering::Relaxed)
+        f.waiting_since.store(clock::ticks(), Relaxed);
     });
 }
