@@ -25,6 +25,10 @@
 //! * **Inline** (every rank's contribution fits a slot): each rank computes its result
 //!   straight from the peers' slots, reductions folded in rank order, so every rank gets the
 //!   same bits as the rank-order reference. One round of cache-line transfers, no message.
+//!   Contributions beyond 1 KiB whose buffers all lie in pools, and all-gather and broadcast
+//!   contributions beyond 8 KiB, go the large way instead (decided from the published
+//!   headers, alike on every rank): slots rewritten by every call cross between cores on
+//!   every read, buffers read in place much less.
 //! * **Large** all-reduce: each rank reduces its slice straight out of the peers' buffers
 //!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache), publishes
 //!   `ready`, then copies the
@@ -73,6 +77,12 @@ const TINY: usize = DATA + 2 * SLOT;
 const SEG_LEN: usize = TINY + 2 * 64;
 /// Largest contribution of a tiny call: it travels in one cache line with its call number.
 const TINY_MAX: usize = 32;
+/// Calls whose buffers all lie in pools read larger contributions than this in place, even
+/// when they fit a slot.
+const DIRECT_FROM: usize = 1024;
+/// All-gathers and broadcasts read larger contributions than this in place even from heap
+/// buffers, with cross-memory attach.
+const DIRECT_CMA_FROM: usize = 8 << 10;
 /// Bytes reduced at a time by the large all-reduce (they stay in the core's cache).
 const CHUNK: usize = 128 << 10;
 /// Calls on at least this many bytes write their results with non-temporal stores: their
@@ -458,7 +468,28 @@ impl OneSided {
             let theirs = unsafe { self.header_ptr(p, slot).read() };
             check_peer_call(shape, sig, p, theirs.sig, theirs.len)?;
         }
-        if inline {
+        // Contributions beyond a kilobyte in every rank's pool are read in place rather than
+        // through the slots, which every call rewrites (so every read of them crosses between
+        // cores): several times faster from 2 KiB on. So are all-gather and broadcast
+        // contributions beyond 8 KiB on the heap, with cross-memory attach. Every rank sees the
+        // same headers, so all decide alike.
+        let in_pools = || {
+            (0..n).all(|p| {
+                // SAFETY: as above: every peer's header of this call is published.
+                let h = unsafe { self.header_ptr(p, slot).read() };
+                h.input_loc != 0 && h.output_loc != 0
+            })
+        };
+        let most = max_contribution(shape);
+        let direct = self.cma
+            && match shape.kind {
+                CollKind::AllReduce => most > DIRECT_FROM && in_pools(),
+                CollKind::AllGather | CollKind::Broadcast => {
+                    most > DIRECT_CMA_FROM || (most > DIRECT_FROM && in_pools())
+                }
+                _ => false,
+            };
+        if inline && !direct {
             // SAFETY: forwarded from the caller; the peers' slots hold call j.
             unsafe { self.inline(shape, slot, bufs) }
         } else {
