@@ -30,7 +30,7 @@ INSTALL    ?= install
 # Where cargo puts the release build (CARGO_TARGET_DIR moves it).
 RELEASE_DIR := $(or $(CARGO_TARGET_DIR),target)/release
 # Binaries `make install` installs, each only if it was built.
-BINARIES := hcommrun hcomm_perf hcomm_check hcomm_test
+BINARIES := hcommrun hcomm_perf hcomm_check hcomm_test hcomm_profiler
 
 .PHONY: all build run test lint fmt-check clippy install install-bin install-capi uninstall \
 	bench bench-local bench-coll bench-coll-local bench-shm help
