@@ -6,6 +6,8 @@ mod common;
 use common::run_bounded;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -166,10 +168,22 @@ fn free_port() -> u16 {
 
 /// Starts `n` ranks by hand, as a launcher without a store would.
 fn spawn_by_hand(n: usize, port: u16, args: &[&str], timeout: &str) -> Vec<Child> {
+    spawn_by_hand_with(n, port, args, timeout, &[])
+}
+
+/// [`spawn_by_hand`] with more environment variables.
+fn spawn_by_hand_with(
+    n: usize,
+    port: u16,
+    args: &[&str],
+    timeout: &str,
+    env: &[(&str, &str)],
+) -> Vec<Child> {
     (0..n)
         .map(|r| {
             Command::new(CHECK)
                 .args(args)
+                .envs(env.iter().copied())
                 .env("HCOMM_RANK", r.to_string())
                 .env("HCOMM_SIZE", n.to_string())
                 .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
@@ -186,8 +200,12 @@ fn spawn_by_hand(n: usize, port: u16, args: &[&str], timeout: &str) -> Vec<Child
 #[test]
 fn peers_of_a_dead_rank_fail_fast_naming_it() {
     // No hcommrun here: the survivors must notice by themselves, well before HCOMM_TIMEOUT.
+    // They also tell the launcher's pipe (HCOMM_RUN_FD) whom they lost, so that a launcher
+    // can name rank 1 however the exits are ordered.
+    let (pipe, write_end, env) = report_pipe();
     let t0 = Instant::now();
-    let children = spawn_by_hand(3, free_port(), &["exit"], "100");
+    let children = spawn_by_hand_with(3, free_port(), &["exit"], "100", &[("HCOMM_RUN_FD", &env)]);
+    drop(write_end);
     let mut outputs = Vec::new();
     for c in children {
         outputs.push(c.wait_with_output().unwrap());
@@ -206,6 +224,34 @@ fn peers_of_a_dead_rank_fail_fast_naming_it() {
             "rank {r}: {t}"
         );
     }
+    let mut reports = String::new();
+    pipe.take(1 << 16).read_to_string(&mut reports).unwrap();
+    let mut lines: Vec<&str> = reports.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["lost 0 1", "lost 2 1"], "{reports:?}");
+}
+
+/// A pipe like hcommrun's report pipe: the read end, the write end (inherited by ranks
+/// spawned while it is open; drop it once they are, so that reading ends when they exit),
+/// and `HCOMM_RUN_FD` (`FD:INODE` of the write end) for the ranks.
+fn report_pipe() -> (std::fs::File, OwnedFd, String) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into `fds`, which has room for them.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), 0) }, 0);
+    // SAFETY: pipe2 made both descriptors, owned here alone.
+    let (read, write) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    // SAFETY: fcntl on a descriptor owned here: only the write end goes to the ranks.
+    unsafe { libc::fcntl(fds[0], libc::F_SETFD, libc::FD_CLOEXEC) };
+    let ino = std::fs::File::from(write.try_clone().unwrap())
+        .metadata()
+        .unwrap()
+        .ino();
+    (read, write, format!("{}:{ino}", fds[1]))
 }
 
 #[test]

@@ -587,6 +587,7 @@ impl Communicator {
                 shm_chunk: config.shm_chunk,
                 describe: crate::coll::Shape::describe_signature,
                 timeout: config.timeout,
+                run_fd: config.run_fd,
             },
         )?;
         if config.debug && rank == 0 {

@@ -82,6 +82,11 @@ pub struct Config {
     /// `HCOMM_TRACE`: where each rank writes a Chrome trace of its operations (see
     /// `observe::trace::rank_path` for the file of each rank).
     pub trace: Option<String>,
+    /// `HCOMM_RUN_FD=FD:INODE`, set by `hcommrun`: a pipe (descriptor FD, inode INODE) on
+    /// which this rank tells the launcher which peers it lost, so that the launcher names the
+    /// rank that failed first rather than one that only noticed it. The inode guards against
+    /// a variable inherited by a process whose descriptor FD is something else.
+    pub run_fd: Option<(i32, u64)>,
     /// `HCOMM_TRANSPORT`: force one transport: `tcp`, `shm` (the default: shared memory
     /// between ranks of one host, TCP between hosts), or the name of a transport plug-in
     /// ([`crate::transport::plugin`]), checked against the registered ones when the world
@@ -231,6 +236,19 @@ impl Config {
             Some(v) => Some(parse_num::<u64>("HCOMM_SPIN_US", &v)?.min(1_000_000)),
             None => None,
         };
+        let run_fd = match get("HCOMM_RUN_FD") {
+            Some(v) => {
+                let bad = || invalid("HCOMM_RUN_FD", &v, "FD:INODE, FD 3 or more");
+                let (fd, ino) = v.trim().split_once(':').ok_or_else(bad)?;
+                let fd = fd
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|&fd| fd >= 3)
+                    .ok_or_else(bad)?;
+                Some((fd, ino.parse::<u64>().map_err(|_| bad())?))
+            }
+            None => None,
+        };
         let transport = get("HCOMM_TRANSPORT");
         if let Some(t) = &transport {
             crate::transport::plugin::check_name(t, "HCOMM_TRANSPORT")?;
@@ -241,6 +259,7 @@ impl Config {
             timeout: Duration::from_secs_f64(timeout_secs),
             stall_warn,
             trace: get("HCOMM_TRACE"),
+            run_fd,
             transport,
             shm_eager_limit,
             shm_push_threshold,
@@ -388,6 +407,19 @@ mod tests {
     }
 
     #[test]
+    fn the_launchers_pipe_is_a_descriptor_beyond_stdio() {
+        assert_eq!(
+            cfg(&[("HCOMM_RUN_FD", "7:1234")]).unwrap().run_fd,
+            Some((7, 1234))
+        );
+        assert_eq!(cfg(&[]).unwrap().run_fd, None);
+        for bad in ["7", "2:5", "-1:5", "x:5", "7:y", ":"] {
+            let e = cfg(&[("HCOMM_RUN_FD", bad)]).unwrap_err().to_string();
+            assert!(e.contains("HCOMM_RUN_FD"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn stall_warnings_turn_off_with_zero() {
         assert_eq!(cfg(&[("HCOMM_STALL_WARN", "0")]).unwrap().stall_warn, None);
         assert_eq!(
@@ -455,10 +487,11 @@ mod tests {
     }
 
     /// Every variable `from_lookup` reads (the fuzz harness checks that it asks for no other).
-    const NAMES: [&str; 41] = [
+    const NAMES: [&str; 42] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
+        "HCOMM_RUN_FD",
         "HCOMM_LOG_LEVEL",
         "HCOMM_TCP_STREAMS",
         "HCOMM_TCP_EAGER_LIMIT",

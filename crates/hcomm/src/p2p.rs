@@ -170,6 +170,8 @@ pub(crate) struct ShmSetup {
 pub(crate) struct EngineConfig {
     /// This process's world rank.
     pub rank: usize,
+    /// `HCOMM_RUN_FD`: the launcher's pipe for news of lost peers (descriptor, inode).
+    pub run_fd: Option<(i32, u64)>,
     /// Messages up to this size go eagerly.
     pub eager_limit: usize,
     /// Data chunk size of rendezvous transfers.
@@ -525,6 +527,26 @@ pub(crate) struct Engine {
     plugin: Option<plugin::Links>,
     /// The thread that notices dead and hung peers.
     watcher: Option<watch::Watcher>,
+}
+
+/// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
+/// `rank` lost world rank `peer`: one line `lost RANK PEER`, in one write (atomic on a
+/// pipe), never blocking (the launcher made the pipe nonblocking). Nothing is written unless
+/// the descriptor is that pipe; news that cannot be written is dropped (it only helps the
+/// launcher name the rank that failed first).
+fn tell_launcher((fd, ino): (i32, u64), rank: usize, peer: usize) {
+    // SAFETY: the launcher's pipe stays open for the life of the process (inherited, and
+    // nothing in hcomm closes it); a stale variable naming a closed descriptor only makes
+    // `fstat` fail, and a foreign one fails the checks below, so nothing is written to it.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let Ok(st) = rustix::fs::fstat(fd) else {
+        return;
+    };
+    let fifo = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo;
+    if !fifo || st.st_ino != ino {
+        return;
+    }
+    let _ = rustix::io::write(fd, format!("lost {rank} {peer}\n").as_bytes());
 }
 
 /// Polls `watch` for a while, without the engine's lock and without the clock; returns whether
@@ -3048,6 +3070,9 @@ impl State {
             tracing::debug!("{msg}");
         } else {
             tracing::warn!("{msg}");
+            if let Some(pipe) = self.cfg.run_fd {
+                tell_launcher(pipe, self.cfg.rank, peer);
+            }
         }
         for s in &mut p.streams {
             let _ = epoll::delete(&self.io.epoll, &s.sock);

@@ -7,6 +7,7 @@
 use std::ffi::{OsStr, OsString};
 use std::io::{self, BufReader, IsTerminal};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -174,13 +175,20 @@ fn run(args: &Args) -> anyhow::Result<i32> {
     let start = Instant::now();
     let deadline = args.timeout.map(|t| start + t);
 
+    let losses = LossPipe::new()?;
     let mut job = Job {
         pids: Vec::with_capacity(args.ranks as usize),
         running: 0,
         rx: &rx,
+        losses: &losses,
     };
     for rank in 0..args.ranks {
-        if let Err(e) = start_rank(args, rank, &root_addr, &secret, nofile, &tx, &mut job) {
+        let env = RankEnv {
+            root_addr: &root_addr,
+            secret: &secret,
+            losses: &losses.env,
+        };
+        if let Err(e) = start_rank(args, rank, &env, nofile, &tx, &mut job) {
             // Ranks already started would wait for the missing one forever.
             job.stop(libc::SIGTERM);
             return Err(e);
@@ -210,17 +218,99 @@ fn sweep_shm(secret: &OsStr, root_addr: &OsStr) {
     }
 }
 
+/// The pipe on which ranks report the peers they lost (`HCOMM_RUN_FD`): a rank that fails
+/// because another failed says so, and the launcher names the other one.
+struct LossPipe {
+    /// hcommrun's end, nonblocking, closed on exec.
+    read: OwnedFd,
+    /// The ranks' end, inherited (nonblocking: a full pipe drops news, never stalls a rank).
+    _write: OwnedFd,
+    /// `HCOMM_RUN_FD` for the ranks: `FD:INODE` of the write end.
+    env: String,
+}
+
+impl LossPipe {
+    fn new() -> anyhow::Result<LossPipe> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two new descriptors into `fds`, which has room for them.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error()).context("cannot make the ranks' report pipe");
+        }
+        // SAFETY: pipe2 succeeded: both descriptors are new and owned here alone.
+        let (read, cloexec_write) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // The ranks' copy: inherited across exec (no close-on-exec) and above stdio.
+        // SAFETY: F_DUPFD duplicates a descriptor this function owns into a new one.
+        let fd = unsafe { libc::fcntl(cloexec_write.as_raw_fd(), libc::F_DUPFD, 3) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error()).context("cannot make the ranks' report pipe");
+        }
+        // SAFETY: F_DUPFD returned a new descriptor owned here alone.
+        let write = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: `libc::stat` is plain integers, for which all zeroes is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `write` is open and `st` is valid for writes.
+        if unsafe { libc::fstat(write.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error()).context("cannot make the ranks' report pipe");
+        }
+        Ok(LossPipe {
+            read,
+            env: format!("{fd}:{}", st.st_ino),
+            _write: write,
+        })
+    }
+
+    /// The ranks reported lost so far (by `lost RANK PEER` lines), without waiting.
+    fn lost(&self) -> Vec<u32> {
+        let mut text = Vec::new();
+        let mut buf = [0u8; 4096];
+        while text.len() < 1 << 20 {
+            // SAFETY: read(2) writes at most `buf.len()` bytes into `buf`.
+            let n =
+                unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            let Ok(n @ 1..) = usize::try_from(n) else {
+                break;
+            };
+            text.extend_from_slice(&buf[..n]);
+        }
+        parse_losses(&text)
+    }
+}
+
+/// The peers named by `lost RANK PEER` lines; other lines are ignored.
+fn parse_losses(text: &[u8]) -> Vec<u32> {
+    String::from_utf8_lossy(text)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split(' ');
+            match (words.next(), words.next(), words.next(), words.next()) {
+                (Some("lost"), Some(rank), Some(peer), None) => {
+                    rank.parse::<u32>().ok().and(peer.parse::<u32>().ok())
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// What every rank's environment carries besides its rank.
+struct RankEnv<'a> {
+    root_addr: &'a OsStr,
+    secret: &'a OsStr,
+    /// `HCOMM_RUN_FD`.
+    losses: &'a str,
+}
+
 /// Starts one rank and the threads that watch it, and adds it to `job`.
 fn start_rank(
     args: &Args,
     rank: u32,
-    root_addr: &OsStr,
-    secret: &OsStr,
+    env: &RankEnv<'_>,
     nofile: Option<libc::rlimit>,
     tx: &Sender<Event>,
     job: &mut Job<'_>,
 ) -> anyhow::Result<()> {
-    let child = spawn_rank(args, rank, root_addr, secret, nofile)?;
+    let child = spawn_rank(args, rank, env, nofile)?;
     let pid = libc::pid_t::try_from(child.id()).context("process id out of range")?;
     // Tracked before anything else can fail, so that stopping the job reaches it.
     job.pids.push(pid);
@@ -233,8 +323,7 @@ fn start_rank(
 fn spawn_rank(
     args: &Args,
     rank: u32,
-    root_addr: &OsStr,
-    secret: &OsStr,
+    env: &RankEnv<'_>,
     nofile: Option<libc::rlimit>,
 ) -> anyhow::Result<Child> {
     let prog = &args.command[0];
@@ -244,8 +333,9 @@ fn spawn_rank(
         .env("HCOMM_SIZE", args.ranks.to_string())
         .env("HCOMM_LOCAL_RANK", rank.to_string())
         .env("HCOMM_LOCAL_SIZE", args.ranks.to_string())
-        .env("HCOMM_ROOT_ADDR", root_addr)
-        .env("HCOMM_JOB_SECRET", secret)
+        .env("HCOMM_ROOT_ADDR", env.root_addr)
+        .env("HCOMM_JOB_SECRET", env.secret)
+        .env("HCOMM_RUN_FD", env.losses)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Own group: signals to the group reach the rank's children too, and a Ctrl-C on
@@ -398,6 +488,8 @@ struct Job<'a> {
     /// Ranks whose exit has not been reported yet.
     running: usize,
     rx: &'a Receiver<Event>,
+    /// Where ranks report the peers they lost.
+    losses: &'a LossPipe,
 }
 
 impl Job<'_> {
@@ -487,14 +579,15 @@ impl Job<'_> {
     }
 
     /// A rank failed: its peers notice within moments and fail too, and their exits may be
-    /// reported first. Gathers the failures of a short while and returns the earliest.
+    /// reported first. Gathers the failures of a short while and returns the first: the
+    /// earliest of those that other ranks reported losing, else the earliest.
     fn first_failure(
         &mut self,
         rank: u32,
         status: io::Result<ExitStatus>,
         at: Instant,
     ) -> (u32, io::Result<ExitStatus>) {
-        let mut first = (at, rank, status);
+        let mut failures = vec![(at, rank, status)];
         let until = Instant::now() + FAILURE_WINDOW;
         while self.running > 0 {
             match self
@@ -503,14 +596,18 @@ impl Job<'_> {
             {
                 Ok(Event::Exited { rank, status, at }) => {
                     self.running -= 1;
-                    if failed(&status) && at < first.0 {
-                        first = (at, rank, status);
+                    if failed(&status) {
+                        failures.push((at, rank, status));
                     }
                 }
                 Ok(Event::Signal(_)) | Err(_) => break,
             }
         }
-        (first.1, first.2)
+        // The survivors wrote their reports before they exited.
+        let lost = self.losses.lost();
+        failures.sort_by_key(|f| (!lost.contains(&f.1), f.0));
+        let (_, rank, status) = failures.swap_remove(0);
+        (rank, status)
     }
 
     fn signal_all(&self, sig: i32) {
@@ -549,5 +646,34 @@ fn report_failure(rank: u32, status: &io::Result<ExitStatus>) -> i32 {
             eprintln!("hcommrun: cannot wait for rank {rank}: {e}; stopping the other ranks");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_name_the_lost_peers_and_nothing_else_counts() {
+        let text = b"lost 0 1\nlost 2 1\nnoise\nlost 3\nlost x 4\nlost 5 6 7\nlost 4 9\n";
+        assert_eq!(parse_losses(text), [1, 1, 9]);
+        assert!(parse_losses(&[0xff, b'\n']).is_empty());
+    }
+
+    #[test]
+    fn the_report_pipe_reaches_hcommrun_without_blocking() {
+        let pipe = LossPipe::new().unwrap();
+        assert!(pipe.lost().is_empty(), "an empty pipe must not block");
+        let (fd, ino) = pipe.env.split_once(':').unwrap();
+        let fd: i32 = fd.parse().unwrap();
+        assert!(fd >= 3);
+        // SAFETY: `fd` is the pipe's write end, open while `pipe` lives.
+        let write = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let file = std::fs::File::from(write.try_clone_to_owned().unwrap());
+        use std::os::unix::fs::MetadataExt as _;
+        assert_eq!(file.metadata().unwrap().ino().to_string(), ino);
+        use std::io::Write as _;
+        (&file).write_all(b"lost 3 0\n").unwrap();
+        assert_eq!(pipe.lost(), [0]);
     }
 }
