@@ -1,8 +1,7 @@
 //! The collective operations of a communicator: argument checks, planning (algorithm choice
 //! and schedule, cached per call shape), execution, nonblocking and batched forms.
 
-use std::cell::RefCell;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::onesided::{Buffers, OneSided};
@@ -36,13 +35,6 @@ fn observe_kind(kind: CollKind) -> OpKind {
     }
 }
 
-thread_local! {
-    /// This thread's last plan, by communicator state and shape. Weak: it does not keep a
-    /// plan (and its one-sided segments) alive once its communicator dropped it, and so
-    /// cannot hand it to a later communicator that reuses the state's address.
-    static LAST_PLAN: RefCell<Option<(usize, Shape, Weak<Plan>)>> = const { RefCell::new(None) };
-}
-
 fn bytes<T: Element>(s: &[T]) -> &[u8] {
     bytemuck::cast_slice(s)
 }
@@ -68,24 +60,6 @@ impl Communicator {
     fn plan(&self, shape: &Shape) -> Result<Arc<Plan>> {
         // An aborted communicator fails before planning, which may talk to the peers.
         self.world.engine.check_aborted(self.id | COLL)?;
-        // A loop of calls of one shape finds its plan without the lock and the hash.
-        let state = Arc::as_ptr(&self.state) as usize;
-        let last = LAST_PLAN.with(|l| {
-            l.borrow()
-                .as_ref()
-                .filter(|(at, s, _)| *at == state && s == shape)
-                .and_then(|(_, _, plan)| plan.upgrade())
-        });
-        if let Some(plan) = last {
-            return Ok(plan);
-        }
-        let plan = self.plan_shared(shape)?;
-        LAST_PLAN.with(|l| *l.borrow_mut() = Some((state, shape.clone(), Arc::downgrade(&plan))));
-        Ok(plan)
-    }
-
-    /// The plan for `shape` from the communicator's cache, made on first use.
-    fn plan_shared(&self, shape: &Shape) -> Result<Arc<Plan>> {
         let mut plans = lock(&self.state.plans);
         if let Some(p) = plans.get(shape) {
             return Ok(Arc::clone(p));
