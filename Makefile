@@ -3,7 +3,9 @@
 #   make                 release build of the whole workspace (= make build)
 #   make run             build, then the main job: a local 4-rank job that exchanges and verifies
 #                        data, then latency/bandwidth and collective tables
-#   make test            cargo nextest run --workspace
+#   make test            all tests: installs what is missing (scripts/test-env.sh: system packages,
+#                        cargo-nextest, a Python venv in $(VENV) with torch), then the Rust tests
+#                        (cargo nextest run --workspace) and the Python tests (pytest python/tests)
 #   make lint            rustfmt --check and clippy -D warnings
 #   make install         install the release binaries into $(PREFIX)/bin (PREFIX=/usr/local) and
 #                        the C library: libhcomm.so/.a, <hcomm/hcomm.h>, hcomm.pc
@@ -26,13 +28,15 @@ LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 INSTALL    ?= install
+# The Python virtual environment of the tests and the main job (created by scripts/test-env.sh).
+VENV       ?= .venv
 
 # Where cargo puts the release build (CARGO_TARGET_DIR moves it).
 RELEASE_DIR := $(or $(CARGO_TARGET_DIR),target)/release
 # Binaries `make install` installs, each only if it was built.
 BINARIES := hcommrun hcomm_perf hcomm_check hcomm_test hcomm_profiler
 
-.PHONY: all build run test lint fmt-check clippy install install-bin install-capi uninstall \
+.PHONY: all build run test test-rust test-python lint fmt-check clippy install install-bin install-capi uninstall \
 	bench bench-local bench-coll bench-coll-local bench-shm help
 
 all: build
@@ -51,7 +55,14 @@ run: build
 	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_perf allreduce -b 8 -e 16M -f 4
 
 test:
+	HCOMM_VENV=$(VENV) scripts/test-env.sh $(MAKE) --no-print-directory test-rust test-python
+
+test-rust:
 	$(CARGO) nextest run --workspace
+
+test-python:
+	@if [ -d python/tests ]; then $(VENV)/bin/python -m pytest python/tests; \
+	else echo "no python/tests: nothing to run"; fi
 
 lint: fmt-check clippy
 
