@@ -4,9 +4,10 @@
 //! point-to-point messages; requests collected by `wait`, by `test`, and dropped unwaited
 //! (the drop finishes the operation before the memory is looked at).
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod common;
 
 use hcomm::coll::{reference, CollKind, Shape, VLayout};
 use hcomm::{Communicator, DataType, Error, RawBuf, ReduceOp, Request};
@@ -333,51 +334,15 @@ fn rank_of_a_job() {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
-}
-
-/// Runs `scenario` on `n` ranks with `env` set, and checks that every rank succeeds within
-/// a minute.
+/// Runs `scenario` on `n` ranks with `env` set, and checks that every rank succeeds.
 fn job(scenario: &str, n: usize, env: &[(&str, &str)]) {
-    let root = format!("127.0.0.1:{}", free_port());
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--ignored", "--exact", "rank_of_a_job", "--nocapture"])
-                .env(SCENARIO, scenario)
-                .env("HCOMM_RANK", r.to_string())
-                .env("HCOMM_SIZE", n.to_string())
-                .env("HCOMM_ROOT_ADDR", &root)
-                .env("HCOMM_JOB_SECRET", format!("raw-{scenario}"))
-                .env("HCOMM_TIMEOUT", "30")
-                .envs(env.iter().copied())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for (r, mut c) in children.into_iter().enumerate() {
-        while c.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = c.kill();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = c.wait_with_output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let env = [&[(SCENARIO, scenario), ("HCOMM_TIMEOUT", "30")], env].concat();
+    for (r, (ok, text)) in common::ranks(n, &format!("raw-{scenario}"), &env)
+        .iter()
+        .enumerate()
+    {
         assert!(
-            out.status.success() && text.contains("OK "),
+            *ok && text.contains("OK "),
             "rank {r} of {scenario} on {n} ranks:\n{text}"
         );
     }
