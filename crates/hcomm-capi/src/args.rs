@@ -124,6 +124,28 @@ pub(crate) unsafe fn bytes_mut<'a>(
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) })
 }
 
+/// A copy of the caller's array of `n` sizes at `ptr` (counts and displacements).
+///
+/// # Safety
+/// Unless `ptr` is NULL, `ptr..ptr+n` must be readable `size_t` values.
+pub(crate) unsafe fn sizes(ptr: *const usize, n: usize, what: &str) -> Result<Vec<usize>> {
+    if ptr.is_null() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is NULL: pass an array of {n} counts (one per rank)"
+        )));
+    }
+    if !ptr.is_aligned() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} at {ptr:p} is not aligned for size_t"
+        )));
+    }
+    let bytes = n.saturating_mul(size_of::<usize>());
+    buffer(ptr.cast(), bytes, what)?;
+    // SAFETY: not NULL, aligned, within the address space (checked), readable (the caller's
+    // promise).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec())
+}
+
 /// Checks an output pointer.
 pub(crate) fn out<T>(ptr: *mut T, what: &str) -> Result<()> {
     if ptr.is_null() {

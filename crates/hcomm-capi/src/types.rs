@@ -19,8 +19,9 @@ pub struct hcommRequest {
 /// A communicator: `COMM_WORLD` or one made by `hcommCommSplit`.
 pub type hcommComm_t = *mut hcommComm;
 
-/// A nonblocking operation started by `hcommIsend` or `hcommIrecv`, until `hcommWait` or a
-/// successful `hcommTest` completes it (and sets it to `HCOMM_REQUEST_NULL`).
+/// A nonblocking operation started by `hcommIsend`, `hcommIrecv` or a nonblocking collective
+/// (`hcommIallReduce` .. `hcommIbarrier`), until `hcommWait` or a successful `hcommTest`
+/// completes it (and sets it to `HCOMM_REQUEST_NULL`).
 pub type hcommRequest_t = *mut hcommRequest;
 
 /// The world communicator: every rank of the job. Valid from `hcommInit` to `hcommFinalize`.
@@ -55,9 +56,10 @@ pub enum hcommDataType_t {
     HCOMM_FLOAT32 = 8,
     /// IEEE 754 binary64 (`double`).
     HCOMM_FLOAT64 = 9,
-    /// Truth values, 1 byte each (`bool`): 0 is false, any other byte true; results are
-    /// always 0 or 1. `HCOMM_SUM` and `HCOMM_MAX` are logical or, `HCOMM_PROD` and
-    /// `HCOMM_MIN` logical and; `HCOMM_AVG` is refused.
+    /// Truth values, 1 byte each, 0 or 1 (`bool`); reductions read any nonzero byte as true
+    /// and give 0 or 1 (over one rank the input stays as it is). `HCOMM_SUM` and
+    /// `HCOMM_MAX` are logical or, `HCOMM_PROD` and `HCOMM_MIN` logical and; `HCOMM_AVG` is
+    /// refused.
     HCOMM_BOOL = 10,
     /// Signed 16-bit integer.
     HCOMM_INT16 = 11,

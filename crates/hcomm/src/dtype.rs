@@ -34,8 +34,9 @@ pub enum DataType {
     Float32 = 8,
     /// IEEE 754 binary64.
     Float64 = 9,
-    /// Truth values, one byte each: 0 is false and every other byte true (results are always
-    /// 0 or 1). Rust's `bool`, C's `bool`, numpy's and torch's `bool`.
+    /// Truth values, one byte each, 0 or 1: Rust's `bool`, C's `bool`, numpy's and torch's
+    /// `bool`. Reductions read any nonzero byte as true and give 0 or 1 (a reduction over
+    /// one rank leaves its input as it is).
     Bool = 10,
     /// Signed 16-bit integer.
     Int16 = 11,
@@ -126,7 +127,7 @@ impl fmt::Display for DataType {
 /// - Integers: `Sum` and `Prod` wrap around in two's complement (never a panic, also in debug
 ///   builds); `Avg` is the wrapped sum divided by the number of ranks, truncated toward zero;
 ///   `BAnd`, `BOr`, `BXor` are bitwise and, or, exclusive or.
-/// - Bool (every nonzero byte is true; results are 0 or 1): `Sum` and `Max` are logical or,
+/// - Bool (any nonzero byte reads as true; reductions of two or more values give 0 or 1): `Sum` and `Max` are logical or,
 ///   `Prod` and `Min` logical and (as numpy's `add` and `multiply` on bool arrays), `BAnd`,
 ///   `BOr`, `BXor` logical and, or, exclusive or. `Avg` is refused.
 /// - Floats: IEEE 754 addition and multiplication with round-to-nearest-even; float16 and
