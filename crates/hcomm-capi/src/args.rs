@@ -17,7 +17,7 @@ pub(crate) fn data_type(value: DataTypeArg) -> Result<DataType> {
         .and_then(DataType::from_u8)
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "dtype {value} is not an hcommDataType_t: use HCOMM_INT8 .. HCOMM_FLOAT64 (0 .. {})",
+                "dtype {value} is not an hcommDataType_t: use HCOMM_INT8 .. HCOMM_UINT16 (0 .. {})",
                 DataType::ALL.len() - 1
             ))
         })
@@ -31,7 +31,7 @@ pub(crate) fn reduce_op(value: ReduceOpArg) -> Result<ReduceOp> {
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "op {value} is not an hcommReduceOp_t: use HCOMM_SUM, HCOMM_PROD, HCOMM_MAX, \
-                 HCOMM_MIN or HCOMM_AVG (0 .. {})",
+                 HCOMM_MIN, HCOMM_AVG, HCOMM_BAND, HCOMM_BOR or HCOMM_BXOR (0 .. {})",
                 ReduceOp::ALL.len() - 1
             ))
         })
@@ -124,6 +124,28 @@ pub(crate) unsafe fn bytes_mut<'a>(
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) })
 }
 
+/// A copy of the caller's array of `n` sizes at `ptr` (counts and displacements).
+///
+/// # Safety
+/// Unless `ptr` is NULL, `ptr..ptr+n` must be readable `size_t` values.
+pub(crate) unsafe fn sizes(ptr: *const usize, n: usize, what: &str) -> Result<Vec<usize>> {
+    if ptr.is_null() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is NULL: pass an array of {n} counts (one per rank)"
+        )));
+    }
+    if !ptr.is_aligned() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} at {ptr:p} is not aligned for size_t"
+        )));
+    }
+    let bytes = n.saturating_mul(size_of::<usize>());
+    buffer(ptr.cast(), bytes, what)?;
+    // SAFETY: not NULL, aligned, within the address space (checked), readable (the caller's
+    // promise).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec())
+}
+
 /// Checks an output pointer.
 pub(crate) fn out<T>(ptr: *mut T, what: &str) -> Result<()> {
     if ptr.is_null() {
@@ -167,9 +189,11 @@ mod tests {
     #[test]
     fn bad_values_are_refused() {
         assert!(data_type(-1).is_err());
-        assert!(data_type(10).is_err());
+        assert!(data_type(13).is_err());
+        assert_eq!(data_type(10).unwrap(), DataType::Bool);
         assert_eq!(data_type(8).unwrap(), DataType::Float32);
-        assert!(reduce_op(5).is_err());
+        assert!(reduce_op(8).is_err());
+        assert_eq!(reduce_op(7).unwrap(), ReduceOp::BXor);
         assert!(reduce_op(c_int::MIN).is_err());
         assert_eq!(reduce_op(4).unwrap(), ReduceOp::Avg);
         assert!(rank(-1, 4, "root").is_err());

@@ -1,8 +1,12 @@
-//! The collectives: `hcommAllReduce` .. `hcommBarrier`.
+//! The collectives: `hcommAllReduce` .. `hcommBarrier`, the v-variants `hcommAllGatherv` and
+//! `hcommAlltoAllv`, and the nonblocking forms `hcommIallReduce` .. `hcommIbarrier`.
 //!
-//! A call is checked against its communicator ([`Call::layout`]: root, count, NULL buffers,
-//! in-place forms), then run on the Rust communicator's untyped entry point
-//! ([`Communicator::run_collective`]), or queued until `hcommGroupEnd` inside a group.
+//! A call is checked against its communicator ([`Call::layout`]: root, count, counts and
+//! displacements, NULL buffers, in-place forms), then run on the Rust communicator's untyped
+//! entry point ([`Communicator::run_collective`]), or queued until `hcommGroupEnd` inside a
+//! group. A nonblocking call is checked the same way, then started on the caller's buffers
+//! without a copy ([`Communicator::start_collective_raw`]); its request completes through
+//! `hcommWait` or `hcommTest`, and the buffers must stay valid until then.
 //!
 //! In-place forms follow NCCL and run without a copy: all-reduce, reduce (root) and
 //! all-to-all when `sendbuf == recvbuf`; all-gather when `sendbuf == recvbuf + rank *
@@ -12,27 +16,32 @@
 //! never written.
 
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 
-use hcomm_core::coll::{CollKind, Shape};
-use hcomm_core::{Communicator, DataType, Error, ReduceOp, Result};
+use hcomm_core::coll::{CollKind, Shape, VLayout};
+use hcomm_core::{Communicator, DataType, Error, RawBuf, ReduceOp, Request, Result};
 
 use crate::args;
 use crate::error::guard;
 use crate::group;
-use crate::state;
-use crate::types::{hcommComm_t, DataTypeArg, ReduceOpArg};
+use crate::p2p;
+use crate::state::{self, Pending};
+use crate::types::{hcommComm_t, hcommRequest_t, DataTypeArg, ReduceOpArg};
 
 /// One collective call as the caller made it.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Call {
     pub(crate) comm: hcommComm_t,
     pub(crate) kind: CollKind,
     pub(crate) dtype: DataType,
     pub(crate) op: ReduceOp,
+    /// Elements as the C function takes them (all-gather-v: what this rank sends).
     pub(crate) count: usize,
     pub(crate) root: c_int,
     pub(crate) send: *const c_void,
     pub(crate) recv: *mut c_void,
+    /// The counts and displacements of a v-variant, copied from the caller's arrays.
+    pub(crate) v: Option<Arc<VLayout>>,
 }
 
 /// A checked call: its shape and the caller's buffers it reads and writes.
@@ -61,14 +70,30 @@ impl Call {
         args::byte_size(self.count, self.dtype, n, "count")?;
         let (send, recv) = (self.send.addr(), self.recv.addr());
         let at = |base: usize, r: usize| base.checked_add(r * block);
-        let in_place = match self.kind {
-            CollKind::AllReduce | CollKind::AllToAll => send == recv,
-            CollKind::Reduce => rank == root && send == recv,
-            CollKind::AllGather => Some(send) == at(recv, rank),
-            CollKind::Gather => rank == root && Some(send) == at(recv, root),
-            CollKind::Scatter => rank == root && Some(recv) == at(send, root),
-            CollKind::ReduceScatter | CollKind::Broadcast | CollKind::Barrier => false,
-            other => {
+        let mut count = self.count;
+        let in_place = match (self.kind, self.v.as_deref()) {
+            (CollKind::AllReduce | CollKind::AllToAll, _) => send == recv,
+            (CollKind::Reduce, _) => rank == root && send == recv,
+            (CollKind::AllGather, _) => Some(send) == at(recv, rank),
+            (CollKind::Gather, _) => rank == root && Some(send) == at(recv, root),
+            (CollKind::Scatter, _) => rank == root && Some(recv) == at(send, root),
+            (CollKind::ReduceScatter | CollKind::Broadcast | CollKind::Barrier, _) => false,
+            (CollKind::AllGatherV, Some(v)) => {
+                if self.count != v.recv_counts[rank] {
+                    return Err(Error::InvalidArgument(format!(
+                        "sendcount {} differs from recvcounts[{rank}] = {}: each rank sends \
+                         the count the others receive from it",
+                        self.count, v.recv_counts[rank]
+                    )));
+                }
+                count = v.recv_counts.iter().sum();
+                Some(send) == recv.checked_add(v.recv_displs[rank] * self.dtype.size())
+            }
+            (CollKind::AllToAllV, Some(_)) => {
+                count = 0;
+                false
+            }
+            (other, _) => {
                 return Err(Error::Internal(format!(
                     "{} has no C entry point",
                     other.name()
@@ -77,7 +102,8 @@ impl Call {
         };
         let shape = Shape {
             in_place,
-            ..Shape::new(self.kind, self.dtype, self.op, self.count, root, n)
+            v: self.v.clone(),
+            ..Shape::new(self.kind, self.dtype, self.op, count, root, n)
         };
         let layout = if in_place {
             // An in-place scatter works in the root's (larger) send buffer, only reading it.
@@ -146,6 +172,38 @@ impl Layout {
         let recv = unsafe { args::bytes_mut(self.recv.0, self.recv.1, "recvbuf")? };
         comm.run_collective(self.shape, send, recv)
     }
+
+    /// Starts the call on `comm` in the background, on the caller's buffers (a send buffer
+    /// that overlaps the receive buffer is copied first; the copy is returned, to be kept
+    /// until the request completes).
+    ///
+    /// # Safety
+    /// The buffers must be what the caller of the C function promised: readable (send) and
+    /// writable (receive) for their lengths, and used by nobody else, until the request
+    /// completes.
+    pub(crate) unsafe fn start(self, comm: &Communicator) -> Result<(Request, Option<Vec<u8>>)> {
+        let staged = match self.send {
+            Some((p, l)) if self.overlaps() => {
+                // SAFETY: the caller's promise; the slice lives only for the copy.
+                let s = unsafe { args::bytes(p, l, "sendbuf")? };
+                Some(args::copy_of(s, self.shape.kind.name())?)
+            }
+            _ => None,
+        };
+        let send = match (self.send, &staged) {
+            // SAFETY: the copy is moved (its heap block stays put) into the request's entry,
+            // which drops it after the request, and nothing writes it.
+            (Some(_), Some(copy)) => Some(unsafe { RawBuf::new_const(copy.as_ptr(), copy.len()) }),
+            // SAFETY: the caller's promise: readable and not written until completion.
+            (Some((p, l)), None) => Some(unsafe { RawBuf::new_const(p.cast(), l) }),
+            (None, _) => None,
+        };
+        // SAFETY: the caller's promise: writable and unused by others until completion; it
+        // overlaps no send buffer the call reads (an overlapping one was copied above).
+        let recv = unsafe { RawBuf::new(self.recv.0.cast(), self.recv.1) };
+        let request = comm.start_collective_raw(self.shape, send, recv)?;
+        Ok((request, staged))
+    }
 }
 
 /// A call: `op` is `None` for collectives without a reduction.
@@ -169,7 +227,127 @@ fn call(
         root,
         send,
         recv,
+        v: None,
     })
+}
+
+/// The caller's `n` counts and displacements (elements of `dtype`), each block inside the
+/// address space.
+///
+/// # Safety
+/// Each pointer is NULL or points to `n` readable `size_t`.
+unsafe fn blocks(
+    dtype: DataType,
+    n: usize,
+    counts: (*const usize, &str),
+    displs: (*const usize, &str),
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    // SAFETY: forwarded from the caller.
+    let c = unsafe { args::sizes(counts.0, n, counts.1)? };
+    // SAFETY: as above.
+    let d = unsafe { args::sizes(displs.0, n, displs.1)? };
+    for (p, (&count, &displ)) in c.iter().zip(&d).enumerate() {
+        let what = format!("{}[{p}] + {}[{p}]", counts.1, displs.1);
+        args::byte_size(count.saturating_add(displ), dtype, 1, &what)?;
+    }
+    Ok((c, d))
+}
+
+/// An all-gather-v call: `sendcount` elements from this rank, `recvcounts[p]` from rank p at
+/// `displs[p]`.
+///
+/// # Safety
+/// The arrays are NULL or hold one `size_t` per rank of `comm`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn allgatherv(
+    comm: hcommComm_t,
+    sendbuf: *const c_void,
+    sendcount: usize,
+    recvbuf: *mut c_void,
+    recvcounts: *const usize,
+    displs: *const usize,
+    dtype: DataTypeArg,
+) -> Result<Call> {
+    let n = state::comm(comm)?.size();
+    let mut call = call(
+        comm,
+        CollKind::AllGatherV,
+        dtype,
+        None,
+        sendcount,
+        0,
+        sendbuf,
+        recvbuf,
+    )?;
+    // SAFETY: forwarded from the caller.
+    let (recv_counts, recv_displs) = unsafe {
+        blocks(
+            call.dtype,
+            n,
+            (recvcounts, "recvcounts"),
+            (displs, "displs"),
+        )?
+    };
+    call.v = Some(Arc::new(VLayout {
+        recv_counts,
+        recv_displs,
+        ..VLayout::default()
+    }));
+    Ok(call)
+}
+
+/// An all-to-all-v call: `sendcounts[p]` elements at `sdispls[p]` to rank p, `recvcounts[p]`
+/// from rank p at `rdispls[p]`.
+///
+/// # Safety
+/// The arrays are NULL or hold one `size_t` per rank of `comm`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn alltoallv(
+    comm: hcommComm_t,
+    sendbuf: *const c_void,
+    sendcounts: *const usize,
+    sdispls: *const usize,
+    recvbuf: *mut c_void,
+    recvcounts: *const usize,
+    rdispls: *const usize,
+    dtype: DataTypeArg,
+) -> Result<Call> {
+    let n = state::comm(comm)?.size();
+    let mut call = call(
+        comm,
+        CollKind::AllToAllV,
+        dtype,
+        None,
+        0,
+        0,
+        sendbuf,
+        recvbuf,
+    )?;
+    // SAFETY: forwarded from the caller.
+    let (send_counts, send_displs) = unsafe {
+        blocks(
+            call.dtype,
+            n,
+            (sendcounts, "sendcounts"),
+            (sdispls, "sdispls"),
+        )?
+    };
+    // SAFETY: as above.
+    let (recv_counts, recv_displs) = unsafe {
+        blocks(
+            call.dtype,
+            n,
+            (recvcounts, "recvcounts"),
+            (rdispls, "rdispls"),
+        )?
+    };
+    call.v = Some(Arc::new(VLayout {
+        send_counts,
+        send_displs,
+        recv_counts,
+        recv_displs,
+    }));
+    Ok(call)
 }
 
 /// Runs the call `make` describes on `comm` now, or queues it inside a group.
@@ -184,6 +362,46 @@ fn run(function: &str, comm: hcommComm_t, make: impl FnOnce() -> Result<Call>) -
         }
         // SAFETY: the C function's contract: the buffers are valid for the call.
         unsafe { layout.run(&c) }
+    })
+}
+
+/// Starts the call `make` describes on `comm`; `*request` receives its handle (and
+/// `HCOMM_REQUEST_NULL` on failure). Refused inside a group, whose queued calls would run
+/// after it.
+///
+/// # Safety
+/// `request` is NULL or points to a writable `hcommRequest_t`; the call's buffers are valid
+/// until the request completes.
+unsafe fn start(
+    function: &str,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+    make: impl FnOnce() -> Result<Call>,
+) -> c_int {
+    guard(function, || {
+        let begin = || {
+            let c = state::comm(comm)?;
+            if group::active() {
+                return Err(Error::InvalidArgument(format!(
+                    "{function} between hcommGroupStart and hcommGroupEnd: the group's calls \
+                     would run after it; call the blocking form inside the group, or start \
+                     this outside it"
+                )));
+            }
+            let layout = make()?.layout(&c)?;
+            // SAFETY: the C function's contract: the buffers stay valid until the request
+            // completes; the request entry keeps the staged copy until after the request.
+            let (request, staged) = unsafe { layout.start(&c)? };
+            state::with_tables(|t| {
+                Ok(t.add_request(Pending {
+                    request,
+                    recv_into: None,
+                    _staged: staged,
+                }))
+            })
+        };
+        // SAFETY: the caller passes NULL or the address of an hcommRequest_t.
+        unsafe { p2p::store_request(request, begin) }
     })
 }
 
@@ -421,19 +639,445 @@ pub unsafe extern "C" fn hcommScatter(
     })
 }
 
+/// A barrier call.
+fn barrier(comm: hcommComm_t) -> Result<Call> {
+    Ok(Call {
+        comm,
+        kind: CollKind::Barrier,
+        dtype: DataType::Uint8,
+        op: ReduceOp::Sum,
+        count: 0,
+        root: 0,
+        send: std::ptr::null(),
+        recv: std::ptr::null_mut(),
+        v: None,
+    })
+}
+
 /// Returns when every rank of `comm` has called it.
 #[no_mangle]
 pub extern "C" fn hcommBarrier(comm: hcommComm_t) -> c_int {
-    run("hcommBarrier", comm, || {
-        Ok(Call {
-            comm,
-            kind: CollKind::Barrier,
-            dtype: DataType::Uint8,
-            op: ReduceOp::Sum,
-            count: 0,
-            root: 0,
-            send: std::ptr::null(),
-            recv: std::ptr::null_mut(),
-        })
+    run("hcommBarrier", comm, || barrier(comm))
+}
+
+/// All-gather with a count per rank: every rank's `recvbuf` receives rank p's `sendbuf`
+/// (`recvcounts[p]` elements; this rank's `sendcount` must equal `recvcounts[rank]`) at
+/// element `displs[p]`. `recvcounts` and `displs` hold one entry per rank, in elements, the
+/// same on every rank; elements of `recvbuf` outside the blocks are left alone. In place:
+/// `sendbuf == recvbuf + displs[rank]` (in elements).
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), the
+/// arrays are NULL or hold one `size_t` per rank, and nothing else writes the buffers during
+/// the call (inside a group: until `hcommGroupEnd` returns).
+#[no_mangle]
+pub unsafe extern "C" fn hcommAllGatherv(
+    sendbuf: *const c_void,
+    sendcount: usize,
+    recvbuf: *mut c_void,
+    recvcounts: *const usize,
+    displs: *const usize,
+    dtype: DataTypeArg,
+    comm: hcommComm_t,
+) -> c_int {
+    run("hcommAllGatherv", comm, || {
+        // SAFETY: the caller's promise on the arrays.
+        unsafe { allgatherv(comm, sendbuf, sendcount, recvbuf, recvcounts, displs, dtype) }
     })
+}
+
+/// All-to-all with counts and displacements per peer, in elements: `sendcounts[p]` elements
+/// at `sendbuf + sdispls[p]` go to rank p, which stores them at `recvbuf + rdispls[me]`;
+/// `recvcounts[p]` elements arrive from rank p at `recvbuf + rdispls[p]` (each rank's
+/// `recvcounts[p]` must equal rank p's `sendcounts[rank]`). Elements of `recvbuf` outside the
+/// blocks are left alone. No in-place form: overlapping buffers are copied first.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), the
+/// arrays are NULL or hold one `size_t` per rank, and nothing else writes the buffers during
+/// the call (inside a group: until `hcommGroupEnd` returns).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn hcommAlltoAllv(
+    sendbuf: *const c_void,
+    sendcounts: *const usize,
+    sdispls: *const usize,
+    recvbuf: *mut c_void,
+    recvcounts: *const usize,
+    rdispls: *const usize,
+    dtype: DataTypeArg,
+    comm: hcommComm_t,
+) -> c_int {
+    run("hcommAlltoAllv", comm, || {
+        // SAFETY: the caller's promise on the arrays.
+        unsafe {
+            alltoallv(
+                comm, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype,
+            )
+        }
+    })
+}
+
+/// Starts `hcommAllReduce` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes;
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommIallReduce(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: DataTypeArg,
+    op: ReduceOpArg,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe {
+        start("hcommIallReduce", comm, request, || {
+            call(
+                comm,
+                CollKind::AllReduce,
+                dtype,
+                Some(op),
+                count,
+                0,
+                sendbuf,
+                recvbuf,
+            )
+        })
+    }
+}
+
+/// Starts `hcommBroadcast` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes;
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommIbroadcast(
+    buf: *mut c_void,
+    count: usize,
+    dtype: DataTypeArg,
+    root: c_int,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe {
+        start("hcommIbroadcast", comm, request, || {
+            call(
+                comm,
+                CollKind::Broadcast,
+                dtype,
+                None,
+                count,
+                root,
+                std::ptr::null(),
+                buf,
+            )
+        })
+    }
+}
+
+/// Starts `hcommReduce` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes;
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn hcommIreduce(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: DataTypeArg,
+    op: ReduceOpArg,
+    root: c_int,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe {
+        start("hcommIreduce", comm, request, || {
+            call(
+                comm,
+                CollKind::Reduce,
+                dtype,
+                Some(op),
+                count,
+                root,
+                sendbuf,
+                recvbuf,
+            )
+        })
+    }
+}
+
+/// Starts `hcommAllGather` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes;
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommIallGather(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    sendcount: usize,
+    dtype: DataTypeArg,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe {
+        start("hcommIallGather", comm, request, || {
+            call(
+                comm,
+                CollKind::AllGather,
+                dtype,
+                None,
+                sendcount,
+                0,
+                sendbuf,
+                recvbuf,
+            )
+        })
+    }
+}
+
+/// Starts `hcommAllGatherv` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes; the
+/// arrays are NULL or hold one `size_t` per rank (they are copied: they may go at once);
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn hcommIallGatherv(
+    sendbuf: *const c_void,
+    sendcount: usize,
+    recvbuf: *mut c_void,
+    recvcounts: *const usize,
+    displs: *const usize,
+    dtype: DataTypeArg,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    let make = || {
+        // SAFETY: the caller's promise on the arrays.
+        unsafe { allgatherv(comm, sendbuf, sendcount, recvbuf, recvcounts, displs, dtype) }
+    };
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe { start("hcommIallGatherv", comm, request, make) }
+}
+
+/// Starts `hcommReduceScatter` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes;
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommIreduceScatter(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    recvcount: usize,
+    dtype: DataTypeArg,
+    op: ReduceOpArg,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe {
+        start("hcommIreduceScatter", comm, request, || {
+            call(
+                comm,
+                CollKind::ReduceScatter,
+                dtype,
+                Some(op),
+                recvcount,
+                0,
+                sendbuf,
+                recvbuf,
+            )
+        })
+    }
+}
+
+/// Starts `hcommAlltoAll` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes;
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommIalltoAll(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: DataTypeArg,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe {
+        start("hcommIalltoAll", comm, request, || {
+            call(
+                comm,
+                CollKind::AllToAll,
+                dtype,
+                None,
+                count,
+                0,
+                sendbuf,
+                recvbuf,
+            )
+        })
+    }
+}
+
+/// Starts `hcommAlltoAllv` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes; the
+/// arrays are NULL or hold one `size_t` per rank (they are copied: they may go at once);
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn hcommIalltoAllv(
+    sendbuf: *const c_void,
+    sendcounts: *const usize,
+    sdispls: *const usize,
+    recvbuf: *mut c_void,
+    recvcounts: *const usize,
+    rdispls: *const usize,
+    dtype: DataTypeArg,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    let make = || {
+        // SAFETY: the caller's promise on the arrays.
+        unsafe {
+            alltoallv(
+                comm, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype,
+            )
+        }
+    };
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe { start("hcommIalltoAllv", comm, request, make) }
+}
+
+/// Starts `hcommGather` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes;
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommIgather(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    sendcount: usize,
+    dtype: DataTypeArg,
+    root: c_int,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe {
+        start("hcommIgather", comm, request, || {
+            call(
+                comm,
+                CollKind::Gather,
+                dtype,
+                None,
+                sendcount,
+                root,
+                sendbuf,
+                recvbuf,
+            )
+        })
+    }
+}
+
+/// Starts `hcommScatter` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+/// are used in place, without a copy, until then. Not between `hcommGroupStart` and
+/// `hcommGroupEnd`.
+///
+/// # Safety
+/// Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+/// nothing else writes them (nor reads the receive buffer) until the request completes;
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommIscatter(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    recvcount: usize,
+    dtype: DataTypeArg,
+    root: c_int,
+    comm: hcommComm_t,
+    request: *mut hcommRequest_t,
+) -> c_int {
+    // SAFETY: the caller's promise on `request` and the buffers.
+    unsafe {
+        start("hcommIscatter", comm, request, || {
+            call(
+                comm,
+                CollKind::Scatter,
+                dtype,
+                None,
+                recvcount,
+                root,
+                sendbuf,
+                recvbuf,
+            )
+        })
+    }
+}
+
+/// Starts `hcommBarrier` in the background; `*request` receives its handle
+/// (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it once every
+/// rank of `comm` has called it. Not between `hcommGroupStart` and `hcommGroupEnd`.
+///
+/// # Safety
+/// `request` is NULL or points to a writable `hcommRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommIbarrier(comm: hcommComm_t, request: *mut hcommRequest_t) -> c_int {
+    // SAFETY: the caller's promise on `request`.
+    unsafe { start("hcommIbarrier", comm, request, || barrier(comm)) }
 }

@@ -1,5 +1,5 @@
-//! Lifetime and communicators: `hcommInit`, `hcommFinalize`, rank and size, split, abort,
-//! destroy.
+//! Lifetime and communicators: `hcommInit`, `hcommFinalize`, rank and size, split, dup,
+//! abort, destroy.
 
 use std::ffi::{c_char, c_int};
 
@@ -27,8 +27,13 @@ pub extern "C" fn hcommInit(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_
 #[no_mangle]
 pub extern "C" fn hcommFinalize() -> c_int {
     guard("hcommFinalize", || {
-        // Closing waits for queued data: not under the state lock.
-        drop(state::finalize()?);
+        // Not under the state lock: unfinished point-to-point requests complete in the
+        // background until their world closes; nonblocking collectives are waited for
+        // (each at most HCOMM_TIMEOUT), as they use the caller's memory; closing waits for
+        // queued data.
+        let released = state::finalize()?;
+        drop(released.requests);
+        drop(released.comms);
         Ok(())
     })
 }
@@ -99,6 +104,27 @@ pub unsafe extern "C" fn hcommCommSplit(
             // SAFETY: as above.
             unsafe { newcomm.write(handle) };
         }
+        Ok(())
+    })
+}
+
+/// A new communicator with the same ranks as `comm`, whose messages and collectives never
+/// match those of `comm` (a library can use it without interfering with its caller);
+/// `*newcomm` receives it (`HCOMM_COMM_NULL` on failure). Every rank of `comm` must call it
+/// (inside a group too, it runs at once). Release it with `hcommCommDestroy`.
+///
+/// # Safety
+/// `newcomm` is NULL or points to a writable `hcommComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommCommDup(comm: hcommComm_t, newcomm: *mut hcommComm_t) -> c_int {
+    guard("hcommCommDup", || {
+        args::out(newcomm, "newcomm")?;
+        // SAFETY: checked not NULL; the caller passes the address of an hcommComm_t.
+        unsafe { newcomm.write(HCOMM_COMM_NULL) };
+        let dup = state::comm(comm)?.dup()?;
+        let handle = state::with_tables(|t| Ok(t.add_comm(dup)))?;
+        // SAFETY: as above.
+        unsafe { newcomm.write(handle) };
         Ok(())
     })
 }

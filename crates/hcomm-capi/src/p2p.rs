@@ -35,6 +35,7 @@ fn start_send(
         Ok(t.add_request(Pending {
             request,
             recv_into: None,
+            _staged: None,
         }))
     })
 }
@@ -59,6 +60,7 @@ fn start_recv(
                 addr: buf.expose_provenance(),
                 len: bytes,
             }),
+            _staged: None,
         }))
     })
 }
@@ -93,7 +95,7 @@ pub(crate) fn finish(pending: Pending) -> Result<()> {
 ///
 /// # Safety
 /// `request` is NULL (an error) or points to a writable `hcommRequest_t`.
-unsafe fn store_request(
+pub(crate) unsafe fn store_request(
     request: *mut hcommRequest_t,
     start: impl FnOnce() -> Result<hcommRequest_t>,
 ) -> Result<()> {

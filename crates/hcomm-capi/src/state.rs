@@ -29,11 +29,14 @@ pub(crate) struct Tables {
     next: usize,
 }
 
-/// A nonblocking point-to-point operation: the Rust request, and where a receive's data goes
-/// when it completes.
+/// A nonblocking operation: the Rust request, where a receive's data goes when it completes,
+/// and the copy of an overlapping send buffer a nonblocking collective reads. Fields drop in
+/// order: the request (which finishes a collective on the caller's memory) before the copy.
 pub(crate) struct Pending {
     pub(crate) request: Request,
     pub(crate) recv_into: Option<RecvTarget>,
+    /// Held only to be dropped after the request.
+    pub(crate) _staged: Option<Vec<u8>>,
 }
 
 /// The caller's receive buffer of a nonblocking receive (the data arrives in a staging buffer
@@ -92,16 +95,23 @@ pub(crate) fn init(join: impl FnOnce() -> Result<Communicator>) -> Result<()> {
     }
 }
 
-/// `hcommFinalize`: releases every communicator and request. Returns the communicators so
-/// that the caller closes them after the lock is released (closing waits for queued data).
-pub(crate) fn finalize() -> Result<Vec<Arc<Communicator>>> {
+/// What `hcommFinalize` releases once the state lock is free: the requests still pending,
+/// then the communicators (dropping a nonblocking collective's request waits for it, and
+/// closing a world waits for queued data).
+pub(crate) struct Released {
+    pub(crate) requests: Vec<Pending>,
+    pub(crate) comms: Vec<Arc<Communicator>>,
+}
+
+/// `hcommFinalize`: takes every communicator and request out of the tables, for the caller
+/// to release after the lock is released.
+pub(crate) fn finalize() -> Result<Released> {
     let mut phase = phase();
     match std::mem::replace(&mut *phase, Phase::Finalized) {
-        Phase::Ready(t) => {
-            // Unfinished requests complete in the background until their world closes.
-            drop(t.requests);
-            Ok(t.comms.into_values().collect())
-        }
+        Phase::Ready(t) => Ok(Released {
+            requests: t.requests.into_values().collect(),
+            comms: t.comms.into_values().collect(),
+        }),
         other => {
             let e = not_ready(&other);
             *phase = other;

@@ -131,6 +131,21 @@ typedef enum hcommDataType_t {
    * IEEE 754 binary64 (`double`).
    */
   HCOMM_FLOAT64 = 9,
+  /**
+   * Truth values, 1 byte each, 0 or 1 (`bool`); reductions read any nonzero byte as true
+   * and give 0 or 1 (over one rank the input stays as it is). `HCOMM_SUM` and
+   * `HCOMM_MAX` are logical or, `HCOMM_PROD` and `HCOMM_MIN` logical and; `HCOMM_AVG` is
+   * refused.
+   */
+  HCOMM_BOOL = 10,
+  /**
+   * Signed 16-bit integer.
+   */
+  HCOMM_INT16 = 11,
+  /**
+   * Unsigned 16-bit integer.
+   */
+  HCOMM_UINT16 = 12,
 } hcommDataType_t;
 
 /**
@@ -154,9 +169,22 @@ typedef enum hcommReduceOp_t {
    */
   HCOMM_MIN = 3,
   /**
-   * Average: the sum divided by the number of ranks (integers: truncated toward zero).
+   * Average: the sum divided by the number of ranks (integers: truncated toward zero; not
+   * on `HCOMM_BOOL`).
    */
   HCOMM_AVG = 4,
+  /**
+   * Bitwise and (integers; logical and on `HCOMM_BOOL`; refused on floats).
+   */
+  HCOMM_BAND = 5,
+  /**
+   * Bitwise or (integers; logical or on `HCOMM_BOOL`; refused on floats).
+   */
+  HCOMM_BOR = 6,
+  /**
+   * Bitwise exclusive or (integers; logical on `HCOMM_BOOL`; refused on floats).
+   */
+  HCOMM_BXOR = 7,
 } hcommReduceOp_t;
 
 /**
@@ -175,8 +203,9 @@ typedef struct hcommRequest hcommRequest;
 typedef struct hcommComm *hcommComm_t;
 
 /**
- * A nonblocking operation started by `hcommIsend` or `hcommIrecv`, until `hcommWait` or a
- * successful `hcommTest` completes it (and sets it to `HCOMM_REQUEST_NULL`).
+ * A nonblocking operation started by `hcommIsend`, `hcommIrecv` or a nonblocking collective
+ * (`hcommIallReduce` .. `hcommIbarrier`), until `hcommWait` or a successful `hcommTest`
+ * completes it (and sets it to `HCOMM_REQUEST_NULL`).
  */
 typedef struct hcommRequest *hcommRequest_t;
 
@@ -304,6 +333,17 @@ int hcommCommSize(hcommComm_t comm, int *size);
  * `newcomm` is NULL or points to a writable `hcommComm_t`.
  */
 int hcommCommSplit(hcommComm_t comm, int color, int key, hcommComm_t *newcomm);
+
+/**
+ * A new communicator with the same ranks as `comm`, whose messages and collectives never
+ * match those of `comm` (a library can use it without interfering with its caller);
+ * `*newcomm` receives it (`HCOMM_COMM_NULL` on failure). Every rank of `comm` must call it
+ * (inside a group too, it runs at once). Release it with `hcommCommDestroy`.
+ *
+ * # Safety
+ * `newcomm` is NULL or points to a writable `hcommComm_t`.
+ */
+int hcommCommDup(hcommComm_t comm, hcommComm_t *newcomm);
 
 /**
  * Aborts `comm` on every rank: each call pending on it — on this rank's other threads and on
@@ -538,6 +578,250 @@ int hcommScatter(const void *sendbuf,
  * Returns when every rank of `comm` has called it.
  */
 int hcommBarrier(hcommComm_t comm);
+
+/**
+ * All-gather with a count per rank: every rank's `recvbuf` receives rank p's `sendbuf`
+ * (`recvcounts[p]` elements; this rank's `sendcount` must equal `recvcounts[rank]`) at
+ * element `displs[p]`. `recvcounts` and `displs` hold one entry per rank, in elements, the
+ * same on every rank; elements of `recvbuf` outside the blocks are left alone. In place:
+ * `sendbuf == recvbuf + displs[rank]` (in elements).
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), the
+ * arrays are NULL or hold one `size_t` per rank, and nothing else writes the buffers during
+ * the call (inside a group: until `hcommGroupEnd` returns).
+ */
+int hcommAllGatherv(const void *sendbuf,
+                    size_t sendcount,
+                    void *recvbuf,
+                    const size_t *recvcounts,
+                    const size_t *displs,
+                    hcommDataType_t dtype,
+                    hcommComm_t comm);
+
+/**
+ * All-to-all with counts and displacements per peer, in elements: `sendcounts[p]` elements
+ * at `sendbuf + sdispls[p]` go to rank p, which stores them at `recvbuf + rdispls[me]`;
+ * `recvcounts[p]` elements arrive from rank p at `recvbuf + rdispls[p]` (each rank's
+ * `recvcounts[p]` must equal rank p's `sendcounts[rank]`). Elements of `recvbuf` outside the
+ * blocks are left alone. No in-place form: overlapping buffers are copied first.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), the
+ * arrays are NULL or hold one `size_t` per rank, and nothing else writes the buffers during
+ * the call (inside a group: until `hcommGroupEnd` returns).
+ */
+int hcommAlltoAllv(const void *sendbuf,
+                   const size_t *sendcounts,
+                   const size_t *sdispls,
+                   void *recvbuf,
+                   const size_t *recvcounts,
+                   const size_t *rdispls,
+                   hcommDataType_t dtype,
+                   hcommComm_t comm);
+
+/**
+ * Starts `hcommAllReduce` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes;
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIallReduce(const void *sendbuf,
+                    void *recvbuf,
+                    size_t count,
+                    hcommDataType_t dtype,
+                    hcommReduceOp_t op,
+                    hcommComm_t comm,
+                    hcommRequest_t *request);
+
+/**
+ * Starts `hcommBroadcast` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes;
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIbroadcast(void *buf,
+                    size_t count,
+                    hcommDataType_t dtype,
+                    int root,
+                    hcommComm_t comm,
+                    hcommRequest_t *request);
+
+/**
+ * Starts `hcommReduce` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes;
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIreduce(const void *sendbuf,
+                 void *recvbuf,
+                 size_t count,
+                 hcommDataType_t dtype,
+                 hcommReduceOp_t op,
+                 int root,
+                 hcommComm_t comm,
+                 hcommRequest_t *request);
+
+/**
+ * Starts `hcommAllGather` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes;
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIallGather(const void *sendbuf,
+                    void *recvbuf,
+                    size_t sendcount,
+                    hcommDataType_t dtype,
+                    hcommComm_t comm,
+                    hcommRequest_t *request);
+
+/**
+ * Starts `hcommAllGatherv` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes; the
+ * arrays are NULL or hold one `size_t` per rank (they are copied: they may go at once);
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIallGatherv(const void *sendbuf,
+                     size_t sendcount,
+                     void *recvbuf,
+                     const size_t *recvcounts,
+                     const size_t *displs,
+                     hcommDataType_t dtype,
+                     hcommComm_t comm,
+                     hcommRequest_t *request);
+
+/**
+ * Starts `hcommReduceScatter` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes;
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIreduceScatter(const void *sendbuf,
+                        void *recvbuf,
+                        size_t recvcount,
+                        hcommDataType_t dtype,
+                        hcommReduceOp_t op,
+                        hcommComm_t comm,
+                        hcommRequest_t *request);
+
+/**
+ * Starts `hcommAlltoAll` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes;
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIalltoAll(const void *sendbuf,
+                   void *recvbuf,
+                   size_t count,
+                   hcommDataType_t dtype,
+                   hcommComm_t comm,
+                   hcommRequest_t *request);
+
+/**
+ * Starts `hcommAlltoAllv` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes; the
+ * arrays are NULL or hold one `size_t` per rank (they are copied: they may go at once);
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIalltoAllv(const void *sendbuf,
+                    const size_t *sendcounts,
+                    const size_t *sdispls,
+                    void *recvbuf,
+                    const size_t *recvcounts,
+                    const size_t *rdispls,
+                    hcommDataType_t dtype,
+                    hcommComm_t comm,
+                    hcommRequest_t *request);
+
+/**
+ * Starts `hcommGather` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes;
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIgather(const void *sendbuf,
+                 void *recvbuf,
+                 size_t sendcount,
+                 hcommDataType_t dtype,
+                 int root,
+                 hcommComm_t comm,
+                 hcommRequest_t *request);
+
+/**
+ * Starts `hcommScatter` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it. The buffers
+ * are used in place, without a copy, until then. Not between `hcommGroupStart` and
+ * `hcommGroupEnd`.
+ *
+ * # Safety
+ * Each buffer is NULL or holds the elements the call reads (send) or writes (receive), and
+ * nothing else writes them (nor reads the receive buffer) until the request completes;
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIscatter(const void *sendbuf,
+                  void *recvbuf,
+                  size_t recvcount,
+                  hcommDataType_t dtype,
+                  int root,
+                  hcommComm_t comm,
+                  hcommRequest_t *request);
+
+/**
+ * Starts `hcommBarrier` in the background; `*request` receives its handle
+ * (`HCOMM_REQUEST_NULL` on failure) and `hcommWait` or `hcommTest` completes it once every
+ * rank of `comm` has called it. Not between `hcommGroupStart` and `hcommGroupEnd`.
+ *
+ * # Safety
+ * `request` is NULL or points to a writable `hcommRequest_t`.
+ */
+int hcommIbarrier(hcommComm_t comm, hcommRequest_t *request);
 
 /**
  * Starts a group (groups nest): until the matching `hcommGroupEnd`, collectives are queued and

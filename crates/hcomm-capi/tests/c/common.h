@@ -57,17 +57,27 @@ static inline int test_init(int *argc, char ***argv) {
     return hcommInit(argc, argv);
 }
 
-#define NTYPES 10
-#define NOPS 5
+#define NTYPES 13
+#define NOPS 8
 
-static const size_t type_size[NTYPES] __attribute__((unused)) = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
-static const char *const type_name[NTYPES] __attribute__((unused)) = {"int8",    "uint8",    "int32",   "uint32",
-                                              "int64",   "uint64",   "float16", "bfloat16",
-                                              "float32", "float64"};
-static const char *const op_name[NOPS] __attribute__((unused)) = {"sum", "prod", "max", "min", "avg"};
+static const size_t type_size[NTYPES] __attribute__((unused)) = {1, 1, 4, 4, 8, 8, 2,
+                                                                 2, 4, 8, 1, 2, 2};
+static const char *const type_name[NTYPES] __attribute__((unused)) = {
+    "int8",    "uint8",   "int32", "uint32", "int64", "uint64", "float16",
+    "bfloat16", "float32", "float64", "bool", "int16", "uint16"};
+static const char *const op_name[NOPS] __attribute__((unused)) = {"sum", "prod", "max", "min",
+                                                                  "avg", "band", "bor", "bxor"};
 
-static inline int is_float(int t) { return t >= HCOMM_FLOAT16; }
-static inline int is_signed(int t) { return t == HCOMM_INT8 || t == HCOMM_INT32 || t == HCOMM_INT64; }
+static inline int is_float(int t) { return t >= HCOMM_FLOAT16 && t <= HCOMM_FLOAT64; }
+static inline int is_signed(int t) {
+    return t == HCOMM_INT8 || t == HCOMM_INT16 || t == HCOMM_INT32 || t == HCOMM_INT64;
+}
+static inline int is_bitwise(int op) { return op == HCOMM_BAND || op == HCOMM_BOR || op == HCOMM_BXOR; }
+/* Whether hcomm defines `op` on `t`: no bitwise operation on floats, no average of bool. */
+static inline int supported(int t, int op) {
+    if (is_float(t)) return !is_bitwise(op);
+    return !(t == HCOMM_BOOL && op == HCOMM_AVG);
+}
 
 /* bfloat16 from float, rounded to nearest even (what hcomm does). */
 static inline uint16_t bf16_from_float(float f) {
@@ -82,9 +92,11 @@ static inline uint16_t bf16_from_float(float f) {
 static inline void set_bits(int t, void *buf, size_t i, uint64_t bits) {
     unsigned char *p = (unsigned char *)buf + i * type_size[t];
     uint8_t b8 = (uint8_t)bits;
+    uint16_t b16 = (uint16_t)bits;
     uint32_t b32 = (uint32_t)bits;
     switch (type_size[t]) {
     case 1: memcpy(p, &b8, 1); break;
+    case 2: memcpy(p, &b16, 2); break;
     case 4: memcpy(p, &b32, 4); break;
     default: memcpy(p, &bits, 8); break;
     }
@@ -107,9 +119,11 @@ static inline void set_float(int t, void *buf, size_t i, double v) {
     }
 }
 
-/* Element i of buffer `buf` of type t becomes the small integer v (exact in every type). */
+/* Element i of buffer `buf` of type t becomes the small integer v (exact in every type; for
+ * bool, whether it is nonzero). */
 static inline void set_value(int t, void *buf, size_t i, int64_t v) {
     if (is_float(t)) set_float(t, buf, i, (double)v);
+    else if (t == HCOMM_BOOL) set_bits(t, buf, i, v != 0);
     else set_bits(t, buf, i, (uint64_t)v);
 }
 

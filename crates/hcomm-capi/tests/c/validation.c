@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #define INVALID HCOMM_ERR_INVALID_ARGUMENT
-#define BAD_TYPE ((hcommDataType_t)10)
-#define BAD_OP ((hcommReduceOp_t)5)
+#define BAD_TYPE ((hcommDataType_t)13)
+#define BAD_OP ((hcommReduceOp_t)8)
 
 static const char *const code_names[] = {
     "HCOMM_SUCCESS",       "HCOMM_ERR_INIT",      "HCOMM_ERR_NO_MEM",
@@ -57,6 +57,15 @@ static void not_initialized(void) {
     EXPECT(HCOMM_ERR_INIT, hcommScatter(buf, buf, 1, HCOMM_INT8, 0, COMM_WORLD));
     EXPECT(HCOMM_ERR_INIT, hcommBarrier(COMM_WORLD));
     EXPECT(HCOMM_ERR_INIT, hcommCommSplit(COMM_WORLD, 0, 0, &sub));
+    EXPECT(HCOMM_ERR_INIT, hcommCommDup(COMM_WORLD, &sub));
+    req = (hcommRequest_t)7;
+    EXPECT(HCOMM_ERR_INIT, hcommIallReduce(buf, buf, 1, HCOMM_INT8, HCOMM_SUM, COMM_WORLD, &req));
+    ASSERT(req == HCOMM_REQUEST_NULL);
+    EXPECT(HCOMM_ERR_INIT, hcommIbarrier(COMM_WORLD, &req));
+    size_t one = 1, zero = 0;
+    EXPECT(HCOMM_ERR_INIT, hcommAllGatherv(buf, 1, buf, &one, &zero, HCOMM_INT8, COMM_WORLD));
+    EXPECT(HCOMM_ERR_INIT,
+           hcommAlltoAllv(buf, &one, &zero, buf, &one, &zero, HCOMM_INT8, COMM_WORLD));
     EXPECT(HCOMM_ERR_INIT, hcommCommDestroy((hcommComm_t)2));
     EXPECT(HCOMM_ERR_INIT, hcommGroupStart());
     EXPECT(HCOMM_ERR_INIT, hcommGroupEnd());
@@ -196,7 +205,7 @@ static void sizes_and_ranges(int size) {
     EXPECT(INVALID, hcommReduce(f, f, 1, HCOMM_INT8, BAD_OP, 0, COMM_WORLD));
     EXPECT(INVALID, hcommReduce(f, f, 1, BAD_TYPE, HCOMM_SUM, 0, COMM_WORLD));
     EXPECT(INVALID, hcommAllGather(f, f, 1, BAD_TYPE, COMM_WORLD));
-    EXPECT(INVALID, hcommReduceScatter(f, f, 1, HCOMM_UINT64, (hcommReduceOp_t)7, COMM_WORLD));
+    EXPECT(INVALID, hcommReduceScatter(f, f, 1, HCOMM_UINT64, (hcommReduceOp_t)70, COMM_WORLD));
     EXPECT(INVALID, hcommAlltoAll(f, f, 1, (hcommDataType_t)-3, COMM_WORLD));
     EXPECT(INVALID, hcommGather(f, f, 1, BAD_TYPE, 0, COMM_WORLD));
     EXPECT(INVALID, hcommScatter(f, f, 1, BAD_TYPE, 0, COMM_WORLD));
@@ -271,6 +280,107 @@ static void groups(void) {
     CHECK(hcommGroupEnd());
     ASSERT(f[3] == 4);
     EXPECT(INVALID, hcommGroupEnd());
+}
+
+/* The calls added with the new types: refused pairs (bitwise operations on floats, the
+ * average of bool), bad counts and displacements of the v-variants, NULL request pointers,
+ * nonblocking collectives inside a group, hcommCommDup's output. Each fails on every rank
+ * before anything is sent: the calls after them still match, and compute right. */
+static void new_calls(int size) {
+    float f[4] = {1, 2, 3, 4};
+    uint8_t flags[4] = {1, 0, 1, 0};
+    hcommRequest_t req = (hcommRequest_t)7;
+    EXPECT(INVALID, hcommAllReduce(f, f, 4, HCOMM_FLOAT32, HCOMM_BAND, COMM_WORLD));
+    last_error_mentions(INVALID, "hcommAllReduce", "band");
+    EXPECT(INVALID, hcommReduce(f, f, 4, HCOMM_BFLOAT16, HCOMM_BXOR, 0, COMM_WORLD));
+    EXPECT(INVALID, hcommReduceScatter(f, f, 1, HCOMM_FLOAT64, HCOMM_BOR, COMM_WORLD));
+    EXPECT(INVALID, hcommAllReduce(flags, flags, 4, HCOMM_BOOL, HCOMM_AVG, COMM_WORLD));
+    last_error_mentions(INVALID, "hcommAllReduce", "avg");
+    EXPECT(INVALID, hcommIallReduce(f, f, 4, HCOMM_FLOAT16, HCOMM_BAND, COMM_WORLD, &req));
+    ASSERT(req == HCOMM_REQUEST_NULL);
+    req = (hcommRequest_t)7;
+    EXPECT(INVALID, hcommIallReduce(f, f, 4, BAD_TYPE, HCOMM_SUM, COMM_WORLD, &req));
+    ASSERT(req == HCOMM_REQUEST_NULL);
+    EXPECT(INVALID, hcommIreduce(f, f, 4, HCOMM_FLOAT32, BAD_OP, 0, COMM_WORLD, &req));
+    last_error_mentions(INVALID, "hcommIreduce", "op");
+    EXPECT(INVALID, hcommIbroadcast(f, 4, HCOMM_FLOAT32, size, COMM_WORLD, &req));
+    EXPECT(INVALID, hcommIallGather(NULL, f, 1, HCOMM_FLOAT32, COMM_WORLD, &req));
+    EXPECT(INVALID, hcommIallReduce(f, f, 4, HCOMM_FLOAT32, HCOMM_SUM, COMM_WORLD, NULL));
+    last_error_mentions(INVALID, "hcommIallReduce", "request");
+    EXPECT(INVALID, hcommIbarrier(COMM_WORLD, NULL));
+    EXPECT(INVALID, hcommIbarrier((hcommComm_t)12345, &req));
+    EXPECT(INVALID, hcommCommDup(COMM_WORLD, NULL));
+    hcommComm_t copy = COMM_WORLD;
+    EXPECT(INVALID, hcommCommDup(HCOMM_COMM_NULL, &copy));
+    ASSERT(copy == HCOMM_COMM_NULL);
+
+    /* v-variants: one count and displacement per rank. */
+    size_t *counts = calloc((size_t)size, sizeof *counts);
+    size_t *displs = calloc((size_t)size, sizeof *displs);
+    ASSERT(counts && displs);
+    for (int p = 0; p < size; p++) {
+        counts[p] = 1;
+        displs[p] = (size_t)p;
+    }
+    float *all = calloc((size_t)size, sizeof *all);
+    ASSERT(all);
+    float mine = (float)my_rank + 0.5f;
+    EXPECT(INVALID, hcommAllGatherv(&mine, 1, all, NULL, displs, HCOMM_FLOAT32, COMM_WORLD));
+    last_error_mentions(INVALID, "hcommAllGatherv", "recvcounts");
+    EXPECT(INVALID, hcommAllGatherv(&mine, 1, all, counts, NULL, HCOMM_FLOAT32, COMM_WORLD));
+    EXPECT(INVALID, hcommAllGatherv(&mine, 2, all, counts, displs, HCOMM_FLOAT32, COMM_WORLD));
+    last_error_mentions(INVALID, "hcommAllGatherv", "sendcount");
+    EXPECT(INVALID, hcommAllGatherv(&mine, 1, all, counts, displs, BAD_TYPE, COMM_WORLD));
+    EXPECT(INVALID, hcommAllGatherv(&mine, 1, NULL, counts, displs, HCOMM_FLOAT32, COMM_WORLD));
+    displs[size - 1] = SIZE_MAX - 1;
+    EXPECT(INVALID, hcommAllGatherv(&mine, 1, all, counts, displs, HCOMM_FLOAT32, COMM_WORLD));
+    last_error_mentions(INVALID, "hcommAllGatherv", "too large");
+    EXPECT(INVALID, hcommIallGatherv(&mine, 1, all, counts, displs, HCOMM_FLOAT32, COMM_WORLD,
+                                     &req));
+    ASSERT(req == HCOMM_REQUEST_NULL);
+    displs[size - 1] = (size_t)(size - 1);
+    EXPECT(INVALID, hcommAlltoAllv(f, counts, displs, all, counts, NULL, HCOMM_FLOAT32,
+                                   COMM_WORLD));
+    last_error_mentions(INVALID, "hcommAlltoAllv", "rdispls");
+    EXPECT(INVALID, hcommAlltoAllv(f, NULL, displs, all, counts, displs, HCOMM_FLOAT32,
+                                   COMM_WORLD));
+    EXPECT(INVALID, hcommAlltoAllv(f, counts, displs, all, counts, displs, BAD_TYPE,
+                                   COMM_WORLD));
+    EXPECT(INVALID, hcommIalltoAllv(f, counts, displs, all, counts, displs, HCOMM_FLOAT32,
+                                    COMM_WORLD, NULL));
+
+    /* Nonblocking collectives are refused inside a group; the group's own calls still run. */
+    float g[4] = {1, 2, 3, 4};
+    CHECK(hcommGroupStart());
+    EXPECT(INVALID, hcommIallReduce(g, g, 4, HCOMM_FLOAT32, HCOMM_SUM, COMM_WORLD, &req));
+    last_error_mentions(INVALID, "hcommIallReduce", "hcommGroupStart");
+    ASSERT(req == HCOMM_REQUEST_NULL);
+    EXPECT(INVALID, hcommIbarrier(COMM_WORLD, &req));
+    CHECK(hcommAllReduce(g, g, 4, HCOMM_FLOAT32, HCOMM_MAX, COMM_WORLD));
+    CHECK(hcommAllGatherv(&mine, 1, all, counts, displs, HCOMM_FLOAT32, COMM_WORLD));
+    CHECK(hcommGroupEnd());
+    ASSERT(g[3] == 4);
+    for (int p = 0; p < size; p++) ASSERT(all[p] == (float)p + 0.5f);
+
+    /* Nothing of the refused calls reached the peers: these match and compute right. */
+    uint8_t any[4];
+    CHECK(hcommIallReduce(flags, any, 4, HCOMM_BOOL, HCOMM_BOR, COMM_WORLD, &req));
+    CHECK(hcommWait(&req));
+    ASSERT(any[0] == 1 && any[1] == 0 && any[2] == 1 && any[3] == 0);
+    int16_t x[2] = {(int16_t)(my_rank + 1), -1}, y[2];
+    CHECK(hcommAllReduce(x, y, 2, HCOMM_INT16, HCOMM_BXOR, COMM_WORLD));
+    int16_t want = 0;
+    for (int p = 0; p < size; p++) want ^= (int16_t)(p + 1);
+    ASSERT(y[0] == want && y[1] == (size % 2 ? -1 : 0));
+    hcommComm_t dup = HCOMM_COMM_NULL;
+    CHECK(hcommCommDup(COMM_WORLD, &dup));
+    CHECK(hcommIbarrier(dup, &req));
+    CHECK(hcommWait(&req));
+    CHECK(hcommCommDestroy(dup));
+    EXPECT(INVALID, hcommIbarrier(dup, &req));
+    free(counts);
+    free(displs);
+    free(all);
 }
 
 /* With HCOMM_TIMEOUT=2, a receive nobody sends to gives HCOMM_ERR_TIMEOUT. */
@@ -356,6 +466,7 @@ int main(int argc, char **argv) {
     communicators();
     requests();
     groups();
+    new_calls(size);
     timeout();
     if (size > 1) {
         mismatched_calls();
