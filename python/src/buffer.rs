@@ -76,11 +76,13 @@ impl Buffer {
             Ok(view) => return Buffer::from_view(view, what),
             Err(e) => {
                 let has = |name: &str| obj.hasattr(name).unwrap_or(false);
-                if has("__dlpack__") {
-                    return Buffer::from_dlpack(obj, what);
-                }
+                // numpy arrays of ml_dtypes' types offer neither the buffer protocol nor
+                // DLPack, but their __array_interface__.
                 if has("__array_interface__") {
                     return Buffer::from_array_interface(obj, what);
+                }
+                if has("__dlpack__") {
+                    return Buffer::from_dlpack(obj, what);
                 }
                 if !e.is_instance_of::<pyo3::exceptions::PyTypeError>(obj.py()) {
                     return Err(invalid(format!("{what}: {e}")));
