@@ -3,9 +3,11 @@
 mod collectives;
 mod onesided;
 mod pool;
+mod raw;
 mod tiered;
 
 pub use pool::PoolBuf;
+pub use raw::RawBuf;
 
 pub use collectives::Batch;
 
@@ -208,7 +210,9 @@ struct Plan {
 /// A finished nonblocking operation: its buffer back, and the bytes sent or received.
 #[derive(Debug)]
 pub struct Completion {
-    /// The buffer given to [`Communicator::isend`] or [`Communicator::irecv`].
+    /// The buffer given to [`Communicator::isend`], [`Communicator::irecv`] or
+    /// [`Communicator::start_collective`]; empty for operations on lent memory
+    /// ([`RawBuf`]), whose result is in that memory.
     pub buffer: Vec<u8>,
     /// Bytes sent, or bytes received into the front of `buffer`.
     pub len: usize,
@@ -216,7 +220,8 @@ pub struct Completion {
 
 /// A nonblocking operation in flight: point-to-point or collective. It progresses in the
 /// background; [`Request::wait`] collects it. Dropping it before completion lets it finish in
-/// the background.
+/// the background, except for operations on lent memory ([`RawBuf`]): dropping those waits
+/// for them (at most `HCOMM_TIMEOUT`), so that the memory is free once the drop returns.
 #[must_use = "a request does nothing visible until it is waited for"]
 pub struct Request {
     inner: RequestInner,
@@ -229,9 +234,15 @@ enum RequestInner {
         id: OpId,
         buffer: Option<Vec<u8>>,
         result: Option<Result<usize>>,
+        /// The operation uses lent memory and is still in the engine.
+        lent: bool,
     },
     /// A collective running on its own thread (it waits with the world's timeout).
-    Task(Option<std::thread::JoinHandle<Result<Completion>>>),
+    Task {
+        handle: Option<std::thread::JoinHandle<Result<Completion>>>,
+        /// The call uses lent memory: the request joins the thread before it goes.
+        lent: bool,
+    },
 }
 
 impl Request {
@@ -243,6 +254,20 @@ impl Request {
                 id,
                 buffer: Some(buffer),
                 result: None,
+                lent: false,
+            },
+        }
+    }
+
+    /// A point-to-point operation on lent memory.
+    fn lent(world: &Arc<World>, id: OpId) -> Request {
+        Request {
+            inner: RequestInner::P2p {
+                world: Arc::clone(world),
+                id,
+                buffer: None,
+                result: None,
+                lent: true,
             },
         }
     }
@@ -255,6 +280,7 @@ impl Request {
                 id,
                 buffer,
                 result,
+                lent,
             } => {
                 let r = match result.take() {
                     Some(r) => r,
@@ -262,10 +288,12 @@ impl Request {
                         .engine
                         .wait(*id, Instant::now() + world.config.timeout),
                 };
+                // The engine has removed the operation: the memory is free.
+                *lent = false;
                 let buffer = buffer.take().unwrap_or_default();
                 r.map(|len| Completion { buffer, len })
             }
-            RequestInner::Task(handle) => match handle.take().map(|h| h.join()) {
+            RequestInner::Task { handle, .. } => match handle.take().map(|h| h.join()) {
                 Some(Ok(r)) => r,
                 Some(Err(_)) => Err(Error::Internal("a nonblocking collective panicked".into())),
                 None => Err(Error::Internal("the request was already collected".into())),
@@ -285,23 +313,40 @@ impl Request {
                 }
                 Ok(result.is_some())
             }
-            RequestInner::Task(handle) => Ok(handle.as_ref().is_none_or(|h| h.is_finished())),
+            RequestInner::Task { handle, .. } => {
+                Ok(handle.as_ref().is_none_or(|h| h.is_finished()))
+            }
         }
     }
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if let RequestInner::P2p {
-            world,
-            id,
-            buffer,
-            result: None,
-        } = &mut self.inner
-        {
-            if let Some(buffer) = buffer.take() {
-                world.engine.detach(*id, buffer);
+        match &mut self.inner {
+            RequestInner::P2p {
+                world,
+                id,
+                buffer,
+                result: None,
+                lent,
+            } => {
+                if let Some(buffer) = buffer.take() {
+                    world.engine.detach(*id, buffer);
+                } else if *lent {
+                    // Lent memory cannot be handed over: finish (or, past the timeout,
+                    // cancel) the operation, which removes it from the engine.
+                    let _ = world
+                        .engine
+                        .wait(*id, Instant::now() + world.config.timeout);
+                }
             }
+            RequestInner::Task { handle, lent: true } => {
+                if let Some(h) = handle.take() {
+                    // The call is bounded by HCOMM_TIMEOUT; its result goes unseen.
+                    let _ = h.join();
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -804,17 +849,17 @@ impl Communicator {
 
     /// Starts sending `buf` to `dest`; [`Request::wait`] gives the buffer back.
     pub fn isend(&self, buf: Vec<u8>, dest: usize, tag: u32) -> Result<Request> {
-        let t = self.target(self.id, dest, tag, "destination")?;
-        drop(
-            self.world
-                .p2p_scope(OpKind::Isend, &t, buf.len(), self.size()),
-        );
         // SAFETY: the Vec's heap block does not move when the Vec does; the request owns it
         // until the operation is taken by wait/test, or hands it to the engine in `detach`.
+        // A send only reads it.
         let id = unsafe {
-            self.world
-                .engine
-                .post_send(t, buf.as_ptr(), buf.len(), true)?
+            self.post_async(
+                Blocking::Send,
+                dest,
+                tag,
+                buf.as_ptr().cast_mut(),
+                buf.len(),
+            )?
         };
         Ok(Request::p2p(&self.world, id, buf))
     }
@@ -822,18 +867,37 @@ impl Communicator {
     /// Starts receiving from `src` into `buf` (its length is the capacity);
     /// [`Request::wait`] gives the buffer back with the received length.
     pub fn irecv(&self, mut buf: Vec<u8>, src: usize, tag: u32) -> Result<Request> {
-        let t = self.target(self.id, src, tag, "source")?;
-        drop(
-            self.world
-                .p2p_scope(OpKind::Irecv, &t, buf.len(), self.size()),
-        );
         // SAFETY: as in `isend`; nothing else touches the Vec while the request owns it.
-        let id = unsafe {
-            self.world
-                .engine
-                .post_recv(t, buf.as_mut_ptr(), buf.len(), true)?
-        };
+        let id = unsafe { self.post_async(Blocking::Recv, src, tag, buf.as_mut_ptr(), buf.len())? };
         Ok(Request::p2p(&self.world, id, buf))
+    }
+
+    /// Posts a nonblocking send to or receive from `peer` of `len` bytes at `buf`, recorded
+    /// for the profiler.
+    ///
+    /// # Safety
+    /// As for the engine's `post_send` (a send) or `post_recv` (a receive).
+    unsafe fn post_async(
+        &self,
+        kind: Blocking,
+        peer: usize,
+        tag: u32,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<OpId> {
+        let engine = &self.world.engine;
+        let (what, op) = match kind {
+            Blocking::Send => ("destination", OpKind::Isend),
+            Blocking::Recv => ("source", OpKind::Irecv),
+        };
+        let t = self.target(self.id, peer, tag, what)?;
+        drop(self.world.p2p_scope(op, &t, len, self.size()));
+        match kind {
+            // SAFETY: forwarded from the caller.
+            Blocking::Send => unsafe { engine.post_send(t, buf, len, true) },
+            // SAFETY: forwarded from the caller.
+            Blocking::Recv => unsafe { engine.post_recv(t, buf, len, true) },
+        }
     }
 
     /// Returns when every rank has called it.

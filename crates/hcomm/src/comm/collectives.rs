@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::onesided::{Buffers, OneSided};
+use super::raw::Held;
 use super::tiered::Tiers;
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
 use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
@@ -186,10 +187,21 @@ impl Communicator {
         &self,
         shape: Shape,
         send: Option<Vec<u8>>,
-        mut recv: Vec<u8>,
+        recv: Vec<u8>,
+    ) -> Result<Request> {
+        self.start(shape, send.map(Held::Owned), Held::Owned(recv))
+    }
+
+    /// Starts a collective on its own thread, on owned or lent buffers.
+    pub(super) fn start(
+        &self,
+        shape: Shape,
+        send: Option<Held>,
+        mut recv: Held,
     ) -> Result<Request> {
         let (send_len, recv_len) =
-            self.check_buffers(&shape, send.as_ref().map(Vec::len), recv.len())?;
+            self.check_buffers(&shape, send.as_ref().map(Held::len), recv.len())?;
+        let lent = recv.is_lent() || send.as_ref().is_some_and(Held::is_lent);
         // Plan and take the sequence number now: calls are matched in the order they are
         // made, whenever their threads run. They run the plan's schedule: one-sided calls
         // must run in call order on every rank.
@@ -209,10 +221,15 @@ impl Communicator {
         let task = std::thread::Builder::new()
             .name(format!("hcomm-{name}"))
             .spawn(move || {
-                let send_ptr = send.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+                let mut send = send;
+                let send_ptr = send
+                    .as_mut()
+                    .map_or(std::ptr::null(), |s| s.as_mut_ptr().cast_const());
                 let mut op = comm.record(&shape);
-                // SAFETY: the thread owns both buffers for the whole call, and they hold
-                // what the shape needs (checked before the thread started).
+                // SAFETY: the thread holds both buffers for the whole call (owned ones, or
+                // lent ones whose contract keeps them valid until the request completes,
+                // which is after this thread ends), and they hold what the shape needs
+                // (checked before the thread started).
                 let result = unsafe {
                     comm.run_planned(
                         &mut op,
@@ -227,7 +244,7 @@ impl Communicator {
                 comm.world.publish_counters();
                 result.map(|()| Completion {
                     len: recv_len,
-                    buffer: recv,
+                    buffer: recv.into_vec(),
                 })
             })
             .map_err(|e| {
@@ -236,7 +253,10 @@ impl Communicator {
                 ))
             })?;
         Ok(Request {
-            inner: RequestInner::Task(Some(task)),
+            inner: RequestInner::Task {
+                handle: Some(task),
+                lent,
+            },
         })
     }
 
