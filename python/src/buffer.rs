@@ -4,6 +4,7 @@
 
 use std::ffi::{c_void, CStr};
 
+use hcomm::RawBuf;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
@@ -239,11 +240,6 @@ impl Buffer {
         Ok(b)
     }
 
-    /// Bytes of the buffer.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// Elements of the buffer.
     pub fn count(&self) -> usize {
         self.len / self.itemsize
@@ -281,6 +277,17 @@ impl Buffer {
         // SAFETY: the owner keeps `len` writable bytes at `ptr` alive; the caller makes the
         // access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// The memory, lent to a nonblocking operation of the core.
+    ///
+    /// # Safety
+    /// The buffer must outlive the operation, and the contract of [`RawBuf::new`] hold:
+    /// nothing else writes the memory meanwhile, and the core writes it only if the buffer
+    /// is writable.
+    pub unsafe fn lend(&self) -> RawBuf {
+        // SAFETY: forwarded from the caller.
+        unsafe { RawBuf::new(self.ptr, self.len) }
     }
 
     /// Whether the memory of the two buffers overlaps.

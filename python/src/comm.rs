@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use hcomm::coll::{CollKind, Shape, VLayout};
-use hcomm::{DataType, ReduceOp};
+use hcomm::{DataType, RawBuf, ReduceOp};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -174,20 +174,24 @@ impl Call {
         call(py, comm, move |c| c.run_collective(shape, s, r))
     }
 
-    /// Starts the call in the background. Until the core runs calls on caller memory, the
-    /// buffers are copied in here and the result copied out at completion.
+    /// Starts the call in the background, on the buffers themselves (the request keeps
+    /// them until the call is done).
     fn start(self, py: Python<'_>, comm: &Arc<Core>) -> PyResult<Request> {
         let Call { shape, send, recv } = self;
-        let copy = |b: &Buffer| {
-            // SAFETY: read here, with the GIL held, for the copy.
-            unsafe { b.bytes() }.to_vec()
+        // SAFETY: the request keeps both buffers (and so their memory) until the core is done
+        // with them: its wait, a test that says done, or its drop, which waits. They do not
+        // overlap (checked when the call was made), and only the receive buffer, writable,
+        // is written.
+        let (s, r) = unsafe {
+            (
+                send.as_ref().map(|b| b.lend()),
+                recv.as_ref().map_or_else(RawBuf::empty, |b| b.lend()),
+            )
         };
-        let s = send.as_ref().map(copy);
-        let r = recv.as_ref().map_or_else(Vec::new, copy);
         let req = py
-            .detach(|| comm.start_collective(shape, s, r))
+            .detach(|| comm.start_collective_raw(shape, s, r))
             .map_err(to_py)?;
-        Ok(Request::pending(req, comm, recv, false))
+        Ok(Request::pending(req, comm, [send, recv], false))
     }
 }
 
@@ -702,10 +706,10 @@ impl Communicator {
         let c = self.core()?;
         let (dest, tag) = (index(dest, "dest")?, self::tag(tag, "tag")?);
         let b = Buffer::get(buf, "isend: buf")?;
-        // SAFETY: read with the GIL held, for the copy.
-        let data = unsafe { b.bytes() }.to_vec();
-        let req = py.detach(|| c.isend(data, dest, tag)).map_err(to_py)?;
-        Ok(Request::pending(req, &c, None, true))
+        // SAFETY: the request keeps `b` until the send is done; the send only reads it.
+        let raw = unsafe { b.lend() };
+        let req = py.detach(|| c.isend_raw(raw, dest, tag)).map_err(to_py)?;
+        Ok(Request::pending(req, &c, [Some(b), None], true))
     }
 
     /// Starts receiving into `buf` from `source`; `Request.wait()` returns the bytes
@@ -721,9 +725,10 @@ impl Communicator {
         let c = self.core()?;
         let (source, tag) = (index(source, "source")?, self::tag(tag, "tag")?);
         let b = Buffer::get_mut(buf, "irecv: buf")?;
-        let space = vec![0u8; b.len()];
-        let req = py.detach(|| c.irecv(space, source, tag)).map_err(to_py)?;
-        Ok(Request::pending(req, &c, Some(b), true))
+        // SAFETY: the request keeps `b`, writable, until the receive is done.
+        let raw = unsafe { b.lend() };
+        let req = py.detach(|| c.irecv_raw(raw, source, tag)).map_err(to_py)?;
+        Ok(Request::pending(req, &c, [None, Some(b)], true))
     }
 
     /// Every rank's `recvbuf` becomes the elementwise `op` of every rank's `sendbuf`
@@ -1015,7 +1020,7 @@ impl Communicator {
     fn ibarrier(&self, py: Python<'_>) -> PyResult<Request> {
         let c = self.core()?;
         let req = py.detach(|| c.ibarrier()).map_err(to_py)?;
-        Ok(Request::pending(req, &c, None, false))
+        Ok(Request::pending(req, &c, [None, None], false))
     }
 
     /// A batch of in-place all-reduces and broadcasts run together (all-reduces of one type
@@ -1096,10 +1101,11 @@ impl Communicator {
 /// What a request holds until it is collected.
 enum ReqState {
     Pending {
+        /// First, so that it drops (finishing the operation) before the buffers go.
         req: hcomm::Request,
         comm: Arc<Core>,
-        /// Where the result is copied at completion.
-        target: Option<Buffer>,
+        /// The send and receive buffers lent to the operation.
+        bufs: [Option<Buffer>; 2],
         /// Point-to-point (the result is a byte count) or collective (None).
         p2p: bool,
     },
@@ -1109,7 +1115,8 @@ enum ReqState {
 }
 
 /// A nonblocking operation in flight (SPEC F10): `wait()` collects it, `test()` tells
-/// whether it has completed.
+/// whether it has completed. It keeps its buffers alive until then; dropping it unwaited
+/// waits for the operation (at most the timeout).
 #[pyclass(frozen, module = "hcomm._hcomm", name = "Request")]
 pub struct Request {
     state: Mutex<ReqState>,
@@ -1119,14 +1126,14 @@ impl Request {
     fn pending(
         req: hcomm::Request,
         comm: &Arc<Core>,
-        target: Option<Buffer>,
+        bufs: [Option<Buffer>; 2],
         p2p: bool,
     ) -> Request {
         Request {
             state: Mutex::new(ReqState::Pending {
                 req,
                 comm: Arc::clone(comm),
-                target,
+                bufs,
                 p2p,
             }),
         }
@@ -1146,21 +1153,31 @@ impl Request {
         }
     }
 
-    /// The Python value of a finished request.
-    fn value(r: &Result<Option<usize>, hcomm::Error>) -> PyResult<Option<usize>> {
-        r.clone().map_err(to_py)
+    /// Records and returns the result of a finished operation.
+    fn finish(
+        &self,
+        py: Python<'_>,
+        r: hcomm::Result<hcomm::Completion>,
+        p2p: bool,
+    ) -> PyResult<Option<usize>> {
+        let r = r.map(|done| p2p.then_some(done.len));
+        self.put(ReqState::Done(r.clone()));
+        r.map_err(|e| interrupt::error(py, e))
     }
 }
 
-/// Copies a finished operation's result into its target.
-fn land(done: hcomm::Completion, target: Option<&Buffer>, p2p: bool) -> Option<usize> {
-    if let Some(t) = target {
-        let n = done.len.min(t.len()).min(done.buffer.len());
-        // SAFETY: with the GIL held; the target is writable (checked when the call was made)
-        // and nothing else holds a slice of it.
-        unsafe { t.bytes_mut()[..n].copy_from_slice(&done.buffer[..n]) };
+impl Drop for Request {
+    fn drop(&mut self) {
+        let state = match self.state.get_mut() {
+            Ok(s) => std::mem::replace(s, ReqState::Waiting),
+            Err(_) => return,
+        };
+        if let ReqState::Pending { req, bufs, .. } = state {
+            // The core's drop waits for the operation: without the GIL, then the buffers go.
+            Python::attach(|py| py.detach(move || drop(req)));
+            drop(bufs);
+        }
     }
-    p2p.then_some(done.len)
 }
 
 #[pymethods]
@@ -1172,31 +1189,20 @@ impl Request {
             ReqState::Pending {
                 req,
                 comm,
-                target,
+                bufs,
                 p2p,
             } => {
                 let r = py.detach(|| {
                     let _guard = Guard::enter(&comm);
                     req.wait()
                 });
-                let r = r.map(|done| land(done, target.as_ref(), p2p));
-                drop(target);
-                match r {
-                    Ok(v) => {
-                        self.put(ReqState::Done(Ok(v)));
-                        Ok(v)
-                    }
-                    Err(e) => {
-                        self.put(ReqState::Done(Err(e.clone())));
-                        Err(interrupt::error(py, e))
-                    }
-                }
+                drop(bufs);
+                self.finish(py, r, p2p)
             }
             ReqState::Waiting => Err(invalid("another thread is waiting for this request".into())),
             ReqState::Done(r) => {
-                let v = Request::value(&r);
-                self.put(ReqState::Done(r));
-                v
+                self.put(ReqState::Done(r.clone()));
+                r.map_err(to_py)
             }
         }
     }
@@ -1207,25 +1213,31 @@ impl Request {
             ReqState::Pending {
                 mut req,
                 comm,
-                target,
+                bufs,
                 p2p,
-            } => {
-                let ready = match py.detach(|| req.test().map(|t| (t, req))) {
-                    Ok((true, req)) => req.wait().map(|done| land(done, target.as_ref(), p2p)),
-                    Ok((false, req)) => {
-                        self.put(ReqState::Pending {
-                            req,
-                            comm,
-                            target,
-                            p2p,
-                        });
-                        return Ok(false);
-                    }
-                    Err(e) => Err(e),
-                };
-                self.put(ReqState::Done(ready));
-                Ok(true)
-            }
+            } => match py.detach(|| req.test().map(|t| (t, req))) {
+                Ok((true, req)) => {
+                    let r = py.detach(|| req.wait());
+                    drop(bufs);
+                    // An error is raised by the wait that collects it.
+                    let _ = self.finish(py, r, p2p);
+                    Ok(true)
+                }
+                Ok((false, req)) => {
+                    self.put(ReqState::Pending {
+                        req,
+                        comm,
+                        bufs,
+                        p2p,
+                    });
+                    Ok(false)
+                }
+                Err(e) => {
+                    drop(bufs);
+                    self.put(ReqState::Done(Err(e)));
+                    Ok(true)
+                }
+            },
             ReqState::Waiting => Ok(false),
             s @ ReqState::Done(_) => {
                 self.put(s);

@@ -1,4 +1,4 @@
-"""The operation × dtype matrix, run inside every rank of a job (see test_collectives.py).
+"""The operation x dtype matrix, run inside every rank of a job (see test_collectives.py).
 
 Every rank can compute every other rank's input, so each checks its own results against a
 numpy reference. Integers must match bit for bit, floats within their precision.

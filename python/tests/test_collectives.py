@@ -1,4 +1,4 @@
-"""Every collective × every dtype × 1, 2, 3 and 4 ranks against numpy references."""
+"""Every collective x every dtype x 1, 2, 3 and 4 ranks against numpy references."""
 
 from __future__ import annotations
 
