@@ -226,7 +226,7 @@ impl Communicator {
         }
     }
 
-    fn core(&self) -> PyResult<Arc<Core>> {
+    pub(crate) fn core(&self) -> PyResult<Arc<Core>> {
         match self.inner.read() {
             Ok(g) => g.as_ref().map(Arc::clone).ok_or_else(|| {
                 invalid("the communicator was destroyed (Communicator.destroy)".into())

@@ -7,6 +7,7 @@ mod dtype;
 mod errors;
 mod interrupt;
 mod pool;
+mod torch_support;
 
 use pyo3::prelude::*;
 
@@ -91,6 +92,7 @@ fn _hcomm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::Request>()?;
     m.add_class::<comm::Batch>()?;
     m.add_class::<pool::PoolMemory>()?;
+    torch_support::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ERRORS_DOC", hcomm::ERRORS_DOC)?;
     let dtypes: Vec<&str> = hcomm::DataType::ALL.iter().map(|d| d.name()).collect();
