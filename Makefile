@@ -2,7 +2,8 @@
 #
 #   make                 release build of the whole workspace (= make build)
 #   make run             build, then the main job: a local 4-rank job that exchanges and verifies
-#                        data, then latency/bandwidth and collective tables
+#                        data, then latency/bandwidth and collective tables, then DDP
+#                        training step times through torch.distributed, hcomm next to gloo
 #   make test            cargo nextest run --workspace
 #   make lint            rustfmt --check and clippy -D warnings
 #   make install         install the release binaries into $(PREFIX)/bin (PREFIX=/usr/local) and
@@ -26,6 +27,8 @@ LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 INSTALL    ?= install
+# The Python environment with torch and the hcomm package (the test set-up makes it).
+VENV       ?= .venv
 
 # Where cargo puts the release build (CARGO_TARGET_DIR moves it).
 RELEASE_DIR := $(or $(CARGO_TARGET_DIR),target)/release
@@ -49,6 +52,8 @@ run: build
 	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf pingpong -b 8 -e 16M -f 4
 	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf stream -b 8 -e 16M -f 4
 	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_perf allreduce -b 8 -e 16M -f 4
+	OMP_NUM_THREADS=1 $(VENV)/bin/python -m torch.distributed.run --nproc-per-node 4 \
+		--standalone bench/torch_bench.py --parts ddp --steps 10
 
 test:
 	$(CARGO) nextest run --workspace

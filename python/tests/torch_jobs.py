@@ -357,16 +357,232 @@ def subgroups() -> None:
             same(t, torch.tensor([float(sum(ranks))]), f"DeviceMesh {dim} all_reduce")
 
 
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 4),
+    )
+
+
+def _cnn() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 4),
+    )
+
+
+class _Unused(torch.nn.Module):
+    """A model with a branch that takes no part in the loss (find_unused_parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(32, 16)
+        self.unused = torch.nn.Linear(32, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def _batch(kind: str, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn((8, 3, 8, 8) if kind == "cnn" else (8, 32), generator=g)
+    y = torch.randint(0, 4, (8,), generator=g)
+    return x, y
+
+
+def _train(kind: str, pg: Any, steps: int, **opts: Any) -> tuple[list[float], list[torch.Tensor]]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = {"mlp": _mlp, "cnn": _cnn, "unused": _Unused}[kind]()
+    hook = opts.pop("hook", None)
+    no_sync = opts.pop("no_sync", False)
+    uneven = opts.pop("uneven", False)
+    ddp = DDP(model, process_group=pg, **opts)
+    if hook == "bf16":
+        ddp.register_comm_hook(pg, default_hooks.bf16_compress_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    losses: list[float] = []
+    my_steps = steps + (rank * 3 if uneven else 0)
+    with Join([ddp], enable=uneven):
+        for step in range(my_steps):
+            x, y = _batch("cnn" if kind == "cnn" else "mlp", step, rank)
+            opt.zero_grad()
+            if no_sync and step % 3 != 2:
+                with ddp.no_sync():
+                    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+                    loss.backward()
+                losses.append(float(loss))
+                continue
+            loss = torch.nn.functional.cross_entropy(ddp(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def ddp() -> None:
+    n = dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    hcomm_pg = dist.distributed_c10d._get_default_group()
+    steps = int(os.environ.get("JOB_STEPS", "30"))
+    configs: list[tuple[str, dict[str, Any]]] = [
+        ("mlp", {}),
+        ("cnn", {}),
+        ("mlp", {"gradient_as_bucket_view": True}),
+        ("unused", {"find_unused_parameters": True}),
+        ("mlp", {"static_graph": True}),
+        ("mlp", {"no_sync": True}),
+        ("mlp", {"uneven": True}),
+        ("mlp", {"hook": "bf16"}),
+    ]
+    for kind, opts in configs:
+        lh, ph = _train(kind, hcomm_pg, steps, **dict(opts))
+        lg, pgl = _train(kind, gloo, steps, **dict(opts))
+        what = f"DDP {kind} {opts}"
+        if n == 2:
+            if lh != lg:
+                fail(f"{what}: losses differ: {lh[:3]} vs gloo {lg[:3]}")
+            for a, b in zip(ph, pgl, strict=True):
+                if not torch.equal(a, b):
+                    fail(f"{what}: parameters differ bitwise")
+        else:
+            ltol = 2e-2 if opts.get("hook") == "bf16" else 1e-4
+            if not torch.allclose(torch.tensor(lh), torch.tensor(lg), rtol=ltol, atol=ltol):
+                fail(f"{what}: losses {lh[:3]} vs gloo {lg[:3]}")
+            # bf16 sums in another order round differently: bf16's precision then.
+            tol = 2e-2 if opts.get("hook") == "bf16" else 1e-5
+            for a, b in zip(ph, pgl, strict=True):
+                if not torch.allclose(a, b, rtol=tol, atol=tol):
+                    fail(f"{what}: parameters beyond tolerance {tol}")
+
+
+def fault_kill() -> None:
+    """Rank 1 dies by SIGKILL after one all-reduce; every survivor must raise, naming it."""
+    import signal
+
+    rank = dist.get_rank()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+            time.sleep(0.01)
+    except Exception as e:
+        took = time.monotonic() - t0
+        print(f"RAISED rank {rank} after {took:.1f}s: {e}", flush=True)
+        os._exit(0)
+    fail("no error after the peer was killed")
+
+
+def fault_skip() -> None:
+    """The last rank skips the second all-reduce: the others raise naming the op, its
+    sequence number and the missing rank."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == n - 1:
+        time.sleep(float(os.environ.get("JOB_TIMEOUT", "5")) + 6)
+        os._exit(0)
+    try:
+        dist.all_reduce(t)
+    except Exception as e:
+        print(f"RAISED rank {rank}: {e}", flush=True)
+        os._exit(0)
+    fail("no error though a rank skipped the all-reduce")
+
+
+def lifecycle() -> None:
+    """Init methods and teardown: checked by the caller from the process's resources."""
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    same(t, torch.tensor([float(sum(range(dist.get_world_size())))]), "all_reduce")
+
+
 def main() -> None:
     scenario = sys.argv[1]
+    for cycle in range(int(os.environ.get("JOB_CYCLES", "1"))):
+        run(scenario, cycle)
+
+
+def run(scenario: str, cycle: int) -> None:
     backend = os.environ.get("JOB_BACKEND", "hcomm")
     timeout = timedelta(seconds=float(os.environ.get("JOB_TIMEOUT", "60")))
-    dist.init_process_group(backend, timeout=timeout)
+    init = os.environ.get("JOB_INIT")  # tcp://..., file://..., "store" or env://
+    if init == "store":
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            int(os.environ["WORLD_SIZE"]),
+            int(os.environ["RANK"]) == 0,
+            timeout=timeout,
+        )
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
+        )
+    elif init:
+        dist.init_process_group(
+            backend,
+            init_method=init,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
+        )
+    else:
+        dist.init_process_group(backend, timeout=timeout)
     globals()[scenario]()
     dist.barrier()
     if dist.get_rank() == 0:
-        print(f"OK {scenario}", flush=True)
+        print(f"OK {scenario} {cycle}", flush=True)
     dist.destroy_process_group()
+    if scenario == "lifecycle":
+        report_leftovers(cycle)
+
+
+def resources() -> tuple[int, int, int]:
+    """This process's sockets, hcomm shared-memory mappings and threads (native ones too)."""
+    socks = 0
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            socks += os.readlink(f"/proc/self/fd/{f}").startswith("socket:")
+        except OSError:
+            pass
+    with open("/proc/self/maps") as fh:
+        shm = sum(1 for ln in fh if "/dev/shm/" in ln or "memfd:hcomm" in ln)
+    return socks, shm, len(os.listdir("/proc/self/task"))
+
+
+BEFORE = resources()
+
+
+def report_leftovers(cycle: int) -> None:
+    """After destroy_process_group: what is left of what hcomm opened (torch's own store
+    client stays until its object goes, so it is let go first)."""
+    import gc
+
+    gc.collect()
+    time.sleep(0.5)
+    print(f"LEFT rank {os.environ['RANK']} cycle {cycle} {resources()}", flush=True)
 
 
 if __name__ == "__main__":
