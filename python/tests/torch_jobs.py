@@ -470,6 +470,84 @@ def ddp() -> None:
                     fail(f"{what}: parameters beyond tolerance {tol}")
 
 
+def parallel() -> None:
+    """FSDP2 fully_shard on a CPU DeviceMesh against a single-process reference; a 2-stage
+    GPipe schedule of torch.distributed.pipelining against the unsplit model; an
+    all_to_all_single loop with random splits."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    # FSDP2: every rank trains on its batch; the gradients of the sharded model, gathered,
+    # equal those of one process on all the batches.
+    torch.manual_seed(0)
+    ref = _mlp()
+    torch.manual_seed(0)
+    model = _mlp()
+    mesh = init_device_mesh("cpu", (n,))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    batches = [_batch("mlp", 0, r) for r in range(n)]
+    x, y = batches[rank]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    xs = torch.cat([b[0] for b in batches])
+    ys = torch.cat([b[1] for b in batches])
+    torch.nn.functional.cross_entropy(ref(xs), ys).backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        g = p.grad.full_tensor()
+        if not torch.allclose(g, q.grad, rtol=1e-4, atol=1e-6):
+            fail(f"FSDP2 gradient of {name} differs from the reference")
+    # Pipelining: 2 stages on ranks 0 and 1 (a group of them), 4 micro-batches.
+    pp = dist.new_group([0, 1])
+    if rank < 2:
+        torch.manual_seed(0)
+        full = _mlp()
+        stages = [full[:2], full[2:]]
+        stage = PipelineStage(stages[rank], rank, 2, torch.device("cpu"), group=pp)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        sched = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss_fn)
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(16, 32, generator=g)
+        y = torch.randint(0, 4, (16,), generator=g)
+        losses: list[torch.Tensor] = []
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y, losses=losses)
+        torch.manual_seed(0)
+        ref = _mlp()
+        for xm, ym in zip(x.chunk(4), y.chunk(4), strict=True):
+            (loss_fn(ref(xm), ym) / 4).backward()
+        mine = stages[rank]
+        theirs = [ref[:2], ref[2:]][rank]
+        for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
+            if not torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6):
+                fail("pipelining gradients differ from the unsplit model")
+        if rank == 1:
+            want = [loss_fn(ref(xm), ym) for xm, ym in zip(x.chunk(4), y.chunk(4), strict=True)]
+            for a, b in zip(losses, want, strict=True):
+                same(a.detach(), b.detach(), "pipelining loss")
+    # all_to_all_single with random splits, many rounds, sizes from 0 to a few KiB per peer
+    g = torch.Generator().manual_seed(99)
+    for it in range(100):
+        splits = torch.randint(0, 700, (n, n), generator=g)
+        isp, osp = splits[rank].tolist(), splits[:, rank].tolist()
+        inp = torch.arange(sum(isp), dtype=torch.int64) + rank * 10**6 + it * 10**8
+        out = torch.empty(sum(osp), dtype=torch.int64)
+        dist.all_to_all_single(out, inp, osp, isp)
+        pos = 0
+        for src in range(n):
+            start = sum(splits[src, :rank].tolist())
+            want = (
+                torch.arange(start, start + osp[src], dtype=torch.int64) + src * 10**6 + it * 10**8
+            )
+            same(out[pos : pos + osp[src]], want, f"all_to_all_single loop #{it} from {src}")
+            pos += osp[src]
+
+
 def fault_kill() -> None:
     """Rank 1 dies by SIGKILL after one all-reduce; every survivor must raise, naming it."""
     import signal
@@ -516,26 +594,34 @@ def lifecycle() -> None:
 
 
 def main() -> None:
-    scenario = sys.argv[1]
+    scenarios = sys.argv[1].split(",")
     for cycle in range(int(os.environ.get("JOB_CYCLES", "1"))):
-        run(scenario, cycle)
+        for scenario in scenarios:
+            run(scenario, cycle)
+
+
+_STORE: Any = None
 
 
 def run(scenario: str, cycle: int) -> None:
     backend = os.environ.get("JOB_BACKEND", "hcomm")
     timeout = timedelta(seconds=float(os.environ.get("JOB_TIMEOUT", "60")))
-    init = os.environ.get("JOB_INIT")  # tcp://..., file://..., "store" or env://
+    # JOB_INIT: tcp://..., file://..., "store" or env://; a comma list: one per cycle
+    inits = os.environ.get("JOB_INIT", "").split(",")
+    init = inits[cycle % len(inits)]
     if init == "store":
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            int(os.environ["WORLD_SIZE"]),
-            int(os.environ["RANK"]) == 0,
-            timeout=timeout,
-        )
+        global _STORE
+        if _STORE is None:
+            _STORE = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                int(os.environ["WORLD_SIZE"]),
+                int(os.environ["RANK"]) == 0,
+                timeout=timeout,
+            )
         dist.init_process_group(
             backend,
-            store=store,
+            store=dist.PrefixStore(f"cycle{cycle}", _STORE),
             rank=int(os.environ["RANK"]),
             world_size=int(os.environ["WORLD_SIZE"]),
             timeout=timeout,

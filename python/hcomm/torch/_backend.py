@@ -133,6 +133,22 @@ def _unpack(flat: torch.Tensor, outputs: Sequence[torch.Tensor], counts: list[in
         f.copy_(part.view(f.dtype).view(f.shape))
 
 
+def _allgather_into(
+    comm: hcomm.Communicator, src: torch.Tensor, out: torch.Tensor, rank: int
+) -> None:
+    """All-gathers `src` into `out`; in place when `src` is already this rank's block of
+    `out` (as FSDP2 passes it), through a copy when it overlaps `out` elsewhere."""
+    sb, ob = _bytes(src), _bytes(out)
+    start, end = sb.data_ptr(), sb.data_ptr() + sb.numel()
+    o_start, o_end = ob.data_ptr(), ob.data_ptr() + ob.numel()
+    if start >= o_end or end <= o_start or sb.numel() == 0:
+        comm.allgather(sb, ob)
+    elif start == o_start + rank * sb.numel():
+        comm.allgather(ob, None)
+    else:
+        comm.allgather(sb.clone(), ob)
+
+
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -274,6 +290,9 @@ class _World:
 # The world made for torch's default group: subgroups are communicators of it made without
 # messages (torch forms a group with its members only).
 _default_world: _World | None = None
+# The backends alive: C++ (torch's debug wrapper, for one) may hold a backend that Python
+# no longer refers to, and the Python methods are found only while the Python object lives.
+_live: set[HcommBackend] = set()
 _failed: dict[int, set[int]] = {}
 
 
@@ -354,12 +373,14 @@ def _create(opts: Any, backend_options: Any) -> HcommBackend:
     if ranks and world is not None and world.comm.size >= max(ranks) + 1:
         comm = _hcomm._subset(world.comm, ranks, _group_tag(str(opts.group_id), ranks))
         owned = _World(comm, None, ranks)
-        return HcommBackend(rank, size, owned, opts.timeout, str(opts.group_id))
-    owned = _join(opts.store, rank, size, opts.timeout)
-    owned.global_ranks = ranks
-    if not ranks:
-        _default_world = owned
-    return HcommBackend(rank, size, owned, opts.timeout, str(opts.group_id))
+    else:
+        owned = _join(opts.store, rank, size, opts.timeout)
+        owned.global_ranks = ranks
+        if not ranks:
+            _default_world = owned
+    backend = HcommBackend(rank, size, owned, opts.timeout, str(opts.group_id))
+    _live.add(backend)
+    return backend
 
 
 def failed_ranks(group: Any = None) -> list[int]:
@@ -434,11 +455,18 @@ class HcommBackend(c10d.Backend):
     def _supports_time_estimate(self) -> bool:
         return False
 
+    def _get_sequence_number_for_group(self) -> int:
+        return self._seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Sequence numbers start at 0 on every rank: nothing to agree on."""
+
     def shutdown(self) -> None:
         global _default_world
         if self._closed:
             return
         self._closed = True
+        _live.discard(self)
         self._stray.clear()
         if _default_world is self._world:
             _default_world = None
@@ -556,8 +584,10 @@ class HcommBackend(c10d.Backend):
         src = _flat(input).contiguous()
         comm = self.comm
 
+        rank = self.rank()
+
         def body() -> None:
-            comm.allgather(_bytes(src), _bytes(out.buf))
+            _allgather_into(comm, src, out.buf, rank)
             out.finish()
 
         return self._run("all_gather_into_tensor", body, [output], _nbytes([output]), (out, src))
@@ -574,9 +604,11 @@ class HcommBackend(c10d.Backend):
         ]
         comm = self.comm
 
+        rank = self.rank()
+
         def body() -> None:
             for out, src in pairs:
-                comm.allgather(_bytes(src), _bytes(out.buf))
+                _allgather_into(comm, src, out.buf, rank)
                 out.finish()
 
         return self._run("all_gather_into_tensor_coalesced", body, outputs, _nbytes(outputs), pairs)
