@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python API's own cost over the Rust call: the 8-byte all-reduce (2 float32, sum) from
 # Python (bench/python_overhead.py) against `hcomm_perf allreduce -b 8 -e 8`, 2 ranks under
-# hcommrun, alternating REPS times (this VM's cross-core latency drifts between runs), then
+# hcommrun, each the median of individually timed iterations of the slowest rank, alternating
+# REPS times (this VM's cross-core latency drifts between runs), then
 # the medians and their difference.
 #
 #   bench/python_overhead.sh [REPS]      (default 5; PYTHON=... picks the interpreter with
@@ -18,10 +19,12 @@ done
 "$PYTHON" -c "import hcomm" || { echo "hcomm is not installed for $PYTHON" >&2; exit 1; }
 rust=() py=()
 for ((i = 1; i <= REPS; i++)); do
+    # hcommrun prefixes each line with "[rank] ".
     r=$("$BIN/hcommrun" -n 2 -- "$BIN/hcomm_perf" allreduce -b 8 -e 8 -n "$ITERS" \
-        | awk '!/^#/ && NF >= 6 {print $6; exit}')
-    p=$("$BIN/hcommrun" -n 2 -- "$PYTHON" bench/python_overhead.py --iters "$ITERS")
-    echo "rep $i: hcomm_perf $r us, Python $p us"
+        | sed 's/^\[[0-9]*\] //' | awk '!/^#/ && NF >= 6 {print $6; exit}')
+    read -r p t < <("$BIN/hcommrun" -n 2 -- "$PYTHON" bench/python_overhead.py --iters "$ITERS" \
+        | sed 's/^\[[0-9]*\] //')
+    echo "rep $i: hcomm_perf $r us, Python $p us (of which the timer $t us)"
     rust+=("$r") py+=("$p")
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }

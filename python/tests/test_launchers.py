@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 from conftest import clean_env, free_port, release_bin
 
-BODY = """
+BODY = r"""
+import os
 import hcomm, numpy as np
 comm = hcomm.init()
 x = np.array([comm.rank + 1], np.int64)
 comm.allreduce(x)
 assert x[0] == comm.size * (comm.size + 1) // 2, x
 assert comm.local_size == comm.size and 0 <= comm.local_rank < comm.size
-print("OK", comm.rank, comm.size, comm._info()["launcher"], flush=True)
+os.write(1, f"OK {comm.rank} {comm.size} {comm._info()['launcher']}\n".encode())
 comm.destroy()
 """
 
@@ -110,3 +111,15 @@ def test_info() -> None:
     assert "transports: shared memory with [1]" in out.stdout
     assert "hcomm topology: 2 ranks on 1 hosts" in out.stdout
     assert "shared-memory pool" in out.stderr  # the core's HCOMM_DEBUG=1 lines
+
+
+@pytest.mark.timeout(60)
+def test_no_launcher_is_a_world_of_one() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", BODY],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    check(out, 1, "Singleton")

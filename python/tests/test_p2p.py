@@ -11,7 +11,7 @@ def test_p2p_and_buffer_kinds() -> None:
     job(
         3,
         """
-        import ml_dtypes, torch
+        import ml_dtypes
         nxt, prv = (rank + 1) % size, (rank - 1) % size
         # numpy, blocking
         a = np.arange(6, dtype=np.int32) * (rank + 1)
@@ -31,17 +31,6 @@ def test_p2p_and_buffer_kinds() -> None:
         r2 = comm.isend(bytes([rank] * 8), nxt, tag=2)
         assert hcomm.wait_all([r1, r2]) == [8, 8]
         assert inbox == bytes([prv] * 8) and r1.test() and r1.wait() == 8
-        # torch CPU tensors through __dlpack__, in place (zero copy)
-        t = torch.full((4,), float(rank), dtype=torch.float32)
-        comm.allreduce(t)
-        assert t.tolist() == [float(sum(range(size)))] * 4, t
-        tb = torch.full((3,), rank + 1, dtype=torch.bfloat16)
-        comm.allreduce(tb, op=hcomm.MAX)
-        assert tb.tolist() == [float(size)] * 3
-        ti = torch.zeros(2, dtype=torch.int64)
-        req = comm.irecv(ti, prv, tag=3)
-        comm.send(torch.tensor([rank, 7]), nxt, tag=3)
-        assert req.wait() == 16 and ti.tolist() == [prv, 7]
         # numpy bfloat16 (no buffer protocol: __array_interface__)
         b = np.full(5, rank, dtype=ml_dtypes.bfloat16)
         comm.allreduce(b)
@@ -57,6 +46,45 @@ def test_p2p_and_buffer_kinds() -> None:
         assert (dst == prv).all()
         comm.destroy()
         """,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_torch_tensors() -> None:
+    """torch CPU tensors go through __dlpack__, used in place (importing torch is slow: one
+    job of two ranks)."""
+    job(
+        2,
+        """
+        import torch
+        nxt, prv = (rank + 1) % size, (rank - 1) % size
+        t = torch.full((4,), float(rank), dtype=torch.float32)
+        comm.allreduce(t)
+        assert t.tolist() == [float(sum(range(size)))] * 4, t
+        tb = torch.full((3,), rank + 1, dtype=torch.bfloat16)
+        comm.allreduce(tb, op=hcomm.MAX)
+        assert tb.tolist() == [float(size)] * 3
+        ti = torch.zeros(2, dtype=torch.int64)
+        req = comm.irecv(ti, prv, tag=3)
+        comm.send(torch.tensor([rank, 7]), nxt, tag=3)
+        assert req.wait() == 16 and ti.tolist() == [prv, 7]
+        tt = torch.zeros(2 * size, dtype=torch.bool)
+        comm.allgather(torch.tensor([True, rank == 0]), tt)
+        assert tt.tolist() == [True, True] + [True, False] * (size - 1), tt
+        # non-contiguous tensors are refused, torch's refusal of tensors that need grad is passed on
+        try:
+            comm.allreduce(torch.zeros(4, 4)[:, 0])
+            raise SystemExit("not refused")
+        except hcomm.InvalidArgument as e:
+            assert "not contiguous" in str(e)
+        try:
+            comm.allreduce(torch.zeros(2, requires_grad=True))
+            raise SystemExit("not refused")
+        except hcomm.InvalidArgument as e:
+            assert "__dlpack__" in str(e)
+        comm.destroy()
+        """,
+        timeout=80,
     )
 
 
