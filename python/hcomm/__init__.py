@@ -164,8 +164,9 @@ def empty(
         )
     nbytes = math.prod(dims) * dt.itemsize
     mem = c._alloc(nbytes)
-    flat = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
-    return flat.view(dt).reshape(dims)
+    flat: npt.NDArray[np.uint8] = np.frombuffer(memoryview(mem), dtype=np.uint8, count=nbytes)
+    out: npt.NDArray[Any] = flat.view(dt).reshape(dims)
+    return out
 
 
 def zeros(

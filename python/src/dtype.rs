@@ -3,7 +3,7 @@
 use hcomm::{DataType, ReduceOp};
 use pyo3::prelude::*;
 
-use crate::errors::{invalid, not_supported};
+use crate::errors::invalid;
 
 /// The element types of the Python API (SPEC F10), by their numpy names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,63 +138,73 @@ impl Dtype {
         }
     }
 
-    /// The core's data type, when the core has this one.
-    pub fn core(self) -> Option<DataType> {
-        DataType::from_name(self.name())
+    /// The core's data type.
+    pub fn core(self) -> DataType {
+        match self {
+            Dtype::Bool => DataType::Bool,
+            Dtype::Int8 => DataType::Int8,
+            Dtype::Uint8 => DataType::Uint8,
+            Dtype::Int16 => DataType::Int16,
+            Dtype::Uint16 => DataType::Uint16,
+            Dtype::Int32 => DataType::Int32,
+            Dtype::Uint32 => DataType::Uint32,
+            Dtype::Int64 => DataType::Int64,
+            Dtype::Uint64 => DataType::Uint64,
+            Dtype::Float16 => DataType::Float16,
+            Dtype::Bfloat16 => DataType::Bfloat16,
+            Dtype::Float32 => DataType::Float32,
+            Dtype::Float64 => DataType::Float64,
+        }
     }
 }
 
-/// The core type and count for a collective that only moves data: a type the core lacks
-/// travels as its bytes.
+/// The core type and count for a collective that only moves data: untyped bytes travel as
+/// uint8.
 pub fn moving(dtype: Option<Dtype>, count: usize) -> (DataType, usize) {
-    match dtype {
-        Some(d) => match d.core() {
-            Some(t) => (t, count),
-            None => (DataType::Uint8, count * d.size()),
-        },
-        None => (DataType::Uint8, count),
-    }
+    (dtype.map_or(DataType::Uint8, Dtype::core), count)
 }
 
-/// The core type for a reduction on `dtype`.
+/// The core type for a reduction on `dtype` (the core refuses the pairs it has no
+/// arithmetic for, such as bitwise operations on floats, before anything is sent).
 pub fn reducing(dtype: Option<Dtype>, what: &str) -> PyResult<DataType> {
-    let d = dtype.ok_or_else(|| {
+    dtype.map(Dtype::core).ok_or_else(|| {
         invalid(format!(
             "{what}: the buffer has untyped bytes; reductions need a numeric type"
-        ))
-    })?;
-    d.core().ok_or_else(|| {
-        not_supported(format!(
-            "{what}: reductions on {} are not in this build of the core",
-            d.name()
         ))
     })
 }
 
-/// The reduction names, by the values of `hcomm.Op` (the C API's `hcommRedOp_t`).
-const OP_NAMES: [&str; 8] = ["sum", "prod", "max", "min", "avg", "band", "bor", "bxor"];
+/// The reductions, by the values of `hcomm.Op` (the C API's `hcommRedOp_t`) and by name.
+const OPS: [(&str, ReduceOp); 8] = [
+    ("sum", ReduceOp::Sum),
+    ("prod", ReduceOp::Prod),
+    ("max", ReduceOp::Max),
+    ("min", ReduceOp::Min),
+    ("avg", ReduceOp::Avg),
+    ("band", ReduceOp::BAnd),
+    ("bor", ReduceOp::BOr),
+    ("bxor", ReduceOp::BXor),
+];
 
 /// A reduction operation from `hcomm.SUM`, ... (an `int`) or its name (`"sum"`, ...).
 pub fn op_from(obj: &Bound<'_, PyAny>) -> PyResult<ReduceOp> {
-    let name = if let Ok(v) = obj.extract::<i64>() {
-        usize::try_from(v)
+    if let Ok(v) = obj.extract::<i64>() {
+        return usize::try_from(v)
             .ok()
-            .and_then(|v| OP_NAMES.get(v).copied())
-            .ok_or_else(|| invalid(format!("op: {v} is not a reduction operation")))?
-            .to_owned()
-    } else if let Ok(s) = obj.extract::<String>() {
-        s.to_ascii_lowercase()
-    } else {
+            .and_then(|v| OPS.get(v))
+            .map(|&(_, op)| op)
+            .ok_or_else(|| invalid(format!("op: {v} is not a reduction operation")));
+    }
+    let Ok(name) = obj.extract::<String>() else {
         return Err(invalid(
             "op: pass hcomm.SUM, hcomm.PROD, ... or a name such as \"sum\"".to_owned(),
         ));
     };
-    if !OP_NAMES.contains(&name.as_str()) {
-        return Err(invalid(format!(
-            "op: {name:?} is not one of {}",
-            OP_NAMES.join(", ")
-        )));
-    }
-    ReduceOp::from_name(&name)
-        .ok_or_else(|| not_supported(format!("op {name} is not in this build of the core")))
+    OPS.iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(&name))
+        .map(|&(_, op)| op)
+        .ok_or_else(|| {
+            let names: Vec<&str> = OPS.iter().map(|(n, _)| *n).collect();
+            invalid(format!("op: {name:?} is not one of {}", names.join(", ")))
+        })
 }

@@ -28,8 +28,3 @@ pub fn to_py(e: hcomm::Error) -> PyErr {
 pub fn invalid(detail: String) -> PyErr {
     to_py(hcomm::Error::InvalidArgument(detail))
 }
-
-/// `hcomm.NotSupported` with `detail`.
-pub fn not_supported(detail: String) -> PyErr {
-    to_py(hcomm::Error::NotSupported(detail))
-}

@@ -95,9 +95,5 @@ fn _hcomm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     torch_support::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ERRORS_DOC", hcomm::ERRORS_DOC)?;
-    let dtypes: Vec<&str> = hcomm::DataType::ALL.iter().map(|d| d.name()).collect();
-    m.add("CORE_DTYPES", dtypes)?;
-    let ops: Vec<&str> = hcomm::ReduceOp::ALL.iter().map(|o| o.name()).collect();
-    m.add("CORE_OPS", ops)?;
     Ok(())
 }

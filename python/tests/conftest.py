@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,36 +39,48 @@ def free_port() -> int:
     raise RuntimeError("no free TCP port found")
 
 
-def job(
-    nranks: int,
-    body: str,
-    *,
-    timeout: float = 60,
-    env: dict[str, str] | None = None,
-    expect_ok: bool = True,
-) -> list[subprocess.CompletedProcess[str]]:
-    """Runs `body` in `nranks` processes joined by hcomm.init(rank=, size=, root_addr=,
-    secret=); `body` sees `comm`, `rank`, `size`, `np` and `hcomm`. Returns each rank's
-    result; with `expect_ok`, fails unless every rank exited 0."""
-    code = (
+def _code(body: str) -> str:
+    return (
         "import hcomm, numpy as np, os, sys\n"
         "rank = int(os.environ['T_RANK']); size = int(os.environ['T_SIZE'])\n"
         "comm = hcomm.init(rank=rank, size=size, root_addr=os.environ['T_ADDR'],"
         " secret='pytest', timeout=float(os.environ.get('T_TIMEOUT', '30')))\n"
         + textwrap.dedent(body)
     )
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without any launcher's variables."""
+    e = dict(os.environ)
+    for k in list(e):
+        if k.startswith(("HCOMM_", "OMPI_", "PMI_", "PMIX_", "SLURM_")) or k in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ):
+            del e[k]
+    e["PYTHONPATH"] = str(HERE)
+    return e
+
+
+def job_procs(
+    nranks: int,
+    body: str,
+    *,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+) -> tuple[list[subprocess.Popen[str]], Callable[[], list[subprocess.CompletedProcess[str]]]]:
+    """Starts `body` in `nranks` processes joined by hcomm.init(rank=, size=, root_addr=,
+    secret=); `body` sees `comm`, `rank`, `size`, `np` and `hcomm`. Returns the processes
+    and a function that waits for them (killing all at `timeout`)."""
+    code = _code(body)
     addr = f"127.0.0.1:{free_port()}"
     procs = []
     for r in range(nranks):
-        e = dict(os.environ)
-        for k in list(e):
-            if k.startswith(("HCOMM_", "OMPI_", "PMI_", "SLURM_")) or k in (
-                "RANK",
-                "WORLD_SIZE",
-                "LOCAL_RANK",
-            ):
-                del e[k]
-        e.update(T_RANK=str(r), T_SIZE=str(nranks), T_ADDR=addr, PYTHONPATH=str(HERE))
+        e = clean_env()
+        e.update(T_RANK=str(r), T_SIZE=str(nranks), T_ADDR=addr)
         e.update(env or {})
         procs.append(
             subprocess.Popen(
@@ -77,16 +91,36 @@ def job(
                 text=True,
             )
         )
-    out = []
-    for r, p in enumerate(procs):
-        try:
-            so, se = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            so, se = p.communicate()
-            pytest.fail(f"rank {r} did not finish within {timeout} s:\n{so}\n{se}")
-        out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
+
+    def collect() -> list[subprocess.CompletedProcess[str]]:
+        deadline = time.monotonic() + timeout
+        out = []
+        for r, p in enumerate(procs):
+            try:
+                so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                so, se = p.communicate()
+                pytest.fail(f"rank {r} did not finish within {timeout} s:\n{so}\n{se}")
+            out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
+        return out
+
+    return procs, collect
+
+
+def job(
+    nranks: int,
+    body: str,
+    *,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    expect_ok: bool = True,
+) -> list[subprocess.CompletedProcess[str]]:
+    """Runs `body` in `nranks` processes (see `job_procs`) and returns each rank's result;
+    with `expect_ok`, fails unless every rank exited 0."""
+    _, collect = job_procs(nranks, body, timeout=timeout, env=env)
+    out = collect()
     if expect_ok:
         for r, c in enumerate(out):
             assert c.returncode == 0, f"rank {r} failed ({c.returncode}):\n{c.stdout}\n{c.stderr}"

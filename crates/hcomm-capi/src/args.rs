@@ -17,7 +17,7 @@ pub(crate) fn data_type(value: DataTypeArg) -> Result<DataType> {
         .and_then(DataType::from_u8)
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "dtype {value} is not an hcommDataType_t: use HCOMM_INT8 .. HCOMM_FLOAT64 (0 .. {})",
+                "dtype {value} is not an hcommDataType_t: use HCOMM_INT8 .. HCOMM_UINT16 (0 .. {})",
                 DataType::ALL.len() - 1
             ))
         })
@@ -31,7 +31,7 @@ pub(crate) fn reduce_op(value: ReduceOpArg) -> Result<ReduceOp> {
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "op {value} is not an hcommReduceOp_t: use HCOMM_SUM, HCOMM_PROD, HCOMM_MAX, \
-                 HCOMM_MIN or HCOMM_AVG (0 .. {})",
+                 HCOMM_MIN, HCOMM_AVG, HCOMM_BAND, HCOMM_BOR or HCOMM_BXOR (0 .. {})",
                 ReduceOp::ALL.len() - 1
             ))
         })
@@ -167,9 +167,11 @@ mod tests {
     #[test]
     fn bad_values_are_refused() {
         assert!(data_type(-1).is_err());
-        assert!(data_type(10).is_err());
+        assert!(data_type(13).is_err());
+        assert_eq!(data_type(10).unwrap(), DataType::Bool);
         assert_eq!(data_type(8).unwrap(), DataType::Float32);
-        assert!(reduce_op(5).is_err());
+        assert!(reduce_op(8).is_err());
+        assert_eq!(reduce_op(7).unwrap(), ReduceOp::BXor);
         assert!(reduce_op(c_int::MIN).is_err());
         assert_eq!(reduce_op(4).unwrap(), ReduceOp::Avg);
         assert!(rank(-1, 4, "root").is_err());

@@ -55,6 +55,14 @@ pub enum hcommDataType_t {
     HCOMM_FLOAT32 = 8,
     /// IEEE 754 binary64 (`double`).
     HCOMM_FLOAT64 = 9,
+    /// Truth values, 1 byte each (`bool`): 0 is false, any other byte true; results are
+    /// always 0 or 1. `HCOMM_SUM` and `HCOMM_MAX` are logical or, `HCOMM_PROD` and
+    /// `HCOMM_MIN` logical and; `HCOMM_AVG` is refused.
+    HCOMM_BOOL = 10,
+    /// Signed 16-bit integer.
+    HCOMM_INT16 = 11,
+    /// Unsigned 16-bit integer.
+    HCOMM_UINT16 = 12,
 }
 
 /// The reduction of `hcommAllReduce`, `hcommReduce` and `hcommReduceScatter`.
@@ -68,8 +76,15 @@ pub enum hcommReduceOp_t {
     HCOMM_MAX = 2,
     /// Minimum (NaN if any operand is NaN).
     HCOMM_MIN = 3,
-    /// Average: the sum divided by the number of ranks (integers: truncated toward zero).
+    /// Average: the sum divided by the number of ranks (integers: truncated toward zero; not
+    /// on `HCOMM_BOOL`).
     HCOMM_AVG = 4,
+    /// Bitwise and (integers; logical and on `HCOMM_BOOL`; refused on floats).
+    HCOMM_BAND = 5,
+    /// Bitwise or (integers; logical or on `HCOMM_BOOL`; refused on floats).
+    HCOMM_BOR = 6,
+    /// Bitwise exclusive or (integers; logical on `HCOMM_BOOL`; refused on floats).
+    HCOMM_BXOR = 7,
 }
 
 /// How the functions receive an `hcommDataType_t`: as the integer the caller passed, so that a
@@ -113,12 +128,18 @@ mod tests {
             HCOMM_BFLOAT16,
             HCOMM_FLOAT32,
             HCOMM_FLOAT64,
+            HCOMM_BOOL,
+            HCOMM_INT16,
+            HCOMM_UINT16,
         ];
         assert_eq!(types.len(), DataType::ALL.len());
         for (c, rust) in types.into_iter().zip(DataType::ALL) {
             assert_eq!(c as c_int, rust as c_int);
         }
-        let ops = [HCOMM_SUM, HCOMM_PROD, HCOMM_MAX, HCOMM_MIN, HCOMM_AVG];
+        let ops = [
+            HCOMM_SUM, HCOMM_PROD, HCOMM_MAX, HCOMM_MIN, HCOMM_AVG, HCOMM_BAND, HCOMM_BOR,
+            HCOMM_BXOR,
+        ];
         assert_eq!(ops.len(), ReduceOp::ALL.len());
         for (c, rust) in ops.into_iter().zip(ReduceOp::ALL) {
             assert_eq!(c as c_int, rust as c_int);

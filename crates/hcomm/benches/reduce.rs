@@ -1,4 +1,5 @@
-//! Reduction kernels against memcpy over 16 MiB.
+//! Reduction kernels against memcpy over 16 MiB: sums of float32, bfloat16, int16 and bool
+//! (logical or), exclusive or of uint32, each scalar and vectorised.
 //!
 //! Every benchmark reports the bytes of its 16 MiB destination per second, so the ratio of a
 //! reduce's throughput to memcpy's says how close the kernel comes to moving memory. A reduce
@@ -30,24 +31,44 @@ fn memcpy_and_sum(c: &mut Criterion) {
     let types = [
         (
             DataType::Float32,
+            ReduceOp::Sum,
             1.0f32.to_ne_bytes().to_vec(),
             0.5f32.to_ne_bytes().to_vec(),
         ),
         (
             DataType::Bfloat16,
+            ReduceOp::Sum,
             half::bf16::ONE.to_ne_bytes().to_vec(),
             half::bf16::from_f32(0.5).to_ne_bytes().to_vec(),
         ),
+        (
+            DataType::Int16,
+            ReduceOp::Sum,
+            3i16.to_ne_bytes().to_vec(),
+            (-1i16).to_ne_bytes().to_vec(),
+        ),
+        (
+            DataType::Bool,
+            ReduceOp::Sum,
+            vec![0, 1, 0],
+            vec![0, 0, 1, 1],
+        ),
+        (
+            DataType::Uint32,
+            ReduceOp::BXor,
+            0x0F0F_0F0Fu32.to_ne_bytes().to_vec(),
+            0x00FF_00FFu32.to_ne_bytes().to_vec(),
+        ),
     ];
-    for (dtype, acc, value) in types {
+    for (dtype, op, acc, value) in types {
         let src = filled(&value);
         let mut dst = filled(&acc);
-        group.bench_function(BenchmarkId::new("sum_scalar", dtype), |b| {
-            b.iter(|| scalar::reduce_into(dtype, ReduceOp::Sum, &mut dst, black_box(&src)));
+        group.bench_function(BenchmarkId::new(format!("{op}_scalar"), dtype), |b| {
+            b.iter(|| scalar::reduce_into(dtype, op, &mut dst, black_box(&src)));
         });
         let isa = reduce::kernel_isa();
-        group.bench_function(BenchmarkId::new(format!("sum_{isa}"), dtype), |b| {
-            b.iter(|| reduce::reduce_into(dtype, ReduceOp::Sum, &mut dst, black_box(&src)));
+        group.bench_function(BenchmarkId::new(format!("{op}_{isa}"), dtype), |b| {
+            b.iter(|| reduce::reduce_into(dtype, op, &mut dst, black_box(&src)));
         });
     }
     group.finish();

@@ -334,18 +334,8 @@ fn rank_of_a_job() {
     }
 }
 
-/// Runs `scenario` on `n` ranks with `env` set, and checks that every rank succeeds.
 fn job(scenario: &str, n: usize, env: &[(&str, &str)]) {
-    let env = [&[(SCENARIO, scenario), ("HCOMM_TIMEOUT", "30")], env].concat();
-    for (r, (ok, text)) in common::ranks(n, &format!("raw-{scenario}"), &env)
-        .iter()
-        .enumerate()
-    {
-        assert!(
-            *ok && text.contains("OK "),
-            "rank {r} of {scenario} on {n} ranks:\n{text}"
-        );
-    }
+    common::job_ok(SCENARIO, scenario, n, env);
 }
 
 #[test]

@@ -131,6 +131,20 @@ typedef enum hcommDataType_t {
    * IEEE 754 binary64 (`double`).
    */
   HCOMM_FLOAT64 = 9,
+  /**
+   * Truth values, 1 byte each (`bool`): 0 is false, any other byte true; results are
+   * always 0 or 1. `HCOMM_SUM` and `HCOMM_MAX` are logical or, `HCOMM_PROD` and
+   * `HCOMM_MIN` logical and; `HCOMM_AVG` is refused.
+   */
+  HCOMM_BOOL = 10,
+  /**
+   * Signed 16-bit integer.
+   */
+  HCOMM_INT16 = 11,
+  /**
+   * Unsigned 16-bit integer.
+   */
+  HCOMM_UINT16 = 12,
 } hcommDataType_t;
 
 /**
@@ -154,9 +168,22 @@ typedef enum hcommReduceOp_t {
    */
   HCOMM_MIN = 3,
   /**
-   * Average: the sum divided by the number of ranks (integers: truncated toward zero).
+   * Average: the sum divided by the number of ranks (integers: truncated toward zero; not
+   * on `HCOMM_BOOL`).
    */
   HCOMM_AVG = 4,
+  /**
+   * Bitwise and (integers; logical and on `HCOMM_BOOL`; refused on floats).
+   */
+  HCOMM_BAND = 5,
+  /**
+   * Bitwise or (integers; logical or on `HCOMM_BOOL`; refused on floats).
+   */
+  HCOMM_BOR = 6,
+  /**
+   * Bitwise exclusive or (integers; logical on `HCOMM_BOOL`; refused on floats).
+   */
+  HCOMM_BXOR = 7,
 } hcommReduceOp_t;
 
 /**

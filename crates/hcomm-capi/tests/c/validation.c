@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #define INVALID HCOMM_ERR_INVALID_ARGUMENT
-#define BAD_TYPE ((hcommDataType_t)10)
-#define BAD_OP ((hcommReduceOp_t)5)
+#define BAD_TYPE ((hcommDataType_t)13)
+#define BAD_OP ((hcommReduceOp_t)8)
 
 static const char *const code_names[] = {
     "HCOMM_SUCCESS",       "HCOMM_ERR_INIT",      "HCOMM_ERR_NO_MEM",
@@ -196,7 +196,7 @@ static void sizes_and_ranges(int size) {
     EXPECT(INVALID, hcommReduce(f, f, 1, HCOMM_INT8, BAD_OP, 0, COMM_WORLD));
     EXPECT(INVALID, hcommReduce(f, f, 1, BAD_TYPE, HCOMM_SUM, 0, COMM_WORLD));
     EXPECT(INVALID, hcommAllGather(f, f, 1, BAD_TYPE, COMM_WORLD));
-    EXPECT(INVALID, hcommReduceScatter(f, f, 1, HCOMM_UINT64, (hcommReduceOp_t)7, COMM_WORLD));
+    EXPECT(INVALID, hcommReduceScatter(f, f, 1, HCOMM_UINT64, (hcommReduceOp_t)70, COMM_WORLD));
     EXPECT(INVALID, hcommAlltoAll(f, f, 1, (hcommDataType_t)-3, COMM_WORLD));
     EXPECT(INVALID, hcommGather(f, f, 1, BAD_TYPE, 0, COMM_WORLD));
     EXPECT(INVALID, hcommScatter(f, f, 1, BAD_TYPE, 0, COMM_WORLD));

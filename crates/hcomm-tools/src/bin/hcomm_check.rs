@@ -611,6 +611,7 @@ fn collectives(
             DataType::ALL
                 .iter()
                 .flat_map(|&d| ReduceOp::ALL.iter().map(move |&o| (d, o)))
+                .filter(|&(d, o)| o.supports(d))
                 .collect()
         } else {
             vec![
@@ -871,10 +872,9 @@ fn soak(world: &Communicator, calls: usize, seed: u64, max_count: usize) -> Resu
         };
         let kind = CollKind::ALL[k as usize % CollKind::ALL.len()];
         let dtype = DataType::ALL[d as usize % DataType::ALL.len()];
-        let op = if kind.reduces() {
-            ReduceOp::ALL[o as usize % ReduceOp::ALL.len()]
-        } else {
-            ReduceOp::Sum
+        let op = match ReduceOp::ALL[o as usize % ReduceOp::ALL.len()] {
+            op if kind.reduces() && op.supports(dtype) => op,
+            _ => ReduceOp::Sum,
         };
         let size = comm.size();
         let root = if kind.rooted() {

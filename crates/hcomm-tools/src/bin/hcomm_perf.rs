@@ -204,14 +204,14 @@ struct CollArgs {
     #[command(flatten)]
     sweep: SweepArgs,
 
-    /// Element type: int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32,
-    /// float64 (nccl-tests' half, float, double also work).
+    /// Element type: bool, int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16,
+    /// bfloat16, float32, float64 (nccl-tests' half, float, double also work).
     #[arg(short = 'd', long = "datatype", value_name = "TYPE", default_value = "float32",
           value_parser = parse_dtype)]
     dtype: DataType,
 
-    /// Reduction of allreduce, reduce and reduce_scatter: sum, prod, max, min, avg (ignored
-    /// by the other collectives).
+    /// Reduction of allreduce, reduce and reduce_scatter: sum, prod, max, min, avg, and on
+    /// integers and bool band, bor, bxor (ignored by the other collectives).
     #[arg(short = 'o', long = "op", value_name = "OP", default_value = "sum",
           value_parser = parse_op)]
     op: ReduceOp,

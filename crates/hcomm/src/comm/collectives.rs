@@ -37,11 +37,7 @@ fn observe_kind(kind: CollKind) -> OpKind {
 }
 
 fn bytes<T: Element>(s: &[T]) -> &[u8] {
-    bytemuck::cast_slice(s)
-}
-
-fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
-    bytemuck::cast_slice_mut(s)
+    T::as_bytes(s)
 }
 
 impl Communicator {
@@ -281,6 +277,13 @@ impl Communicator {
                 "{name}: root {} does not exist in a communicator of {} ranks",
                 shape.root,
                 self.size()
+            )));
+        }
+        if shape.kind.reduces() && !shape.op.supports(shape.dtype) {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: {} is not defined on {} (the bitwise operations take integers and \
+                 bool; avg takes numbers)",
+                shape.op, shape.dtype
             )));
         }
         let total = shape
@@ -526,7 +529,7 @@ impl Communicator {
     /// Every rank's `recv` becomes the elementwise `op` of every rank's `send`.
     pub fn allreduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         let shape = self.shape(CollKind::AllReduce, T::DTYPE, op, send.len(), 0);
-        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, Some(bytes(send)), r))
     }
 
     /// [`Communicator::allreduce`] with the input in `buf`, replaced by the result.
@@ -535,7 +538,7 @@ impl Communicator {
             in_place: true,
             ..self.shape(CollKind::AllReduce, T::DTYPE, op, buf.len(), 0)
         };
-        self.run_collective(shape, None, bytes_mut(buf))
+        T::with_bytes_mut(buf, |r| self.run_collective(shape, None, r))
     }
 
     /// The root's `buf` is copied into every rank's `buf`.
@@ -547,7 +550,7 @@ impl Communicator {
             buf.len(),
             root,
         );
-        self.run_collective(shape, None, bytes_mut(buf))
+        T::with_bytes_mut(buf, |r| self.run_collective(shape, None, r))
     }
 
     /// The root's `recv` becomes the elementwise `op` of every rank's `send`; `recv` is unused
@@ -560,7 +563,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let shape = self.shape(CollKind::Reduce, T::DTYPE, op, send.len(), root);
-        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, Some(bytes(send)), r))
     }
 
     /// [`Communicator::reduce`] with each rank's input in `buf`; the root's `buf` receives
@@ -576,7 +579,7 @@ impl Communicator {
             ..self.shape(CollKind::Reduce, T::DTYPE, op, buf.len(), root)
         };
         if self.rank == root {
-            self.run_collective(shape, None, bytes_mut(buf))
+            T::with_bytes_mut(buf, |r| self.run_collective(shape, None, r))
         } else {
             self.run_collective(shape, Some(bytes(buf)), &mut [])
         }
@@ -586,7 +589,7 @@ impl Communicator {
     /// rank order.
     pub fn allgather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let shape = self.shape(CollKind::AllGather, T::DTYPE, ReduceOp::Sum, send.len(), 0);
-        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, Some(bytes(send)), r))
     }
 
     /// [`Communicator::allgather`] where each rank's contribution already sits at its block
@@ -597,7 +600,7 @@ impl Communicator {
             in_place: true,
             ..self.shape(CollKind::AllGather, T::DTYPE, ReduceOp::Sum, count, 0)
         };
-        self.run_collective(shape, None, bytes_mut(buf))
+        T::with_bytes_mut(buf, |r| self.run_collective(shape, None, r))
     }
 
     /// All-gather with a count per rank: rank p's `send` (`counts[p]` elements) lands at
@@ -635,7 +638,7 @@ impl Communicator {
             v: Some(Arc::new(v)),
             ..self.shape(CollKind::AllGatherV, T::DTYPE, ReduceOp::Sum, total, 0)
         };
-        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, Some(bytes(send)), r))
     }
 
     /// Rank r's `recv` becomes block r of the elementwise `op` of every rank's `send`
@@ -647,7 +650,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let shape = self.shape(CollKind::ReduceScatter, T::DTYPE, op, recv.len(), 0);
-        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, Some(bytes(send)), r))
     }
 
     /// [`Communicator::reduce_scatter`] with the input in `buf` (size blocks); rank r's result
@@ -658,7 +661,7 @@ impl Communicator {
             in_place: true,
             ..self.shape(CollKind::ReduceScatter, T::DTYPE, op, count, 0)
         };
-        self.run_collective(shape, None, bytes_mut(buf))
+        T::with_bytes_mut(buf, |r| self.run_collective(shape, None, r))
     }
 
     /// Block p of every rank's `send` goes to rank p, which stores it at block (sender) of
@@ -666,7 +669,7 @@ impl Communicator {
     pub fn alltoall<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let count = self.blocks(send.len(), "alltoall")?;
         let shape = self.shape(CollKind::AllToAll, T::DTYPE, ReduceOp::Sum, count, 0);
-        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, Some(bytes(send)), r))
     }
 
     /// [`Communicator::alltoall`] with the input in `buf`, replaced by the result.
@@ -676,7 +679,7 @@ impl Communicator {
             in_place: true,
             ..self.shape(CollKind::AllToAll, T::DTYPE, ReduceOp::Sum, count, 0)
         };
-        self.run_collective(shape, None, bytes_mut(buf))
+        T::with_bytes_mut(buf, |r| self.run_collective(shape, None, r))
     }
 
     /// All-to-all with counts and displacements (in elements) per peer.
@@ -714,14 +717,14 @@ impl Communicator {
             v: Some(Arc::new(v)),
             ..self.shape(CollKind::AllToAllV, T::DTYPE, ReduceOp::Sum, 0, 0)
         };
-        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, Some(bytes(send)), r))
     }
 
     /// The root's `recv` (size × `send.len()` elements) receives every rank's `send`, in rank
     /// order; `recv` is unused elsewhere (it may be empty).
     pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
         let shape = self.shape(CollKind::Gather, T::DTYPE, ReduceOp::Sum, send.len(), root);
-        self.run_collective(shape, Some(bytes(send)), bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, Some(bytes(send)), r))
     }
 
     /// Rank r's `recv` receives block r of the root's `send` (size × `recv.len()` elements;
@@ -733,7 +736,7 @@ impl Communicator {
         } else {
             None
         };
-        self.run_collective(shape, send, bytes_mut(recv))
+        T::with_bytes_mut(recv, |r| self.run_collective(shape, send, r))
     }
 
     /// Starts an in-place all-reduce of `buf` (elements of `dtype`) in the background;
@@ -812,20 +815,28 @@ enum BatchOp<'b> {
 }
 
 impl<'b> Batch<'_, 'b> {
-    /// Adds an in-place all-reduce of `buf`.
-    pub fn allreduce<T: Element>(&mut self, buf: &'b mut [T], op: ReduceOp) -> &mut Self {
+    /// Adds an in-place all-reduce of `buf` (`bool` buffers: [`Batch::allreduce_bytes`]).
+    pub fn allreduce<T: Element + bytemuck::Pod>(
+        &mut self,
+        buf: &'b mut [T],
+        op: ReduceOp,
+    ) -> &mut Self {
         self.ops.push(BatchOp::AllReduce {
-            buf: bytes_mut(buf),
+            buf: bytemuck::cast_slice_mut(buf),
             dtype: T::DTYPE,
             op,
         });
         self
     }
 
-    /// Adds a broadcast of the root's `buf`.
-    pub fn broadcast<T: Element>(&mut self, buf: &'b mut [T], root: usize) -> &mut Self {
+    /// Adds a broadcast of the root's `buf` (`bool` buffers: [`Batch::broadcast_bytes`]).
+    pub fn broadcast<T: Element + bytemuck::Pod>(
+        &mut self,
+        buf: &'b mut [T],
+        root: usize,
+    ) -> &mut Self {
         self.ops.push(BatchOp::Broadcast {
-            buf: bytes_mut(buf),
+            buf: bytemuck::cast_slice_mut(buf),
             root,
         });
         self

@@ -12,8 +12,9 @@ use crate::transport::shm::pool::{PoolStats, ShmPool, POOL_ALIGN};
 /// `count` elements of `T`, 64-byte aligned, from this rank's shared-memory pool when it has
 /// room (a hit) and from the heap otherwise (a miss). The local peers can read pool memory in
 /// place, so collectives on it need no staging copy; heap memory works everywhere too, through
-/// cross-memory attach or copies. Zero-initialised; freed when dropped.
-pub struct PoolBuf<T: Element> {
+/// cross-memory attach or copies. Zero-initialised; freed when dropped. For element types
+/// with every bit pattern valid (not `bool`: use `u8` for truth values there).
+pub struct PoolBuf<T: Element + bytemuck::Pod> {
     ptr: NonNull<T>,
     count: usize,
     /// The pool it came from; `None` for heap memory.
@@ -21,11 +22,11 @@ pub struct PoolBuf<T: Element> {
 }
 
 // SAFETY: the buffer owns its memory exclusively (like a Box<[T]>), and T is Send + Sync.
-unsafe impl<T: Element> Send for PoolBuf<T> {}
+unsafe impl<T: Element + bytemuck::Pod> Send for PoolBuf<T> {}
 // SAFETY: as for Send: shared access gives out only `&[T]`.
-unsafe impl<T: Element> Sync for PoolBuf<T> {}
+unsafe impl<T: Element + bytemuck::Pod> Sync for PoolBuf<T> {}
 
-impl<T: Element> PoolBuf<T> {
+impl<T: Element + bytemuck::Pod> PoolBuf<T> {
     /// Whether the memory came from the shared-memory pool.
     pub fn in_pool(&self) -> bool {
         self.pool.is_some()
@@ -44,7 +45,7 @@ impl<T: Element> PoolBuf<T> {
     }
 }
 
-impl<T: Element> std::ops::Deref for PoolBuf<T> {
+impl<T: Element + bytemuck::Pod> std::ops::Deref for PoolBuf<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         // SAFETY: `ptr` holds `count` initialised elements (zeroed at allocation; every bit
@@ -53,14 +54,14 @@ impl<T: Element> std::ops::Deref for PoolBuf<T> {
     }
 }
 
-impl<T: Element> std::ops::DerefMut for PoolBuf<T> {
+impl<T: Element + bytemuck::Pod> std::ops::DerefMut for PoolBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.count) }
     }
 }
 
-impl<T: Element> Drop for PoolBuf<T> {
+impl<T: Element + bytemuck::Pod> Drop for PoolBuf<T> {
     fn drop(&mut self) {
         match &self.pool {
             Some(pool) => {
@@ -82,7 +83,7 @@ impl Communicator {
     /// `count` zeroed elements of `T`, 64-byte aligned, from the shared-memory pool (or the
     /// heap when the pool cannot serve them: larger than `HCOMM_POOL_BLOCK`, the pool full at
     /// `HCOMM_POOL_MAX`, or no pool). See [`PoolBuf`].
-    pub fn alloc<T: Element>(&self, count: usize) -> Result<PoolBuf<T>> {
+    pub fn alloc<T: Element + bytemuck::Pod>(&self, count: usize) -> Result<PoolBuf<T>> {
         let layout = PoolBuf::<T>::layout(count)?;
         let pool = self.world.pool.as_ref();
         if let Some(got) = pool.and_then(|p| p.alloc(layout.size())) {

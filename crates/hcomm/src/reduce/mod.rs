@@ -26,8 +26,9 @@ mod x86;
 ///
 /// `Avg` accumulates like `Sum`; finish with [`finish_avg`]. Fails with
 /// [`Error::InvalidArgument`] unless both slices have the same length, a multiple of
-/// `dtype.size()`.
+/// `dtype.size()`, and `op` is defined on `dtype` ([`ReduceOp::supports`]).
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<()> {
+    check_op(dtype, op)?;
     check_pair(dtype, dst.len(), src.len())?;
     match isa() {
         Isa::Scalar => scalar::into(dtype, op, dst, src),
@@ -41,8 +42,9 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) ->
 ///
 /// `Avg` accumulates like `Sum`; finish with [`finish_avg`]. Fails with
 /// [`Error::InvalidArgument`] unless all three slices have the same length, a multiple of
-/// `dtype.size()`.
+/// `dtype.size()`, and `op` is defined on `dtype` ([`ReduceOp::supports`]).
 pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+    check_op(dtype, op)?;
     check_pair(dtype, dst.len(), a.len())?;
     check_pair(dtype, dst.len(), b.len())?;
     match isa() {
@@ -57,8 +59,8 @@ pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u
 ///
 /// Integers: the (wrapped) sum divided by `n`, truncated toward zero. Floats: `x / n` with `n`
 /// converted to the float type (float16 and bfloat16 compute in f32 and round to nearest even).
-/// Fails with [`Error::InvalidArgument`] if `n` is 0 or `buf.len()` is not a multiple of
-/// `dtype.size()`.
+/// Fails with [`Error::InvalidArgument`] if `n` is 0, `buf.len()` is not a multiple of
+/// `dtype.size()`, or `dtype` has no average (bool).
 pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
     check_avg(dtype, buf.len(), n)?;
     match isa() {
@@ -128,7 +130,19 @@ fn check_pair(dtype: DataType, dst: usize, src: usize) -> Result<()> {
     check_whole(dtype, dst)
 }
 
+/// Checks that `op` is defined on `dtype`.
+fn check_op(dtype: DataType, op: ReduceOp) -> Result<()> {
+    if op.supports(dtype) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "reduce: {op} is not defined on {dtype} (the bitwise operations take integers and \
+         bool; avg takes numbers)"
+    )))
+}
+
 fn check_avg(dtype: DataType, len: usize, n: usize) -> Result<()> {
+    check_op(dtype, ReduceOp::Avg)?;
     if n == 0 {
         return Err(Error::InvalidArgument(format!(
             "average of {dtype} over 0 contributions"
@@ -235,7 +249,19 @@ mod tests {
             let (a, b) = (&a[pads[0]..], &b[pads[1]..]);
             for op in ReduceOp::ALL {
                 let mut want = a.to_vec();
+                if !op.supports(dtype) {
+                    // Refused by both, before touching the destination.
+                    let refused = |r: Result<()>| matches!(r, Err(Error::InvalidArgument(_)));
+                    assert!(refused(scalar::reduce_into(dtype, op, &mut want, b)));
+                    assert!(refused(reduce_into(dtype, op, &mut want, b)));
+                    assert!(refused(reduce_to(dtype, op, &mut want, a, b)));
+                    assert_eq!(want, a, "{dtype} {op}");
+                    continue;
+                }
                 scalar::reduce_into(dtype, op, &mut want, b).unwrap();
+                if dtype == DataType::Bool {
+                    assert!(want.iter().all(|&x| x <= 1), "{op}: truth values");
+                }
 
                 let mut got = vec![0; pads[2] + a.len()];
                 got[pads[2]..].copy_from_slice(a);
@@ -247,6 +273,11 @@ mod tests {
                 assert_eq!(&got[pads[2]..], &want[..], "reduce_to {dtype} {op}");
 
                 let mut avg = want.clone();
+                if !ReduceOp::Avg.supports(dtype) {
+                    assert!(scalar::finish_avg(dtype, &mut avg, n).is_err());
+                    assert!(finish_avg(dtype, &mut avg, n).is_err());
+                    continue;
+                }
                 scalar::finish_avg(dtype, &mut avg, n).unwrap();
                 let mut got = vec![0; pads[2] + a.len()];
                 got[pads[2]..].copy_from_slice(&want);

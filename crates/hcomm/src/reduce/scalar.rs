@@ -13,6 +13,7 @@ use crate::Result;
 
 /// `dst[i] = dst[i] (op) src[i]`, one element at a time; see [`super::reduce_into`].
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<()> {
+    super::check_op(dtype, op)?;
     super::check_pair(dtype, dst.len(), src.len())?;
     into(dtype, op, dst, src);
     Ok(())
@@ -20,6 +21,7 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) ->
 
 /// `dst[i] = a[i] (op) b[i]`, one element at a time; see [`super::reduce_to`].
 pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+    super::check_op(dtype, op)?;
     super::check_pair(dtype, dst.len(), a.len())?;
     super::check_pair(dtype, dst.len(), b.len())?;
     to(dtype, op, dst, a, b);
@@ -34,19 +36,36 @@ pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
 }
 
 /// Arithmetic of one element type, with the semantics documented on [`ReduceOp`].
+///
+/// Floats have bitwise operations too, on their bit patterns (NaN results canonical), which
+/// the public functions refuse ([`ReduceOp::supports`]): the vectorised kernels compute the
+/// same, so every kernel agrees on every pair.
 trait Arith: bytemuck::Pod {
     fn sum(self, other: Self) -> Self;
     fn prod(self, other: Self) -> Self;
     fn max(self, other: Self) -> Self;
     fn min(self, other: Self) -> Self;
+    fn band(self, other: Self) -> Self;
+    fn bor(self, other: Self) -> Self;
+    fn bxor(self, other: Self) -> Self;
     /// Divides every element of `buf` by `n` (at least 1).
     fn div_all(buf: &mut [u8], n: usize);
 }
 
-/// Runs `$body` with `$t` bound to the Rust type of `$dtype`.
+/// Runs `$body` with `$t` bound to the Rust type of `$dtype`, and `$bool` for bool (whose
+/// truth values are no Rust arithmetic type: [`truth_of`] computes them).
 macro_rules! with_type {
-    ($dtype:expr, $t:ident => $body:expr) => {
+    ($dtype:expr, $t:ident => $body:expr, bool => $bool:expr) => {
         match $dtype {
+            DataType::Bool => $bool,
+            DataType::Int16 => {
+                type $t = i16;
+                $body
+            }
+            DataType::Uint16 => {
+                type $t = u16;
+                $body
+            }
             DataType::Int8 => {
                 type $t = i8;
                 $body
@@ -91,33 +110,58 @@ macro_rules! with_type {
     };
 }
 
-/// [`reduce_into`] without the length checks: whole elements of the shorter slice.
+/// The function of `op` on elements of `T`.
+fn op_of<T: Arith>(op: ReduceOp) -> fn(T, T) -> T {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => T::sum,
+        ReduceOp::Prod => T::prod,
+        ReduceOp::Max => T::max,
+        ReduceOp::Min => T::min,
+        ReduceOp::BAnd => T::band,
+        ReduceOp::BOr => T::bor,
+        ReduceOp::BXor => T::bxor,
+    }
+}
+
+/// The truth function of `op` on bool bytes (nonzero is true; the result is 0 or 1): `Sum`
+/// and `Max` are or, `Prod` and `Min` and (`Avg`, refused by the public functions,
+/// accumulates like `Sum`).
+fn truth_of(op: ReduceOp) -> fn(u8, u8) -> u8 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Max | ReduceOp::BOr => {
+            |a, b| u8::from(a | b != 0)
+        }
+        ReduceOp::Prod | ReduceOp::Min | ReduceOp::BAnd => |a, b| u8::from(a != 0 && b != 0),
+        ReduceOp::BXor => |a, b| u8::from((a != 0) != (b != 0)),
+    }
+}
+
+/// [`reduce_into`] without the checks: whole elements of the shorter slice.
 pub(super) fn into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) {
-    with_type!(dtype, T => match op {
-        ReduceOp::Sum | ReduceOp::Avg => zip_into::<T>(dst, src, <T as Arith>::sum),
-        ReduceOp::Prod => zip_into::<T>(dst, src, <T as Arith>::prod),
-        ReduceOp::Max => zip_into::<T>(dst, src, <T as Arith>::max),
-        ReduceOp::Min => zip_into::<T>(dst, src, <T as Arith>::min),
-    })
+    with_type!(
+        dtype,
+        T => zip_into::<T>(dst, src, op_of::<T>(op)),
+        bool => zip_into::<u8>(dst, src, truth_of(op))
+    )
 }
 
-/// [`reduce_to`] without the length checks: whole elements of the shortest slice.
+/// [`reduce_to`] without the checks: whole elements of the shortest slice.
 pub(super) fn to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    with_type!(dtype, T => match op {
-        ReduceOp::Sum | ReduceOp::Avg => zip_to::<T>(dst, a, b, <T as Arith>::sum),
-        ReduceOp::Prod => zip_to::<T>(dst, a, b, <T as Arith>::prod),
-        ReduceOp::Max => zip_to::<T>(dst, a, b, <T as Arith>::max),
-        ReduceOp::Min => zip_to::<T>(dst, a, b, <T as Arith>::min),
-    })
+    with_type!(
+        dtype,
+        T => zip_to::<T>(dst, a, b, op_of::<T>(op)),
+        bool => zip_to::<u8>(dst, a, b, truth_of(op))
+    )
 }
 
-/// [`finish_avg`] without the checks (`n` must be at least 1): whole elements of `buf`.
+/// [`finish_avg`] without the checks (`n` must be at least 1): whole elements of `buf`. Bool
+/// has no average (the public functions refuse it): its bytes stay.
 pub(super) fn avg(dtype: DataType, buf: &mut [u8], n: usize) {
-    with_type!(dtype, T => T::div_all(buf, n))
+    with_type!(dtype, T => T::div_all(buf, n), bool => ())
 }
 
 #[inline(always)]
-fn zip_into<T: Arith>(dst: &mut [u8], src: &[u8], f: impl Fn(T, T) -> T) {
+fn zip_into<T: bytemuck::Pod>(dst: &mut [u8], src: &[u8], f: impl Fn(T, T) -> T) {
     let size = std::mem::size_of::<T>();
     for (d, s) in dst.chunks_exact_mut(size).zip(src.chunks_exact(size)) {
         let r = f(
@@ -129,7 +173,7 @@ fn zip_into<T: Arith>(dst: &mut [u8], src: &[u8], f: impl Fn(T, T) -> T) {
 }
 
 #[inline(always)]
-fn zip_to<T: Arith>(dst: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(T, T) -> T) {
+fn zip_to<T: bytemuck::Pod>(dst: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(T, T) -> T) {
     let size = std::mem::size_of::<T>();
     let ab = a.chunks_exact(size).zip(b.chunks_exact(size));
     for (d, (x, y)) in dst.chunks_exact_mut(size).zip(ab) {
@@ -168,6 +212,18 @@ macro_rules! int_arith {
             fn min(self, other: Self) -> Self {
                 Ord::min(self, other)
             }
+            #[inline(always)]
+            fn band(self, other: Self) -> Self {
+                self & other
+            }
+            #[inline(always)]
+            fn bor(self, other: Self) -> Self {
+                self | other
+            }
+            #[inline(always)]
+            fn bxor(self, other: Self) -> Self {
+                self ^ other
+            }
             fn div_all(buf: &mut [u8], n: usize) {
                 match <$t>::try_from(n) {
                     // `d >= 1`: the quotient truncates toward zero and cannot overflow.
@@ -186,6 +242,8 @@ macro_rules! int_arith {
 int_arith! {
     i8 => i128,
     u8 => u128,
+    i16 => i128,
+    u16 => u128,
     i32 => i128,
     u32 => u128,
     i64 => i128,
@@ -228,6 +286,18 @@ macro_rules! float_arith {
                     // Equal: the same value, or zeros of either sign, where -0 wins.
                     $t::from_bits(self.to_bits() | other.to_bits())
                 }
+            }
+            #[inline(always)]
+            fn band(self, other: Self) -> Self {
+                canonical($t::from_bits(self.to_bits() & other.to_bits()))
+            }
+            #[inline(always)]
+            fn bor(self, other: Self) -> Self {
+                canonical($t::from_bits(self.to_bits() | other.to_bits()))
+            }
+            #[inline(always)]
+            fn bxor(self, other: Self) -> Self {
+                canonical($t::from_bits(self.to_bits() ^ other.to_bits()))
             }
             fn div_all(buf: &mut [u8], n: usize) {
                 let d = n as $t;
@@ -279,6 +349,18 @@ macro_rules! half_arith {
             #[inline(always)]
             fn min(self, other: Self) -> Self {
                 $t::from_f32(Arith::min(self.to_f32(), other.to_f32()))
+            }
+            #[inline(always)]
+            fn band(self, other: Self) -> Self {
+                $t::from_f32(Arith::band(self.to_f32(), other.to_f32()))
+            }
+            #[inline(always)]
+            fn bor(self, other: Self) -> Self {
+                $t::from_f32(Arith::bor(self.to_f32(), other.to_f32()))
+            }
+            #[inline(always)]
+            fn bxor(self, other: Self) -> Self {
+                $t::from_f32(Arith::bxor(self.to_f32(), other.to_f32()))
             }
             fn div_all(buf: &mut [u8], n: usize) {
                 let d = n as f32;
@@ -333,6 +415,59 @@ mod tests {
         assert_eq!(apply(ReduceOp::Sum, &[i64::MIN], &[-1]), [i64::MAX]);
         assert_eq!(apply(ReduceOp::Max, &[-5i32, 7], &[3, -9]), [3, 7]);
         assert_eq!(apply(ReduceOp::Min, &[u32::MAX, 0], &[1, 1]), [1, 0]);
+    }
+
+    #[test]
+    fn sixteen_bit_integers_and_bitwise_operations() {
+        assert_eq!(
+            apply(ReduceOp::Sum, &[i16::MAX, -3], &[1, 1]),
+            [i16::MIN, -2]
+        );
+        assert_eq!(apply(ReduceOp::Prod, &[300u16, 7], &[300, 3]), [24464, 21]);
+        assert_eq!(apply(ReduceOp::Max, &[-5i16, 7], &[3, -9]), [3, 7]);
+        assert_eq!(apply(ReduceOp::Min, &[u16::MAX, 0], &[1, 1]), [1, 0]);
+        assert_eq!(avg_of(&[-7i16, 9], 2), [-3, 4]);
+        let (a, b) = (0b1100u16, 0b1010u16);
+        assert_eq!(apply(ReduceOp::BAnd, &[a], &[b]), [0b1000]);
+        assert_eq!(apply(ReduceOp::BOr, &[a], &[b]), [0b1110]);
+        assert_eq!(apply(ReduceOp::BXor, &[a], &[b]), [0b0110]);
+        assert_eq!(apply(ReduceOp::BAnd, &[-1i64, 6], &[5, 3]), [5, 2]);
+        assert_eq!(apply(ReduceOp::BXor, &[0xF0u8], &[0xFF]), [0x0F]);
+    }
+
+    #[test]
+    fn bool_is_logic_on_truth_bytes() {
+        let (a, b) = ([0u8, 0, 1, 1, 2, 0xFF], [0u8, 1, 0, 1, 0, 0x80]);
+        let run = |op| {
+            let mut d = a.to_vec();
+            reduce_into(DataType::Bool, op, &mut d, &b).unwrap();
+            d
+        };
+        let or = [0, 1, 1, 1, 1, 1];
+        let and = [0, 0, 0, 1, 0, 1];
+        assert_eq!(run(ReduceOp::Sum), or);
+        assert_eq!(run(ReduceOp::Max), or);
+        assert_eq!(run(ReduceOp::BOr), or);
+        assert_eq!(run(ReduceOp::Prod), and);
+        assert_eq!(run(ReduceOp::Min), and);
+        assert_eq!(run(ReduceOp::BAnd), and);
+        assert_eq!(run(ReduceOp::BXor), [0, 1, 1, 0, 1, 0]);
+        let mut d = a.to_vec();
+        let e = reduce_into(DataType::Bool, ReduceOp::Avg, &mut d, &b).unwrap_err();
+        assert!(e.to_string().contains("avg"), "{e}");
+        assert!(finish_avg(DataType::Bool, &mut d, 2).is_err());
+        assert_eq!(d, a);
+    }
+
+    #[test]
+    fn floats_refuse_bitwise_operations() {
+        for dtype in DataType::ALL.into_iter().filter(|t| t.is_float()) {
+            for op in [ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor] {
+                let mut d = vec![0u8; dtype.size()];
+                let e = reduce_into(dtype, op, &mut d, &vec![0; dtype.size()]).unwrap_err();
+                assert!(matches!(e, crate::Error::InvalidArgument(_)), "{e}");
+            }
+        }
     }
 
     #[test]

@@ -35,6 +35,18 @@ macro_rules! by_type {
                 type $l = U8;
                 $body
             }
+            DataType::Bool => {
+                type $l = Bool;
+                $body
+            }
+            DataType::Int16 => {
+                type $l = I16;
+                $body
+            }
+            DataType::Uint16 => {
+                type $l = U16;
+                $body
+            }
             DataType::Int32 => {
                 type $l = I32;
                 $body
@@ -89,6 +101,18 @@ macro_rules! by_op {
             }
             ReduceOp::Min => {
                 type $o = Min;
+                $body
+            }
+            ReduceOp::BAnd => {
+                type $o = BAnd;
+                $body
+            }
+            ReduceOp::BOr => {
+                type $o = BOr;
+                $body
+            }
+            ReduceOp::BXor => {
+                type $o = BXor;
                 $body
             }
         }
@@ -253,6 +277,10 @@ trait Op {
     const OP: ReduceOp;
     unsafe fn i8(a: __m256i, b: __m256i) -> __m256i;
     unsafe fn u8(a: __m256i, b: __m256i) -> __m256i;
+    unsafe fn i16(a: __m256i, b: __m256i) -> __m256i;
+    unsafe fn u16(a: __m256i, b: __m256i) -> __m256i;
+    /// Bool bytes (nonzero is true) to 0 or 1, like `scalar`'s truth functions.
+    unsafe fn bool(a: __m256i, b: __m256i) -> __m256i;
     unsafe fn i32(a: __m256i, b: __m256i) -> __m256i;
     unsafe fn u32(a: __m256i, b: __m256i) -> __m256i;
     unsafe fn i64(a: __m256i, b: __m256i) -> __m256i;
@@ -264,8 +292,9 @@ trait Op {
 /// Defines an [`Op`] from one expression per element type.
 macro_rules! op {
     ($name:ident = $op:ident {
-        i8: $i8:path, u8: $u8:path, i32: $i32:path, u32: $u32:path,
-        i64: $i64:path, u64: $u64:path, f32: $f32:path, f64: $f64:path $(,)?
+        i8: $i8:path, u8: $u8:path, i16: $i16:path, u16: $u16:path, bool: $bool:path,
+        i32: $i32:path, u32: $u32:path, i64: $i64:path, u64: $u64:path,
+        f32: $f32:path, f64: $f64:path $(,)?
     }) => {
         struct $name;
         impl Op for $name {
@@ -279,6 +308,21 @@ macro_rules! op {
             unsafe fn u8(a: __m256i, b: __m256i) -> __m256i {
                 // SAFETY: our caller provides AVX2 and F16C.
                 unsafe { $u8(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn i16(a: __m256i, b: __m256i) -> __m256i {
+                // SAFETY: our caller provides AVX2 and F16C.
+                unsafe { $i16(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn u16(a: __m256i, b: __m256i) -> __m256i {
+                // SAFETY: our caller provides AVX2 and F16C.
+                unsafe { $u16(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn bool(a: __m256i, b: __m256i) -> __m256i {
+                // SAFETY: our caller provides AVX2 and F16C.
+                unsafe { $bool(a, b) }
             }
             #[inline(always)]
             unsafe fn i32(a: __m256i, b: __m256i) -> __m256i {
@@ -317,6 +361,9 @@ macro_rules! op {
 op!(Sum = Sum {
     i8: _mm256_add_epi8,
     u8: _mm256_add_epi8,
+    i16: _mm256_add_epi16,
+    u16: _mm256_add_epi16,
+    bool: or_bool,
     i32: _mm256_add_epi32,
     u32: _mm256_add_epi32,
     i64: _mm256_add_epi64,
@@ -328,6 +375,9 @@ op!(Sum = Sum {
 op!(Prod = Prod {
     i8: mul_epi8,
     u8: mul_epi8,
+    i16: _mm256_mullo_epi16,
+    u16: _mm256_mullo_epi16,
+    bool: and_bool,
     i32: _mm256_mullo_epi32,
     u32: _mm256_mullo_epi32,
     i64: mul_epi64,
@@ -339,6 +389,9 @@ op!(Prod = Prod {
 op!(Max = Max {
     i8: _mm256_max_epi8,
     u8: _mm256_max_epu8,
+    i16: _mm256_max_epi16,
+    u16: _mm256_max_epu16,
+    bool: or_bool,
     i32: _mm256_max_epi32,
     u32: _mm256_max_epu32,
     i64: max_epi64,
@@ -350,12 +403,60 @@ op!(Max = Max {
 op!(Min = Min {
     i8: _mm256_min_epi8,
     u8: _mm256_min_epu8,
+    i16: _mm256_min_epi16,
+    u16: _mm256_min_epu16,
+    bool: and_bool,
     i32: _mm256_min_epi32,
     u32: _mm256_min_epu32,
     i64: min_epi64,
     u64: min_epu64,
     f32: min_ps,
     f64: min_pd,
+});
+
+// The bitwise operations are the same on every integer width. On floats (refused by the
+// public functions) they act on the bit patterns, like the reference.
+
+op!(BAnd = BAnd {
+    i8: _mm256_and_si256,
+    u8: _mm256_and_si256,
+    i16: _mm256_and_si256,
+    u16: _mm256_and_si256,
+    bool: and_bool,
+    i32: _mm256_and_si256,
+    u32: _mm256_and_si256,
+    i64: _mm256_and_si256,
+    u64: _mm256_and_si256,
+    f32: _mm256_and_ps,
+    f64: _mm256_and_pd,
+});
+
+op!(BOr = BOr {
+    i8: _mm256_or_si256,
+    u8: _mm256_or_si256,
+    i16: _mm256_or_si256,
+    u16: _mm256_or_si256,
+    bool: or_bool,
+    i32: _mm256_or_si256,
+    u32: _mm256_or_si256,
+    i64: _mm256_or_si256,
+    u64: _mm256_or_si256,
+    f32: _mm256_or_ps,
+    f64: _mm256_or_pd,
+});
+
+op!(BXor = BXor {
+    i8: _mm256_xor_si256,
+    u8: _mm256_xor_si256,
+    i16: _mm256_xor_si256,
+    u16: _mm256_xor_si256,
+    bool: xor_bool,
+    i32: _mm256_xor_si256,
+    u32: _mm256_xor_si256,
+    i64: _mm256_xor_si256,
+    u64: _mm256_xor_si256,
+    f32: _mm256_xor_ps,
+    f64: _mm256_xor_pd,
 });
 
 /// 32 bytes of one element type.
@@ -393,6 +494,9 @@ macro_rules! int_lanes {
 int_lanes! {
     I8 = Int8, i8;
     U8 = Uint8, u8;
+    I16 = Int16, i16;
+    U16 = Uint16, u16;
+    Bool = Bool, bool;
     I32 = Int32, i32;
     U32 = Uint32, u32;
     I64 = Int64, i64;
@@ -521,6 +625,44 @@ unsafe fn mul_epi8(a: __m256i, b: __m256i) -> __m256i {
             _mm256_slli_epi16::<8>(odd),
             _mm256_and_si256(even, _mm256_set1_epi16(0x00FF)),
         )
+    }
+}
+
+/// Bytes that are 0 (false): all ones; the others (true): zero.
+#[inline(always)]
+unsafe fn false_bytes(a: __m256i) -> __m256i {
+    // SAFETY: our caller provides AVX2.
+    unsafe { _mm256_cmpeq_epi8(a, _mm256_setzero_si256()) }
+}
+
+/// 1 where a byte of `falses` is zero, 0 where it is all ones.
+#[inline(always)]
+unsafe fn truth(falses: __m256i) -> __m256i {
+    // SAFETY: our caller provides AVX2.
+    unsafe { _mm256_andnot_si256(falses, _mm256_set1_epi8(1)) }
+}
+
+/// Logical or of bool bytes.
+#[inline(always)]
+unsafe fn or_bool(a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: our caller provides AVX2.
+    unsafe { truth(false_bytes(_mm256_or_si256(a, b))) }
+}
+
+/// Logical and of bool bytes.
+#[inline(always)]
+unsafe fn and_bool(a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: our caller provides AVX2.
+    unsafe { truth(_mm256_or_si256(false_bytes(a), false_bytes(b))) }
+}
+
+/// Logical exclusive or of bool bytes.
+#[inline(always)]
+unsafe fn xor_bool(a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: our caller provides AVX2.
+    unsafe {
+        let differ = _mm256_xor_si256(false_bytes(a), false_bytes(b));
+        _mm256_and_si256(differ, _mm256_set1_epi8(1))
     }
 }
 

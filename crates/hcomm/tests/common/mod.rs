@@ -1,6 +1,9 @@
 //! Jobs of real processes for the integration tests: the test binary started again as each
 //! rank, running its ignored test `rank_of_a_job`.
 
+// Each test binary uses the part it needs.
+#![allow(dead_code)]
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,4 +55,17 @@ pub fn ranks(n: usize, secret: &str, env: &[(&str, &str)]) -> Vec<(bool, String)
             (out.status.success(), text)
         })
         .collect()
+}
+
+/// Runs `scenario` (named to the ranks in the variable `var`) on `n` ranks with
+/// `HCOMM_TIMEOUT=30` and `env`, and checks that every rank succeeds and prints `OK `.
+pub fn job_ok(var: &str, scenario: &str, n: usize, env: &[(&str, &str)]) {
+    let env = [&[(var, scenario), ("HCOMM_TIMEOUT", "30")], env].concat();
+    let results = ranks(n, &format!("{var}-{scenario}"), &env);
+    for (r, (ok, text)) in results.iter().enumerate() {
+        assert!(
+            *ok && text.contains("OK "),
+            "rank {r} of {scenario} on {n} ranks:\n{text}"
+        );
+    }
 }
