@@ -2,7 +2,9 @@
 #
 #   make                 release build of the whole workspace (= make build)
 #   make run             build, then the main job: a local 4-rank job that exchanges and verifies
-#                        data, then latency/bandwidth and collective tables
+#                        data, then latency/bandwidth and collective tables, then DDP
+#                        training step times through torch.distributed, hcomm next to gloo (the
+#                        first run sets up $(VENV) as make test does)
 #   make test            all tests: installs what is missing (scripts/test-env.sh: system packages,
 #                        cargo-nextest, a Python venv in $(VENV) with torch), then the Rust tests
 #                        (cargo nextest run --workspace) and the Python tests (pytest python/tests)
@@ -53,6 +55,9 @@ run: build
 	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf pingpong -b 8 -e 16M -f 4
 	$(RELEASE_DIR)/hcommrun -n 2 -- $(RELEASE_DIR)/hcomm_perf stream -b 8 -e 16M -f 4
 	$(RELEASE_DIR)/hcommrun -n 4 -- $(RELEASE_DIR)/hcomm_perf allreduce -b 8 -e 16M -f 4
+	HCOMM_VENV=$(VENV) scripts/test-env.sh true
+	OMP_NUM_THREADS=1 $(VENV)/bin/python -m torch.distributed.run --nproc-per-node 4 \
+		--standalone bench/torch_bench.py --parts ddp --steps 10
 
 test:
 	HCOMM_VENV=$(VENV) scripts/test-env.sh $(MAKE) --no-print-directory test-rust test-python

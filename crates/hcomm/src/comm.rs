@@ -4,6 +4,7 @@ mod collectives;
 mod onesided;
 mod pool;
 mod raw;
+mod subset;
 mod tiered;
 
 pub use pool::PoolBuf;

@@ -1,0 +1,140 @@
+"""hcomm's exceptions: :class:`Error` and one subclass per error code of the core.
+
+Every exception carries ``code`` (the C API's ``HCOMM_ERR_*`` value), ``peer`` (the rank the
+message names, when it names one: the world rank of a lost peer, the communicator rank of a
+peer a call timed out on) and a message ending in its entry of ``docs/errors.md``.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "Aborted",
+    "Error",
+    "InitError",
+    "Internal",
+    "InvalidArgument",
+    "Mismatch",
+    "NoMem",
+    "NotSupported",
+    "PeerLost",
+    "Timeout",
+    "Transport",
+    "Truncated",
+]
+
+_PEER = {
+    5: re.compile(r"world rank (\d+)"),
+    3: re.compile(r"rank (\d+) (?:has not sent|is not receiving)"),
+}
+
+
+class Error(Exception):
+    """An hcomm call failed.
+
+    Attributes:
+        code: the error code (``HCOMM_ERR_*`` of the C API).
+        peer: the rank the failure concerns, when the message names one, else None.
+        message: the message, with its entry of ``docs/errors.md``.
+    """
+
+    code: int = -1
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        found = _PEER.get(self.code)
+        m = found.search(message) if found else None
+        self.peer: int | None = int(m.group(1)) if m else None
+
+
+class InitError(Error):
+    """Initialization failed: launcher environment, store, handshake (code 1)."""
+
+    code = 1
+
+
+class NoMem(Error, MemoryError):
+    """Memory could not be allocated (code 2)."""
+
+    code = 2
+
+
+class Timeout(Error, TimeoutError):
+    """A wait ran out of ``HCOMM_TIMEOUT`` (code 3); ``peer`` is the rank waited for."""
+
+    code = 3
+
+
+class InvalidArgument(Error, ValueError):
+    """An argument was invalid: a rank, tag, buffer type, shape or setting (code 4)."""
+
+    code = 4
+
+
+class PeerLost(Error):
+    """A peer rank died or closed its connection (code 5); ``peer`` is its world rank."""
+
+    code = 5
+
+
+class Mismatch(Error):
+    """Ranks called different operations, counts, types or roots (code 6)."""
+
+    code = 6
+
+
+class Truncated(Error):
+    """A message was longer than the receive buffer (code 7)."""
+
+    code = 7
+
+
+class Transport(Error):
+    """A transport (socket, shared memory) failed (code 8)."""
+
+    code = 8
+
+
+class NotSupported(Error, NotImplementedError):
+    """Not supported in this build or configuration (code 9)."""
+
+    code = 9
+
+
+class Aborted(Error):
+    """The communicator was aborted, here or by another rank (code 10)."""
+
+    code = 10
+
+
+class Internal(Error):
+    """A bug in hcomm: please report it (code 11)."""
+
+    code = 11
+
+
+_BY_CODE: dict[int, type[Error]] = {
+    c.code: c
+    for c in (
+        InitError,
+        NoMem,
+        Timeout,
+        InvalidArgument,
+        PeerLost,
+        Mismatch,
+        Truncated,
+        Transport,
+        NotSupported,
+        Aborted,
+        Internal,
+    )
+}
+
+
+def _from_code(code: int, message: str) -> Error:
+    """The exception of a core error (called by the native module)."""
+    return _BY_CODE.get(code, Error)(message, code)

@@ -1,0 +1,891 @@
+"""The backend class, its Work, and how a group's hcomm communicator is made."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import queue
+import secrets
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+from torch.futures import Future
+
+import hcomm
+from hcomm import _hcomm
+
+NAME = "hcomm"
+
+# Collectives of at most this many bytes run on the calling thread when nothing of the group
+# is queued (no thread hand-off); larger ones run on the group's worker thread, so that the
+# caller (DDP's backward pass) goes on while they travel.
+_INLINE_BYTES = int(os.environ.get("HCOMM_TORCH_INLINE_BYTES", str(64 * 1024)))
+
+_OPS: dict[Any, str] = {
+    c10d.ReduceOp.RedOpType.SUM: "sum",
+    c10d.ReduceOp.RedOpType.PRODUCT: "prod",
+    c10d.ReduceOp.RedOpType.MIN: "min",
+    c10d.ReduceOp.RedOpType.MAX: "max",
+    c10d.ReduceOp.RedOpType.AVG: "avg",
+    c10d.ReduceOp.RedOpType.BAND: "band",
+    c10d.ReduceOp.RedOpType.BOR: "bor",
+    c10d.ReduceOp.RedOpType.BXOR: "bxor",
+}
+
+# Tags of the point-to-point messages of monitored_barrier (torch's own tags are small).
+_MB_TAG = 0x7FFF_FF00
+
+_registered = False
+
+
+def register() -> None:
+    """Registers the backend with torch.distributed (idempotent): the entry point's callable."""
+    global _registered
+    if _registered:
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])
+    _registered = True
+
+
+# ---------------------------------------------------------------------------------------
+# Tensors as hcomm buffers
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """The tensor as elements hcomm knows: complex as pairs of reals."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t
+
+
+class _Staged:
+    """A tensor's memory for hcomm: the tensor itself when contiguous, else a contiguous copy
+    that ``finish`` copies back (the documented cost of non-contiguous tensors)."""
+
+    __slots__ = ("buf", "copied", "orig")
+
+    def __init__(self, t: torch.Tensor, copy_in: bool = True) -> None:
+        self.orig = _flat(t)
+        self.copied = not self.orig.is_contiguous()
+        if not self.copied:
+            self.buf = self.orig
+        elif copy_in:
+            self.buf = self.orig.contiguous()
+        else:
+            self.buf = torch.empty(self.orig.shape, dtype=self.orig.dtype)
+
+    def finish(self) -> None:
+        if self.copied:
+            self.orig.copy_(self.buf)
+
+
+def _buf(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor as a 1-D buffer of its elements for reductions (0-dim tensors
+    too); bool as uint8 (0 and 1)."""
+    f = _flat(t).reshape(-1)
+    return f.view(torch.uint8) if f.dtype == torch.bool else f
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor as its bytes: collectives that only move data need no type."""
+    return _flat(t).reshape(-1).view(torch.uint8)
+
+
+# On bool tensors (0 and 1 as uint8) the logical ops are min and max.
+_BOOL_OPS = {"sum": "max", "prod": "min", "band": "min", "bor": "max", "min": "min", "max": "max"}
+
+
+def _reduce_op(op: Any, dtype: torch.dtype) -> tuple[str, float | None]:
+    name, factor = _op_name(op)
+    if dtype == torch.bool:
+        if name not in _BOOL_OPS:
+            raise hcomm.NotSupported(f"hcomm: {name} is not defined on bool tensors")
+        return _BOOL_OPS[name], factor
+    return name, factor
+
+
+def _op_name(op: Any) -> tuple[str, float | None]:
+    """The hcomm op for a torch ReduceOp and, for PREMUL_SUM, the factor to apply first."""
+    kind = op.op if hasattr(op, "op") else op
+    if kind == c10d.ReduceOp.RedOpType.PREMUL_SUM:
+        factor = op.factor
+        if isinstance(factor, torch.Tensor):
+            factor = float(factor.item())
+        return "sum", float(factor)
+    try:
+        return _OPS[kind], None
+    except KeyError:
+        raise hcomm.NotSupported(f"hcomm: reduce op {kind} is not supported") from None
+
+
+def _unpack(flat: torch.Tensor, outputs: Sequence[torch.Tensor], counts: list[int]) -> None:
+    """Copies consecutive byte blocks of `flat` into the output tensors."""
+    for o, part in zip(outputs, torch.split(flat, counts), strict=True):
+        f = _flat(o)
+        f.copy_(part.view(f.dtype).view(f.shape))
+
+
+def _allgather_into(
+    comm: hcomm.Communicator, src: torch.Tensor, out: torch.Tensor, rank: int
+) -> None:
+    """All-gathers `src` into `out`; in place when `src` is already this rank's block of
+    `out` (as FSDP2 passes it), through a copy when it overlaps `out` elsewhere."""
+    sb, ob = _bytes(src), _bytes(out)
+    start, end = sb.data_ptr(), sb.data_ptr() + sb.numel()
+    o_start, o_end = ob.data_ptr(), ob.data_ptr() + ob.numel()
+    if start >= o_end or end <= o_start or sb.numel() == 0:
+        comm.allgather(sb, ob)
+    elif start == o_start + rank * sb.numel():
+        comm.allgather(ob, None)
+    else:
+        comm.allgather(sb.clone(), ob)
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ---------------------------------------------------------------------------------------
+# Work
+
+
+class _Work(c10d.Work):
+    """An operation in flight. Its future's value is the list of output tensors; ``wait()``
+    and the future both raise the operation's error."""
+
+    def __init__(
+        self,
+        outputs: list[torch.Tensor],
+        describe: str,
+        keep: object = None,
+        finish: Callable[[], None] | None = None,
+        helper: _Helper | None = None,
+    ) -> None:
+        super().__init__()
+        self._outputs = outputs
+        self._describe = describe
+        # Inputs and staging copies stay alive until the operation completes.
+        self._keep = keep
+        self._fut: Future[list[torch.Tensor]] = Future()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._finish = finish
+        self._helper = helper
+        self._lock = threading.Lock()
+
+    def _complete(self, error: BaseException | None) -> None:
+        self._keep = None
+        if error is not None:
+            self._error = error
+            self._done.set()
+            self._fut.set_exception(error)
+        else:
+            self._done.set()
+            self._fut.set_result(self._outputs)
+
+    def _run_finish(self) -> None:
+        finish = self._take_finish()
+        if finish is None:
+            return
+        try:
+            finish()
+        except BaseException as e:  # every failure reaches the waiters
+            self._complete(_annotate(e, self._describe))
+        else:
+            self._complete(None)
+
+    def _take_finish(self) -> Callable[[], None] | None:
+        with self._lock:
+            f, self._finish = self._finish, None
+        return f
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._run_finish()
+        secs = None if timeout is None or timeout == timedelta(0) else timeout.total_seconds()
+        if not self._done.wait(secs):
+            raise hcomm.Timeout(f"{self._describe}: not complete after {secs} s (Work.wait)")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> Future[list[torch.Tensor]]:
+        if self._helper is not None and self._finish is not None:
+            self._helper.submit(self._run_finish)
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+
+def _annotate(e: BaseException, describe: str) -> BaseException:
+    """The error with the operation it ended named in front (the same exception class)."""
+    if isinstance(e, hcomm.Error):
+        try:
+            new = type(e)(f"{describe}: {e}")
+            for attr in ("code", "peer"):
+                if hasattr(e, attr):
+                    setattr(new, attr, getattr(e, attr))
+            new.__cause__ = e
+            return new
+        except Exception:
+            return e
+    return e
+
+
+class _Helper:
+    """A daemon thread that runs callables in order (the group's worker, or the waiter of
+    point-to-point futures); stopped by ``close``."""
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            f = self._q.get()
+            if f is None:
+                return
+            f()
+
+    def submit(self, f: Callable[[], None]) -> None:
+        self._q.put(f)
+
+    def close(self, timeout: float) -> None:
+        self._q.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+
+# ---------------------------------------------------------------------------------------
+# Bootstrap through torch's Store
+
+
+class _World:
+    """An hcomm world this process joined for a torch group, with the store it hosts."""
+
+    def __init__(self, comm: hcomm.Communicator, store: Any, global_ranks: list[int]) -> None:
+        self.comm = comm
+        self.store = store
+        self.global_ranks = global_ranks
+
+
+# The world made for torch's default group: subgroups are communicators of it made without
+# messages (torch forms a group with its members only).
+_default_world: _World | None = None
+# The backends alive: C++ (torch's debug wrapper, for one) may hold a backend that Python
+# no longer refers to, and the Python methods are found only while the Python object lives.
+_live: set[HcommBackend] = set()
+_failed: dict[int, set[int]] = {}
+
+
+def _unwrap_store(store: Any) -> Any:
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
+
+
+def _advertised_ip(store: Any) -> str:
+    """The IP address of this host that the other ranks can reach: HCOMM_IFADDR, else the one
+    this host reaches torch's TCPStore from, else the loopback address."""
+    ifaddr = os.environ.get("HCOMM_IFADDR")
+    if ifaddr:
+        return ifaddr
+    base = _unwrap_store(store)
+    host = getattr(base, "host", None)
+    if not host:
+        return "127.0.0.1"
+    try:
+        info = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+    except OSError:
+        return "127.0.0.1"
+    if ipaddress.ip_address(info).is_loopback:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((info, 9))  # nothing is sent: this only picks the route
+        return str(s.getsockname()[0])
+
+
+def _join(store: Any, rank: int, size: int, timeout: timedelta) -> _World:
+    """Joins a new hcomm world of `size` ranks: rank 0 hosts hcomm's store on a free port and
+    publishes its address (and, when HCOMM_JOB_SECRET is unset, a fresh secret) in `store`."""
+    secs = max(timeout.total_seconds(), 1.0)
+    if size == 1:
+        return _World(hcomm.init(rank=0, size=1, timeout=secs), None, [])
+    secret = os.environ.get("HCOMM_JOB_SECRET")
+    fresh = not secret
+    host_store = None
+    if rank == 0:
+        if not secret:
+            secret = secrets.token_hex(32)
+            store.set("hcomm/secret", secret)
+        host_store = _hcomm.RendezvousStore(secret.encode())
+        addr = f"{_advertised_ip(store)}:{host_store.port}"
+        store.set("hcomm/addr", addr)
+    else:
+        store.wait(["hcomm/addr"] + (["hcomm/secret"] if fresh else []), timeout)
+        addr = store.get("hcomm/addr").decode()
+        if fresh:
+            secret = store.get("hcomm/secret").decode()
+    assert secret is not None
+    try:
+        comm = hcomm.init(rank=rank, size=size, root_addr=addr, secret=secret, timeout=secs)
+    except BaseException:
+        if host_store is not None:
+            host_store.close()
+        raise
+    if rank == 0 and fresh:
+        # Every rank has read the secret by now (each proved it to hcomm's store).
+        try:
+            store.delete_key("hcomm/secret")
+        except Exception:
+            pass  # stores without deletion keep it
+    return _World(comm, host_store, [])
+
+
+def _group_tag(group_id: str, ranks: Sequence[int]) -> int:
+    h = hashlib.sha256(f"{group_id}/{list(ranks)}".encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def _create(opts: Any, backend_options: Any) -> HcommBackend:
+    global _default_world
+    ranks = list(opts.global_ranks_in_group)
+    rank, size = opts.group_rank, opts.group_size
+    world = _default_world
+    if ranks and world is not None and world.comm.size >= max(ranks) + 1:
+        comm = _hcomm._subset(world.comm, ranks, _group_tag(str(opts.group_id), ranks))
+        owned = _World(comm, None, ranks)
+    else:
+        owned = _join(opts.store, rank, size, opts.timeout)
+        owned.global_ranks = ranks
+        if not ranks:
+            _default_world = owned
+    backend = HcommBackend(rank, size, owned, opts.timeout, str(opts.group_id))
+    _live.add(backend)
+    return backend
+
+
+def failed_ranks(group: Any = None) -> list[int]:
+    """The ranks of `group` (torch group ranks) that this rank has seen fail (SPEC F12)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    return sorted(getattr(backend, "failed", set()))
+
+
+# ---------------------------------------------------------------------------------------
+# The backend
+
+
+class HcommBackend(c10d.Backend):
+    """torch.distributed's CPU backend on an hcomm communicator."""
+
+    def __init__(
+        self, rank: int, size: int, world: _World, timeout: timedelta, group_id: str
+    ) -> None:
+        super().__init__(rank, size)
+        self._world = world
+        self.comm: hcomm.Communicator = world.comm
+        self._timeout = timeout
+        self._group = group_id
+        self._seq = 0
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._exec = threading.Lock()
+        self._worker = _Helper(f"hcomm-torch-{group_id}")
+        self._waiter = _Helper(f"hcomm-torch-p2p-{group_id}")
+        self._stray: list[Any] = []
+        self.failed: set[int] = set()
+        self._closed = False
+        weakref.finalize(self, HcommBackend._release, world, self._worker, self._waiter)
+
+    # -- lifetime
+
+    @staticmethod
+    def _release(world: _World, worker: _Helper, waiter: _Helper) -> None:
+        worker.close(5.0)
+        waiter.close(5.0)
+        world.comm.destroy()
+        if world.store is not None:
+            world.store.close()
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    # torch reads these through the trampoline, which looks them up on the Python object:
+    # without them the lookup would come back to the trampoline for ever.
+    @property
+    def supports_coalescing(self) -> bool:
+        return False
+
+    @property
+    def supports_splitting(self) -> bool:
+        return False
+
+    @property
+    def supports_shrinking(self) -> bool:
+        return False
+
+    @property
+    def supports_reconfigure(self) -> bool:
+        return False
+
+    @property
+    def supports_window(self) -> bool:
+        return False
+
+    @property
+    def _supports_time_estimate(self) -> bool:
+        return False
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Sequence numbers start at 0 on every rank: nothing to agree on."""
+
+    def shutdown(self) -> None:
+        global _default_world
+        if self._closed:
+            return
+        self._closed = True
+        _live.discard(self)
+        self._stray.clear()
+        if _default_world is self._world:
+            _default_world = None
+        HcommBackend._release(self._world, self._worker, self._waiter)
+
+    def abort(self) -> None:
+        self.comm.abort()
+        self.shutdown()
+
+    # -- running operations
+
+    def _describe(self, op: str) -> str:
+        return (
+            f"hcomm {op} #{self._seq} on group {self._group} (rank {self.rank()} of {self.size()})"
+        )
+
+    def _run(
+        self,
+        op: str,
+        body: Callable[[], None],
+        outputs: list[torch.Tensor],
+        nbytes: int,
+        keep: object = None,
+    ) -> _Work:
+        """Runs a collective in call order: on this thread when small and nothing is queued,
+        else on the group's worker thread."""
+        self._seq += 1
+        work = _Work(outputs, self._describe(op), keep)
+        with self._lock:
+            inline = self._pending == 0 and nbytes <= _INLINE_BYTES
+            self._pending += 1
+            if inline:
+                self._exec.acquire()
+        if inline:
+            self._execute(work, body)
+        else:
+            self._worker.submit(lambda: self._execute(work, body, acquire=True))
+        return work
+
+    def _execute(self, work: _Work, body: Callable[[], None], acquire: bool = False) -> None:
+        if acquire:
+            self._exec.acquire()
+        error: BaseException | None = None
+        try:
+            body()
+        except BaseException as e:
+            error = _annotate(e, work._describe)
+            self._note_failure(e)
+        finally:
+            self._exec.release()
+            with self._lock:
+                self._pending -= 1
+        work._complete(error)
+
+    def _note_failure(self, e: BaseException) -> None:
+        peer = getattr(e, "peer", None)
+        if isinstance(peer, int) and peer >= 0:
+            self.failed.add(peer)
+
+    # -- collectives
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
+        name, factor = _reduce_op(opts.reduceOp, tensors[0].dtype)
+        staged = [_Staged(t) for t in tensors]
+        comm = self.comm
+
+        def body() -> None:
+            for s in staged:
+                if factor is not None:
+                    s.buf.mul_(factor)
+                comm.allreduce(_buf(s.buf), None, name)
+                s.finish()
+
+        return self._run("all_reduce", body, tensors, _nbytes(tensors), staged)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
+        root = opts.rootRank
+        staged = [_Staged(t) for t in tensors]
+        comm = self.comm
+
+        def body() -> None:
+            for s in staged:
+                comm.broadcast(_bytes(s.buf), root)
+                s.finish()
+
+        return self._run("broadcast", body, tensors, _nbytes(tensors), staged)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
+        name, factor = _reduce_op(opts.reduceOp, tensors[0].dtype)
+        root = opts.rootRank
+        me = self.rank()
+        staged = [_Staged(t) for t in tensors]
+        comm = self.comm
+
+        def body() -> None:
+            for s in staged:
+                src = _buf(s.buf)
+                if factor is not None:
+                    src = src * factor
+                if me == root:
+                    out = torch.empty_like(src) if factor is None else src
+                    comm.reduce(src, out, name, root)
+                    _buf(s.buf).copy_(out)
+                    s.finish()
+                else:
+                    comm.reduce(src, None, name, root)
+
+        return self._run("reduce", body, tensors, _nbytes(tensors), staged)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Work:
+        out = _Staged(output, copy_in=False)
+        src = _flat(input).contiguous()
+        comm = self.comm
+
+        rank = self.rank()
+
+        def body() -> None:
+            _allgather_into(comm, src, out.buf, rank)
+            out.finish()
+
+        return self._run("all_gather_into_tensor", body, [output], _nbytes([output]), (out, src))
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Work:
+        return self.all_gather_single(output, input, opts)
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> _Work:
+        pairs = [
+            (_Staged(o, copy_in=False), _flat(i).contiguous())
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        comm = self.comm
+
+        rank = self.rank()
+
+        def body() -> None:
+            for out, src in pairs:
+                _allgather_into(comm, src, out.buf, rank)
+                out.finish()
+
+        return self._run("all_gather_into_tensor_coalesced", body, outputs, _nbytes(outputs), pairs)
+
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> _Work:
+        comm = self.comm
+        jobs = []
+        for outs, inp in zip(outputs, inputs, strict=True):
+            src = _bytes(_flat(inp).contiguous())
+            counts = [_bytes(o).numel() for o in outs]
+            flat = torch.empty(sum(counts), dtype=torch.uint8)
+            jobs.append((outs, src, counts, flat))
+
+        def body() -> None:
+            for outs, src, counts, flat in jobs:
+                if all(n == counts[0] for n in counts):
+                    comm.allgather(src, flat)
+                else:
+                    comm.allgatherv(src, flat, counts)
+                _unpack(flat, outs, counts)
+
+        flat_outs = [o for outs in outputs for o in outs]
+        return self._run("all_gather", body, flat_outs, _nbytes(flat_outs), jobs)
+
+    def allgather_coalesced(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> _Work:
+        return self.allgather(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Work:
+        name, factor = _reduce_op(opts.reduceOp, input.dtype)
+        out = _Staged(output, copy_in=False)
+        src = _flat(input).contiguous()
+        comm = self.comm
+
+        def body() -> None:
+            s = _buf(src) * factor if factor is not None else _buf(src)
+            comm.reduce_scatter(s, _buf(out.buf), name)
+            out.finish()
+
+        return self._run("reduce_scatter_tensor", body, [output], _nbytes([input]), (out, src))
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Work:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> _Work:
+        name, factor = _reduce_op(opts.reduceOp, inputs[0].dtype)
+        pairs = [
+            (_Staged(o, copy_in=False), _flat(i).contiguous())
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        comm = self.comm
+
+        def body() -> None:
+            for out, src in pairs:
+                s = _buf(src) * factor if factor is not None else _buf(src)
+                comm.reduce_scatter(s, _buf(out.buf), name)
+                out.finish()
+
+        return self._run("reduce_scatter_tensor_coalesced", body, outputs, _nbytes(inputs), pairs)
+
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
+    ) -> _Work:
+        name, factor = _reduce_op(opts.reduceOp, outputs[0].dtype)
+        comm = self.comm
+        me = self.rank()
+        jobs = []
+        for out, ins in zip(outputs, inputs, strict=True):
+            flat = torch.cat([_buf(_flat(i).contiguous()) for i in ins])
+            if factor is not None:
+                flat.mul_(factor)
+            counts = [_flat(i).numel() for i in ins]
+            jobs.append((out, flat, counts))
+
+        def body() -> None:
+            for out, flat, counts in jobs:
+                if all(n == counts[0] for n in counts):
+                    part = torch.empty(counts[0], dtype=flat.dtype)
+                    comm.reduce_scatter(flat, part, name)
+                else:
+                    # Unequal blocks: all-reduce the whole and keep this rank's block.
+                    comm.allreduce(flat, None, name)
+                    part = torch.split(flat, counts)[me]
+                _flat(out).copy_(part.view(_flat(out).shape))
+
+        return self._run(
+            "reduce_scatter",
+            body,
+            outputs,
+            sum(j[1].numel() * j[1].element_size() for j in jobs),
+            jobs,
+        )
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: Any,
+    ) -> _Work:
+        n = self.size()
+        out = _Staged(output, copy_in=False)
+        src = _flat(input).contiguous()
+        comm = self.comm
+        even = not output_splits and not input_splits
+
+        def row_bytes(t: torch.Tensor) -> int:
+            f = _flat(t)
+            return f[0].numel() * f.element_size() if f.dim() > 0 and f.shape[0] else 0
+
+        if not even:
+            osp = list(output_splits) if output_splits else [output.shape[0] // n] * n
+            isp = list(input_splits) if input_splits else [input.shape[0] // n] * n
+            rcounts = [k * row_bytes(output) for k in osp]
+            scounts = [k * row_bytes(input) for k in isp]
+
+        def body() -> None:
+            if even:
+                comm.alltoall(_bytes(src), _bytes(out.buf))
+            else:
+                comm.alltoallv(_bytes(src), scounts, None, _bytes(out.buf), rcounts, None)
+            out.finish()
+
+        return self._run("all_to_all_single", body, [output], _nbytes([input, output]), (out, src))
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: Any,
+    ) -> _Work:
+        return self.all_to_all_single(output, input, output_splits, input_splits, opts)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> _Work:
+        comm = self.comm
+        src = torch.cat([_bytes(_flat(i).contiguous()) for i in inputs])
+        scounts = [_bytes(_flat(i).contiguous()).numel() for i in inputs]
+        rcounts = [_flat(o).numel() * _flat(o).element_size() for o in outputs]
+        flat = torch.empty(sum(rcounts), dtype=torch.uint8)
+
+        def body() -> None:
+            comm.alltoallv(src, scounts, None, flat, rcounts, None)
+            _unpack(flat, outputs, rcounts)
+
+        return self._run("all_to_all", body, outputs, _nbytes(inputs), (src, flat))
+
+    def gather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> _Work:
+        root = opts.rootRank
+        comm = self.comm
+        src = _bytes(_flat(inputs[0]).contiguous())
+        is_root = self.rank() == root
+        n = self.size()
+        flat = torch.empty(src.numel() * n, dtype=torch.uint8) if is_root else None
+
+        def body() -> None:
+            comm.gather(src, flat, root)
+            if flat is not None:
+                _unpack(flat, outputs[0], [src.numel()] * n)
+
+        outs = outputs[0] if outputs else []
+        return self._run("gather", body, outs, _nbytes(inputs) * n, (src, flat))
+
+    def scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
+    ) -> _Work:
+        root = opts.rootRank
+        comm = self.comm
+        out = _Staged(outputs[0], copy_in=False)
+        is_root = self.rank() == root
+        src = torch.cat([_bytes(_flat(i).contiguous()) for i in inputs[0]]) if is_root else None
+
+        def body() -> None:
+            comm.scatter(src, _bytes(out.buf), root)
+            out.finish()
+
+        return self._run("scatter", body, outputs, _nbytes(outputs) * self.size(), (out, src))
+
+    def barrier(self, opts: Any) -> _Work:
+        comm = self.comm
+        return self._run("barrier", comm.barrier, [], 0)
+
+    def monitored_barrier(self, opts: Any, wait_all_ranks: bool = False) -> None:
+        """Rank 0 hears from every rank, then releases them; a rank missing at the timeout is
+        named (all of them with `wait_all_ranks`)."""
+        timeout = opts.timeout if opts.timeout != timedelta(0) else self._timeout
+        import time
+
+        deadline = time.monotonic() + timeout.total_seconds()
+        token = torch.zeros(1, dtype=torch.uint8)
+        comm = self.comm
+        n, me = self.size(), self.rank()
+        self._seq += 1
+        if me != 0:
+            comm.send(token, 0, _MB_TAG)
+            reply = torch.zeros(1, dtype=torch.uint8)
+            req = comm.irecv(reply, 0, _MB_TAG + 1)
+            while not req.test():
+                if time.monotonic() > deadline:
+                    self._stray.append((req, reply))
+                    raise hcomm.Timeout(
+                        f"{self._describe('monitored_barrier')}: rank 0 did not release this "
+                        f"rank within {timeout}"
+                    )
+                time.sleep(0.0005)
+            req.wait()
+            return
+        bufs = {r: torch.zeros(1, dtype=torch.uint8) for r in range(1, n)}
+        reqs = {r: comm.irecv(bufs[r], r, _MB_TAG) for r in range(1, n)}
+        missing: list[int] = []
+        for r in range(1, n):
+            while not reqs[r].test():
+                if time.monotonic() > deadline:
+                    missing.append(r)
+                    if not wait_all_ranks:
+                        break
+                    break
+                time.sleep(0.0005)
+            if missing and not wait_all_ranks:
+                break
+        if missing:
+            self._stray.extend(reqs.items())
+            self._stray.extend(bufs.items())
+            late = [r for r in range(1, n) if r not in reqs or not reqs[r].test()]
+            names = late if wait_all_ranks else missing[:1]
+            raise hcomm.Timeout(
+                f"{self._describe('monitored_barrier')}: rank(s) {names} did not reach the "
+                f"barrier within {timeout}"
+            )
+        for r in range(1, n):
+            reqs[r].wait()
+            comm.send(token, r, _MB_TAG + 1)
+
+    # -- point to point
+
+    def _p2p(self, op: str, t: torch.Tensor, peer: int, tag: int, sending: bool) -> _Work:
+        staged = _Staged(t, copy_in=sending)
+        buf = _buf(staged.buf)
+        self._seq += 1
+        if sending:
+            req = self.comm.isend(buf, peer, tag)
+        else:
+            req = self.comm.irecv(buf, peer, tag)
+
+        def finish() -> None:
+            try:
+                req.wait()
+            except BaseException as e:
+                self._note_failure(e)
+                raise
+            if not sending:
+                staged.finish()
+
+        return _Work(
+            [t],
+            self._describe(f"{op} (peer {peer}, tag {tag})"),
+            (staged, req),
+            finish,
+            self._waiter,
+        )
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> _Work:
+        return self._p2p("send", tensors[0], dst, tag, True)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> _Work:
+        return self._p2p("recv", tensors[0], src, tag, False)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> _Work:
+        raise hcomm.NotSupported(
+            "hcomm: recv from any source is not supported (hcomm matches receives by source)"
+        )

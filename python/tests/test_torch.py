@@ -1,0 +1,162 @@
+"""The torch.distributed backend "hcomm": real jobs of real processes, launched by torchrun
+or started here with torch's env:// variables; each job checks many things at once (see
+torch_jobs.py) so that the suite stays short on two cores."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = Path(__file__).resolve().parent
+JOBS = HERE / "torch_jobs.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(n: int, scenario: str, timeout: float, **env: str) -> str:
+    """Runs `torch_jobs.py scenario` on `n` local ranks under torchrun; its output."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(n),
+        "--master-port",
+        str(free_port()),
+        str(JOBS),
+        scenario,
+    ]
+    full = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    return out
+
+
+def spawn(
+    n: int, scenario: str, timeout: float, **env: str
+) -> list[subprocess.CompletedProcess[str]]:
+    """Starts `n` ranks as plain processes (env:// variables, or JOB_INIT); their results."""
+    port = free_port()
+    procs = []
+    for r in range(n):
+        full = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "RANK": str(r),
+            "WORLD_SIZE": str(n),
+            "LOCAL_RANK": str(r),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            **{k: v.replace("{port}", str(port)) for k, v in env.items()},
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(JOBS), scenario],
+                env=full,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    results = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
+    return results
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 4])
+def test_conformance_against_gloo(n: int) -> None:
+    """Every op x dtype x shape (0-dim, empty, 1-D, 2-D), non-contiguous and complex tensors,
+    p2p, objects > 64 MiB, barriers, async Work and futures, subgroups and a 2-D DeviceMesh
+    (4 ranks): hcomm's results against Gloo's in the same job (or exact references). Then,
+    in the same job: FSDP2 fully_shard on a CPU DeviceMesh (gradients equal a single-process
+    reference), a 2-stage GPipe schedule (losses and gradients equal the unsplit model's),
+    and 100 rounds of all_to_all_single with random splits."""
+    out = torchrun(n, "conformance,parallel", 280)
+    assert "OK conformance" in out
+    assert "OK parallel" in out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [2, 4])
+def test_ddp_parity_with_gloo(n: int) -> None:
+    """DDP (MLP, CNN; bucket views, unused parameters, static graph, no_sync, Join with uneven
+    inputs, bf16 compression) for 30 steps: bitwise Gloo's losses and parameters with 2
+    ranks, within tolerance with 4."""
+    out = torchrun(n, "ddp", 220)
+    assert "OK ddp" in out
+
+
+@pytest.mark.timeout(200)
+def test_init_methods_and_teardown(tmp_path: Path) -> None:
+    """env://, tcp://, file:// and store= one after the other in one job; after each
+    destroy_process_group what is left equals what the first left (the binding's
+    process-wide Ctrl-C watcher): no thread, socket or segment per group."""
+    inits = ",".join(["env://", "tcp://127.0.0.1:{port}", f"file://{tmp_path / 'rdv'}", "store"])
+    results = spawn(2, "lifecycle", 180, JOB_INIT=inits, JOB_CYCLES="4")
+    for res in results:
+        assert res.returncode == 0, res.stdout[-4000:]
+        left = re.findall(r"LEFT rank \d+ cycle (\d+) \((\d+), (\d+), (\d+)\)", res.stdout)
+        assert len(left) == 4, res.stdout[-2000:]
+        first = left[0][1:]
+        for cycle in left[1:]:
+            assert cycle[1:] == first, f"resources grow with each group: {left}"
+        assert first[1] == "0", f"shared-memory segments left: {left}"
+
+
+@pytest.mark.timeout(120)
+def test_no_import_needed_and_debug_detail() -> None:
+    """The entry point registers the backend (torch_jobs.py never imports hcomm.torch), also
+    under TORCH_DISTRIBUTED_DEBUG=DETAIL (torch wraps the backend to check collectives)."""
+    src = JOBS.read_text()
+    assert "import hcomm.torch" not in src and "from hcomm" not in src.split("def core_has")[0]
+    results = spawn(2, "lifecycle", 100, TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    for res in results:
+        assert res.returncode == 0, res.stdout[-4000:]
+
+
+@pytest.mark.timeout(120)
+def test_killed_peer_is_named() -> None:
+    """SIGKILL of rank 1 of 3: every survivor raises within the timeout, naming rank 1."""
+    results = spawn(3, "fault_kill", 100, JOB_TIMEOUT="10")
+    assert results[1].returncode == -9
+    for r, res in enumerate(results):
+        if r == 1:
+            continue
+        m = re.search(r"RAISED rank \d+ after ([\d.]+)s: (.*)", res.stdout)
+        assert m, res.stdout[-4000:]
+        assert float(m.group(1)) < 15, m.group(0)
+        assert re.search(r"\brank 1\b", m.group(2)), m.group(0)
+
+
+@pytest.mark.timeout(120)
+def test_skipped_collective_is_named() -> None:
+    """The last of 3 ranks skips an all-reduce: the others raise, naming all_reduce, its
+    sequence number and the missing rank."""
+    results = spawn(3, "fault_skip", 100, JOB_TIMEOUT="5")
+    for res in results[:2]:
+        m = re.search(r"RAISED rank \d+: (.*)", res.stdout)
+        assert m, res.stdout[-4000:]
+        msg = m.group(1)
+        assert "all_reduce #2" in msg, msg
+        assert re.search(r"\b(rank|ranks|peer) \[?2\b", msg), msg
