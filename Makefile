@@ -65,9 +65,10 @@ test:
 test-rust:
 	$(CARGO) nextest run --workspace
 
+# The Python tests launch jobs with the release hcommrun and compare with hcomm_perf.
 test-python:
-	@if [ -d python/tests ]; then $(VENV)/bin/python -m pytest python/tests; \
-	else echo "no python/tests: nothing to run"; fi
+	$(CARGO) build --release -p hcomm-tools --bins
+	$(VENV)/bin/python -m pytest python/tests
 
 lint: fmt-check clippy
 
