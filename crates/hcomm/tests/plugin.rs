@@ -6,13 +6,14 @@
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use hcomm::transport::plugin::{self, Plugin};
 use hcomm::{Communicator, Config, Error, ReduceOp, Result};
+use hcomm_testkit::{collect_outputs, free_port, local_root, spawn_ranks, text};
 
 /// Environment of a rank started by [`job`]: the scenario it runs.
 const SCENARIO: &str = "HCOMM_PLUGIN_TEST_SCENARIO";
@@ -274,13 +275,6 @@ fn rank_of_a_job() {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
-}
-
 /// Runs `scenario` on `n` ranks (this binary, each its own process, with HCOMM_TRANSPORT
 /// naming the plug-in); returns each rank's exit success and output.
 fn job(scenario: &str, n: usize, timeout: &str) -> Vec<(bool, String)> {
@@ -290,44 +284,19 @@ fn job(scenario: &str, n: usize, timeout: &str) -> Vec<(bool, String)> {
         free_port()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    let root = format!("127.0.0.1:{}", free_port());
     let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--ignored", "--exact", "rank_of_a_job", "--nocapture"])
-                .env(SCENARIO, scenario)
-                .env(DIR, &dir)
-                .env("HCOMM_TRANSPORT", "unix")
-                .env("HCOMM_RANK", r.to_string())
-                .env("HCOMM_SIZE", n.to_string())
-                .env("HCOMM_ROOT_ADDR", &root)
-                .env("HCOMM_JOB_SECRET", format!("plugin-{scenario}"))
-                .env("HCOMM_TIMEOUT", timeout)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let results = children
-        .into_iter()
-        .map(|mut c| {
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let out = c.wait_with_output().unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            (out.status.success(), text)
-        })
+    let children = spawn_ranks(n, &local_root(), |_| {
+        let mut c = Command::new(&exe);
+        c.args(["--ignored", "--exact", "rank_of_a_job", "--nocapture"])
+            .env(SCENARIO, scenario)
+            .env(DIR, &dir)
+            .env("HCOMM_TRANSPORT", "unix")
+            .env("HCOMM_TIMEOUT", timeout);
+        c
+    });
+    let results = collect_outputs(children, Duration::from_secs(60))
+        .iter()
+        .map(|out| (out.status.success(), text(out)))
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
     results

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use hcomm::coll::{CollKind, Shape, VLayout};
 use hcomm::{Communicator, DataType, Error, ReduceOp};
+use hcomm_tools::pattern::{v_displs, v_layout, v_matrix, Rng};
 
 #[derive(Parser)]
 #[command(about = "Conformance checks of hcomm's point-to-point layer (run under a launcher)")]
@@ -655,7 +656,8 @@ fn collectives(
     Ok(())
 }
 
-/// Every rank's shape of a call (the v-collectives get deterministic uneven layouts).
+/// Every rank's shape of a call (the v-collectives get uneven layouts drawn from `seed`, the
+/// same on every rank).
 #[allow(clippy::too_many_arguments)]
 fn call_shapes(
     kind: CollKind,
@@ -671,23 +673,13 @@ fn call_shapes(
         in_place,
         ..Shape::new(kind, dtype, op, count, root, n)
     };
-    let c = |p: usize, q: usize| {
-        (count / 2 + (p * 3 + q * 5 + seed as usize) % (count / 2 + 1)).min(count)
-    };
+    let mut rng = Rng::new(seed);
     match kind {
         CollKind::AllGatherV => {
-            let counts: Vec<usize> = (0..n).map(|p| c(p, 0)).collect();
-            let displs: Vec<usize> = counts
-                .iter()
-                .scan(0, |at, &k| {
-                    let d = *at + 1;
-                    *at = d + k;
-                    Some(d)
-                })
-                .collect();
+            let (recv_counts, recv_displs) = v_layout(n, count, &mut rng);
             let v = VLayout {
-                recv_counts: counts,
-                recv_displs: displs,
+                recv_counts,
+                recv_displs,
                 ..VLayout::default()
             };
             vec![
@@ -698,33 +690,26 @@ fn call_shapes(
                 n
             ]
         }
-        CollKind::AllToAllV => (0..n)
-            .map(|r| {
-                let send_counts: Vec<usize> = (0..n).map(|q| c(r, q)).collect();
-                let recv_counts: Vec<usize> = (0..n).map(|p| c(p, r)).collect();
-                let place = |counts: &[usize]| {
-                    counts
-                        .iter()
-                        .scan(0, |at, &k| {
-                            let d = *at;
-                            *at += k + 2;
-                            Some(d)
-                        })
-                        .collect::<Vec<_>>()
-                };
-                let v = VLayout {
-                    send_displs: place(&send_counts),
-                    recv_displs: place(&recv_counts),
-                    send_counts,
-                    recv_counts,
-                };
-                Shape {
-                    v: Some(Arc::new(v)),
-                    in_place: false,
-                    ..base.clone()
-                }
-            })
-            .collect(),
+        CollKind::AllToAllV => {
+            let matrix = v_matrix(n, count, &mut rng);
+            (0..n)
+                .map(|r| {
+                    let send_counts = matrix[r].clone();
+                    let recv_counts: Vec<usize> = (0..n).map(|p| matrix[p][r]).collect();
+                    let v = VLayout {
+                        send_displs: v_displs(&send_counts, &mut rng),
+                        recv_displs: v_displs(&recv_counts, &mut rng),
+                        send_counts,
+                        recv_counts,
+                    };
+                    Shape {
+                        v: Some(Arc::new(v)),
+                        in_place: false,
+                        ..base.clone()
+                    }
+                })
+                .collect()
+        }
         _ => vec![base; n],
     }
 }
@@ -803,26 +788,8 @@ fn mismatch(comm: &Communicator) -> Result<()> {
     Ok(())
 }
 
-/// SplitMix64: every rank draws the same soak calls from the same seed.
-struct SoakRng(u64);
-
-impl SoakRng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// A count for a soak call: mostly small, sometimes up to `max`.
-fn soak_count(rng: &mut SoakRng, max: usize) -> usize {
+fn soak_count(rng: &mut Rng, max: usize) -> usize {
     let top = match rng.below(20) {
         0..=9 => 64,
         10..=15 => 4096,
@@ -853,18 +820,24 @@ fn soak(world: &Communicator, calls: usize, seed: u64, max_count: usize) -> Resu
         ),
         ("rotated", world.split(0, ((r + 1) % n) as i32)?),
     ];
-    let mut rng = SoakRng(seed);
+    // Every rank draws the same soak calls from the same seed.
+    let mut rng = Rng::new(seed);
     let mut done = vec![0u64; CollKind::ALL.len()];
     let t0 = Instant::now();
     let mut report = t0;
     for call in 0..calls {
         // The same draws on every rank, member or not.
-        let (c, k, d, o) = (rng.below(comms.len()), rng.next(), rng.next(), rng.next());
+        let (c, k, d, o) = (
+            rng.below(comms.len()),
+            rng.next_u64(),
+            rng.next_u64(),
+            rng.next_u64(),
+        );
         let (count, root, flags, salt) = (
             soak_count(&mut rng, max_count),
-            rng.next(),
-            rng.next(),
-            rng.next(),
+            rng.next_u64(),
+            rng.next_u64(),
+            rng.next_u64(),
         );
         let (name, Some(comm)) = (comms[c].0, &comms[c].1) else {
             continue;
