@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hcomm_testkit::{collect_outputs, free_port, run_bounded, spawn_ranks, text};
+use hcomm_testkit::{collect_outputs, free_port, run_bounded, spawn_ranks, text, Rng};
 
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
@@ -287,7 +287,7 @@ fn attack(addr: String, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
     thread::spawn(move || {
         let mut attempts = 0;
         let mut silent = Vec::new();
-        let mut seed = 0x1234_5678_9abc_def0u64;
+        let mut rng = Rng::new(0x1234_5678_9abc_def0);
         while !stop.load(Ordering::SeqCst) {
             let Ok(mut s) = TcpStream::connect(&addr) else {
                 thread::sleep(Duration::from_millis(5));
@@ -298,14 +298,8 @@ fn attack(addr: String, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
             attempts += 1;
             match attempts % 5 {
                 0 => {
-                    let junk: Vec<u8> = (0..4096)
-                        .map(|_| {
-                            seed ^= seed << 13;
-                            seed ^= seed >> 7;
-                            seed ^= seed << 17;
-                            seed as u8
-                        })
-                        .collect();
+                    let mut junk = vec![0u8; 4096];
+                    rng.fill(&mut junk);
                     let _ = s.write_all(&junk);
                 }
                 1 => {
