@@ -1,15 +1,17 @@
 //! What hcomm's tests share (a dev-dependency only): free ports, jobs of ranks started by hand
-//! or under a launcher with every wait bounded, the seeded generator and the v-collective
-//! layouts (re-exported from `hcomm_tools::pattern`, where the tools draw theirs), the check
-//! for shared memory a job left in /dev/shm, and the launcher variables of an outer job.
+//! or under a launcher with every wait bounded, the seeded generator and the shapes of calls
+//! with uneven v-collective layouts (re-exported from hcomm, whose own tests and tools draw
+//! theirs there), the check for shared memory a job left in /dev/shm, and the launcher
+//! variables of an outer job.
 
 mod jobs;
 mod ranks;
 mod run;
 mod shm;
 
+pub use hcomm::coll::random::shapes;
 pub use hcomm::config::LAUNCHER_VARS;
-pub use hcomm_tools::pattern::{v_displs, v_layout, v_matrix, Rng};
+pub use hcomm::rng::Rng;
 pub use jobs::{collect_outputs, fresh_secret, local_root, spawn_ranks, without_launcher_env};
 pub use ranks::{unix_ns, Ranks};
 pub use run::{run_bounded, text};

@@ -1,15 +1,8 @@
 //! Test data every rank can regenerate: pseudo-random byte streams per (sending rank, size,
 //! iteration, message), so that misplaced, stale, duplicated or foreign data all show up, a
-//! checksum of a buffer, the seeded generator of every test and tool ([`Rng`]) and the uneven
-//! layouts of the v-collectives drawn from it ([`v_layout`], [`v_matrix`]).
+//! checksum of a buffer.
 
-/// A 64-bit bijective mixing function (splitmix64's finalizer after a constant step).
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+pub use hcomm::rng::mix;
 
 /// The seed of the message `msg` that `rank` sends at checked iteration `iter`.
 pub fn seed(rank: usize, size: usize, iter: u64, msg: usize) -> u64 {
@@ -70,121 +63,9 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     h
 }
 
-/// A small, fast, reproducible random generator (SplitMix64).
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// The generator that starts at `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        let z = mix(self.0);
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z
-    }
-
-    /// A number in `0..n`; 0 when `n` is 0.
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() as u128 * n as u128) >> 64) as usize
-    }
-
-    /// True with probability 1 / `n`.
-    pub fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-
-    /// A length in `0..=max`, small ones much more often than large ones.
-    pub fn len(&mut self, max: usize) -> usize {
-        let cap = self.below(max + 1);
-        self.below(cap + 1)
-    }
-
-    /// One of `items`.
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    /// Fills `buf` with random bytes.
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let bytes = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
-        }
-    }
-}
-
-/// Displacements of blocks of `counts` elements placed in order, each after a random gap of 0
-/// or 1 element.
-pub fn v_displs(counts: &[usize], rng: &mut Rng) -> Vec<usize> {
-    let mut at = 0;
-    counts
-        .iter()
-        .map(|c| {
-            at += rng.below(2);
-            let d = at;
-            at += c;
-            d
-        })
-        .collect()
-}
-
-/// Counts and displacements of a v-collective's buffer of `n` blocks: random counts in
-/// `0..=max` (some zero), placed by [`v_displs`].
-pub fn v_layout(n: usize, max: usize, rng: &mut Rng) -> (Vec<usize>, Vec<usize>) {
-    let counts: Vec<usize> = (0..n).map(|_| rng.below(max + 1)).collect();
-    let displs = v_displs(&counts, rng);
-    (counts, displs)
-}
-
-/// The element counts of an all-to-all-v among `n` ranks: `matrix[p][q]`, in `0..=max`, is
-/// what rank p sends to rank q.
-pub fn v_matrix(n: usize, max: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
-    (0..n)
-        .map(|_| (0..n).map(|_| rng.below(max + 1)).collect())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rng_is_splitmix64() {
-        // The first outputs of SplitMix64 from seed 0.
-        let mut rng = Rng::new(0);
-        assert_eq!(rng.next_u64(), 0xe220_a839_7b1d_cdaf);
-        assert_eq!(rng.next_u64(), 0x6e78_9e6a_a1b9_65f4);
-    }
-
-    #[test]
-    fn v_layouts_place_blocks_in_order_without_overlap() {
-        let mut rng = Rng::new(5);
-        for n in 1..9 {
-            let (counts, displs) = v_layout(n, 7, &mut rng);
-            assert_eq!((counts.len(), displs.len()), (n, n));
-            assert!(counts.iter().all(|&c| c <= 7));
-            for i in 1..n {
-                assert!(
-                    displs[i] >= displs[i - 1] + counts[i - 1],
-                    "{counts:?} {displs:?}"
-                );
-                assert!(
-                    displs[i] <= displs[i - 1] + counts[i - 1] + 1,
-                    "{counts:?} {displs:?}"
-                );
-            }
-            let m = v_matrix(n, 3, &mut rng);
-            assert!(
-                m.len() == n
-                    && m.iter()
-                        .all(|row| row.len() == n && row.iter().all(|&c| c <= 3))
-            );
-        }
-    }
 
     #[test]
     fn pattern_detects_every_wrong_byte() {

@@ -33,8 +33,7 @@ pub(crate) const CASES_VAR: &str = "HCOMM_FUZZ_CASES";
 pub(crate) const SEED_VAR: &str = "HCOMM_FUZZ_SEED";
 const DEFAULT_SEED: u64 = 0x4843_4f4d_4d46_5a5a;
 
-/// The seeded generator of the tests.
-pub(crate) use hcomm_testkit::Rng;
+pub(crate) use crate::rng::Rng;
 
 /// What a target's inputs look like.
 #[derive(Debug, Clone)]

@@ -1,17 +1,15 @@
 //! Test support: runs an algorithm's schedules for every rank in the simulator and compares
 //! the result with the sequential reference.
 
-use std::sync::Arc;
-
 use proptest::prelude::*;
 
 use crate::coll::reference;
 use crate::coll::sim::{simulate, RankBuffers};
-use crate::coll::{Algorithm, CollKind, Shape, VLayout};
+use crate::coll::{Algorithm, CollKind, Shape};
 use crate::dtype::{DataType, ReduceOp};
 use crate::reduce::scalar;
+use crate::rng::Rng;
 use crate::topology::{RankInfo, Topology};
-use hcomm_testkit::{v_displs, v_layout, v_matrix, Rng};
 
 /// A topology of `n` ranks spread round-robin over `hosts` hosts.
 pub fn topology(n: usize, hosts: usize) -> Topology {
@@ -53,58 +51,7 @@ fn random_bytes(dtype: DataType, op: ReduceOp, elems: usize, g: &mut Rng) -> Vec
     out
 }
 
-/// One rank's shape of a call, for every rank.
-#[allow(clippy::too_many_arguments)]
-pub fn shapes(
-    kind: CollKind,
-    n: usize,
-    count: usize,
-    root: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    in_place: bool,
-    seed: u64,
-) -> Vec<Shape> {
-    let mut g = Rng::new(seed);
-    let base = Shape {
-        in_place,
-        ..Shape::new(kind, dtype, op, count, root, n)
-    };
-    match kind {
-        CollKind::AllGatherV => {
-            let (recv_counts, recv_displs) = v_layout(n, count, &mut g);
-            let v = Arc::new(VLayout {
-                recv_counts,
-                recv_displs,
-                ..VLayout::default()
-            });
-            vec![Shape { v: Some(v), ..base }; n]
-        }
-        CollKind::AllToAllV => {
-            let matrix = v_matrix(n, count, &mut g);
-            (0..n)
-                .map(|r| {
-                    let send_counts = matrix[r].clone();
-                    let recv_counts: Vec<usize> = (0..n).map(|p| matrix[p][r]).collect();
-                    let send_displs = v_displs(&send_counts, &mut g);
-                    let recv_displs = v_displs(&recv_counts, &mut g);
-                    let v = VLayout {
-                        send_counts,
-                        send_displs,
-                        recv_counts,
-                        recv_displs,
-                    };
-                    Shape {
-                        v: Some(Arc::new(v)),
-                        in_place: false,
-                        ..base.clone()
-                    }
-                })
-                .collect()
-        }
-        _ => vec![base; n],
-    }
-}
+pub use crate::coll::random::shapes;
 
 /// Simulates `algo` on `shapes` and compares every rank's result with the reference.
 pub fn check_shapes(
