@@ -4,7 +4,7 @@
 //! point-to-point operations live in [`p2p`], the collectives in [`collective`]; both report
 //! through the same [`Row`] and [`Report`].
 //!
-//! Conventions (as nccl-tests and the shared `mpi_bench.c`): time = median of individually
+//! Conventions (as nccl-tests and `bench/mpi_bench.c`): time = median of individually
 //! timed back-to-back iterations; point-to-point measures it on rank 0, collectives on every
 //! rank and report the slowest rank's median (the maximum over the ranks, found with an
 //! all-reduce after the timed iterations, like `mpi_bench`); algbw = size / time in GB/s
