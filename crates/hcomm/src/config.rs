@@ -1,8 +1,7 @@
 //! Every environment variable hcomm reads, parsed in this one place.
 //!
-//! The README's "Environment variables" section documents the same list. Parsing is strict: a
-//! value that does not parse is an [`Error::InvalidArgument`] naming the variable, never a
-//! silent default.
+//! docs/environment.md documents the same list. Parsing is strict: a value that does not
+//! parse is an [`Error::InvalidArgument`] naming the variable, never a silent default.
 
 use std::time::Duration;
 
