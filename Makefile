@@ -94,7 +94,7 @@ install-bin:
 	  exit 1; \
 	fi
 
-# ---- C API (SPEC F7): libhcomm.so / libhcomm.a, <hcomm/hcomm.h>, hcomm.pc --------------
+# ---- C API: libhcomm.so / libhcomm.a, <hcomm/hcomm.h>, hcomm.pc --------------
 # libhcomm.so.X.Y.Z with the soname libhcomm.so.X (set by crates/hcomm-capi/build.rs) and the
 # links libhcomm.so.X and libhcomm.so; libhcomm.a; the header; hcomm.pc for pkg-config. Without
 # DESTDIR, as root, ldconfig runs when LIBDIR is a directory the dynamic linker searches (so

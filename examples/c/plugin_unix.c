@@ -1,4 +1,4 @@
-/* A transport plug-in over Unix domain sockets (SPEC F7): with HCOMM_TRANSPORT=unix every byte
+/* A transport plug-in over Unix domain sockets: with HCOMM_TRANSPORT=unix every byte
  * of the job, point-to-point messages and collectives alike, goes through the stream sockets
  * this file opens between the ranks of one host, not through hcomm's TCP or shared memory.
  *

@@ -1,4 +1,4 @@
-//! The C API of hcomm (SPEC F7): `libhcomm.so`, `libhcomm.a` and `<hcomm/hcomm.h>`.
+//! The C API of hcomm: `libhcomm.so`, `libhcomm.a` and `<hcomm/hcomm.h>`.
 //!
 //! Every `extern "C"` function runs its body in [`error::guard`]: errors become the codes of
 //! `<hcomm/hcomm.h>` (and the thread's last error), panics become `HCOMM_ERR_INTERNAL`, and

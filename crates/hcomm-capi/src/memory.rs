@@ -2,7 +2,7 @@
 //! that freeing anything else is refused instead of corrupting the heap.
 //!
 //! [`obtain`] is the only place that gets memory: between `hcommInit` and `hcommFinalize`
-//! from this rank's shared-memory pool (SPEC F2), whose blocks the local peers read in place;
+//! from this rank's shared-memory pool, whose blocks the local peers read in place;
 //! otherwise, and when the pool cannot serve a size, from the heap. A block goes back where it
 //! came from when it is freed (pool memory stays valid after `hcommFinalize` until then).
 

@@ -1,4 +1,4 @@
-//! Transport plug-ins from C (SPEC F7): `struct hcomm_transport_ops` and
+//! Transport plug-ins from C: `struct hcomm_transport_ops` and
 //! `hcommTransportRegister`, over the Rust crate's [`Plugin`] trait.
 
 use std::ffi::{c_char, c_int, c_void, CStr};

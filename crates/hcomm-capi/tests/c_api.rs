@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{compile, compile_with, job, job_with_env, root, run, Finished, TempDir};
+use hcomm_testkit::free_port;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -323,13 +324,6 @@ fn make_install_lets_plain_gcc_build_the_seed_example() {
             .assert_success(program)
             .assert_stdout_has("Received: Hello from rank 0");
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// The gradient-averaging example, compiled once per test.

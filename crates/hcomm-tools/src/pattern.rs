@@ -1,14 +1,8 @@
 //! Test data every rank can regenerate: pseudo-random byte streams per (sending rank, size,
-//! iteration, message), so that misplaced, stale, duplicated or foreign data all show up, and
-//! a checksum of a buffer.
+//! iteration, message), so that misplaced, stale, duplicated or foreign data all show up, a
+//! checksum of a buffer.
 
-/// A 64-bit bijective mixing function (splitmix64's finalizer after a constant step).
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+pub use hcomm::rng::mix;
 
 /// The seed of the message `msg` that `rank` sends at checked iteration `iter`.
 pub fn seed(rank: usize, size: usize, iter: u64, msg: usize) -> u64 {

@@ -1,10 +1,10 @@
 //! Multi-process collective tests over TCP: every collective, data type and op against the
 //! sequential reference on 1..8 ranks, forced algorithms, mismatches, nonblocking overlap.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
+
+use hcomm_testkit::{collect_outputs, local_root, run_bounded, spawn_ranks};
 
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
@@ -18,7 +18,7 @@ fn run_job(n: usize, env: &[(&str, &str)], prog: &[&str]) -> String {
     for (k, v) in env {
         c.env(k, v);
     }
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(240));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(240));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -105,7 +105,7 @@ fn an_unknown_algorithm_is_an_error_listing_the_valid_ones() {
     let mut c = Command::new(HCOMMRUN);
     c.args(["-n", "2", "--", CHECK, "hello"])
         .env("HCOMM_ALGO", "allreduce:warp");
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(60));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(60));
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
@@ -171,31 +171,13 @@ fn ranks_spanning_hosts_use_the_hierarchical_algorithms() {
 fn a_rank_dying_mid_collective_fails_the_others_fast() {
     // Started by hand, without a launcher that would stop the job: the survivors must
     // notice by themselves, long before HCOMM_TIMEOUT (100 s here).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let t0 = std::time::Instant::now();
-    let children: Vec<_> = (0..4)
-        .map(|r| {
-            Command::new(CHECK)
-                .arg("coll-exit")
-                .env("HCOMM_RANK", r.to_string())
-                .env("HCOMM_SIZE", "4")
-                .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
-                .env("HCOMM_JOB_SECRET", "coll-exit")
-                .env("HCOMM_TIMEOUT", "100")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let outputs: Vec<_> = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
+    let children = spawn_ranks(4, &local_root(), |_| {
+        let mut c = Command::new(CHECK);
+        c.arg("coll-exit").env("HCOMM_TIMEOUT", "100");
+        c
+    });
+    let outputs = collect_outputs(children, Duration::from_secs(60));
     assert!(
         t0.elapsed() < Duration::from_secs(30),
         "took {:?}",

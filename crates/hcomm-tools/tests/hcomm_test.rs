@@ -1,11 +1,11 @@
 //! `hcomm_test` under hcommrun: every link passes on a healthy job, a link that damages data
 //! fails with a non-zero exit, the transport column follows the hosts.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use std::time::Duration;
+
+use hcomm_testkit::run_bounded;
 
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const TEST: &str = env!("CARGO_BIN_EXE_hcomm_test");
@@ -28,7 +28,7 @@ fn run(n: usize, args: &[&str], env: &[(&str, &str)], host_ids: bool) -> (Output
     for (k, v) in env {
         c.env(k, v);
     }
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(150));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(150));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),

@@ -8,14 +8,11 @@
 //! names hold this process's id and a counter, so concurrent tests and runs do not collide,
 //! and the namespaces (with their links) are removed when a test ends, failed or not.
 
-#[path = "common/ranks.rs"]
-mod ranks;
-
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ranks::Ranks;
+use hcomm_testkit::{unix_ns, Ranks};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
 const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
@@ -271,7 +268,7 @@ fn the_others_fail_fast_when_one_hosts_ranks_are_killed() {
     job.wait_for_lines(&[0, 1, 2, 3, 4, 5], "ready ", Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
-    let killed = ranks::unix_ns();
+    let killed = unix_ns();
     job.kill(2);
     job.kill(3);
     let status = job.finish(Duration::from_secs(30));

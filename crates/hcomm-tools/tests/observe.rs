@@ -1,28 +1,14 @@
 //! Observing running jobs: hcomm_profiler attached to a job, stall warnings that name the
 //! rank everyone waits for, and Chrome traces.
 
-mod common;
-// This test uses some of the helpers only.
-#[allow(dead_code)]
-#[path = "common/ranks.rs"]
-mod ranks;
-
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
-use ranks::Ranks;
+use hcomm_testkit::{run_bounded, text, Ranks};
 
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
 const PROFILER: &str = env!("CARGO_BIN_EXE_hcomm_profiler");
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// The pid a rank of `hcomm_check observe` printed.
 fn pid_of(ranks: &Ranks, r: usize) -> String {
@@ -54,7 +40,7 @@ fn profiler_attaches_to_a_running_job_and_reads_its_allreduces() {
     ranks.wait_for_lines(&[0, 1], "pid ", Duration::from_secs(60));
     let pid = pid_of(&ranks, 1);
 
-    let (o, _) = common::run_bounded(
+    let (o, _) = run_bounded(
         Command::new(PROFILER).args(["--pid", &pid, "--once", "--job", "--interval", "500"]),
         Duration::from_secs(30),
     );
@@ -77,7 +63,7 @@ fn profiler_attaches_to_a_running_job_and_reads_its_allreduces() {
     let status = ranks.finish(Duration::from_secs(100));
     assert!(status.iter().all(|s| s.success()), "{}", ranks.text());
 
-    let (o, _) = common::run_bounded(
+    let (o, _) = run_bounded(
         Command::new(PROFILER).args(["--pid", &std::process::id().to_string(), "--once"]),
         Duration::from_secs(30),
     );
@@ -97,7 +83,7 @@ fn late_rank(env: &[(&str, &str)]) -> Vec<String> {
     for (k, v) in env {
         c.env(k, v);
     }
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "{env:?}:\n{t}");
     (0..3)
@@ -144,7 +130,7 @@ fn a_trace_holds_one_complete_event_per_operation() {
     let dir = std::env::temp_dir().join(format!("hcomm-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t-%r.json");
-    let (o, _) = common::run_bounded(
+    let (o, _) = run_bounded(
         Command::new(HCOMMRUN)
             .args([
                 "-n",

@@ -1,11 +1,8 @@
 //! Multi-process point-to-point tests: real processes, real sockets, launched by hcommrun,
 //! Open MPI's mpirun and MPICH's mpiexec, or by hand.
 
-mod common;
-
-use common::run_bounded;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::process::{Child, Command, Output, Stdio};
@@ -14,16 +11,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use hcomm_testkit::{collect_outputs, free_port, run_bounded, spawn_ranks, text, Rng};
+
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn assert_all_ok(o: &Output, n: usize, scenario: &str) {
     let t = text(o);
@@ -158,15 +149,8 @@ fn a_killed_rank_stops_the_job_quickly() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Starts `n` ranks by hand, as a launcher without a store would.
+/// Starts `n` ranks by hand, as a launcher without a store would, rank 0 serving the store
+/// on `port`.
 fn spawn_by_hand(n: usize, port: u16, args: &[&str], timeout: &str) -> Vec<Child> {
     spawn_by_hand_with(n, port, args, timeout, &[])
 }
@@ -179,22 +163,13 @@ fn spawn_by_hand_with(
     timeout: &str,
     env: &[(&str, &str)],
 ) -> Vec<Child> {
-    (0..n)
-        .map(|r| {
-            Command::new(CHECK)
-                .args(args)
-                .envs(env.iter().copied())
-                .env("HCOMM_RANK", r.to_string())
-                .env("HCOMM_SIZE", n.to_string())
-                .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
-                .env("HCOMM_JOB_SECRET", "by-hand")
-                .env("HCOMM_TIMEOUT", timeout)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect()
+    spawn_ranks(n, &format!("127.0.0.1:{port}"), |_| {
+        let mut c = Command::new(CHECK);
+        c.args(args)
+            .envs(env.iter().copied())
+            .env("HCOMM_TIMEOUT", timeout);
+        c
+    })
 }
 
 #[test]
@@ -206,10 +181,7 @@ fn peers_of_a_dead_rank_fail_fast_naming_it() {
     let t0 = Instant::now();
     let children = spawn_by_hand_with(3, free_port(), &["exit"], "100", &[("HCOMM_RUN_FD", &env)]);
     drop(write_end);
-    let mut outputs = Vec::new();
-    for c in children {
-        outputs.push(c.wait_with_output().unwrap());
-    }
+    let outputs = collect_outputs(children, Duration::from_secs(60));
     assert!(
         t0.elapsed() < Duration::from_secs(20),
         "took {:?}",
@@ -315,7 +287,7 @@ fn attack(addr: String, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
     thread::spawn(move || {
         let mut attempts = 0;
         let mut silent = Vec::new();
-        let mut seed = 0x1234_5678_9abc_def0u64;
+        let mut rng = Rng::new(0x1234_5678_9abc_def0);
         while !stop.load(Ordering::SeqCst) {
             let Ok(mut s) = TcpStream::connect(&addr) else {
                 thread::sleep(Duration::from_millis(5));
@@ -326,14 +298,8 @@ fn attack(addr: String, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
             attempts += 1;
             match attempts % 5 {
                 0 => {
-                    let junk: Vec<u8> = (0..4096)
-                        .map(|_| {
-                            seed ^= seed << 13;
-                            seed ^= seed >> 7;
-                            seed ^= seed << 17;
-                            seed as u8
-                        })
-                        .collect();
+                    let mut junk = vec![0u8; 4096];
+                    rng.fill(&mut junk);
                     let _ = s.write_all(&junk);
                 }
                 1 => {
@@ -444,10 +410,7 @@ fn hostile_traffic_to_the_ranks_listeners_during_setup_leaves_the_job_correct() 
     thread::sleep(Duration::from_secs(1));
     let started = Instant::now();
     children.push(rank(3));
-    let outputs: Vec<_> = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
+    let outputs = collect_outputs(children, Duration::from_secs(120));
     let took = started.elapsed();
     stop.store(true, Ordering::SeqCst);
     let attempts: usize = attackers.into_iter().map(|a| a.join().unwrap()).sum();
@@ -542,7 +505,7 @@ fn bad_environment_is_a_clear_error() {
 #[test]
 fn a_wrong_secret_cannot_join() {
     let port = free_port();
-    let mut good = spawn_by_hand(2, port, &["hello"], "5");
+    let good = spawn_by_hand(2, port, &["hello"], "5");
     let intruder = Command::new(CHECK)
         .arg("hello")
         .env("HCOMM_RANK", "1")
@@ -558,8 +521,9 @@ fn a_wrong_secret_cannot_join() {
         "{}",
         text(&intruder)
     );
-    let rank1 = good.pop().unwrap().wait_with_output().unwrap();
-    let rank0 = good.pop().unwrap().wait_with_output().unwrap();
+    let [rank0, rank1]: [_; 2] = collect_outputs(good, Duration::from_secs(60))
+        .try_into()
+        .unwrap();
     assert!(
         rank0.status.success() && rank1.status.success(),
         "{}{}",

@@ -1,14 +1,14 @@
 //! `hcomm_perf` under hcommrun: `-a` sweeps every algorithm, `--plot` draws a curve per
 //! (collective, algorithm) and per peer, `-J` rows say their algorithm and curve.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use hcomm::coll::{algos, CollKind};
+
+use hcomm_testkit::run_bounded;
 
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
@@ -26,7 +26,7 @@ fn perf(n: usize, args: &[&str]) -> String {
     c.args(["-n", &n.to_string(), "--timeout", "150", "--", PERF])
         .args(args)
         .env("HCOMM_TIMEOUT", "60");
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(200));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(200));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -158,7 +158,7 @@ fn an_unreadable_peer_fails_before_the_sweep() {
         .arg(&svg)
         .args(["--peer", "x=/nonexistent/results.txt"])
         .env("HCOMM_TIMEOUT", "30");
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(60));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(60));
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
@@ -184,7 +184,7 @@ fn large_pool_collectives_stream_correct_results() {
             .args(["--mem", "pool"])
             .env("HCOMM_TIMEOUT", "60")
             .env("HCOMM_POOL_BLOCK", "1073741824");
-        let (o, _) = common::run_bounded(&mut c, Duration::from_secs(200));
+        let (o, _) = run_bounded(&mut c, Duration::from_secs(200));
         let text = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success(),

@@ -2,16 +2,10 @@
 //! survivors of a SIGKILLed or hung rank fail (kill-to-error latency), and of an aborted
 //! world; and that nothing of a failed or aborted job is left behind.
 
-mod common;
-#[path = "common/ranks.rs"]
-mod ranks;
-#[path = "common/shm_names.rs"]
-mod shm_names;
-
 use std::process::Command;
 use std::time::Duration;
 
-use ranks::Ranks;
+use hcomm_testkit::{left_in_dev_shm, run_bounded, unix_ns, Ranks};
 
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
@@ -25,7 +19,7 @@ fn soak(calls: usize, seed: u64, env: &[(&str, &str)]) {
     for (k, v) in env {
         c.env(k, v);
     }
-    let (o, took) = common::run_bounded(&mut c, Duration::from_secs(180));
+    let (o, took) = run_bounded(&mut c, Duration::from_secs(180));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -91,15 +85,15 @@ fn fault_to_error(transport: &str, pending: &str, timeout: &str, sig: libc::c_in
     job.wait_for_lines(&[0, 1, 2], "ready ", Duration::from_secs(60));
     // Let the survivors settle into their wait (a sleeping receiver, a running loop), for a
     // time of random phase: a sleeping waiter wakes every 100 ms.
-    let jitter = (ranks::unix_ns() % 100_000_000) as u64;
+    let jitter = (unix_ns() % 100_000_000) as u64;
     std::thread::sleep(Duration::from_millis(250) + Duration::from_nanos(jitter));
-    let killed = ranks::unix_ns();
+    let killed = unix_ns();
     job.signal(1, sig);
     if sig != libc::SIGKILL {
         job.wait_for_lines(&[0, 2], "lost ", Duration::from_secs(60));
     }
     job.kill(1);
-    let reaped = ranks::unix_ns();
+    let reaped = unix_ns();
     let status = job.finish(Duration::from_secs(30));
     let text = job.text();
     let lost: Vec<u128> = [0, 2]
@@ -186,7 +180,7 @@ fn survivors_of_a_hung_rank_lose_it_through_missing_heartbeats() {
 /// once hcommrun is done, checks that nothing of the job is left: no process (each rank's
 /// environment carries a mark), and no name of the job in /dev/shm. Returns the output.
 fn job_leaving_nothing(n: usize, transport: &str, args: &[&str]) -> (bool, String) {
-    let mark = format!("{}-{}", std::process::id(), ranks::unix_ns());
+    let mark = format!("{}-{}", std::process::id(), unix_ns());
     let mut c = Command::new(HCOMMRUN);
     c.args(["-n", &n.to_string(), "--timeout", "120", "--", CHECK])
         .args(args)
@@ -194,7 +188,7 @@ fn job_leaving_nothing(n: usize, transport: &str, args: &[&str]) -> (bool, Strin
         .env("HCOMM_TIMEOUT", "60")
         .env("HCOMM_DEBUG", "1")
         .env("RELIABILITY_TEST_MARK", &mark);
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(150));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(150));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -217,7 +211,7 @@ fn job_leaving_nothing(n: usize, transport: &str, args: &[&str]) -> (bool, Strin
         "processes of the job left: {left:?}\n{text}"
     );
     if transport == "shm" {
-        let left = shm_names::left_in_dev_shm(&text);
+        let left = left_in_dev_shm(&text);
         assert!(left.is_empty(), "left in /dev/shm: {left:?}\n{text}");
     }
     (o.status.success(), text)

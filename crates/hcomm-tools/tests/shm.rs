@@ -1,24 +1,13 @@
 //! Shared-memory transport tests: protocols by size, the forced paths, and a SIGKILLed rank
 //! that leaves nothing in /dev/shm while its peers fail fast naming it.
 
-mod common;
-#[path = "common/shm_names.rs"]
-mod shm_names;
-
-use std::net::TcpListener;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use hcomm_testkit::{collect_outputs, left_in_dev_shm, local_root, run_bounded, spawn_ranks, text};
 
 const HCOMMRUN: &str = env!("CARGO_BIN_EXE_hcommrun");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Runs the `protocols` scenario on 3 ranks with `env`; returns each rank's counts line.
 fn protocols(env: &[(&str, &str)]) -> Vec<String> {
@@ -28,7 +17,7 @@ fn protocols(env: &[(&str, &str)]) -> Vec<String> {
     for (k, v) in env {
         c.env(k, v);
     }
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "protocols with {env:?} failed:\n{t}");
     (0..3)
@@ -80,7 +69,7 @@ fn ranks_on_two_hosts_use_shm_inside_and_tcp_between() {
     let script = format!("HCOMM_HOST_ID=host$((HCOMM_RANK % 2)) exec {CHECK} protocols");
     c.args(["-n", "4", "--timeout", "100", "--", "sh", "-c", &script])
         .env("HCOMM_TIMEOUT", "60");
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     for r in 0..4 {
@@ -91,39 +80,18 @@ fn ranks_on_two_hosts_use_shm_inside_and_tcp_between() {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn a_sigkilled_rank_leaves_no_segment_and_its_peers_fail_fast() {
     // No launcher: the survivors must notice by themselves, well before HCOMM_TIMEOUT.
-    let port = free_port();
     let t0 = Instant::now();
-    let children: Vec<_> = (0..3)
-        .map(|r| {
-            Command::new(CHECK)
-                .arg("kill")
-                .env("HCOMM_RANK", r.to_string())
-                .env("HCOMM_SIZE", "3")
-                .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
-                .env("HCOMM_JOB_SECRET", "sigkill")
-                .env("HCOMM_TIMEOUT", "100")
-                .env("HCOMM_DEBUG", "1")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let outputs: Vec<Output> = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
+    let children = spawn_ranks(3, &local_root(), |_| {
+        let mut c = Command::new(CHECK);
+        c.arg("kill")
+            .env("HCOMM_TIMEOUT", "100")
+            .env("HCOMM_DEBUG", "1");
+        c
+    });
+    let outputs = collect_outputs(children, Duration::from_secs(60));
     let elapsed = t0.elapsed();
     let all: String = outputs.iter().map(text).collect();
     assert!(
@@ -168,12 +136,12 @@ fn hcommrun_sweeps_what_a_killed_rank_left_in_dev_shm() {
     c.args(["-n", "3", "--timeout", "60", "--", CHECK, "kill", "--pool"])
         .env("HCOMM_TIMEOUT", "30")
         .env("HCOMM_DEBUG", "1");
-    let (o, elapsed) = common::run_bounded(&mut c, Duration::from_secs(90));
+    let (o, elapsed) = run_bounded(&mut c, Duration::from_secs(90));
     let t = text(&o);
     assert!(!o.status.success(), "{t}");
     assert!(t.contains("rank 1 was killed by signal SIGKILL"), "{t}");
     assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}:\n{t}");
-    let left = shm_names::left_in_dev_shm(&t);
+    let left = left_in_dev_shm(&t);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -185,7 +153,7 @@ fn every_protocol_wakes_a_sleeping_receiver() {
     c.args(["-n", "2", "--timeout", "100", "--", CHECK, "wakeups"])
         .env("HCOMM_TIMEOUT", "60")
         .env("HCOMM_SPIN_US", "0");
-    let (o, _) = common::run_bounded(&mut c, Duration::from_secs(120));
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(

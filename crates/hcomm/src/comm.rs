@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::observe::OpKind;
 use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
+use crate::rng::mix;
 use crate::sync::lock;
 use crate::topology::{RankInfo, Topology};
 use crate::transport::plugin::{self, Lease};
@@ -387,13 +388,6 @@ fn init_logging(level: Option<u8>) {
             .with_target(false)
             .try_init();
     });
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// This rank's shared-memory pool: blocks named with the shared-memory job id, mapped by the
@@ -949,7 +943,7 @@ impl Communicator {
 
     fn next_id(&self, color: u64) -> u64 {
         let n = self.state.derived.fetch_add(1, Ordering::SeqCst);
-        let id = splitmix(self.id ^ splitmix(n ^ splitmix(color)));
+        let id = mix(self.id ^ mix(n ^ mix(color)));
         // Keep clear of the world's id and of the internal and collective channels.
         (id & !(INTERNAL | COLL)).max(WORLD_ID + 1)
     }

@@ -1,8 +1,7 @@
 //! Every environment variable hcomm reads, parsed in this one place.
 //!
-//! The README's "Environment variables" section documents the same list. Parsing is strict: a
-//! value that does not parse is an [`Error::InvalidArgument`] naming the variable, never a
-//! silent default.
+//! docs/environment.md documents the same list. Parsing is strict: a value that does not
+//! parse is an [`Error::InvalidArgument`] naming the variable, never a silent default.
 
 use std::time::Duration;
 
@@ -296,38 +295,49 @@ fn parse_num<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
         .map_err(|_| invalid(name, value, "a number"))
 }
 
+/// The launchers hcomm recognises, in the order it looks for them; the first three names of
+/// [`LAUNCHER_VARS`] belong to the first, the next three to the second, and so on.
+const LAUNCHERS: [Launcher; 5] = [
+    Launcher::Hcomm,
+    Launcher::OpenMpi,
+    Launcher::MpichHydra,
+    Launcher::Slurm,
+    Launcher::Torchrun,
+];
+
+/// Every variable through which a launcher places a process in its job: rank, size and local
+/// rank of each launcher hcomm recognises (in the order it looks for them), then the store
+/// address and job secret (`HCOMM_ROOT_ADDR`, `HCOMM_JOB_SECRET`) and torchrun's store
+/// (`MASTER_ADDR`, `MASTER_PORT`). A program started without these runs as a world of one;
+/// tests remove them to run a program alone, whatever job runs the tests.
+pub const LAUNCHER_VARS: [&str; 19] = [
+    "HCOMM_RANK",
+    "HCOMM_SIZE",
+    "HCOMM_LOCAL_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "HCOMM_ROOT_ADDR",
+    "HCOMM_JOB_SECRET",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
 /// Reads rank, size, local rank and store address from the first launcher whose variables are
 /// present, in the order hcomm, Open MPI, MPICH Hydra, Slurm, torchrun.
 fn detect_launch(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
     let root_addr = get("HCOMM_ROOT_ADDR");
-    let candidates: [(Launcher, &str, &str, &str); 5] = [
-        (
-            Launcher::Hcomm,
-            "HCOMM_RANK",
-            "HCOMM_SIZE",
-            "HCOMM_LOCAL_RANK",
-        ),
-        (
-            Launcher::OpenMpi,
-            "OMPI_COMM_WORLD_RANK",
-            "OMPI_COMM_WORLD_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-        ),
-        (
-            Launcher::MpichHydra,
-            "PMI_RANK",
-            "PMI_SIZE",
-            "MPI_LOCALRANKID",
-        ),
-        (
-            Launcher::Slurm,
-            "SLURM_PROCID",
-            "SLURM_NTASKS",
-            "SLURM_LOCALID",
-        ),
-        (Launcher::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"),
-    ];
-    for (launcher, rank_var, size_var, local_var) in candidates {
+    for (&launcher, vars) in LAUNCHERS.iter().zip(LAUNCHER_VARS.chunks_exact(3)) {
+        let [rank_var, size_var, local_var] = [vars[0], vars[1], vars[2]];
         let (Some(rank), Some(size)) = (get(rank_var), get(size_var)) else {
             continue;
         };
@@ -387,6 +397,26 @@ fn torchrun_store(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::sync::LazyLock;
+
+    #[test]
+    fn each_launchers_variables_in_the_public_list_select_it() {
+        for (&launcher, vars) in LAUNCHERS.iter().zip(LAUNCHER_VARS.chunks_exact(3)) {
+            let env: HashMap<&str, &str> = [
+                (vars[0], "1"),
+                (vars[1], "2"),
+                (vars[2], "1"),
+                ("HCOMM_ROOT_ADDR", "127.0.0.1:1"),
+            ]
+            .into();
+            let info = detect_launch(&|k| env.get(k).map(|v| v.to_string())).unwrap();
+            assert_eq!(
+                (info.launcher, info.rank, info.size),
+                (launcher, 1, 2),
+                "{vars:?}"
+            );
+        }
+    }
 
     fn cfg(vars: &[(&str, &str)]) -> Result<Config> {
         let map: HashMap<String, String> = vars
@@ -486,8 +516,8 @@ mod tests {
         assert_eq!(c.transport.as_deref(), Some("carrier-pigeon"));
     }
 
-    /// Every variable `from_lookup` reads (the fuzz harness checks that it asks for no other).
-    const NAMES: [&str; 42] = [
+    /// The settings `from_lookup` reads besides the launcher variables.
+    const SETTINGS: [&str; 23] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -509,28 +539,13 @@ mod tests {
         "HCOMM_ALGO",
         "HCOMM_DETERMINISTIC",
         "HCOMM_MISMATCH_CHECK",
-        "HCOMM_JOB_SECRET",
         "HCOMM_IFADDR",
         "HCOMM_HOST_ID",
-        "HCOMM_ROOT_ADDR",
-        "HCOMM_RANK",
-        "HCOMM_SIZE",
-        "HCOMM_LOCAL_RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "PMI_RANK",
-        "PMI_SIZE",
-        "MPI_LOCALRANKID",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "SLURM_LOCALID",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
     ];
+
+    /// Every variable `from_lookup` reads (the fuzz harness checks that it asks for no other).
+    static NAMES: LazyLock<Vec<&str>> =
+        LazyLock::new(|| SETTINGS.iter().chain(&LAUNCHER_VARS).copied().collect());
 
     /// An environment as fuzz input: records of a variable (index into [`NAMES`]), a value
     /// length and the value's bytes (not UTF-8 ones replaced, as `std::env::var` gives only

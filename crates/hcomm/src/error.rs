@@ -1,7 +1,8 @@
 //! The one error type of the library.
 //!
-//! Every variant corresponds to one error code of the C API (SPEC F7). The message of each
-//! variant says what happened, which peer or operation it concerns, and what to do about it.
+//! Every variant corresponds to one error code of the C API (the `HCOMM_*` codes of
+//! `<hcomm/hcomm.h>`). The message of each variant says what happened, which peer or
+//! operation it concerns, and what to do about it.
 
 use std::fmt;
 
@@ -68,7 +69,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// The numeric codes of the C API, in the order of SPEC F7.
+/// The numeric codes of the C API, in the order of the `HCOMM_*` codes of `<hcomm/hcomm.h>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(i32)]
 #[non_exhaustive]

@@ -33,54 +33,7 @@ pub(crate) const CASES_VAR: &str = "HCOMM_FUZZ_CASES";
 pub(crate) const SEED_VAR: &str = "HCOMM_FUZZ_SEED";
 const DEFAULT_SEED: u64 = 0x4843_4f4d_4d46_5a5a;
 
-/// A small, fast, reproducible random generator (SplitMix64).
-#[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    /// The generator that starts at `seed`.
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n`; 0 when `n` is 0.
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() as u128 * n as u128) >> 64) as usize
-    }
-
-    /// True with probability 1 / `n`.
-    pub(crate) fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-
-    /// A length in `0..=max`, small ones much more often than large ones.
-    pub(crate) fn len(&mut self, max: usize) -> usize {
-        let cap = self.below(max + 1);
-        self.below(cap + 1)
-    }
-
-    /// One of `items`.
-    pub(crate) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    /// Fills `buf` with random bytes.
-    pub(crate) fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let bytes = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
-        }
-    }
-}
+pub(crate) use crate::rng::Rng;
 
 /// What a target's inputs look like.
 #[derive(Debug, Clone)]

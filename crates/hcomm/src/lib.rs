@@ -31,6 +31,7 @@ mod fuzz;
 pub mod observe;
 mod p2p;
 pub mod reduce;
+pub mod rng;
 mod sync;
 pub mod topology;
 pub mod transport;

@@ -89,7 +89,7 @@ const SHM_YIELDS: u32 = 64;
 /// Messages read from one ring per progress pass, so one busy peer cannot starve the others.
 const SHM_ROUNDS: usize = 64;
 
-/// How many messages took each protocol (SPEC F4), for tests, logs and the profiler.
+/// How many messages took each protocol, for tests, logs and the profiler.
 #[derive(Debug, Default)]
 pub(crate) struct ProtocolCounts {
     /// Inline through a shared-memory ring.
@@ -112,7 +112,7 @@ pub(crate) struct ProtocolCounts {
     pub full_naps: AtomicU64,
 }
 
-/// How many messages took each protocol so far (SPEC F4), and how waiters slept.
+/// How many messages took each protocol so far, and how waiters slept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProtocolStats {
     /// Messages inline through a shared-memory ring.

@@ -10,10 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-mod common;
-
 use hcomm::transport::plugin::{self, Plugin};
 use hcomm::{Communicator, Config, Error, ReduceOp, Result};
+use hcomm_testkit::{free_port, self_job};
 
 /// Environment of a rank started by [`job`]: the scenario it runs.
 const SCENARIO: &str = "HCOMM_PLUGIN_TEST_SCENARIO";
@@ -281,7 +280,7 @@ fn job(scenario: &str, n: usize, timeout: &str) -> Vec<(bool, String)> {
     let dir = std::env::temp_dir().join(format!(
         "hcomm-plugin-{scenario}-{}-{}",
         std::process::id(),
-        common::free_port()
+        free_port()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let dir_text = dir.to_string_lossy().into_owned();
@@ -291,7 +290,7 @@ fn job(scenario: &str, n: usize, timeout: &str) -> Vec<(bool, String)> {
         ("HCOMM_TRANSPORT", "unix"),
         ("HCOMM_TIMEOUT", timeout),
     ];
-    let results = common::ranks(n, &format!("plugin-{scenario}"), &env);
+    let results = self_job(n, &env);
     let _ = std::fs::remove_dir_all(&dir);
     results
 }

@@ -7,8 +7,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod common;
-
 use hcomm::coll::{reference, CollKind, Shape, VLayout};
 use hcomm::{Communicator, DataType, Error, RawBuf, ReduceOp, Request};
 
@@ -335,7 +333,7 @@ fn rank_of_a_job() {
 }
 
 fn job(scenario: &str, n: usize, env: &[(&str, &str)]) {
-    common::job_ok(SCENARIO, scenario, n, env);
+    hcomm_testkit::job_ok(SCENARIO, scenario, n, env);
 }
 
 #[test]

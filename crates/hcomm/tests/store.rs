@@ -2,7 +2,7 @@
 //! authentication, and legitimate clients staying served while hostile connections attack.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use hcomm::bootstrap::store::{HANDSHAKE_TIMEOUT, MAX_VALUE};
 use hcomm::bootstrap::{RendezvousStore, StoreClient};
 use hcomm::Error;
+use hcomm_testkit::{free_addr, Rng};
 
 const SECRET: &[u8] = b"integration-test-secret";
 const T: Duration = Duration::from_secs(5);
@@ -23,14 +24,6 @@ fn start() -> (RendezvousStore, String) {
 
 fn client(addr: &str) -> StoreClient {
     StoreClient::connect(addr, SECRET, T).unwrap()
-}
-
-/// A port nothing listens on (just released by the OS).
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 /// Runs `f` and checks it took less than `limit`.
@@ -179,7 +172,7 @@ fn wrong_secret_is_refused_with_init() {
 
 #[test]
 fn client_may_start_before_the_store() {
-    let addr = free_port();
+    let addr = free_addr();
     let connecting = thread::spawn(move || StoreClient::connect(&addr.to_string(), SECRET, T));
     thread::sleep(Duration::from_millis(300));
     let _store = RendezvousStore::bind(addr, SECRET).unwrap();
@@ -189,7 +182,7 @@ fn client_may_start_before_the_store() {
 
 #[test]
 fn connecting_to_nothing_times_out() {
-    let addr = free_port().to_string();
+    let addr = free_addr().to_string();
     let err = within(Duration::from_secs(2), "connect", || {
         StoreClient::connect(&addr, SECRET, Duration::from_millis(300)).unwrap_err()
     });
@@ -209,16 +202,6 @@ fn dropping_the_store_fails_clients_promptly() {
         c.get("k").unwrap_err()
     });
     assert!(matches!(err, Error::Transport(_)), "{err}");
-}
-
-/// Deterministic noise for the random-bytes attacker.
-fn noise(seed: &mut u64, buf: &mut [u8]) {
-    for b in buf {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *b = *seed as u8;
-    }
 }
 
 /// Repeats `attack` every few milliseconds on a thread until `stop`.
@@ -302,13 +285,13 @@ fn hostile_connections_do_not_disturb_legitimate_clients() {
         .collect();
 
     let stop = Arc::new(AtomicBool::new(false));
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let attackers = vec![
         // Random bytes.
         attacker(&stop, move || {
             if let Ok(mut s) = TcpStream::connect_timeout(&sock, T) {
                 let mut junk = [0u8; 4096];
-                noise(&mut seed, &mut junk);
+                rng.fill(&mut junk);
                 let _ = s.write_all(&junk);
             }
         }),

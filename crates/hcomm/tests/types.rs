@@ -4,8 +4,6 @@
 //! refused (bitwise operations on floats, the average of bool) failing before anything is
 //! sent.
 
-mod common;
-
 use hcomm::coll::{reference, CollKind, Shape};
 use hcomm::{Communicator, DataType, Error, ReduceOp};
 
@@ -123,7 +121,7 @@ fn rank_of_a_job() {
 }
 
 fn job(scenario: &str, n: usize, env: &[(&str, &str)]) {
-    common::job_ok(SCENARIO, scenario, n, env);
+    hcomm_testkit::job_ok(SCENARIO, scenario, n, env);
 }
 
 #[test]

@@ -166,30 +166,6 @@ impl Finished {
     }
 }
 
-/// Launcher variables of an outer job, removed so that a program runs alone or under the
-/// hcommrun the test starts.
-const LAUNCHER_VARS: &[&str] = &[
-    "HCOMM_RANK",
-    "HCOMM_SIZE",
-    "HCOMM_LOCAL_RANK",
-    "HCOMM_ROOT_ADDR",
-    "HCOMM_JOB_SECRET",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-];
-
 /// A started process whose stdout and stderr go to files.
 pub struct Running {
     child: std::process::Child,
@@ -201,11 +177,7 @@ pub struct Running {
 /// Starts `cmd` in `dir` without the launcher variables of an outer job (those set on `cmd`
 /// stay); `name` names its output files there.
 pub fn start(dir: &TempDir, cmd: &mut Command, name: &str) -> Running {
-    for v in LAUNCHER_VARS {
-        if !cmd.get_envs().any(|(k, _)| k == *v) {
-            cmd.env_remove(v);
-        }
-    }
+    hcomm_testkit::without_launcher_env(cmd);
     let out = dir.path().join(format!("{name}.stdout"));
     let err = dir.path().join(format!("{name}.stderr"));
     let child = cmd

@@ -7,7 +7,7 @@
 use std::ffi::{OsStr, OsString};
 use std::io::{self, BufReader, IsTerminal};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _};
 use clap::Parser;
 use hcomm_tools::{copy_prefixed_lines, generate_job_secret, signal_name, write_line_locked};
+use rustix::io::FdFlags;
+use rustix::pipe::{self, PipeFlags};
+use rustix::process::{self, Pid, Resource, Rlimit, Signal};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 /// Most ranks one hcommrun starts.
@@ -190,7 +193,7 @@ fn run(args: &Args) -> anyhow::Result<i32> {
         };
         if let Err(e) = start_rank(args, rank, &env, nofile, &tx, &mut job) {
             // Ranks already started would wait for the missing one forever.
-            job.stop(libc::SIGTERM);
+            job.stop(Signal::TERM);
             return Err(e);
         }
     }
@@ -231,31 +234,16 @@ struct LossPipe {
 
 impl LossPipe {
     fn new() -> anyhow::Result<LossPipe> {
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 writes two new descriptors into `fds`, which has room for them.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error()).context("cannot make the ranks' report pipe");
-        }
-        // SAFETY: pipe2 succeeded: both descriptors are new and owned here alone.
+        let context = "cannot make the ranks' report pipe";
         let (read, cloexec_write) =
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // The ranks' copy: inherited across exec (no close-on-exec) and above stdio.
-        // SAFETY: F_DUPFD duplicates a descriptor this function owns into a new one.
-        let fd = unsafe { libc::fcntl(cloexec_write.as_raw_fd(), libc::F_DUPFD, 3) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error()).context("cannot make the ranks' report pipe");
-        }
-        // SAFETY: F_DUPFD returned a new descriptor owned here alone.
-        let write = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: `libc::stat` is plain integers, for which all zeroes is a valid value.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `write` is open and `st` is valid for writes.
-        if unsafe { libc::fstat(write.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error()).context("cannot make the ranks' report pipe");
-        }
+            pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC).context(context)?;
+        // The ranks' copy: above stdio, and inherited across exec (no close-on-exec).
+        let write = rustix::io::fcntl_dupfd_cloexec(&cloexec_write, 3).context(context)?;
+        rustix::io::fcntl_setfd(&write, FdFlags::empty()).context(context)?;
+        let inode = rustix::fs::fstat(&write).context(context)?.st_ino;
         Ok(LossPipe {
             read,
-            env: format!("{fd}:{}", st.st_ino),
+            env: format!("{}:{inode}", write.as_raw_fd()),
             _write: write,
         })
     }
@@ -265,10 +253,8 @@ impl LossPipe {
         let mut text = Vec::new();
         let mut buf = [0u8; 4096];
         while text.len() < 1 << 20 {
-            // SAFETY: read(2) writes at most `buf.len()` bytes into `buf`.
-            let n =
-                unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            let Ok(n @ 1..) = usize::try_from(n) else {
+            // Nothing more for now (EAGAIN), or every writer gone: done.
+            let Ok(n @ 1..) = rustix::io::read(&self.read, &mut buf) else {
                 break;
             };
             text.extend_from_slice(&buf[..n]);
@@ -306,12 +292,12 @@ fn start_rank(
     args: &Args,
     rank: u32,
     env: &RankEnv<'_>,
-    nofile: Option<libc::rlimit>,
+    nofile: Option<Rlimit>,
     tx: &Sender<Event>,
     job: &mut Job<'_>,
 ) -> anyhow::Result<()> {
     let child = spawn_rank(args, rank, env, nofile)?;
-    let pid = libc::pid_t::try_from(child.id()).context("process id out of range")?;
+    let pid = Pid::from_child(&child);
     // Tracked before anything else can fail, so that stopping the job reaches it.
     job.pids.push(pid);
     watch_rank(rank, child, tx.clone())?;
@@ -324,7 +310,7 @@ fn spawn_rank(
     args: &Args,
     rank: u32,
     env: &RankEnv<'_>,
-    nofile: Option<libc::rlimit>,
+    nofile: Option<Rlimit>,
 ) -> anyhow::Result<Child> {
     let prog = &args.command[0];
     let mut cmd = Command::new(prog);
@@ -369,29 +355,23 @@ fn spawn_rank(
 /// Makes the rank die with SIGKILL when hcommrun dies, whatever killed hcommrun, and gives
 /// the rank back the open-file limit hcommrun started with.
 #[cfg(target_os = "linux")]
-fn set_parent_death_signal(cmd: &mut Command, nofile: Option<libc::rlimit>) {
+fn set_parent_death_signal(cmd: &mut Command, nofile: Option<Rlimit>) {
     let parent = std::process::id();
     let hook = move || -> io::Result<()> {
-        // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers and is async-signal-safe.
-        let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
-        if rc == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: getppid has no preconditions and is async-signal-safe.
-        let ppid = unsafe { libc::getppid() };
+        process::set_parent_process_death_signal(Some(Signal::KILL))?;
         // hcommrun died between fork and prctl: the death signal would never come.
-        if u32::try_from(ppid).ok() != Some(parent) {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        if process::getppid().map(|p| p.as_raw_nonzero().get() as u32) != Some(parent) {
+            return Err(rustix::io::Errno::SRCH.into());
         }
         if let Some(limit) = nofile {
-            // SAFETY: `limit` is a valid rlimit on this stack; setrlimit is async-signal-safe.
             // Failure only leaves the raised limit in place, which is harmless.
-            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+            let _ = process::setrlimit(Resource::Nofile, limit);
         }
         Ok(())
     };
-    // SAFETY: the hook runs between fork and exec; it calls only async-signal-safe functions
-    // (prctl, getppid, setrlimit), does not allocate and touches no lock.
+    // SAFETY: the hook runs between fork and exec; it makes only system calls that are
+    // async-signal-safe (prctl, getppid, setrlimit, through rustix, which does not allocate
+    // for them), allocates nothing itself and touches no lock.
     unsafe {
         cmd.pre_exec(hook);
     }
@@ -399,24 +379,19 @@ fn set_parent_death_signal(cmd: &mut Command, nofile: Option<libc::rlimit>) {
 
 /// Raises the soft limit on open files when N ranks need more pipes than it allows (two per
 /// rank). Returns the old limit, which the ranks get back, when it was raised.
-fn raise_nofile_limit(ranks: u32) -> Option<libc::rlimit> {
-    let needed = libc::rlim_t::from(ranks) * 2 + 64;
-    let mut old = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `old` is a valid, writable rlimit.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut old) } != 0 || old.rlim_cur >= needed {
+fn raise_nofile_limit(ranks: u32) -> Option<Rlimit> {
+    let needed = u64::from(ranks) * 2 + 64;
+    let old = process::getrlimit(Resource::Nofile);
+    // None is no limit.
+    if old.current.is_none_or(|cur| cur >= needed) {
         return None;
     }
-    let new = libc::rlimit {
-        rlim_cur: needed.min(old.rlim_max),
-        rlim_max: old.rlim_max,
+    let new = Rlimit {
+        current: Some(old.maximum.map_or(needed, |max| needed.min(max))),
+        maximum: old.maximum,
     };
-    // SAFETY: `new` is a valid rlimit; on failure nothing changed and spawning reports EMFILE.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
-        return None;
-    }
+    // On failure nothing changed, and spawning reports EMFILE.
+    process::setrlimit(Resource::Nofile, new).ok()?;
     Some(old)
 }
 
@@ -484,7 +459,7 @@ fn spawn_helper<F: FnOnce() + Send + 'static>(name: String, f: F) -> anyhow::Res
 /// The started ranks and the events about them.
 struct Job<'a> {
     /// Process id of each rank, which is also its process group id.
-    pids: Vec<libc::pid_t>,
+    pids: Vec<Pid>,
     /// Ranks whose exit has not been reported yet.
     running: usize,
     rx: &'a Receiver<Event>,
@@ -508,7 +483,7 @@ impl Job<'_> {
                     if failed(&status) {
                         let (rank, status) = self.first_failure(rank, status, at);
                         let code = report_failure(rank, &status);
-                        self.stop(libc::SIGTERM);
+                        self.stop(Signal::TERM);
                         return code;
                     }
                 }
@@ -517,7 +492,7 @@ impl Job<'_> {
                         "hcommrun: got {}; passing it on and stopping all ranks",
                         signal_name(sig)
                     );
-                    self.stop(sig);
+                    self.stop(Signal::from_named_raw(sig).unwrap_or(Signal::TERM));
                     return 128 + sig;
                 }
                 Err(RecvTimeoutError::Timeout) => {
@@ -525,13 +500,13 @@ impl Job<'_> {
                     eprintln!(
                         "hcommrun: timeout: the job ran longer than {secs}s; stopping all ranks"
                     );
-                    self.stop(libc::SIGTERM);
+                    self.stop(Signal::TERM);
                     return EXIT_TIMEOUT;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // Cannot happen while a waiter thread lives; never wait on nothing.
                     eprintln!("hcommrun: lost track of the ranks; stopping them");
-                    self.stop(libc::SIGKILL);
+                    self.stop(Signal::KILL);
                     return 1;
                 }
             }
@@ -541,9 +516,9 @@ impl Job<'_> {
 
     /// Sends `sig` to every rank's process group, gives them [`GRACE`] to exit, then kills
     /// what is left. Returns within about GRACE + KILL_WAIT, whatever the ranks do.
-    fn stop(&mut self, sig: i32) {
+    fn stop(&mut self, sig: Signal) {
         self.signal_all(sig);
-        if sig != libc::SIGKILL {
+        if sig != Signal::KILL {
             let grace_end = Instant::now() + GRACE;
             while self.running > 0 {
                 match self
@@ -558,7 +533,7 @@ impl Job<'_> {
             }
         }
         // Also the groups of ranks that have exited: their children may still be running.
-        self.signal_all(libc::SIGKILL);
+        self.signal_all(Signal::KILL);
         let kill_end = Instant::now() + KILL_WAIT;
         while self.running > 0 {
             match self
@@ -610,11 +585,10 @@ impl Job<'_> {
         (rank, status)
     }
 
-    fn signal_all(&self, sig: i32) {
+    fn signal_all(&self, sig: Signal) {
         for &pid in &self.pids {
-            // SAFETY: kill has no memory preconditions; a negative pid names the rank's
-            // process group, which hcommrun created. ESRCH (group gone) is fine.
-            unsafe { libc::kill(-pid, sig) };
+            // The rank's process group, which hcommrun created; ESRCH (group gone) is fine.
+            let _ = process::kill_process_group(pid, sig);
         }
     }
 }

@@ -5,6 +5,7 @@
 //! simulator ([`sim`]) runs them in one process for tests.
 
 pub mod algos;
+pub mod random;
 pub mod reference;
 pub mod schedule;
 pub mod select;

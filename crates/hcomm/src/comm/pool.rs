@@ -1,4 +1,4 @@
-//! Memory from the shared-memory pool (SPEC F2): the Rust form of `hcommMalloc`/`hcommFree`.
+//! Memory from the shared-memory pool: the Rust form of `hcommMalloc`/`hcommFree`.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;

@@ -1,8 +1,9 @@
 //! Communicators over a chosen list of ranks, made without any message: for front ends, such
 //! as the torch.distributed backend, whose groups are formed by only their members.
 
-use super::{splitmix, Communicator, COLL, INTERNAL, WORLD_ID};
+use super::{Communicator, COLL, INTERNAL, WORLD_ID};
 use crate::error::{Error, Result};
+use crate::rng::mix;
 
 /// Keeps the ids of subsets apart from those `split` and `dup` draw.
 const SUBSET_DOMAIN: u64 = 0x5375_6273_6574_0001;
@@ -31,9 +32,9 @@ impl Communicator {
                 self.rank
             ))
         })?;
-        let mut h = splitmix(self.id ^ splitmix(tag ^ SUBSET_DOMAIN));
+        let mut h = mix(self.id ^ mix(tag ^ SUBSET_DOMAIN));
         for &r in ranks {
-            h = splitmix(h ^ r as u64);
+            h = mix(h ^ r as u64);
         }
         let id = (h & !(INTERNAL | COLL)).max(WORLD_ID + 1);
         Ok(self.derive(id, ranks.to_vec(), rank))

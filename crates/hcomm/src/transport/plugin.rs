@@ -1,4 +1,4 @@
-//! Transport plug-ins (SPEC F7): a user's transport that carries all of a job's traffic.
+//! Transport plug-ins: a user's transport that carries all of a job's traffic.
 //!
 //! A plug-in moves bytes between ranks with a blocking `send(buf, dest)` and
 //! `recv(buf, src)`; it is registered under a name with [`register`], and a world created with

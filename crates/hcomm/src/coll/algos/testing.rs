@@ -1,15 +1,14 @@
 //! Test support: runs an algorithm's schedules for every rank in the simulator and compares
 //! the result with the sequential reference.
 
-use std::sync::Arc;
-
 use proptest::prelude::*;
 
 use crate::coll::reference;
 use crate::coll::sim::{simulate, RankBuffers};
-use crate::coll::{Algorithm, CollKind, Shape, VLayout};
+use crate::coll::{Algorithm, CollKind, Shape};
 use crate::dtype::{DataType, ReduceOp};
 use crate::reduce::scalar;
+use crate::rng::Rng;
 use crate::topology::{RankInfo, Topology};
 
 /// A topology of `n` ranks spread round-robin over `hosts` hosts.
@@ -27,27 +26,15 @@ pub fn topology(n: usize, hosts: usize) -> Topology {
     )
 }
 
-/// A small deterministic generator (xorshift) so failures reproduce from the seed.
-struct Gen(u64);
-
-impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Random elements of `dtype`: any bit pattern for integers; for floats small integers (±1
 /// for products) so that results are exact in any order and compare bit for bit.
-fn random_bytes(dtype: DataType, op: ReduceOp, elems: usize, g: &mut Gen) -> Vec<u8> {
+fn random_bytes(dtype: DataType, op: ReduceOp, elems: usize, g: &mut Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(elems * dtype.size());
     for _ in 0..elems {
         let small = if op == ReduceOp::Prod {
-            [1, -1][(g.next() % 2) as usize]
+            [1, -1][(g.next_u64() % 2) as usize]
         } else {
-            (g.next() % 7) as i32 - 3
+            (g.next_u64() % 7) as i32 - 3
         };
         match dtype {
             DataType::Float32 => out.extend_from_slice(&(small as f32).to_le_bytes()),
@@ -58,93 +45,13 @@ fn random_bytes(dtype: DataType, op: ReduceOp, elems: usize, g: &mut Gen) -> Vec
             DataType::Bfloat16 => {
                 out.extend_from_slice(&half::bf16::from_f32(small as f32).to_le_bytes())
             }
-            _ => out.extend_from_slice(&g.next().to_le_bytes()[..dtype.size()]),
+            _ => out.extend_from_slice(&g.next_u64().to_le_bytes()[..dtype.size()]),
         }
     }
     out
 }
 
-/// Counts and displacements of a v-collective: random counts (some zero), blocks placed in
-/// order with random gaps.
-fn layout(n: usize, g: &mut Gen, max: usize) -> (Vec<usize>, Vec<usize>) {
-    let counts: Vec<usize> = (0..n).map(|_| (g.next() as usize) % (max + 1)).collect();
-    let mut displs = Vec::with_capacity(n);
-    let mut at = 0;
-    for c in &counts {
-        at += (g.next() as usize) % 2;
-        displs.push(at);
-        at += c;
-    }
-    (counts, displs)
-}
-
-/// One rank's shape of a call, for every rank.
-#[allow(clippy::too_many_arguments)]
-pub fn shapes(
-    kind: CollKind,
-    n: usize,
-    count: usize,
-    root: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    in_place: bool,
-    seed: u64,
-) -> Vec<Shape> {
-    let mut g = Gen(seed | 1);
-    let base = Shape {
-        in_place,
-        ..Shape::new(kind, dtype, op, count, root, n)
-    };
-    match kind {
-        CollKind::AllGatherV => {
-            let (recv_counts, recv_displs) = layout(n, &mut g, count);
-            let v = Arc::new(VLayout {
-                recv_counts,
-                recv_displs,
-                ..VLayout::default()
-            });
-            vec![Shape { v: Some(v), ..base }; n]
-        }
-        CollKind::AllToAllV => {
-            // matrix[p][q]: elements p sends to q.
-            let matrix: Vec<Vec<usize>> = (0..n)
-                .map(|_| (0..n).map(|_| (g.next() as usize) % (count + 1)).collect())
-                .collect();
-            (0..n)
-                .map(|r| {
-                    let send_counts = matrix[r].clone();
-                    let recv_counts: Vec<usize> = (0..n).map(|p| matrix[p][r]).collect();
-                    let place = |counts: &[usize], g: &mut Gen| {
-                        let mut at = 0;
-                        counts
-                            .iter()
-                            .map(|c| {
-                                at += (g.next() as usize) % 2;
-                                let d = at;
-                                at += c;
-                                d
-                            })
-                            .collect::<Vec<_>>()
-                    };
-                    let send_displs = place(&send_counts, &mut g);
-                    let recv_displs = place(&recv_counts, &mut g);
-                    let v = VLayout {
-                        send_counts,
-                        send_displs,
-                        recv_counts,
-                        recv_displs,
-                    };
-                    Shape {
-                        v: Some(Arc::new(v)),
-                        in_place: false,
-                        ..base.clone()
-                    }
-                })
-                .collect()
-        }
-        _ => vec![base; n],
-    }
-}
+pub use crate::coll::random::shapes;
 
 /// Simulates `algo` on `shapes` and compares every rank's result with the reference.
 pub fn check_shapes(
@@ -156,7 +63,7 @@ pub fn check_shapes(
     let n = shapes.len();
     let topo = topology(n, hosts);
     let s0 = &shapes[0];
-    let mut g = Gen(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut g = Rng::new(seed);
     let elem = s0.elem();
     let inputs: Vec<RankBuffers> = shapes
         .iter()

@@ -1,7 +1,7 @@
 //! Cross-memory attach: copying straight between the memory of two local processes.
 //!
 //! Above the eager threshold a receiver pulls a message out of the sender's buffer with one
-//! copy, `process_vm_readv(2)`, instead of two copies through a shared segment (SPEC F4);
+//! copy, `process_vm_readv(2)`, instead of two copies through a shared segment;
 //! [`read_remote`] and [`write_remote`] wrap the two system calls. Each call moves at most
 //! [`MAX_BYTES_PER_CALL`] bytes through one `iovec` pair, and a call that moves fewer bytes
 //! than asked (the kernel stops at the first page it cannot reach) is continued where it

@@ -1,4 +1,4 @@
-//! The shared-memory pool behind `hcommMalloc` / `hcommFree` (SPEC F2).
+//! The shared-memory pool behind `hcommMalloc` / `hcommFree`.
 //!
 //! A rank's pool is a set of *blocks*, each one [`ShmSegment`] named
 //! `hcomm-<job id>-<rank>-pool<k>` ([`segment_name`]), created lazily when an allocation needs

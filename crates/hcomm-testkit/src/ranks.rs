@@ -3,8 +3,7 @@
 //! process still running killed when the value is dropped.
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,40 +38,26 @@ fn forward(rank: usize, from: impl Read + Send + 'static, to: mpsc::Sender<(usiz
 impl Ranks {
     /// Starts `n` ranks: `command(r)` is rank r's command (the program, or a wrapper such as
     /// `ip netns exec NS` followed by it, with any variables of that rank), to which `args`,
-    /// `HCOMM_RANK`, `HCOMM_SIZE`, `HCOMM_ROOT_ADDR` and a job secret are added. Rank 0 serves
-    /// the rendezvous store at `root`, by default on a free port of 127.0.0.1.
+    /// `HCOMM_RANK`, `HCOMM_SIZE`, `HCOMM_ROOT_ADDR` and a fresh job secret are added (see
+    /// [`crate::spawn_ranks`]). Rank 0 serves the rendezvous store at `root`, by default on a
+    /// free port of 127.0.0.1.
     pub fn start(
         n: usize,
         root: Option<&str>,
         args: &[&str],
         command: impl Fn(usize) -> Command,
     ) -> Ranks {
-        let root = match root {
-            Some(root) => root.to_string(),
-            None => {
-                let free = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr());
-                format!("127.0.0.1:{}", free.unwrap().port())
-            }
-        };
+        let root = root.map_or_else(crate::local_root, str::to_string);
         let (tx, lines) = mpsc::channel();
-        let secret = format!("by-hand-{}", std::process::id());
-        let children = (0..n)
-            .map(|r| {
-                let mut c = command(r);
-                c.args(args)
-                    .env("HCOMM_RANK", r.to_string())
-                    .env("HCOMM_SIZE", n.to_string())
-                    .env("HCOMM_ROOT_ADDR", &root)
-                    .env("HCOMM_JOB_SECRET", &secret)
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped());
-                let mut child = c.spawn().unwrap_or_else(|e| panic!("starting {c:?}: {e}"));
-                forward(r, child.stdout.take().unwrap(), tx.clone());
-                forward(r, child.stderr.take().unwrap(), tx.clone());
-                child
-            })
-            .collect();
+        let mut children = crate::spawn_ranks(n, &root, |r| {
+            let mut c = command(r);
+            c.args(args);
+            c
+        });
+        for (r, child) in children.iter_mut().enumerate() {
+            forward(r, child.stdout.take().unwrap(), tx.clone());
+            forward(r, child.stderr.take().unwrap(), tx.clone());
+        }
         Ranks {
             children,
             status: vec![None; n],

@@ -1,4 +1,4 @@
-//! Helpers of the multi-process tests.
+//! One command run within a time limit.
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
@@ -42,4 +42,13 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
         stderr: e.join().unwrap(),
     };
     (output, t0.elapsed())
+}
+
+/// What `o` printed: its stdout, then its stderr.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }

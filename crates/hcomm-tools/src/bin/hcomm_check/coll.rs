@@ -1,0 +1,397 @@
+//! Collective scenarios: every call checked against the sequential reference, mismatched
+//! calls, determinism, two communicators progressing together and observed calls.
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use hcomm::coll::random::shapes;
+use hcomm::coll::{CollKind, Shape};
+use hcomm::{Communicator, DataType, Error, ReduceOp};
+
+/// Every rank's input of a call, generated identically on all ranks: small integers, so
+/// that float results are exact in any reduction order.
+fn inputs(shapes: &[Shape], seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let gen = |r: usize, len: usize, salt: u64, dtype: DataType, op: ReduceOp| -> Vec<u8> {
+        let mut out = Vec::with_capacity(len);
+        for i in 0..len / dtype.size() {
+            let x = r as u64 * 7919 + i as u64 * 104_729 + salt * 31 + seed;
+            hcomm_tools::push_test_value(dtype, op, x, &mut out);
+        }
+        out
+    };
+    let sends = shapes
+        .iter()
+        .enumerate()
+        .map(|(r, s)| gen(r, s.send_bytes(r), 1, s.dtype, s.op))
+        .collect();
+    let recvs = shapes
+        .iter()
+        .enumerate()
+        .map(|(r, s)| gen(r, s.recv_bytes(r), 2, s.dtype, s.op))
+        .collect();
+    (sends, recvs)
+}
+
+/// A call for messages: collective, type, op, count, root, in place or not.
+fn describe(s: &Shape) -> String {
+    format!(
+        "{} {} {} count {} root {} in place {}",
+        s.kind.name(),
+        s.dtype.name(),
+        s.op.name(),
+        s.count,
+        s.root,
+        s.in_place
+    )
+}
+
+/// Runs one call on this rank and checks it against the reference.
+pub(super) fn check_call(
+    comm: &Communicator,
+    shapes: &[Shape],
+    seed: u64,
+    pool: bool,
+) -> Result<()> {
+    let r = comm.rank();
+    let (sends, recvs) = inputs(shapes, seed);
+    let want = hcomm::coll::reference::expected(shapes, &sends, &recvs);
+    let s = &shapes[r];
+    let send = if s.in_place_at(r) || !has_send(s.kind) {
+        None
+    } else {
+        Some(&sends[r][..])
+    };
+    let pooled = |data: &[u8]| -> Result<hcomm::PoolBuf<u8>> {
+        let mut b = comm.alloc::<u8>(data.len())?;
+        b.copy_from_slice(data);
+        Ok(b)
+    };
+    let result = if pool {
+        let send = send.map(pooled).transpose()?;
+        let mut recv = pooled(&recvs[r])?;
+        comm.run_collective(s.clone(), send.as_deref(), &mut recv)
+            .map(|()| recv.to_vec())
+    } else {
+        let mut recv = recvs[r].clone();
+        comm.run_collective(s.clone(), send, &mut recv)
+            .map(|()| recv)
+    };
+    let recv = result.with_context(|| describe(s))?;
+    if recv != want[r] {
+        let at = recv.iter().zip(&want[r]).position(|(a, b)| a != b);
+        bail!(
+            "{}: result differs from the reference at byte {at:?}",
+            describe(s)
+        );
+    }
+    Ok(())
+}
+
+fn has_send(kind: CollKind) -> bool {
+    !matches!(kind, CollKind::Broadcast | CollKind::Barrier)
+}
+
+pub(super) fn collectives(
+    comm: &Communicator,
+    max_count: usize,
+    only: Option<&str>,
+    pool: bool,
+) -> Result<()> {
+    let n = comm.size();
+    let mut seed = 0;
+    let counts: Vec<usize> = [0usize, 1, 7, 1000, n * 333 + 1, max_count]
+        .into_iter()
+        .filter(|&c| c <= max_count)
+        .collect();
+    for kind in CollKind::ALL {
+        if only.is_some_and(|o| o != kind.name()) {
+            continue;
+        }
+        let types: Vec<(DataType, ReduceOp)> = if kind.reduces() {
+            DataType::ALL
+                .iter()
+                .flat_map(|&d| ReduceOp::ALL.iter().map(move |&o| (d, o)))
+                .filter(|&(d, o)| o.supports(d))
+                .collect()
+        } else {
+            vec![
+                (DataType::Int32, ReduceOp::Sum),
+                (DataType::Float64, ReduceOp::Sum),
+            ]
+        };
+        for (dtype, op) in types {
+            // All counts for one pair per kind, a small and a mid count for the others.
+            let cs: Vec<usize> = if dtype == DataType::Float32 || !kind.reduces() {
+                counts.clone()
+            } else {
+                vec![1, 1000]
+            };
+            for &count in &cs {
+                for in_place in [false, true] {
+                    if in_place
+                        && matches!(
+                            kind,
+                            CollKind::AllToAllV | CollKind::Broadcast | CollKind::Barrier
+                        )
+                    {
+                        continue;
+                    }
+                    seed += 1;
+                    let root = if kind.rooted() { seed as usize % n } else { 0 };
+                    let shapes = shapes(kind, n, count, root, dtype, op, in_place, seed);
+                    check_call(comm, &shapes, seed, pool)?;
+                }
+            }
+        }
+    }
+    println!("checked {seed} calls");
+    if pool {
+        let stats = comm.pool_stats();
+        ensure!(
+            stats.hits > 0,
+            "no allocation came from the pool: {stats:?}"
+        );
+        println!("pool hits {} misses {}", stats.hits, stats.misses);
+    }
+    Ok(())
+}
+
+/// Checks that this rank learns of a mismatch in the call itself (`res`) or, when its part
+/// of the call only sent, at its next call on the communicator (a barrier of every rank;
+/// with `HCOMM_ALGO=barrier:direct` every rank hears directly from every detecting rank).
+pub(super) fn expect_mismatch(
+    comm: &Communicator,
+    what: &str,
+    res: hcomm::Result<()>,
+) -> Result<()> {
+    let now = match res {
+        Err(Error::Mismatch(m)) => {
+            println!("{what}: {m}");
+            true
+        }
+        Ok(()) => false,
+        Err(e) => bail!("{what}: expected Mismatch, got {e}"),
+    };
+    match comm.barrier() {
+        Ok(()) if now => Ok(()),
+        Ok(()) => bail!("{what}: this rank never learned of the mismatch"),
+        Err(Error::Mismatch(m)) => {
+            if !now {
+                println!("{what} (reported by the next call): {m}");
+            }
+            Ok(())
+        }
+        Err(e) => bail!("{what}: the barrier after the mismatch gave {e}"),
+    }
+}
+
+pub(super) fn mismatch(comm: &Communicator) -> Result<()> {
+    ensure!(comm.size() >= 2, "mismatch needs 2 ranks");
+    let r = comm.rank();
+    // Each case on its own communicator: news of one mismatch may still be travelling when
+    // the ranks move on, and must not reach the next case.
+    let c = comm.dup()?;
+    let mut buf = vec![1.0f32; 64];
+    let res = if r == 1 {
+        c.allreduce_in_place(&mut buf[..32], ReduceOp::Sum)
+    } else {
+        c.allreduce_in_place(&mut buf, ReduceOp::Sum)
+    };
+    expect_mismatch(&c, "count", res)?;
+    let c = comm.dup()?;
+    let res = if r == 0 {
+        c.broadcast(&mut buf, 0)
+    } else {
+        c.allreduce_in_place(&mut buf, ReduceOp::Sum)
+    };
+    expect_mismatch(&c, "collective", res)?;
+    let c = comm.dup()?;
+    let res = if r == 1 {
+        let mut ints = vec![1i32; 64];
+        c.allreduce_in_place(&mut ints, ReduceOp::Sum)
+    } else {
+        c.allreduce_in_place(&mut buf, ReduceOp::Sum)
+    };
+    expect_mismatch(&c, "type", res)?;
+    let c = comm.dup()?;
+    let res = c.broadcast(&mut buf, if r == 0 { 0 } else { 1 });
+    expect_mismatch(&c, "root", res)?;
+    let c = comm.dup()?;
+    let mut big = vec![1u8; 1 << 20];
+    let res = if r == 0 {
+        c.allreduce_in_place(&mut big, ReduceOp::Max)
+    } else {
+        c.allreduce_in_place(&mut big, ReduceOp::Min)
+    };
+    expect_mismatch(&c, "op (large)", res)?;
+    // The communicator that saw no mismatch still works.
+    let mut ok = vec![1.0f32; 1000];
+    comm.allreduce_in_place(&mut ok, ReduceOp::Sum)?;
+    ensure!(
+        ok.iter().all(|&x| x == comm.size() as f32),
+        "allreduce after mismatches is wrong"
+    );
+    Ok(())
+}
+
+pub(super) fn deterministic(comm: &Communicator) -> Result<()> {
+    ensure!(
+        comm.config().deterministic,
+        "run with HCOMM_DETERMINISTIC=1"
+    );
+    let n = comm.size();
+    let mut seed = 7u64;
+    for kind in [
+        CollKind::AllReduce,
+        CollKind::Reduce,
+        CollKind::ReduceScatter,
+    ] {
+        for dtype in [
+            DataType::Float32,
+            DataType::Float64,
+            DataType::Float16,
+            DataType::Bfloat16,
+        ] {
+            for count in [1usize, 999, 65_537] {
+                seed += 1;
+                let shapes =
+                    vec![Shape::new(kind, dtype, ReduceOp::Sum, count, seed as usize % n, n); n];
+                // Values of mixed magnitude and sign: sums depend on the order of additions.
+                let gen = |r: usize, len: usize, salt: u64| -> Vec<u8> {
+                    let mut out = Vec::with_capacity(len);
+                    for i in 0..len / dtype.size() {
+                        let x = ((r as u64 * 31 + i as u64 * 17 + salt + seed) as f64 * 0.618)
+                            .sin()
+                            * 10f64.powi(((i + r) % 7) as i32 - 3);
+                        match dtype {
+                            DataType::Float32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+                            DataType::Float64 => out.extend_from_slice(&x.to_le_bytes()),
+                            DataType::Float16 => {
+                                out.extend_from_slice(&half::f16::from_f64(x).to_le_bytes())
+                            }
+                            _ => out.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+                        }
+                    }
+                    out
+                };
+                let sends: Vec<Vec<u8>> = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(r, s)| gen(r, s.send_bytes(r), 1))
+                    .collect();
+                let recvs: Vec<Vec<u8>> = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(r, s)| gen(r, s.recv_bytes(r), 2))
+                    .collect();
+                let want = hcomm::coll::reference::expected(&shapes, &sends, &recvs);
+                let r = comm.rank();
+                let mut recv = recvs[r].clone();
+                comm.run_collective(shapes[r].clone(), Some(&sends[r]), &mut recv)?;
+                ensure!(
+                    recv == want[r],
+                    "{} {} x {}: not bitwise equal to the rank-order reference",
+                    kind.name(),
+                    count,
+                    dtype.name()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn overlap(comm: &Communicator) -> Result<()> {
+    let n = comm.size();
+    let other = comm.dup()?;
+    // Opposite orders on alternate ranks would deadlock if the two did not progress together.
+    let a = hcomm::coll::Shape::new(
+        CollKind::AllReduce,
+        DataType::Float32,
+        ReduceOp::Sum,
+        1 << 18,
+        0,
+        n,
+    );
+    let mk = |v: f32| -> Vec<u8> { bytemuck::cast_slice(&vec![v; a.count]).to_vec() };
+    let (ra, rb) = if comm.rank() % 2 == 0 {
+        let ra = comm.iallreduce(mk(1.0), DataType::Float32, ReduceOp::Sum)?;
+        let rb = other.iallreduce(mk(2.0), DataType::Float32, ReduceOp::Sum)?;
+        (ra, rb)
+    } else {
+        let rb = other.iallreduce(mk(2.0), DataType::Float32, ReduceOp::Sum)?;
+        let ra = comm.iallreduce(mk(1.0), DataType::Float32, ReduceOp::Sum)?;
+        (ra, rb)
+    };
+    let (a_out, b_out) = (rb.wait()?, ra.wait()?);
+    let fa: &[f32] = bytemuck::cast_slice(&b_out.buffer);
+    let fb: &[f32] = bytemuck::cast_slice(&a_out.buffer);
+    ensure!(
+        fa.iter().all(|&x| x == n as f32) && fb.iter().all(|&x| x == 2.0 * n as f32),
+        "overlapped allreduces are wrong"
+    );
+    // Any collective can start in the background: an all-gather overlapping a barrier on
+    // the other communicator.
+    let g = Shape::new(CollKind::AllGather, DataType::Int32, ReduceOp::Sum, 3, 0, n);
+    let mine: Vec<u8> = bytemuck::cast_slice(&[comm.rank() as i32; 3]).to_vec();
+    let req = comm.start_collective(g.clone(), Some(mine), vec![0u8; g.recv_bytes(comm.rank())])?;
+    other.barrier()?;
+    let got = req.wait()?;
+    let ints: &[i32] = bytemuck::cast_slice(&got.buffer);
+    ensure!(
+        ints.chunks(3)
+            .enumerate()
+            .all(|(p, c)| c.iter().all(|&x| x == p as i32)),
+        "nonblocking allgather is wrong"
+    );
+    // A batch of 1000 small all-reduces equals 1000 separate ones.
+    let mut bufs: Vec<Vec<f32>> = (0..1000)
+        .map(|i| vec![(comm.rank() + i) as f32; 8])
+        .collect();
+    let mut batch = comm.batch();
+    for b in bufs.iter_mut() {
+        batch.allreduce(b, ReduceOp::Sum);
+    }
+    batch.run()?;
+    for (i, b) in bufs.iter().enumerate() {
+        let want = (0..n).map(|r| (r + i) as f32).sum::<f32>();
+        ensure!(
+            b.iter().all(|&x| x == want),
+            "batched allreduce {i} is wrong"
+        );
+    }
+    Ok(())
+}
+
+/// The `observe` scenario: checked all-reduces; `late` = (rank, call, delay): that rank
+/// comes to that call that late.
+pub(super) fn observe(
+    comm: &Communicator,
+    calls: usize,
+    count: usize,
+    pause_ms: u64,
+    late: Option<(usize, usize, Duration)>,
+) -> Result<()> {
+    use std::io::Write as _;
+    println!("pid {}", std::process::id());
+    std::io::stdout().flush()?;
+    let n = comm.size() as f32;
+    for call in 0..calls {
+        if let Some((_, _, delay)) = late.filter(|&(r, c, _)| (r, c) == (comm.rank(), call)) {
+            std::thread::sleep(delay);
+        }
+        let mut buf = vec![(comm.rank() + call) as f32; count];
+        comm.allreduce_in_place(&mut buf, ReduceOp::Sum)?;
+        // Rank r contributes r + call: the sum is n(n-1)/2 + n * call.
+        let want = n * (n - 1.0) / 2.0 + n * call as f32;
+        ensure!(
+            buf.iter().all(|&x| x == want),
+            "all-reduce {call}: got {:?}, expected {want}",
+            buf.first()
+        );
+        if pause_ms > 0 {
+            std::thread::sleep(Duration::from_millis(pause_ms));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! Failures: survivors of a lost peer and of an aborted world, and when they learn of it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use hcomm::{Communicator, Error, ReduceOp};
+
+use super::resources::nothing_left;
+
+/// The operation survivors of `peer-loss` wait in.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(super) enum Pending {
+    /// A blocking receive from the first victim (the waiter sleeps).
+    Recv,
+    /// All-reduces of 256 KiB in a loop (the waiter is busy).
+    Allreduce,
+}
+
+/// Unix time in nanoseconds, to compare events of different processes of one machine.
+fn unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+pub(super) fn peer_loss(
+    comm: Communicator,
+    victims: &[usize],
+    kill_after_ms: Option<u64>,
+    pending: Pending,
+    before: (usize, usize),
+) -> Result<()> {
+    let r = comm.rank();
+    ensure!(
+        victims.iter().all(|&v| v < comm.size()) && !victims.is_empty(),
+        "--victims must name ranks below {}",
+        comm.size()
+    );
+    ensure!(
+        victims.len() < comm.size(),
+        "somebody must survive to notice"
+    );
+    comm.barrier()?;
+    println!("ready {}", unix_ns());
+    let mut buf = vec![1.0f32; 1 << 16];
+    if victims.contains(&r) {
+        let Some(ms) = kill_after_ms else {
+            // Wait to be killed from outside, taking part meanwhile.
+            let until = Instant::now() + comm.config().timeout;
+            while Instant::now() < until {
+                match pending {
+                    Pending::Allreduce => comm.allreduce_in_place(&mut buf, ReduceOp::Max)?,
+                    Pending::Recv => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+            bail!("rank {r} of --victims was not killed");
+        };
+        std::thread::sleep(Duration::from_millis(ms));
+        println!("killing {}", unix_ns());
+        // SAFETY: kill has no memory-safety preconditions; it ends this process at once.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        bail!("SIGKILL did not arrive");
+    }
+    let err = match pending {
+        Pending::Recv => {
+            let mut byte = [0u8; 1];
+            match comm.recv(&mut byte, victims[0], 99) {
+                Ok(_) => bail!(
+                    "received a message from rank {} that never sends",
+                    victims[0]
+                ),
+                Err(e) => e,
+            }
+        }
+        Pending::Allreduce => loop {
+            if let Err(e) = comm.allreduce_in_place(&mut buf, ReduceOp::Max) {
+                break e;
+            }
+        },
+    };
+    let at = unix_ns();
+    match err {
+        Error::PeerLost(_) | Error::Aborted(_) => {
+            println!("lost {at} {:?}: {err}", err.code());
+        }
+        e => bail!("expected PeerLost or Aborted, got {e}"),
+    }
+    // The world has lost a rank: release it without the goodbye of destroy.
+    nothing_left(comm, before)
+}
+
+pub(super) fn abort(
+    comm: Communicator,
+    aborter: usize,
+    pending: Pending,
+    before: (usize, usize),
+) -> Result<()> {
+    let r = comm.rank();
+    ensure!(
+        aborter < comm.size() && comm.size() > 1,
+        "--aborter must name a rank below {}, and somebody must wait",
+        comm.size()
+    );
+    // Derived before the abort: not aborted with it.
+    let spare = comm.dup()?;
+    comm.barrier()?;
+    println!("ready {}", unix_ns());
+    let mut buf = vec![1.0f32; 1 << 16];
+    let later = |comm: &Communicator| -> Result<()> {
+        match comm.barrier() {
+            Err(Error::Aborted(_)) => {}
+            other => bail!("a call after the abort gave {other:?}, not Aborted"),
+        }
+        spare
+            .barrier()
+            .context("a communicator duplicated before the abort")
+    };
+    if r == aborter {
+        // Another thread of the aborter waits on the communicator too: the abort ends it.
+        let peer = (r + 1) % comm.size();
+        std::thread::scope(|s| -> Result<()> {
+            let waiter = s.spawn(|| {
+                let mut byte = [0u8; 1];
+                comm.recv(&mut byte, peer, 98)
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            println!("aborting {}", unix_ns());
+            comm.abort()?;
+            comm.abort()?;
+            match waiter.join() {
+                Ok(Err(Error::Aborted(m))) if m.contains("this rank aborted") => Ok(()),
+                Ok(other) => bail!("the aborter's other thread got {other:?}, not Aborted"),
+                Err(_) => bail!("the aborter's other thread panicked"),
+            }
+        })?;
+        later(&comm)?;
+        drop(spare);
+        std::thread::sleep(Duration::from_secs(1));
+        nothing_left(comm, before)?;
+        bail!("rank {r} aborted the world on purpose");
+    }
+    let err = match pending {
+        Pending::Recv => {
+            let mut byte = [0u8; 1];
+            match comm.recv(&mut byte, aborter, 99) {
+                Ok(_) => bail!("received a message from rank {aborter} that never sends"),
+                Err(e) => e,
+            }
+        }
+        Pending::Allreduce => loop {
+            if let Err(e) = comm.allreduce_in_place(&mut buf, ReduceOp::Max) {
+                break e;
+            }
+        },
+    };
+    let at = unix_ns();
+    let named = format!("world rank {aborter} aborted");
+    match &err {
+        Error::Aborted(m) if m.contains(&named) => println!("aborted {at} {:?}: {err}", err.code()),
+        e => bail!("expected Aborted naming rank {aborter}, got {e}"),
+    }
+    later(&comm)?;
+    drop(spare);
+    nothing_left(comm, before)
+}

@@ -1,0 +1,390 @@
+//! `hcomm_check`: conformance checks of point-to-point messaging, run under any launcher.
+//!
+//! Each scenario exchanges data between all ranks and verifies every byte; the test suite
+//! runs it under hcommrun, Open MPI and MPICH. Every rank prints `OK <scenario>` on success
+//! and exits non-zero with the reason on failure.
+//!
+//! The scenarios live by subject: [`p2p`] (messages, tags, truncation, timeouts, split,
+//! progress), [`coll`] (collectives against the reference, mismatches, determinism, overlap,
+//! observed calls), [`soak`], [`failure`] (lost peers, aborts) and [`resources`] (what a
+//! process holds, and the life cycle of communicators).
+
+mod coll;
+mod failure;
+mod p2p;
+mod resources;
+mod soak;
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Parser, Subcommand};
+use hcomm::{Communicator, ReduceOp};
+
+#[derive(Parser)]
+#[command(about = "Conformance checks of hcomm's point-to-point layer (run under a launcher)")]
+struct Args {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand, Clone)]
+enum Scenario {
+    /// Print rank, size and local rank; check a barrier.
+    Hello,
+    /// Ring exchange (send right, receive left) at sizes 0 B .. --max-size.
+    Ring {
+        /// Largest message, in bytes.
+        #[arg(long, default_value_t = 64 << 20)]
+        max_size: usize,
+    },
+    /// Every rank sends to and receives from every other rank at once (nonblocking). First
+    /// every rank prints `listening N threads T`: its TCP sockets in the listening state once
+    /// init is done (the mesh listener closes once every peer connected; rank 0 of a job
+    /// without a launcher's store keeps the store's) and its threads.
+    AllPairs {
+        /// Largest message, in bytes.
+        #[arg(long, default_value_t = 4 << 20)]
+        max_size: usize,
+    },
+    /// Messages of one source and tag arrive in order, whatever other tags do.
+    Tags,
+    /// A message longer than the receive buffer gives Error::Truncated, small and large.
+    Truncate,
+    /// A receive from a rank that never sends times out (set a short HCOMM_TIMEOUT).
+    Timeout,
+    /// split and dup give independent communicators.
+    Split,
+    /// Rank 1 exits with status 3 at once; the others wait for it (launcher failure test).
+    Exit,
+    /// Rank 1 exits with status 3 in the middle of a loop of all-reduces; the others must
+    /// fail fast (PeerLost or Aborted), not wait out HCOMM_TIMEOUT.
+    CollExit,
+    /// A nonblocking send completes while its sender computes without calling hcomm.
+    Progress,
+    /// Every collective, data type and op against the sequential reference.
+    Collectives {
+        /// Largest count (elements) tried.
+        #[arg(long, default_value_t = 70_000)]
+        max_count: usize,
+        /// Only this collective.
+        #[arg(long)]
+        only: Option<String>,
+        /// Buffers from the shared-memory pool (`Communicator::alloc`) instead of the heap.
+        #[arg(long)]
+        pool: bool,
+    },
+    /// Ranks calling different collectives, counts, types or roots get Error::Mismatch.
+    Mismatch,
+    /// Ranks configured with different HCOMM_ALGO: their all-reduce reports a mismatch.
+    AlgoMismatch,
+    /// With HCOMM_DETERMINISTIC=1, float reductions of arbitrary values equal the rank-order
+    /// reference bit for bit, whatever HCOMM_ALGO says.
+    Deterministic,
+    /// Nonblocking collectives on two communicators progress together; a batch of 1000
+    /// small all-reduces gives the same results as separate calls.
+    Overlap,
+    /// Worlds created and destroyed in a row leave no socket or thread behind.
+    Lifecycle,
+    /// Ring exchange at sizes around every protocol threshold, then the protocol counts.
+    Protocols,
+    /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
+    /// every wait sleeps); then the count of sleeps nobody woke, which must be zero.
+    Wakeups,
+    /// Random collectives (kinds, types, ops, counts, roots, in place or not, heap or pool
+    /// memory) on the world and on communicators made by split and dup, each checked against
+    /// the sequential reference; every rank draws the same calls from --seed.
+    Soak {
+        /// Number of calls (on all communicators together).
+        #[arg(long, default_value_t = 1000)]
+        calls: usize,
+        /// Seed of the random calls: the same seed gives the same calls.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Largest count (elements) of a call.
+        #[arg(long, default_value_t = 100_000)]
+        max_count: usize,
+    },
+    /// The ranks in --victims are killed while the others wait in a pending operation on
+    /// them; the others must fail with PeerLost (or Aborted, when another survivor's abort
+    /// reaches them first). Every rank prints `ready <ns>` after the start-up barrier, a victim
+    /// that kills itself `killing <ns>` just before, a survivor `lost <ns> <error>` when its
+    /// operation fails (ns: nanoseconds since the Unix epoch), for kill-to-error latencies.
+    PeerLoss {
+        /// World ranks that die.
+        #[arg(long, value_delimiter = ',', required = true)]
+        victims: Vec<usize>,
+        /// A victim kills itself with SIGKILL this long after the barrier; without it, the
+        /// victims wait to be killed from outside (a failure if nobody does).
+        #[arg(long)]
+        kill_after_ms: Option<u64>,
+        /// What the survivors wait in: a receive from the first victim, or a loop of
+        /// all-reduces on the world (the victims run it too until they die).
+        #[arg(long, value_enum, default_value_t = failure::Pending::Recv)]
+        pending: failure::Pending,
+    },
+    /// All-reduces in a loop, checked, for the profiler, stall and trace tests: every rank
+    /// prints `pid <pid>` first; rank --late joins call --late-call only after --late-ms (the
+    /// others stall in it), and every rank pauses --pause-ms between calls.
+    Observe {
+        /// Number of all-reduces.
+        #[arg(long, default_value_t = 100)]
+        calls: usize,
+        /// Floats per all-reduce.
+        #[arg(long, default_value_t = 1024)]
+        count: usize,
+        /// Milliseconds between calls.
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
+        /// The rank that comes late to the first call.
+        #[arg(long)]
+        late: Option<usize>,
+        /// How late it comes, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        late_ms: u64,
+        /// The call it comes late to (from 0; the first call of a shape also sets up).
+        #[arg(long, default_value_t = 0)]
+        late_call: usize,
+    },
+    /// Rank --aborter aborts the world (`Communicator::abort`) while the others, and another
+    /// thread of its own, wait in a pending operation; they must fail with Aborted naming it,
+    /// as must every later call, while a communicator duplicated before still works.
+    /// Every rank prints `ready <ns>` after the start-up barrier, the aborter `aborting <ns>`
+    /// just before, the others `aborted <ns> <error>`. Then every rank releases the world and
+    /// checks that no thread or socket of hcomm is left; the aborter lingers a second (so that
+    /// the others report before the launcher stops them) and exits with status 1.
+    Abort {
+        /// World rank that aborts.
+        #[arg(long, default_value_t = 1)]
+        aborter: usize,
+        /// What the others wait in: a receive from the aborter, or a loop of all-reduces on
+        /// the world (which the aborter never joins).
+        #[arg(long, value_enum, default_value_t = failure::Pending::Recv)]
+        pending: failure::Pending,
+    },
+    /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
+    /// fail fast with PeerLost naming it.
+    Kill {
+        /// Rank 1 first takes pool memory no peer has mapped (its block's name is left for
+        /// hcommrun to sweep).
+        #[arg(long)]
+        pool: bool,
+    },
+}
+
+fn run(scenario: Scenario) -> Result<()> {
+    let before = resources::footprint()?;
+    let comm = Communicator::init().context("init")?;
+    let name = match scenario {
+        Scenario::Hello => {
+            println!(
+                "rank {} of {} local {} of {} launcher {:?}",
+                comm.rank(),
+                comm.size(),
+                comm.local_rank(),
+                comm.local_size(),
+                comm.config().launch.launcher
+            );
+            comm.barrier()?;
+            "hello"
+        }
+        Scenario::Ring { max_size } => {
+            p2p::ring(&comm, max_size)?;
+            "ring"
+        }
+        Scenario::AllPairs { max_size } => {
+            let threads = std::fs::read_dir("/proc/self/task")?.count();
+            println!(
+                "listening {} threads {threads}",
+                resources::listening_sockets()?
+            );
+            p2p::all_pairs(&comm, max_size)?;
+            "all-pairs"
+        }
+        Scenario::Tags => {
+            p2p::tags(&comm)?;
+            "tags"
+        }
+        Scenario::Truncate => {
+            p2p::truncate(&comm)?;
+            "truncate"
+        }
+        Scenario::Timeout => {
+            p2p::timeout(&comm)?;
+            "timeout"
+        }
+        Scenario::Split => {
+            p2p::split(&comm)?;
+            "split"
+        }
+        Scenario::Progress => {
+            p2p::progress(&comm)?;
+            "progress"
+        }
+        Scenario::Collectives {
+            max_count,
+            only,
+            pool,
+        } => {
+            coll::collectives(&comm, max_count, only.as_deref(), pool)?;
+            "collectives"
+        }
+        Scenario::Mismatch => {
+            coll::mismatch(&comm)?;
+            "mismatch"
+        }
+        Scenario::AlgoMismatch => {
+            let mut buf = vec![1.0f32; 4096];
+            let res = comm.allreduce_in_place(&mut buf, ReduceOp::Sum);
+            coll::expect_mismatch(&comm, "algorithm", res)?;
+            "algo-mismatch"
+        }
+        Scenario::Deterministic => {
+            coll::deterministic(&comm)?;
+            "deterministic"
+        }
+        Scenario::Overlap => {
+            coll::overlap(&comm)?;
+            "overlap"
+        }
+        Scenario::Lifecycle => {
+            return resources::lifecycle(comm).map(|()| println!("OK lifecycle"))
+        }
+        Scenario::Soak {
+            calls,
+            seed,
+            max_count,
+        } => {
+            soak::soak(&comm, calls, seed, max_count)?;
+            "soak"
+        }
+        Scenario::PeerLoss {
+            victims,
+            kill_after_ms,
+            pending,
+        } => {
+            return failure::peer_loss(comm, &victims, kill_after_ms, pending, before)
+                .map(|()| println!("OK peer-loss"));
+        }
+        Scenario::Observe {
+            calls,
+            count,
+            pause_ms,
+            late,
+            late_ms,
+            late_call,
+        } => {
+            let late = late.map(|rank| (rank, late_call, Duration::from_millis(late_ms)));
+            coll::observe(&comm, calls, count, pause_ms, late)?;
+            "observe"
+        }
+        Scenario::Abort { aborter, pending } => {
+            return failure::abort(comm, aborter, pending, before).map(|()| println!("OK abort"));
+        }
+        Scenario::Protocols => {
+            let c = comm.config();
+            let (eager, push) = (c.shm_eager_limit, c.shm_push_threshold);
+            let mut sizes = vec![0, 1, eager, eager + 1, push, push + 1, 3 * push + 5];
+            sizes.retain(|&s| s <= 64 << 20);
+            p2p::ring_sizes(&comm, sizes)?;
+            let s = comm.protocol_stats();
+            let right = (comm.rank() + 1) % comm.size();
+            println!(
+                "protocols shm={} shm_eager={} shm_pull={} shm_push={} tcp_eager={} tcp_rendezvous={}",
+                comm.uses_shm(right),
+                s.shm_eager,
+                s.shm_pull,
+                s.shm_push,
+                s.tcp_eager,
+                s.tcp_rendezvous
+            );
+            "protocols"
+        }
+        Scenario::Wakeups => {
+            let c = comm.config();
+            let sizes = [8, c.shm_eager_limit + 1, c.shm_push_threshold + 1];
+            let me = comm.rank();
+            for (round, &len) in sizes.iter().enumerate() {
+                for _ in 0..50 {
+                    let mut got = vec![0u8; len];
+                    match me {
+                        0 => {
+                            comm.send(&p2p::fill(0, 1, round, len), 1, 9)?;
+                            comm.recv(&mut got, 1, 9)?;
+                            p2p::verify(&got, 1, 0, round)?;
+                        }
+                        1 => {
+                            comm.recv(&mut got, 0, 9)?;
+                            p2p::verify(&got, 0, 1, round)?;
+                            comm.send(&p2p::fill(1, 0, round, len), 0, 9)?;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let s = comm.protocol_stats();
+            println!("wakeups naps={} full_naps={}", s.naps, s.full_naps);
+            ensure!(
+                s.full_naps == 0,
+                "{} of {} sleeps were never woken: a lost wake-up",
+                s.full_naps,
+                s.naps
+            );
+            "wakeups"
+        }
+        Scenario::Kill { pool } => {
+            comm.barrier()?;
+            if comm.rank() == 1 {
+                let held = if pool {
+                    let b = comm.alloc::<u8>(1 << 20)?;
+                    ensure!(b.in_pool(), "the pool did not serve 1 MiB");
+                    Some(b)
+                } else {
+                    None
+                };
+                // SAFETY: raise has no memory preconditions; SIGKILL ends this process here.
+                unsafe { libc::raise(libc::SIGKILL) };
+                std::thread::sleep(std::time::Duration::from_secs(10));
+                drop(held);
+                bail!("SIGKILL did not arrive");
+            }
+            let mut buf = vec![1.0f32; 1 << 16];
+            for i in 0..100_000 {
+                comm.allreduce_in_place(&mut buf, ReduceOp::Max)
+                    .with_context(|| format!("allreduce {i}"))?;
+            }
+            "kill"
+        }
+        Scenario::CollExit => {
+            let mut buf = vec![1.0f32; 1 << 18];
+            for i in 0..1000 {
+                if comm.rank() == 1 && i == 10 {
+                    std::process::exit(3);
+                }
+                comm.allreduce_in_place(&mut buf, ReduceOp::Max)
+                    .with_context(|| format!("allreduce {i}"))?;
+            }
+            "coll-exit"
+        }
+        Scenario::Exit => {
+            if comm.rank() == 1 {
+                std::process::exit(3);
+            }
+            let mut buf = [0u8; 1];
+            comm.recv(&mut buf, 1, 0).context("waiting for rank 1")?;
+            "exit"
+        }
+    };
+    comm.destroy()?;
+    println!("OK {name}");
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args.scenario) {
+        let rank = std::env::var("HCOMM_RANK").unwrap_or_else(|_| "?".into());
+        eprintln!("hcomm_check (rank {rank}): FAILED: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,264 @@
+//! Point-to-point scenarios: every byte of every message checked, tags, truncation,
+//! timeouts, split communicators and progress.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use hcomm::{Communicator, Error};
+
+/// The byte at `i` of the message from `src` to `dst` in round `round`.
+pub(super) fn pattern(src: usize, dst: usize, round: usize, i: usize) -> u8 {
+    let x = (src as u64 + 1).wrapping_mul(0x9e37_79b9) ^ (dst as u64 + 7).wrapping_mul(0x85eb_ca6b);
+    (x.wrapping_add(round as u64 * 131)
+        .wrapping_add(i as u64 * 2_654_435_761)
+        >> 11) as u8
+}
+
+pub(super) fn fill(src: usize, dst: usize, round: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| pattern(src, dst, round, i)).collect()
+}
+
+pub(super) fn verify(buf: &[u8], src: usize, dst: usize, round: usize) -> Result<()> {
+    if let Some(i) = (0..buf.len()).find(|&i| buf[i] != pattern(src, dst, round, i)) {
+        bail!(
+            "byte {i} of {} from rank {src} (round {round}) is wrong",
+            buf.len()
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn sizes(max: usize) -> Vec<usize> {
+    let mut v = vec![
+        0,
+        1,
+        7,
+        4096,
+        65536,
+        65537,
+        1 << 20,
+        (1 << 20) + 3,
+        16 << 20,
+        64 << 20,
+    ];
+    v.retain(|&s| s <= max);
+    v
+}
+
+pub(super) fn ring(comm: &Communicator, max: usize) -> Result<()> {
+    ring_sizes(comm, sizes(max))
+}
+
+pub(super) fn ring_sizes(comm: &Communicator, sizes: Vec<usize>) -> Result<()> {
+    let (r, n) = (comm.rank(), comm.size());
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    for (round, len) in sizes.into_iter().enumerate() {
+        let out = fill(r, right, round, len);
+        let mut got = vec![0u8; len];
+        let k = comm
+            .sendrecv(&out, right, 5, &mut got, left, 5)
+            .with_context(|| format!("ring, {len} bytes"))?;
+        ensure!(k == len, "ring: received {k} bytes, expected {len}");
+        verify(&got, left, r, round)?;
+    }
+    Ok(())
+}
+
+pub(super) fn all_pairs(comm: &Communicator, max: usize) -> Result<()> {
+    let (r, n) = (comm.rank(), comm.size());
+    for (round, len) in sizes(max).into_iter().enumerate() {
+        let mut reqs = Vec::new();
+        for p in (0..n).filter(|&p| p != r) {
+            reqs.push(comm.irecv(vec![0u8; len], p, 9)?);
+        }
+        let mut sends = Vec::new();
+        for p in (0..n).filter(|&p| p != r) {
+            sends.push(comm.isend(fill(r, p, round, len), p, 9)?);
+        }
+        let got =
+            hcomm::wait_all(reqs).with_context(|| format!("all-pairs receive, {len} bytes"))?;
+        for (c, p) in got.iter().zip((0..n).filter(|&p| p != r)) {
+            ensure!(
+                c.len == len,
+                "all-pairs: {} bytes from rank {p}, expected {len}",
+                c.len
+            );
+            verify(&c.buffer, p, r, round)?;
+        }
+        hcomm::wait_all(sends).context("all-pairs send")?;
+    }
+    Ok(())
+}
+
+pub(super) fn tags(comm: &Communicator) -> Result<()> {
+    ensure!(comm.size() >= 2, "tags needs 2 ranks");
+    const N: usize = 40;
+    let len_of = |i: usize| if i % 3 == 0 { 200_000 + i } else { 10 + i };
+    match comm.rank() {
+        0 => {
+            for i in 0..N {
+                let tag = 1 + (i % 2) as u32;
+                let mut msg = fill(0, 1, i, len_of(i));
+                msg[0] = i as u8;
+                let req = comm.isend(msg, 1, tag)?;
+                // Keep some in flight while later ones are posted.
+                if i % 4 == 3 {
+                    req.wait()?;
+                } else {
+                    drop(req);
+                }
+            }
+            comm.barrier()?;
+        }
+        1 => {
+            // All of tag 2 first, then tag 1: within each tag the order must hold.
+            for tag in [2u32, 1] {
+                for i in (0..N).filter(|i| 1 + (i % 2) as u32 == tag) {
+                    let mut buf = vec![0u8; 300_000];
+                    let k = comm.recv(&mut buf, 0, tag)?;
+                    ensure!(
+                        k == len_of(i) && buf[0] == i as u8,
+                        "tag {tag}: got message {} where {i} was due",
+                        buf[0]
+                    );
+                    let mut want = fill(0, 1, i, k);
+                    want[0] = i as u8;
+                    ensure!(buf[..k] == want[..], "tag {tag}: message {i} is corrupt");
+                }
+            }
+            comm.barrier()?;
+        }
+        _ => comm.barrier()?,
+    }
+    Ok(())
+}
+
+pub(super) fn truncate(comm: &Communicator) -> Result<()> {
+    ensure!(comm.size() >= 2, "truncate needs 2 ranks");
+    match comm.rank() {
+        0 => {
+            comm.send(&[1u8; 100], 1, 3)?;
+            comm.send(&vec![2u8; 1 << 20], 1, 3)?;
+            comm.send(&[3u8; 10], 1, 3)?;
+        }
+        1 => {
+            for expect in [100usize, 1 << 20] {
+                let mut small = [0u8; 10];
+                match comm.recv(&mut small, 0, 3) {
+                    Err(Error::Truncated(msg)) => {
+                        ensure!(
+                            msg.contains(&expect.to_string()),
+                            "message does not name the length: {msg}"
+                        )
+                    }
+                    other => bail!(
+                        "{expect}-byte message into 10 bytes gave {other:?}, expected Truncated"
+                    ),
+                }
+            }
+            let mut buf = [0u8; 10];
+            ensure!(
+                comm.recv(&mut buf, 0, 3)? == 10 && buf == [3u8; 10],
+                "message after truncation is wrong"
+            );
+        }
+        _ => {}
+    }
+    comm.barrier()?;
+    Ok(())
+}
+
+pub(super) fn timeout(comm: &Communicator) -> Result<()> {
+    ensure!(comm.size() >= 2, "timeout needs 2 ranks");
+    if comm.rank() == 1 {
+        let t0 = Instant::now();
+        let mut buf = [0u8; 8];
+        match comm.recv(&mut buf, 0, 77) {
+            Err(Error::Timeout(msg)) => {
+                ensure!(
+                    msg.contains("rank 0"),
+                    "timeout message does not name the peer: {msg}"
+                );
+                println!("timed out after {:.2} s: {msg}", t0.elapsed().as_secs_f64());
+            }
+            other => bail!("receive from a silent rank gave {other:?}, expected Timeout"),
+        }
+    } else {
+        // Stay silent past rank 1's timeout, then check the link still works.
+        std::thread::sleep(comm.config().timeout + Duration::from_millis(500));
+    }
+    comm.barrier()?;
+    Ok(())
+}
+
+pub(super) fn split(comm: &Communicator) -> Result<()> {
+    let (r, n) = (comm.rank(), comm.size());
+    let half = comm
+        .split((r % 2) as i32, -(r as i32))?
+        .context("split returned no communicator")?;
+    let expect_size = (n + 1 - r % 2) / 2;
+    ensure!(
+        half.size() == expect_size,
+        "split size {} expected {expect_size}",
+        half.size()
+    );
+    // key = -rank: ranks are ordered in reverse.
+    ensure!(
+        half.rank() == expect_size - 1 - r / 2,
+        "split rank {} is wrong for rank {r}",
+        half.rank()
+    );
+    ring(&half, 1 << 20)?;
+    let none = comm.split(if r == 0 { -1 } else { 0 }, 0)?;
+    ensure!(
+        none.is_none() == (r == 0),
+        "negative color must give no communicator"
+    );
+    let dup = comm.dup()?;
+    // The same tag on both communicators must not cross.
+    if n >= 2 {
+        let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+        let mut a = [0u8; 1];
+        let mut b = [0u8; 1];
+        let ra = comm.irecv(vec![0u8; 1], left, 4)?;
+        dup.send(&[2], right, 4)?;
+        comm.send(&[1], right, 4)?;
+        dup.recv(&mut b, left, 4)?;
+        a[0] = ra.wait()?.buffer[0];
+        ensure!(
+            a == [1] && b == [2],
+            "messages crossed between a communicator and its dup"
+        );
+    }
+    dup.barrier()?;
+    half.destroy()?;
+    Ok(())
+}
+
+pub(super) fn progress(comm: &Communicator) -> Result<()> {
+    ensure!(comm.size() >= 2, "progress needs 2 ranks");
+    const LEN: usize = 16 << 20;
+    const BUSY: Duration = Duration::from_millis(1500);
+    match comm.rank() {
+        0 => {
+            let req = comm.isend(fill(0, 1, 0, LEN), 1, 6)?;
+            // "Compute" without touching hcomm: the transfer must go on meanwhile.
+            std::thread::sleep(BUSY);
+            req.wait()?;
+        }
+        1 => {
+            let t0 = Instant::now();
+            let mut buf = vec![0u8; LEN];
+            comm.recv(&mut buf, 0, 6)?;
+            let took = t0.elapsed();
+            verify(&buf, 0, 1, 0)?;
+            ensure!(
+                took < BUSY / 2,
+                "the receive took {took:?}: the sender's isend did not progress on its own"
+            );
+        }
+        _ => {}
+    }
+    comm.barrier()?;
+    Ok(())
+}

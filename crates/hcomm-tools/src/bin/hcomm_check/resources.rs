@@ -1,0 +1,90 @@
+//! What a process holds (threads, sockets, descriptors) and the life cycle of
+//! communicators: nothing of hcomm is left once they are gone.
+
+use anyhow::{ensure, Context, Result};
+use hcomm::Communicator;
+
+use super::p2p::ring;
+
+/// Threads and open sockets of this process.
+pub(super) fn footprint() -> Result<(usize, usize)> {
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    let mut sockets = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        // An fd closed since the listing has no link any more.
+        if let Ok(link) = std::fs::read_link(entry?.path()) {
+            sockets += usize::from(link.to_string_lossy().starts_with("socket:"));
+        }
+    }
+    Ok((threads, sockets))
+}
+
+/// Releases `comm` after a failure and checks that the process is back to `before` (its
+/// footprint before the first init): no thread or socket of hcomm is left.
+pub(super) fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result<()> {
+    drop(comm);
+    let after = footprint()?;
+    ensure!(
+        after == before,
+        "after the failure and release: (threads, sockets) {after:?}, before init {before:?}"
+    );
+    println!("left threads=0 sockets=0");
+    Ok(())
+}
+
+/// This process's TCP sockets in the listening state.
+pub(super) fn listening_sockets() -> Result<usize> {
+    // Sockets of this process by inode, from /proc/self/fd ("socket:[INODE]").
+    let mut mine = std::collections::HashSet::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Ok(link) = std::fs::read_link(entry?.path()) {
+            let link = link.to_string_lossy().into_owned();
+            if let Some(inode) = link
+                .strip_prefix("socket:[")
+                .and_then(|l| l.strip_suffix(']'))
+            {
+                mine.insert(inode.to_owned());
+            }
+        }
+    }
+    // The namespace's TCP sockets: column 4 is the state (0A: listening), column 10 the inode.
+    let mut count = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" && mine.contains(cols[9]) {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
+}
+
+/// Open file descriptors and threads of this process.
+pub(super) fn resources() -> Result<(usize, usize)> {
+    let fds = std::fs::read_dir("/proc/self/fd")?.count();
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    Ok((fds, threads))
+}
+
+pub(super) fn lifecycle(first: Communicator) -> Result<()> {
+    ring(&first, 1 << 20)?;
+    first.destroy()?;
+    let before = resources()?;
+    for round in 0..3 {
+        let comm = Communicator::init().context("init again")?;
+        let dup = comm.dup()?;
+        ring(&dup, 65536)?;
+        drop(dup);
+        comm.destroy()?;
+        let after = resources()?;
+        ensure!(
+            after == before,
+            "round {round}: (fds, threads) went from {before:?} to {after:?}"
+        );
+    }
+    Ok(())
+}
