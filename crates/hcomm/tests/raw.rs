@@ -358,3 +358,13 @@ fn overlapped_requests_and_messages_on_lent_memory() {
 fn bad_calls_on_lent_memory_are_refused_before_sending() {
     job("refused", 2, &[]);
 }
+
+/// Front ends keep requests in objects other threads may hold (Python objects, C handles).
+#[test]
+fn requests_and_lent_buffers_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Request>();
+    send_sync::<Communicator>();
+    send::<RawBuf>();
+}

@@ -53,7 +53,7 @@ trait Arith: bytemuck::Pod {
 }
 
 /// Runs `$body` with `$t` bound to the Rust type of `$dtype`, and `$bool` for bool (whose
-/// truth values are no Rust arithmetic type: [`truth_of`] computes them).
+/// truth values are no Rust arithmetic type: [`or`], [`and`] and [`xor`] compute them).
 macro_rules! with_type {
     ($dtype:expr, $t:ident => $body:expr, bool => $bool:expr) => {
         match $dtype {
@@ -110,38 +110,83 @@ macro_rules! with_type {
     };
 }
 
-/// The function of `op` on elements of `T`.
-fn op_of<T: Arith>(op: ReduceOp) -> fn(T, T) -> T {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => T::sum,
-        ReduceOp::Prod => T::prod,
-        ReduceOp::Max => T::max,
-        ReduceOp::Min => T::min,
-        ReduceOp::BAnd => T::band,
-        ReduceOp::BOr => T::bor,
-        ReduceOp::BXor => T::bxor,
-    }
+/// Runs `$body` with `$f` bound to the function of `$op` on elements of `$t`, a function
+/// item (so that it inlines into the loop).
+macro_rules! with_op {
+    ($op:expr, $t:ty, $f:ident => $body:expr) => {
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => {
+                let $f = <$t as Arith>::sum;
+                $body
+            }
+            ReduceOp::Prod => {
+                let $f = <$t as Arith>::prod;
+                $body
+            }
+            ReduceOp::Max => {
+                let $f = <$t as Arith>::max;
+                $body
+            }
+            ReduceOp::Min => {
+                let $f = <$t as Arith>::min;
+                $body
+            }
+            ReduceOp::BAnd => {
+                let $f = <$t as Arith>::band;
+                $body
+            }
+            ReduceOp::BOr => {
+                let $f = <$t as Arith>::bor;
+                $body
+            }
+            ReduceOp::BXor => {
+                let $f = <$t as Arith>::bxor;
+                $body
+            }
+        }
+    };
 }
 
-/// The truth function of `op` on bool bytes (nonzero is true; the result is 0 or 1): `Sum`
-/// and `Max` are or, `Prod` and `Min` and (`Avg`, refused by the public functions,
-/// accumulates like `Sum`).
-fn truth_of(op: ReduceOp) -> fn(u8, u8) -> u8 {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Max | ReduceOp::BOr => {
-            |a, b| u8::from(a | b != 0)
+/// Truth functions on bool bytes (nonzero is true; the result is 0 or 1).
+fn or(a: u8, b: u8) -> u8 {
+    u8::from(a | b != 0)
+}
+
+fn and(a: u8, b: u8) -> u8 {
+    u8::from(a != 0 && b != 0)
+}
+
+fn xor(a: u8, b: u8) -> u8 {
+    u8::from((a != 0) != (b != 0))
+}
+
+/// Runs `$body` with `$f` bound to the truth function of `$op`: `Sum` and `Max` are or,
+/// `Prod` and `Min` and (`Avg`, refused by the public functions, accumulates like `Sum`).
+macro_rules! with_truth {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Max | ReduceOp::BOr => {
+                let $f = or;
+                $body
+            }
+            ReduceOp::Prod | ReduceOp::Min | ReduceOp::BAnd => {
+                let $f = and;
+                $body
+            }
+            ReduceOp::BXor => {
+                let $f = xor;
+                $body
+            }
         }
-        ReduceOp::Prod | ReduceOp::Min | ReduceOp::BAnd => |a, b| u8::from(a != 0 && b != 0),
-        ReduceOp::BXor => |a, b| u8::from((a != 0) != (b != 0)),
-    }
+    };
 }
 
 /// [`reduce_into`] without the checks: whole elements of the shorter slice.
 pub(super) fn into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) {
     with_type!(
         dtype,
-        T => zip_into::<T>(dst, src, op_of::<T>(op)),
-        bool => zip_into::<u8>(dst, src, truth_of(op))
+        T => with_op!(op, T, f => zip_into::<T>(dst, src, f)),
+        bool => with_truth!(op, f => zip_into::<u8>(dst, src, f))
     )
 }
 
@@ -149,8 +194,8 @@ pub(super) fn into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) {
 pub(super) fn to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
     with_type!(
         dtype,
-        T => zip_to::<T>(dst, a, b, op_of::<T>(op)),
-        bool => zip_to::<u8>(dst, a, b, truth_of(op))
+        T => with_op!(op, T, f => zip_to::<T>(dst, a, b, f)),
+        bool => with_truth!(op, f => zip_to::<u8>(dst, a, b, f))
     )
 }
 
