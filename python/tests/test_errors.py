@@ -138,3 +138,22 @@ def test_abort_and_nonblocking_errors() -> None:
                 pass
         """,
     )
+
+
+@pytest.mark.timeout(60)
+def test_timeout_names_the_peer() -> None:
+    job(
+        2,
+        """
+        if rank == 0:
+            try:
+                comm.recv(np.zeros(2), 1, tag=4)   # rank 1 never sends tag 4
+                raise SystemExit("no timeout")
+            except hcomm.Timeout as e:
+                assert e.code == 3 and e.peer == 1 and isinstance(e, TimeoutError), (e.peer, e)
+        else:
+            import time
+            time.sleep(4)   # alive, but calling nothing
+        """,
+        env={"T_TIMEOUT": "1.5"},
+    )
