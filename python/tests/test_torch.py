@@ -112,7 +112,8 @@ def test_init_methods_and_teardown(tmp_path: Path) -> None:
     """env://, tcp://, file:// and store= one after the other in one job; after each
     destroy_process_group what is left equals what the first left (the binding's
     process-wide Ctrl-C watcher): no thread, socket or segment per group."""
-    inits = ",".join(["env://", "tcp://127.0.0.1:{port}", f"file://{tmp_path / 'rdv'}", "store"])
+    # store= first: the test's own TCPStore then lives through every cycle.
+    inits = ",".join(["store", "env://", "tcp://127.0.0.1:{port}", f"file://{tmp_path / 'rdv'}"])
     results = spawn(2, "lifecycle", 180, JOB_INIT=inits, JOB_CYCLES="4")
     for res in results:
         assert res.returncode == 0, res.stdout[-4000:]
