@@ -370,6 +370,9 @@ def _create(opts: Any, backend_options: Any) -> HcommBackend:
     ranks = list(opts.global_ranks_in_group)
     rank, size = opts.group_rank, opts.group_size
     world = _default_world
+    if not ranks and world is not None and size == world.comm.size:
+        # A group over the whole world in world order (torch passes no rank list then).
+        ranks = list(range(size))
     if ranks and world is not None and world.comm.size >= max(ranks) + 1:
         comm = _hcomm._subset(world.comm, ranks, _group_tag(str(opts.group_id), ranks))
         owned = _World(comm, None, ranks)
