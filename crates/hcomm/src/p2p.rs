@@ -488,6 +488,9 @@ struct State {
     completions: usize,
     /// Operations `(comm, tag)` a peer abandoned.
     aborted: HashMap<(u64, u32), Abandoned>,
+    /// The world rank this rank last learned was lost (found itself, or named by a peer's
+    /// notice): named in the notices of calls abandoned over a lost peer.
+    last_lost: Option<usize>,
     /// Signatures of this rank's recent calls by `(comm, tag)`, oldest first in `call_order`.
     calls: HashMap<(u64, u32), [u64; 2]>,
     call_order: VecDeque<(u64, u32)>,
@@ -731,6 +734,7 @@ impl Engine {
                 abandoned_sends: FxHashSet::default(),
                 completions: 0,
                 aborted: HashMap::default(),
+                last_lost: None,
                 calls: HashMap::default(),
                 call_order: VecDeque::new(),
                 late: HashMap::default(),
@@ -1228,20 +1232,29 @@ impl Engine {
     /// fail at once instead of waiting for it. The call is forgotten: later news about it
     /// (other peers' aborts) no longer concerns this rank.
     ///
-    /// When a peer of the call was lost, the notices name it: the others then report the
-    /// loss of that rank, the cause, rather than this rank's abandoning the call (which may
-    /// itself die a moment later, as the ranks of one failing host do).
-    pub(crate) fn abort(&self, targets: &[Target], mismatch: bool) {
+    /// When the call failed over a lost peer (`why`), the notices name the lost rank (one of
+    /// the call's, else the one this rank last learned of): the others then report the loss
+    /// of that rank, the cause, rather than this rank's abandoning the call (which may itself
+    /// die a moment later, as the ranks of one failing host do).
+    pub(crate) fn abort(&self, targets: &[Target], why: &Error) {
+        let mismatch = matches!(why, Error::Mismatch(_));
         let mut st = lock(&self.shared.state);
         if let Some(t) = targets.first() {
             st.calls.remove(&(t.comm, t.tag));
         }
-        let lost = targets.iter().map(|t| t.peer).find(|&p| {
-            st.peers
-                .get(p)
-                .and_then(Option::as_ref)
-                .is_some_and(|q| q.lost.is_some() && !q.closed)
-        });
+        let lost = match why {
+            Error::PeerLost(_) => targets
+                .iter()
+                .map(|t| t.peer)
+                .find(|&p| {
+                    st.peers
+                        .get(p)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|q| q.lost.is_some() && !q.closed)
+                })
+                .or(st.last_lost),
+            _ => None,
+        };
         let mut told: Vec<usize> = Vec::new();
         for t in targets {
             if !told.contains(&t.peer) && st.live_peer(t).is_ok() {
@@ -1813,6 +1826,13 @@ impl State {
                 len,
                 "shared-memory receive: pulled with cross-memory attach"
             );
+            if let Err(Error::PeerLost(why)) = result {
+                // The sender's process is gone: the peer is lost, for every operation with it
+                // (this one included), not only for this receive; and the call's peers are
+                // told whom this rank lost when it abandons the call.
+                self.fail_peer(peer, why);
+                return;
+            }
             self.complete(id, result);
         } else {
             op.msg_len = len;
@@ -2050,8 +2070,11 @@ impl State {
         mismatch: bool,
         lost: Option<usize>,
     ) {
-        if let (Some(l), Some(pipe)) = (lost, self.cfg.run_fd) {
-            tell_launcher(pipe, self.cfg.rank, l);
+        if let Some(l) = lost {
+            self.last_lost = Some(l);
+            if let Some(pipe) = self.cfg.run_fd {
+                tell_launcher(pipe, self.cfg.rank, l);
+            }
         }
         self.aborted
             .insert((comm, tag), (peer, sig, mismatch, lost));
@@ -3116,6 +3139,7 @@ impl State {
         if p.closed {
             tracing::debug!("{msg}");
         } else {
+            self.last_lost = Some(peer);
             tracing::warn!("{msg}");
             if let Some(pipe) = self.cfg.run_fd {
                 tell_launcher(pipe, self.cfg.rank, peer);
