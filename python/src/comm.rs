@@ -195,7 +195,7 @@ impl Call {
     }
 }
 
-/// A group of ranks (SPEC F10): made by `hcomm.init()`, `split` or `dup`.
+/// A group of ranks: made by `hcomm.init()`, `split` or `dup`.
 #[pyclass(frozen, weakref, module = "hcomm._hcomm", name = "Communicator")]
 pub struct Communicator {
     inner: RwLock<Option<Arc<Core>>>,
@@ -1114,7 +1114,7 @@ enum ReqState {
     Done(Result<Option<usize>, hcomm::Error>),
 }
 
-/// A nonblocking operation in flight (SPEC F10): `wait()` collects it, `test()` tells
+/// A nonblocking operation in flight: `wait()` collects it, `test()` tells
 /// whether it has completed. It keeps its buffers alive until then; dropping it unwaited
 /// waits for the operation (at most the timeout).
 #[pyclass(frozen, module = "hcomm._hcomm", name = "Request")]

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 
 use crate::errors::invalid;
 
-/// The element types of the Python API (SPEC F10), by their numpy names.
+/// The element types of the Python API, by their numpy names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
     Bool,

@@ -1,4 +1,4 @@
-//! `hcomm._hcomm`: the native module of the Python package `hcomm` (SPEC F10). The package's
+//! `hcomm._hcomm`: the native module of the Python package `hcomm`. The package's
 //! Python files (`python/hcomm/`) re-export it and add the pure-Python parts.
 
 mod buffer;

@@ -288,7 +288,10 @@ fn the_others_fail_fast_when_one_hosts_ranks_are_killed() {
             named += 1;
         }
     }
-    assert!(named > 0, "no survivor named a killed rank:\n{text}");
+    // Rank 3 may notice rank 2's death (shared memory, same host) and abandon the
+    // all-reduce before it is killed itself: its notice names rank 2, so every survivor names
+    // a killed rank, however the kills and the notices interleave.
+    assert_eq!(named, 4, "a survivor did not name a killed rank:\n{text}");
     assert!(
         elapsed < Duration::from_secs(10),
         "took {elapsed:?}:\n{text}"

@@ -169,7 +169,8 @@ fn a_trace_holds_one_complete_event_per_operation() {
         let (ts, dur) = (events[3]["ts"].as_f64(), events[3]["dur"].as_f64());
         spans.push((ts.unwrap(), ts.unwrap() + dur.unwrap()));
     }
-    // The ranks' clocks are the host's: the two parts of one all-reduce overlap.
+    // Both ranks read the host's monotonic clock, and neither part of an all-reduce can end
+    // before the other has begun (each needs the other's contribution): the parts overlap.
     let ((a0, a1), (b0, b1)) = (spans[0], spans[1]);
     assert!(a0 <= b1 && b0 <= a1, "{spans:?}");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -125,7 +125,7 @@ pub(crate) unsafe fn execute(
                 _ => None,
             })
             .collect();
-        engine.abort(&targets, matches!(e, Error::Mismatch(_)));
+        engine.abort(&targets, e);
         tracing::debug!("collective {:?} failed: {e}", call.sig);
     }
     result

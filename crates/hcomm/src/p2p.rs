@@ -486,9 +486,11 @@ struct State {
     abandoned_sends: FxHashSet<(usize, u64)>,
     /// Operations completed since the last look (to wake other waiters).
     completions: usize,
-    /// Operations `(comm, tag)` a peer abandoned: (its world rank, its signature).
-    /// Whether the peer abandoned it over a mismatch.
-    aborted: HashMap<(u64, u32), (usize, [u64; 2], bool)>,
+    /// Operations `(comm, tag)` a peer abandoned.
+    aborted: HashMap<(u64, u32), Abandoned>,
+    /// The world rank this rank last learned was lost (found itself, or named by a peer's
+    /// notice): named in the notices of calls abandoned over a lost peer.
+    last_lost: Option<usize>,
     /// Signatures of this rank's recent calls by `(comm, tag)`, oldest first in `call_order`.
     calls: HashMap<(u64, u32), [u64; 2]>,
     call_order: VecDeque<(u64, u32)>,
@@ -528,6 +530,10 @@ pub(crate) struct Engine {
     /// The thread that notices dead and hung peers.
     watcher: Option<watch::Watcher>,
 }
+
+/// How a peer abandoned an operation: its world rank, its signature, whether over a
+/// mismatch, and the world rank it had lost if that was why.
+type Abandoned = (usize, [u64; 2], bool, Option<usize>);
 
 /// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
 /// `rank` lost world rank `peer`: one line `lost RANK PEER`, in one write (atomic on a
@@ -728,6 +734,7 @@ impl Engine {
                 abandoned_sends: FxHashSet::default(),
                 completions: 0,
                 aborted: HashMap::default(),
+                last_lost: None,
                 calls: HashMap::default(),
                 call_order: VecDeque::new(),
                 late: HashMap::default(),
@@ -826,7 +833,7 @@ impl Engine {
         st.aborted
             .get(&(comm, tag))
             .copied()
-            .map(|(peer, sig, mismatch)| {
+            .map(|(peer, sig, mismatch, lost)| {
                 let t = Target {
                     comm,
                     peer,
@@ -834,7 +841,7 @@ impl Engine {
                     tag,
                     sig: st.calls.get(&(comm, tag)).copied().unwrap_or_default(),
                 };
-                st.abandoned(&t, peer, sig, mismatch)
+                st.abandoned(&t, peer, sig, mismatch, lost)
             })
     }
 
@@ -1224,16 +1231,35 @@ impl Engine {
     /// Tells the peers of `targets` that this rank abandoned their operation, so that they
     /// fail at once instead of waiting for it. The call is forgotten: later news about it
     /// (other peers' aborts) no longer concerns this rank.
-    pub(crate) fn abort(&self, targets: &[Target], mismatch: bool) {
+    ///
+    /// When the call failed over a lost peer (`why`), the notices name the lost rank (one of
+    /// the call's, else the one this rank last learned of): the others then report the loss
+    /// of that rank, the cause, rather than this rank's abandoning the call (which may itself
+    /// die a moment later, as the ranks of one failing host do).
+    pub(crate) fn abort(&self, targets: &[Target], why: &Error) {
+        let mismatch = matches!(why, Error::Mismatch(_));
         let mut st = lock(&self.shared.state);
         if let Some(t) = targets.first() {
             st.calls.remove(&(t.comm, t.tag));
         }
+        let lost = match why {
+            Error::PeerLost(_) => targets
+                .iter()
+                .map(|t| t.peer)
+                .find(|&p| {
+                    st.peers
+                        .get(p)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|q| q.lost.is_some() && !q.closed)
+                })
+                .or(st.last_lost),
+            _ => None,
+        };
         let mut told: Vec<usize> = Vec::new();
         for t in targets {
             if !told.contains(&t.peer) && st.live_peer(t).is_ok() {
                 told.push(t.peer);
-                st.send_abort(*t, mismatch);
+                st.send_abort(*t, mismatch, lost);
             }
         }
     }
@@ -1455,8 +1481,8 @@ impl State {
         if let Some(e) = self.aborted_comm(t.comm) {
             return Err(e);
         }
-        if let Some(&(peer, sig, mismatch)) = self.aborted.get(&(t.comm, t.tag)) {
-            return Err(self.abandoned(t, peer, sig, mismatch));
+        if let Some(&(peer, sig, mismatch, lost)) = self.aborted.get(&(t.comm, t.tag)) {
+            return Err(self.abandoned(t, peer, sig, mismatch, lost));
         }
         if t.peer == self.cfg.rank {
             return Ok(());
@@ -1800,6 +1826,13 @@ impl State {
                 len,
                 "shared-memory receive: pulled with cross-memory attach"
             );
+            if let Err(Error::PeerLost(why)) = result {
+                // The sender's process is gone: the peer is lost, for every operation with it
+                // (this one included), not only for this receive; and the call's peers are
+                // told whom this rank lost when it abandons the call.
+                self.fail_peer(peer, why);
+                return;
+            }
             self.complete(id, result);
         } else {
             op.msg_len = len;
@@ -1831,12 +1864,13 @@ impl State {
             describe(theirs)
         ));
         self.complete(id, Err(err));
-        self.send_abort(t, true);
+        self.send_abort(t, true, None);
     }
 
     /// Tells `t.peer` that this rank abandoned the operation `(t.comm, t.tag)`, over a
-    /// mismatch or another error.
-    fn send_abort(&mut self, t: Target, mismatch: bool) {
+    /// mismatch or another error, naming the world rank it lost if that was why (`msg_id` is
+    /// that rank + 1, 0 for none).
+    fn send_abort(&mut self, t: Target, mismatch: bool, lost: Option<usize>) {
         if t.peer == self.cfg.rank {
             return;
         }
@@ -1844,6 +1878,7 @@ impl State {
         if mismatch {
             hdr.flags = FLAG_MISMATCH;
         }
+        hdr.msg_id = lost.map_or(0, |l| l as u64 + 1);
         hdr.comm = t.comm;
         hdr.tag = t.tag;
         hdr.sig = t.sig;
@@ -1851,10 +1886,23 @@ impl State {
     }
 
     /// The error of an operation on `t` that world rank `peer` abandoned, having called it as
-    /// `sig`.
-    fn abandoned(&self, t: &Target, peer: usize, sig: [u64; 2], mismatch: bool) -> Error {
+    /// `sig` (and having lost world rank `lost`, if that was why).
+    fn abandoned(
+        &self,
+        t: &Target,
+        peer: usize,
+        sig: [u64; 2],
+        mismatch: bool,
+        lost: Option<usize>,
+    ) -> Error {
         let describe = self.cfg.describe;
-        if sig == t.sig && mismatch {
+        if let (true, false, Some(l)) = (sig == t.sig, mismatch, lost) {
+            Error::PeerLost(format!(
+                "world rank {l} is unreachable: world rank {peer} abandoned {} on losing it; \
+                 look at the output of world rank {l} (did it exit or crash?)",
+                describe(sig)
+            ))
+        } else if sig == t.sig && mismatch {
             Error::Mismatch(format!(
                 "world rank {peer} abandoned {} because ranks called mismatched collectives; \
                  see the first mismatch error of the ranks",
@@ -1903,7 +1951,7 @@ impl State {
             tag: hdr.tag,
             sig: ours,
         };
-        self.send_abort(t, true);
+        self.send_abort(t, true, None);
     }
 
     /// Fails the pending operations of call `(comm, tag)` with `err`; when none is pending the
@@ -1990,6 +2038,7 @@ impl State {
                 sig,
             },
             true,
+            None,
         );
         let describe = self.cfg.describe;
         Err(Error::Mismatch(format!(
@@ -2012,9 +2061,23 @@ impl State {
         Err(e)
     }
 
-    /// A peer abandoned `(comm, tag)`: fail this rank's operations of it, now and later.
-    fn on_abort(&mut self, peer: usize, comm: u64, tag: u32, sig: [u64; 2], mismatch: bool) {
-        self.aborted.insert((comm, tag), (peer, sig, mismatch));
+    /// A peer abandoned `(comm, tag)` (on losing world rank `lost`, if that was why): fail
+    /// this rank's operations of it, now and later.
+    fn on_abort(
+        &mut self,
+        peer: usize,
+        (comm, tag, sig): (u64, u32, [u64; 2]),
+        mismatch: bool,
+        lost: Option<usize>,
+    ) {
+        if let Some(l) = lost {
+            self.last_lost = Some(l);
+            if let Some(pipe) = self.cfg.run_fd {
+                tell_launcher(pipe, self.cfg.rank, l);
+            }
+        }
+        self.aborted
+            .insert((comm, tag), (peer, sig, mismatch, lost));
         if let Some(&ours) = self.calls.get(&(comm, tag)) {
             let t = Target {
                 comm,
@@ -2023,7 +2086,7 @@ impl State {
                 tag,
                 sig: ours,
             };
-            let err = self.abandoned(&t, peer, sig, mismatch);
+            let err = self.abandoned(&t, peer, sig, mismatch, lost);
             self.fail_call(comm, tag, err);
         }
     }
@@ -2924,12 +2987,16 @@ impl State {
                 return Ok(None);
             }
             FrameKind::Abort => {
+                let lost = hdr
+                    .msg_id
+                    .checked_sub(1)
+                    .and_then(|l| usize::try_from(l).ok())
+                    .filter(|&l| l < self.peers.len() && l != self.cfg.rank);
                 self.on_abort(
                     peer,
-                    hdr.comm,
-                    hdr.tag,
-                    hdr.sig,
+                    (hdr.comm, hdr.tag, hdr.sig),
                     hdr.flags & FLAG_MISMATCH != 0,
+                    lost,
                 );
                 return Ok(None);
             }
@@ -3072,6 +3139,7 @@ impl State {
         if p.closed {
             tracing::debug!("{msg}");
         } else {
+            self.last_lost = Some(peer);
             tracing::warn!("{msg}");
             if let Some(pipe) = self.cfg.run_fd {
                 tell_launcher(pipe, self.cfg.rank, peer);

@@ -4,11 +4,14 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hcomm::bootstrap::store::{HANDSHAKE_TIMEOUT, MAX_VALUE};
+use hcomm::bootstrap::auth;
+use hcomm::bootstrap::store::{
+    HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, MAX_VALUE, STALE_HANDSHAKE,
+};
 use hcomm::bootstrap::{RendezvousStore, StoreClient};
 use hcomm::Error;
 use hcomm_testkit::{free_addr, Rng};
@@ -204,6 +207,44 @@ fn dropping_the_store_fails_clients_promptly() {
     assert!(matches!(err, Error::Transport(_)), "{err}");
 }
 
+/// The ranks of a large job arrive at once, more of them than there are handshake slots: each
+/// gets in at its first attempt (no retry), since the store leaves the ones it cannot handshake
+/// yet waiting in its listen backlog instead of turning them away. Every client connects before
+/// any starts its handshake, so that the slots are all taken when the last ones arrive.
+#[test]
+fn a_crowd_larger_than_the_handshake_slots_gets_in_at_the_first_attempt() {
+    let (store, _) = start();
+    let sock = store.local_addr();
+    let n = MAX_PENDING_HANDSHAKES + 64;
+    let (start, connected) = (Arc::new(Barrier::new(n)), Arc::new(Barrier::new(n)));
+    let crowd: Vec<_> = (0..n)
+        .map(|_| {
+            let (start, connected) = (Arc::clone(&start), Arc::clone(&connected));
+            thread::Builder::new()
+                .stack_size(128 << 10)
+                .spawn(move || {
+                    start.wait();
+                    let s = TcpStream::connect_timeout(&sock, T);
+                    connected.wait();
+                    let mut s = s.map_err(|e| e.to_string())?;
+                    let deadline = Instant::now() + T;
+                    auth::client_handshake(&mut s, SECRET, b"hcomm-store/1", deadline)
+                        .map_err(|e| e.to_string())
+                })
+                .unwrap()
+        })
+        .collect();
+    let refused: Vec<String> = crowd
+        .into_iter()
+        .filter_map(|t| t.join().unwrap().err())
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} of {n} refused: {refused:?}",
+        refused.len()
+    );
+}
+
 /// Repeats `attack` every few milliseconds on a thread until `stop`.
 fn attacker(
     stop: &Arc<AtomicBool>,
@@ -279,8 +320,8 @@ fn hostile_connections_do_not_disturb_legitimate_clients() {
     // Started first, so it holds the oldest handshake slot.
     let slow = thread::spawn(move || slowloris(sock));
 
-    // 100 silent connections, held open for the whole attack.
-    let silent: Vec<TcpStream> = (0..100)
+    // More silent connections than there are handshake slots, held open for the whole attack.
+    let silent: Vec<TcpStream> = (0..MAX_PENDING_HANDSHAKES + 44)
         .map(|_| TcpStream::connect_timeout(&sock, T).unwrap())
         .collect();
 
@@ -335,8 +376,11 @@ fn hostile_connections_do_not_disturb_legitimate_clients() {
         });
         within(limit, "delete", || assert!(b.delete(&key).unwrap()));
     }
-    // A rank that joins in the middle of the attack still gets in.
-    let mut late = within(limit, "connect during the attack", || client(&addr));
+    // A rank that joins in the middle of the attack still gets in: at the latest when the
+    // oldest intruder has held its slot for STALE_HANDSHAKE.
+    let mut late = within(STALE_HANDSHAKE + limit, "connect during the attack", || {
+        client(&addr)
+    });
     within(limit, "wait during the attack", || {
         let waiter = thread::spawn(move || late.wait("signal", T).unwrap());
         thread::sleep(Duration::from_millis(50));

@@ -1,4 +1,4 @@
-"""The torch.distributed backend ``"hcomm"`` (SPEC F11).
+"""The torch.distributed backend ``"hcomm"``.
 
 After ``pip install ./python`` nothing needs importing: torch finds the backend through the
 ``torch.distributed.backends`` entry point the first time a program names it::

@@ -387,7 +387,7 @@ def _create(opts: Any, backend_options: Any) -> HcommBackend:
 
 
 def failed_ranks(group: Any = None) -> list[int]:
-    """The ranks of `group` (torch group ranks) that this rank has seen fail (SPEC F12)."""
+    """The ranks of `group` (torch group ranks) that this rank has seen fail."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(torch.device("cpu"))
     return sorted(getattr(backend, "failed", set()))

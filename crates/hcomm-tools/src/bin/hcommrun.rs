@@ -36,6 +36,10 @@ const DRAIN_WAIT: Duration = Duration::from_millis(500);
 /// After a rank failed, how long other failures are gathered to find the first (the others
 /// usually fail because of it).
 const FAILURE_WINDOW: Duration = Duration::from_millis(300);
+/// How long, after the first failure, hcommrun waits to hear of the exit of a rank that the
+/// others reported losing: it failed first, but its exit may be reported late (its waiting
+/// thread is one of thousands of threads on a loaded machine).
+const LOST_WAIT: Duration = Duration::from_secs(3);
 /// Stack size of the helper threads (three per rank): they only copy lines and wait.
 const THREAD_STACK: usize = 128 * 1024;
 /// Exit status for usage errors and jobs that could not be started.
@@ -182,6 +186,7 @@ fn run(args: &Args) -> anyhow::Result<i32> {
     let mut job = Job {
         pids: Vec::with_capacity(args.ranks as usize),
         running: 0,
+        exited: vec![false; args.ranks as usize],
         rx: &rx,
         losses: &losses,
     };
@@ -462,6 +467,8 @@ struct Job<'a> {
     pids: Vec<Pid>,
     /// Ranks whose exit has not been reported yet.
     running: usize,
+    /// Whether each rank's exit has been reported.
+    exited: Vec<bool>,
     rx: &'a Receiver<Event>,
     /// Where ranks report the peers they lost.
     losses: &'a LossPipe,
@@ -479,7 +486,7 @@ impl Job<'_> {
             };
             match event {
                 Ok(Event::Exited { rank, status, at }) => {
-                    self.running -= 1;
+                    self.exit_of(rank);
                     if failed(&status) {
                         let (rank, status) = self.first_failure(rank, status, at);
                         let code = report_failure(rank, &status);
@@ -525,7 +532,7 @@ impl Job<'_> {
                     .rx
                     .recv_timeout(grace_end.saturating_duration_since(Instant::now()))
                 {
-                    Ok(Event::Exited { .. }) => self.running -= 1,
+                    Ok(Event::Exited { rank, .. }) => self.exit_of(rank),
                     // A second Ctrl-C: the user does not want to wait for the grace period.
                     Ok(Event::Signal(_)) => break,
                     Err(_) => break,
@@ -540,7 +547,7 @@ impl Job<'_> {
                 .rx
                 .recv_timeout(kill_end.saturating_duration_since(Instant::now()))
             {
-                Ok(Event::Exited { .. }) => self.running -= 1,
+                Ok(Event::Exited { rank, .. }) => self.exit_of(rank),
                 Ok(Event::Signal(_)) => {}
                 Err(_) => {
                     eprintln!(
@@ -553,9 +560,18 @@ impl Job<'_> {
         }
     }
 
+    /// Counts the exit of `rank`.
+    fn exit_of(&mut self, rank: u32) {
+        self.running -= 1;
+        if let Some(e) = self.exited.get_mut(rank as usize) {
+            *e = true;
+        }
+    }
+
     /// A rank failed: its peers notice within moments and fail too, and their exits may be
-    /// reported first. Gathers the failures of a short while and returns the first: the
-    /// earliest of those that other ranks reported losing, else the earliest.
+    /// reported first. Gathers the failures of a short while, longer (up to [`LOST_WAIT`])
+    /// while a rank the others reported losing is still to be heard of, and returns the
+    /// first: the earliest of those that other ranks reported losing, else the earliest.
     fn first_failure(
         &mut self,
         rank: u32,
@@ -563,23 +579,29 @@ impl Job<'_> {
         at: Instant,
     ) -> (u32, io::Result<ExitStatus>) {
         let mut failures = vec![(at, rank, status)];
-        let until = Instant::now() + FAILURE_WINDOW;
+        let start = Instant::now();
+        // The survivors write their reports before they exit.
+        let mut lost = self.losses.lost();
         while self.running > 0 {
+            let awaited = lost
+                .iter()
+                .any(|&l| !self.exited.get(l as usize).unwrap_or(&true));
+            let until = start + if awaited { LOST_WAIT } else { FAILURE_WINDOW };
             match self
                 .rx
                 .recv_timeout(until.saturating_duration_since(Instant::now()))
             {
                 Ok(Event::Exited { rank, status, at }) => {
-                    self.running -= 1;
+                    self.exit_of(rank);
                     if failed(&status) {
                         failures.push((at, rank, status));
                     }
                 }
                 Ok(Event::Signal(_)) | Err(_) => break,
             }
+            lost.extend(self.losses.lost());
         }
-        // The survivors wrote their reports before they exited.
-        let lost = self.losses.lost();
+        lost.extend(self.losses.lost());
         failures.sort_by_key(|f| (!lost.contains(&f.1), f.0));
         let (_, rank, status) = failures.swap_remove(0);
         (rank, status)

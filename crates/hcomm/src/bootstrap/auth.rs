@@ -381,6 +381,11 @@ fn read_greeting<S: TimedStream + ?Sized>(
 
 /// Maps an I/O failure during the handshake: deadline -> Timeout; the peer hanging up ->
 /// retryable Init; anything else -> Init.
+///
+/// None of these blames the secret: a peer with another secret does not hang up, it says so
+/// (the server sends its refusal, the client finds the server's proof wrong). A peer that
+/// hangs up mid-handshake is a busy listener shedding connections, a process that is not an
+/// hcomm rank, or one that died.
 fn io_failure(
     side: Side,
     peer: &str,
@@ -404,15 +409,15 @@ fn io_failure(
             | io::ErrorKind::WriteZero
     );
     let what = if closed {
-        "the peer closed the connection"
+        "the peer closed the connection before authenticating (a busy listener shedding \
+         connections, a process that is not an hcomm rank, or one that ended)"
     } else {
         "I/O error"
     };
     HandshakeError {
         retryable: closed,
         error: Error::Init(format!(
-            "authentication with {peer} failed on the {side} side while {step}: {what} ({e}); \
-             {SECRET_HINT}"
+            "authentication with {peer} failed on the {side} side while {step}: {what} ({e})"
         )),
     }
 }
@@ -585,6 +590,12 @@ mod tests {
         let err = client_handshake_detailed(&c, b"k", b"", soon()).unwrap_err();
         assert!(err.retryable, "{}", err.error);
         assert!(matches!(err.error, Error::Init(_)));
+        // A hang-up says nothing about the secret: the message must not send the user there.
+        assert!(
+            !err.error.to_string().contains("HCOMM_JOB_SECRET"),
+            "{}",
+            err.error
+        );
     }
 
     /// What a well-behaved peer sends: a greeting with hellos of several lengths, followed by

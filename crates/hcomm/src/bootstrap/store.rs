@@ -12,6 +12,12 @@
 //! is allocated, and whatever is malformed, oversized or slow is logged and dropped without
 //! affecting the authenticated ranks.
 //!
+//! A crowd is not an attack: the ranks of a large job all connect within moments. While every
+//! handshake slot is taken, the store accepts nothing more and the newcomers wait, connected,
+//! in the listen backlog ([`LISTEN_BACKLOG`]) until a handshake ends; only a handshake that
+//! has been at it for [`STALE_HANDSHAKE`] (a silent intruder's, typically) is dropped to let
+//! the next one in. No legitimate connection is turned away for being one too many.
+//!
 //! Wire format after the [`super::auth`] handshake (hellos `hcomm-store/1` both ways),
 //! integers little-endian, strictly one reply per request:
 //!
@@ -47,10 +53,17 @@ pub const MAX_KEY: usize = 512;
 pub const MAX_VALUE: usize = 16 << 20;
 /// Most bytes (keys plus values) the store holds at once.
 pub const MAX_STORED_BYTES: usize = 256 << 20;
-/// Most unauthenticated connections handshaking at once. When all slots are taken, a new
-/// connection replaces the oldest one if that one has been at it for a while (a legitimate
-/// handshake takes milliseconds), and is closed at once otherwise.
-pub const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Most unauthenticated connections handshaking at once (a thread each). When all slots are
+/// taken, the next connection waits in the listen backlog until a handshake ends, or until the
+/// oldest has been at it for [`STALE_HANDSHAKE`] and is dropped in its favour.
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Connections the kernel queues for the store before it accepts them (capped by
+/// `net.core.somaxconn`): room for every rank of a large job arriving at once.
+pub const LISTEN_BACKLOG: i32 = 4096;
+/// Age at which a pending handshake may be dropped to make room for a waiting connection: an
+/// unloaded handshake takes milliseconds, one among hundreds of ranks starting on a few cores
+/// can take a good part of a second.
+pub const STALE_HANDSHAKE: Duration = Duration::from_secs(2);
 /// Most authenticated connections served at once.
 pub const MAX_CLIENTS: usize = 4096;
 /// Time a connection has to authenticate before the store drops it.
@@ -61,8 +74,6 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// Hello of both sides, naming the protocol so a transport peer is not mistaken for a store.
 const STORE_HELLO: &[u8] = b"hcomm-store/1";
-/// Age at which a pending handshake may be evicted to make room for a new connection.
-const STALE_HANDSHAKE: Duration = Duration::from_millis(500);
 /// Time an authenticated client has to finish a request it started, and to take its reply.
 const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the accept loop looks at the shutdown flag.
@@ -137,6 +148,9 @@ struct Shared {
     changed: Condvar,
     stopping: AtomicBool,
     conns: Mutex<Conns>,
+    /// Signalled when a handshake ends (a slot frees) and on shutdown: wakes the accept loop
+    /// waiting for room.
+    slot_freed: Condvar,
     /// Number of live connection threads.
     threads: Mutex<usize>,
     threads_done: Condvar,
@@ -181,6 +195,7 @@ impl RendezvousStore {
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
             conns: Mutex::new(Conns::default()),
+            slot_freed: Condvar::new(),
             threads: Mutex::new(0),
             threads_done: Condvar::new(),
             max_wait: MAX_WAIT,
@@ -226,6 +241,7 @@ impl Drop for RendezvousStore {
                 let _ = stream.shutdown(Shutdown::Both);
             }
         }
+        self.shared.slot_freed.notify_all();
         if let Some(acceptor) = self.acceptor.take() {
             // The accept loop looks at `stopping` every ACCEPT_POLL, so this is quick.
             let _ = acceptor.join();
@@ -262,7 +278,9 @@ fn listen(addr: SocketAddr) -> Result<TcpListener> {
         .set_reuse_address(true)
         .map_err(|e| fail("setting SO_REUSEADDR on", e))?;
     socket.bind(&addr.into()).map_err(|e| fail("binding", e))?;
-    socket.listen(1024).map_err(|e| fail("listening on", e))?;
+    socket
+        .listen(LISTEN_BACKLOG)
+        .map_err(|e| fail("listening on", e))?;
     // Nonblocking so the loop can both wait with a timeout and drain bursts.
     socket
         .set_nonblocking(true)
@@ -272,6 +290,9 @@ fn listen(addr: SocketAddr) -> Result<TcpListener> {
 
 fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
     while !shared.stopping.load(Ordering::SeqCst) {
+        if !wait_for_room(shared) {
+            continue;
+        }
         if let Err(e) = wait_readable(&listener, ACCEPT_POLL) {
             if e.kind() != io::ErrorKind::Interrupted {
                 tracing::warn!("rendezvous store: waiting for connections failed: {e}");
@@ -295,11 +316,46 @@ fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
                     break;
                 }
             }
-            if shared.stopping.load(Ordering::SeqCst) {
+            if shared.stopping.load(Ordering::SeqCst) || !wait_for_room(shared) {
                 break;
             }
         }
     }
+}
+
+/// Makes room for one more handshake: true at once when a slot is free, or after dropping the
+/// oldest handshake if it is stale. Otherwise waits (at most [`ACCEPT_POLL`]) for a slot to
+/// free or the oldest to turn stale, and returns false: the caller looks again, and meanwhile
+/// the connections queue in the listen backlog instead of being turned away.
+fn wait_for_room(shared: &Shared) -> bool {
+    let mut conns = lock(&shared.conns);
+    if conns.pending.len() < MAX_PENDING_HANDSHAKES {
+        return true;
+    }
+    let Some((&old, oldest)) = conns.pending.iter().next() else {
+        return true;
+    };
+    let age = oldest.since.elapsed();
+    if age >= STALE_HANDSHAKE {
+        if let Some(evicted) = conns.pending.remove(&old) {
+            tracing::warn!(
+                "rendezvous store: {MAX_PENDING_HANDSHAKES} handshakes in progress; dropped the \
+                 oldest, from {} ({age:.1?} without authenticating), to admit a waiting \
+                 connection",
+                evicted.peer
+            );
+            let _ = evicted.stream.shutdown(Shutdown::Both);
+        }
+        return true;
+    }
+    let wait = (STALE_HANDSHAKE - age).min(ACCEPT_POLL);
+    drop(
+        shared
+            .slot_freed
+            .wait_timeout(conns, wait)
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    false
 }
 
 /// Waits until `listener` has a connection to accept or `timeout` passes.
@@ -313,8 +369,8 @@ fn wait_readable(listener: &TcpListener, timeout: Duration) -> io::Result<()> {
     Ok(())
 }
 
-/// Registers a new connection as pending and starts its thread, or closes it when the
-/// handshake slots are full.
+/// Registers a new connection as pending and starts its thread (the accept loop made room for
+/// it first).
 fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     if let Err(e) = stream.set_nonblocking(false) {
         tracing::warn!("rendezvous store: dropped connection from {peer}: {e}");
@@ -327,28 +383,6 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         // Checked under the lock that shutdown takes to close everything (see Drop).
         if shared.stopping.load(Ordering::SeqCst) {
             return;
-        }
-        if conns.pending.len() >= MAX_PENDING_HANDSHAKES {
-            let oldest = conns.pending.iter().next().map(|(id, p)| (*id, p.since));
-            match oldest {
-                Some((old, since)) if since.elapsed() >= STALE_HANDSHAKE => {
-                    if let Some(evicted) = conns.pending.remove(&old) {
-                        tracing::warn!(
-                            "rendezvous store: {MAX_PENDING_HANDSHAKES} handshakes in progress; \
-                             dropped the oldest, from {}, to admit {peer}",
-                            evicted.peer
-                        );
-                        let _ = evicted.stream.shutdown(Shutdown::Both);
-                    }
-                }
-                _ => {
-                    tracing::warn!(
-                        "rendezvous store: {MAX_PENDING_HANDSHAKES} handshakes in progress; \
-                         refused the connection from {peer}"
-                    );
-                    return;
-                }
-            }
         }
         let id = conns.next_id;
         conns.next_id += 1;
@@ -373,6 +407,7 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     if let Err(e) = spawned {
         tracing::warn!("rendezvous store: dropped connection from {peer}: no thread: {e}");
         lock(&shared.conns).pending.remove(&id);
+        shared.slot_freed.notify_all();
         drop(LiveThread(shared));
     }
 }
@@ -395,6 +430,7 @@ fn serve_connection(shared: &Shared, id: u64, stream: &Arc<TcpStream>, peer: Soc
     {
         let mut conns = lock(&shared.conns);
         let still_pending = conns.pending.remove(&id).is_some();
+        shared.slot_freed.notify_all();
         let refusal = match &hello {
             Err(e) => Some(e.to_string()),
             Ok(h) if h != STORE_HELLO => {
@@ -685,8 +721,8 @@ impl StoreClient {
                 )));
             }
             tracing::debug!("rendezvous store at {addr} not ready ({why}); retrying");
-            thread::sleep(backoff.min(left));
-            backoff = (backoff * 2).min(Duration::from_millis(500));
+            thread::sleep(jittered(backoff).min(left));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 
@@ -838,6 +874,16 @@ impl StoreClient {
             }
         }
     }
+}
+
+/// Longest pause between two connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// A pause between half of `backoff` and all of it, drawn at random: the ranks of a job that
+/// were shed together do not all come back at the same moment.
+fn jittered(backoff: Duration) -> Duration {
+    let fraction = getrandom::u32().unwrap_or(u32::MAX) as f64 / u32::MAX as f64;
+    backoff.mul_f64(0.5 + 0.5 * fraction)
 }
 
 /// A request's header and key; the value follows it. `key` and `value_len` are within their
@@ -1125,6 +1171,7 @@ mod tests {
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
             conns: Mutex::new(Conns::default()),
+            slot_freed: Condvar::new(),
             threads: Mutex::new(0),
             threads_done: Condvar::new(),
             max_wait: Duration::ZERO,

@@ -11,8 +11,6 @@ pub(crate) mod stall;
 pub mod stats;
 pub(crate) mod trace;
 
-use std::time::Instant;
-
 use crate::config::Config;
 use stats::{OpInfo, Recording};
 
@@ -133,8 +131,8 @@ impl OpKind {
 pub(crate) struct OpScope {
     info: OpInfo,
     rec: Option<Recording>,
-    /// Start of the trace event, when tracing.
-    traced: Option<Instant>,
+    /// Start of the trace event ([`clock::monotonic_ns`]), when tracing.
+    traced: Option<u64>,
     /// The peer of a point-to-point operation (trace argument).
     peer: Option<usize>,
 }
@@ -169,7 +167,7 @@ impl OpScope {
         OpScope {
             info,
             rec,
-            traced: trace::enabled().then(Instant::now),
+            traced: trace::enabled().then(clock::monotonic_ns),
             peer,
         }
     }

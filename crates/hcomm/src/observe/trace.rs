@@ -6,12 +6,18 @@
 //! it gets `.rank<N>` before a final `.json`, or `.rank<N>.json` appended. Timestamps are
 //! microseconds of the host's monotonic clock, so the files of one host's ranks line up when
 //! merged. When the variable is unset, an operation costs one relaxed load of a flag.
+//!
+//! Both ends of an event are readings of that clock itself ([`monotonic_ns`]), never an
+//! `Instant` converted through a pair of readings taken one after the other: the pair is
+//! microseconds apart when the second reading is the process's first (the vDSO is looked up
+//! then) or the thread is preempted between them, which shifted a whole rank's trace against
+//! the others'.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
 
+use super::clock::monotonic_ns;
 use super::stats::{proto, unpack_name, OpInfo};
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -25,8 +31,6 @@ static SINK: Mutex<Option<Sink>> = Mutex::new(None);
 struct Sink {
     path: String,
     rank: usize,
-    /// An instant and the monotonic clock's microseconds then.
-    origin: (Instant, f64),
     events: Vec<Event>,
     dropped: u64,
 }
@@ -64,7 +68,6 @@ pub(crate) fn start(path: &str, rank: usize) {
         *sink = Some(Sink {
             path: rank_path(path, rank),
             rank,
-            origin: (Instant::now(), super::clock::monotonic_ns() as f64 / 1e3),
             events: Vec::new(),
             dropped: 0,
         });
@@ -80,9 +83,9 @@ thread_local! {
     };
 }
 
-/// Records an operation that started at `start` and ends now.
-pub(crate) fn record(start: Instant, info: &OpInfo, peer: Option<usize>) {
-    let end = Instant::now();
+/// Records an operation that started at `start_ns` ([`monotonic_ns`]) and ends now.
+pub(crate) fn record(start_ns: u64, info: &OpInfo, peer: Option<usize>) {
+    let end_ns = monotonic_ns();
     let tid = TID.try_with(|t| *t).unwrap_or(0);
     let mut sink = lock(&SINK);
     let Some(s) = sink.as_mut() else { return };
@@ -90,14 +93,12 @@ pub(crate) fn record(start: Instant, info: &OpInfo, peer: Option<usize>) {
         s.dropped += 1;
         return;
     }
-    let (at, at_us) = s.origin;
-    let us = |t: Instant| at_us + t.saturating_duration_since(at).as_secs_f64() * 1e6;
     let ev = Event {
         info: *info,
         peer,
         tid,
-        start_us: us(start),
-        dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
+        start_us: start_ns as f64 / 1e3,
+        dur_us: end_ns.saturating_sub(start_ns) as f64 / 1e3,
     };
     s.events.push(ev);
 }
@@ -186,7 +187,6 @@ mod tests {
 
     #[test]
     fn rendered_events_are_complete_events() {
-        let origin = (Instant::now(), 0.0);
         let info = OpInfo {
             kind: OpKind::AllReduce,
             seq: 4,
@@ -199,7 +199,6 @@ mod tests {
         let sink = Sink {
             path: String::new(),
             rank: 1,
-            origin,
             events: vec![Event {
                 info,
                 peer: Some(0),

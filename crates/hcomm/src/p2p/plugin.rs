@@ -252,22 +252,28 @@ fn send_loop(common: &Common, link: &Link) {
                     true => Ok(()),
                     false => common.call(what, |p| p.send(payload, peer)),
                 });
+        if let Err(why) = sent {
+            lock(&link.tx).bytes -= frame.len();
+            link.deliver(&common.io, Incoming::Ended(why));
+            return;
+        }
+        // Like a TCP send once the kernel has it, a send is complete once the plug-in took
+        // all its frames. The completion is queued before the frame stops counting as in
+        // flight: an engine that sees nothing in flight (a peer that said goodbye is let go
+        // then) finds every completion in the queue. Queued after, a completion could come
+        // too late: the peer, having received the frame, could say goodbye and be let go in
+        // between, failing a send that had been done.
+        if let Some(id) = op {
+            link.deliver(&common.io, Incoming::Sent(id));
+        }
         let wake = {
             let mut tx = lock(&link.tx);
             tx.bytes -= frame.len();
             // The engine waits for room, or (closing) for everything to be sent.
             std::mem::take(&mut tx.blocked) || tx.bytes == 0
         };
-        if let Err(why) = sent {
-            link.deliver(&common.io, Incoming::Ended(why));
-            return;
-        }
-        // Like a TCP send once the kernel has it, a send is complete once the plug-in took
-        // all its frames.
-        match op {
-            Some(id) => link.deliver(&common.io, Incoming::Sent(id)),
-            None if wake => common.io.wake_all(),
-            None => {}
+        if wake {
+            common.io.wake_all();
         }
     }
 }
@@ -351,6 +357,9 @@ impl State {
                 continue;
             };
             if peer.closed && !pp.link.sending() {
+                // The sender queued the completions of everything it sent before it went
+                // idle: take them before letting the peer go.
+                moved |= self.read_plugin(p);
                 self.fail_peer(p, "it finalized".into());
             } else if !peer.closed && gone.elapsed() >= GRACE {
                 self.fail_peer(

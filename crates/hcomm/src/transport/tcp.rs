@@ -21,7 +21,8 @@ use crate::error::{Error, Result};
 
 /// A handshake that takes longer than this is dropped, so a silent intruder frees its slot.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
-/// At most this many handshakes run at once on a listener; extra connections are closed.
+/// At most this many handshakes run at once on a listener; further connections wait in the
+/// listen backlog until one ends (a crowd of ranks is served in turn, never turned away).
 const MAX_PENDING_HANDSHAKES: usize = 64;
 const HELLO_MAGIC: &[u8; 4] = b"HCMT";
 
@@ -197,15 +198,23 @@ fn connect_one(
             "rank {rank} connecting to rank {peer} at {addr}: {what}"
         ))
     };
-    let mut conn = loop {
+    let hello = Hello {
+        rank: rank as u32,
+        size: size as u32,
+        stream: stream as u16,
+        streams: streams as u16,
+    };
+    // A peer that hangs up before authenticating (a listener shedding load) is tried again.
+    let mut backoff = Duration::from_millis(10);
+    let (conn, theirs) = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout(format!(
                 "rank {rank} could not connect to rank {peer} at {addr} within HCOMM_TIMEOUT"
             )));
         }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
-            Ok(c) => break c,
+        let conn = match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(c) => c,
             Err(e)
                 if matches!(
                     e.kind(),
@@ -213,18 +222,21 @@ fn connect_one(
                 ) =>
             {
                 thread::sleep(Duration::from_millis(20));
+                continue;
             }
             Err(e) => return Err(fail(e.to_string())),
+        };
+        tune(&conn).map_err(|e| fail(e.to_string()))?;
+        match auth::client_handshake_detailed(&conn, secret, &hello.encode(), deadline) {
+            Ok(theirs) => break (conn, theirs),
+            Err(e) if e.retryable => {
+                tracing::debug!("rank {rank}: rank {peer} hung up the handshake; retrying");
+                thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e.error),
         }
     };
-    tune(&conn).map_err(|e| fail(e.to_string()))?;
-    let hello = Hello {
-        rank: rank as u32,
-        size: size as u32,
-        stream: stream as u16,
-        streams: streams as u16,
-    };
-    let theirs = auth::client_handshake(&mut conn, secret, &hello.encode(), deadline)?;
     match Hello::decode(&theirs) {
         Some(h)
             if h.rank as usize == peer
@@ -276,13 +288,17 @@ fn accept_peers(
     // Stops when the deadline passes or when the main thread has all its links.
     while Instant::now() < deadline {
         handshakes.retain(|(t, _, _)| !t.is_finished());
+        // No slot: leave the next connections in the backlog until a handshake ends.
+        if pending.load(std::sync::atomic::Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
+            if done.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            thread::sleep(Duration::from_millis(2));
+            continue;
+        }
         match listener.accept() {
             Ok((conn, from)) => {
                 use std::sync::atomic::Ordering::SeqCst;
-                if pending.load(SeqCst) >= MAX_PENDING_HANDSHAKES {
-                    tracing::warn!("rank {rank}: too many handshakes in flight, dropping {from}");
-                    continue;
-                }
                 let Ok(end) = conn.try_clone() else {
                     tracing::warn!("rank {rank}: cannot keep track of {from}, dropping it");
                     continue;

@@ -73,7 +73,8 @@ pub struct FrameHeader {
     pub comm: u64,
     /// Message tag.
     pub tag: u32,
-    /// Sender's message sequence number (the rendezvous id).
+    /// Sender's message sequence number (the rendezvous id); in an `Abort` of one operation,
+    /// the world rank the sender had lost, plus one (0: it lost nobody).
     pub msg_id: u64,
     /// Payload bytes (`Eager`, `Data`) or message bytes (`Rts`).
     pub len: u64,
