@@ -50,7 +50,7 @@ mod rendezvous;
 mod requests;
 mod shm;
 mod tcp;
-mod wait;
+pub(crate) mod wait;
 mod watch;
 
 use crate::error::{Error, Result};
@@ -83,20 +83,10 @@ const MAX_DIRECT_PEERS: usize = 4;
 const CALL_MEMORY: usize = 4096;
 /// How long a finalizing rank waits for its peers to close their side of the links.
 const LINGER: Duration = Duration::from_secs(1);
-/// Longest sleep between checks of a waiter's own state.
-const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// A spinning waiter reads the clock once in this many rounds.
 const CLOCK_ROUNDS: u32 = 16;
-/// Polls of a local peer's next frame before a receive's wait takes the engine's lock.
-const WATCH_POLLS: u32 = 4096;
-/// Of those, the first ones poll without pausing (a pause takes about as long as a cache
-/// line takes to arrive).
-const EAGER_POLLS: u32 = 256;
 /// A waiter with only shared-memory peers asks epoll once in this many rounds.
 const SHM_POLLS_PER_EPOLL: u32 = 64;
-/// After spinning, a waiter with shared-memory peers yields the CPU this many times before
-/// it sleeps.
-const SHM_YIELDS: u32 = 64;
 /// Messages read from one ring per progress pass, so one busy peer cannot starve the others.
 const SHM_ROUNDS: usize = 64;
 

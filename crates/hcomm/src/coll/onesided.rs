@@ -54,9 +54,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::coll::{algos, CollKind, Group, Shape};
+use crate::config::Backoff;
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::observe::stall::StallWatch;
+use crate::p2p::wait::{Pause, Waiting};
 use crate::p2p::Engine;
 use crate::reduce;
 use crate::sync::lock;
@@ -79,14 +81,6 @@ const CHUNK: usize = 128 << 10;
 /// Calls on at least this many bytes write their results with non-temporal stores: their
 /// buffers do not fit the caches, and the stores then skip reading the destination first.
 const STREAM_FROM: usize = 64 << 20;
-/// Spins of a waiter that has a core to itself, before it yields.
-const SPINS: u32 = 20_000;
-/// Spins of those that poll without pausing.
-const EAGER_POLLS: u32 = 256;
-/// Yields before a waiter sleeps.
-const YIELDS: u32 = 64;
-/// Longest sleep between checks of the peer's liveness and of the deadline.
-const SLEEP: Duration = Duration::from_millis(10);
 
 /// What a rank tells its peers about one call, in the slot's header.
 #[repr(C)]
@@ -1015,20 +1009,10 @@ impl Waiter<'_> {
         if ready() {
             return Ok(());
         }
-        if self.os.spin {
-            // The first polls without a pause: a pause takes about as long as a cache line
-            // takes to arrive, and most small calls find their peers' lines within a few.
-            for i in 0..SPINS {
-                if i >= EAGER_POLLS {
-                    std::hint::spin_loop();
-                }
-                if ready() {
-                    return Ok(());
-                }
-            }
-        }
-        for _ in 0..YIELDS {
-            std::thread::yield_now();
+        // Spinning (when this rank has a core to itself), then yielding: most small calls find
+        // their peers' lines within a few looks.
+        let mut waiting = Waiting::new(Backoff::DEFAULT, self.os.spin);
+        while waiting.pause() != Pause::Sleep {
             if ready() {
                 return Ok(());
             }
@@ -1075,7 +1059,7 @@ impl Waiter<'_> {
             if ready() {
                 return Ok(());
             }
-            let left = (deadline - now).min(SLEEP);
+            let left = (deadline - now).min(waiting.max_sleep());
             if let Some(bell) = engine.own_bell() {
                 let mut woken = || ready() || engine.alarms() != alarms;
                 bell.sleep_unless(&mut woken, left);

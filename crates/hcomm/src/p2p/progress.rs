@@ -1,6 +1,7 @@
 //! Progress: one turn over the links (read what arrived, write what waits, dispatch frames),
 //! the background thread, and what a peer's loss does.
 
+use crate::config::Backoff;
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::wire::{
@@ -17,7 +18,7 @@ use super::requests::{dest_slice, truncated};
 use super::wait::poll;
 use super::{
     Dest, Engine, MatchKey, Op, OpId, Peer, ReadEnd, RxState, Shared, State, UnexpectedKind,
-    MAX_SLEEP, WAKE_TOKEN,
+    WAKE_TOKEN,
 };
 
 /// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
@@ -127,7 +128,13 @@ impl Engine {
             if rest.is_empty() || now >= deadline {
                 break rest;
             }
-            if poll(&sh.io, &mut events, (deadline - now).min(MAX_SLEEP)).is_err() {
+            if poll(
+                &sh.io,
+                &mut events,
+                (deadline - now).min(Backoff::DEFAULT.max_sleep),
+            )
+            .is_err()
+            {
                 events.clear();
             }
         };

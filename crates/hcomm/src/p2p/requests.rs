@@ -1,6 +1,7 @@
 //! Operations: posting, completing, taking, cancelling and detaching sends and receives, and
 //! the buffers they name.
 
+use crate::config::Backoff;
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::wire::FAST_PAYLOAD;
@@ -124,7 +125,7 @@ impl Engine {
                     _ => None,
                 }
             };
-            if watch.is_some_and(|w| spin_on(&w)) {
+            if watch.is_some_and(|w| spin_on(&w, Backoff::DEFAULT)) {
                 // SAFETY: forwarded from the caller.
                 if let Some(n) = unsafe { lock(&sh.state).recv_fast(&t, buf, len) } {
                     return Ok(n);

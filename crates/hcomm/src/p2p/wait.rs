@@ -1,5 +1,8 @@
-//! Waiting for operations: spin, yield, then sleep in `epoll_wait` or on the doorbell.
+//! Waiting: the one backoff every wait follows (spin, yield, then sleep; the policy is
+//! [`Backoff`]), and the engine's waits for operations, which sleep in `epoll_wait` or on the
+//! doorbell.
 
+use crate::config::Backoff;
 use crate::error::{Error, Result};
 use crate::observe::stall::StallWatch;
 use crate::sync::lock;
@@ -12,16 +15,84 @@ use std::time::{Duration, Instant};
 use super::tcp::token;
 use super::{
     Deadline, Engine, Io, Op, OpId, OpKind, ProtocolCounts, CLOCK_ROUNDS, DIRECT_READS,
-    EAGER_POLLS, MAX_DIRECT_PEERS, MAX_SLEEP, SHM_POLLS_PER_EPOLL, SHM_YIELDS, WATCH_POLLS,
+    MAX_DIRECT_PEERS, SHM_POLLS_PER_EPOLL,
 };
 
-/// Polls `watch` for a while, without the engine's lock and without the clock; returns whether
-/// it fired.
-pub(super) fn spin_on(watch: &Watch<'_>) -> bool {
-    for i in 0..WATCH_POLLS {
-        if i >= EAGER_POLLS {
-            std::hint::spin_loop();
+/// What a waiter that found nothing did before its next look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pause {
+    /// It spun (or looked again at once, among the first looks).
+    Spin,
+    /// It yielded the CPU, the `n`th time since it started or was reset.
+    Yield(u32),
+    /// Spinning and yielding are over: it must sleep (at most [`Waiting::max_sleep`]).
+    Sleep,
+}
+
+/// One wait's place in the [`Backoff`] policy.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiting {
+    policy: Backoff,
+    /// Looks left to spin (none for a wait that spins by the clock, or must not spin).
+    spins: u32,
+    polls: u32,
+    yields: u32,
+}
+
+impl Waiting {
+    /// A wait that spins for `policy.polls` looks, or not at all unless `spin`.
+    pub(crate) fn new(policy: Backoff, spin: bool) -> Waiting {
+        Waiting {
+            policy,
+            spins: if spin { policy.polls } else { 0 },
+            polls: 0,
+            yields: 0,
         }
+    }
+
+    /// Pauses before the next look, as the policy says for a wait this far along.
+    pub(crate) fn pause(&mut self) -> Pause {
+        if self.polls < self.spins {
+            if self.polls >= self.policy.eager_polls {
+                std::hint::spin_loop();
+            }
+            self.polls += 1;
+            return Pause::Spin;
+        }
+        match self.try_yield() {
+            Some(n) => Pause::Yield(n),
+            None => Pause::Sleep,
+        }
+    }
+
+    /// Yields the CPU if the policy has yields left (spinning aside); returns how many times
+    /// this wait yielded so far.
+    pub(crate) fn try_yield(&mut self) -> Option<u32> {
+        if self.yields >= self.policy.yields {
+            return None;
+        }
+        self.yields += 1;
+        std::thread::yield_now();
+        Some(self.yields)
+    }
+
+    /// Something moved: start over with spinning and yielding.
+    pub(crate) fn reset(&mut self) {
+        self.polls = 0;
+        self.yields = 0;
+    }
+
+    /// The longest sleep between looks.
+    pub(crate) fn max_sleep(&self) -> Duration {
+        self.policy.max_sleep
+    }
+}
+
+/// Polls `watch` while the policy spins, without the engine's lock and without the clock;
+/// returns whether it fired.
+pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
+    let mut waiting = Waiting::new(policy, true);
+    while waiting.pause() == Pause::Spin {
         if watch.ready() {
             return true;
         }
@@ -116,7 +187,7 @@ impl Engine {
         match look() {
             Err(done) => return Ok(done),
             Ok(Some(watch)) => {
-                if spin_on(&watch) {
+                if spin_on(&watch, Backoff::DEFAULT) {
                     if let Err(done) = look().map(drop) {
                         return Ok(done);
                     }
@@ -131,7 +202,9 @@ impl Engine {
         // Whether `events` came from epoll (rather than being direct reads of awaited peers).
         let mut polled = false;
         let mut rounds: u32 = 0;
-        let mut yields = 0;
+        // Spinning goes by the clock here (`spin_until`): only the yields and sleeps follow the
+        // count.
+        let mut waiting = Waiting::new(Backoff::DEFAULT, false);
         let mut hot: Vec<usize> = Vec::new();
         let mut all_shm;
         let mut stall = StallWatch::new(now);
@@ -149,7 +222,7 @@ impl Engine {
                 }
                 if moved || (polled && !events.is_empty()) {
                     spin_until = now + sh.spin;
-                    yields = 0;
+                    waiting.reset();
                 }
                 for (i, &id) in ids.iter().enumerate() {
                     if let Some(r) = st.take(id) {
@@ -209,16 +282,14 @@ impl Engine {
                     continue;
                 }
                 poll(&sh.io, &mut events, Duration::ZERO)?;
-            } else if yields < SHM_YIELDS && sh.io.inbox.is_some() {
+            } else if let Some(yields) = sh.io.inbox.as_ref().and_then(|_| waiting.try_yield()) {
                 // More ranks than cores: let the rank being waited for run.
-                yields += 1;
-                std::thread::yield_now();
                 if yields % SHM_POLLS_PER_EPOLL == 0 {
                     poll(&sh.io, &mut events, Duration::ZERO)?;
                 }
                 continue;
             } else {
-                let sleep = (deadline - now).min(MAX_SLEEP);
+                let sleep = (deadline - now).min(waiting.max_sleep());
                 self.sleep(all_shm, &mut events, sleep)?;
             }
             polled = true;
@@ -266,5 +337,33 @@ impl Engine {
         };
         bell.leave_epoll();
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_spins_then_yields_then_sleeps_and_starts_over_when_reset() {
+        let policy = Backoff {
+            polls: 5,
+            eager_polls: 2,
+            yields: 3,
+            max_sleep: Duration::from_millis(7),
+        };
+        let mut waiting = Waiting::new(policy, true);
+        let phases: Vec<Pause> = (0..10).map(|_| waiting.pause()).collect();
+        let mut want = vec![Pause::Spin; 5];
+        want.extend([Pause::Yield(1), Pause::Yield(2), Pause::Yield(3)]);
+        want.extend([Pause::Sleep; 2]);
+        assert_eq!(phases, want);
+        assert_eq!(waiting.max_sleep(), Duration::from_millis(7));
+        waiting.reset();
+        assert_eq!(waiting.pause(), Pause::Spin);
+        // A wait that must not spin yields at once.
+        let mut still = Waiting::new(policy, false);
+        assert_eq!(still.pause(), Pause::Yield(1));
+        assert_eq!(still.try_yield(), Some(2));
     }
 }
