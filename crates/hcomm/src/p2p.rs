@@ -50,6 +50,8 @@ mod rendezvous;
 mod requests;
 mod shm;
 mod tcp;
+#[cfg(test)]
+mod tests;
 pub(crate) mod wait;
 mod watch;
 
