@@ -660,7 +660,9 @@ impl OneSided {
                     let dst = unsafe { std::slice::from_raw_parts_mut(dst.cast_mut(), src.len()) };
                     put(dst, src)
                 }
-                None => cma::write_remote(self.pids[p], h.output as usize + pos, src),
+                // SAFETY: the peer published its receive buffer for this call, in which only
+                // this rank writes these bytes, and keeps it until this rank publishes `done`.
+                None => unsafe { cma::write_remote(self.pids[p], h.output as usize + pos, src) },
             }
             .map_err(|e| waiter.read_failed(p, e))
         };
@@ -776,7 +778,9 @@ impl OneSided {
                             // overwrites only after this read.
                             unsafe { dst.as_mut_ptr().copy_from_nonoverlapping(input.add(pos), m) };
                         } else {
-                            cma::read_remote(self.pids[p], h.input as usize + pos, dst)
+                            // SAFETY: the peer published its contribution for this call and
+                            // keeps it unchanged until this rank publishes `done`.
+                            unsafe { cma::read_remote(self.pids[p], h.input as usize + pos, dst) }
                                 .map_err(|e| waiter.read_failed(p, e))?;
                         }
                         if p > 0 {
@@ -891,7 +895,9 @@ impl OneSided {
                 let src = unsafe { std::slice::from_raw_parts(src, dst.len()) };
                 put(dst, src)
             }
-            None => cma::read_remote(self.pids[p], addr as usize + pos, dst),
+            // SAFETY: the peer published the buffer at `addr` for this call and keeps it until
+            // this rank publishes `done`.
+            None => unsafe { cma::read_remote(self.pids[p], addr as usize + pos, dst) },
         }
     }
 

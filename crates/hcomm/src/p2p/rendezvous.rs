@@ -127,7 +127,9 @@ impl State {
             // Receiver pull: one copy, straight from the sender's buffer into this one.
             cts.flags = FLAG_PULLED;
             let result = match op_slice(op, 0, len) {
-                Some(dst) => cma::read_remote(pid, addr as usize, dst).map(|()| len),
+                // SAFETY: the sender offered this buffer to be pulled (`FLAG_CAN_PULL`) and keeps
+                // it unchanged until this rank's CTS says it was pulled.
+                Some(dst) => unsafe { cma::read_remote(pid, addr as usize, dst) }.map(|()| len),
                 None => Ok(0),
             };
             if result.is_err() {
