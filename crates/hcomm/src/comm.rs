@@ -1,11 +1,10 @@
 //! The communicator: a group of ranks that exchange messages, and its lifetime.
 
 mod collectives;
-mod onesided;
+mod group;
 mod pool;
 mod raw;
 mod subset;
-mod tiered;
 
 pub use pool::PoolBuf;
 pub use raw::RawBuf;
@@ -19,6 +18,8 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{RendezvousStore, StoreClient};
+use crate::coll::algos::hier::tiered::Tiers;
+use crate::coll::onesided::OneSided;
 use crate::coll::schedule::Schedule;
 use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
@@ -186,10 +187,10 @@ struct CommState {
     scratch: Mutex<Vec<u8>>,
     /// The one-sided state, made at the first call that may use it (`Some(None)`: this
     /// communicator cannot use one-sided collectives).
-    onesided: Mutex<Option<Option<Arc<onesided::OneSided>>>>,
+    onesided: Mutex<Option<Option<Arc<OneSided>>>>,
     /// The host and host-leader sub-communicators of the tiered all-reduce, made at its first
     /// call.
-    tiers: Mutex<Option<Arc<tiered::Tiers>>>,
+    tiers: Mutex<Option<Arc<Tiers<Communicator>>>>,
 }
 
 /// A cached choice of algorithm and its schedule for one call shape.
@@ -200,7 +201,7 @@ struct Plan {
     /// The selector's counter of this (collective, algorithm).
     slot: usize,
     /// Blocking calls run one-sided (the schedule is for nonblocking ones).
-    onesided: Option<Arc<onesided::OneSided>>,
+    onesided: Option<Arc<OneSided>>,
     /// Blocking calls run the tiered all-reduce: one-sided within hosts.
     tiered: bool,
     /// The algorithm's name for the statistics (`observe::stats::pack_name`).

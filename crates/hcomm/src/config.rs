@@ -15,6 +15,35 @@ pub const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
 pub const DEFAULT_TCP_STREAMS: usize = 2;
 /// Default chunk of a large message on one stream (`HCOMM_TCP_CHUNK`).
 pub const DEFAULT_TCP_CHUNK: usize = 512 * 1024;
+/// How every waiting rank backs off while what it waits for has not happened: the engine's
+/// waits for messages and the one-sided collectives' waits for their peers alike. It spins
+/// (for `HCOMM_SPIN_US` where the wait reads the clock anyway, else for `polls` looks), then
+/// yields the CPU, then sleeps. Not read from the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Looks of a spinning wait that does not read the clock (reading it costs about as much
+    /// as a look at a peer's cache line).
+    pub polls: u32,
+    /// Of those, the first ones look without pausing (a pause takes about as long as a cache
+    /// line takes to arrive).
+    pub eager_polls: u32,
+    /// Times a wait yields the CPU after spinning, before it sleeps (with more ranks than
+    /// cores, the rank waited for may need this core).
+    pub yields: u32,
+    /// Longest sleep between a wait's looks at its peers and its deadline.
+    pub max_sleep: Duration,
+}
+
+impl Backoff {
+    /// The policy of every wait.
+    pub const DEFAULT: Backoff = Backoff {
+        polls: 20_000,
+        eager_polls: 256,
+        yields: 64,
+        max_sleep: Duration::from_millis(100),
+    };
+}
+
 /// Largest accepted `HCOMM_TCP_STREAMS`.
 pub const MAX_TCP_STREAMS: usize = 16;
 /// Default largest message sent inline through shared memory (`HCOMM_SHM_EAGER_LIMIT`).

@@ -25,7 +25,6 @@ mod comm;
 pub mod config;
 pub mod dtype;
 mod error;
-mod exec;
 #[cfg(test)]
 mod fuzz;
 pub mod observe;

@@ -16,11 +16,13 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kernels", &["reduce"]),
     ("bootstrap", &["bootstrap", "topology"]),
     ("transport", &["transport"]),
-    ("collective algorithms", &["coll"]),
     ("configuration", &["config"]),
     ("observability", &["observe"]),
     ("point-to-point engine", &["p2p"]),
-    ("collective execution", &["exec"]),
+    (
+        "collectives: algorithms, schedules and their execution",
+        &["coll"],
+    ),
     ("communicator", &["comm"]),
 ];
 
@@ -184,8 +186,13 @@ fn no_module_uses_a_layer_above_its_own() {
             continue;
         };
         let text = std::fs::read_to_string(file).expect("readable source");
+        // A file's unit tests (its `#[cfg(test)] mod` at the end) may build their fixtures
+        // from upper layers; the library code before them may not.
+        let library = text
+            .find("\n#[cfg(test)]\nmod ")
+            .map_or(text.as_str(), |at| &text[..at]);
         let name = file.strip_prefix(src()).unwrap().display().to_string();
-        problems.extend(violations(&module, &name, &text, &reexports));
+        problems.extend(violations(&module, &name, library, &reexports));
         checked += 1;
     }
     assert!(checked > 40, "only {checked} source files found");

@@ -1,10 +1,13 @@
 //! Collectives as schedules: the shapes of collective calls, the algorithms that turn a shape
 //! into each rank's [`Schedule`], and a sequential reference.
 //!
-//! Nothing here touches a socket: the executor (`exec`) runs schedules over the transport, the
-//! simulator ([`sim`]) runs them in one process for tests.
+//! Algorithms touch no socket: the executor (`exec`) runs schedules over the progress engine,
+//! the simulator ([`sim`]) runs them in one process for tests.
 
 pub mod algos;
+pub(crate) mod exec;
+mod group;
+pub(crate) mod onesided;
 pub mod random;
 pub mod reference;
 pub mod schedule;
@@ -15,6 +18,7 @@ use std::sync::Arc;
 
 use crate::dtype::{DataType, ReduceOp};
 use crate::topology::Topology;
+pub(crate) use group::Group;
 use schedule::{Buf, Region, Schedule};
 
 /// Bits of a signature's second word that hold the count (the top byte names the algorithm).

@@ -4,16 +4,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::onesided::{Buffers, OneSided};
 use super::raw::Held;
-use super::tiered::Tiers;
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
+use crate::coll::algos::hier::tiered::Tiers;
 use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
+use crate::coll::onesided::{Buffers, OneSided};
 use crate::coll::schedule::{Schedule, Step};
-use crate::coll::{Algorithm, CollKind, Shape, VLayout};
+use crate::coll::{exec, Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec;
 use crate::observe::stats::{self, proto};
 use crate::observe::{OpKind, OpScope};
 use crate::reduce;
@@ -134,7 +133,7 @@ impl Communicator {
 
     /// The sub-communicators of the tiered all-reduce, made by the first call that needs them
     /// (every member makes them at the same call).
-    fn tiers(&self) -> Result<Arc<Tiers>> {
+    fn tiers(&self) -> Result<Arc<Tiers<Communicator>>> {
         let mut slot = lock(&self.state.tiers);
         if let Some(t) = &*slot {
             return Ok(Arc::clone(t));

@@ -1,7 +1,7 @@
 //! The name of the one-sided collectives of single-host communicators.
 //!
 //! They are not schedules of messages: the communicator runs them itself, reading and
-//! reducing its peers' buffers in shared memory (see `comm::onesided`), whenever every member
+//! reducing its peers' buffers in shared memory (see `coll::onesided`), whenever every member
 //! is on this host with shared memory and the call fits. This entry lets `HCOMM_ALGO` ask for
 //! them (`allreduce:onesided`) and lets counts and messages name them. Where they cannot run
 //! (ranks on several hosts, `HCOMM_TRANSPORT=tcp`, a nonblocking call) the call runs the

@@ -144,7 +144,12 @@ pub fn allow_peer_access() -> Result<()> {
 ///
 /// Reading this very process works like reading `/proc/self/mem`: it bypasses Rust's rules on
 /// shared and exclusive references, so use it on other processes.
-pub fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Result<()> {
+///
+/// # Safety
+/// The range `remote_addr..remote_addr + local.len()` of process `pid` must be memory that
+/// process handed to this one to read for the time of the call; in this very process, memory
+/// that no live exclusive reference covers.
+pub unsafe fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Result<()> {
     read_limited(pid, remote_addr, local, MAX_BYTES_PER_CALL)
 }
 
@@ -155,7 +160,12 @@ pub fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Result<()>
 ///
 /// Writing this very process works like writing `/proc/self/mem`: it bypasses Rust's rules on
 /// shared and exclusive references, so use it on other processes.
-pub fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result<()> {
+///
+/// # Safety
+/// The range `remote_addr..remote_addr + local.len()` of process `pid` must be memory that
+/// process handed to this one to write for the time of the call, which nothing there reads or
+/// writes meanwhile; in this very process, memory that no live reference covers.
+pub unsafe fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result<()> {
     write_limited(pid, remote_addr, local, MAX_BYTES_PER_CALL)
 }
 
@@ -497,6 +507,19 @@ mod tests {
     const LONG: Duration = Duration::from_secs(30);
     /// A pid above the kernel's largest possible pid (`PID_MAX_LIMIT`, 2^22): never a process.
     const NO_SUCH_PID: u32 = 0x7fff_fff0;
+
+    /// [`super::read_remote`] on ranges these tests own: buffers of this process that nothing
+    /// else uses during the call, or a child's that it handed out.
+    fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Result<()> {
+        // SAFETY: see above; every range of these tests is one.
+        unsafe { super::read_remote(pid, remote_addr, local) }
+    }
+
+    /// [`super::write_remote`] on ranges these tests own (as for [`read_remote`]).
+    fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result<()> {
+        // SAFETY: see `read_remote`; every range of these tests is one.
+        unsafe { super::write_remote(pid, remote_addr, local) }
+    }
 
     /// `len` bytes that differ from one offset to the next and from one `seed` to another.
     fn pattern(len: usize, seed: u8) -> Vec<u8> {

@@ -1,31 +1,47 @@
 //! The hierarchical all-reduce of communicators spanning hosts, with one-sided host stages.
 //!
 //! The members of each host reduce into their host's first member (one-sided, through shared
-//! memory: see `comm::onesided`), the first members all-reduce among themselves over the
+//! memory: see `coll::onesided`), the first members all-reduce among themselves over the
 //! network (the message-based algorithms), and each host's first member broadcasts the result
 //! to its host (one-sided again). The two sub-communicators, one per host and one of the
 //! hosts' first members, are split off at the first such call (every member makes it at the
 //! same call).
+//!
+//! The schedule-based hierarchical algorithms of the parent module serve every other case
+//! (no shared memory, deterministic mode, nonblocking calls).
 
-use super::Communicator;
-use crate::coll::{CollKind, Shape};
+use crate::coll::{CollKind, Group, Shape};
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::reduce;
+use crate::topology::Topology;
 
-/// The sub-communicators of a communicator spanning hosts.
-pub(super) struct Tiers {
-    /// The members on this host.
-    host: Communicator,
-    /// The first member of every host; `None` on the others.
-    leaders: Option<Communicator>,
+/// A communicator as the tiered all-reduce uses it: it splits, runs collectives and aborts.
+pub(crate) trait Tier: Group + Sized {
+    /// Where the ranks of the communicator live.
+    fn topology(&self) -> &Topology;
+    /// The sub-communicator of the ranks with this `color`, ordered by `key` (collective);
+    /// `None` for a negative color.
+    fn split(&self, color: i32, key: i32) -> Result<Option<Self>>;
+    /// Runs one blocking collective of `shape` on byte buffers.
+    fn run_collective(&self, shape: Shape, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()>;
+    /// Aborts the communicator.
+    fn abort(&self) -> Result<()>;
 }
 
-impl Tiers {
+/// The sub-communicators of a communicator spanning hosts.
+pub(crate) struct Tiers<C> {
+    /// The members on this host.
+    host: C,
+    /// The first member of every host; `None` on the others.
+    leaders: Option<C>,
+}
+
+impl<C: Tier> Tiers<C> {
     /// Splits `comm` into its hosts and its hosts' first members (collective over `comm`).
-    pub(super) fn create(comm: &Communicator) -> Result<Tiers> {
-        let topo = &comm.topology;
-        let me = comm.rank;
+    pub(crate) fn create(comm: &C) -> Result<Tiers<C>> {
+        let topo = comm.topology();
+        let me = comm.rank();
         let host = comm
             .split(topo.host_of(me) as i32, me as i32)?
             .ok_or_else(|| Error::Internal("no host communicator".into()))?;
@@ -35,7 +51,7 @@ impl Tiers {
     }
 
     /// Aborts the sub-communicators (see [`Communicator::abort`]).
-    pub(super) fn abort(&self) -> Result<()> {
+    pub(crate) fn abort(&self) -> Result<()> {
         self.host.abort()?;
         match &self.leaders {
             Some(leaders) => leaders.abort(),
@@ -49,7 +65,7 @@ impl Tiers {
     /// `send` (unless null, when the call is in place) must be valid for reads of the
     /// shape's bytes and `recv` for reads and writes of them, for the whole call, and not be
     /// used otherwise.
-    pub(super) unsafe fn allreduce(
+    pub(crate) unsafe fn allreduce(
         &self,
         shape: &Shape,
         send: *const u8,

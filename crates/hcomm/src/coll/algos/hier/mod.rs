@@ -17,6 +17,11 @@
 //!
 //! Across hosts every head sends about the buffer per direction, once per host rather than
 //! once per rank. On one host the schedules degenerate to the intra-host stages.
+//!
+//! The blocking all-reduce of ranks on several hosts sharing some, with shared memory inside
+//! them, runs through sub-communicators instead ([`tiered`]).
+
+pub(crate) mod tiered;
 
 use crate::coll::schedule::{Buf, Region, Schedule, ScheduleBuilder};
 use crate::coll::{Algorithm, CollKind, CostModel, Shape};

@@ -1,7 +1,7 @@
 //! One-sided collectives for communicators whose ranks all share this host.
 //!
 //! Every member maps a small segment of every other member, `hcomm-<job>-<rank>-c<comm id>`,
-//! created at the communicator's first one-sided call:
+//! created at the communicator's first one-sided call, laid out as [`Segment`]:
 //!
 //! ```text
 //! 0    seq    (AtomicU64): number of the last one-sided call this rank started
@@ -48,15 +48,18 @@
 
 use rustc_hash::FxHashMap as HashMap;
 use std::cell::OnceCell;
+use std::mem::offset_of;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{Communicator, COLL};
-use crate::coll::{algos, CollKind, Shape};
+use crate::coll::{algos, CollKind, Group, Shape};
+use crate::config::Backoff;
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::observe::stall::StallWatch;
+use crate::p2p::wait::{Pause, Waiting};
+use crate::p2p::Engine;
 use crate::reduce;
 use crate::sync::lock;
 use crate::transport::shm::cma;
@@ -64,17 +67,7 @@ use crate::transport::shm::pool::ShmPool;
 use crate::transport::shm::segment::{segment_name, ShmSegment};
 
 /// Bytes of each slot's data: the largest contribution that goes inline.
-pub(super) const SLOT: usize = 32 << 10;
-const SEQ: usize = 0;
-/// Last call this rank abandoned after publishing it (its peers must not wait for it).
-const FAILED: usize = 64;
-const READY: usize = 128;
-const DONE: usize = 256;
-const HEADERS: usize = 384;
-const DATA: usize = 512;
-/// The two tiny slots, one cache line each, after the data slots.
-const TINY: usize = DATA + 2 * SLOT;
-const SEG_LEN: usize = TINY + 2 * 64;
+pub(crate) const SLOT: usize = 32 << 10;
 /// Largest contribution of a tiny call: it travels in one cache line with its call number.
 const TINY_MAX: usize = 32;
 /// Calls whose buffers all lie in pools read larger contributions than this in place, even
@@ -88,14 +81,6 @@ const CHUNK: usize = 128 << 10;
 /// Calls on at least this many bytes write their results with non-temporal stores: their
 /// buffers do not fit the caches, and the stores then skip reading the destination first.
 const STREAM_FROM: usize = 64 << 20;
-/// Spins of a waiter that has a core to itself, before it yields.
-const SPINS: u32 = 20_000;
-/// Spins of those that poll without pausing.
-const EAGER_POLLS: u32 = 256;
-/// Yields before a waiter sleeps.
-const YIELDS: u32 = 64;
-/// Longest sleep between checks of the peer's liveness and of the deadline.
-const SLEEP: Duration = Duration::from_millis(10);
 
 /// What a rank tells its peers about one call, in the slot's header.
 #[repr(C)]
@@ -138,6 +123,60 @@ struct Tiny {
 
 const _: () = assert!(size_of::<Tiny>() == 64);
 
+/// A counter on a cache line of its own.
+#[repr(C, align(64))]
+struct Counter(AtomicU64);
+
+/// A slot's header on a cache line of its own.
+#[repr(C, align(64))]
+struct HeaderLine(Header);
+
+/// A rank's segment, which every member maps (see the module docs). Never referenced as a
+/// whole: the peers write parts of it meanwhile; its fields are reached through pointers.
+#[repr(C)]
+struct Segment {
+    /// Number of the last one-sided call this rank started.
+    seq: Counter,
+    /// Last call this rank abandoned after publishing it (its peers must not wait for it).
+    failed: Counter,
+    /// Last call whose reduced slice this rank has finished.
+    ready: Counter,
+    /// Unused: keeps `done` a pair of lines apart from `ready`, at the offsets the calls were
+    /// tuned with.
+    _gap_ready: Counter,
+    /// Last call whose peers' buffers this rank has finished reading.
+    done: Counter,
+    /// Unused: keeps the headers at the offsets the calls were tuned with.
+    _gap_done: Counter,
+    /// Each slot's header: signature, length, buffer addresses.
+    headers: [HeaderLine; 2],
+    /// Each slot's data (inline contributions).
+    data: [[u8; SLOT]; 2],
+    /// The tiny slots, one cache line each.
+    tiny: [Tiny; 2],
+}
+
+const SEG_LEN: usize = size_of::<Segment>();
+const _: () = {
+    assert!(offset_of!(Segment, done) == 256);
+    assert!(offset_of!(Segment, headers) == 384);
+    assert!(offset_of!(Segment, data) == 512);
+    assert!(SEG_LEN == 512 + 2 * SLOT + 2 * 64);
+};
+
+/// The counters of a segment.
+#[derive(Debug, Clone, Copy)]
+enum Ctr {
+    /// [`Segment::seq`].
+    Seq,
+    /// [`Segment::failed`].
+    Failed,
+    /// [`Segment::ready`].
+    Ready,
+    /// [`Segment::done`].
+    Done,
+}
+
 /// The call counter of a communicator and what this rank knows of its peers.
 struct Calls {
     /// Calls this rank started.
@@ -147,7 +186,7 @@ struct Calls {
 }
 
 /// The one-sided state of a communicator.
-pub(super) struct OneSided {
+pub(crate) struct OneSided {
     me: usize,
     /// World rank of each member.
     world: Vec<usize>,
@@ -172,7 +211,7 @@ pub(super) struct OneSided {
 }
 
 /// Pointers and lengths of one call's buffers.
-pub(super) struct Buffers {
+pub(crate) struct Buffers {
     /// The send buffer (null when there is none or the call is in place).
     pub send: *const u8,
     /// The receive buffer and its length.
@@ -184,21 +223,22 @@ impl OneSided {
     /// Sets up the one-sided state of `comm`: collective over its members. `None` when
     /// they are not all on this host with shared memory, or when a segment could not be made
     /// on some rank (the communicator then uses its message-based algorithms).
-    pub(super) fn create(comm: &Communicator) -> Result<Option<OneSided>> {
-        let engine = &comm.world.engine;
+    pub(crate) fn create(comm: &dyn Group) -> Result<Option<OneSided>> {
+        let engine = comm.engine();
         let n = comm.size();
-        let me = comm.rank;
-        let all_local = (0..n).all(|r| r == me || engine.is_shm_peer(comm.members[r]));
+        let me = comm.rank();
+        let members = comm.members();
+        let all_local = (0..n).all(|r| r == me || engine.is_shm_peer(members[r]));
         let Some(job) = engine.shm_job_id().filter(|_| all_local && n > 1) else {
             return Ok(None);
         };
         let name_of =
-            |r: usize| segment_name(job, comm.members[r] as u32, &format!("c{:016x}", comm.id));
+            |r: usize| segment_name(job, members[r] as u32, &format!("c{:016x}", comm.id()));
         let own = name_of(me).and_then(|name| ShmSegment::create(&name, SEG_LEN));
         if let Err(e) = &own {
             tracing::info!(
                 "one-sided collectives off for communicator {:#x}: {e}",
-                comm.id
+                comm.id()
             );
         }
         if !agree(comm, own.is_ok())? {
@@ -218,7 +258,7 @@ impl OneSided {
                 continue;
             }
             let seg = name_of(r).and_then(|name| ShmSegment::open(&name, SEG_LEN));
-            match (seg, engine.shm_peer_pid(comm.members[r])) {
+            match (seg, engine.shm_peer_pid(comm.members()[r])) {
                 (Ok(seg), Some((pid, reach))) => {
                     let _ = seg.unlink_if_last(n as u32);
                     segs.push(seg);
@@ -235,7 +275,7 @@ impl OneSided {
             if let Some(e) = failed {
                 tracing::info!(
                     "one-sided collectives off for communicator {:#x}: {e}",
-                    comm.id
+                    comm.id()
                 );
             }
             return Ok(None);
@@ -243,17 +283,17 @@ impl OneSided {
         segs.insert(me, own);
         Ok(Some(OneSided {
             me,
-            world: comm.members.to_vec(),
+            world: members.to_vec(),
             pids,
             segs,
-            spin: comm.world.spin,
+            spin: comm.spin(),
             cma,
             calls: Mutex::new(Calls {
                 last: 0,
                 known: vec![0; n],
             }),
             job: job.to_owned(),
-            block_size: comm.world.pool.as_ref().map_or(0, |p| p.block_size()),
+            block_size: comm.pool().map_or(0, ShmPool::block_size),
             local_ranks: engine.shm_peer_count() as u32 + 1,
             blocks: Mutex::new(HashMap::default()),
         }))
@@ -261,7 +301,7 @@ impl OneSided {
 
     /// Whether a call of `shape` runs one-sided: inline when every contribution fits a slot;
     /// otherwise only large all-reduce, all-gather and broadcast, with cross-memory attach.
-    pub(super) fn fits(&self, shape: &Shape) -> bool {
+    pub(crate) fn fits(&self, shape: &Shape) -> bool {
         if shape.v.is_some() || shape.size != self.segs.len() {
             return false;
         }
@@ -278,9 +318,9 @@ impl OneSided {
     /// # Safety
     /// The buffers must be valid (send for reads unless null, recv for reads and writes and
     /// otherwise unused) for the whole call, holding what `shape` says.
-    pub(super) unsafe fn run(
+    pub(crate) unsafe fn run(
         &self,
-        comm: &Communicator,
+        comm: &dyn Group,
         shape: &Shape,
         tag: u32,
         sig: [u64; 2],
@@ -289,25 +329,27 @@ impl OneSided {
         let mut calls = lock(&self.calls);
         let j = calls.last + 1;
         calls.last = j;
+        let engine = comm.engine();
         let waiter = Waiter {
             os: self,
-            comm,
+            engine,
+            coll_id: comm.coll_id(),
+            timeout: comm.timeout(),
             tag,
             call: j,
             sig,
             deadline: OnceCell::new(),
         };
-        let engine = &comm.world.engine;
         // The call is registered with the engine (for messages of a peer that runs it with
         // another algorithm) only once it has to wait (`Waiter::wait_on`); an earlier call's
         // mismatch found after it returned is reported now.
-        engine.late_error(comm.id | COLL)?;
+        engine.late_error(waiter.coll_id)?;
         let n = self.segs.len();
         // Slot j % 2 was last used by call j - 2: every peer has finished it once it started
         // call j - 1 (which this rank usually saw during call j - 1).
         for p in (0..n).filter(|&p| p != self.me) {
             if calls.known[p] < j - 1 {
-                waiter.wait(p, SEQ, j - 1)?;
+                waiter.wait(p, Ctr::Seq, j - 1)?;
             }
         }
         let (input, len) = contribution(shape, self.me, bufs);
@@ -327,7 +369,7 @@ impl OneSided {
             };
         }
         let inline = max_contribution(shape) <= SLOT;
-        let pool = comm.world.pool.as_deref();
+        let pool = comm.pool();
         let header = Header {
             sig,
             len: len as u64,
@@ -346,7 +388,7 @@ impl OneSided {
                     .copy_from_nonoverlapping(input, len);
             }
         }
-        self.publish(comm, SEQ, j);
+        self.publish(engine, Ctr::Seq, j);
         // SAFETY: forwarded from the caller.
         let result = unsafe {
             self.complete(
@@ -361,7 +403,7 @@ impl OneSided {
         };
         if result.is_err() {
             // Peers may wait for this rank's part of the call: tell them it will not come.
-            self.publish(comm, FAILED, j);
+            self.publish(engine, Ctr::Failed, j);
         }
         result
     }
@@ -395,7 +437,7 @@ impl OneSided {
         }
         // The call counter too (after the line, which is what the peers watch now): a later
         // call's peers may not have seen this one.
-        self.counter(self.me, SEQ).store(j, Ordering::Release);
+        self.counter(self.me, Ctr::Seq).store(j, Ordering::Release);
         // The peers' doorbells ring after the waits below: ringing fences, which would hold
         // this rank until its line reached the peers' caches, and a peer asleep on this call
         // has published its own line already, so the waits end without it. (The last rank to
@@ -417,7 +459,7 @@ impl OneSided {
             check_peer_call(shape, sig, p, theirs, len)?;
         }
         for p in (0..self.segs.len()).filter(|&p| p != self.me) {
-            waiter.comm.world.engine.ring_peer(self.world[p]);
+            waiter.engine.ring_peer(self.world[p]);
         }
         // This rank's own contribution comes from its buffer, which stays in its cache, rather
         // than from its line, which the peers are fetching; not when it lies in the receive
@@ -434,10 +476,12 @@ impl OneSided {
     }
 
     fn tiny_ptr(&self, rank: usize, slot: usize) -> *mut Tiny {
-        self.segs[rank]
-            .as_ptr()
-            .wrapping_add(TINY + 64 * slot)
-            .cast()
+        self.field(rank, offset_of!(Segment, tiny) + size_of::<Tiny>() * slot)
+    }
+
+    /// The field at `offset` of rank `rank`'s segment.
+    fn field<T>(&self, rank: usize, offset: usize) -> *mut T {
+        self.segs[rank].as_ptr().wrapping_add(offset).cast()
     }
 
     /// The rest of call `j` once this rank published it: check the peers' signatures, then
@@ -458,7 +502,7 @@ impl OneSided {
     ) -> Result<()> {
         let n = self.segs.len();
         for p in (0..n).filter(|&p| p != self.me) {
-            waiter.wait(p, SEQ, j)?;
+            waiter.wait(p, Ctr::Seq, j)?;
             known[p] = j;
         }
         // Every rank checks every signature, so a mismatch fails every rank of the call.
@@ -616,7 +660,9 @@ impl OneSided {
                     let dst = unsafe { std::slice::from_raw_parts_mut(dst.cast_mut(), src.len()) };
                     put(dst, src)
                 }
-                None => cma::write_remote(self.pids[p], h.output as usize + pos, src),
+                // SAFETY: the peer published its receive buffer for this call, in which only
+                // this rank writes these bytes, and keeps it until this rank publishes `done`.
+                None => unsafe { cma::write_remote(self.pids[p], h.output as usize + pos, src) },
             }
             .map_err(|e| waiter.read_failed(p, e))
         };
@@ -732,7 +778,9 @@ impl OneSided {
                             // overwrites only after this read.
                             unsafe { dst.as_mut_ptr().copy_from_nonoverlapping(input.add(pos), m) };
                         } else {
-                            cma::read_remote(self.pids[p], h.input as usize + pos, dst)
+                            // SAFETY: the peer published its contribution for this call and
+                            // keeps it unchanged until this rank publishes `done`.
+                            unsafe { cma::read_remote(self.pids[p], h.input as usize + pos, dst) }
                                 .map_err(|e| waiter.read_failed(p, e))?;
                         }
                         if p > 0 {
@@ -751,10 +799,10 @@ impl OneSided {
                     at += m;
                 }
                 if !push {
-                    self.publish(waiter.comm, READY, j);
+                    self.publish(waiter.engine, Ctr::Ready, j);
                 }
                 for p in peers().filter(|_| !push) {
-                    waiter.wait(p, READY, j)?;
+                    waiter.wait(p, Ctr::Ready, j)?;
                     let (off, len) = segs[p];
                     let h = hdr(p);
                     self.read_peer(
@@ -817,13 +865,13 @@ impl OneSided {
                 )))
             }
         }
-        self.publish(waiter.comm, DONE, j);
+        self.publish(waiter.engine, Ctr::Done, j);
         // Nobody returns (and releases its buffers) while a peer may still read them or write
         // its results into them; a broadcast's non-roots have nothing anyone reads, and only
         // the root writes into them.
         let bcast_leaf = shape.kind == CollKind::Broadcast && me != shape.root;
         for p in peers().filter(|&p| !bcast_leaf || (push && p == shape.root)) {
-            waiter.wait(p, DONE, j)?;
+            waiter.wait(p, Ctr::Done, j)?;
         }
         Ok(())
     }
@@ -847,7 +895,9 @@ impl OneSided {
                 let src = unsafe { std::slice::from_raw_parts(src, dst.len()) };
                 put(dst, src)
             }
-            None => cma::read_remote(self.pids[p], addr as usize + pos, dst),
+            // SAFETY: the peer published the buffer at `addr` for this call and keeps it until
+            // this rank publishes `done`.
+            None => unsafe { cma::read_remote(self.pids[p], addr as usize + pos, dst) },
         }
     }
 
@@ -881,29 +931,36 @@ impl OneSided {
             .map(|s| s.as_ptr().wrapping_add(start).cast_const())
     }
 
-    fn counter(&self, rank: usize, which: usize) -> &AtomicU64 {
-        // SAFETY: the counters lie at 128-byte aligned offsets inside every segment (SEG_LEN
-        // covers them), segments live as long as `self`, and any bit pattern is a valid
-        // AtomicU64 shared between processes.
-        unsafe { &*self.segs[rank].as_ptr().add(which).cast::<AtomicU64>() }
+    fn counter(&self, rank: usize, which: Ctr) -> &AtomicU64 {
+        let offset = match which {
+            Ctr::Seq => offset_of!(Segment, seq),
+            Ctr::Failed => offset_of!(Segment, failed),
+            Ctr::Ready => offset_of!(Segment, ready),
+            Ctr::Done => offset_of!(Segment, done),
+        };
+        let ctr = self.field::<Counter>(rank, offset);
+        // SAFETY: every segment holds a `Segment` (SEG_LEN bytes, 128-byte aligned) and lives
+        // as long as `self`; a counter is an atomic, any bit pattern of which is valid, shared
+        // between processes.
+        unsafe { &(*ctr).0 }
     }
 
     fn header_ptr(&self, rank: usize, slot: usize) -> *mut Header {
-        self.segs[rank]
-            .as_ptr()
-            .wrapping_add(HEADERS + 64 * slot)
-            .cast()
+        self.field(
+            rank,
+            offset_of!(Segment, headers) + size_of::<HeaderLine>() * slot,
+        )
     }
 
     fn data_ptr(&self, rank: usize, slot: usize) -> *mut u8 {
-        self.segs[rank].as_ptr().wrapping_add(DATA + SLOT * slot)
+        self.field(rank, offset_of!(Segment, data) + SLOT * slot)
     }
 
     /// Stores `value` in this rank's counter `which` and rings every peer.
-    fn publish(&self, comm: &Communicator, which: usize, value: u64) {
+    fn publish(&self, engine: &Engine, which: Ctr, value: u64) {
         self.counter(self.me, which).store(value, Ordering::Release);
         for p in (0..self.segs.len()).filter(|&p| p != self.me) {
-            comm.world.engine.ring_peer(self.world[p]);
+            engine.ring_peer(self.world[p]);
         }
     }
 }
@@ -911,7 +968,11 @@ impl OneSided {
 /// How one call waits for its peers' counters.
 struct Waiter<'a> {
     os: &'a OneSided,
-    comm: &'a Communicator,
+    engine: &'a Engine,
+    /// The id the communicator's collective frames carry.
+    coll_id: u64,
+    /// `HCOMM_TIMEOUT`.
+    timeout: Duration,
     tag: u32,
     /// The call's number.
     call: u64,
@@ -931,20 +992,20 @@ impl Waiter<'_> {
         if matches!(err, Error::PeerLost(_)) {
             return err;
         }
-        if self.os.counter(p, FAILED).load(Ordering::Acquire) >= self.call {
+        if self.os.counter(p, Ctr::Failed).load(Ordering::Acquire) >= self.call {
             return Error::Aborted(format!(
                 "rank {p} abandoned this collective after an error while this rank read its \
                  buffers; see that rank's error"
             ));
         }
-        match self.comm.world.engine.check_peer(self.os.world[p]) {
+        match self.engine.check_peer(self.os.world[p]) {
             Err(lost) => lost,
             Ok(()) => err,
         }
     }
 
     /// Waits until rank `p`'s counter `which` reaches `target`.
-    fn wait(&self, p: usize, which: usize, target: u64) -> Result<()> {
+    fn wait(&self, p: usize, which: Ctr, target: u64) -> Result<()> {
         self.wait_on(p, self.os.counter(p, which), target)
     }
 
@@ -954,33 +1015,21 @@ impl Waiter<'_> {
         if ready() {
             return Ok(());
         }
-        if self.os.spin {
-            // The first polls without a pause: a pause takes about as long as a cache line
-            // takes to arrive, and most small calls find their peers' lines within a few.
-            for i in 0..SPINS {
-                if i >= EAGER_POLLS {
-                    std::hint::spin_loop();
-                }
-                if ready() {
-                    return Ok(());
-                }
-            }
-        }
-        for _ in 0..YIELDS {
-            std::thread::yield_now();
+        // Spinning (when this rank has a core to itself), then yielding: most small calls find
+        // their peers' lines within a few looks.
+        let mut waiting = Waiting::new(Backoff::DEFAULT, self.os.spin);
+        while waiting.pause() != Pause::Sleep {
             if ready() {
                 return Ok(());
             }
         }
-        let engine = &self.comm.world.engine;
+        let engine = self.engine;
         if self.deadline.get().is_none() {
             // Messages of this call that a peer running another algorithm sent now fail it
             // with a mismatch, and so will later ones.
-            engine.begin_call(self.comm.id | COLL, self.tag, self.sig)?;
+            engine.begin_call(self.coll_id, self.tag, self.sig)?;
         }
-        let deadline = *self
-            .deadline
-            .get_or_init(|| Instant::now() + self.comm.world.config.timeout);
+        let deadline = *self.deadline.get_or_init(|| Instant::now() + self.timeout);
         let mut stall = StallWatch::new(Instant::now());
         crate::observe::blocked_on(p);
         loop {
@@ -1004,11 +1053,11 @@ impl Waiter<'_> {
             // Before the peer's loss or abandonment: an aborted communicator fails every
             // member's wait, and its error names the rank that aborted it (the peer may have
             // learnt of it first and left already).
-            if let Some(e) = engine.call_failed(self.comm.id | COLL, self.tag) {
+            if let Some(e) = engine.call_failed(self.coll_id, self.tag) {
                 return Err(e);
             }
             peer?;
-            if self.os.counter(p, FAILED).load(Ordering::Acquire) >= self.call {
+            if self.os.counter(p, Ctr::Failed).load(Ordering::Acquire) >= self.call {
                 return Err(Error::Aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"
                 )));
@@ -1016,7 +1065,7 @@ impl Waiter<'_> {
             if ready() {
                 return Ok(());
             }
-            let left = (deadline - now).min(SLEEP);
+            let left = (deadline - now).min(waiting.max_sleep());
             if let Some(bell) = engine.own_bell() {
                 let mut woken = || ready() || engine.alarms() != alarms;
                 bell.sleep_unless(&mut woken, left);
@@ -1056,7 +1105,7 @@ fn check_peer_call(
 }
 
 /// Whether the ranks of `comm` all say `ok` (collective).
-fn agree(comm: &Communicator, ok: bool) -> Result<bool> {
+fn agree(comm: &dyn Group, ok: bool) -> Result<bool> {
     let mut mine = [0u8; 16];
     mine[0] = u8::from(ok);
     Ok(comm.exchange_all(&mine)?.iter().all(|b| b[0] == 1))

@@ -1,0 +1,32 @@
+//! What the collectives that run outside schedules (the one-sided ones, the tiered
+//! all-reduce) need of their communicator, so that they live here, under the communicator.
+
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::p2p::Engine;
+use crate::transport::shm::pool::ShmPool;
+
+/// The ranks of a communicator as the one-sided collectives see them.
+pub(crate) trait Group {
+    /// This rank in the group.
+    fn rank(&self) -> usize;
+    /// Ranks in the group.
+    fn size(&self) -> usize;
+    /// World rank of each member, by rank.
+    fn members(&self) -> &[usize];
+    /// The communicator's id (it names the one-sided segments).
+    fn id(&self) -> u64;
+    /// The id the frames of the communicator's collective calls carry.
+    fn coll_id(&self) -> u64;
+    /// The progress engine of the group's world.
+    fn engine(&self) -> &Engine;
+    /// This rank's shared-memory pool, if it has one.
+    fn pool(&self) -> Option<&ShmPool>;
+    /// Whether waiting ranks may spin (the host has a core per local rank).
+    fn spin(&self) -> bool;
+    /// `HCOMM_TIMEOUT`.
+    fn timeout(&self) -> Duration;
+    /// Every member's 16 bytes, by rank (collective over the group).
+    fn exchange_all(&self, mine: &[u8; 16]) -> Result<Vec<[u8; 16]>>;
+}

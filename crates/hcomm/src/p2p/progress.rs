@@ -1,0 +1,557 @@
+//! Progress: one turn over the links (read what arrived, write what waits, dispatch frames),
+//! the background thread, and what a peer's loss does.
+
+use crate::config::Backoff;
+use crate::error::{Error, Result};
+use crate::sync::lock;
+use crate::transport::wire::{
+    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_DISCARD, FLAG_MISMATCH,
+    FLAG_PULLED,
+};
+use rustix::event::epoll;
+use std::net::Shutdown;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::matching::pop_key;
+use super::requests::{dest_slice, truncated};
+use super::wait::poll;
+use super::{
+    Dest, Engine, MatchKey, Op, OpId, Peer, ReadEnd, RxState, Shared, State, UnexpectedKind,
+    WAKE_TOKEN,
+};
+
+/// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
+/// `rank` lost world rank `peer`: one line `lost RANK PEER`, in one write (atomic on a
+/// pipe), never blocking (the launcher made the pipe nonblocking). Nothing is written unless
+/// the descriptor is that pipe; news that cannot be written is dropped (it only helps the
+/// launcher name the rank that failed first).
+pub(super) fn tell_launcher((fd, ino): (i32, u64), rank: usize, peer: usize) {
+    // SAFETY: the launcher's pipe stays open for the life of the process (inherited, and
+    // nothing in hcomm closes it); a stale variable naming a closed descriptor only makes
+    // `fstat` fail, and a foreign one fails the checks below, so nothing is written to it.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let Ok(st) = rustix::fs::fstat(fd) else {
+        return;
+    };
+    let fifo = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo;
+    if !fifo || st.st_ino != ino {
+        return;
+    }
+    let _ = rustix::io::write(fd, format!("lost {rank} {peer}\n").as_bytes());
+}
+
+pub(super) fn progress_thread(sh: &Shared) {
+    let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+    while !sh.shutdown.load(Ordering::SeqCst) {
+        // Announce polling before looking at the waiters: a thread that starts waiting
+        // meanwhile sees the flag and wakes this one out of epoll_wait.
+        sh.io.polling.store(true, Ordering::SeqCst);
+        if sh.io.pending_async.load(Ordering::SeqCst) == 0
+            || sh.io.waiters.load(Ordering::SeqCst) > 0
+        {
+            sh.io.polling.store(false, Ordering::SeqCst);
+            // Nothing outstanding, or a waiting thread drives progress itself.
+            let guard = lock(&sh.idle);
+            let _ = sh.idle_cv.wait_timeout(guard, Duration::from_millis(50));
+            continue;
+        }
+        let polled = match sh.io.bell() {
+            Some(bell) => {
+                bell.enter_epoll();
+                let sleep = if lock(&sh.state).shm_ready() {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis(50)
+                };
+                let polled = poll(&sh.io, &mut events, sleep);
+                bell.leave_epoll();
+                polled
+            }
+            None => poll(&sh.io, &mut events, Duration::from_millis(50)),
+        };
+        sh.io.polling.store(false, Ordering::SeqCst);
+        if polled.is_ok() {
+            lock(&sh.state).handle(&events, false);
+        }
+    }
+}
+
+impl Engine {
+    /// Progresses once without blocking, then tells whether world rank `peer` is still
+    /// reachable (for waits that do not go through the engine).
+    pub(crate) fn check_peer(&self, peer: usize) -> Result<()> {
+        let sh = &*self.shared;
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        poll(&sh.io, &mut events, Duration::ZERO)?;
+        let mut st = lock(&sh.state);
+        st.handle(&events, false);
+        match st.peers.get(peer).and_then(Option::as_ref) {
+            Some(p) => match &p.lost {
+                Some(why) => Err(Error::PeerLost(why.clone())),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// Progresses once without blocking; returns the result of `id` if it is complete (and
+    /// removes it).
+    pub(crate) fn test(&self, id: OpId) -> Option<Result<usize>> {
+        let sh = &*self.shared;
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        if poll(&sh.io, &mut events, Duration::ZERO).is_err() {
+            events.clear();
+        }
+        let mut st = lock(&sh.state);
+        st.handle(&events, false);
+        st.take(id)
+    }
+
+    /// Drives progress until `left` of the state is empty or `deadline` passes; returns what
+    /// is left.
+    pub(super) fn progress_until(
+        &self,
+        deadline: Instant,
+        left: fn(&State) -> Vec<usize>,
+    ) -> Vec<usize> {
+        let sh = &*self.shared;
+        self.enter_wait();
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        let rest = loop {
+            let rest = {
+                let mut st = lock(&sh.state);
+                st.handle(&events, true);
+                left(&st)
+            };
+            let now = Instant::now();
+            if rest.is_empty() || now >= deadline {
+                break rest;
+            }
+            if poll(
+                &sh.io,
+                &mut events,
+                (deadline - now).min(Backoff::DEFAULT.max_sleep),
+            )
+            .is_err()
+            {
+                events.clear();
+            }
+        };
+        self.leave_wait();
+        rest
+    }
+}
+
+impl State {
+    /// Reachable peers with frames not yet handed to the kernel or the ring.
+    pub(super) fn unflushed_peers(&self) -> Vec<usize> {
+        let unflushed = |p: &Peer| {
+            p.lost.is_none()
+                && (p.streams.iter().any(|s| !s.out.is_empty())
+                    || p.shm.as_ref().is_some_and(|m| !m.out.is_empty())
+                    || p.plugin
+                        .as_ref()
+                        .is_some_and(|pp| !pp.out.is_empty() || pp.link.sending()))
+        };
+        (0..self.peers.len())
+            .filter(|&p| self.peers[p].as_ref().is_some_and(unflushed))
+            .collect()
+    }
+
+    /// Peers whose links are still open.
+    pub(super) fn open_peers(&self) -> Vec<usize> {
+        (0..self.peers.len())
+            .filter(|&p| self.peers[p].as_ref().is_some_and(|p| p.lost.is_none()))
+            .collect()
+    }
+
+    /// Dispatches a frame that arrived whole (a ring message, a plug-in frame): handles its
+    /// header, then calls `land` once with where the payload goes (`None`: nowhere, or there
+    /// is none) to copy it there and release the frame, then finishes what the payload
+    /// completes. An error says why the peer must be dropped.
+    pub(super) fn dispatch_whole(
+        &mut self,
+        peer: usize,
+        hdr: FrameHeader,
+        land: impl FnOnce(&mut [Option<Peer>], Option<&mut [u8]>) -> std::result::Result<(), String>,
+    ) -> std::result::Result<(), String> {
+        let dest = self.on_header(peer, hdr)?;
+        let n = hdr.payload_len() as usize;
+        let dst = match dest {
+            Some(d) if n > 0 => dest_slice(&mut self.ops, &mut self.umsgs, d, 0, n),
+            _ => None,
+        };
+        land(&mut self.peers, dst)?;
+        if let Some(dest) = dest {
+            self.on_payload(peer, hdr, dest);
+        }
+        Ok(())
+    }
+
+    /// Handles the events of one `epoll_wait`.
+    /// `by_waiter`: the caller is itself one of the waiting threads.
+    pub(super) fn handle(&mut self, events: &[epoll::Event], by_waiter: bool) -> bool {
+        // The wake-up first: one that comes while the links are read below stays pending.
+        if events.iter().any(|ev| ev.data.u64() == WAKE_TOKEN) {
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(&self.io.wake, &mut b);
+        }
+        let mut moved = !self.shm_peers.is_empty() && self.poll_shm();
+        moved |= !self.plugin_peers.is_empty() && self.poll_plugin();
+        for ev in events {
+            let tok = ev.data.u64();
+            if tok == WAKE_TOKEN {
+                continue;
+            }
+            let (peer, stream) = ((tok >> 16) as usize, (tok & 0xffff) as usize);
+            let flags = ev.flags;
+            if flags.intersects(
+                epoll::EventFlags::OUT | epoll::EventFlags::ERR | epoll::EventFlags::HUP,
+            ) {
+                self.flush(peer, stream);
+            }
+            if flags
+                .intersects(epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP)
+            {
+                match self.read_stream(peer, stream) {
+                    ReadEnd::Drained => {}
+                    ReadEnd::Eof => self.stream_ended(peer, stream),
+                    ReadEnd::Failed(why) => self.fail_peer(peer, why),
+                }
+            }
+        }
+        // Wake other sleeping waiters whose operations may have completed here.
+        if self.completions > 0 && self.io.waiters.load(Ordering::SeqCst) > usize::from(by_waiter) {
+            self.io.wake_all();
+        }
+        self.completions = 0;
+        moved
+    }
+
+    /// One frame of each of `ops` (sends) left this rank: a send whose frames all did is
+    /// complete.
+    pub(super) fn frames_sent(&mut self, ops: impl IntoIterator<Item = OpId>) {
+        for id in ops {
+            if let Some(op) = self.ops.get_mut(&id) {
+                op.remaining = op.remaining.saturating_sub(1);
+                if op.remaining == 0 {
+                    let len = op.cap;
+                    self.complete(id, Ok(len));
+                }
+            }
+        }
+    }
+
+    /// Dispatches a frame header; returns where the frame's payload goes (`None`: the frame
+    /// is handled), or why the peer must be dropped.
+    pub(super) fn on_header(
+        &mut self,
+        peer: usize,
+        hdr: FrameHeader,
+    ) -> std::result::Result<Option<Dest>, String> {
+        if let Some(p) = self.peers[peer].as_mut() {
+            p.heard = p.heard.wrapping_add(1);
+        }
+        let dest = match hdr.kind {
+            FrameKind::Eager => {
+                let key = MatchKey {
+                    comm: hdr.comm,
+                    peer,
+                    tag: hdr.tag,
+                };
+                let len = hdr.len as usize;
+                match pop_key(&mut self.posted, &key) {
+                    Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
+                        self.mismatch(id, hdr.sig);
+                        Dest::Discard
+                    }
+                    Some(id) => {
+                        let op = self.ops.get_mut(&id).ok_or("a posted receive vanished")?;
+                        if len > op.cap {
+                            let err = truncated(op, len);
+                            self.complete(id, Err(err));
+                            Dest::Discard
+                        } else {
+                            op.msg_len = len;
+                            Dest::Op { op: id, base: 0 }
+                        }
+                    }
+                    None if self.foreign(&hdr) => {
+                        self.reject_message(peer, &hdr);
+                        Dest::Discard
+                    }
+                    None => {
+                        let kind = UnexpectedKind::Eager {
+                            data: vec![0u8; len],
+                            complete: false,
+                        };
+                        Dest::Unexpected(self.push_unexpected(key, hdr.sig, kind))
+                    }
+                }
+            }
+            FrameKind::Rts => {
+                let key = MatchKey {
+                    comm: hdr.comm,
+                    peer,
+                    tag: hdr.tag,
+                };
+                let len = usize::try_from(hdr.len)
+                    .map_err(|_| "it announced a message too large for this host")?;
+                let pull = (hdr.flags & FLAG_CAN_PULL != 0).then_some(hdr.offset);
+                match pop_key(&mut self.posted, &key) {
+                    Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
+                        self.refuse_rts(peer, hdr.msg_id);
+                        self.mismatch(id, hdr.sig);
+                    }
+                    Some(id) => self.match_rts(id, hdr.msg_id, len, pull),
+                    None if self.foreign(&hdr) => {
+                        self.refuse_rts(peer, hdr.msg_id);
+                        self.reject_message(peer, &hdr);
+                    }
+                    None => {
+                        self.push_unexpected(
+                            key,
+                            hdr.sig,
+                            UnexpectedKind::Rts {
+                                msg_id: hdr.msg_id,
+                                len,
+                                pull,
+                            },
+                        );
+                    }
+                }
+                return Ok(None);
+            }
+            FrameKind::Cts => {
+                let Some(id) = self.rndv_send.remove(&(peer, hdr.msg_id)) else {
+                    if self.abandoned_sends.remove(&(peer, hdr.msg_id)) {
+                        return Ok(None);
+                    }
+                    return Err(format!(
+                        "it cleared message {} that was never announced",
+                        hdr.msg_id
+                    ));
+                };
+                if hdr.flags & (FLAG_DISCARD | FLAG_PULLED) != 0 {
+                    let len = self.ops.get(&id).map_or(0, |op| op.cap);
+                    self.complete(id, Ok(len));
+                } else {
+                    self.send_data(peer, id, hdr.msg_id);
+                }
+                return Ok(None);
+            }
+            FrameKind::Data => {
+                let Some(&id) = self.rndv_recv.get(&(peer, hdr.msg_id)) else {
+                    let key = (peer, hdr.msg_id);
+                    let due = self.discarding.get_mut(&key).ok_or_else(|| {
+                        format!(
+                            "it sent data of message {} that was never cleared",
+                            hdr.msg_id
+                        )
+                    })?;
+                    *due = due.saturating_sub(hdr.len);
+                    if *due == 0 {
+                        self.discarding.remove(&key);
+                    }
+                    return Ok((hdr.len > 0).then_some(Dest::Discard));
+                };
+                let op = self.ops.get(&id).ok_or("a matched receive vanished")?;
+                if hdr.offset.saturating_add(hdr.len) > op.msg_len as u64 {
+                    return Err(format!(
+                        "it sent data beyond the end of message {}",
+                        hdr.msg_id
+                    ));
+                }
+                Dest::Op {
+                    op: id,
+                    base: hdr.offset as usize,
+                }
+            }
+            FrameKind::Close => {
+                if let Some(p) = self.peers[peer].as_mut() {
+                    p.closed = true;
+                }
+                return Ok(None);
+            }
+            // It only had to wake this rank up.
+            FrameKind::Wake => return Ok(None),
+            FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
+                let err = Error::Aborted(format!(
+                    "world rank {peer} aborted the communicator (Communicator::abort, \
+                     hcommCommAbort); see that rank's output for why"
+                ));
+                for comm in [hdr.comm, hdr.sig[0], hdr.sig[1]] {
+                    self.abort_comm(comm, err.clone());
+                }
+                return Ok(None);
+            }
+            FrameKind::Abort => {
+                let lost = hdr
+                    .msg_id
+                    .checked_sub(1)
+                    .and_then(|l| usize::try_from(l).ok())
+                    .filter(|&l| l < self.peers.len() && l != self.cfg.rank);
+                self.on_abort(
+                    peer,
+                    (hdr.comm, hdr.tag, hdr.sig),
+                    hdr.flags & FLAG_MISMATCH != 0,
+                    lost,
+                );
+                return Ok(None);
+            }
+        };
+        Ok(Some(dest))
+    }
+
+    /// A frame's payload has fully arrived.
+    pub(super) fn on_payload(&mut self, peer: usize, hdr: FrameHeader, dest: Dest) {
+        match dest {
+            Dest::Discard => {}
+            Dest::Unexpected(uid) => {
+                let Some(u) = self.umsgs.get_mut(&uid) else {
+                    return;
+                };
+                if let UnexpectedKind::Eager { complete, .. } = &mut u.kind {
+                    *complete = true;
+                }
+                if let Some(id) = u.claimed_by {
+                    self.deliver_unexpected(uid, id);
+                }
+            }
+            Dest::Op { op: id, .. } => match hdr.kind {
+                FrameKind::Data => {
+                    let Some(op) = self.ops.get_mut(&id) else {
+                        return;
+                    };
+                    op.remaining = op.remaining.saturating_sub(hdr.len as usize);
+                    if op.remaining == 0 {
+                        let len = op.msg_len;
+                        self.rndv_recv.remove(&(peer, hdr.msg_id));
+                        self.complete(id, Ok(len));
+                    }
+                }
+                _ => self.complete(id, Ok(hdr.len as usize)),
+            },
+        }
+    }
+
+    /// A stream of `peer` reached its end. After the peer's Close (on stream 0) that is
+    /// orderly, and data may still arrive on its other streams: the peer is done when all
+    /// have ended. Without a Close it died. A plug-in peer's end is judged by
+    /// `State::poll_plugin`, which knows whether its Close and this rank's frames are through.
+    pub(super) fn stream_ended(&mut self, peer: usize, stream: usize) {
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return;
+        };
+        let s = &mut p.streams[stream];
+        s.eof = true;
+        let _ = epoll::delete(&self.io.epoll, &s.sock);
+        if let Some(pp) = p.plugin.as_mut() {
+            pp.tcp_gone.get_or_insert_with(Instant::now);
+            return;
+        }
+        if (stream == 0 && !p.closed) || p.streams.iter().all(|s| s.eof) {
+            self.fail_peer(peer, "it closed the connection".into());
+        }
+    }
+
+    /// Marks a peer unreachable: closes its links and fails every operation with it.
+    pub(super) fn fail_peer(&mut self, peer: usize, why: String) {
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return;
+        };
+        if p.lost.is_some() {
+            return;
+        }
+        if p.shm.is_some() && !self.draining {
+            // What the peer wrote to the ring before its connection ended is still due:
+            // read it first (its frames may fail the peer themselves).
+            self.draining = true;
+            while self.read_ring(peer) {}
+            self.draining = false;
+        }
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return;
+        };
+        if p.lost.is_some() {
+            return;
+        }
+        let msg = if p.closed {
+            format!("world rank {peer} has finalized and closed its connections")
+        } else {
+            format!("world rank {peer} is unreachable: {why}; look at that rank's output (did it exit or crash?)")
+        };
+        if p.closed {
+            tracing::debug!("{msg}");
+        } else {
+            self.last_lost = Some(peer);
+            tracing::warn!("{msg}");
+            if let Some(pipe) = self.cfg.run_fd {
+                tell_launcher(pipe, self.cfg.rank, peer);
+            }
+        }
+        for s in &mut p.streams {
+            let _ = epoll::delete(&self.io.epoll, &s.sock);
+            let _ = s.sock.shutdown(Shutdown::Both);
+            s.out.clear();
+            s.rx = RxState::Header;
+        }
+        if let Some(m) = p.shm.as_mut() {
+            m.out.clear();
+        }
+        if let Some(pp) = p.plugin.as_mut() {
+            pp.out.clear();
+            pp.link.clear_tx();
+            pp.tcp_gone = None;
+        }
+        p.lost = Some(msg.clone());
+        self.rndv_recv.retain(|(q, _), _| *q != peer);
+        self.rndv_send.retain(|(q, _), _| *q != peer);
+        self.posted.retain(|k, _| k.peer != peer);
+        // Messages that arrived whole stay receivable; partial ones are gone.
+        let partial: Vec<u64> = self
+            .umsgs
+            .iter()
+            .filter(|(_, u)| {
+                u.peer == peer
+                    && matches!(
+                        u.kind,
+                        UnexpectedKind::Eager {
+                            complete: false,
+                            ..
+                        } | UnexpectedKind::Rts { .. }
+                    )
+            })
+            .map(|(&uid, _)| uid)
+            .collect();
+        for (key, q) in self.unexpected.iter_mut() {
+            if key.peer == peer {
+                q.retain(|uid| !partial.contains(uid));
+            }
+        }
+        self.unexpected.retain(|_, q| !q.is_empty());
+        let failed: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.target.peer == peer && op.result.is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in failed {
+            for uid in &partial {
+                if self
+                    .umsgs
+                    .get(uid)
+                    .is_some_and(|u| u.claimed_by == Some(id))
+                {
+                    self.umsgs.remove(uid);
+                }
+            }
+            let desc = self.ops.get(&id).map(Op::describe).unwrap_or_default();
+            self.complete(id, Err(Error::PeerLost(format!("{desc} failed: {msg}"))));
+        }
+        self.umsgs.retain(|uid, _| {
+            !partial.contains(uid) || self.unexpected.values().any(|q| q.contains(uid))
+        });
+    }
+}

@@ -1,0 +1,416 @@
+//! Operations: posting, completing, taking, cancelling and detaching sends and receives, and
+//! the buffers they name.
+
+use crate::config::Backoff;
+use crate::error::{Error, Result};
+use crate::sync::lock;
+use crate::transport::wire::FAST_PAYLOAD;
+use rustc_hash::FxHashMap as HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::matching::remove_from;
+use super::wait::spin_on;
+use super::{
+    Blocking, BufPtr, Deadline, Dest, Engine, MatchKey, Op, OpId, OpKind, OutFrame, RxState, State,
+    Target, Unexpected, UnexpectedKind, DISCARDED,
+};
+
+/// The writable bytes `off..off+len` of a live operation's buffer.
+pub(super) fn op_slice(op: &mut Op, off: usize, len: usize) -> Option<&mut [u8]> {
+    if len == 0 {
+        return None;
+    }
+    let base = match op.detached.as_mut() {
+        Some(b) => b.as_mut_ptr(),
+        None => op.buf.0,
+    };
+    // SAFETY: the operation is live, so its buffer is valid for writes of `cap` bytes and not
+    // otherwise accessed (see `post_recv`); callers checked `off + len <= msg_len <= cap`.
+    Some(unsafe { std::slice::from_raw_parts_mut(base.add(off), len) })
+}
+
+/// Where `len` payload bytes at progress `done` go; `None` to drop them.
+pub(super) fn dest_slice<'a>(
+    ops: &'a mut HashMap<OpId, Op>,
+    umsgs: &'a mut HashMap<u64, Unexpected>,
+    dest: Dest,
+    done: usize,
+    len: usize,
+) -> Option<&'a mut [u8]> {
+    match dest {
+        Dest::Discard => None,
+        Dest::Op { op, base } => op_slice(ops.get_mut(&op)?, base + done, len),
+        Dest::Unexpected(uid) => match &mut umsgs.get_mut(&uid)?.kind {
+            UnexpectedKind::Eager { data, .. } => data.get_mut(done..done + len),
+            UnexpectedKind::Rts { .. } => None,
+        },
+    }
+}
+
+/// The whole payload of an outgoing frame: its own copy, or its live operation's bytes.
+pub(super) fn frame_payload<'a>(f: &'a OutFrame, ops: &'a HashMap<OpId, Op>) -> &'a [u8] {
+    match f.op.and_then(|id| ops.get(&id)) {
+        _ if f.owned.is_some() => f.owned.as_deref().unwrap_or(&[]),
+        Some(op) if f.len > 0 => {
+            let src = op
+                .detached
+                .as_ref()
+                .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
+            // SAFETY: the frame's operation is live, so its buffer is valid for
+            // `off + len <= cap` bytes (see `post_send`).
+            unsafe { std::slice::from_raw_parts(src.add(f.off), f.len) }
+        }
+        _ => &[],
+    }
+}
+
+pub(super) fn truncated(op: &Op, len: usize) -> Error {
+    Error::Truncated(format!(
+        "message from rank {} (tag {}) is {} bytes but the receive buffer holds {}: post a \
+         larger buffer",
+        op.target.comm_rank, op.target.tag, len, op.cap
+    ))
+}
+
+impl Engine {
+    /// Posts a send of `len` bytes at `buf`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid for reads until the operation is removed by
+    /// [`Engine::wait`] or [`Engine::test`] returning its result, or handed over by
+    /// [`Engine::detach`].
+    pub(crate) unsafe fn post_send(
+        &self,
+        t: Target,
+        buf: *const u8,
+        len: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
+        let mut st = lock(&self.shared.state);
+        let id = st.post_send(t, BufPtr(buf.cast_mut()), len, asynchronous)?;
+        self.note_async(&mut st, id, asynchronous);
+        Ok(id)
+    }
+
+    /// A blocking send or receive: posts it, looks at the links once under the same lock,
+    /// and waits only if it did not complete there (a small send, or a receive whose
+    /// message is already in, costs one lock and no clock read).
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid for reads (a send) or for writes and otherwise unused
+    /// (a receive) until this returns.
+    pub(crate) unsafe fn blocking(
+        &self,
+        kind: Blocking,
+        t: Target,
+        buf: *mut u8,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<usize> {
+        let sh = &*self.shared;
+        if kind == Blocking::Recv {
+            // A small message from a local peer: taken straight from its fast box when it is
+            // there, or once it comes within a short watch.
+            let watch = {
+                let mut st = lock(&sh.state);
+                // SAFETY: forwarded from the caller.
+                if let Some(n) = unsafe { st.recv_fast(&t, buf, len) } {
+                    return Ok(n);
+                }
+                match sh.io.inbox.as_ref() {
+                    Some(inbox) if !sh.spin.is_zero() && len <= st.cfg.shm_eager_limit => {
+                        st.recv_watch(inbox, &t)
+                    }
+                    _ => None,
+                }
+            };
+            if watch.is_some_and(|w| spin_on(&w, Backoff::DEFAULT)) {
+                // SAFETY: forwarded from the caller.
+                if let Some(n) = unsafe { lock(&sh.state).recv_fast(&t, buf, len) } {
+                    return Ok(n);
+                }
+            }
+        }
+        let id = {
+            let mut st = lock(&sh.state);
+            if kind == Blocking::Send && len <= FAST_PAYLOAD {
+                // SAFETY: the caller's promise: `buf` holds `len` readable bytes.
+                let data = unsafe { std::slice::from_raw_parts(buf, len) };
+                if st.send_fast(&t, data)? {
+                    return Ok(len);
+                }
+            }
+            let id = match kind {
+                Blocking::Send => st.post_send(t, BufPtr(buf), len, false)?,
+                Blocking::Recv => st.post_recv(t, BufPtr(buf), len, false)?,
+            };
+            if let Some(r) = st.take(id) {
+                return r;
+            }
+            st.handle(&[], false);
+            if let Some(r) = st.take(id) {
+                return r;
+            }
+            id
+        };
+        self.wait(id, Deadline::After(timeout))
+    }
+
+    /// Posts a receive into `cap` bytes at `buf`.
+    ///
+    /// # Safety
+    /// `buf..buf+cap` must stay valid for writes, and not be accessed otherwise, until the
+    /// operation is removed by [`Engine::wait`] or [`Engine::test`], or handed over by
+    /// [`Engine::detach`].
+    pub(crate) unsafe fn post_recv(
+        &self,
+        t: Target,
+        buf: *mut u8,
+        cap: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
+        let mut st = lock(&self.shared.state);
+        let id = st.post_recv(t, BufPtr(buf), cap, asynchronous)?;
+        self.note_async(&mut st, id, asynchronous);
+        Ok(id)
+    }
+
+    /// Counts a nonblocking operation the background thread must progress (one that did
+    /// not complete when it was posted).
+    pub(super) fn note_async(&self, st: &mut State, id: OpId, asynchronous: bool) {
+        let Some(op) = st.ops.get_mut(&id) else {
+            return;
+        };
+        op.asynchronous = asynchronous && op.result.is_none();
+        if op.asynchronous && self.shared.io.pending_async.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.shared.idle_cv.notify_one();
+        }
+    }
+
+    /// Removes operations that will not be waited for, so that no buffer of theirs is
+    /// referenced afterwards (see `State::disentangle`).
+    pub(crate) fn cancel(&self, ids: &[OpId]) {
+        let mut st = lock(&self.shared.state);
+        for &id in ids {
+            if st.take(id).is_none() && st.ops.contains_key(&id) {
+                let _ = st.time_out(id);
+            }
+        }
+    }
+
+    /// Hands a pending nonblocking operation's buffer to the engine, which completes the
+    /// operation in the background and then frees the buffer.
+    pub(crate) fn detach(&self, id: OpId, buffer: Vec<u8>) {
+        let mut st = lock(&self.shared.state);
+        if st.take(id).is_some() {
+            return;
+        }
+        if let Some(op) = st.ops.get_mut(&id) {
+            op.detached = Some(buffer);
+            // The owner will never take it: stop counting it as pending for the owner.
+            if op.asynchronous {
+                op.asynchronous = false;
+                self.shared.io.pending_async.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl State {
+    pub(super) fn new_op(
+        &mut self,
+        kind: OpKind,
+        target: Target,
+        buf: BufPtr,
+        cap: usize,
+        asynchronous: bool,
+    ) -> OpId {
+        let id = self.next_op;
+        self.next_op += 1;
+        let op = Op {
+            kind,
+            target,
+            buf,
+            cap,
+            msg_len: 0,
+            remaining: 0,
+            asynchronous,
+            detached: None,
+            result: None,
+        };
+        self.ops.insert(id, op);
+        id
+    }
+
+    pub(super) fn live_peer(&self, t: &Target) -> Result<()> {
+        if let Some(e) = self.aborted_comm(t.comm) {
+            return Err(e);
+        }
+        if let Some(&(peer, sig, mismatch, lost)) = self.aborted.get(&(t.comm, t.tag)) {
+            return Err(self.abandoned(t, peer, sig, mismatch, lost));
+        }
+        if t.peer == self.cfg.rank {
+            return Ok(());
+        }
+        match self.peers.get(t.peer) {
+            Some(Some(p)) => match &p.lost {
+                None => Ok(()),
+                Some(why) => Err(Error::PeerLost(why.clone())),
+            },
+            _ => Err(Error::Internal(format!("no link to world rank {}", t.peer))),
+        }
+    }
+
+    pub(super) fn complete(&mut self, id: OpId, result: Result<usize>) {
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
+        if op.result.is_some() {
+            return;
+        }
+        self.completions += 1;
+        if op.detached.is_some() {
+            if let Err(e) = &result {
+                tracing::warn!("the {} of a dropped request failed: {e}", op.describe());
+            }
+            self.ops.remove(&id);
+            return;
+        }
+        op.result = Some(result);
+    }
+
+    /// Removes and returns the result of a completed operation.
+    pub(super) fn take(&mut self, id: OpId) -> Option<Result<usize>> {
+        self.ops.get(&id)?.result.as_ref()?;
+        let op = self.ops.remove(&id)?;
+        if op.asynchronous {
+            self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
+        }
+        op.result
+    }
+
+    /// The peers that the operations `ids` still wait for, and the operations, for stall
+    /// warnings.
+    pub(super) fn awaited(&self, ids: &[OpId]) -> String {
+        let ops: Vec<&Op> = ids.iter().filter_map(|id| self.ops.get(id)).collect();
+        let mut ranks: Vec<(usize, usize)> = ops
+            .iter()
+            .map(|o| (o.target.comm_rank, o.target.peer))
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        let ranks: Vec<String> = ranks
+            .iter()
+            .map(|(r, w)| format!("rank {r} (world rank {w})"))
+            .collect();
+        let ops: Vec<String> = ops.iter().map(|o| o.describe()).collect();
+        format!("{} [{}]", ranks.join(", "), ops.join("; "))
+    }
+
+    /// Gives up on `id` at its deadline and removes it (see [`State::disentangle`]).
+    pub(super) fn time_out(&mut self, id: OpId) -> Error {
+        let Some(op) = self.ops.get(&id) else {
+            return Error::Internal("timed out on an unknown operation".into());
+        };
+        let t = op.target;
+        let why = match op.kind {
+            OpKind::Recv => "has not sent a matching message",
+            OpKind::Send => "is not receiving (a large message waits for the matching receive)",
+        };
+        let err = Error::Timeout(format!(
+            "{} did not complete within HCOMM_TIMEOUT: rank {} {why}; it may be stuck, slow, or \
+             calling something else",
+            op.describe(),
+            t.comm_rank
+        ));
+        self.disentangle(id);
+        if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
+            self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
+        }
+        err
+    }
+
+    /// Cuts every tie between operation `id` and the wire, so that its buffer may go: a
+    /// receive leaves its queue, and data still due for it is read and dropped; a send loses
+    /// its unsent frames, keeps a copy of a half-written one (the stream must stay framed),
+    /// and a late CTS for it is ignored. The peer is told nothing here: the collective layer
+    /// sends aborts.
+    pub(super) fn disentangle(&mut self, id: OpId) {
+        let Some(op) = self.ops.get(&id) else { return };
+        let (t, kind, remaining) = (op.target, op.kind, op.remaining);
+        match kind {
+            OpKind::Recv => {
+                let key = MatchKey {
+                    comm: t.comm,
+                    peer: t.peer,
+                    tag: t.tag,
+                };
+                remove_from(&mut self.posted, &key, &id);
+                if let Some(k) = self
+                    .rndv_recv
+                    .iter()
+                    .find(|(_, &o)| o == id)
+                    .map(|(k, _)| *k)
+                {
+                    self.rndv_recv.remove(&k);
+                    self.discarding.insert(k, remaining as u64);
+                }
+                for u in self.umsgs.values_mut() {
+                    if u.claimed_by == Some(id) {
+                        u.claimed_by = Some(DISCARDED);
+                    }
+                }
+                if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
+                    for st in &mut p.streams {
+                        if let RxState::Payload {
+                            dest: dest @ Dest::Op { .. },
+                            ..
+                        } = &mut st.rx
+                        {
+                            if matches!(dest, Dest::Op { op, .. } if *op == id) {
+                                *dest = Dest::Discard;
+                            }
+                        }
+                    }
+                }
+            }
+            OpKind::Send => {
+                if let Some(k) = self
+                    .rndv_send
+                    .iter()
+                    .find(|(_, &o)| o == id)
+                    .map(|(k, _)| *k)
+                {
+                    self.rndv_send.remove(&k);
+                    self.abandoned_sends.insert(k);
+                }
+                let Some(op) = self.ops.get(&id) else { return };
+                let src = op
+                    .detached
+                    .as_ref()
+                    .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
+                if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
+                    // Ring and plug-in frames go whole or not at all.
+                    if let Some(m) = p.shm.as_mut() {
+                        m.out.retain(|f| f.op != Some(id));
+                    }
+                    if let Some(pp) = p.plugin.as_mut() {
+                        pp.out.retain(|f| f.op != Some(id));
+                    }
+                    for st in &mut p.streams {
+                        st.out.retain(|f| f.op != Some(id) || f.hdr_done > 0);
+                        for f in st.out.iter_mut().filter(|f| f.op == Some(id)) {
+                            // SAFETY: the operation is still live, so `off..off + len` of its
+                            // buffer is readable (see `post_send`).
+                            let bytes =
+                                unsafe { std::slice::from_raw_parts(src.add(f.off), f.len) };
+                            f.owned = Some(bytes.to_vec());
+                            f.op = None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

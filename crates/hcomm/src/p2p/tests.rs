@@ -1,0 +1,182 @@
+//! Tests of the engine in one process: two engines of a world of two ranks, linked by a real
+//! TCP connection over loopback.
+
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::{Deadline, Engine, EngineConfig, OpId, Target};
+use crate::error::Error;
+
+/// Largest eager message of these engines: larger ones take the rendezvous.
+const EAGER: usize = 1024;
+/// Bound of every wait of these tests.
+const WAIT: Duration = Duration::from_secs(20);
+/// The communicator id of these tests' messages.
+const COMM: u64 = 7;
+
+fn config(rank: usize) -> EngineConfig {
+    EngineConfig {
+        rank,
+        run_fd: None,
+        eager_limit: EAGER,
+        chunk: 4096,
+        spin: Duration::ZERO,
+        shm_eager_limit: 0,
+        shm_push_threshold: 0,
+        shm_chunk: 1,
+        describe: |sig| format!("call {sig:?}"),
+        timeout: WAIT,
+    }
+}
+
+/// Ranks 0 and 1 of a world of two, one stream between them.
+fn pair() -> (Engine, Engine) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("listen on loopback");
+    let addr = listener.local_addr().expect("listener address");
+    let a = TcpStream::connect(addr).expect("connect over loopback");
+    let (b, _) = listener.accept().expect("accept over loopback");
+    let e0 = Engine::new(vec![vec![], vec![a]], None, None, config(0)).expect("engine 0");
+    let e1 = Engine::new(vec![vec![b], vec![]], None, None, config(1)).expect("engine 1");
+    (e0, e1)
+}
+
+fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
+    Target {
+        comm: COMM,
+        peer,
+        comm_rank: peer,
+        tag,
+        sig,
+    }
+}
+
+/// A nonblocking send: the engine's background thread progresses it while the test waits for
+/// the other engine.
+fn send(e: &Engine, t: Target, data: &[u8]) -> OpId {
+    // SAFETY: every test keeps `data` alive and unchanged until it has waited for the send.
+    unsafe { e.post_send(t, data.as_ptr(), data.len(), true) }.expect("post a send")
+}
+
+fn recv(e: &Engine, t: Target, buf: &mut [u8]) -> OpId {
+    // SAFETY: every test keeps `buf` alive and untouched until it has waited for the receive.
+    unsafe { e.post_recv(t, buf.as_mut_ptr(), buf.len(), false) }.expect("post a receive")
+}
+
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn messages_of_one_tag_match_in_order_and_tags_do_not_block_each_other() {
+    let (e0, e1) = pair();
+    let msgs = [bytes(10, 1), bytes(3 * EAGER, 2), bytes(EAGER, 3)];
+    let other = bytes(5 * EAGER, 4);
+    let sends: Vec<OpId> = msgs
+        .iter()
+        .map(|m| send(&e0, target(1, 5, [0; 2]), m))
+        .chain([send(&e0, target(1, 6, [0; 2]), &other)])
+        .collect();
+    // Tag 6 first: it was sent last, behind a rendezvous of tag 5 that nobody receives yet.
+    let mut got_other = vec![0u8; other.len()];
+    let id = recv(&e1, target(0, 6, [0; 2]), &mut got_other);
+    assert_eq!(
+        e1.wait(id, Deadline::After(WAIT)).expect("tag 6"),
+        other.len()
+    );
+    assert_eq!(got_other, other);
+    let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|m| vec![0u8; m.len() + 7]).collect();
+    let ids: Vec<OpId> = bufs
+        .iter_mut()
+        .map(|b| recv(&e1, target(0, 5, [0; 2]), b))
+        .collect();
+    for ((id, buf), m) in ids.into_iter().zip(&bufs).zip(&msgs) {
+        assert_eq!(e1.wait(id, Deadline::After(WAIT)).expect("tag 5"), m.len());
+        assert_eq!(&buf[..m.len()], &m[..]);
+    }
+    for id in sends {
+        e0.wait(id, Deadline::After(WAIT)).expect("send");
+    }
+}
+
+#[test]
+fn a_message_longer_than_the_receive_fails_it_eager_or_rendezvous() {
+    let (e0, e1) = pair();
+    for len in [EAGER, 4 * EAGER] {
+        let data = bytes(len, 9);
+        let s = send(&e0, target(1, 1, [0; 2]), &data);
+        let mut small = vec![0u8; len - 1];
+        let r = recv(&e1, target(0, 1, [0; 2]), &mut small);
+        let got = e1.wait(r, Deadline::After(WAIT));
+        assert!(
+            matches!(got, Err(Error::Truncated(_))),
+            "{len} bytes: {got:?}"
+        );
+        e0.wait(s, Deadline::After(WAIT))
+            .expect("the sender completes");
+    }
+}
+
+#[test]
+fn a_receive_of_another_call_fails_with_a_mismatch_on_both_ranks() {
+    let (e0, e1) = pair();
+    let (ours, theirs) = ([1, 2], [1, 3]);
+    e0.begin_call(COMM, 4, theirs).expect("rank 0 begins");
+    e1.begin_call(COMM, 4, ours).expect("rank 1 begins");
+    let data = bytes(8, 0);
+    let s = send(&e0, target(1, 4, theirs), &data);
+    e0.wait(s, Deadline::After(WAIT))
+        .expect("an eager send completes");
+    let mut buf = [0u8; 8];
+    let r = recv(&e1, target(0, 4, ours), &mut buf);
+    let got = e1.wait(r, Deadline::After(WAIT));
+    assert!(matches!(got, Err(Error::Mismatch(_))), "{got:?}");
+    // Rank 0's call was over when the abort came: its next call on the communicator reports
+    // it, once.
+    let until = Instant::now() + WAIT;
+    let late = loop {
+        e0.check_peer(1).expect("the peer is there");
+        if let Err(e) = e0.late_error(COMM) {
+            break e;
+        }
+        assert!(
+            Instant::now() < until,
+            "rank 0 never learnt of the mismatch"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(matches!(late, Error::Mismatch(_)), "{late:?}");
+    assert!(e0.late_error(COMM).is_ok());
+}
+
+#[test]
+fn a_wait_for_a_message_nobody_sends_times_out_and_leaves_nothing_behind() {
+    let (e0, e1) = pair();
+    let mut buf = [0u8; 4];
+    let r = recv(&e1, target(0, 2, [0; 2]), &mut buf);
+    let got = e1.wait(r, Deadline::After(Duration::from_millis(20)));
+    assert!(matches!(got, Err(Error::Timeout(_))), "{got:?}");
+    // The timed-out receive is gone: a later message goes to the next receive.
+    let data = bytes(4, 5);
+    let s = send(&e0, target(1, 2, [0; 2]), &data);
+    let mut again = [0u8; 4];
+    let r = recv(&e1, target(0, 2, [0; 2]), &mut again);
+    assert_eq!(
+        e1.wait(r, Deadline::After(WAIT)).expect("the next receive"),
+        4
+    );
+    assert_eq!(&again[..], &data[..]);
+    e0.wait(s, Deadline::After(WAIT)).expect("send");
+}
+
+#[test]
+fn a_peer_that_goes_away_fails_the_operations_waiting_for_it() {
+    let (e0, e1) = pair();
+    let mut buf = [0u8; 4];
+    let r = recv(&e0, target(1, 3, [0; 2]), &mut buf);
+    drop(e1);
+    let got = e0.wait(r, Deadline::After(WAIT));
+    assert!(matches!(got, Err(Error::PeerLost(_))), "{got:?}");
+    assert!(matches!(e0.check_peer(1), Err(Error::PeerLost(_))));
+}
