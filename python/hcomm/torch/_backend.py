@@ -332,18 +332,24 @@ def _join(store: Any, rank: int, size: int, timeout: timedelta) -> _World:
     secret = os.environ.get("HCOMM_JOB_SECRET")
     fresh = not secret
     host_store = None
+    # The same store serves every world joined through it (torch gives a group created again
+    # after destroy_process_group the same prefix): each join has its own keys, numbered by the
+    # count of joins so far. Every rank of one join counts before any joins the next one, since
+    # hcomm.init returns only when every rank has reached hcomm's store.
+    generation = (int(store.add("hcomm/joins", 1)) - 1) // size
+    addr_key, secret_key = f"hcomm/{generation}/addr", f"hcomm/{generation}/secret"
     if rank == 0:
         if not secret:
             secret = secrets.token_hex(32)
-            store.set("hcomm/secret", secret)
+            store.set(secret_key, secret)
         host_store = _hcomm.RendezvousStore(secret.encode())
         addr = f"{_advertised_ip(store)}:{host_store.port}"
-        store.set("hcomm/addr", addr)
+        store.set(addr_key, addr)
     else:
-        store.wait(["hcomm/addr"] + (["hcomm/secret"] if fresh else []), timeout)
-        addr = store.get("hcomm/addr").decode()
+        store.wait([addr_key] + ([secret_key] if fresh else []), timeout)
+        addr = store.get(addr_key).decode()
         if fresh:
-            secret = store.get("hcomm/secret").decode()
+            secret = store.get(secret_key).decode()
     assert secret is not None
     try:
         comm = hcomm.init(rank=rank, size=size, root_addr=addr, secret=secret, timeout=secs)
@@ -354,7 +360,7 @@ def _join(store: Any, rank: int, size: int, timeout: timedelta) -> _World:
     if rank == 0 and fresh:
         # Every rank has read the secret by now (each proved it to hcomm's store).
         try:
-            store.delete_key("hcomm/secret")
+            store.delete_key(secret_key)
         except Exception:
             pass  # stores without deletion keep it
     return _World(comm, host_store, [])
