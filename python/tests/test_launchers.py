@@ -48,7 +48,7 @@ def test_hcommrun() -> None:
 
 @pytest.mark.timeout(90)
 def test_mpirun() -> None:
-    mpirun = shutil.which(os.environ.get("HCOMM_MPIRUN", "mpirun"))
+    mpirun = shutil.which(os.environ.get("HCOMM_MPIRUN", "mpirun.openmpi"))
     if mpirun is None:
         pytest.fail("Open MPI's mpirun is missing: apt-get install openmpi-bin")
     env = clean_env()
