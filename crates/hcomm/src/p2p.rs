@@ -26,14 +26,18 @@
 //! `rendezvous` (eager or rendezvous per message), `calls` (signatures, mismatches, aborts),
 //! `requests` (operations and their buffers), `progress` (one turn over the links, the
 //! background thread, lost peers), `wait` (how waiters spin, yield and sleep), `watch` (dead
-//! and hung peers), and the links: `tcp`, `shm`, `plugin`.
+//! and hung peers), `inline` (the short cuts of small messages), and `link`: the [`Link`]
+//! interface every transport implements (`link/tcp.rs`, `link/shm.rs`, `link/plugin.rs`), and
+//! the route of each frame.
+//!
+//! [`Link`]: link::Link
 
 use std::collections::VecDeque;
 
 // Small integer keys, hashed on every message: Fx is several times faster than SipHash and
 // the keys come from this process, not from peers.
 use rustc_hash::{FxHashMap as HashMap, FxHashSet};
-use std::net::{Shutdown, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -43,13 +47,12 @@ use std::time::{Duration, Instant};
 use rustix::event::{epoll, eventfd, EventfdFlags};
 
 mod calls;
+mod inline;
+mod link;
 mod matching;
-mod plugin;
 mod progress;
 mod rendezvous;
 mod requests;
-mod shm;
-mod tcp;
 #[cfg(test)]
 mod tests;
 pub(crate) mod wait;
@@ -60,18 +63,16 @@ use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
+use link::plugin::{Channels, PluginLink};
+use link::shm::ShmPeerLink;
+use link::tcp::TcpLink;
+use link::Links;
 use progress::progress_thread;
-use requests::frame_payload;
-use tcp::token;
 use wait::{poll, timespec};
 
 /// Identifies an operation inside the engine.
 pub(crate) type OpId = u64;
 
-/// Bytes buffered per stream for small frames; larger payloads are read in place.
-const RX_BUF: usize = 64 * 1024;
-/// Read and write rounds per stream per event, so one busy peer cannot starve the others.
-const MAX_ROUNDS: usize = 64;
 /// epoll token of the wake-up eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
 /// Claims an unexpected message whose data is to be dropped (no operation has this id).
@@ -89,8 +90,9 @@ const LINGER: Duration = Duration::from_secs(1);
 const CLOCK_ROUNDS: u32 = 16;
 /// A waiter with only shared-memory peers asks epoll once in this many rounds.
 const SHM_POLLS_PER_EPOLL: u32 = 64;
-/// Messages read from one ring per progress pass, so one busy peer cannot starve the others.
-const SHM_ROUNDS: usize = 64;
+/// How long the engine waits, after a peer's connection ended, for its goodbye to come
+/// through the link that carries its traffic before it counts the peer as lost.
+const GRACE: Duration = LINGER;
 
 /// How many messages took each protocol, for tests, logs and the profiler.
 #[derive(Debug, Default)]
@@ -335,17 +337,9 @@ enum Dest {
 }
 
 #[derive(Debug)]
-enum RxState {
-    Header,
-    Payload {
-        hdr: FrameHeader,
-        dest: Dest,
-        done: usize,
-    },
-}
-
-#[derive(Debug)]
 struct OutFrame {
+    /// What the frame is (the links route by it).
+    kind: FrameKind,
     hdr: [u8; HEADER_LEN],
     hdr_done: usize,
     /// Payload: `len` bytes of `op`'s buffer at `off`.
@@ -360,6 +354,7 @@ struct OutFrame {
 impl OutFrame {
     fn control(hdr: FrameHeader) -> OutFrame {
         OutFrame {
+            kind: hdr.kind,
             hdr: hdr.encode(),
             hdr_done: 0,
             op: None,
@@ -371,45 +366,10 @@ impl OutFrame {
     }
 }
 
-#[derive(Debug)]
-struct Stream {
-    sock: TcpStream,
-    out: VecDeque<OutFrame>,
-    want_out: bool,
-    rx_buf: Box<[u8]>,
-    rx_start: usize,
-    rx_end: usize,
-    rx: RxState,
-    /// The peer closed its sending side of this stream.
-    eof: bool,
-}
-
-/// The shared-memory side of a local peer.
-#[derive(Debug)]
-struct ShmPeer {
-    link: ShmLink,
-    /// Frames waiting for room in the ring, in order.
-    out: VecDeque<OutFrame>,
-    /// Frames written to the peer, through the fast box or the ring: the number of the next
-    /// one (a ring message carries its number as metadata, a fast box message its number
-    /// plus one as stamp).
-    out_seq: u64,
-    /// Frames read from the peer: the number of the next one.
-    in_seq: u64,
-}
-
+/// What the protocol knows of a peer (its links are in `State::links`).
 #[derive(Debug)]
 struct Peer {
-    streams: Vec<Stream>,
-    /// Shared memory, for a peer on this host: it then carries every frame but `Close` and
-    /// `Wake`, which take stream 0 (so that a `Close` and the connection's end are seen in
-    /// order).
-    shm: Option<ShmPeer>,
-    /// The transport plug-in, when the world has one: it then carries every frame (the TCP
-    /// connection only tells whether the peer is still there).
-    plugin: Option<plugin::PluginPeer>,
     next_msg_id: u64,
-    next_data_stream: usize,
     /// The peer said it is finalizing.
     closed: bool,
     /// Why the peer cannot be reached any more.
@@ -443,6 +403,14 @@ struct Io {
     any_aborted: AtomicBool,
 }
 
+impl std::fmt::Debug for Io {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Io")
+            .field("peer_inboxes", &self.peer_inboxes.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Io {
     /// Wakes every thread sleeping in `epoll_wait` on this engine.
     fn wake_all(&self) {
@@ -468,10 +436,8 @@ struct State {
     cfg: EngineConfig,
     io: Arc<Io>,
     peers: Vec<Option<Peer>>,
-    /// World ranks of the peers reached through shared memory.
-    shm_peers: Vec<usize>,
-    /// World ranks of the peers reached through the transport plug-in.
-    plugin_peers: Vec<usize>,
+    /// Every peer's links, behind the one interface of all transports.
+    links: Links,
     counts: Arc<ProtocolCounts>,
     ops: HashMap<OpId, Op>,
     next_op: OpId,
@@ -502,9 +468,9 @@ struct State {
     late: HashMap<u64, Error>,
     /// Whether `late` holds anything, for a look without the lock.
     late_news: Arc<AtomicBool>,
-    /// A failing peer's ring is being read to its end.
+    /// A failing peer's links are being read to their end.
     draining: bool,
-    /// The operations whose frames one `flush_shm` wrote (kept to reuse its allocation).
+    /// The operations whose frames one flush of a link wrote (kept to reuse its allocation).
     sent: Vec<OpId>,
     /// Communicators aborted (by this rank or a peer), with the error of their operations.
     comm_aborted: HashMap<u64, Error>,
@@ -528,8 +494,8 @@ struct Shared {
 pub(crate) struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    /// The transport plug-in's links, when the world has one.
-    plugin: Option<plugin::Links>,
+    /// The transport plug-in and its threads, when the world has one.
+    plugin: Option<Channels>,
     /// The thread that notices dead and hung peers.
     watcher: Option<watch::Watcher>,
 }
@@ -560,81 +526,14 @@ impl Engine {
             epoll::EventFlags::IN,
         )
         .map_err(|e| sys("epoll_ctl", e))?;
-        let mut peers = Vec::with_capacity(links.len());
-        for (p, socks) in links.into_iter().enumerate() {
-            if socks.is_empty() {
-                peers.push(None);
-                continue;
-            }
-            let mut streams = Vec::with_capacity(socks.len());
-            for (s, sock) in socks.into_iter().enumerate() {
-                sock.set_nonblocking(true)
-                    .map_err(|e| Error::transport("configuring a link", e))?;
-                epoll::add(
-                    &epoll,
-                    &sock,
-                    epoll::EventData::new_u64(token(p, s)),
-                    epoll::EventFlags::IN,
-                )
-                .map_err(|e| sys("epoll_ctl", e))?;
-                streams.push(Stream {
-                    sock,
-                    out: VecDeque::new(),
-                    want_out: false,
-                    rx_buf: vec![0u8; RX_BUF].into_boxed_slice(),
-                    rx_start: 0,
-                    rx_end: 0,
-                    rx: RxState::Header,
-                    eof: false,
-                });
-            }
-            peers.push(Some(Peer {
-                streams,
-                shm: None,
-                plugin: None,
-                next_msg_id: 0,
-                next_data_stream: 0,
-                closed: false,
-                lost: None,
-                heard: 0,
-            }));
-        }
-        let mut shm_peers = Vec::new();
-        let mut peer_inboxes = HashMap::default();
-        let inbox = match shm {
-            Some(ShmSetup { inbox, links }) => {
-                for (p, link) in links {
-                    peer_inboxes.insert(p, (link.peer_inbox(), link.pid, link.cma));
-                    let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
-                        Error::Internal(format!("shared-memory link to world rank {p} has no peer"))
-                    })?;
-                    peer.shm = Some(ShmPeer {
-                        link,
-                        out: VecDeque::new(),
-                        out_seq: 0,
-                        in_seq: 0,
-                    });
-                    shm_peers.push(p);
-                }
-                Some(inbox)
-            }
-            None => None,
+        let (inbox, shm_links) = match shm {
+            Some(ShmSetup { inbox, links }) => (Some(inbox), links),
+            None => (None, Vec::new()),
         };
-        let spin = cfg.spin;
-        let timing = watch::Timing::for_timeout(cfg.timeout);
-        // Duplicates of the local peers' stream 0, whose end the watcher waits for.
-        let mut ends = Vec::with_capacity(shm_peers.len());
-        for &p in &shm_peers {
-            if let Some(s) = peers[p].as_ref().and_then(|peer| peer.streams.first()) {
-                let dup = s
-                    .sock
-                    .try_clone()
-                    .map_err(|e| Error::transport("duplicating a link for the watcher", e))?;
-                ends.push((p, dup));
-            }
-        }
-        let counts = Arc::new(ProtocolCounts::default());
-        let late_news = Arc::new(AtomicBool::new(false));
+        let peer_inboxes: HashMap<usize, (PeerInbox, u32, bool)> = shm_links
+            .iter()
+            .map(|(p, link)| (*p, (link.peer_inbox(), link.pid, link.cma)))
+            .collect();
         let io = Arc::new(Io {
             epoll,
             wake,
@@ -647,20 +546,55 @@ impl Engine {
             alarms: AtomicU64::new(0),
             any_aborted: AtomicBool::new(false),
         });
-        let size = peers.len();
-        let mut plugin_peers = Vec::new();
+        let size = links.len();
+        // Every peer's first link is its TCP connection; a shared-memory link or the plug-in
+        // then carries its traffic.
+        let mut all = Links::new(size);
+        let mut peers = Vec::with_capacity(size);
+        // Duplicates of the local peers' stream 0, whose end the watcher waits for.
+        let mut ends = Vec::with_capacity(shm_links.len());
+        for (p, socks) in links.into_iter().enumerate() {
+            if socks.is_empty() {
+                peers.push(None);
+                continue;
+            }
+            let tcp = TcpLink::new(p, all.next_index(p), socks, &io)?;
+            if io.peer_inboxes.contains_key(&p) {
+                ends.push((p, tcp.end_watch()?));
+            }
+            all.add(p, Box::new(tcp));
+            peers.push(Some(Peer {
+                next_msg_id: 0,
+                closed: false,
+                lost: None,
+                heard: 0,
+            }));
+        }
+        for (p, link) in shm_links {
+            if peers.get(p).is_none_or(Option::is_none) {
+                return Err(Error::Internal(format!(
+                    "shared-memory link to world rank {p} has no peer"
+                )));
+            }
+            all.add(p, Box::new(ShmPeerLink::new(link)));
+        }
+        let spin = cfg.spin;
+        let timing = watch::Timing::for_timeout(cfg.timeout);
+        let counts = Arc::new(ProtocolCounts::default());
+        let late_news = Arc::new(AtomicBool::new(false));
         let plugin = match plugin {
             Some(lease) => {
-                let links = plugin::Links::start(lease, cfg.rank, size, &io)?;
-                for link in links.links() {
-                    let p = link.peer();
-                    let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
-                        Error::Internal(format!("plug-in link to world rank {p} has no peer"))
-                    })?;
-                    peer.plugin = Some(plugin::PluginPeer::new(Arc::clone(link)));
-                    plugin_peers.push(p);
+                let channels = Channels::start(lease, cfg.rank, size, &io)?;
+                for chan in channels.channels() {
+                    let p = chan.peer();
+                    if peers.get(p).is_none_or(Option::is_none) {
+                        return Err(Error::Internal(format!(
+                            "plug-in link to world rank {p} has no peer"
+                        )));
+                    }
+                    all.add(p, Box::new(PluginLink::new(Arc::clone(chan), &io)));
                 }
-                Some(links)
+                Some(channels)
             }
             None => None,
         };
@@ -669,8 +603,7 @@ impl Engine {
                 cfg,
                 io: Arc::clone(&io),
                 peers,
-                shm_peers,
-                plugin_peers,
+                links: all,
                 counts: Arc::clone(&counts),
                 ops: HashMap::default(),
                 next_op: 1,
@@ -780,26 +713,15 @@ impl Engine {
         {
             let mut st = lock(&sh.state);
             for p in 0..st.peers.len() {
-                let Some(peer) = st.peers[p].as_ref().filter(|peer| peer.lost.is_none()) else {
-                    continue;
-                };
-                let close = OutFrame::control(FrameHeader::new(FrameKind::Close));
-                // Through the plug-in, after the data; otherwise on the stream whose end
-                // follows it.
-                if peer.plugin.is_some() {
-                    st.queue(p, 0, close);
-                } else {
-                    st.queue_tcp(p, 0, close);
-                }
+                // On the link whose end follows it (see `Links::route`), after the data.
+                st.queue(p, OutFrame::control(FrameHeader::new(FrameKind::Close)));
             }
         }
         let unflushed = self.progress_until(deadline, State::unflushed_peers);
         {
-            let st = lock(&sh.state);
-            for peer in st.peers.iter().flatten().filter(|p| p.lost.is_none()) {
-                for s in &peer.streams {
-                    let _ = s.sock.shutdown(Shutdown::Write);
-                }
+            let mut st = lock(&sh.state);
+            for p in st.open_peers() {
+                st.links.shutdown(p);
             }
         }
         let linger = deadline.min(Instant::now() + LINGER);
@@ -819,50 +741,30 @@ impl Drop for Engine {
         // Stops the plug-in's threads and finalizes it.
         drop(self.plugin.take());
         let mut st = lock(&self.shared.state);
-        for peer in st.peers.iter().flatten() {
-            for s in &peer.streams {
-                let _ = s.sock.shutdown(Shutdown::Both);
-            }
-        }
+        st.links.clear();
         st.peers.clear();
     }
 }
 
-/// What reading a stream ended with.
-enum ReadEnd {
-    /// Nothing more to read now.
-    Drained,
-    /// The peer closed its sending side.
-    Eof,
-    /// The stream failed: the reason.
-    Failed(String),
-}
-
 impl State {
-    /// Sends a frame to `peer`: through the transport plug-in or shared memory when the peer
-    /// has it, otherwise on TCP stream `stream`.
-    fn queue(&mut self, peer: usize, stream: usize, frame: OutFrame) {
-        let Some(p) = self.peers[peer].as_mut() else {
+    /// Sends a frame to `peer` on the link [`Links::route`] picks for it, and writes what
+    /// the link takes now.
+    fn queue(&mut self, peer: usize, frame: OutFrame) {
+        if self
+            .peers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .is_none_or(|p| p.lost.is_some())
+        {
+            return;
+        }
+        let Some(l) = self.links.route(peer, frame.kind) else {
             return;
         };
-        if p.lost.is_some() {
-            return;
-        }
-        if let Some(pp) = p.plugin.as_mut() {
-            pp.out.push_back(frame);
-            if pp.out.len() == 1 {
-                self.flush_plugin(peer);
+        if let Some(link) = self.links.get_mut(peer, l) {
+            if link.push(frame) {
+                self.flush_link(peer, l);
             }
-            return;
-        }
-        match p.shm.as_mut() {
-            Some(m) => {
-                m.out.push_back(frame);
-                if m.out.len() == 1 {
-                    self.flush_shm(peer);
-                }
-            }
-            None => self.queue_tcp(peer, stream, frame),
         }
     }
 }

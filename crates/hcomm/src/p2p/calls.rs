@@ -123,7 +123,7 @@ impl Engine {
                 hdr.flags = FLAG_COMM_ABORT;
                 hdr.comm = comms[0];
                 hdr.sig = [comms[1], comms[2]];
-                st.queue(peer, 0, OutFrame::control(hdr));
+                st.queue(peer, OutFrame::control(hdr));
             }
         }
         // Threads of this rank waiting on the communicator, in the engine or outside it.
@@ -164,7 +164,7 @@ impl State {
         hdr.comm = t.comm;
         hdr.tag = t.tag;
         hdr.sig = t.sig;
-        self.queue(t.peer, 0, OutFrame::control(hdr));
+        self.queue(t.peer, OutFrame::control(hdr));
     }
 
     /// The error of an operation on `t` that world rank `peer` abandoned, having called it as

@@ -9,17 +9,14 @@ use crate::transport::wire::{
     FLAG_PULLED,
 };
 use rustix::event::epoll;
-use std::net::Shutdown;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::link::{untoken, Dests, Rx};
 use super::matching::pop_key;
-use super::requests::{dest_slice, truncated};
+use super::requests::truncated;
 use super::wait::poll;
-use super::{
-    Dest, Engine, MatchKey, Op, OpId, Peer, ReadEnd, RxState, Shared, State, UnexpectedKind,
-    WAKE_TOKEN,
-};
+use super::{Dest, Engine, MatchKey, Op, OpId, Shared, State, UnexpectedKind, GRACE, WAKE_TOKEN};
 
 /// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
 /// `rank` lost world rank `peer`: one line `lost RANK PEER`, in one write (atomic on a
@@ -144,18 +141,12 @@ impl Engine {
 }
 
 impl State {
-    /// Reachable peers with frames not yet handed to the kernel or the ring.
+    /// Reachable peers with frames not yet handed to the kernel, the ring or the plug-in.
     pub(super) fn unflushed_peers(&self) -> Vec<usize> {
-        let unflushed = |p: &Peer| {
-            p.lost.is_none()
-                && (p.streams.iter().any(|s| !s.out.is_empty())
-                    || p.shm.as_ref().is_some_and(|m| !m.out.is_empty())
-                    || p.plugin
-                        .as_ref()
-                        .is_some_and(|pp| !pp.out.is_empty() || pp.link.sending()))
-        };
         (0..self.peers.len())
-            .filter(|&p| self.peers[p].as_ref().is_some_and(unflushed))
+            .filter(|&p| {
+                self.peers[p].as_ref().is_some_and(|q| q.lost.is_none()) && self.links.busy(p)
+            })
             .collect()
     }
 
@@ -166,30 +157,118 @@ impl State {
             .collect()
     }
 
-    /// Dispatches a frame that arrived whole (a ring message, a plug-in frame): handles its
-    /// header, then calls `land` once with where the payload goes (`None`: nowhere, or there
-    /// is none) to copy it there and release the frame, then finishes what the payload
-    /// completes. An error says why the peer must be dropped.
-    pub(super) fn dispatch_whole(
-        &mut self,
-        peer: usize,
-        hdr: FrameHeader,
-        land: impl FnOnce(&mut [Option<Peer>], Option<&mut [u8]>) -> std::result::Result<(), String>,
-    ) -> std::result::Result<(), String> {
-        let dest = self.on_header(peer, hdr)?;
-        let n = hdr.payload_len() as usize;
-        let dst = match dest {
-            Some(d) if n > 0 => dest_slice(&mut self.ops, &mut self.umsgs, d, 0, n),
-            _ => None,
+    /// Writes what link `l` of `peer` takes now; returns whether any frame left.
+    pub(super) fn flush_link(&mut self, peer: usize, l: usize) -> bool {
+        let Some(link) = self.links.get_mut(peer, l) else {
+            return false;
         };
-        land(&mut self.peers, dst)?;
-        if let Some(dest) = dest {
-            self.on_payload(peer, hdr, dest);
-        }
-        Ok(())
+        let flushed = link.flush(&self.ops, &mut self.sent);
+        self.after_link(peer, l, flushed)
     }
 
-    /// Handles the events of one `epoll_wait`.
+    /// After a link wrote: completes the sends whose frames all left, wakes the peer if the
+    /// link asks, and fails the peer if the link failed.
+    fn after_link(&mut self, peer: usize, l: usize, outcome: Result<bool, String>) -> bool {
+        if !self.sent.is_empty() {
+            let mut sent = std::mem::take(&mut self.sent);
+            self.frames_sent(sent.drain(..));
+            self.sent = sent;
+        }
+        if self
+            .links
+            .get_mut(peer, l)
+            .is_some_and(|link| link.take_wake())
+        {
+            self.queue_wake(peer);
+        }
+        match outcome {
+            Ok(moved) => moved,
+            Err(why) => {
+                self.fail_peer(peer, why);
+                true
+            }
+        }
+    }
+
+    /// Reads what link `l` of `peer` received this turn and dispatches it: each header with
+    /// the whole engine state (the link is not borrowed meanwhile), each payload straight
+    /// into where the header said; returns whether anything came.
+    pub(super) fn drive(&mut self, peer: usize, l: usize) -> bool {
+        let mut moved = false;
+        loop {
+            if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
+                break;
+            }
+            let Some(link) = self.links.get_mut(peer, l) else {
+                break;
+            };
+            let mut dests = Dests {
+                ops: &mut self.ops,
+                umsgs: &mut self.umsgs,
+            };
+            match link.poll(&mut dests) {
+                Rx::Idle => break,
+                Rx::Header(hdr) => {
+                    moved = true;
+                    let dest = match self.on_header(peer, hdr) {
+                        Ok(dest) => dest,
+                        Err(why) => {
+                            self.fail_peer(peer, why);
+                            break;
+                        }
+                    };
+                    if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
+                        break;
+                    }
+                    let Some(link) = self.links.get_mut(peer, l) else {
+                        break;
+                    };
+                    let mut dests = Dests {
+                        ops: &mut self.ops,
+                        umsgs: &mut self.umsgs,
+                    };
+                    match link.place(&hdr, dest, &mut dests) {
+                        Ok(true) => {
+                            if let Some(dest) = dest {
+                                self.on_payload(peer, hdr, dest);
+                            }
+                        }
+                        Ok(false) => {}
+                        Err(why) => {
+                            self.fail_peer(peer, why);
+                            break;
+                        }
+                    }
+                }
+                Rx::Payload(hdr, dest) => {
+                    moved = true;
+                    self.on_payload(peer, hdr, dest);
+                }
+                Rx::Sent(id) => {
+                    moved = true;
+                    self.frames_sent([id]);
+                }
+                Rx::Closed { goodbye } => {
+                    self.link_closed(peer, l, goodbye);
+                    break;
+                }
+                Rx::Failed(why) => {
+                    self.fail_peer(peer, why);
+                    break;
+                }
+            }
+        }
+        if self
+            .links
+            .get_mut(peer, l)
+            .is_some_and(|link| link.take_wake())
+        {
+            self.queue_wake(peer);
+        }
+        moved
+    }
+
+    /// Handles the events of one `epoll_wait`, and polls the links that have no descriptor.
     /// `by_waiter`: the caller is itself one of the waiting threads.
     pub(super) fn handle(&mut self, events: &[epoll::Event], by_waiter: bool) -> bool {
         // The wake-up first: one that comes while the links are read below stays pending.
@@ -197,28 +276,37 @@ impl State {
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&self.io.wake, &mut b);
         }
-        let mut moved = !self.shm_peers.is_empty() && self.poll_shm();
-        moved |= !self.plugin_peers.is_empty() && self.poll_plugin();
+        let mut moved = false;
+        for i in 0..self.links.polled.len() {
+            let (p, l) = self.links.polled[i];
+            if self.links.get_mut(p, l).is_some_and(|link| link.busy()) {
+                moved |= self.flush_link(p, l);
+            }
+            moved |= self.drive(p, l);
+        }
+        if !self.links.gone.is_empty() {
+            moved |= self.judge_gone();
+        }
         for ev in events {
             let tok = ev.data.u64();
             if tok == WAKE_TOKEN {
                 continue;
             }
-            let (peer, stream) = ((tok >> 16) as usize, (tok & 0xffff) as usize);
+            let (peer, l, lane) = untoken(tok);
             let flags = ev.flags;
+            let Some(link) = self.links.get_mut(peer, l) else {
+                continue;
+            };
+            link.event(lane, flags);
             if flags.intersects(
                 epoll::EventFlags::OUT | epoll::EventFlags::ERR | epoll::EventFlags::HUP,
             ) {
-                self.flush(peer, stream);
+                self.flush_link(peer, l);
             }
             if flags
                 .intersects(epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP)
             {
-                match self.read_stream(peer, stream) {
-                    ReadEnd::Drained => {}
-                    ReadEnd::Eof => self.stream_ended(peer, stream),
-                    ReadEnd::Failed(why) => self.fail_peer(peer, why),
-                }
+                self.drive(peer, l);
             }
         }
         // Wake other sleeping waiters whose operations may have completed here.
@@ -226,6 +314,34 @@ impl State {
             self.io.wake_all();
         }
         self.completions = 0;
+        moved
+    }
+
+    /// Ends the peers whose connection ended while their goodbye travels on another link:
+    /// once their goodbye came and this rank's frames to them are all sent (like the end of
+    /// a TCP stream, after the data), or as lost when no goodbye came within the grace
+    /// period. Returns whether anything moved.
+    fn judge_gone(&mut self) -> bool {
+        let mut moved = false;
+        for (p, since) in self.links.gone.clone() {
+            let closed = self.peers[p].as_ref().is_some_and(|q| q.closed);
+            if closed && !self.links.busy(p) {
+                // The link queued the completions of everything it sent before it went idle:
+                // take them before letting the peer go.
+                for l in 0..self.links.count(p) {
+                    self.drive(p, l);
+                }
+                self.fail_peer(p, "it finalized".into());
+                moved = true;
+            } else if !closed && since.elapsed() >= GRACE {
+                let kind = self.links.caps(p).map_or("link", |c| c.kind.name());
+                self.fail_peer(
+                    p,
+                    format!("its connection closed and no goodbye came through the {kind}"),
+                );
+                moved = true;
+            }
+        }
         moved
     }
 
@@ -436,23 +552,16 @@ impl State {
         }
     }
 
-    /// A stream of `peer` reached its end. After the peer's Close (on stream 0) that is
-    /// orderly, and data may still arrive on its other streams: the peer is done when all
-    /// have ended. Without a Close it died. A plug-in peer's end is judged by
-    /// `State::poll_plugin`, which knows whether its Close and this rank's frames are through.
-    pub(super) fn stream_ended(&mut self, peer: usize, stream: usize) {
-        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
-            return;
-        };
-        let s = &mut p.streams[stream];
-        s.eof = true;
-        let _ = epoll::delete(&self.io.epoll, &s.sock);
-        if let Some(pp) = p.plugin.as_mut() {
-            pp.tcp_gone.get_or_insert_with(Instant::now);
-            return;
-        }
-        if (stream == 0 && !p.closed) || p.streams.iter().all(|s| s.eof) {
+    /// Link `l` of `peer` reached its end (`goodbye`: after the peer's goodbye came through
+    /// it). That ends the peer when its goodbye came, or was to come, through that link: in
+    /// order after a goodbye, as a loss without one. Otherwise (the goodbye travels on the
+    /// link that carries the traffic, a plug-in) the peer gets a grace period for it to come
+    /// (see `State::judge_gone`).
+    pub(super) fn link_closed(&mut self, peer: usize, l: usize, goodbye: bool) {
+        if goodbye || self.links.route(peer, FrameKind::Close) == Some(l) {
             self.fail_peer(peer, "it closed the connection".into());
+        } else {
+            self.links.mark_gone(peer);
         }
     }
 
@@ -464,11 +573,19 @@ impl State {
         if p.lost.is_some() {
             return;
         }
-        if p.shm.is_some() && !self.draining {
-            // What the peer wrote to the ring before its connection ended is still due:
-            // read it first (its frames may fail the peer themselves).
+        if !self.draining {
+            // What the peer wrote to its shared memory before its connection ended is still
+            // due: read it first (its frames may fail the peer themselves).
             self.draining = true;
-            while self.read_ring(peer) {}
+            for l in 0..self.links.count(peer) {
+                if self
+                    .links
+                    .get_mut(peer, l)
+                    .is_some_and(|k| k.caps().drain_on_loss)
+                {
+                    while self.drive(peer, l) {}
+                }
+            }
             self.draining = false;
         }
         let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
@@ -491,21 +608,8 @@ impl State {
                 tell_launcher(pipe, self.cfg.rank, peer);
             }
         }
-        for s in &mut p.streams {
-            let _ = epoll::delete(&self.io.epoll, &s.sock);
-            let _ = s.sock.shutdown(Shutdown::Both);
-            s.out.clear();
-            s.rx = RxState::Header;
-        }
-        if let Some(m) = p.shm.as_mut() {
-            m.out.clear();
-        }
-        if let Some(pp) = p.plugin.as_mut() {
-            pp.out.clear();
-            pp.link.clear_tx();
-            pp.tcp_gone = None;
-        }
         p.lost = Some(msg.clone());
+        self.links.close(peer);
         self.rndv_recv.retain(|(q, _), _| *q != peer);
         self.rndv_send.retain(|(q, _), _| *q != peer);
         self.posted.retain(|k, _| k.peer != peer);

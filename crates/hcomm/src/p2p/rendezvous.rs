@@ -3,10 +3,9 @@
 
 use crate::error::{Error, Result};
 use crate::transport::shm::cma;
-use crate::transport::wire::{
-    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED, HEADER_LEN,
-};
+use crate::transport::wire::{FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED};
 
+use super::link::Kind;
 use super::requests::{op_slice, truncated};
 use super::{BufPtr, OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
 
@@ -50,14 +49,17 @@ impl State {
         let peer = self.peers[t.peer].as_mut().expect("checked by live_peer");
         let msg_id = peer.next_msg_id;
         peer.next_msg_id += 1;
+        let Some(caps) = self.links.caps(t.peer) else {
+            return Err(Error::Internal(format!("no link to world rank {}", t.peer)));
+        };
         let mut hdr = FrameHeader::new(FrameKind::Eager);
         hdr.comm = t.comm;
         hdr.tag = t.tag;
         hdr.msg_id = msg_id;
         hdr.len = len as u64;
         hdr.sig = t.sig;
-        let shm = peer.shm.as_ref().map(|m| m.link.cma);
-        let plugin = peer.plugin.is_some();
+        let shm = (caps.kind == Kind::Shm).then_some(caps.read_remote.is_some());
+        let plugin = caps.kind == Kind::Plugin;
         let limit = match shm {
             Some(_) => self.cfg.shm_eager_limit,
             None => self.cfg.eager_limit,
@@ -100,7 +102,7 @@ impl State {
             plugin,
             "send posted"
         );
-        self.queue(t.peer, 0, frame);
+        self.queue(t.peer, frame);
         Ok(id)
     }
 
@@ -114,11 +116,7 @@ impl State {
         let peer = op.target.peer;
         let mut cts = FrameHeader::new(FrameKind::Cts);
         cts.msg_id = msg_id;
-        let pid = self.peers[peer]
-            .as_ref()
-            .and_then(|p| p.shm.as_ref())
-            .filter(|m| m.link.cma)
-            .map(|m| m.link.pid);
+        let pid = self.links.caps(peer).and_then(|c| c.read_remote);
         if len > op.cap {
             cts.flags = FLAG_DISCARD;
             let err = truncated(op, len);
@@ -154,7 +152,7 @@ impl State {
             op.remaining = len;
             self.rndv_recv.insert((peer, msg_id), id);
         }
-        self.queue(peer, 0, OutFrame::control(cts));
+        self.queue(peer, OutFrame::control(cts));
     }
 
     /// Tells the sender of rendezvous `msg_id` not to send its data.
@@ -162,60 +160,47 @@ impl State {
         let mut cts = FrameHeader::new(FrameKind::Cts);
         cts.msg_id = msg_id;
         cts.flags = FLAG_DISCARD;
-        self.queue(peer, 0, OutFrame::control(cts));
+        self.queue(peer, OutFrame::control(cts));
     }
 
-    /// Queues the data of a cleared rendezvous send, in chunks over all streams of the peer.
+    /// Queues the data of a cleared rendezvous send in chunks on the peer's link (a TCP link
+    /// spreads them over its streams; shared memory pushes them through the ring, copied
+    /// out by the receiver while the next ones are copied in).
     pub(super) fn send_data(&mut self, peer: usize, id: OpId, msg_id: u64) {
+        let Some(caps) = self.links.caps(peer) else {
+            return;
+        };
+        let Some(l) = self.links.route(peer, FrameKind::Data) else {
+            return;
+        };
         let Some(op) = self.ops.get_mut(&id) else {
             return;
         };
-        let Some(p) = self.peers[peer].as_mut() else {
+        let shm = caps.kind == Kind::Shm;
+        let chunk = if shm {
+            self.cfg.shm_chunk
+        } else {
+            self.cfg.chunk
+        };
+        let (len, chunk) = (op.cap, chunk.min(caps.max_payload).max(1));
+        // Counted before any frame leaves: a frame may be written at once.
+        let frames = len.div_ceil(chunk);
+        op.remaining = frames;
+        if shm {
+            ProtocolCounts::bump(&self.counts.shm_push);
+            tracing::debug!(peer, len, frames, "shared-memory send: pushed in chunks");
+        } else {
+            tracing::trace!(peer, len, frames, "rendezvous data queued");
+        }
+        let Some(link) = self.links.get_mut(peer, l) else {
             return;
         };
-        if let Some(m) = p.shm.as_mut() {
-            // Sender push: chunks through the ring, copied out by the receiver while the
-            // next ones are copied in.
-            let len = op.cap;
-            let chunk = self
-                .cfg
-                .shm_chunk
-                .min(m.link.producer.layout().max_payload() - HEADER_LEN)
-                .max(1);
-            let before = m.out.len();
-            m.out.extend(data_frames(id, msg_id, len, chunk));
-            op.remaining = m.out.len() - before;
-            ProtocolCounts::bump(&self.counts.shm_push);
-            let frames = op.remaining;
-            tracing::debug!(peer, len, frames, "shared-memory send: pushed in chunks");
-            self.flush_shm(peer);
-            return;
-        }
-        if let Some(pp) = p.plugin.as_mut() {
-            let before = pp.out.len();
-            pp.out
-                .extend(data_frames(id, msg_id, op.cap, self.cfg.chunk));
-            op.remaining = pp.out.len() - before;
-            self.flush_plugin(peer);
-            return;
-        }
-        let (len, chunk) = (op.cap, self.cfg.chunk);
-        let nstreams = p.streams.len();
-        let mut frames = 0;
-        let mut touched = vec![false; nstreams];
+        let mut now = false;
         for frame in data_frames(id, msg_id, len, chunk) {
-            let s = p.next_data_stream % nstreams;
-            p.next_data_stream += 1;
-            p.streams[s].out.push_back(frame);
-            touched[s] = true;
-            frames += 1;
+            now |= link.push(frame);
         }
-        op.remaining = frames;
-        tracing::trace!(peer, len, frames, "rendezvous data queued");
-        for (s, t) in touched.into_iter().enumerate() {
-            if t {
-                self.flush(peer, s);
-            }
+        if now {
+            self.flush_link(peer, l);
         }
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use super::matching::remove_from;
 use super::wait::spin_on;
 use super::{
-    Blocking, BufPtr, Deadline, Dest, Engine, MatchKey, Op, OpId, OpKind, OutFrame, RxState, State,
-    Target, Unexpected, UnexpectedKind, DISCARDED,
+    Blocking, BufPtr, Deadline, Dest, Engine, MatchKey, Op, OpId, OpKind, OutFrame, State, Target,
+    Unexpected, UnexpectedKind, DISCARDED,
 };
 
 /// The writable bytes `off..off+len` of a live operation's buffer.
@@ -339,6 +339,7 @@ impl State {
     pub(super) fn disentangle(&mut self, id: OpId) {
         let Some(op) = self.ops.get(&id) else { return };
         let (t, kind, remaining) = (op.target, op.kind, op.remaining);
+        self.links.forget(t.peer, id, &self.ops);
         match kind {
             OpKind::Recv => {
                 let key = MatchKey {
@@ -361,19 +362,6 @@ impl State {
                         u.claimed_by = Some(DISCARDED);
                     }
                 }
-                if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
-                    for st in &mut p.streams {
-                        if let RxState::Payload {
-                            dest: dest @ Dest::Op { .. },
-                            ..
-                        } = &mut st.rx
-                        {
-                            if matches!(dest, Dest::Op { op, .. } if *op == id) {
-                                *dest = Dest::Discard;
-                            }
-                        }
-                    }
-                }
             }
             OpKind::Send => {
                 if let Some(k) = self
@@ -384,31 +372,6 @@ impl State {
                 {
                     self.rndv_send.remove(&k);
                     self.abandoned_sends.insert(k);
-                }
-                let Some(op) = self.ops.get(&id) else { return };
-                let src = op
-                    .detached
-                    .as_ref()
-                    .map_or(op.buf.0.cast_const(), |b| b.as_ptr());
-                if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
-                    // Ring and plug-in frames go whole or not at all.
-                    if let Some(m) = p.shm.as_mut() {
-                        m.out.retain(|f| f.op != Some(id));
-                    }
-                    if let Some(pp) = p.plugin.as_mut() {
-                        pp.out.retain(|f| f.op != Some(id));
-                    }
-                    for st in &mut p.streams {
-                        st.out.retain(|f| f.op != Some(id) || f.hdr_done > 0);
-                        for f in st.out.iter_mut().filter(|f| f.op == Some(id)) {
-                            // SAFETY: the operation is still live, so `off..off + len` of its
-                            // buffer is readable (see `post_send`).
-                            let bytes =
-                                unsafe { std::slice::from_raw_parts(src.add(f.off), f.len) };
-                            f.owned = Some(bytes.to_vec());
-                            f.op = None;
-                        }
-                    }
                 }
             }
         }

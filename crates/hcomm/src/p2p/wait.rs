@@ -12,7 +12,6 @@ use rustix::event::{epoll, Timespec};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::tcp::token;
 use super::{
     Deadline, Engine, Io, Op, OpId, OpKind, ProtocolCounts, CLOCK_ROUNDS, DIRECT_READS,
     MAX_DIRECT_PEERS, SHM_POLLS_PER_EPOLL,
@@ -205,7 +204,8 @@ impl Engine {
         // Spinning goes by the clock here (`spin_until`): only the yields and sleeps follow the
         // count.
         let mut waiting = Waiting::new(Backoff::DEFAULT, false);
-        let mut hot: Vec<usize> = Vec::new();
+        // The awaited peers whose link may be read directly, with the epoll token to read.
+        let mut hot: Vec<(usize, u64)> = Vec::new();
         let mut all_shm;
         let mut stall = StallWatch::new(now);
         let mut blocked = false;
@@ -255,8 +255,10 @@ impl Engine {
                 if !all_shm && ids.iter().filter_map(|id| st.ops.get(id)).all(small) {
                     for op in ids.iter().filter_map(|id| st.ops.get(id)) {
                         let p = op.target.peer;
-                        if !hot.contains(&p) && st.readable(p) {
-                            hot.push(p);
+                        if !hot.iter().any(|&(q, _)| q == p) {
+                            if let Some(tok) = st.direct_token(p) {
+                                hot.push((p, tok));
+                            }
                         }
                     }
                 }
@@ -274,9 +276,9 @@ impl Engine {
                 // Between epoll checks, read the first stream of the awaited peers directly:
                 // a small message that arrives is then read without a readiness call first.
                 if rounds % DIRECT_READS != 0 && !hot.is_empty() && hot.len() <= MAX_DIRECT_PEERS {
-                    let direct = hot.iter().map(|&p| epoll::Event {
+                    let direct = hot.iter().map(|&(_, tok)| epoll::Event {
                         flags: epoll::EventFlags::IN,
-                        data: epoll::EventData::new_u64(token(p, 0)),
+                        data: epoll::EventData::new_u64(tok),
                     });
                     events.extend(direct);
                     continue;

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap as HashMap;
 use rustix::event::{eventfd, poll as poll_fds, EventfdFlags, PollFd, PollFlags};
 
+use super::link::Liveness;
 use super::{poll, timespec, FrameHeader, FrameKind, OutFrame, Shared};
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -173,17 +174,19 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
         let Some(peer) = st.peers[p].as_ref() else {
             continue;
         };
-        if peer.lost.is_some() || peer.closed || peer.plugin.is_some() {
+        let link = st.links.primary(p);
+        let liveness = link.map(|l| l.caps().liveness);
+        if peer.lost.is_some() || peer.closed || liveness == Some(Liveness::Connection) {
             seen.remove(&p);
             continue;
         }
-        let mark = match sh.io.peer_inboxes.get(&p) {
-            Some((inbox, _, _)) => inbox.bell().beats(),
-            None => peer.heard,
+        let (mark, beat) = match (liveness, link.and_then(|l| l.heartbeat())) {
+            (Some(Liveness::Heartbeat), Some(beats)) => (beats, false),
+            // A link with frames queued is busy (or stuck): the beat would only wait behind.
+            _ => (peer.heard, !st.links.busy(p)),
         };
-        // A stream with frames queued is busy (or stuck): the beat would only wait behind.
-        if peer.shm.is_none() && peer.streams.first().is_some_and(|s| s.out.is_empty()) {
-            st.queue_tcp(p, 0, OutFrame::control(FrameHeader::new(FrameKind::Wake)));
+        if beat {
+            st.queue(p, OutFrame::control(FrameHeader::new(FrameKind::Wake)));
         }
         let last = seen.entry(p).or_insert(Seen { mark, since: now });
         if late || last.mark != mark {

@@ -1,17 +1,17 @@
-//! The engine's links through a transport plug-in ([`crate::transport::plugin`]).
+//! A link through a transport plug-in ([`crate::transport::plugin`]).
 //!
 //! A plug-in's `send` and `recv` block, so every peer gets two threads: a sender that hands
 //! the peer's frames to `send` (header, then payload), and a receiver that loops on `recv`
 //! (a 64-byte header, validated, then the payload it announces) and queues each whole frame
-//! for the engine, waking it. The engine drains those queues in its progress passes exactly
-//! as it reads a shared-memory ring, and copies outgoing frames into the sender's queue up to
+//! for the engine, waking it. The link hands the engine those frames as it polls, exactly as a
+//! shared-memory link reads its ring, and copies outgoing frames into the sender's queue up to
 //! a window of bytes, so that a slow peer holds back only its own frames and no engine lock is
 //! ever held across a plug-in call.
 //!
 //! A peer's receiver ends after the peer's `Close` (nothing follows it) or at the first
 //! error, which fails the peer unless it had said goodbye. The TCP connection of the mesh
 //! stays open beside the plug-in: its end tells a dead peer apart from one still delivering
-//! its goodbye (see `State::stream_ended`).
+//! its goodbye (the engine then waits for the goodbye, see `State::judge_gone`).
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,21 +20,22 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{lock, Io, OpId, OutFrame, State, LINGER};
+use super::{Caps, Dests, Kind, Link, Liveness, Ops, Rx};
 use crate::error::{Error, Result};
+use crate::p2p::requests::frame_payload;
+use crate::p2p::{Dest, Io, OpId, OutFrame, LINGER};
+use crate::sync::lock;
 use crate::transport::plugin::{Lease, Plugin};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 
 /// Bytes of frames a peer's sender may hold before the engine keeps further frames back.
 const WINDOW: usize = 4 << 20;
-/// How long the engine waits, after a peer's TCP connection ended, for its goodbye to come
-/// through the plug-in before it counts the peer as lost.
-const GRACE: Duration = LINGER;
 /// How often a closing engine looks whether its plug-in threads have ended.
 const JOIN_POLL: Duration = Duration::from_millis(2);
 
 /// What a peer's threads hand the engine.
-pub(super) enum Incoming {
+#[derive(Debug)]
+enum Incoming {
     /// A whole frame the receiver got.
     Frame(FrameHeader, Vec<u8>),
     /// The sender handed a frame of this send operation to the plug-in.
@@ -55,25 +56,25 @@ struct Tx {
     stop: bool,
 }
 
-/// One peer's link through the plug-in, shared by the engine and the link's two threads.
-pub(super) struct Link {
+/// One peer's channel through the plug-in, shared by the engine's link and its two threads.
+pub(in crate::p2p) struct Channel {
     peer: usize,
     tx: Mutex<Tx>,
     tx_ready: Condvar,
     rx: Mutex<VecDeque<Incoming>>,
 }
 
-impl std::fmt::Debug for Link {
+impl std::fmt::Debug for Channel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Link")
+        f.debug_struct("Channel")
             .field("peer", &self.peer)
             .finish_non_exhaustive()
     }
 }
 
-impl Link {
+impl Channel {
     /// The world rank at the other end.
-    pub(super) fn peer(&self) -> usize {
+    pub(in crate::p2p) fn peer(&self) -> usize {
         self.peer
     }
 
@@ -93,19 +94,19 @@ impl Link {
     }
 
     /// Everything the receiver queued so far.
-    pub(super) fn take_rx(&self, io: &Io) -> VecDeque<Incoming> {
+    fn take_rx(&self, io: &Io) -> VecDeque<Incoming> {
         let items = std::mem::take(&mut *lock(&self.rx));
         io.plugin_rx.fetch_sub(items.len(), Ordering::SeqCst);
         items
     }
 
     /// Whether frames handed to the sender are not all sent yet.
-    pub(super) fn sending(&self) -> bool {
+    fn sending(&self) -> bool {
         lock(&self.tx).bytes > 0
     }
 
     /// Drops the frames not yet sent (the peer is lost).
-    pub(super) fn clear_tx(&self) {
+    fn clear_tx(&self) {
         let mut tx = lock(&self.tx);
         let queued: usize = tx.frames.iter().map(|(_, f)| f.len()).sum();
         tx.frames.clear();
@@ -142,20 +143,25 @@ impl Common {
     }
 }
 
-/// A world's plug-in and the threads of its links. Dropping it stops the senders, finalizes
-/// the plug-in and waits (boundedly) for the threads.
-pub(super) struct Links {
+/// A world's plug-in and the threads of its channels. Dropping it stops the senders,
+/// finalizes the plug-in and waits (boundedly) for the threads.
+pub(in crate::p2p) struct Channels {
     common: Arc<Common>,
-    links: Vec<Arc<Link>>,
+    links: Vec<Arc<Channel>>,
     threads: Vec<JoinHandle<()>>,
     /// Held until the threads are gone: the plug-in is free for another world then.
     _lease: Lease,
 }
 
-impl Links {
+impl Channels {
     /// Initializes the plug-in of `lease` as rank `rank` of `size` and starts the threads of
     /// a link to every other rank.
-    pub(super) fn start(lease: Lease, rank: usize, size: usize, io: &Arc<Io>) -> Result<Links> {
+    pub(in crate::p2p) fn start(
+        lease: Lease,
+        rank: usize,
+        size: usize,
+        io: &Arc<Io>,
+    ) -> Result<Channels> {
         let common = Arc::new(Common {
             name: lease.name().to_owned(),
             plugin: Arc::clone(lease.plugin()),
@@ -167,14 +173,14 @@ impl Links {
                 |p| p.init(rank, size),
             )
             .map_err(Error::Init)?;
-        let mut links = Links {
+        let mut links = Channels {
             common,
             links: Vec::new(),
             threads: Vec::new(),
             _lease: lease,
         };
         for peer in (0..size).filter(|&p| p != rank) {
-            let link = Arc::new(Link {
+            let link = Arc::new(Channel {
                 peer,
                 tx: Mutex::default(),
                 tx_ready: Condvar::new(),
@@ -182,7 +188,10 @@ impl Links {
             });
             // Dropping `links` on an error stops what was started and finalizes the plug-in.
             links.links.push(Arc::clone(&link));
-            for (role, body) in [("tx", send_loop as fn(&Common, &Link)), ("rx", recv_loop)] {
+            for (role, body) in [
+                ("tx", send_loop as fn(&Common, &Channel)),
+                ("rx", recv_loop),
+            ] {
                 let (common, link) = (Arc::clone(&links.common), Arc::clone(&link));
                 let thread = std::thread::Builder::new()
                     .name(format!("hcomm-{role}-{peer}"))
@@ -194,13 +203,13 @@ impl Links {
         Ok(links)
     }
 
-    /// The link to every other rank.
-    pub(super) fn links(&self) -> &[Arc<Link>] {
+    /// The channel to every other rank.
+    pub(in crate::p2p) fn channels(&self) -> &[Arc<Channel>] {
         &self.links
     }
 }
 
-impl Drop for Links {
+impl Drop for Channels {
     fn drop(&mut self) {
         for link in &self.links {
             lock(&link.tx).stop = true;
@@ -228,7 +237,7 @@ impl Drop for Links {
 }
 
 /// The sender of one link: hands each queued frame to the plug-in, header then payload.
-fn send_loop(common: &Common, link: &Link) {
+fn send_loop(common: &Common, link: &Channel) {
     loop {
         let (op, frame) = {
             let mut tx = lock(&link.tx);
@@ -280,7 +289,7 @@ fn send_loop(common: &Common, link: &Link) {
 
 /// The receiver of one link: receives whole frames and queues them for the engine, until the
 /// peer's goodbye or the first error.
-fn recv_loop(common: &Common, link: &Link) {
+fn recv_loop(common: &Common, link: &Channel) {
     let peer = link.peer;
     let what = || format!("receiving from world rank {peer}");
     let why = loop {
@@ -308,84 +317,71 @@ fn recv_loop(common: &Common, link: &Link) {
     link.deliver(&common.io, Incoming::Ended(why));
 }
 
-/// A peer reached through the plug-in, as the engine sees it.
+/// The link to a peer through the plug-in.
 #[derive(Debug)]
-pub(super) struct PluginPeer {
-    pub(super) link: Arc<Link>,
+pub(in crate::p2p) struct PluginLink {
+    chan: Arc<Channel>,
+    io: Arc<Io>,
     /// Frames waiting for room in the sender's window, in order.
-    pub(super) out: VecDeque<OutFrame>,
-    /// When the peer's TCP connection ended (its end is then judged by `State::poll_plugin`).
-    pub(super) tcp_gone: Option<Instant>,
+    out: VecDeque<OutFrame>,
+    /// What the threads queued, taken this turn.
+    batch: VecDeque<Incoming>,
+    /// The batch was taken this turn.
+    taken: bool,
+    /// The payload of the frame whose header the engine has.
+    held: Option<Vec<u8>>,
+    closed: bool,
+    caps: Caps,
 }
 
-impl PluginPeer {
-    pub(super) fn new(link: Arc<Link>) -> PluginPeer {
-        PluginPeer {
-            link,
+impl PluginLink {
+    /// The engine's side of `chan`.
+    pub(in crate::p2p) fn new(chan: Arc<Channel>, io: &Arc<Io>) -> PluginLink {
+        PluginLink {
+            chan,
+            io: Arc::clone(io),
             out: VecDeque::new(),
-            tcp_gone: None,
+            batch: VecDeque::new(),
+            taken: false,
+            held: None,
+            closed: false,
+            caps: Caps {
+                kind: Kind::Plugin,
+                read_remote: None,
+                max_payload: usize::MAX,
+                // The receiver ends after the goodbye.
+                ordered_end: true,
+                wakes_epoll: false,
+                polled: true,
+                doorbell: false,
+                drain_on_loss: false,
+                liveness: Liveness::Connection,
+            },
         }
     }
 }
 
-impl State {
-    /// Hands waiting frames to the senders, dispatches what the threads queued, and ends the
-    /// peers whose connection ended: once their goodbye came and this rank's frames to them
-    /// are all sent (like the end of a TCP stream, after the data), or as lost when no
-    /// goodbye came within the grace period. Returns whether anything moved.
-    pub(super) fn poll_plugin(&mut self) -> bool {
-        let received = self.io.plugin_rx.load(Ordering::SeqCst) > 0;
-        let mut moved = false;
-        for i in 0..self.plugin_peers.len() {
-            let p = self.plugin_peers[i];
-            let Some(pp) = self.peers[p].as_ref().and_then(|peer| peer.plugin.as_ref()) else {
-                continue;
-            };
-            if !pp.out.is_empty() {
-                moved |= self.flush_plugin(p);
-            }
-            if received {
-                moved |= self.read_plugin(p);
-            }
-            let Some(peer) = self.peers[p].as_ref() else {
-                continue;
-            };
-            let Some(pp) = peer.plugin.as_ref() else {
-                continue;
-            };
-            let Some(gone) = pp.tcp_gone else {
-                continue;
-            };
-            if peer.closed && !pp.link.sending() {
-                // The sender queued the completions of everything it sent before it went
-                // idle: take them before letting the peer go.
-                moved |= self.read_plugin(p);
-                self.fail_peer(p, "it finalized".into());
-            } else if !peer.closed && gone.elapsed() >= GRACE {
-                self.fail_peer(
-                    p,
-                    "its connection closed and no goodbye came through the transport plug-in"
-                        .into(),
-                );
-            }
-        }
-        moved
+impl Link for PluginLink {
+    fn caps(&self) -> &Caps {
+        &self.caps
     }
 
-    /// Copies the frames queued for a plug-in peer into its sender's queue while the window
-    /// has room (a frame is copied whole, so that its operation may be cancelled while the
-    /// copy is sent); returns whether any was.
-    pub(super) fn flush_plugin(&mut self, peer: usize) -> bool {
+    fn push(&mut self, frame: OutFrame) -> bool {
+        self.out.push_back(frame);
+        self.out.len() == 1
+    }
+
+    /// Copies the queued frames into the sender's queue while the window has room (a frame is
+    /// copied whole, so that its operation may be cancelled while the copy is sent); the
+    /// sender reports each frame it handed to the plug-in ([`Rx::Sent`]).
+    fn flush(&mut self, ops: &Ops, _sent: &mut Vec<OpId>) -> Result<bool, String> {
+        if self.closed {
+            return Ok(false);
+        }
         let mut moved = false;
-        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
-            return false;
-        };
-        let (Some(pp), None) = (p.plugin.as_mut(), &p.lost) else {
-            return false;
-        };
         {
-            let mut tx = lock(&pp.link.tx);
-            while let Some(f) = pp.out.front() {
+            let mut tx = lock(&self.chan.tx);
+            while let Some(f) = self.out.front() {
                 let size = HEADER_LEN + f.len;
                 if tx.bytes > 0 && tx.bytes + size > WINDOW {
                     tx.blocked = true;
@@ -393,51 +389,75 @@ impl State {
                 }
                 let mut frame = Vec::with_capacity(size);
                 frame.extend_from_slice(&f.hdr);
-                frame.extend_from_slice(super::frame_payload(f, &self.ops));
+                frame.extend_from_slice(frame_payload(f, ops));
                 tx.bytes += size;
                 tx.frames.push_back((f.op, frame));
-                pp.out.pop_front();
+                self.out.pop_front();
                 moved = true;
             }
         }
         if moved {
-            pp.link.tx_ready.notify_one();
+            self.chan.tx_ready.notify_one();
         }
-        moved
+        Ok(moved)
     }
 
-    /// Dispatches what a plug-in peer's receiver queued; returns whether there was anything.
-    fn read_plugin(&mut self, peer: usize) -> bool {
-        let Some(link) = self.peers[peer]
-            .as_ref()
-            .and_then(|p| p.plugin.as_ref())
-            .map(|pp| Arc::clone(&pp.link))
-        else {
-            return false;
-        };
-        let items = link.take_rx(&self.io);
-        let moved = !items.is_empty();
-        for item in items {
-            if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
-                break;
-            }
-            match item {
-                Incoming::Sent(id) => self.frames_sent([id]),
-                Incoming::Frame(hdr, payload) => {
-                    let dispatched = self.dispatch_whole(peer, hdr, |_, dst| {
-                        if let Some(dst) = dst {
-                            dst.copy_from_slice(&payload);
-                        }
-                        Ok(())
-                    });
-                    if let Err(why) = dispatched {
-                        self.fail_peer(peer, why);
-                    }
-                }
-                // After the peer's goodbye only a send can fail: the peer is done then.
-                Incoming::Ended(why) => self.fail_peer(peer, why),
-            }
+    fn busy(&self) -> bool {
+        !self.out.is_empty() || self.chan.sending()
+    }
+
+    fn poll(&mut self, _dests: &mut Dests<'_>) -> Rx {
+        if self.closed || self.held.is_some() {
+            return Rx::Idle;
         }
-        moved
+        if self.batch.is_empty() {
+            // One batch a turn, so that a busy peer cannot keep the engine here.
+            if std::mem::take(&mut self.taken) || self.io.plugin_rx.load(Ordering::SeqCst) == 0 {
+                return Rx::Idle;
+            }
+            self.batch = self.chan.take_rx(&self.io);
+            self.taken = true;
+        }
+        match self.batch.pop_front() {
+            None => {
+                self.taken = false;
+                Rx::Idle
+            }
+            Some(Incoming::Sent(id)) => Rx::Sent(id),
+            Some(Incoming::Frame(hdr, payload)) => {
+                self.held = Some(payload);
+                Rx::Header(hdr)
+            }
+            // After the peer's goodbye only a send can fail: the peer is done then.
+            Some(Incoming::Ended(why)) => Rx::Failed(why),
+        }
+    }
+
+    fn place(
+        &mut self,
+        hdr: &FrameHeader,
+        dest: Option<Dest>,
+        dests: &mut Dests<'_>,
+    ) -> Result<bool, String> {
+        let payload = self
+            .held
+            .take()
+            .ok_or("a frame was placed that was never read")?;
+        if let Some(dst) = dests.whole(hdr, dest) {
+            dst.copy_from_slice(&payload);
+        }
+        Ok(true)
+    }
+
+    fn forget(&mut self, op: OpId, _ops: &Ops) {
+        // Frames go whole or not at all.
+        self.out.retain(|f| f.op != Some(op));
+    }
+
+    fn close(&mut self) {
+        self.closed = true;
+        self.out.clear();
+        self.batch.clear();
+        self.chan.clear_tx();
     }
 }

@@ -1,0 +1,141 @@
+//! The short cuts of small messages: a send written straight into the peer's memory (the
+//! shared-memory fast box) without an operation, a receive taken straight from it, and
+//! watches on a peer's next frame, through the links that have inline slots
+//! ([`Link::send_inline`](super::link::Link::send_inline)).
+
+use crate::error::Result;
+use crate::transport::shm::link::{Inbox, Watch};
+use crate::transport::wire::{FrameHeader, FrameKind};
+
+use super::link::Kind;
+use super::{MatchKey, OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
+
+impl State {
+    /// Writes a small message straight into the peer's memory, without an operation, when
+    /// its link has an inline slot with room and nothing is queued before it; returns
+    /// whether it did (then the send is complete). An error when the peer cannot be reached.
+    pub(super) fn send_fast(&mut self, t: &Target, data: &[u8]) -> Result<bool> {
+        self.live_peer(t)?;
+        let Some(peer) = self.peers.get_mut(t.peer).and_then(Option::as_mut) else {
+            return Ok(false);
+        };
+        let Some(link) = self.links.primary_mut(t.peer) else {
+            return Ok(false);
+        };
+        let mut hdr = FrameHeader::new(FrameKind::Eager);
+        hdr.comm = t.comm;
+        hdr.tag = t.tag;
+        hdr.msg_id = peer.next_msg_id;
+        hdr.len = data.len() as u64;
+        hdr.sig = t.sig;
+        let Some(wake) = link.send_inline(&hdr, data) else {
+            return Ok(false);
+        };
+        peer.next_msg_id += 1;
+        if link.caps().kind == Kind::Shm {
+            ProtocolCounts::bump(&self.counts.shm_eager);
+        }
+        tracing::trace!(
+            peer = t.peer,
+            tag = t.tag,
+            len = data.len(),
+            "sent through the fast box"
+        );
+        if wake {
+            self.queue_wake(t.peer);
+        }
+        Ok(true)
+    }
+
+    /// Receives the next frame of peer `t.peer` straight into `buf` (`cap` bytes) when it is
+    /// a small message in an inline slot that this receive matches and nothing else could
+    /// (no receive posted before it, no message held for it); returns its length. Anything
+    /// else (errors included) is left to the general path.
+    ///
+    /// # Safety
+    /// `buf..buf+cap` must be valid for writes.
+    pub(super) unsafe fn recv_fast(
+        &mut self,
+        t: &Target,
+        buf: *mut u8,
+        cap: usize,
+    ) -> Option<usize> {
+        // The inline slot first: most calls (other transports, nothing arrived yet) end there
+        // without a map lookup.
+        let (hdr, payload) = self.links.primary(t.peer)?.peek_inline()?;
+        let len = hdr.len as usize;
+        if hdr.comm != t.comm || hdr.tag != t.tag || hdr.sig != t.sig || len > cap {
+            return None;
+        }
+        let key = MatchKey {
+            comm: t.comm,
+            peer: t.peer,
+            tag: t.tag,
+        };
+        if self.live_peer(t).is_err()
+            || self.posted.contains_key(&key)
+            || self.unexpected.contains_key(&key)
+        {
+            return None;
+        }
+        let peer = self.peers.get_mut(t.peer)?.as_mut()?;
+        // SAFETY: the caller's promise; `len <= cap`.
+        unsafe { buf.copy_from_nonoverlapping(payload.as_ptr(), len) };
+        self.links.primary_mut(t.peer)?.consume_inline();
+        peer.heard = peer.heard.wrapping_add(1);
+        Some(len)
+    }
+
+    /// A watch on the next frame of peer `t.peer`, for a receive that [`State::recv_fast`]
+    /// may complete once it comes.
+    pub(super) fn recv_watch<'a>(&self, inbox: &'a Inbox, t: &Target) -> Option<Watch<'a>> {
+        let peer = self.peers.get(t.peer)?.as_ref()?;
+        if peer.lost.is_some() {
+            return None;
+        }
+        self.links.primary(t.peer)?.watch(inbox)
+    }
+
+    /// A watch on the next frame of the peer that `id`, a receive, waits for, when nothing
+    /// else is to be done for that peer.
+    pub(super) fn watch<'a>(&self, inbox: &'a Inbox, id: OpId) -> Option<Watch<'a>> {
+        let op = self.ops.get(&id).filter(|op| op.kind == OpKind::Recv)?;
+        self.recv_watch(inbox, &op.target)
+    }
+
+    /// Sends `peer` a frame that only wakes it (it sleeps in `epoll_wait` while this rank
+    /// wrote to its memory).
+    pub(super) fn queue_wake(&mut self, peer: usize) {
+        self.queue(peer, OutFrame::control(FrameHeader::new(FrameKind::Wake)));
+    }
+
+    /// Whether every other rank is reached through links that ring the doorbell (then
+    /// waiters sleep on its futex rather than in `epoll_wait`).
+    pub(super) fn all_shm(&self) -> bool {
+        self.links.doorbell_only(self.peers.len().saturating_sub(1))
+    }
+
+    /// Whether a polled link has something for this rank to do: a frame to read, or room for
+    /// a frame waiting to be written.
+    pub(super) fn shm_ready(&mut self) -> bool {
+        for i in 0..self.links.polled.len() {
+            let (p, l) = self.links.polled[i];
+            if self.peers[p].as_ref().is_some_and(|q| q.lost.is_none())
+                && self.links.get_mut(p, l).is_some_and(|link| link.ready())
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The epoll token under which a waiter may read `peer`'s link directly, before a
+    /// readiness event, for a small message it expects (a TCP peer whose first stream is
+    /// open).
+    pub(super) fn direct_token(&self, peer: usize) -> Option<u64> {
+        if peer == self.cfg.rank || self.peers.get(peer)?.as_ref()?.lost.is_some() {
+            return None;
+        }
+        self.links.primary(peer)?.direct_token()
+    }
+}

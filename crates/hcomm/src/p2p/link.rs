@@ -1,0 +1,415 @@
+//! Links: the one interface through which the engine moves frames to and from a peer, whatever
+//! the transport ([`Link`]), every peer's links, and the route that picks the link of a frame
+//! ([`Links::route`]).
+//!
+//! A link owns its transport's state (sockets and their queues, rings and fast boxes, a
+//! plug-in's threads) and knows nothing of matching, rendezvous or calls. The engine talks to
+//! it in both directions without lending it the protocol state:
+//!
+//! * **Sending:** [`Link::push`] appends a frame to the link's queue, [`Link::flush`] writes
+//!   what the transport takes now. A frame's payload is read from its operation's buffer at
+//!   the moment it is written (`frame_payload`), so nothing is copied on the way; the link
+//!   reports each frame that left (`sent`), and the engine completes the sends.
+//! * **Receiving (pull):** [`Link::poll`] hands the engine the next thing that arrived. For a
+//!   frame that is first its header ([`Rx::Header`]): the engine dispatches it with all of its
+//!   state (matching, rendezvous, calls — free to send on this very link meanwhile, since the
+//!   link is not borrowed), and answers with where the payload goes ([`Link::place`]). The link
+//!   then copies the payload straight into that destination (an operation's buffer, or an
+//!   unexpected message's), now or over later polls ([`Rx::Payload`]). While it copies, a
+//!   link borrows only the destinations ([`Dests`]: the operations and the unexpected
+//!   messages), fields of the engine's state apart from the links.
+//!
+//! A peer may hold several links, in the order they were added: the first is the connection
+//! the job was started with (TCP), whose end tells that the peer is gone; the last carries the
+//! peer's traffic; a frame that the last cannot carry (a goodbye that must precede the end of
+//! the connection, a wake-up for a peer sleeping in `epoll_wait`) takes the first link that
+//! can ([`Links::route`], by the links' [`Caps`]). A link made later (on a peer's first use,
+//! or a second rail) is one more [`Links::add`]; the epoll tokens of a link's descriptors
+//! carry its place among its peer's links ([`token`]).
+
+pub(super) mod plugin;
+pub(super) mod shm;
+pub(super) mod tcp;
+
+use std::time::Instant;
+
+use rustc_hash::FxHashMap as HashMap;
+use rustix::event::epoll;
+
+use super::requests::dest_slice;
+use super::{Dest, Op, OpId, OutFrame, Unexpected};
+use crate::transport::shm::link::{Inbox, Watch};
+use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD};
+
+/// The engine's operations by id: outgoing payloads are read from their buffers.
+pub(super) type Ops = HashMap<OpId, Op>;
+
+/// Where received payloads land: the operations' buffers and the unexpected messages held.
+pub(super) struct Dests<'a> {
+    /// The operations.
+    pub ops: &'a mut Ops,
+    /// The unexpected messages.
+    pub umsgs: &'a mut HashMap<u64, Unexpected>,
+}
+
+impl Dests<'_> {
+    /// The bytes `done..done+len` of destination `dest`; `None` when they are to be dropped.
+    pub(super) fn slice(&mut self, dest: Dest, done: usize, len: usize) -> Option<&mut [u8]> {
+        dest_slice(self.ops, self.umsgs, dest, done, len)
+    }
+
+    /// Where the whole payload of `hdr` goes, for a link that has it all at once.
+    pub(super) fn whole(&mut self, hdr: &FrameHeader, dest: Option<Dest>) -> Option<&mut [u8]> {
+        let n = hdr.payload_len() as usize;
+        match dest {
+            Some(d) if n > 0 => self.slice(d, 0, n),
+            _ => None,
+        }
+    }
+}
+
+/// Which transport a link is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// TCP streams.
+    Tcp,
+    /// A shared-memory ring and fast box.
+    Shm,
+    /// A transport plug-in.
+    Plugin,
+}
+
+impl Kind {
+    /// How messages name it.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Kind::Tcp => "TCP connection",
+            Kind::Shm => "shared-memory link",
+            Kind::Plugin => "transport plug-in",
+        }
+    }
+}
+
+/// How the watcher tells that the peer behind a link is alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Liveness {
+    /// By the frames that come from it; the watcher sends it a `Wake` now and then.
+    Frames,
+    /// By the heartbeat its watcher bumps ([`Link::heartbeat`]).
+    Heartbeat,
+    /// Left to the link itself and to the end of the peer's connection.
+    Connection,
+}
+
+/// What a link can do, fixed when it is made.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Caps {
+    /// Its transport.
+    pub kind: Kind,
+    /// One-sided reads of the peer's memory: the process id that cross-memory attach reaches.
+    pub read_remote: Option<u32>,
+    /// The largest payload of one frame.
+    pub max_payload: usize,
+    /// Its end follows its last frame: a goodbye sent on it is seen before the end.
+    pub ordered_end: bool,
+    /// A frame on it wakes a peer sleeping in `epoll_wait`.
+    pub wakes_epoll: bool,
+    /// It has no descriptor to wait on: the engine polls it on every turn.
+    pub polled: bool,
+    /// Its frames ring the receiver's doorbell (a waiter may sleep on the futex for them).
+    pub doorbell: bool,
+    /// What it holds when its peer is lost is still read (it was sent before the loss).
+    pub drain_on_loss: bool,
+    /// How the watcher tells that the peer is alive.
+    pub liveness: Liveness,
+}
+
+/// What [`Link::poll`] found.
+#[derive(Debug)]
+pub(super) enum Rx {
+    /// Nothing more this turn.
+    Idle,
+    /// The header of a frame: the engine dispatches it and answers with [`Link::place`]
+    /// before it polls again.
+    Header(FrameHeader),
+    /// The payload of a frame placed earlier has fully arrived at `Dest`.
+    Payload(FrameHeader, Dest),
+    /// A frame of this send left (links that send from another thread).
+    Sent(OpId),
+    /// The link reached its end; `goodbye`: the peer's goodbye came through it first.
+    Closed {
+        /// The goodbye came through this link before its end.
+        goodbye: bool,
+    },
+    /// The link failed: why (the peer is lost).
+    Failed(String),
+}
+
+/// One link to one peer (see the module docs for how the engine drives it).
+pub(super) trait Link: Send + std::fmt::Debug {
+    /// What the link can do.
+    fn caps(&self) -> &Caps;
+
+    /// Appends a frame to the link's queue; returns whether nothing was queued before it
+    /// (then a [`Link::flush`] may write it at once).
+    fn push(&mut self, frame: OutFrame) -> bool;
+
+    /// Writes queued frames while the transport takes them, pushing the operation of each
+    /// frame that left onto `sent`; returns whether any left. An error says why the peer is
+    /// lost.
+    fn flush(&mut self, ops: &Ops, sent: &mut Vec<OpId>) -> Result<bool, String>;
+
+    /// Whether frames wait in the link (queued, or handed to another thread and not sent).
+    fn busy(&self) -> bool;
+
+    /// A polled link: whether a frame waits to be read, or room for a queued frame.
+    fn ready(&mut self) -> bool {
+        false
+    }
+
+    /// An epoll event for the link's descriptor `lane` (see [`token`]).
+    fn event(&mut self, _lane: usize, _flags: epoll::EventFlags) {}
+
+    /// The next thing that arrived (see [`Rx`]).
+    fn poll(&mut self, dests: &mut Dests<'_>) -> Rx;
+
+    /// Where the payload of the header just polled goes (`None`: the frame is handled, or has
+    /// no payload); returns whether the payload is all there (else a later poll returns
+    /// [`Rx::Payload`]). An error says why the peer is lost.
+    fn place(
+        &mut self,
+        hdr: &FrameHeader,
+        dest: Option<Dest>,
+        dests: &mut Dests<'_>,
+    ) -> Result<bool, String>;
+
+    /// Cuts every tie with operation `op`: its frames not yet written are dropped (one half
+    /// written keeps a copy of its payload, so that a stream stays framed), and a payload that
+    /// was landing in its buffer is dropped instead.
+    fn forget(&mut self, op: OpId, ops: &Ops);
+
+    /// Whether the link asks the engine to wake the peer (it wrote to the peer's memory while
+    /// the peer may sleep in `epoll_wait`); asking once clears it.
+    fn take_wake(&mut self) -> bool {
+        false
+    }
+
+    /// Closes the sending side: the peer sees the end after what was written.
+    fn shutdown(&mut self) {}
+
+    /// The peer is lost or the engine ends: drops what is queued and closes the link.
+    fn close(&mut self);
+
+    /// The epoll token of the descriptor a waiter may read directly, before a readiness
+    /// event, for a small message it expects.
+    fn direct_token(&self) -> Option<u64> {
+        None
+    }
+
+    /// The peer's heartbeat count ([`Liveness::Heartbeat`]).
+    fn heartbeat(&self) -> Option<u64> {
+        None
+    }
+
+    /// Writes a small message (`hdr` and `data`) into the peer's memory at once, when the link
+    /// has such a slot with room and nothing is queued before it; `Some(wake)` when it did
+    /// (`wake`: the peer must be woken out of `epoll_wait`).
+    fn send_inline(&mut self, _hdr: &FrameHeader, _data: &[u8]) -> Option<bool> {
+        None
+    }
+
+    /// The next frame when it is a small one in an inline slot, not taken.
+    fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
+        None
+    }
+
+    /// Takes the frame [`Link::peek_inline`] returned.
+    fn consume_inline(&mut self) {}
+
+    /// A watch on the next frame, when nothing is queued to go out.
+    fn watch<'a>(&self, _inbox: &'a Inbox) -> Option<Watch<'a>> {
+        None
+    }
+}
+
+/// Bits of an epoll token for a link's lane (a descriptor of the link).
+const LANE_BITS: u32 = 16;
+/// Bits of an epoll token for a link's place among its peer's links.
+const LINK_BITS: u32 = 8;
+
+/// The epoll token of descriptor `lane` of link `link` of `peer`.
+pub(super) fn token(peer: usize, link: usize, lane: usize) -> u64 {
+    ((peer as u64) << (LANE_BITS + LINK_BITS)) | ((link as u64) << LANE_BITS) | lane as u64
+}
+
+/// `(peer, link, lane)` of an epoll token.
+pub(super) fn untoken(tok: u64) -> (usize, usize, usize) {
+    (
+        (tok >> (LANE_BITS + LINK_BITS)) as usize,
+        ((tok >> LANE_BITS) & ((1 << LINK_BITS) - 1)) as usize,
+        (tok & ((1 << LANE_BITS) - 1)) as usize,
+    )
+}
+
+/// Every peer's links, by world rank.
+#[derive(Debug, Default)]
+pub(super) struct Links {
+    peers: Vec<Vec<Box<dyn Link>>>,
+    /// `(peer, link)` of the links the engine polls on every turn.
+    pub(super) polled: Vec<(usize, usize)>,
+    /// Peers whose connection ended while their goodbye travels on another link, since when.
+    pub(super) gone: Vec<(usize, Instant)>,
+    /// Peers whose traffic rings the doorbell.
+    doorbell_peers: usize,
+}
+
+impl Links {
+    /// No links yet, for a world of `size` ranks.
+    pub(super) fn new(size: usize) -> Links {
+        Links {
+            peers: (0..size).map(|_| Vec::new()).collect(),
+            ..Links::default()
+        }
+    }
+
+    /// The place the next link of `peer` will have.
+    pub(super) fn next_index(&self, peer: usize) -> usize {
+        self.peers.get(peer).map_or(0, Vec::len)
+    }
+
+    /// Adds a link to `peer`: it carries the peer's traffic from now on (see
+    /// [`Links::route`]).
+    pub(super) fn add(&mut self, peer: usize, link: Box<dyn Link>) {
+        let Some(links) = self.peers.get_mut(peer) else {
+            return;
+        };
+        let was_doorbell = links.last().is_some_and(|l| l.caps().doorbell);
+        if link.caps().polled {
+            self.polled.push((peer, links.len()));
+        }
+        let doorbell = link.caps().doorbell;
+        links.push(link);
+        match (was_doorbell, doorbell) {
+            (false, true) => self.doorbell_peers += 1,
+            (true, false) => self.doorbell_peers -= 1,
+            _ => {}
+        }
+    }
+
+    /// The link that carries a frame of `kind` to `peer`: the last one added, unless that one
+    /// cannot carry it (a goodbye needs a link whose end follows it, a wake-up one that wakes
+    /// a peer in `epoll_wait`), then the first that can.
+    pub(super) fn route(&self, peer: usize, kind: FrameKind) -> Option<usize> {
+        let links = self.peers.get(peer)?;
+        let last = links.len().checked_sub(1)?;
+        let fits = |l: &dyn Link| match kind {
+            FrameKind::Close => l.caps().ordered_end,
+            FrameKind::Wake => l.caps().wakes_epoll,
+            _ => true,
+        };
+        if fits(&*links[last]) {
+            return Some(last);
+        }
+        links.iter().position(|l| fits(&**l))
+    }
+
+    /// The link that carries `peer`'s messages.
+    pub(super) fn primary(&self, peer: usize) -> Option<&dyn Link> {
+        self.peers.get(peer)?.last().map(|l| &**l)
+    }
+
+    /// The link that carries `peer`'s messages, to change.
+    pub(super) fn primary_mut(&mut self, peer: usize) -> Option<&mut (dyn Link + 'static)> {
+        self.peers.get_mut(peer)?.last_mut().map(|l| &mut **l)
+    }
+
+    /// What the link that carries `peer`'s messages can do.
+    pub(super) fn caps(&self, peer: usize) -> Option<Caps> {
+        self.primary(peer).map(|l| *l.caps())
+    }
+
+    /// Link `link` of `peer`.
+    pub(super) fn get_mut(
+        &mut self,
+        peer: usize,
+        link: usize,
+    ) -> Option<&mut (dyn Link + 'static)> {
+        self.peers.get_mut(peer)?.get_mut(link).map(|l| &mut **l)
+    }
+
+    /// How many links `peer` has.
+    pub(super) fn count(&self, peer: usize) -> usize {
+        self.peers.get(peer).map_or(0, Vec::len)
+    }
+
+    /// Whether frames to `peer` wait in any of its links.
+    pub(super) fn busy(&self, peer: usize) -> bool {
+        self.peers
+            .get(peer)
+            .is_some_and(|links| links.iter().any(|l| l.busy()))
+    }
+
+    /// Whether every one of the `others` peers is reached through links that ring the
+    /// doorbell (then waiters sleep on its futex rather than in `epoll_wait`).
+    pub(super) fn doorbell_only(&self, others: usize) -> bool {
+        others > 0 && self.doorbell_peers == others
+    }
+
+    /// Lets every operation `op` go from the links of `peer` (see [`Link::forget`]).
+    pub(super) fn forget(&mut self, peer: usize, op: OpId, ops: &Ops) {
+        if let Some(links) = self.peers.get_mut(peer) {
+            for l in links {
+                l.forget(op, ops);
+            }
+        }
+    }
+
+    /// Closes the sending side of every link of `peer`.
+    pub(super) fn shutdown(&mut self, peer: usize) {
+        if let Some(links) = self.peers.get_mut(peer) {
+            for l in links {
+                l.shutdown();
+            }
+        }
+    }
+
+    /// Closes every link of `peer` (it is lost, or the engine ends).
+    pub(super) fn close(&mut self, peer: usize) {
+        if let Some(links) = self.peers.get_mut(peer) {
+            for l in links {
+                l.close();
+            }
+        }
+        self.gone.retain(|&(p, _)| p != peer);
+    }
+
+    /// The connection of `peer` ended while its goodbye travels on another link: the engine
+    /// gives it a grace period (see `State::judge_gone`).
+    pub(super) fn mark_gone(&mut self, peer: usize) {
+        if !self.gone.iter().any(|&(p, _)| p == peer) {
+            self.gone.push((peer, Instant::now()));
+        }
+    }
+
+    /// Closes and drops every link.
+    pub(super) fn clear(&mut self) {
+        for peer in 0..self.peers.len() {
+            self.close(peer);
+        }
+        self.peers.clear();
+        self.polled.clear();
+        self.doorbell_peers = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_names_its_peer_link_and_lane() {
+        for (peer, link, lane) in [(0, 0, 0), (1, 0, 15), (4095, 2, 7), (1 << 20, 255, 65535)] {
+            assert_eq!(untoken(token(peer, link, lane)), (peer, link, lane));
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! A link through shared memory with a peer on this host: a ring each way for frames, a fast
+//! box each way for small messages, the peer's doorbell to wake it, and cross-memory attach
+//! for one-sided reads of its memory.
+//!
+//! Frames are numbered: the next frame to read is in the fast box or at the front of the
+//! ring, whichever holds its number (a ring message carries its number as metadata, a fast
+//! box message its number plus one as stamp), so that the two stay in order. A frame is
+//! written whole or not at all. The goodbye and wake-ups take the TCP connection beside the
+//! link (its end follows the goodbye; a sleeper in `epoll_wait` hears it).
+
+use std::collections::VecDeque;
+
+use super::{Caps, Dests, Kind, Link, Liveness, Ops, Rx};
+use crate::p2p::requests::frame_payload;
+use crate::p2p::{Dest, OpId, OutFrame};
+use crate::transport::shm::link::{Inbox, ShmLink, Watch};
+use crate::transport::wire::{FrameHeader, FAST_PAYLOAD, HEADER_LEN};
+
+/// Frames read from the ring per turn, so one busy peer cannot starve the others.
+const SHM_ROUNDS: usize = 64;
+
+/// Where the frame handed to the engine waits.
+#[derive(Debug)]
+enum Held {
+    /// In the fast box, with its payload.
+    Fast([u8; FAST_PAYLOAD]),
+    /// At the front of the ring.
+    Ring,
+}
+
+/// The shared-memory link to one local peer.
+#[derive(Debug)]
+pub(in crate::p2p) struct ShmPeerLink {
+    link: ShmLink,
+    /// Frames waiting for room in the ring, in order.
+    out: VecDeque<OutFrame>,
+    /// Frames written to the peer: the number of the next one.
+    out_seq: u64,
+    /// Frames read from the peer: the number of the next one.
+    in_seq: u64,
+    /// Frames read this turn.
+    reads: usize,
+    /// The frame whose header the engine has, until it is placed.
+    held: Option<Held>,
+    /// The peer must be woken out of `epoll_wait`.
+    wake: bool,
+    closed: bool,
+    caps: Caps,
+}
+
+impl ShmPeerLink {
+    /// The engine's side of `link`; `chunk`: the largest data frame payload it is asked for.
+    pub(in crate::p2p) fn new(link: ShmLink) -> ShmPeerLink {
+        let caps = Caps {
+            kind: Kind::Shm,
+            read_remote: link.cma.then_some(link.pid),
+            max_payload: link.producer.layout().max_payload() - HEADER_LEN,
+            ordered_end: false,
+            wakes_epoll: false,
+            polled: true,
+            doorbell: true,
+            drain_on_loss: true,
+            liveness: Liveness::Heartbeat,
+        };
+        ShmPeerLink {
+            link,
+            out: VecDeque::new(),
+            out_seq: 0,
+            in_seq: 0,
+            reads: 0,
+            held: None,
+            wake: false,
+            closed: false,
+            caps,
+        }
+    }
+
+    /// The end of a turn of reads: the peer may wait for room in this ring.
+    fn end_turn(&mut self) -> Rx {
+        if self.reads > 0 {
+            self.reads = 0;
+            self.wake |= self.link.peer_bell().ring();
+        }
+        Rx::Idle
+    }
+}
+
+impl Link for ShmPeerLink {
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    fn push(&mut self, frame: OutFrame) -> bool {
+        self.out.push_back(frame);
+        self.out.len() == 1
+    }
+
+    fn flush(&mut self, ops: &Ops, sent: &mut Vec<OpId>) -> Result<bool, String> {
+        if self.closed {
+            return Ok(false);
+        }
+        let mut failure = None;
+        let mut pushed = 0;
+        while let Some(f) = self.out.front() {
+            let payload = frame_payload(f, ops);
+            // A small eager frame goes through the fast box when it has room.
+            let m = &mut self.link;
+            let fast = (f.len <= FAST_PAYLOAD)
+                .then(|| FrameHeader::decode(&f.hdr).ok())
+                .flatten()
+                .and_then(|h| h.encode_fast(payload))
+                .is_some_and(|body| m.fast_out.try_push(self.out_seq + 1, &body));
+            let pushed_one = if fast {
+                Ok(true)
+            } else {
+                m.producer.try_push_parts(self.out_seq, [&f.hdr, payload])
+            };
+            match pushed_one {
+                Ok(true) => {
+                    self.out_seq += 1;
+                    if let Some(id) = f.op {
+                        sent.push(id);
+                    }
+                    self.out.pop_front();
+                    pushed += 1;
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    failure = Some(format!("its shared-memory ring failed: {e}"));
+                    break;
+                }
+            }
+        }
+        // Every frame may be what the peer sleeps for, control frames (CTS, RTS) included.
+        if pushed > 0 || failure.is_some() {
+            self.wake |= self.link.peer_bell().ring();
+        }
+        match failure {
+            Some(why) => Err(why),
+            None => Ok(pushed > 0),
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    fn ready(&mut self) -> bool {
+        if self.closed {
+            return false;
+        }
+        let m = &mut self.link;
+        if m.fast_in.ready(self.in_seq + 1) || !m.consumer.is_empty().unwrap_or(true) {
+            return true;
+        }
+        self.out.front().is_some_and(|f| {
+            let need = m.producer.layout().slots_for(HEADER_LEN + f.len);
+            let free = m.producer.free_slots().unwrap_or(usize::MAX);
+            need.is_none_or(|n| free >= n)
+        })
+    }
+
+    fn poll(&mut self, _dests: &mut Dests<'_>) -> Rx {
+        if self.closed || self.held.is_some() {
+            return Rx::Idle;
+        }
+        if self.reads >= SHM_ROUNDS {
+            return self.end_turn();
+        }
+        let seq = self.in_seq;
+        // The next frame is in the fast box or at the front of the ring, whichever holds its
+        // number (in neither yet: it is still being written).
+        if let Some(body) = self.link.fast_in.peek(seq + 1) {
+            return match FrameHeader::decode_fast(&body) {
+                Ok((hdr, payload)) => {
+                    self.held = Some(Held::Fast(payload));
+                    Rx::Header(hdr)
+                }
+                Err(e) => Rx::Failed(format!("it sent a malformed frame ({e})")),
+            };
+        }
+        let hdr = match self.link.consumer.peek() {
+            Ok(None) => return self.end_turn(),
+            Ok(Some(msg)) if msg.meta() != seq => {
+                if msg.meta() > seq {
+                    // The fast box frame before it is not visible yet.
+                    return self.end_turn();
+                }
+                Err(format!(
+                    "its shared-memory ring holds frame {} where {seq} was next",
+                    msg.meta()
+                ))
+            }
+            Ok(Some(msg)) => {
+                let mut raw = [0u8; HEADER_LEN];
+                match msg.copy_prefix(&mut raw) {
+                    Ok(()) => FrameHeader::decode(&raw)
+                        .map_err(|e| format!("it sent a malformed frame ({e})"))
+                        .and_then(|h| {
+                            if HEADER_LEN as u64 + h.payload_len() == msg.len() as u64 {
+                                Ok(h)
+                            } else {
+                                Err("a frame's length disagrees with its ring message".to_string())
+                            }
+                        }),
+                    Err(e) => Err(format!("its shared-memory ring failed: {e}")),
+                }
+            }
+            Err(e) => Err(format!("its shared-memory ring failed: {e}")),
+        };
+        match hdr {
+            Ok(hdr) => {
+                self.held = Some(Held::Ring);
+                Rx::Header(hdr)
+            }
+            Err(why) => Rx::Failed(why),
+        }
+    }
+
+    fn place(
+        &mut self,
+        hdr: &FrameHeader,
+        dest: Option<Dest>,
+        dests: &mut Dests<'_>,
+    ) -> Result<bool, String> {
+        let dst = dests.whole(hdr, dest);
+        match self.held.take() {
+            Some(Held::Fast(payload)) => {
+                if let Some(dst) = dst {
+                    dst.copy_from_slice(&payload[..dst.len()]);
+                }
+                self.link.fast_in.consume();
+            }
+            Some(Held::Ring) => {
+                let msg = self
+                    .link
+                    .consumer
+                    .peek()
+                    .ok()
+                    .flatten()
+                    .ok_or("a frame vanished from its shared-memory ring")?;
+                if let Some(dst) = dst {
+                    msg.copy_range(HEADER_LEN, dst);
+                }
+                msg.consume();
+            }
+            None => return Err("a frame was placed that was never read".into()),
+        }
+        self.in_seq += 1;
+        self.reads += 1;
+        Ok(true)
+    }
+
+    fn forget(&mut self, op: OpId, _ops: &Ops) {
+        // Ring frames go whole or not at all.
+        self.out.retain(|f| f.op != Some(op));
+    }
+
+    fn take_wake(&mut self) -> bool {
+        std::mem::take(&mut self.wake)
+    }
+
+    fn close(&mut self) {
+        self.closed = true;
+        self.out.clear();
+    }
+
+    fn heartbeat(&self) -> Option<u64> {
+        Some(self.link.peer_bell().beats())
+    }
+
+    fn send_inline(&mut self, hdr: &FrameHeader, data: &[u8]) -> Option<bool> {
+        if self.closed || !self.out.is_empty() {
+            return None;
+        }
+        let body = hdr.encode_fast(data)?;
+        if !self.link.fast_out.try_push(self.out_seq + 1, &body) {
+            return None;
+        }
+        self.out_seq += 1;
+        Some(self.link.peer_bell().ring())
+    }
+
+    fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
+        let body = self.link.fast_in.peek(self.in_seq + 1)?;
+        FrameHeader::decode_fast(&body).ok()
+    }
+
+    fn consume_inline(&mut self) {
+        self.link.fast_in.consume();
+        self.in_seq += 1;
+    }
+
+    fn watch<'a>(&self, inbox: &'a Inbox) -> Option<Watch<'a>> {
+        (!self.closed && self.out.is_empty()).then(|| inbox.watch(&self.link, self.in_seq))
+    }
+}
