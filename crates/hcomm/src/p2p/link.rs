@@ -406,10 +406,94 @@ impl Links {
 mod tests {
     use super::*;
 
+    /// A link that only has capabilities, for the route.
+    #[derive(Debug)]
+    struct Shape(Caps);
+
+    impl Link for Shape {
+        fn caps(&self) -> &Caps {
+            &self.0
+        }
+        fn push(&mut self, _frame: OutFrame) -> bool {
+            false
+        }
+        fn flush(&mut self, _ops: &Ops, _sent: &mut Vec<OpId>) -> Result<bool, String> {
+            Ok(false)
+        }
+        fn busy(&self) -> bool {
+            false
+        }
+        fn poll(&mut self, _dests: &mut Dests<'_>) -> Rx {
+            Rx::Idle
+        }
+        fn place(
+            &mut self,
+            _hdr: &FrameHeader,
+            _dest: Option<Dest>,
+            _dests: &mut Dests<'_>,
+        ) -> Result<bool, String> {
+            Ok(true)
+        }
+        fn forget(&mut self, _op: OpId, _ops: &Ops) {}
+        fn close(&mut self) {}
+    }
+
+    fn caps(kind: Kind) -> Caps {
+        let tcp = kind == Kind::Tcp;
+        Caps {
+            kind,
+            read_remote: None,
+            max_payload: usize::MAX,
+            ordered_end: kind != Kind::Shm,
+            wakes_epoll: tcp,
+            polled: !tcp,
+            doorbell: kind == Kind::Shm,
+            drain_on_loss: kind == Kind::Shm,
+            liveness: Liveness::Frames,
+        }
+    }
+
     #[test]
     fn a_token_names_its_peer_link_and_lane() {
         for (peer, link, lane) in [(0, 0, 0), (1, 0, 15), (4095, 2, 7), (1 << 20, 255, 65535)] {
             assert_eq!(untoken(token(peer, link, lane)), (peer, link, lane));
         }
+    }
+
+    /// The last link carries the traffic; a goodbye and a wake-up take the first link that
+    /// can carry them when the last cannot.
+    #[test]
+    fn the_route_takes_the_last_link_unless_it_cannot_carry_the_frame() {
+        let mut links = Links::new(4);
+        links.add(1, Box::new(Shape(caps(Kind::Tcp))));
+        links.add(2, Box::new(Shape(caps(Kind::Tcp))));
+        links.add(2, Box::new(Shape(caps(Kind::Shm))));
+        links.add(3, Box::new(Shape(caps(Kind::Tcp))));
+        links.add(3, Box::new(Shape(caps(Kind::Plugin))));
+        let kinds = [
+            FrameKind::Eager,
+            FrameKind::Rts,
+            FrameKind::Cts,
+            FrameKind::Data,
+            FrameKind::Abort,
+            FrameKind::Close,
+            FrameKind::Wake,
+        ];
+        for kind in kinds {
+            assert_eq!(links.route(0, kind), None, "{kind:?}");
+            assert_eq!(links.route(1, kind), Some(0), "{kind:?}");
+            let local = match kind {
+                FrameKind::Close | FrameKind::Wake => 0,
+                _ => 1,
+            };
+            assert_eq!(links.route(2, kind), Some(local), "{kind:?}");
+            let plugged = usize::from(kind != FrameKind::Wake);
+            assert_eq!(links.route(3, kind), Some(plugged), "{kind:?}");
+        }
+        assert_eq!(links.polled, vec![(2, 1), (3, 1)]);
+        // Only peer 2 of the three others rings the doorbell.
+        assert!(!links.doorbell_only(3));
+        assert!(links.doorbell_only(1));
+        assert_eq!(links.caps(2).map(|c| c.kind), Some(Kind::Shm));
     }
 }
