@@ -66,7 +66,7 @@ use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use link::plugin::{Channels, PluginLink};
 use link::shm::ShmPeerLink;
 use link::tcp::TcpLink;
-use link::Links;
+use link::{AnyLink, Link, Links};
 use progress::progress_thread;
 use wait::{poll, timespec};
 
@@ -562,7 +562,7 @@ impl Engine {
             if io.peer_inboxes.contains_key(&p) {
                 ends.push((p, tcp.end_watch()?));
             }
-            all.add(p, Box::new(tcp));
+            all.add(p, AnyLink::Tcp(tcp));
             peers.push(Some(Peer {
                 next_msg_id: 0,
                 closed: false,
@@ -576,7 +576,7 @@ impl Engine {
                     "shared-memory link to world rank {p} has no peer"
                 )));
             }
-            all.add(p, Box::new(ShmPeerLink::new(link)));
+            all.add(p, AnyLink::Shm(ShmPeerLink::new(link)));
         }
         let spin = cfg.spin;
         let timing = watch::Timing::for_timeout(cfg.timeout);
@@ -592,7 +592,7 @@ impl Engine {
                             "plug-in link to world rank {p} has no peer"
                         )));
                     }
-                    all.add(p, Box::new(PluginLink::new(Arc::clone(chan), &io)));
+                    all.add(p, AnyLink::Plugin(PluginLink::new(Arc::clone(chan), &io)));
                 }
                 Some(channels)
             }

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::transport::shm::link::{Inbox, Watch};
 use crate::transport::wire::{FrameHeader, FrameKind};
 
-use super::link::Kind;
+use super::link::{Kind, Link};
 use super::{MatchKey, OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
 
 impl State {

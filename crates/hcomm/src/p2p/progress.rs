@@ -12,7 +12,7 @@ use rustix::event::epoll;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::link::{untoken, Dests, Rx};
+use super::link::{untoken, Dests, Link, Rx};
 use super::matching::pop_key;
 use super::requests::truncated;
 use super::wait::poll;
@@ -258,10 +258,12 @@ impl State {
                 }
             }
         }
-        if self
-            .links
-            .get_mut(peer, l)
-            .is_some_and(|link| link.take_wake())
+        // A link asks for a wake-up only after it read something.
+        if moved
+            && self
+                .links
+                .get_mut(peer, l)
+                .is_some_and(|link| link.take_wake())
         {
             self.queue_wake(peer);
         }

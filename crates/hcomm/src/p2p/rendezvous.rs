@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::transport::shm::cma;
 use crate::transport::wire::{FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED};
 
-use super::link::Kind;
+use super::link::{Kind, Link};
 use super::requests::{op_slice, truncated};
 use super::{BufPtr, OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
 

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap as HashMap;
 use rustix::event::{eventfd, poll as poll_fds, EventfdFlags, PollFd, PollFlags};
 
-use super::link::Liveness;
+use super::link::{Link, Liveness};
 use super::{poll, timespec, FrameHeader, FrameKind, OutFrame, Shared};
 use crate::error::{Error, Result};
 use crate::sync::lock;

@@ -49,7 +49,7 @@ pub(in crate::p2p) struct ShmPeerLink {
 }
 
 impl ShmPeerLink {
-    /// The engine's side of `link`; `chunk`: the largest data frame payload it is asked for.
+    /// The engine's side of `link`.
     pub(in crate::p2p) fn new(link: ShmLink) -> ShmPeerLink {
         let caps = Caps {
             kind: Kind::Shm,
@@ -76,6 +76,7 @@ impl ShmPeerLink {
     }
 
     /// The end of a turn of reads: the peer may wait for room in this ring.
+    #[inline]
     fn end_turn(&mut self) -> Rx {
         if self.reads > 0 {
             self.reads = 0;
@@ -90,6 +91,7 @@ impl Link for ShmPeerLink {
         &self.caps
     }
 
+    #[inline]
     fn push(&mut self, frame: OutFrame) -> bool {
         self.out.push_back(frame);
         self.out.len() == 1
@@ -141,6 +143,7 @@ impl Link for ShmPeerLink {
         }
     }
 
+    #[inline]
     fn busy(&self) -> bool {
         !self.out.is_empty()
     }
@@ -160,6 +163,7 @@ impl Link for ShmPeerLink {
         })
     }
 
+    #[inline]
     fn poll(&mut self, _dests: &mut Dests<'_>) -> Rx {
         if self.closed || self.held.is_some() {
             return Rx::Idle;
@@ -217,6 +221,7 @@ impl Link for ShmPeerLink {
         }
     }
 
+    #[inline]
     fn place(
         &mut self,
         hdr: &FrameHeader,
@@ -256,6 +261,7 @@ impl Link for ShmPeerLink {
         self.out.retain(|f| f.op != Some(op));
     }
 
+    #[inline]
     fn take_wake(&mut self) -> bool {
         std::mem::take(&mut self.wake)
     }
@@ -269,6 +275,7 @@ impl Link for ShmPeerLink {
         Some(self.link.peer_bell().beats())
     }
 
+    #[inline]
     fn send_inline(&mut self, hdr: &FrameHeader, data: &[u8]) -> Option<bool> {
         if self.closed || !self.out.is_empty() {
             return None;
@@ -281,11 +288,13 @@ impl Link for ShmPeerLink {
         Some(self.link.peer_bell().ring())
     }
 
+    #[inline]
     fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
         let body = self.link.fast_in.peek(self.in_seq + 1)?;
         FrameHeader::decode_fast(&body).ok()
     }
 
+    #[inline]
     fn consume_inline(&mut self) {
         self.link.fast_in.consume();
         self.in_seq += 1;
