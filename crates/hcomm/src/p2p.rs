@@ -749,6 +749,7 @@ impl Drop for Engine {
 impl State {
     /// Sends a frame to `peer` on the link [`Links::route`] picks for it, and writes what
     /// the link takes now.
+    #[inline]
     fn queue(&mut self, peer: usize, frame: OutFrame) {
         if self
             .peers

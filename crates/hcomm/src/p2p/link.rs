@@ -409,6 +409,7 @@ impl Links {
     /// The link that carries a frame of `kind` to `peer`: the last one added, unless that one
     /// cannot carry it (a goodbye needs a link whose end follows it, a wake-up one that wakes
     /// a peer in `epoll_wait`), then the first that can.
+    #[inline]
     pub(super) fn route(&self, peer: usize, kind: FrameKind) -> Option<usize> {
         let links = self.peers.get(peer)?;
         let last = links.len().checked_sub(1)?;
@@ -436,6 +437,7 @@ impl Links {
     }
 
     /// What the link that carries `peer`'s messages can do.
+    #[inline]
     pub(super) fn caps(&self, peer: usize) -> Option<Caps> {
         self.primary(peer).map(|l| *l.caps())
     }

@@ -158,6 +158,7 @@ impl State {
     }
 
     /// Writes what link `l` of `peer` takes now; returns whether any frame left.
+    #[inline]
     pub(super) fn flush_link(&mut self, peer: usize, l: usize) -> bool {
         let Some(link) = self.links.get_mut(peer, l) else {
             return false;
@@ -168,6 +169,7 @@ impl State {
 
     /// After a link wrote: completes the sends whose frames all left, wakes the peer if the
     /// link asks, and fails the peer if the link failed.
+    #[inline]
     fn after_link(&mut self, peer: usize, l: usize, outcome: Result<bool, String>) -> bool {
         if !self.sent.is_empty() {
             let mut sent = std::mem::take(&mut self.sent);

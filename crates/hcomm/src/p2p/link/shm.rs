@@ -87,6 +87,7 @@ impl ShmPeerLink {
 }
 
 impl Link for ShmPeerLink {
+    #[inline]
     fn caps(&self) -> &Caps {
         &self.caps
     }
@@ -97,6 +98,7 @@ impl Link for ShmPeerLink {
         self.out.len() == 1
     }
 
+    #[inline]
     fn flush(&mut self, ops: &Ops, sent: &mut Vec<OpId>) -> Result<bool, String> {
         if self.closed {
             return Ok(false);
