@@ -168,8 +168,11 @@ class _Work(c10d.Work):
         keep: object = None,
         finish: Callable[[], None] | None = None,
         helper: _Helper | None = None,
+        source: Callable[[], int | None] | None = None,
     ) -> None:
         super().__init__()
+        # A receive's sender (group rank), for ``_source_rank``.
+        self._source = source
         self._outputs = outputs
         self._describe = describe
         # Inputs and staging copies stay alive until the operation completes.
@@ -232,6 +235,14 @@ class _Work(c10d.Work):
 
     def result(self) -> list[torch.Tensor]:
         return self._outputs
+
+    def _source_rank(self) -> int:
+        """The group rank a completed receive got its message from (``dist.recv`` without
+        ``src`` returns it, as a global rank)."""
+        src = None if self._source is None else self._source()
+        if src is None:
+            raise ValueError(f"{self._describe}: no source rank (not a completed receive)")
+        return src
 
 
 def _annotate(e: BaseException, describe: str) -> BaseException:
@@ -880,12 +891,14 @@ class HcommBackend(c10d.Backend):
             if not sending:
                 staged.finish()
 
+        who = "any source" if peer == hcomm.ANY_SOURCE else f"peer {peer}"
         return _Work(
             [t],
-            self._describe(f"{op} (peer {peer}, tag {tag})"),
+            self._describe(f"{op} ({who}, tag {tag})"),
             (staged, req),
             finish,
             self._waiter,
+            None if sending else (lambda: req.source),
         )
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> _Work:
@@ -895,6 +908,4 @@ class HcommBackend(c10d.Backend):
         return self._p2p("recv", tensors[0], src, tag, False)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> _Work:
-        raise hcomm.NotSupported(
-            "hcomm: recv from any source is not supported (hcomm matches receives by source)"
-        )
+        return self._p2p("recv", tensors[0], hcomm.ANY_SOURCE, tag, False)
