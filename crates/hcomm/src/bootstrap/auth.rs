@@ -33,7 +33,7 @@ use super::{read_exact_until, read_vec_until, write_all_until, TimedStream};
 use crate::error::{Error, Result};
 
 /// Largest hello (application payload) either side may send, in bytes.
-pub const MAX_HELLO: usize = 1024;
+pub(crate) const MAX_HELLO: usize = 1024;
 
 const MAGIC: [u8; 8] = *b"HCOMAUTH";
 const VERSION: u32 = 1;
@@ -110,7 +110,7 @@ pub fn client_handshake(
 ///
 /// Returns the client's hello, authenticated. A client whose proof fails is told it was
 /// refused and gets nothing that depends on the secret. Errors as for [`client_handshake`].
-pub fn server_handshake(
+pub(crate) fn server_handshake(
     stream: &mut TcpStream,
     secret: &[u8],
     hello: &[u8],
