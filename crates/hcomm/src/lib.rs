@@ -74,7 +74,7 @@ pub use transport::shm::pool::PoolStats;
 /// the torch backend), the test kit (random shapes, the seeded RNG, the launcher variables),
 /// and the crate's integration tests and benchmarks. The paths below mirror the private
 /// modules' (`internal::bootstrap::auth` is `bootstrap::auth`).
-
+#[doc(hidden)]
 pub mod internal {
     /// The rendezvous store and its authentication.
     pub mod bootstrap {

@@ -89,7 +89,7 @@ impl HandshakeError {
 /// Client side: authenticates the server behind `stream` and proves our own knowledge of
 /// `secret`, all before `deadline`.
 ///
-/// `hello` (at most [`MAX_HELLO`] bytes) is an application payload sent to the server,
+/// `hello` (at most `MAX_HELLO` bytes) is an application payload sent to the server,
 /// authenticated by the MAC. Returns the server's hello once the server has proven it holds
 /// the secret. The stream's read and write timeouts are restored afterwards.
 ///

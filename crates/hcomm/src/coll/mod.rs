@@ -12,6 +12,7 @@ pub(crate) mod random;
 pub(crate) mod reference;
 pub(crate) mod schedule;
 pub(crate) mod select;
+#[cfg(test)]
 pub(crate) mod sim;
 
 use std::sync::Arc;
@@ -127,7 +128,7 @@ pub struct VLayout {
 /// all-to-all read their input from it; all-gather and gather from the rank's own block of
 /// it; reduce-scatter reads all blocks and leaves the result in block `rank`; scatter's root
 /// keeps its block in place. Only the root of reduce, gather and scatter works in place
-/// ([`Shape::in_place_at`]). [`Shape::input`] and [`Shape::output`] give the regions.
+/// ([`Shape::in_place_at`]). `Shape::input` and `Shape::output` give the regions.
 ///
 /// `count` is in elements: the buffer of all-reduce, broadcast and reduce; what each rank
 /// contributes to all-gather and gather; what each rank receives from reduce-scatter and

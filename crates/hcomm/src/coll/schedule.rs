@@ -195,12 +195,6 @@ impl ScheduleBuilder {
         self.push(Step::Copy { dst, src })
     }
 
-    /// Reserves scratch space even if no step names it (alignment for later use).
-    pub(crate) fn reserve_scratch(&mut self, bytes: usize) -> &mut ScheduleBuilder {
-        self.scratch = self.scratch.max(bytes);
-        self
-    }
-
     /// Finishes: computes every step's dependencies.
     pub(crate) fn build(self) -> Schedule {
         let ScheduleBuilder { steps, scratch } = self;

@@ -42,7 +42,7 @@ pub const LANES: usize = 32;
 /// The last part of the segment's name.
 pub(crate) const PURPOSE: &str = "stats";
 
-/// Bits of [`KindStats::protocols`] and [`Flight::protocols`]: how an operation's messages
+/// Bits of `KindStats::protocols` and `Flight::protocols`: how an operation's messages
 /// travel.
 pub mod proto {
     /// Inline through a shared-memory ring.
@@ -206,7 +206,7 @@ pub(crate) fn pack_name(name: &str) -> [u64; 3] {
     [word(0), word(1), word(2)]
 }
 
-/// The name packed by [`pack_name`].
+/// The name packed by `pack_name`.
 pub fn unpack_name(words: [u64; 3]) -> String {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());

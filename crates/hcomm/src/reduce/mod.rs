@@ -24,7 +24,7 @@ mod x86;
 
 /// `dst[i] = dst[i] (op) src[i]` for every element.
 ///
-/// `Avg` accumulates like `Sum`; finish with [`finish_avg`]. Fails with
+/// `Avg` accumulates like `Sum`; finish with `finish_avg`. Fails with
 /// [`Error::InvalidArgument`] unless both slices have the same length, a multiple of
 /// `dtype.size()`, and `op` is defined on `dtype` ([`ReduceOp::supports`]).
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<()> {

@@ -20,6 +20,7 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) ->
 }
 
 /// `dst[i] = a[i] (op) b[i]`, one element at a time; see [`super::reduce_to`].
+#[cfg(test)]
 pub(crate) fn reduce_to(
     dtype: DataType,
     op: ReduceOp,

@@ -103,6 +103,7 @@ pub(crate) enum CmaSupport {
 
 impl CmaSupport {
     /// Whether large messages may be moved with [`read_remote`] / [`write_remote`].
+    #[cfg(test)]
     pub(crate) fn is_available(&self) -> bool {
         matches!(self, CmaSupport::Available)
     }

@@ -45,10 +45,13 @@
 //! The cost for the writer when nobody sleeps is the fence and one load (w2, w3); the reader
 //! pays for its fence only once it has given up spinning and yielding.
 
+#[cfg(test)]
 use std::hint;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(test)]
+use std::time::Instant;
 
 use rustix::io::Errno;
 use rustix::thread::futex;
@@ -64,6 +67,7 @@ pub(crate) struct ShmFutex(AtomicU32);
 
 impl ShmFutex {
     /// A futex word holding `value`, for building shared structures in place.
+    #[cfg(test)]
     pub(crate) const fn new(value: u32) -> ShmFutex {
         ShmFutex(AtomicU32::new(value))
     }
@@ -74,6 +78,7 @@ impl ShmFutex {
     ///
     /// `ptr` must be 4-byte aligned and point to 4 bytes of memory that stay mapped and
     /// writable for `'a` and that every thread and process accesses only atomically.
+    #[cfg(test)]
     pub(crate) unsafe fn from_ptr<'a>(ptr: *mut u32) -> &'a ShmFutex {
         // SAFETY: the caller guarantees alignment, validity for 'a and atomic-only access;
         // `ShmFutex` is a transparent `AtomicU32`, which has the layout of a `u32`.
@@ -138,24 +143,12 @@ pub(crate) struct EventCount {
 
 impl EventCount {
     /// An idle event, for building shared structures in place.
+    #[cfg(test)]
     pub(crate) const fn new() -> EventCount {
         EventCount {
             seq: ShmFutex::new(0),
             sleepers: AtomicU32::new(0),
         }
-    }
-
-    /// The event at `ptr`, typically inside a mapped segment.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` must be 4-byte aligned and point to `size_of::<EventCount>()` bytes that hold an
-    /// `EventCount` (all zero bytes do), stay mapped and writable for `'a`, and that every
-    /// thread and process accesses only through `EventCount`.
-    pub(crate) unsafe fn from_ptr<'a>(ptr: *mut EventCount) -> &'a EventCount {
-        // SAFETY: the caller guarantees alignment, validity for 'a and that the bytes hold an
-        // `EventCount`, whose fields are atomics.
-        unsafe { &*ptr }
     }
 
     /// Wakes every reader sleeping on the event, if there is one; call it after the store
@@ -175,6 +168,7 @@ impl EventCount {
     }
 
     /// How many readers are flagged as sleeping (or about to sleep) right now.
+    #[cfg(test)]
     pub(crate) fn sleepers(&self) -> u32 {
         self.sleepers.load(Ordering::Relaxed)
     }
@@ -198,12 +192,14 @@ impl EventCount {
 
 /// How a reader waits on an [`EventCount`]: a bounded number of spins, then of yields, then
 /// sleeps on the futex.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Waiter {
     spins: u32,
     yields: u32,
 }
 
+#[cfg(test)]
 impl Waiter {
     /// Spins of the default waiter: a few microseconds, enough to catch a peer running on
     /// another core without sleeping.
@@ -216,16 +212,6 @@ impl Waiter {
     /// suits more ranks than cores.
     pub(crate) const fn new(spins: u32, yields: u32) -> Waiter {
         Waiter { spins, yields }
-    }
-
-    /// How many times this waiter spins before it yields.
-    pub(crate) fn spins(&self) -> u32 {
-        self.spins
-    }
-
-    /// How many times this waiter yields before it sleeps.
-    pub(crate) fn yields(&self) -> u32 {
-        self.yields
     }
 
     /// Waits until `ready` returns `true` or `timeout` has passed; returns the last answer
@@ -274,6 +260,7 @@ impl Waiter {
     }
 }
 
+#[cfg(test)]
 impl Default for Waiter {
     /// [`Waiter::DEFAULT_SPINS`] spins and [`Waiter::DEFAULT_YIELDS`] yields.
     fn default() -> Waiter {

@@ -383,11 +383,6 @@ impl Inbox {
     pub(crate) fn abandon(&self) {
         let _ = ShmSegment::unlink(self.seg.name());
     }
-
-    /// The segment itself, kept alive by the engine.
-    pub(crate) fn segment(&self) -> Arc<ShmSegment> {
-        Arc::clone(&self.seg)
-    }
 }
 
 /// The id in the shared-memory names of a job's world (`generation` counts the worlds a

@@ -138,26 +138,25 @@ impl PoolPtr {
     }
 
     /// The number of bytes asked for.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether zero bytes were asked for.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The number of bytes reserved: `len()` rounded up to the allocation's size, at least 64.
+    #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Index of the block that holds the memory (its name is [`ShmPool::block_name`]).
+    #[cfg(test)]
     pub(crate) fn block(&self) -> usize {
         self.block
     }
 
     /// Offset of the memory from the start of the block's payload.
+    #[cfg(test)]
     pub(crate) fn offset(&self) -> usize {
         self.offset
     }
@@ -597,12 +596,14 @@ impl ShmPool {
     }
 
     /// The number of blocks created so far.
+    #[cfg(test)]
     pub(crate) fn block_count(&self) -> usize {
         self.blocks.iter().take_while(|b| b.get().is_some()).count()
     }
 
     /// The segment name of block `block`, if it has been created; the name may already be
     /// unlinked (see the [module documentation](self)).
+    #[cfg(test)]
     pub(crate) fn block_name(&self, block: usize) -> Option<&str> {
         Some(self.blocks.get(block)?.get()?.name())
     }

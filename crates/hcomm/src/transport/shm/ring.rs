@@ -167,12 +167,8 @@ impl RingLayout {
         RingLayout::new(slot_size, 1 << fits.ilog2())
     }
 
-    /// Bytes per slot.
-    pub(crate) fn slot_size(&self) -> usize {
-        self.slot_size
-    }
-
     /// Slots in the ring.
+    #[cfg(test)]
     pub(crate) fn slot_count(&self) -> usize {
         self.slot_count
     }
@@ -340,6 +336,7 @@ impl ShmRing {
     }
 
     /// The ring's shape.
+    #[cfg(test)]
     pub(crate) fn layout(&self) -> RingLayout {
         self.layout
     }
@@ -482,6 +479,7 @@ impl Producer {
     /// once the consumer can see it. Fails with [`Error::InvalidArgument`] when the payload is
     /// longer than [`RingLayout::max_payload`] (it would never fit), or [`Error::Transport`] when
     /// the consumer broke the ring protocol.
+    #[cfg(test)]
     pub(crate) fn try_push(&mut self, meta: u64, payload: &[u8]) -> Result<bool> {
         self.try_push_parts(meta, [payload, &[]])
     }
@@ -558,6 +556,7 @@ impl Consumer {
     /// Fails with [`Error::Truncated`], leaving the message in the ring, when `buf` is shorter
     /// than the payload ([`peek`](Self::peek) tells the length first), or with
     /// [`Error::Transport`] when the producer broke the ring protocol.
+    #[cfg(test)]
     pub(crate) fn try_pop(&mut self, buf: &mut [u8]) -> Result<Option<(u64, usize)>> {
         let Some(message) = self.peek()? else {
             return Ok(None);
@@ -615,6 +614,7 @@ impl Consumer {
     }
 
     /// The ring's shape.
+    #[cfg(test)]
     pub(crate) fn layout(&self) -> RingLayout {
         self.ring.layout
     }
@@ -655,11 +655,6 @@ impl Message<'_> {
     /// Payload bytes.
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether the payload is empty.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The payload in place, as the part up to the end of the ring and the part that wrapped to
@@ -717,6 +712,7 @@ impl Message<'_> {
     /// Copies the payload to the front of `buf` and returns its length.
     ///
     /// Fails with [`Error::Truncated`] when `buf` is shorter than the payload.
+    #[cfg(test)]
     pub(crate) fn copy_to(&self, buf: &mut [u8]) -> Result<usize> {
         let Some(dst) = buf.get_mut(..self.len) else {
             return Err(Error::Truncated(format!(

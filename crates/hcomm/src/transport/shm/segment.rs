@@ -303,16 +303,19 @@ impl ShmSegment {
     }
 
     /// Length of the payload in bytes.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.map_len - PAYLOAD_OFFSET
     }
 
     /// Whether the payload is empty.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// How many processes have mapped the segment so far, the creator included.
+    #[cfg(test)]
     pub(crate) fn mapped_count(&self) -> u32 {
         self.header().mapped.load(Ordering::Acquire)
     }
