@@ -33,7 +33,7 @@
 //! `observe` (statistics for hcomm_profiler, stall warnings, traces), `p2p` (matching,
 //! requests, progress), `coll` (collective algorithms and their execution), `comm`
 //! ([`Communicator`]). What hcomm's own tools, C API, Python extension and tests need from
-//! them besides is in [`internal`], which is hidden from the docs and not part of the API.
+//! them besides is in `hcomm::internal`, hidden from the docs and not part of the API.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(unreachable_pub)]
