@@ -69,12 +69,13 @@ fn start_recv(
 pub(crate) fn finish(pending: Pending) -> Result<()> {
     let done = pending.request.wait()?;
     if let Some(target) = pending.recv_into {
-        let data = done.buffer.get(..done.len).ok_or_else(|| {
-            Error::Internal("a receive reported more bytes than its buffer".into())
-        })?;
+        let data = done
+            .buffer
+            .get(..done.len)
+            .ok_or_else(|| Error::internal("a receive reported more bytes than its buffer"))?;
         if data.len() > target.len {
-            return Err(Error::Internal(
-                "a receive got more bytes than the caller's buffer".into(),
+            return Err(Error::internal(
+                "a receive got more bytes than the caller's buffer",
             ));
         }
         // SAFETY: hcommIrecv's contract: the caller's buffer holds `target.len` writable

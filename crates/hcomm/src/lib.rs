@@ -38,5 +38,5 @@ pub mod transport;
 pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, RawBuf, Request};
 pub use config::Config;
 pub use dtype::{DataType, ReduceOp};
-pub use error::{Error, ErrorCode, Result, ERRORS_DOC};
+pub use error::{Error, ErrorCode, ErrorInfo, IoSource, Operation, PeerRank, Result, ERRORS_DOC};
 pub use p2p::ProtocolStats;

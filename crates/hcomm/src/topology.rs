@@ -59,7 +59,7 @@ impl RankInfo {
     /// Decodes what [`RankInfo::encode`] wrote; anything else is an error naming `rank`.
     pub fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
         let bad = || {
-            Error::Init(format!(
+            Error::init(format!(
                 "rank {rank} published malformed topology information"
             ))
         };
@@ -274,7 +274,7 @@ mod tests {
             assert!(usage.peak <= 8 * input.len() + 1024, "{usage:?}");
             match decoded {
                 Ok(info) => assert_eq!(RankInfo::decode(5, &info.encode()).unwrap(), info),
-                Err(Error::Init(msg)) => assert!(msg.contains("rank 5"), "{msg}"),
+                Err(Error::Init(msg)) => assert!(msg.message.contains("rank 5"), "{msg}"),
                 Err(e) => panic!("{e}"),
             }
             let valid = random_info(rng);

@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 use crate::coll::{algos, CollKind, Group, Shape};
 use crate::config::Backoff;
 use crate::dtype::ReduceOp;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::observe::stall::StallWatch;
 use crate::p2p::wait::{Pause, Waiting};
 use crate::p2p::Engine;
@@ -266,7 +266,7 @@ impl OneSided {
                     cma &= reach;
                 }
                 (Err(e), _) => failed = Some(e),
-                (_, None) => failed = Some(Error::Internal(format!("no link to rank {r}"))),
+                (_, None) => failed = Some(Error::internal(format!("no link to rank {r}"))),
             }
         }
         let ok = agree(comm, failed.is_none())?;
@@ -859,7 +859,7 @@ impl OneSided {
                 }
             }
             _ => {
-                return Err(Error::Internal(format!(
+                return Err(Error::internal(format!(
                     "{} has no large one-sided algorithm",
                     shape.kind.name()
                 )))
@@ -993,13 +993,15 @@ impl Waiter<'_> {
             return err;
         }
         if self.os.counter(p, Ctr::Failed).load(Ordering::Acquire) >= self.call {
-            return Error::Aborted(format!(
+            return Error::aborted(format!(
                 "rank {p} abandoned this collective after an error while this rank read its \
                  buffers; see that rank's error"
-            ));
+            ))
+            .with_peer(PeerRank::ranks(p, self.os.world[p]))
+            .with_cause(err);
         }
         match self.engine.check_peer(self.os.world[p]) {
-            Err(lost) => lost,
+            Err(lost) => lost.with_peer(PeerRank::ranks(p, self.os.world[p])),
             Ok(()) => err,
         }
     }
@@ -1041,10 +1043,11 @@ impl Waiter<'_> {
                 )
             });
             if now >= deadline {
-                return Err(Error::Timeout(format!(
+                return Err(Error::timeout(format!(
                     "rank {p} has not reached this collective (one-sided call {target}) within \
                      HCOMM_TIMEOUT; it may be stuck, slow, or calling something else"
-                )));
+                ))
+                .with_peer(PeerRank::ranks(p, self.os.world[p])));
             }
             // Look at the peer before each sleep, and do not sleep once the watcher has news
             // from after that look (a peer's connection ended: the peer may be dead).
@@ -1058,9 +1061,10 @@ impl Waiter<'_> {
             }
             peer?;
             if self.os.counter(p, Ctr::Failed).load(Ordering::Acquire) >= self.call {
-                return Err(Error::Aborted(format!(
+                return Err(Error::aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"
-                )));
+                ))
+                .with_peer(PeerRank::ranks(p, self.os.world[p])));
             }
             if ready() {
                 return Ok(());
@@ -1087,19 +1091,21 @@ fn check_peer_call(
     len: u64,
 ) -> Result<()> {
     if theirs != sig {
-        return Err(Error::Mismatch(format!(
+        return Err(Error::mismatch(format!(
             "this rank called {} but rank {p} called {}: every rank must call the same \
              collectives in the same order with the same type, op, count and root",
             Shape::describe_signature(sig),
             Shape::describe_signature(theirs)
-        )));
+        ))
+        .with_peer(PeerRank::comm(p)));
     }
     let want = contribution_len(shape, p);
     if len != want as u64 {
-        return Err(Error::Mismatch(format!(
+        return Err(Error::mismatch(format!(
             "rank {p} contributes {len} bytes to {} where {want} were expected",
             Shape::describe_signature(sig)
-        )));
+        ))
+        .with_peer(PeerRank::comm(p)));
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! the buffers they name.
 
 use crate::config::Backoff;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::FAST_PAYLOAD;
 use rustc_hash::FxHashMap as HashMap;
@@ -66,7 +66,7 @@ pub(super) fn frame_payload<'a>(f: &'a OutFrame, ops: &'a HashMap<OpId, Op>) -> 
 }
 
 pub(super) fn truncated(op: &Op, len: usize) -> Error {
-    Error::Truncated(format!(
+    Error::truncated(format!(
         "message from rank {} (tag {}) is {} bytes but the receive buffer holds {}: post a \
          larger buffer",
         op.target.comm_rank, op.target.tag, len, op.cap
@@ -256,9 +256,12 @@ impl State {
         match self.peers.get(t.peer) {
             Some(Some(p)) => match &p.lost {
                 None => Ok(()),
-                Some(why) => Err(Error::PeerLost(why.clone())),
+                Some(why) => Err(Error::peer_lost(
+                    PeerRank::ranks(t.comm_rank, t.peer),
+                    why.clone(),
+                )),
             },
-            _ => Err(Error::Internal(format!("no link to world rank {}", t.peer))),
+            _ => Err(Error::internal(format!("no link to world rank {}", t.peer))),
         }
     }
 
@@ -311,19 +314,21 @@ impl State {
     /// Gives up on `id` at its deadline and removes it (see [`State::disentangle`]).
     pub(super) fn time_out(&mut self, id: OpId) -> Error {
         let Some(op) = self.ops.get(&id) else {
-            return Error::Internal("timed out on an unknown operation".into());
+            return Error::internal("timed out on an unknown operation");
         };
         let t = op.target;
         let why = match op.kind {
             OpKind::Recv => "has not sent a matching message",
             OpKind::Send => "is not receiving (a large message waits for the matching receive)",
         };
-        let err = Error::Timeout(format!(
+        let err = Error::timeout(format!(
             "{} did not complete within HCOMM_TIMEOUT: rank {} {why}; it may be stuck, slow, or \
              calling something else",
             op.describe(),
             t.comm_rank
-        ));
+        ))
+        .with_peer(PeerRank::ranks(t.comm_rank, t.peer))
+        .with_operation(op.operation());
         self.disentangle(id);
         if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
