@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Arc;
 
 use hcomm_core::transport::plugin::{self, Plugin, MAX_NAME};
-use hcomm_core::{Error, Result};
+use hcomm_core::{Error, Operation, PeerRank, Result};
 
 use crate::error::guard;
 
@@ -86,7 +86,9 @@ impl Plugin for CPlugin {
             _ => Err(Error::transport_failed(format!(
                 "send of {} bytes to world rank {dest} returned {rc}",
                 buf.len()
-            ))),
+            ))
+            .with_peer(PeerRank::world(dest))
+            .with_operation(Operation::new("send"))),
         }
     }
 
@@ -98,7 +100,9 @@ impl Plugin for CPlugin {
             _ => Err(Error::transport_failed(format!(
                 "recv of {} bytes from world rank {src} returned {rc}",
                 buf.len()
-            ))),
+            ))
+            .with_peer(PeerRank::world(src))
+            .with_operation(Operation::new("recv"))),
         }
     }
 

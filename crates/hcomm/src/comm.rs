@@ -24,7 +24,7 @@ use crate::coll::schedule::Schedule;
 use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::observe::OpKind;
 use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
 use crate::rng::mix;
@@ -567,6 +567,7 @@ impl Communicator {
                     .and_then(|s| s.parse().ok())
                     .ok_or_else(|| {
                         Error::init(format!("rank {r} published a malformed address"))
+                            .with_peer(PeerRank::world(r))
                     })?;
                 addrs.push(a);
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -923,7 +924,8 @@ impl Communicator {
                 return Err(Error::mismatch(format!(
                     "rank {from} sent {got} bytes during communicator creation: ranks are calling \
                      different operations"
-                )));
+                ))
+                .with_peer(PeerRank::ranks(from, self.members[from])));
             }
         }
         Ok(all)

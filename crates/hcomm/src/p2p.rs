@@ -556,7 +556,9 @@ impl Engine {
         plugin: Option<Lease>,
         cfg: EngineConfig,
     ) -> Result<Engine> {
-        let sys = |what: &str, e: rustix::io::Errno| Error::init(format!("{what}: {e}"));
+        let sys = |what: &str, e: rustix::io::Errno| {
+            Error::init(format!("{what}: {e}")).with_source(e.into())
+        };
         let epoll =
             epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| sys("epoll_create", e))?;
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
@@ -716,7 +718,9 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("hcomm-progress".into())
             .spawn(move || progress_thread(&bg))
-            .map_err(|e| Error::init(format!("cannot start the progress thread: {e}")))?;
+            .map_err(|e| {
+                Error::init(format!("cannot start the progress thread: {e}")).with_source(e)
+            })?;
         Ok(Engine {
             shared,
             thread: Some(thread),

@@ -394,10 +394,13 @@ fn io_failure(
 ) -> HandshakeError {
     let side = side.name();
     if e.kind() == io::ErrorKind::TimedOut || Instant::now() >= deadline {
-        return HandshakeError::fatal(Error::timeout(format!(
-            "authentication with {peer} did not complete in time on the {side} side (while \
+        return HandshakeError::fatal(
+            Error::timeout(format!(
+                "authentication with {peer} did not complete in time on the {side} side (while \
              {step}): the peer is slow, stuck or not an hcomm process"
-        )));
+            ))
+            .with_source(e),
+        );
     }
     let closed = matches!(
         e.kind(),
@@ -417,7 +420,8 @@ fn io_failure(
         retryable: closed,
         error: Error::init(format!(
             "authentication with {peer} failed on the {side} side while {step}: {what} ({e})"
-        )),
+        ))
+        .with_source(e),
     }
 }
 

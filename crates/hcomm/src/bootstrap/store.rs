@@ -832,12 +832,14 @@ impl StoreClient {
                 io::ErrorKind::TimedOut => Error::timeout(format!(
                     "the rendezvous store at {} did not answer the {what} within {wait:?}",
                     self.addr
-                )),
+                ))
+                .with_source(e),
                 io::ErrorKind::UnexpectedEof => Error::transport_failed(format!(
                     "the rendezvous store at {} closed the connection during the {what}: the \
                      store stopped or dropped us",
                     self.addr
-                )),
+                ))
+                .with_source(e),
                 _ => Error::transport(format!("rendezvous store at {}: {what}", self.addr), e),
             }
         })

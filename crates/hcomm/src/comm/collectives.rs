@@ -246,6 +246,7 @@ impl Communicator {
                 Error::no_mem(format!(
                     "cannot start a thread for a nonblocking {name}: {e}"
                 ))
+                .with_source(e)
             })?;
         Ok(Request {
             inner: RequestInner::Task {

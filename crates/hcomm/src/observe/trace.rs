@@ -122,6 +122,7 @@ fn write(s: &Sink) -> Result<()> {
             "HCOMM_TRACE: cannot write the trace {}: {e}",
             s.path
         ))
+        .with_source(e)
     })
 }
 

@@ -187,7 +187,9 @@ impl Links {
                 let thread = std::thread::Builder::new()
                     .name(format!("hcomm-{role}-{peer}"))
                     .spawn(move || body(&common, &link))
-                    .map_err(|e| Error::init(format!("cannot start a plug-in thread: {e}")))?;
+                    .map_err(|e| {
+                        Error::init(format!("cannot start a plug-in thread: {e}")).with_source(e)
+                    })?;
                 links.threads.push(thread);
             }
         }

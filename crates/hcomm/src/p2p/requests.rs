@@ -71,6 +71,8 @@ pub(super) fn truncated(op: &Op, len: usize) -> Error {
          larger buffer",
         op.target.comm_rank, op.target.tag, len, op.cap
     ))
+    .with_peer(PeerRank::ranks(op.target.comm_rank, op.target.peer))
+    .with_operation(op.operation())
 }
 
 impl Engine {

@@ -111,7 +111,7 @@ pub(super) fn poll(io: &Io, events: &mut Vec<epoll::Event>, sleep: Duration) -> 
     events.clear();
     match epoll::wait(&io.epoll, spare_capacity(events), Some(&timespec(sleep))) {
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-        Err(e) => Err(Error::internal(format!("epoll_wait failed: {e}"))),
+        Err(e) => Err(Error::internal(format!("epoll_wait failed: {e}")).with_source(e.into())),
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::bootstrap::auth;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 
 /// A handshake that takes longer than this is dropped, so a silent intruder frees its slot.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
@@ -126,7 +126,9 @@ pub fn connect_mesh(
                     done,
                 )
             })
-            .map_err(|e| Error::init(format!("cannot start the accept thread: {e}")))?
+            .map_err(|e| {
+                Error::init(format!("cannot start the accept thread: {e}")).with_source(e)
+            })?
     };
     let result = collect_links(&mut links, &rx, rank, addrs, streams, &secret, deadline);
     // Stop the acceptor on every path, so no thread or listener outlives a failed setup.
@@ -197,6 +199,7 @@ fn connect_one(
         Error::init(format!(
             "rank {rank} connecting to rank {peer} at {addr}: {what}"
         ))
+        .with_peer(PeerRank::world(peer))
     };
     let hello = Hello {
         rank: rank as u32,
@@ -211,7 +214,8 @@ fn connect_one(
         if left.is_zero() {
             return Err(Error::timeout(format!(
                 "rank {rank} could not connect to rank {peer} at {addr} within HCOMM_TIMEOUT"
-            )));
+            ))
+            .with_peer(PeerRank::world(peer)));
         }
         let conn = match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
             Ok(c) => c,
@@ -383,7 +387,8 @@ fn accept_one(
             "rank {peer} announced size {} and {} streams (expected a rank above {rank} of {size} \
              with {streams} streams): mixed job settings?",
             h.size, h.streams
-        )));
+        ))
+        .with_peer(PeerRank::world(peer)));
     }
     Ok((peer, s, conn))
 }

@@ -128,7 +128,8 @@ pub fn allow_peer_access() -> Result<()> {
         Err(err) => Err(Error::transport_failed(format!(
             "cannot allow local peers to read this process's memory: \
              prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) failed: {err}; set HCOMM_CMA=off"
-        ))),
+        ))
+        .with_source(err.into())),
     }
 }
 

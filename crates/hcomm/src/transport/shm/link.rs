@@ -37,7 +37,7 @@ use super::fastbox::{self, FastBox, FastReader, FastWriter};
 use super::futex::EventCount;
 use super::ring::{Consumer, Producer, ShmRing, RING_ALIGN, TAIL_OFFSET};
 use super::segment::{segment_name, ShmSegment};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 
 /// Bytes of the probe pattern.
 const PROBE_LEN: usize = 64;
@@ -136,6 +136,7 @@ impl Published {
             Error::init(format!(
                 "rank {rank} published a malformed shared-memory entry"
             ))
+            .with_peer(PeerRank::world(rank))
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         let mut it = text.split(' ');
@@ -453,7 +454,7 @@ mod tests {
                     super::super::segment::validate_name(&p.name).unwrap();
                     assert_eq!(Published::decode(3, &p.encode()).unwrap(), p);
                 }
-                Err(Error::Init(msg)) => assert!(msg.message.contains("rank 3"), "{msg}"),
+                Err(Error::Init(info)) => assert_eq!(info.peer, Some(PeerRank::world(3)), "{info}"),
                 Err(Error::InvalidArgument(msg)) => assert!(msg.message.contains("segment name")),
                 Err(e) => panic!("{e}"),
             }

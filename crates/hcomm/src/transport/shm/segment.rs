@@ -169,7 +169,8 @@ impl ShmSegment {
             Errno::EXIST => Error::transport_failed(format!(
                 "shared-memory segment {name} already exists: a job with the same id is \
                  running, or a crashed one left it behind (remove /dev/shm/{name})"
-            )),
+            ))
+            .with_source(err.into()),
             err => os_error(name, "cannot create", err),
         })?;
         let created = Self::init_created(name, &fd, len, map_len);
@@ -236,7 +237,8 @@ impl ShmSegment {
                     Errno::NOENT => Error::transport_failed(format!(
                         "shared-memory segment {name} does not exist: its creator has not made it \
                      yet, or every rank had already mapped it and it was unlinked"
-                    )),
+                    ))
+                    .with_source(err.into()),
                     err => os_error(name, "cannot open", err),
                 }
             })?;
