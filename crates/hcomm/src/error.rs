@@ -484,3 +484,81 @@ impl ErrorInfo {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn shareable<T: Clone + Send + Sync + 'static>() {}
+
+    #[test]
+    fn an_error_is_clone_send_sync() {
+        shareable::<Error>();
+    }
+
+    #[test]
+    fn the_io_source_is_kept_and_returned_by_source() {
+        let io = io::Error::new(io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = Error::transport("reading from world rank 2", io);
+        assert_eq!(
+            e.to_string(),
+            "hcomm transport error: reading from world rank 2: reset by peer (see \
+             docs/errors.md#transport)"
+        );
+        assert_eq!(
+            e.io_error().map(io::Error::kind),
+            Some(io::ErrorKind::ConnectionReset)
+        );
+        let source = e.source().expect("a source");
+        let io = source.downcast_ref::<io::Error>().expect("an io::Error");
+        assert_eq!(io.kind(), io::ErrorKind::ConnectionReset);
+        assert_eq!(e.clone(), e);
+    }
+
+    #[test]
+    fn the_facts_survive_a_prefix_and_the_cause_is_the_source_without_io() {
+        let lost = Error::peer_lost(PeerRank::ranks(1, 5), "world rank 5 is unreachable")
+            .with_operation(Operation::new("recv"));
+        let e = Error::aborted("rank 1 abandoned this collective")
+            .with_peer(PeerRank::comm(1))
+            .with_cause(lost.clone())
+            .with_operation(Operation::seq("allreduce", 3))
+            .prefixed("allreduce(4 x f32 sum) on rank 0");
+        assert_eq!(
+            e.detail(),
+            "allreduce(4 x f32 sum) on rank 0: rank 1 abandoned this collective"
+        );
+        assert_eq!(e.peer(), Some(PeerRank::comm(1)));
+        assert_eq!(e.operation(), Some(Operation::seq("allreduce", 3)));
+        assert_eq!(e.cause(), Some(&lost));
+        assert_eq!(e.io_error().map(io::Error::kind), None);
+        let source = e.source().expect("the cause");
+        assert_eq!(source.downcast_ref::<Error>(), Some(&lost));
+        assert_eq!(lost.peer().and_then(|p| p.world), Some(5));
+        assert_eq!(lost.code(), ErrorCode::PeerLost);
+        assert!(lost.source().is_none());
+    }
+
+    #[test]
+    fn every_constructor_gives_its_code() {
+        let m = "m";
+        let made = [
+            (Error::init(m), ErrorCode::Init),
+            (Error::no_mem(m), ErrorCode::NoMem),
+            (Error::timeout(m), ErrorCode::Timeout),
+            (Error::invalid_argument(m), ErrorCode::InvalidArgument),
+            (Error::peer_lost(PeerRank::world(0), m), ErrorCode::PeerLost),
+            (Error::mismatch(m), ErrorCode::Mismatch),
+            (Error::truncated(m), ErrorCode::Truncated),
+            (Error::transport_failed(m), ErrorCode::Transport),
+            (Error::not_supported(m), ErrorCode::NotSupported),
+            (Error::aborted(m), ErrorCode::Aborted),
+            (Error::internal(m), ErrorCode::Internal),
+        ];
+        for (e, code) in made {
+            assert_eq!(e.code(), code);
+            assert_eq!(e.detail(), "m");
+        }
+    }
+}
