@@ -24,6 +24,7 @@ __all__ = [
     "Truncated",
 ]
 
+
 class Error(Exception):
     """An hcomm call failed.
 
