@@ -987,22 +987,23 @@ impl Waiter<'_> {
     /// What a failed read of rank `p`'s memory means: `p` abandoned the call, and may have
     /// freed the buffers once it said so (found by the kill-to-error test: a survivor read a
     /// buffer that another survivor had freed on its way out, and reported `EFAULT`); `p`
-    /// died; or, when neither, the read's own error.
+    /// died; or, when neither, the read's own error. Each names `p` as its peer.
     fn read_failed(&self, p: usize, err: Error) -> Error {
+        let who = PeerRank::ranks(p, self.os.world[p]);
         if matches!(err, Error::PeerLost(_)) {
-            return err;
+            return err.with_peer(who);
         }
         if self.os.counter(p, Ctr::Failed).load(Ordering::Acquire) >= self.call {
             return Error::aborted(format!(
                 "rank {p} abandoned this collective after an error while this rank read its \
                  buffers; see that rank's error"
             ))
-            .with_peer(PeerRank::ranks(p, self.os.world[p]))
+            .with_peer(who)
             .with_cause(err);
         }
         match self.engine.check_peer(self.os.world[p]) {
-            Err(lost) => lost.with_peer(PeerRank::ranks(p, self.os.world[p])),
-            Ok(()) => err,
+            Err(lost) => lost.with_peer(who),
+            Ok(()) => err.with_peer(who),
         }
     }
 

@@ -81,7 +81,9 @@ pub(super) fn peer_loss(
     let at = unix_ns();
     match err {
         Error::PeerLost(_) | Error::Aborted(_) => {
-            println!("lost {at} {:?}: {err}", err.code());
+            let peer = err.peer().and_then(|p| p.world);
+            let peer = peer.map_or_else(|| "unknown".to_string(), |w| w.to_string());
+            println!("lost {at} {:?} world rank {peer}: {err}", err.code());
         }
         e => bail!("expected PeerLost or Aborted, got {e}"),
     }
