@@ -55,7 +55,7 @@ mod tests;
 pub(crate) mod wait;
 mod watch;
 
-use crate::error::{Error, Operation, Result};
+use crate::error::{Error, Operation, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
@@ -617,6 +617,7 @@ impl Engine {
                     peer_inboxes.insert(p, (link.peer_inbox(), link.pid, link.cma));
                     let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
                         Error::internal(format!("shared-memory link to world rank {p} has no peer"))
+                            .with_peer(PeerRank::world(p))
                     })?;
                     peer.shm = Some(ShmPeer {
                         link,
@@ -666,6 +667,7 @@ impl Engine {
                     let p = link.peer();
                     let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
                         Error::internal(format!("plug-in link to world rank {p} has no peer"))
+                            .with_peer(PeerRank::world(p))
                     })?;
                     peer.plugin = Some(plugin::PluginPeer::new(Arc::clone(link)));
                     plugin_peers.push(p);

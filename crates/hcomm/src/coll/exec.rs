@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::coll::schedule::{Buf, Region, Schedule, Step};
 use crate::dtype::{DataType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::p2p::{Engine, OpId, Target};
 use crate::reduce;
 
@@ -46,6 +46,7 @@ impl Call<'_> {
                 "a schedule names rank {peer} of {}",
                 self.members.len()
             ))
+            .with_peer(PeerRank::comm(peer))
         })?;
         Ok(Target {
             comm: self.comm,

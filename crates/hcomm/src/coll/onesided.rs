@@ -266,7 +266,12 @@ impl OneSided {
                     cma &= reach;
                 }
                 (Err(e), _) => failed = Some(e),
-                (_, None) => failed = Some(Error::internal(format!("no link to rank {r}"))),
+                (_, None) => {
+                    failed = Some(
+                        Error::internal(format!("no link to rank {r}"))
+                            .with_peer(PeerRank::ranks(r, comm.members()[r])),
+                    )
+                }
             }
         }
         let ok = agree(comm, failed.is_none())?;

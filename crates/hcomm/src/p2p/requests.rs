@@ -263,7 +263,8 @@ impl State {
                     why.clone(),
                 )),
             },
-            _ => Err(Error::internal(format!("no link to world rank {}", t.peer))),
+            _ => Err(Error::internal(format!("no link to world rank {}", t.peer))
+                .with_peer(PeerRank::ranks(t.comm_rank, t.peer))),
         }
     }
 
