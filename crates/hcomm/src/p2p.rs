@@ -58,7 +58,7 @@ mod tests;
 pub(crate) mod wait;
 mod watch;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
@@ -72,6 +72,10 @@ use wait::{poll, timespec};
 
 /// Identifies an operation inside the engine.
 pub(crate) type OpId = u64;
+
+/// The peer (and communicator rank) of a receive from any source until a message binds it
+/// to its sender.
+pub(crate) const ANY_PEER: usize = usize::MAX;
 
 /// epoll token of the wake-up eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -236,7 +240,8 @@ pub(crate) struct Target {
     pub comm: u64,
     /// World rank of the peer (indexes the links).
     pub peer: usize,
-    /// Rank of the peer in the communicator (for messages).
+    /// Rank of the peer in the communicator (for messages); [`ANY_PEER`], with `peer`, for a
+    /// receive from any source not matched yet.
     pub comm_rank: usize,
     /// Message tag.
     pub tag: u32,
@@ -281,10 +286,30 @@ struct Op {
     /// Buffer of a nonblocking operation whose request was dropped before completion: the
     /// engine finishes the operation and frees it.
     detached: Option<Vec<u8>>,
+    /// A receive from any source: the world ranks of its communicator's members, by
+    /// communicator rank (the first message that matches binds `target` to its sender).
+    members: Option<Arc<[usize]>>,
     result: Option<Result<usize>>,
 }
 
+/// Names a communicator rank in messages ("any rank" for an unmatched wildcard).
+fn rank_name(comm_rank: usize) -> String {
+    if comm_rank == ANY_PEER {
+        "any rank".to_string()
+    } else {
+        format!("rank {comm_rank}")
+    }
+}
+
 impl Op {
+    /// The operation, for errors.
+    fn operation(&self) -> Operation {
+        match self.kind {
+            OpKind::Send => Operation::new("send"),
+            OpKind::Recv => Operation::new("recv"),
+        }
+    }
+
     fn describe(&self) -> String {
         let t = &self.target;
         match self.kind {
@@ -293,8 +318,10 @@ impl Op {
                 self.cap, t.comm_rank, t.tag
             ),
             OpKind::Recv => format!(
-                "recv from rank {} (tag {}, buffer {} bytes)",
-                t.comm_rank, t.tag, self.cap
+                "recv from {} (tag {}, buffer {} bytes)",
+                rank_name(t.comm_rank),
+                t.tag,
+                self.cap
             ),
         }
     }
@@ -442,8 +469,17 @@ struct State {
     ops: HashMap<OpId, Op>,
     next_op: OpId,
     posted: HashMap<MatchKey, VecDeque<OpId>>,
+    /// Receives from any source not matched yet, by (communicator, tag), in posting order.
+    /// Operation ids grow as operations are posted, so the lower id of the heads of a
+    /// specific and a wildcard queue is the receive posted first.
+    posted_any: HashMap<(u64, u32), VecDeque<OpId>>,
+    /// The communicator rank each completed receive from any source got its message from,
+    /// until its owner asks ([`Engine::take_source`]).
+    sources: HashMap<OpId, usize>,
     unexpected: HashMap<MatchKey, VecDeque<u64>>,
     umsgs: HashMap<u64, Unexpected>,
+    /// The id of the next unexpected message: ids count arrivals across all peers, so a
+    /// receive from any source takes the held message with the lowest.
     next_umsg: u64,
     /// Matched rendezvous receives by (peer, sender's message id).
     rndv_recv: HashMap<(usize, u64), OpId>,
@@ -514,7 +550,9 @@ impl Engine {
         plugin: Option<Lease>,
         cfg: EngineConfig,
     ) -> Result<Engine> {
-        let sys = |what: &str, e: rustix::io::Errno| Error::Init(format!("{what}: {e}"));
+        let sys = |what: &str, e: rustix::io::Errno| {
+            Error::init(format!("{what}: {e}")).with_source(e.into())
+        };
         let epoll =
             epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| sys("epoll_create", e))?;
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
@@ -572,9 +610,10 @@ impl Engine {
         }
         for (p, link) in shm_links {
             if peers.get(p).is_none_or(Option::is_none) {
-                return Err(Error::Internal(format!(
+                return Err(Error::internal(format!(
                     "shared-memory link to world rank {p} has no peer"
-                )));
+                ))
+                .with_peer(PeerRank::world(p)));
             }
             all.add(p, AnyLink::Shm(ShmPeerLink::new(link)));
         }
@@ -588,9 +627,10 @@ impl Engine {
                 for chan in channels.channels() {
                     let p = chan.peer();
                     if peers.get(p).is_none_or(Option::is_none) {
-                        return Err(Error::Internal(format!(
+                        return Err(Error::internal(format!(
                             "plug-in link to world rank {p} has no peer"
-                        )));
+                        ))
+                        .with_peer(PeerRank::world(p)));
                     }
                     all.add(p, AnyLink::Plugin(PluginLink::new(Arc::clone(chan), &io)));
                 }
@@ -608,6 +648,8 @@ impl Engine {
                 ops: HashMap::default(),
                 next_op: 1,
                 posted: HashMap::default(),
+                posted_any: HashMap::default(),
+                sources: HashMap::default(),
                 unexpected: HashMap::default(),
                 umsgs: HashMap::default(),
                 next_umsg: 1,
@@ -641,7 +683,9 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("hcomm-progress".into())
             .spawn(move || progress_thread(&bg))
-            .map_err(|e| Error::Init(format!("cannot start the progress thread: {e}")))?;
+            .map_err(|e| {
+                Error::init(format!("cannot start the progress thread: {e}")).with_source(e)
+            })?;
         Ok(Engine {
             shared,
             thread: Some(thread),

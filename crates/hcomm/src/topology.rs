@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 
 /// What one rank tells the others about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub struct RankInfo {
 impl RankInfo {
     /// Describes the calling process; `host_id` replaces the detected host identity
     /// (`HCOMM_HOST_ID`).
-    pub fn current(host_id: Option<&str>) -> RankInfo {
+    pub(crate) fn current(host_id: Option<&str>) -> RankInfo {
         let hostname = rustix::system::uname()
             .nodename()
             .to_string_lossy()
@@ -48,7 +48,7 @@ impl RankInfo {
     }
 
     /// Encodes for the rendezvous store: fields separated by newlines.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         format!(
             "{}\n{}\n{}\n{}\n{}",
             self.host_id, self.hostname, self.pid, self.numa_node, self.cpu
@@ -57,11 +57,12 @@ impl RankInfo {
     }
 
     /// Decodes what [`RankInfo::encode`] wrote; anything else is an error naming `rank`.
-    pub fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
+    pub(crate) fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
         let bad = || {
-            Error::Init(format!(
+            Error::init(format!(
                 "rank {rank} published malformed topology information"
             ))
+            .with_peer(PeerRank::world(rank))
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         let fields: Vec<&str> = text.split('\n').collect();
@@ -108,7 +109,7 @@ pub struct Topology {
 
 impl Topology {
     /// Builds the map from every rank's information, indexed by rank.
-    pub fn new(ranks: Vec<RankInfo>) -> Topology {
+    pub(crate) fn new(ranks: Vec<RankInfo>) -> Topology {
         let mut hosts: Vec<&str> = Vec::new();
         let mut host_of = Vec::with_capacity(ranks.len());
         let mut local_rank = Vec::with_capacity(ranks.len());
@@ -135,7 +136,7 @@ impl Topology {
     }
 
     /// The topology of ranks chosen from this one, in the given order.
-    pub fn subset(&self, members: &[usize]) -> Topology {
+    pub(crate) fn subset(&self, members: &[usize]) -> Topology {
         Topology::new(members.iter().map(|&r| self.ranks[r].clone()).collect())
     }
 
@@ -274,7 +275,7 @@ mod tests {
             assert!(usage.peak <= 8 * input.len() + 1024, "{usage:?}");
             match decoded {
                 Ok(info) => assert_eq!(RankInfo::decode(5, &info.encode()).unwrap(), info),
-                Err(Error::Init(msg)) => assert!(msg.contains("rank 5"), "{msg}"),
+                Err(Error::Init(info)) => assert_eq!(info.peer, Some(PeerRank::world(5)), "{info}"),
                 Err(e) => panic!("{e}"),
             }
             let valid = random_info(rng);

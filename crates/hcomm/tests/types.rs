@@ -4,7 +4,8 @@
 //! refused (bitwise operations on floats, the average of bool) failing before anything is
 //! sent.
 
-use hcomm::coll::{reference, CollKind, Shape};
+use hcomm::internal::coll::reference;
+use hcomm::{CollKind, Shape};
 use hcomm::{Communicator, DataType, Error, ReduceOp};
 
 /// Environment of a rank started by [`job`]: the scenario it runs.
@@ -93,7 +94,7 @@ fn typed() {
     let mut f = [1.0f32; 3];
     let e = comm.allreduce_in_place(&mut f, ReduceOp::BAnd).unwrap_err();
     assert!(
-        matches!(e, Error::InvalidArgument(ref m) if m.contains("band")),
+        matches!(e, Error::InvalidArgument(ref m) if m.message.contains("band")),
         "{e}"
     );
     let mut b = [true; 3];

@@ -50,7 +50,7 @@ pub(crate) fn enabled() -> bool {
 }
 
 /// The file of rank `rank` for `HCOMM_TRACE=path`.
-pub fn rank_path(path: &str, rank: usize) -> String {
+pub(crate) fn rank_path(path: &str, rank: usize) -> String {
     if path.contains("%r") {
         path.replace("%r", &rank.to_string())
     } else if let Some(stem) = path.strip_suffix(".json") {
@@ -118,10 +118,11 @@ pub(crate) fn finish() {
 fn write(s: &Sink) -> Result<()> {
     let json = render(s);
     std::fs::write(&s.path, json).map_err(|e| {
-        Error::InvalidArgument(format!(
+        Error::invalid_argument(format!(
             "HCOMM_TRACE: cannot write the trace {}: {e}",
             s.path
         ))
+        .with_source(e)
     })
 }
 

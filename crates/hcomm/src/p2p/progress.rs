@@ -2,7 +2,7 @@
 //! the background thread, and what a peer's loss does.
 
 use crate::config::Backoff;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::{
     FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_DISCARD, FLAG_MISMATCH,
@@ -13,10 +13,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::link::{untoken, Dests, Link, Rx};
-use super::matching::pop_key;
 use super::requests::truncated;
 use super::wait::poll;
-use super::{Dest, Engine, MatchKey, Op, OpId, Shared, State, UnexpectedKind, GRACE, WAKE_TOKEN};
+use super::{Dest, Engine, MatchKey, OpId, Shared, State, UnexpectedKind, GRACE, WAKE_TOKEN};
 
 /// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
 /// `rank` lost world rank `peer`: one line `lost RANK PEER`, in one write (atomic on a
@@ -85,7 +84,7 @@ impl Engine {
         st.handle(&events, false);
         match st.peers.get(peer).and_then(Option::as_ref) {
             Some(p) => match &p.lost {
-                Some(why) => Err(Error::PeerLost(why.clone())),
+                Some(why) => Err(Error::peer_lost(PeerRank::world(peer), why.clone())),
                 None => Ok(()),
             },
             None => Ok(()),
@@ -381,7 +380,7 @@ impl State {
                     tag: hdr.tag,
                 };
                 let len = hdr.len as usize;
-                match pop_key(&mut self.posted, &key) {
+                match self.match_posted(&key) {
                     Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
                         self.mismatch(id, hdr.sig);
                         Dest::Discard
@@ -419,7 +418,7 @@ impl State {
                 let len = usize::try_from(hdr.len)
                     .map_err(|_| "it announced a message too large for this host")?;
                 let pull = (hdr.flags & FLAG_CAN_PULL != 0).then_some(hdr.offset);
-                match pop_key(&mut self.posted, &key) {
+                match self.match_posted(&key) {
                     Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
                         self.refuse_rts(peer, hdr.msg_id);
                         self.mismatch(id, hdr.sig);
@@ -497,10 +496,11 @@ impl State {
             // It only had to wake this rank up.
             FrameKind::Wake => return Ok(None),
             FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
-                let err = Error::Aborted(format!(
+                let err = Error::aborted(format!(
                     "world rank {peer} aborted the communicator (Communicator::abort, \
                      hcommCommAbort); see that rank's output for why"
-                ));
+                ))
+                .with_peer(PeerRank::world(peer));
                 for comm in [hdr.comm, hdr.sig[0], hdr.sig[1]] {
                     self.abort_comm(comm, err.clone());
                 }
@@ -655,9 +655,17 @@ impl State {
                     self.umsgs.remove(uid);
                 }
             }
-            let desc = self.ops.get(&id).map(Op::describe).unwrap_or_default();
-            self.complete(id, Err(Error::PeerLost(format!("{desc} failed: {msg}"))));
+            let Some(op) = self.ops.get(&id) else {
+                continue;
+            };
+            let err = Error::peer_lost(
+                PeerRank::ranks(op.target.comm_rank, peer),
+                format!("{} failed: {msg}", op.describe()),
+            )
+            .with_operation(op.operation());
+            self.complete(id, Err(err));
         }
+        self.fail_wildcards(peer);
         self.umsgs.retain(|uid, _| {
             !partial.contains(uid) || self.unexpected.values().any(|q| q.contains(uid))
         });

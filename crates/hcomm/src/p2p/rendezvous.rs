@@ -1,7 +1,7 @@
 //! How a message travels: eagerly in one frame, or by rendezvous (RTS, CTS, then data frames,
 //! or a pull of the sender's buffer with cross-memory attach).
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::transport::shm::cma;
 use crate::transport::wire::{FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED};
 
@@ -50,7 +50,8 @@ impl State {
         let msg_id = peer.next_msg_id;
         peer.next_msg_id += 1;
         let Some(caps) = self.links.caps(t.peer) else {
-            return Err(Error::Internal(format!("no link to world rank {}", t.peer)));
+            return Err(Error::internal(format!("no link to world rank {}", t.peer))
+                .with_peer(PeerRank::world(t.peer)));
         };
         let mut hdr = FrameHeader::new(FrameKind::Eager);
         hdr.comm = t.comm;
@@ -143,7 +144,7 @@ impl State {
                 // The sender's process is gone: the peer is lost, for every operation with it
                 // (this one included), not only for this receive; and the call's peers are
                 // told whom this rank lost when it abandons the call.
-                self.fail_peer(peer, why);
+                self.fail_peer(peer, why.message);
                 return;
             }
             self.complete(id, result);

@@ -2,18 +2,19 @@
 //! the buffers they name.
 
 use crate::config::Backoff;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::FAST_PAYLOAD;
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::matching::remove_from;
 use super::wait::spin_on;
 use super::{
-    Blocking, BufPtr, Deadline, Dest, Engine, MatchKey, Op, OpId, OpKind, OutFrame, State, Target,
-    Unexpected, UnexpectedKind, DISCARDED,
+    rank_name, Blocking, BufPtr, Deadline, Dest, Engine, MatchKey, Op, OpId, OpKind, OutFrame,
+    State, Target, Unexpected, UnexpectedKind, ANY_PEER, DISCARDED,
 };
 
 /// The writable bytes `off..off+len` of a live operation's buffer.
@@ -66,11 +67,13 @@ pub(super) fn frame_payload<'a>(f: &'a OutFrame, ops: &'a HashMap<OpId, Op>) -> 
 }
 
 pub(super) fn truncated(op: &Op, len: usize) -> Error {
-    Error::Truncated(format!(
+    Error::truncated(format!(
         "message from rank {} (tag {}) is {} bytes but the receive buffer holds {}: post a \
          larger buffer",
         op.target.comm_rank, op.target.tag, len, op.cap
     ))
+    .with_peer(PeerRank::ranks(op.target.comm_rank, op.target.peer))
+    .with_operation(op.operation())
 }
 
 impl Engine {
@@ -176,6 +179,34 @@ impl Engine {
         Ok(id)
     }
 
+    /// Posts a receive from any rank of a communicator into `cap` bytes at `buf`: `members`
+    /// are the communicator's world ranks by communicator rank, and `t` gives its id, the tag
+    /// and the signature (`t.peer` and `t.comm_rank` are ignored). The first message that
+    /// matches binds it to its sender; [`Engine::take_source`] then names the sender.
+    ///
+    /// # Safety
+    /// As for [`Engine::post_recv`].
+    pub(crate) unsafe fn post_recv_any(
+        &self,
+        t: Target,
+        members: Arc<[usize]>,
+        buf: *mut u8,
+        cap: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
+        let mut st = lock(&self.shared.state);
+        let id = st.post_recv_any(t, members, BufPtr(buf), cap, asynchronous)?;
+        self.note_async(&mut st, id, asynchronous);
+        Ok(id)
+    }
+
+    /// The communicator rank that the receive from any source `id` got its message from,
+    /// once its result was taken (by [`Engine::wait`] or [`Engine::test`]); asked once, as
+    /// the answer is then forgotten. `None` if it never matched a message.
+    pub(crate) fn take_source(&self, id: OpId) -> Option<usize> {
+        lock(&self.shared.state).sources.remove(&id)
+    }
+
     /// Counts a nonblocking operation the background thread must progress (one that did
     /// not complete when it was posted).
     pub(super) fn note_async(&self, st: &mut State, id: OpId, asynchronous: bool) {
@@ -237,6 +268,7 @@ impl State {
             remaining: 0,
             asynchronous,
             detached: None,
+            members: None,
             result: None,
         };
         self.ops.insert(id, op);
@@ -256,9 +288,13 @@ impl State {
         match self.peers.get(t.peer) {
             Some(Some(p)) => match &p.lost {
                 None => Ok(()),
-                Some(why) => Err(Error::PeerLost(why.clone())),
+                Some(why) => Err(Error::peer_lost(
+                    PeerRank::ranks(t.comm_rank, t.peer),
+                    why.clone(),
+                )),
             },
-            _ => Err(Error::Internal(format!("no link to world rank {}", t.peer))),
+            _ => Err(Error::internal(format!("no link to world rank {}", t.peer))
+                .with_peer(PeerRank::ranks(t.comm_rank, t.peer))),
         }
     }
 
@@ -287,6 +323,9 @@ impl State {
         if op.asynchronous {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
         }
+        if op.members.is_some() && op.target.comm_rank != ANY_PEER {
+            self.sources.insert(id, op.target.comm_rank);
+        }
         op.result
     }
 
@@ -302,7 +341,10 @@ impl State {
         ranks.dedup();
         let ranks: Vec<String> = ranks
             .iter()
-            .map(|(r, w)| format!("rank {r} (world rank {w})"))
+            .map(|&(r, w)| match r {
+                ANY_PEER => rank_name(r),
+                _ => format!("rank {r} (world rank {w})"),
+            })
             .collect();
         let ops: Vec<String> = ops.iter().map(|o| o.describe()).collect();
         format!("{} [{}]", ranks.join(", "), ops.join("; "))
@@ -311,19 +353,27 @@ impl State {
     /// Gives up on `id` at its deadline and removes it (see [`State::disentangle`]).
     pub(super) fn time_out(&mut self, id: OpId) -> Error {
         let Some(op) = self.ops.get(&id) else {
-            return Error::Internal("timed out on an unknown operation".into());
+            return Error::internal("timed out on an unknown operation");
         };
         let t = op.target;
         let why = match op.kind {
             OpKind::Recv => "has not sent a matching message",
             OpKind::Send => "is not receiving (a large message waits for the matching receive)",
         };
-        let err = Error::Timeout(format!(
-            "{} did not complete within HCOMM_TIMEOUT: rank {} {why}; it may be stuck, slow, or \
-             calling something else",
+        let who = match t.comm_rank {
+            ANY_PEER => "no rank has sent a matching message".to_string(),
+            r => format!("rank {r} {why}"),
+        };
+        let err = Error::timeout(format!(
+            "{} did not complete within HCOMM_TIMEOUT: {who}; it may be stuck, slow, or calling \
+             something else",
             op.describe(),
-            t.comm_rank
-        ));
+        ))
+        .with_operation(op.operation());
+        let err = match t.comm_rank {
+            ANY_PEER => err,
+            r => err.with_peer(PeerRank::ranks(r, t.peer)),
+        };
         self.disentangle(id);
         if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
@@ -348,6 +398,7 @@ impl State {
                     tag: t.tag,
                 };
                 remove_from(&mut self.posted, &key, &id);
+                remove_from(&mut self.posted_any, &(t.comm, t.tag), &id);
                 if let Some(k) = self
                     .rndv_recv
                     .iter()

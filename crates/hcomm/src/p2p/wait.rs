@@ -3,7 +3,7 @@
 //! doorbell.
 
 use crate::config::Backoff;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::observe::stall::StallWatch;
 use crate::sync::lock;
 use crate::transport::shm::link::Watch;
@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{
-    Deadline, Engine, Io, Op, OpId, OpKind, ProtocolCounts, CLOCK_ROUNDS, DIRECT_READS,
+    Deadline, Engine, Io, Op, OpId, OpKind, ProtocolCounts, ANY_PEER, CLOCK_ROUNDS, DIRECT_READS,
     MAX_DIRECT_PEERS, SHM_POLLS_PER_EPOLL,
 };
 
@@ -110,7 +110,7 @@ pub(super) fn poll(io: &Io, events: &mut Vec<epoll::Event>, sleep: Duration) -> 
     events.clear();
     match epoll::wait(&io.epoll, spare_capacity(events), Some(&timespec(sleep))) {
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-        Err(e) => Err(Error::Internal(format!("epoll_wait failed: {e}"))),
+        Err(e) => Err(Error::internal(format!("epoll_wait failed: {e}")).with_source(e.into())),
     }
 }
 
@@ -230,20 +230,24 @@ impl Engine {
                     }
                 }
                 if now >= deadline {
-                    let what = ids
-                        .first()
-                        .and_then(|id| st.ops.get(id))
-                        .map(Op::describe)
-                        .unwrap_or_default();
-                    return Err(Error::Timeout(format!(
+                    let op = ids.first().and_then(|id| st.ops.get(id));
+                    let what = op.map(Op::describe).unwrap_or_default();
+                    let err = Error::timeout(format!(
                         "{what} did not complete within HCOMM_TIMEOUT; the peer may be stuck, slow, \
                          or calling something else"
-                    )));
+                    ));
+                    return Err(match op {
+                        Some(op) => err
+                            .with_peer(PeerRank::ranks(op.target.comm_rank, op.target.peer))
+                            .with_operation(op.operation()),
+                        None => err,
+                    });
                 }
                 stall.check(now, || st.awaited(ids));
                 if !blocked && now >= spin_until {
                     blocked = true;
-                    if let Some(op) = ids.first().and_then(|id| st.ops.get(id)) {
+                    let first = ids.first().and_then(|id| st.ops.get(id));
+                    if let Some(op) = first.filter(|op| op.target.comm_rank != ANY_PEER) {
                         crate::observe::blocked_on(op.target.comm_rank);
                     }
                 }

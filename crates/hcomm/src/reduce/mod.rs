@@ -18,13 +18,13 @@ use std::sync::OnceLock;
 use crate::dtype::{DataType, ReduceOp};
 use crate::{Error, Result};
 
-pub mod scalar;
+pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 /// `dst[i] = dst[i] (op) src[i]` for every element.
 ///
-/// `Avg` accumulates like `Sum`; finish with [`finish_avg`]. Fails with
+/// `Avg` accumulates like `Sum`; finish with `finish_avg`. Fails with
 /// [`Error::InvalidArgument`] unless both slices have the same length, a multiple of
 /// `dtype.size()`, and `op` is defined on `dtype` ([`ReduceOp::supports`]).
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<()> {
@@ -43,7 +43,13 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) ->
 /// `Avg` accumulates like `Sum`; finish with [`finish_avg`]. Fails with
 /// [`Error::InvalidArgument`] unless all three slices have the same length, a multiple of
 /// `dtype.size()`, and `op` is defined on `dtype` ([`ReduceOp::supports`]).
-pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+pub(crate) fn reduce_to(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    a: &[u8],
+    b: &[u8],
+) -> Result<()> {
     check_op(dtype, op)?;
     check_pair(dtype, dst.len(), a.len())?;
     check_pair(dtype, dst.len(), b.len())?;
@@ -61,7 +67,7 @@ pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u
 /// converted to the float type (float16 and bfloat16 compute in f32 and round to nearest even).
 /// Fails with [`Error::InvalidArgument`] if `n` is 0, `buf.len()` is not a multiple of
 /// `dtype.size()`, or `dtype` has no average (bool).
-pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
+pub(crate) fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
     check_avg(dtype, buf.len(), n)?;
     match isa() {
         Isa::Scalar => scalar::avg(dtype, buf, n),
@@ -76,9 +82,9 @@ pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
 /// less memory traffic) and does not evict what the caller works on — for data that does not
 /// fit the caches anyway. The copy is complete and ordered before any later store of the
 /// caller. Fails with [`Error::InvalidArgument`] if the lengths differ.
-pub fn copy_streaming(dst: &mut [u8], src: &[u8]) -> Result<()> {
+pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) -> Result<()> {
     if dst.len() != src.len() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "copy of {} bytes into {} bytes",
             src.len(),
             dst.len()
@@ -123,7 +129,7 @@ fn isa() -> Isa {
 /// Checks that two buffers hold the same whole number of `dtype` elements.
 fn check_pair(dtype: DataType, dst: usize, src: usize) -> Result<()> {
     if dst != src {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "reduce of {dtype}: the destination has {dst} bytes but an operand has {src}"
         )));
     }
@@ -135,7 +141,7 @@ fn check_op(dtype: DataType, op: ReduceOp) -> Result<()> {
     if op.supports(dtype) {
         return Ok(());
     }
-    Err(Error::InvalidArgument(format!(
+    Err(Error::invalid_argument(format!(
         "reduce: {op} is not defined on {dtype} (the bitwise operations take integers and \
          bool; avg takes numbers)"
     )))
@@ -144,7 +150,7 @@ fn check_op(dtype: DataType, op: ReduceOp) -> Result<()> {
 fn check_avg(dtype: DataType, len: usize, n: usize) -> Result<()> {
     check_op(dtype, ReduceOp::Avg)?;
     if n == 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "average of {dtype} over 0 contributions"
         )));
     }
@@ -153,7 +159,7 @@ fn check_avg(dtype: DataType, len: usize, n: usize) -> Result<()> {
 
 fn check_whole(dtype: DataType, len: usize) -> Result<()> {
     if len % dtype.size() != 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "reduce of {dtype}: {len} bytes is not a whole number of {}-byte elements",
             dtype.size()
         )));

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{Error, Result};
 
 /// The transports built into hcomm, which no plug-in may take the name of.
-pub const BUILT_IN: [&str; 2] = ["tcp", "shm"];
+pub(crate) const BUILT_IN: [&str; 2] = ["tcp", "shm"];
 /// The longest plug-in name, in bytes.
 pub const MAX_NAME: usize = 64;
 
@@ -79,10 +79,10 @@ fn registry() -> MutexGuard<'static, BTreeMap<String, Entry>> {
 
 /// Checks that `name` may name a transport: 1 to [`MAX_NAME`] letters, digits, `_`, `-` or
 /// `.` (it travels in `HCOMM_TRANSPORT`). `what` says where the name came from.
-pub fn check_name(name: &str, what: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str, what: &str) -> Result<()> {
     let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
     if name.is_empty() || name.len() > MAX_NAME || !name.chars().all(ok) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{what} {name:?} is not a transport name: use 1 to {MAX_NAME} letters, digits, \
              '_', '-' or '.'"
         )));
@@ -97,13 +97,13 @@ pub fn check_name(name: &str, what: &str) -> Result<()> {
 pub fn register(name: &str, plugin: Arc<dyn Plugin>) -> Result<()> {
     check_name(name, "the plug-in name")?;
     if BUILT_IN.contains(&name) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{name:?} is a built-in transport: give the plug-in another name"
         )));
     }
     let mut reg = registry();
     if reg.contains_key(name) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "a transport plug-in named {name:?} is already registered: register each plug-in \
              once, under a name of its own"
         )));
@@ -139,14 +139,14 @@ impl Lease {
                 .join(", ")
         };
         let Some(entry) = reg.get(name) else {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "HCOMM_TRANSPORT={name:?} names no transport: expected one of {} (register a \
                  plug-in with hcommTransportRegister before hcommInit)",
                 known()
             )));
         };
         if entry.in_use {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "the transport plug-in {name:?} already serves another world of this process; \
                  a plug-in serves one world at a time"
             )));

@@ -172,7 +172,7 @@ impl Channels {
                 || format!("starting as rank {rank} of {size}"),
                 |p| p.init(rank, size),
             )
-            .map_err(Error::Init)?;
+            .map_err(Error::init)?;
         let mut links = Channels {
             common,
             links: Vec::new(),
@@ -196,7 +196,9 @@ impl Channels {
                 let thread = std::thread::Builder::new()
                     .name(format!("hcomm-{role}-{peer}"))
                     .spawn(move || body(&common, &link))
-                    .map_err(|e| Error::Init(format!("cannot start a plug-in thread: {e}")))?;
+                    .map_err(|e| {
+                        Error::init(format!("cannot start a plug-in thread: {e}")).with_source(e)
+                    })?;
                 links.threads.push(thread);
             }
         }

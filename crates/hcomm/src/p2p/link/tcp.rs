@@ -14,7 +14,7 @@ use std::sync::Arc;
 use rustix::event::epoll;
 
 use super::{token, Caps, Dests, Kind, Link, Liveness, Ops, Rx};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, Io, OpId, OutFrame};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
@@ -116,7 +116,7 @@ impl TcpLink {
                 epoll::EventData::new_u64(token(peer, index, s)),
                 epoll::EventFlags::IN,
             )
-            .map_err(|e| Error::Init(format!("epoll_ctl: {e}")))?;
+            .map_err(|e| Error::init(format!("epoll_ctl: {e}")).with_source(e.into()))?;
             streams.push(Stream {
                 sock,
                 out: VecDeque::new(),
@@ -157,10 +157,10 @@ impl TcpLink {
 
     /// A duplicate of stream 0, whose end the watcher waits for.
     pub(in crate::p2p) fn end_watch(&self) -> Result<TcpStream> {
-        let first = self
-            .streams
-            .first()
-            .ok_or_else(|| Error::Internal(format!("a link to {} has no stream", self.peer)))?;
+        let first = self.streams.first().ok_or_else(|| {
+            Error::internal(format!("a link to {} has no stream", self.peer))
+                .with_peer(PeerRank::world(self.peer))
+        })?;
         first
             .sock
             .try_clone()

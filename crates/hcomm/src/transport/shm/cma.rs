@@ -35,11 +35,11 @@ use std::ptr;
 use rustix::io::Errno;
 use rustix::process::PTracer;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorInfo, Result};
 
 /// Most bytes moved by one `process_vm_readv` / `process_vm_writev` call: larger transfers
 /// take several calls, so one call never pins an unbounded number of pages.
-pub const MAX_BYTES_PER_CALL: usize = 64 << 20;
+pub(crate) const MAX_BYTES_PER_CALL: usize = 64 << 20;
 
 /// The `HCOMM_CMA` setting: whether large messages between local ranks may use cross-memory
 /// attach.
@@ -55,17 +55,17 @@ pub enum CmaMode {
 
 impl CmaMode {
     /// The environment variable this setting comes from.
-    pub const ENV_VAR: &'static str = "HCOMM_CMA";
+    pub(crate) const ENV_VAR: &'static str = "HCOMM_CMA";
 
     /// Parses a value of `HCOMM_CMA`: `auto` or `off`, surrounding white space ignored.
     ///
     /// Anything else, the empty string included, is an [`Error::InvalidArgument`] naming the
     /// variable and the accepted values.
-    pub fn from_env_value(value: &str) -> Result<CmaMode> {
+    pub(crate) fn from_env_value(value: &str) -> Result<CmaMode> {
         match value.trim() {
             "auto" => Ok(CmaMode::Auto),
             "off" => Ok(CmaMode::Off),
-            _ => Err(Error::InvalidArgument(format!(
+            _ => Err(Error::invalid_argument(format!(
                 "{}={value:?} is not valid: expected auto or off",
                 CmaMode::ENV_VAR
             ))),
@@ -73,7 +73,7 @@ impl CmaMode {
     }
 
     /// The value of `HCOMM_CMA` that selects this mode.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CmaMode::Auto => "auto",
             CmaMode::Off => "off",
@@ -89,7 +89,7 @@ impl fmt::Display for CmaMode {
 
 /// Whether this process may use cross-memory attach on a peer: the answer of [`probe`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CmaSupport {
+pub(crate) enum CmaSupport {
     /// The probe read the peer's bytes: large messages can be pulled with a single copy.
     Available,
     /// The read was refused or failed (permissions, a security policy, a bad address, a
@@ -103,7 +103,8 @@ pub enum CmaSupport {
 
 impl CmaSupport {
     /// Whether large messages may be moved with [`read_remote`] / [`write_remote`].
-    pub fn is_available(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_available(&self) -> bool {
         matches!(self, CmaSupport::Available)
     }
 }
@@ -120,15 +121,16 @@ impl CmaSupport {
 /// every process of the same user, so call it only in ranks that will use cross-memory
 /// attach (not with [`CmaMode::Off`]). The setting lasts for the life of the process and
 /// applies to all its threads.
-pub fn allow_peer_access() -> Result<()> {
+pub(crate) fn allow_peer_access() -> Result<()> {
     match rustix::process::set_ptracer(PTracer::Any) {
         Ok(()) => Ok(()),
         // No Yama: nothing restricts same-user access beyond the usual ptrace rules.
         Err(Errno::INVAL) => Ok(()),
-        Err(err) => Err(Error::Transport(format!(
+        Err(err) => Err(Error::transport_failed(format!(
             "cannot allow local peers to read this process's memory: \
              prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) failed: {err}; set HCOMM_CMA=off"
-        ))),
+        ))
+        .with_source(err.into())),
     }
 }
 
@@ -149,7 +151,7 @@ pub fn allow_peer_access() -> Result<()> {
 /// The range `remote_addr..remote_addr + local.len()` of process `pid` must be memory that
 /// process handed to this one to read for the time of the call; in this very process, memory
 /// that no live exclusive reference covers.
-pub unsafe fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Result<()> {
+pub(crate) unsafe fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Result<()> {
     read_limited(pid, remote_addr, local, MAX_BYTES_PER_CALL)
 }
 
@@ -165,7 +167,7 @@ pub unsafe fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Res
 /// The range `remote_addr..remote_addr + local.len()` of process `pid` must be memory that
 /// process handed to this one to write for the time of the call, which nothing there reads or
 /// writes meanwhile; in this very process, memory that no live reference covers.
-pub unsafe fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result<()> {
+pub(crate) unsafe fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result<()> {
     write_limited(pid, remote_addr, local, MAX_BYTES_PER_CALL)
 }
 
@@ -176,7 +178,7 @@ pub unsafe fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result
 /// The peer must have called [`allow_peer_access`] for the probe to succeed under Yama
 /// `ptrace_scope = 1`. An empty `expected` proves nothing and is answered
 /// [`CmaSupport::Refused`].
-pub fn probe(peer_pid: u32, peer_addr: usize, expected: &[u8]) -> CmaSupport {
+pub(crate) fn probe(peer_pid: u32, peer_addr: usize, expected: &[u8]) -> CmaSupport {
     let support = probe_quietly(peer_pid, peer_addr, expected);
     log_decision(peer_pid, peer_addr, &support);
     support
@@ -185,7 +187,7 @@ pub fn probe(peer_pid: u32, peer_addr: usize, expected: &[u8]) -> CmaSupport {
 /// [`probe`] under `mode`: with [`CmaMode::Off`] nothing is read and the answer is
 /// [`CmaSupport::Refused`], saying that `HCOMM_CMA=off` forced the plain-copy path. Logs the
 /// answer at `info`.
-pub fn probe_with_mode(
+pub(crate) fn probe_with_mode(
     mode: CmaMode,
     peer_pid: u32,
     peer_addr: usize,
@@ -308,15 +310,19 @@ impl Failure {
                 || "no progress".to_string(),
                 |e| io::Error::from_raw_os_error(e).to_string(),
             );
-            return Error::PeerLost(format!(
+            let err = Error::PeerLost(ErrorInfo::new(format!(
                 "{what}: the process is exiting; it died during the transfer ({syscall}: {why})"
-            ));
+            )));
+            return match self.errno {
+                Some(e) => err.with_source(io::Error::from_raw_os_error(e)),
+                None => err,
+            };
         }
-        match self.errno {
-            Some(libc::ESRCH) => Error::PeerLost(format!(
+        let err = match self.errno {
+            Some(libc::ESRCH) => Error::PeerLost(ErrorInfo::new(format!(
                 "{what}: the process no longer exists ({syscall}: ESRCH)"
-            )),
-            Some(libc::EPERM) => Error::Transport(format!(
+            ))),
+            Some(libc::EPERM) => Error::transport_failed(format!(
                 "{what}: refused by the kernel ({syscall}: EPERM): this process may not \
                  ptrace that one (another user, a non-dumpable process, a seccomp filter, or \
                  Yama ptrace_scope >= 1 without the peer calling allow_peer_access, i.e. \
@@ -324,24 +330,28 @@ impl Failure {
                  shared memory instead",
                 CmaMode::ENV_VAR
             )),
-            Some(libc::ENOSYS) => Error::Transport(format!(
+            Some(libc::ENOSYS) => Error::transport_failed(format!(
                 "{what}: the kernel has no cross-memory attach ({syscall}: ENOSYS); set {}=off",
                 CmaMode::ENV_VAR
             )),
-            Some(libc::EFAULT) => Error::Transport(format!(
+            Some(libc::EFAULT) => Error::transport_failed(format!(
                 "{what}: bad address ({syscall}: EFAULT): the range is not mapped {} in that \
                  process, or the local buffer is not",
                 op.access()
             )),
-            Some(errno) => Error::Transport(format!(
+            Some(errno) => Error::transport_failed(format!(
                 "{what}: {syscall} failed: {}",
                 io::Error::from_raw_os_error(errno)
             )),
-            None => Error::Transport(format!(
+            None => Error::transport_failed(format!(
                 "{what}: {syscall} made no progress; the range is probably not mapped {} in \
                  that process",
                 op.access()
             )),
+        };
+        match self.errno {
+            Some(e) => err.with_source(io::Error::from_raw_os_error(e)),
+            None => err,
         }
     }
 }
@@ -375,13 +385,13 @@ fn check_args(op: Op, pid: u32, remote_addr: usize, len: usize) -> Result<libc::
         .ok()
         .filter(|&p| p > 0)
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "cross-memory {} in process {pid}: not a process id",
                 op.verb()
             ))
         })?;
     if remote_addr.checked_add(len).is_none() {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "cross-memory {} of {len} bytes at {remote_addr:#x} in process {pid}: bad \
              address, the range wraps around the address space",
             op.verb()
@@ -969,7 +979,7 @@ mod tests {
         let res = read_remote(pid, src, &mut [0u8; 64]);
         match res {
             Err(Error::PeerLost(msg)) => {
-                assert!(msg.contains(&format!("process {pid}")), "{msg}");
+                assert!(msg.message.contains(&format!("process {pid}")), "{msg}");
                 eprintln!("dead child: {msg}");
             }
             // The pid was reused by a new process already: nothing to check.
@@ -1014,7 +1024,7 @@ mod tests {
         ] {
             let err = failure.into_error(Op::Read, pid, 8, 64);
             assert!(
-                matches!(&err, Error::PeerLost(m) if m.contains("exiting")),
+                matches!(&err, Error::PeerLost(m) if m.message.contains("exiting")),
                 "{err}"
             );
         }

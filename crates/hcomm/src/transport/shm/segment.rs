@@ -32,17 +32,17 @@ use rustix::mm::{MapFlags, ProtFlags};
 use crate::error::{Error, Result};
 
 /// The first eight bytes of every hcomm segment: `HCOMMSHM` in little-endian order.
-pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"HCOMMSHM");
+pub(crate) const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"HCOMMSHM");
 /// Version of the segment layout; a process refuses a segment of another version.
 /// 2: the inbox's doorbell carries a heartbeat.
-pub const SEGMENT_VERSION: u32 = 2;
+pub(crate) const SEGMENT_VERSION: u32 = 2;
 /// Offset of the payload from the start of the mapping: the header padded to two cache lines,
 /// so the payload is 128-byte aligned and shares no cache line with the header.
-pub const PAYLOAD_OFFSET: usize = 128;
+pub(crate) const PAYLOAD_OFFSET: usize = 128;
 /// Prefix of every segment name.
-pub const NAME_PREFIX: &str = "hcomm-";
+pub(crate) const NAME_PREFIX: &str = "hcomm-";
 /// Longest segment name accepted (the kernel's limit is 255 bytes).
-pub const MAX_NAME_LEN: usize = 200;
+pub(crate) const MAX_NAME_LEN: usize = 200;
 
 /// The header at offset 0 of every segment, written by its creator and checked on every map.
 ///
@@ -52,7 +52,7 @@ pub const MAX_NAME_LEN: usize = 200;
 /// magic 0.
 #[repr(C)]
 #[derive(Debug)]
-pub struct SegmentHeader {
+pub(crate) struct SegmentHeader {
     /// [`SEGMENT_MAGIC`] once the header is complete.
     pub magic: AtomicU64,
     /// [`SEGMENT_VERSION`] of the creator.
@@ -73,15 +73,15 @@ const _: () = assert!(size_of::<SegmentHeader>() <= PAYLOAD_OFFSET);
 ///
 /// The job id is made of ASCII letters, digits, `_` and `.` (no `-`, so the prefix
 /// `hcomm-<job id>-` names exactly one job's segments); the purpose may also contain `-`.
-pub fn segment_name(job_id: &str, rank: u32, purpose: &str) -> Result<String> {
+pub(crate) fn segment_name(job_id: &str, rank: u32, purpose: &str) -> Result<String> {
     let job_ok = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'.';
     if job_id.is_empty() || !job_id.bytes().all(job_ok) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "shared-memory job id {job_id:?}: use ASCII letters, digits, '_' and '.' only"
         )));
     }
     if purpose.is_empty() || !purpose.bytes().all(is_name_byte) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "shared-memory segment purpose {purpose:?}: use ASCII letters, digits, '_', '.' \
              and '-' only"
         )));
@@ -93,13 +93,13 @@ pub fn segment_name(job_id: &str, rank: u32, purpose: &str) -> Result<String> {
 
 /// Checks that `name` is a segment name hcomm may use: it starts with [`NAME_PREFIX`] followed
 /// by at least one byte, is at most [`MAX_NAME_LEN`] bytes long and contains only ASCII letters, digits, `_`, `.` and `-`.
-pub fn validate_name(name: &str) -> Result<()> {
+pub(crate) fn validate_name(name: &str) -> Result<()> {
     if !name.starts_with(NAME_PREFIX)
         || name.len() == NAME_PREFIX.len()
         || name.len() > MAX_NAME_LEN
         || !name.bytes().all(is_name_byte)
     {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "shared-memory segment name {name:?}: must start with {NAME_PREFIX:?}, be at most \
              {MAX_NAME_LEN} bytes long and contain only ASCII letters, digits, '_', '.' and '-'"
         )));
@@ -116,7 +116,7 @@ fn mapping_len(name: &str, len: usize) -> Result<usize> {
     len.checked_add(PAYLOAD_OFFSET)
         .filter(|&n| n <= isize::MAX as usize)
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "shared-memory segment {name}: a payload of {len} bytes is too large"
             ))
         })
@@ -133,7 +133,7 @@ fn os_error(name: &str, what: &str, err: Errno) -> Error {
 ///
 /// Dropping the value unmaps the segment; the name is left alone (see [`ShmSegment::unlink`]).
 #[derive(Debug)]
-pub struct ShmSegment {
+pub(crate) struct ShmSegment {
     name: String,
     /// Start of the mapping, where the header lives.
     base: NonNull<u8>,
@@ -157,7 +157,7 @@ impl ShmSegment {
     /// Fails if the name already exists (a leftover of a crashed job with the same id, or a
     /// clash); in that case the existing segment is left untouched. On any later failure the
     /// new name is removed again.
-    pub fn create(name: &str, len: usize) -> Result<ShmSegment> {
+    pub(crate) fn create(name: &str, len: usize) -> Result<ShmSegment> {
         validate_name(name)?;
         let map_len = mapping_len(name, len)?;
         let fd = rustix::shm::open(
@@ -166,10 +166,11 @@ impl ShmSegment {
             Mode::RUSR | Mode::WUSR,
         )
         .map_err(|err| match err {
-            Errno::EXIST => Error::Transport(format!(
+            Errno::EXIST => Error::transport_failed(format!(
                 "shared-memory segment {name} already exists: a job with the same id is \
                  running, or a crashed one left it behind (remove /dev/shm/{name})"
-            )),
+            ))
+            .with_source(err.into()),
             err => os_error(name, "cannot create", err),
         })?;
         let created = Self::init_created(name, &fd, len, map_len);
@@ -191,7 +192,7 @@ impl ShmSegment {
         match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, map_len as u64) {
             Ok(()) | Err(Errno::OPNOTSUPP) => {}
             Err(Errno::NOSPC) => {
-                return Err(Error::NoMem(format!(
+                return Err(Error::no_mem(format!(
                     "shared-memory segment {name}: /dev/shm has no room for {map_len} bytes; \
                      enlarge it (e.g. docker run --shm-size) or use smaller buffers"
                 )))
@@ -227,36 +228,37 @@ impl ShmSegment {
     /// The segment must belong to this user with mode 0600, be exactly as long as
     /// `expected_len` implies, and carry a complete header of this version of hcomm; anything
     /// else fails with [`Error::Transport`] naming the segment and what was wrong.
-    pub fn open(name: &str, expected_len: usize) -> Result<ShmSegment> {
+    pub(crate) fn open(name: &str, expected_len: usize) -> Result<ShmSegment> {
         validate_name(name)?;
         let map_len = mapping_len(name, expected_len)?;
         let fd =
             rustix::shm::open(name, rustix::shm::OFlags::RDWR, Mode::empty()).map_err(|err| {
                 match err {
-                    Errno::NOENT => Error::Transport(format!(
+                    Errno::NOENT => Error::transport_failed(format!(
                         "shared-memory segment {name} does not exist: its creator has not made it \
                      yet, or every rank had already mapped it and it was unlinked"
-                    )),
+                    ))
+                    .with_source(err.into()),
                     err => os_error(name, "cannot open", err),
                 }
             })?;
         let stat = rustix::fs::fstat(&fd).map_err(|err| os_error(name, "cannot stat", err))?;
         let uid = rustix::process::geteuid().as_raw();
         if stat.st_uid != uid {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "shared-memory segment {name} belongs to uid {}, not to this user (uid {uid})",
                 stat.st_uid
             )));
         }
         let mode = stat.st_mode & 0o777;
         if mode != 0o600 {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "shared-memory segment {name} has mode {mode:04o}; hcomm creates its segments \
                  with mode 0600 and refuses others"
             )));
         }
         if u64::try_from(stat.st_size).ok() != Some(map_len as u64) {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "shared-memory segment {name} is {} bytes long, expected {map_len} (a \
                  {PAYLOAD_OFFSET}-byte header and {expected_len} bytes of payload): it belongs \
                  to another job or another configuration",
@@ -271,7 +273,7 @@ impl ShmSegment {
 
     /// Removes the name `name` from `/dev/shm`. Existing mappings stay valid; the memory is
     /// freed when the last one goes. Returns whether the name existed.
-    pub fn unlink(name: &str) -> Result<bool> {
+    pub(crate) fn unlink(name: &str) -> Result<bool> {
         validate_name(name)?;
         match rustix::shm::unlink(name) {
             Ok(()) => Ok(true),
@@ -284,7 +286,7 @@ impl ShmSegment {
     /// (the creator included) are expected to map the segment, and exactly one of them, the
     /// last to map it, removes the name. Every mapper calls this once it has mapped the
     /// segment; returns whether this call removed the name.
-    pub fn unlink_if_last(&self, mappers: u32) -> Result<bool> {
+    pub(crate) fn unlink_if_last(&self, mappers: u32) -> Result<bool> {
         if self.mapped_as != mappers {
             return Ok(false);
         }
@@ -292,28 +294,31 @@ impl ShmSegment {
     }
 
     /// The segment's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Start of the payload: `len()` bytes, 128-byte aligned, shared with every process that
     /// maps the segment. Valid until this value is dropped.
-    pub fn as_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.base.as_ptr().wrapping_add(PAYLOAD_OFFSET)
     }
 
     /// Length of the payload in bytes.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.map_len - PAYLOAD_OFFSET
     }
 
     /// Whether the payload is empty.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// How many processes have mapped the segment so far, the creator included.
-    pub fn mapped_count(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn mapped_count(&self) -> u32 {
         self.header().mapped.load(Ordering::Acquire)
     }
 
@@ -332,7 +337,7 @@ impl ShmSegment {
         }
         .map_err(|err| os_error(name, &format!("cannot map {map_len} bytes"), err))?;
         let base = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| Error::Internal(format!("mmap of segment {name} returned null")))?;
+            .ok_or_else(|| Error::internal(format!("mmap of segment {name} returned null")))?;
         Ok(ShmSegment {
             name: name.to_owned(),
             base,
@@ -357,19 +362,19 @@ impl ShmSegment {
 fn check_header(name: &str, header: &SegmentHeader, expected_len: usize) -> Result<()> {
     let magic = header.magic.load(Ordering::Acquire);
     if magic == 0 {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "shared-memory segment {name} has no header yet: it was opened before its \
              creator finished setting it up"
         )));
     }
     if magic != SEGMENT_MAGIC {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "shared-memory segment {name} is not an hcomm segment (magic {magic:#018x}, \
              expected {SEGMENT_MAGIC:#018x})"
         )));
     }
     if header.version != SEGMENT_VERSION {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "shared-memory segment {name} has layout version {}, this hcomm speaks version \
              {SEGMENT_VERSION}: every rank of a job must run the same hcomm build (creator \
              pid {})",
@@ -377,7 +382,7 @@ fn check_header(name: &str, header: &SegmentHeader, expected_len: usize) -> Resu
         )));
     }
     if header.header_len as usize != PAYLOAD_OFFSET || header.len != expected_len as u64 {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "shared-memory segment {name} has a {}-byte header and {} bytes of payload, \
              expected {PAYLOAD_OFFSET} and {expected_len} (creator pid {})",
             header.header_len, header.len, header.creator_pid
@@ -415,7 +420,7 @@ pub(crate) mod tests {
 
     fn transport_message(result: Result<ShmSegment>) -> String {
         match result {
-            Err(Error::Transport(msg)) => msg,
+            Err(Error::Transport(info)) => info.message,
             other => panic!("expected a transport error, got {other:?}"),
         }
     }
@@ -537,7 +542,7 @@ pub(crate) mod tests {
         // Larger than the whole file system: tmpfs refuses it before allocating anything.
         let name = unique_name("huge");
         match ShmSegment::create(&name, (size + (1 << 30)) as usize) {
-            Err(Error::NoMem(msg)) => assert!(msg.contains(&name), "{msg}"),
+            Err(Error::NoMem(msg)) => assert!(msg.message.contains(&name), "{msg}"),
             other => panic!("expected NoMem, got {other:?}"),
         }
         assert!(!dev_shm(&name).exists());
@@ -738,7 +743,7 @@ pub(crate) mod tests {
                 }
                 Err(Error::Transport(msg)) => {
                     assert!(!valid, "refused a good header: {msg}");
-                    assert!(msg.contains("hcomm-fuzz-0-x"), "{msg}");
+                    assert!(msg.message.contains("hcomm-fuzz-0-x"), "{msg}");
                 }
                 Err(e) => panic!("not a transport error: {e}"),
             }
