@@ -48,6 +48,8 @@ mod plugin;
 mod progress;
 mod rendezvous;
 mod requests;
+#[cfg(test)]
+mod sansio_tests;
 mod shm;
 mod tcp;
 #[cfg(test)]
