@@ -73,6 +73,10 @@ use wait::{poll, timespec};
 /// Identifies an operation inside the engine.
 pub(crate) type OpId = u64;
 
+/// The peer (and communicator rank) of a receive from any source until a message binds it
+/// to its sender.
+pub(crate) const ANY_PEER: usize = usize::MAX;
+
 /// Bytes buffered per stream for small frames; larger payloads are read in place.
 const RX_BUF: usize = 64 * 1024;
 /// Read and write rounds per stream per event, so one busy peer cannot starve the others.
@@ -235,7 +239,8 @@ pub(crate) struct Target {
     pub comm: u64,
     /// World rank of the peer (indexes the links).
     pub peer: usize,
-    /// Rank of the peer in the communicator (for messages).
+    /// Rank of the peer in the communicator (for messages); [`ANY_PEER`], with `peer`, for a
+    /// receive from any source not matched yet.
     pub comm_rank: usize,
     /// Message tag.
     pub tag: u32,
@@ -290,7 +295,19 @@ struct Op {
     /// Buffer of a nonblocking operation whose request was dropped before completion: the
     /// engine finishes the operation and frees it.
     detached: Option<Vec<u8>>,
+    /// A receive from any source: the world ranks of its communicator's members, by
+    /// communicator rank (the first message that matches binds `target` to its sender).
+    members: Option<Arc<[usize]>>,
     result: Option<Result<usize>>,
+}
+
+/// Names a communicator rank in messages ("any rank" for an unmatched wildcard).
+fn rank_name(comm_rank: usize) -> String {
+    if comm_rank == ANY_PEER {
+        "any rank".to_string()
+    } else {
+        format!("rank {comm_rank}")
+    }
 }
 
 impl Op {
@@ -302,8 +319,10 @@ impl Op {
                 self.cap, t.comm_rank, t.tag
             ),
             OpKind::Recv => format!(
-                "recv from rank {} (tag {}, buffer {} bytes)",
-                t.comm_rank, t.tag, self.cap
+                "recv from {} (tag {}, buffer {} bytes)",
+                rank_name(t.comm_rank),
+                t.tag,
+                self.cap
             ),
         }
     }
@@ -462,6 +481,9 @@ struct State {
     next_op: OpId,
     /// Posted receives and unexpected messages.
     matching: Matching,
+    /// The communicator rank each completed receive from any source got its message from,
+    /// until its owner asks ([`Engine::take_source`]).
+    sources: HashMap<OpId, usize>,
     /// Message ids and rendezvous in flight.
     rndv: Rendezvous,
     /// Collective calls, mismatches and aborts.
@@ -641,6 +663,7 @@ impl Engine {
                 ops: HashMap::default(),
                 next_op: 1,
                 matching: Matching::default(),
+                sources: HashMap::default(),
                 rndv,
                 calls: Calls::new(describe, Arc::clone(&late_news)),
                 completions: 0,

@@ -1,17 +1,25 @@
 //! Tag matching, sans I/O: posted receives against arrived messages, by (communicator, peer,
 //! tag) in order, and the messages no receive has claimed yet.
 //!
+//! A receive from any source waits in its own queue per (communicator, tag). An arriving
+//! message goes to whichever of the specific and the wildcard queue's first receive was
+//! posted first (MPI's rule); a wildcard posted while messages are held takes the one that
+//! arrived first of those from any member. Matching binds the wildcard to the sender: from
+//! then on it is an ordinary receive from that peer (rendezvous, pull, push).
+//!
 //! [`Matching`] owns its data and touches no link, buffer or clock: the engine tells it what
 //! was posted and what arrived, and it answers what to do — which receive a message goes to
 //! (the engine then lands the payload straight in that receive's buffer), that it is held as
 //! unexpected, that the receive is truncated or mismatched. Its unit tests drive it alone.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
+use std::hash::Hash;
+use std::sync::Arc;
 
 use super::requests::{op_slice, truncated};
-use super::{BufPtr, Dest, MatchKey, OpId, OpKind, State, Target};
+use super::{BufPtr, Dest, MatchKey, OpId, OpKind, State, Target, ANY_PEER};
 
 /// A posted receive, as matching sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,25 +134,35 @@ pub(super) struct Stranger {
 #[derive(Debug)]
 pub(super) struct Matching {
     posted: HashMap<MatchKey, VecDeque<Recv>>,
+    /// Receives from any source not matched yet, by (communicator, tag), in posting order.
+    /// Operation ids grow as operations are posted, so the lower id of the heads of a
+    /// specific and a wildcard queue is the receive posted first.
+    posted_any: HashMap<(u64, u32), VecDeque<Recv>>,
     unexpected: HashMap<MatchKey, VecDeque<u64>>,
     umsgs: HashMap<u64, Unexpected>,
+    /// The id of the next unexpected message: ids count arrivals across all peers, so a
+    /// receive from any source takes the held message with the lowest.
     next_umsg: u64,
+    /// The receive from any source the last call bound, and its sender.
+    bound: Option<(OpId, usize)>,
 }
 
 impl Default for Matching {
     fn default() -> Matching {
         Matching {
             posted: HashMap::default(),
+            posted_any: HashMap::default(),
             unexpected: HashMap::default(),
             umsgs: HashMap::default(),
             next_umsg: 1,
+            bound: None,
         }
     }
 }
 
 /// Takes the first entry of a matching queue, dropping the queue when it empties (the maps
 /// would otherwise keep a key for every tag ever used).
-fn pop_key<V>(map: &mut HashMap<MatchKey, VecDeque<V>>, key: &MatchKey) -> Option<V> {
+fn pop_key<K: Hash + Eq, V>(map: &mut HashMap<K, VecDeque<V>>, key: &K) -> Option<V> {
     let q = map.get_mut(key)?;
     let v = q.pop_front();
     if q.is_empty() {
@@ -155,9 +173,9 @@ fn pop_key<V>(map: &mut HashMap<MatchKey, VecDeque<V>>, key: &MatchKey) -> Optio
 
 /// Removes the entries `gone` selects from a matching queue, dropping the queue when it
 /// empties.
-fn remove_from<V>(
-    map: &mut HashMap<MatchKey, VecDeque<V>>,
-    key: &MatchKey,
+fn remove_from<K: Hash + Eq, V>(
+    map: &mut HashMap<K, VecDeque<V>>,
+    key: &K,
     gone: impl Fn(&V) -> bool,
 ) {
     if let Some(q) = map.get_mut(key) {
@@ -185,10 +203,82 @@ impl Matching {
         self.unexpected.contains_key(key)
     }
 
-    /// Whether nothing is posted or held for `key`: the next message for it would go to the
-    /// next receive.
+    /// Whether nothing is posted (specific or from any source) or held for `key`: the next
+    /// message for it would go to the next receive.
     pub(super) fn idle(&self, key: &MatchKey) -> bool {
-        !self.posted.contains_key(key) && !self.unexpected.contains_key(key)
+        !self.posted.contains_key(key)
+            && (self.posted_any.is_empty() || !self.posted_any.contains_key(&(key.comm, key.tag)))
+            && !self.unexpected.contains_key(key)
+    }
+    /// The posted receive that a message under `key` goes to, taken off its queue: the first
+    /// posted of the specific queue's head and the wildcard queue's head (operation ids grow
+    /// as receives are posted). A wildcard taken is bound to `key.peer` (see
+    /// [`Matching::take_bound`]).
+    fn take_posted(&mut self, key: &MatchKey) -> Option<Recv> {
+        // Most programs never post a wildcard: one emptiness test for them.
+        if self.posted_any.is_empty() {
+            return pop_key(&mut self.posted, key);
+        }
+        let any_key = (key.comm, key.tag);
+        let specific = self.posted.get(key).and_then(|q| q.front().map(|r| r.id));
+        let wild = self
+            .posted_any
+            .get(&any_key)
+            .and_then(|q| q.front().map(|r| r.id));
+        match (specific, wild) {
+            (Some(s), Some(w)) if s < w => pop_key(&mut self.posted, key),
+            (_, Some(_)) => {
+                let r = pop_key(&mut self.posted_any, &any_key)?;
+                self.bound = Some((r.id, key.peer));
+                Some(r)
+            }
+            (_, None) => pop_key(&mut self.posted, key),
+        }
+    }
+
+    /// The receive from any source that the last call matched, and the world rank it is now
+    /// bound to: the engine binds the operation before it carries out the answer.
+    pub(super) fn take_bound(&mut self) -> Option<(OpId, usize)> {
+        self.bound.take()
+    }
+
+    /// The held message of `(comm, tag)` from any of world ranks `members` that arrived first.
+    fn first_held(&self, comm: u64, tag: u32, members: &[usize]) -> Option<(MatchKey, u64)> {
+        if self.unexpected.is_empty() {
+            return None;
+        }
+        members
+            .iter()
+            .map(|&peer| MatchKey { comm, peer, tag })
+            .filter_map(|k| Some((k, *self.unexpected.get(&k)?.front()?)))
+            .min_by_key(|&(_, uid)| uid)
+    }
+
+    /// Whether a message of `(comm, tag)` from any of `members` is held.
+    pub(super) fn has_unexpected_any(&self, comm: u64, tag: u32, members: &[usize]) -> bool {
+        self.first_held(comm, tag, members).is_some()
+    }
+
+    /// Posts receive `r` from any of world ranks `members` for `(comm, tag)`: it takes the
+    /// held message of theirs that arrived first (and is bound to its sender), or waits in
+    /// the wildcard queue, matched in posting order with the specific receives.
+    pub(super) fn post_any(&mut self, comm: u64, tag: u32, members: &[usize], r: Recv) -> Matched {
+        match self.first_held(comm, tag, members) {
+            None => {
+                self.posted_any.entry((comm, tag)).or_default().push_back(r);
+                Matched::Queued
+            }
+            Some((key, uid)) => {
+                remove_from(&mut self.unexpected, &key, |&u| u == uid);
+                self.bound = Some((r.id, key.peer));
+                self.claim(uid, r)
+            }
+        }
+    }
+
+    /// The receives from any source not matched yet.
+    pub(super) fn waiting_any(&self) -> Vec<OpId> {
+        self.posted_any.values().flatten().map(|r| r.id).collect()
     }
 
     /// A message for `key` with signature `sig` arrived. `foreign` is asked only when no
@@ -200,7 +290,7 @@ impl Matching {
         what: Arrival,
         foreign: impl FnOnce() -> bool,
     ) -> Matched {
-        match pop_key(&mut self.posted, &key) {
+        match self.take_posted(&key) {
             Some(r) if r.sig != sig => Matched::Mismatch {
                 id: r.id,
                 theirs: sig,
@@ -245,7 +335,7 @@ impl Matching {
             complete: true,
         };
         let uid = self.hold(key, sig, len, held);
-        match pop_key(&mut self.posted, &key) {
+        match self.take_posted(&key) {
             Some(r) => {
                 remove_from(&mut self.unexpected, &key, |&u| u == uid);
                 self.claim(uid, r)
@@ -362,6 +452,7 @@ impl Matching {
     /// payload of a message it claimed is dropped as it arrives.
     pub(super) fn withdraw(&mut self, key: &MatchKey, id: OpId) {
         remove_from(&mut self.posted, key, |r| r.id == id);
+        remove_from(&mut self.posted_any, &(key.comm, key.tag), |r| r.id == id);
         for u in self.umsgs.values_mut() {
             if matches!(u.claim, Claim::By(r) if r.id == id) {
                 u.claim = Claim::Discard;
@@ -449,6 +540,7 @@ impl State {
             unsafe { std::slice::from_raw_parts(buf.0.cast_const(), len) }.to_vec()
         };
         let matched = self.matching.arrive_whole(t.key(), t.sig, data);
+        self.bind_matched();
         self.matched(matched);
         self.complete(id, Ok(len));
     }
@@ -473,6 +565,113 @@ impl State {
         let matched = self.matching.post(key, r);
         self.matched(matched);
         Ok(id)
+    }
+
+    /// Binds the receive from any source that matching just matched, if it did, to its
+    /// sender.
+    pub(super) fn bind_matched(&mut self) {
+        if let Some((id, peer)) = self.matching.take_bound() {
+            self.bind(id, peer);
+        }
+    }
+
+    /// Binds receive-from-any-source `id` to world rank `peer`, its message's sender.
+    fn bind(&mut self, id: OpId, peer: usize) {
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
+        op.target.peer = peer;
+        op.target.comm_rank = op
+            .members
+            .as_ref()
+            .and_then(|m| m.iter().position(|&w| w == peer))
+            .unwrap_or(ANY_PEER);
+    }
+
+    /// Why a receive from any source of `t` (not matched yet), among `members`, cannot
+    /// complete: its communicator or call was aborted, a member was lost (it may have been
+    /// the sender: ULFM's rule), or every other member has finalized.
+    pub(super) fn live_any(&self, t: &Target, members: &[usize]) -> Result<()> {
+        self.calls.check(t)?;
+        let mut others = 0;
+        let mut gone = 0;
+        for (r, &w) in members.iter().enumerate() {
+            if w == self.cfg.rank {
+                continue;
+            }
+            others += 1;
+            let Some(Some(p)) = self.peers.get(w) else {
+                return Err(Error::Internal(format!("no link to world rank {w}")));
+            };
+            if let Some(why) = &p.lost {
+                if !p.closed {
+                    return Err(Error::PeerLost(format!(
+                        "recv from any rank (tag {}) failed: rank {r} of the communicator is \
+                         lost, and it may have been the sender: {why}",
+                        t.tag
+                    )));
+                }
+                gone += 1;
+            }
+        }
+        if others > 0 && gone == others {
+            return Err(Error::PeerLost(format!(
+                "recv from any rank (tag {}) failed: every other rank of the communicator has \
+                 finalized, so none can send",
+                t.tag
+            )));
+        }
+        Ok(())
+    }
+
+    /// Posts a receive from any member of `members` (world ranks, by communicator rank) of
+    /// communicator `t.comm` with tag `t.tag`.
+    pub(super) fn post_recv_any(
+        &mut self,
+        mut t: Target,
+        members: Arc<[usize]>,
+        buf: BufPtr,
+        cap: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
+        t.peer = ANY_PEER;
+        t.comm_rank = ANY_PEER;
+        if !self.matching.has_unexpected_any(t.comm, t.tag, &members)
+            || self.calls.is_aborted(t.comm, t.tag)
+        {
+            self.live_any(&t, &members)?;
+        }
+        let id = self.new_op(OpKind::Recv, t, buf, cap, asynchronous);
+        if let Some(op) = self.ops.get_mut(&id) {
+            op.members = Some(Arc::clone(&members));
+        }
+        let r = Recv {
+            id,
+            sig: t.sig,
+            cap,
+        };
+        let matched = self.matching.post_any(t.comm, t.tag, &members, r);
+        self.bind_matched();
+        self.matched(matched);
+        Ok(id)
+    }
+
+    /// World rank `peer` is gone (`closed`: it finalized): fails the receives from any source
+    /// not matched yet that it may have been the sender for (see [`State::live_any`]).
+    pub(super) fn fail_wildcards(&mut self, peer: usize) {
+        for id in self.matching.waiting_any() {
+            let Some(op) = self.ops.get(&id) else {
+                continue;
+            };
+            let (t, members) = (op.target, op.members.clone().unwrap_or_default());
+            if !members.contains(&peer) {
+                continue;
+            }
+            if let Err(e) = self.live_any(&t, &members) {
+                self.matching.withdraw(&t.key(), id);
+                self.complete(id, Err(e));
+            }
+        }
     }
 
     /// Carries out what matching decided; returns where an arriving payload goes (`None`:

@@ -274,6 +274,7 @@ impl State {
                 let matched = self
                     .matching
                     .arrive(key, hdr.sig, what, || calls.foreign(&hdr));
+                self.bind_matched();
                 if matched == Matched::Foreign {
                     if hdr.kind == FrameKind::Rts {
                         self.refuse_rts(peer, hdr.msg_id);
@@ -437,5 +438,6 @@ impl State {
             let desc = self.ops.get(&id).map(Op::describe).unwrap_or_default();
             self.complete(id, Err(Error::PeerLost(format!("{desc} failed: {msg}"))));
         }
+        self.fail_wildcards(peer);
     }
 }

@@ -49,7 +49,8 @@ impl State {
 
     /// Receives the next frame of local peer `t.peer` straight into `buf` (`cap` bytes) when
     /// it is a small message in the fast box that this receive matches and nothing else
-    /// could (no receive posted before it, no message held for it); returns its length.
+    /// could (no receive posted before it, specific or from any source, no message held for
+    /// it); returns its length.
     /// Anything else (errors included) is left to the general path.
     ///
     /// # Safety
