@@ -782,12 +782,104 @@ fn an_abandoned_send_ignores_its_late_cts_and_an_unknown_one_is_an_error() {
     );
 }
 
-/// One step of a random interleaving at one rank: a receive posted, a message's header
-/// arriving, or the rest of an eager message's payload arriving.
+#[test]
+fn wildcard_and_specific_receives_match_in_posting_order_and_a_wildcard_binds_to_its_sender() {
+    let mut m = Matching::default();
+    let members = [0, 1, 2];
+    assert_eq!(m.post(key(1, 5), recv(1, 8)), Matched::Queued);
+    assert_eq!(m.post_any(COMM, 5, &members, recv(2, 8)), Matched::Queued);
+    assert_eq!(m.post(key(2, 5), recv(3, 8)), Matched::Queued);
+    // A pending wildcard concerns every sender of its communicator and tag.
+    assert!(!m.idle(&key(0, 5)));
+    assert!(m.idle(&key(0, 6)));
+    // From rank 2: the wildcard was posted before rank 2's own receive.
+    assert_eq!(
+        m.arrive(key(2, 5), [0; 2], eager(4), never),
+        Matched::Eager { id: 2, len: 4 }
+    );
+    assert_eq!(m.take_bound(), Some((2, 2)));
+    assert_eq!(m.take_bound(), None, "told once");
+    // From rank 1: its own receive was posted first.
+    assert_eq!(
+        m.arrive(key(1, 5), [0; 2], eager(4), never),
+        Matched::Eager { id: 1, len: 4 }
+    );
+    assert_eq!(m.take_bound(), None);
+    assert_eq!(
+        m.arrive(key(2, 5), [0; 2], eager(4), never),
+        Matched::Eager { id: 3, len: 4 }
+    );
+    assert!(m.idle(&key(0, 5)));
+    // A rendezvous binds it too, and a message of another call fails it.
+    m.post_any(COMM, 5, &members, recv(4, 8));
+    let rts = Arrival::Rts {
+        msg_id: 1,
+        len: 100,
+        pull: None,
+    };
+    assert!(matches!(
+        m.arrive(key(0, 5), [9; 2], rts, never),
+        Matched::Mismatch {
+            id: 4,
+            refuse: Some(1),
+            ..
+        }
+    ));
+    assert_eq!(m.take_bound(), Some((4, 0)));
+}
+
+#[test]
+fn a_wildcard_takes_the_held_message_of_its_members_that_arrived_first() {
+    let mut m = Matching::default();
+    let Matched::Held { uid: from2 } = m.arrive(key(2, 5), [0; 2], eager(2), never) else {
+        panic!("held");
+    };
+    let Matched::Held { uid: from1 } = m.arrive(key(1, 5), [0; 2], eager(1), never) else {
+        panic!("held");
+    };
+    land(&mut m, from1, &[1]);
+    assert!(m.has_unexpected_any(COMM, 5, &[0, 1]));
+    assert!(!m.has_unexpected_any(COMM, 5, &[0]));
+    // Rank 2 is no member of this one's communicator: it takes rank 1's message.
+    assert_eq!(
+        m.post_any(COMM, 5, &[0, 1], recv(1, 8)),
+        Matched::Deliver {
+            id: 1,
+            data: vec![1]
+        }
+    );
+    assert_eq!(m.take_bound(), Some((1, 1)));
+    // Rank 2's is still arriving: claimed, bound, and delivered once in.
+    assert_eq!(
+        m.post_any(COMM, 5, &[0, 1, 2], recv(2, 8)),
+        Matched::Claimed { id: 2 }
+    );
+    assert_eq!(m.take_bound(), Some((2, 2)));
+    assert_eq!(
+        land(&mut m, from2, &[2, 2]),
+        Some(Matched::Deliver {
+            id: 2,
+            data: vec![2, 2]
+        })
+    );
+    // A wildcard taken back (timed out) leaves its queue.
+    m.post_any(COMM, 5, &[0, 1, 2], recv(3, 8));
+    assert_eq!(m.waiting_any(), vec![3]);
+    m.withdraw(&key(usize::MAX, 5), 3);
+    assert!(m.waiting_any().is_empty());
+    assert!(m.idle(&key(0, 5)));
+}
+
+/// One step of a random interleaving at one rank: a receive posted (from one peer, or from
+/// any), a message's header arriving, or the rest of an eager message's payload arriving.
 #[derive(Debug, Clone)]
 enum Event {
     Post {
         peer: usize,
+        tag: u32,
+        cap: usize,
+    },
+    PostAny {
         tag: u32,
         cap: usize,
     },
@@ -807,6 +899,7 @@ fn event() -> impl Strategy<Value = Event> {
             tag,
             cap
         }),
+        (0..2u32, 0..40usize).prop_map(|(tag, cap)| Event::PostAny { tag, cap }),
         (0..2usize, 0..2u32, 0..40usize, any::<bool>()).prop_map(|(peer, tag, len, rts)| {
             Event::Arrive {
                 peer,
@@ -819,103 +912,157 @@ fn event() -> impl Strategy<Value = Event> {
     ]
 }
 
+/// What a receive got: the bytes of its message, or the length that truncated it.
+type Got = (OpId, std::result::Result<Vec<u8>, usize>);
+
+/// The simple model of MPI matching: posted receives in posting order, held messages in
+/// arrival order; a message goes to the first posted receive that accepts it, a receive takes
+/// the first held message it accepts. Returns `(receive, message)` pairs.
+fn model(events: &[Event]) -> Vec<(OpId, usize)> {
+    // (receive, peer or any, tag) and (message, peer, tag).
+    let mut posted: Vec<(OpId, Option<usize>, u32)> = Vec::new();
+    let mut held: Vec<(usize, usize, u32)> = Vec::new();
+    let mut pairs = Vec::new();
+    let (mut next_id, mut next_msg) = (1, 0);
+    for e in events {
+        match *e {
+            Event::Post { tag, .. } | Event::PostAny { tag, .. } => {
+                let from = match *e {
+                    Event::Post { peer, .. } => Some(peer),
+                    _ => None,
+                };
+                match held
+                    .iter()
+                    .position(|&(_, p, t)| t == tag && from.is_none_or(|f| f == p))
+                {
+                    Some(j) => pairs.push((next_id, held.remove(j).0)),
+                    None => posted.push((next_id, from, tag)),
+                }
+                next_id += 1;
+            }
+            Event::Arrive { peer, tag, .. } => {
+                match posted
+                    .iter()
+                    .position(|&(_, f, t)| t == tag && f.is_none_or(|f| f == peer))
+                {
+                    Some(j) => pairs.push((posted.remove(j).0, next_msg)),
+                    None => held.push((next_msg, peer, tag)),
+                }
+                next_msg += 1;
+            }
+            Event::Land(_) => {}
+        }
+    }
+    pairs
+}
+
 proptest! {
-    /// Against a model: per (communicator, peer, tag), the k-th receive posted takes the
-    /// k-th message arrived, whatever the interleaving, with its bytes, truncated when it is
-    /// longer than the receive; receives and messages without a partner wait.
+    /// Random interleavings of specific and wildcard receives, eager and rendezvous arrivals
+    /// and payloads against the model: each receive gets the message the model pairs it
+    /// with, with its bytes, truncated when an eager message is longer than the receive; a
+    /// wildcard is bound to its message's sender; the rest wait.
     #[test]
-    fn matching_pairs_the_kth_receive_with_the_kth_message_of_its_key(
+    fn matching_follows_the_model_for_any_interleaving(
         events in proptest::collection::vec(event(), 0..60)
     ) {
         let mut m = Matching::default();
-        // Messages: (key, len, payload id) in arrival order; receives: (key, id, cap).
-        let mut msgs: Vec<(MatchKey, usize, u64)> = Vec::new();
-        let mut recvs: Vec<(MatchKey, OpId, usize)> = Vec::new();
+        // Messages in arrival order: (peer, len, rendezvous); receives: (id, cap).
+        let mut msgs: Vec<(usize, usize, bool)> = Vec::new();
+        let mut caps: Vec<(OpId, usize)> = Vec::new();
         // Eager payloads still arriving: (uid, message index).
         let mut arriving: Vec<(u64, usize)> = Vec::new();
-        // What each receive got: (message index or length, outcome).
-        let mut got: Vec<(OpId, std::result::Result<Vec<u8>, usize>)> = Vec::new();
-        // Which message each rendezvous id names.
+        let mut got: Vec<Got> = Vec::new();
+        let mut bound: Vec<(OpId, usize)> = Vec::new();
         let payload = |i: usize, len: usize| bytes(len, i as u8);
-        let mut by_msg_id: Vec<(u64, usize)> = Vec::new();
-        let record = |m: Matched, got: &mut Vec<_>, arriving_msg: Option<usize>,
-                          by_msg_id: &Vec<(u64, usize)>| match m {
+        // Rendezvous message ids are message indices.
+        let record = |r: Matched, got: &mut Vec<Got>, arrival: Option<usize>| match r {
             Matched::Eager { id, len } => {
-                let i = arriving_msg.expect("an arrival");
-                got.push((id, Ok(payload(i, len))));
+                got.push((id, Ok(payload(arrival.expect("an arrival"), len))));
             }
             Matched::Deliver { id, data } => got.push((id, Ok(data))),
             Matched::Truncated { id, len } => got.push((id, Err(len))),
             Matched::Rts { id, msg_id, len, .. } => {
-                let i = by_msg_id.iter().find(|b| b.0 == msg_id).expect("an RTS").1;
-                got.push((id, Ok(payload(i, len))));
+                got.push((id, Ok(payload(msg_id as usize, len))));
             }
             Matched::Held { .. } | Matched::Claimed { .. } | Matched::Queued => {}
             other => panic!("unexpected {other:?}"),
         };
         let mut next_id: OpId = 1;
-        for e in events {
-            match e {
+        for e in &events {
+            match *e {
                 Event::Post { peer, tag, cap } => {
-                    let k = key(peer, tag);
-                    recvs.push((k, next_id, cap));
-                    let r = m.post(k, recv(next_id, cap));
+                    caps.push((next_id, cap));
+                    let r = m.post(key(peer, tag), recv(next_id, cap));
                     next_id += 1;
-                    record(r, &mut got, None, &by_msg_id);
+                    record(r, &mut got, None);
+                }
+                Event::PostAny { tag, cap } => {
+                    caps.push((next_id, cap));
+                    let r = m.post_any(COMM, tag, &[0, 1], recv(next_id, cap));
+                    next_id += 1;
+                    record(r, &mut got, None);
                 }
                 Event::Arrive { peer, tag, len, rts } => {
-                    let k = key(peer, tag);
                     let i = msgs.len();
-                    msgs.push((k, len, i as u64));
+                    msgs.push((peer, len, rts));
                     let what = if rts {
-                        by_msg_id.push((i as u64, i));
                         Arrival::Rts { msg_id: i as u64, len, pull: None }
                     } else {
                         eager(len)
                     };
-                    let r = m.arrive(k, [0; 2], what, never);
-                    if let Matched::Held { uid } = r {
-                        if !rts {
-                            arriving.push((uid, i));
-                        }
+                    let r = m.arrive(key(peer, tag), [0; 2], what, never);
+                    if let (Matched::Held { uid }, false) = (&r, rts) {
+                        arriving.push((*uid, i));
                     }
-                    record(r, &mut got, Some(i), &by_msg_id);
+                    record(r, &mut got, Some(i));
                 }
                 Event::Land(j) if !arriving.is_empty() => {
                     let (uid, i) = arriving.remove(j % arriving.len());
-                    let r = land(&mut m, uid, &payload(i, msgs[i].1));
-                    if let Some(r) = r {
-                        record(r, &mut got, None, &by_msg_id);
+                    if let Some(r) = land(&mut m, uid, &payload(i, msgs[i].1)) {
+                        record(r, &mut got, None);
                     }
                 }
                 Event::Land(_) => {}
             }
+            bound.extend(m.take_bound());
         }
         for (uid, i) in arriving.drain(..) {
             if let Some(r) = land(&mut m, uid, &payload(i, msgs[i].1)) {
-                record(r, &mut got, None, &by_msg_id);
+                record(r, &mut got, None);
             }
         }
-        // The model: pair by key, in order.
-        let mut expected: Vec<(OpId, std::result::Result<Vec<u8>, usize>)> = Vec::new();
-        let mut keys: Vec<MatchKey> = Vec::new();
-        for r in &recvs {
-            if !keys.contains(&r.0) {
-                keys.push(r.0);
-            }
-        }
-        for k in keys {
-            let rs = recvs.iter().filter(|r| r.0 == k);
-            let ms = msgs.iter().enumerate().filter(|(_, msg)| msg.0 == k);
-            for ((_, id, cap), (i, (_, len, _))) in rs.zip(ms) {
-                let rts = by_msg_id.iter().any(|b| b.1 == i);
+        let pairs = model(&events);
+        let mut expected: Vec<Got> = pairs
+            .iter()
+            .map(|&(id, i)| {
+                let (_, len, rts) = msgs[i];
+                let cap = caps.iter().find(|c| c.0 == id).expect("a receive").1;
                 // A rendezvous is matched whatever its length: truncation is its own.
-                let outcome = if *len > *cap && !rts { Err(*len) } else { Ok(payload(i, *len)) };
-                expected.push((*id, outcome));
-            }
-        }
+                (id, if len > cap && !rts { Err(len) } else { Ok(payload(i, len)) })
+            })
+            .collect();
         got.sort_by_key(|g| g.0);
         expected.sort_by_key(|e| e.0);
         prop_assert_eq!(got, expected);
+        // Every wildcard that matched was bound to its message's sender, and no other.
+        let wild: Vec<OpId> = {
+            let mut id = 0;
+            events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Post { .. } => { id += 1; None }
+                    Event::PostAny { .. } => { id += 1; Some(id) }
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut want: Vec<(OpId, usize)> = pairs
+            .iter()
+            .filter(|(id, _)| wild.contains(id))
+            .map(|&(id, i)| (id, msgs[i].0))
+            .collect();
+        want.sort_unstable();
+        bound.sort_unstable();
+        prop_assert_eq!(bound, want);
     }
 }
