@@ -35,9 +35,8 @@ mod sync;
 pub mod topology;
 pub mod transport;
 
-pub use comm::{
-    wait_all, Batch, Communicator, Completion, PoolBuf, RawBuf, RecvStatus, Request, ANY_SOURCE,
-};
+pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, RawBuf, Request};
+pub use comm::{RecvStatus, ANY_SOURCE};
 pub use config::Config;
 pub use dtype::{DataType, ReduceOp};
 pub use error::{Error, ErrorCode, Result, ERRORS_DOC};
