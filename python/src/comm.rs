@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use hcomm::coll::{CollKind, Shape, VLayout};
+use hcomm::{CollKind, Shape, VLayout};
 use hcomm::{DataType, RawBuf, ReduceOp};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
