@@ -5,7 +5,7 @@
 //! this rank makes and what peers said about theirs, judges arriving messages against them,
 //! and writes the errors; the engine sends the abort frames and fails the operations it names.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::{FrameHeader, FrameKind, FLAG_COMM_ABORT, FLAG_MISMATCH};
 use rustc_hash::FxHashMap as HashMap;
@@ -109,7 +109,7 @@ impl Calls {
     /// The error of this rank's call `ours` when `who` (e.g. "rank 3") called `theirs`.
     pub(super) fn mismatch(&self, ours: [u64; 2], who: &str, theirs: [u64; 2]) -> Error {
         let describe = self.describe;
-        Error::Mismatch(format!(
+        Error::mismatch(format!(
             "this rank called {} but {who} called {}: every rank must call the same \
              collectives in the same order with the same type, op, count and root",
             describe(ours),
@@ -121,6 +121,7 @@ impl Calls {
     /// refuted (see [`super::matching::Matching::strangers`]).
     pub(super) fn refuted(&self, ours: [u64; 2], first: &Stranger) -> Error {
         self.mismatch(ours, &format!("world rank {}", first.peer), first.sig)
+            .with_peer(PeerRank::world(first.peer))
     }
 
     /// Whether a peer abandoned `t`'s call, and the error of `t` if so; or the error of
@@ -161,24 +162,30 @@ impl Calls {
             lost,
         } = *a;
         if let (true, false, Some(l)) = (sig == ours, mismatch, lost) {
-            Error::PeerLost(format!(
-                "world rank {l} is unreachable: world rank {peer} abandoned {} on losing it; \
-                 look at the output of world rank {l} (did it exit or crash?)",
-                describe(sig)
-            ))
+            Error::peer_lost(
+                PeerRank::world(l),
+                format!(
+                    "world rank {l} is unreachable: world rank {peer} abandoned {} on losing \
+                     it; look at the output of world rank {l} (did it exit or crash?)",
+                    describe(sig)
+                ),
+            )
         } else if sig == ours && mismatch {
-            Error::Mismatch(format!(
+            Error::mismatch(format!(
                 "world rank {peer} abandoned {} because ranks called mismatched collectives; \
                  see the first mismatch error of the ranks",
                 describe(sig)
             ))
+            .with_peer(PeerRank::world(peer))
         } else if sig == ours {
-            Error::Aborted(format!(
+            Error::aborted(format!(
                 "world rank {peer} abandoned {} after an error; see that rank's error",
                 describe(sig)
             ))
+            .with_peer(PeerRank::world(peer))
         } else {
             self.mismatch(ours, &format!("world rank {peer}"), sig)
+                .with_peer(PeerRank::world(peer))
         }
     }
 
@@ -320,9 +327,8 @@ impl Engine {
         {
             let mut st = lock(&self.shared.state);
             for comm in comms {
-                let err = Error::Aborted(
-                    "this rank aborted the communicator (Communicator::abort, hcommCommAbort)"
-                        .into(),
+                let err = Error::aborted(
+                    "this rank aborted the communicator (Communicator::abort, hcommCommAbort)",
                 );
                 st.abort_comm(comm, err);
             }
@@ -350,7 +356,8 @@ impl State {
         let t = op.target;
         let err = self
             .calls
-            .mismatch(t.sig, &format!("rank {}", t.comm_rank), theirs);
+            .mismatch(t.sig, &format!("rank {}", t.comm_rank), theirs)
+            .with_peer(PeerRank::ranks(t.comm_rank, t.peer));
         self.complete(id, Err(err));
         self.send_abort(t, true, None);
     }
@@ -381,7 +388,8 @@ impl State {
         };
         let err = self
             .calls
-            .mismatch(ours, &format!("world rank {peer}"), hdr.sig);
+            .mismatch(ours, &format!("world rank {peer}"), hdr.sig)
+            .with_peer(PeerRank::world(peer));
         self.fail_call(hdr.comm, hdr.tag, err);
         let t = Target {
             comm: hdr.comm,

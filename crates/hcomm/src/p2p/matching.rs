@@ -12,7 +12,7 @@
 //! (the engine then lands the payload straight in that receive's buffer), that it is held as
 //! unexpected, that the receive is truncated or mismatched. Its unit tests drive it alone.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 use std::hash::Hash;
@@ -601,25 +601,32 @@ impl State {
             }
             others += 1;
             let Some(Some(p)) = self.peers.get(w) else {
-                return Err(Error::Internal(format!("no link to world rank {w}")));
+                return Err(Error::internal(format!("no link to world rank {w}"))
+                    .with_peer(PeerRank::ranks(r, w)));
             };
             if let Some(why) = &p.lost {
                 if !p.closed {
-                    return Err(Error::PeerLost(format!(
-                        "recv from any rank (tag {}) failed: rank {r} of the communicator is \
-                         lost, and it may have been the sender: {why}",
-                        t.tag
-                    )));
+                    return Err(Error::peer_lost(
+                        PeerRank::ranks(r, w),
+                        format!(
+                            "recv from any rank (tag {}) failed: rank {r} of the communicator \
+                             is lost, and it may have been the sender: {why}",
+                            t.tag
+                        ),
+                    ));
                 }
                 gone += 1;
             }
         }
         if others > 0 && gone == others {
-            return Err(Error::PeerLost(format!(
-                "recv from any rank (tag {}) failed: every other rank of the communicator has \
-                 finalized, so none can send",
-                t.tag
-            )));
+            return Err(Error::peer_lost(
+                PeerRank::default(),
+                format!(
+                    "recv from any rank (tag {}) failed: every other rank of the communicator \
+                     has finalized, so none can send",
+                    t.tag
+                ),
+            ));
         }
         Ok(())
     }
