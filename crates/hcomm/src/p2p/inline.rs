@@ -8,7 +8,7 @@ use crate::transport::shm::link::{Inbox, Watch};
 use crate::transport::wire::{FrameHeader, FrameKind};
 
 use super::link::{Kind, Link};
-use super::{MatchKey, OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
+use super::{OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
 
 impl State {
     /// Writes a small message straight into the peer's memory, without an operation, when
@@ -16,22 +16,19 @@ impl State {
     /// whether it did (then the send is complete). An error when the peer cannot be reached.
     pub(super) fn send_fast(&mut self, t: &Target, data: &[u8]) -> Result<bool> {
         self.live_peer(t)?;
-        let Some(peer) = self.peers.get_mut(t.peer).and_then(Option::as_mut) else {
-            return Ok(false);
-        };
         let Some(link) = self.links.primary_mut(t.peer) else {
             return Ok(false);
         };
         let mut hdr = FrameHeader::new(FrameKind::Eager);
         hdr.comm = t.comm;
         hdr.tag = t.tag;
-        hdr.msg_id = peer.next_msg_id;
+        hdr.msg_id = self.rndv.peek_msg_id(t.peer);
         hdr.len = data.len() as u64;
         hdr.sig = t.sig;
         let Some(wake) = link.send_inline(&hdr, data) else {
             return Ok(false);
         };
-        peer.next_msg_id += 1;
+        self.rndv.take_msg_id(t.peer);
         if link.caps().kind == Kind::Shm {
             ProtocolCounts::bump(&self.counts.shm_eager);
         }
@@ -67,16 +64,7 @@ impl State {
         if hdr.comm != t.comm || hdr.tag != t.tag || hdr.sig != t.sig || len > cap {
             return None;
         }
-        let key = MatchKey {
-            comm: t.comm,
-            peer: t.peer,
-            tag: t.tag,
-        };
-        if self.live_peer(t).is_err()
-            || self.posted.contains_key(&key)
-            || (!self.posted_any.is_empty() && self.posted_any.contains_key(&(t.comm, t.tag)))
-            || self.unexpected.contains_key(&key)
-        {
+        if self.live_peer(t).is_err() || !self.matching.idle(&t.key()) {
             return None;
         }
         let peer = self.peers.get_mut(t.peer)?.as_mut()?;

@@ -36,26 +36,28 @@ use std::time::Instant;
 use rustc_hash::FxHashMap as HashMap;
 use rustix::event::epoll;
 
+use super::matching::Matching;
 use super::requests::dest_slice;
-use super::{Dest, Op, OpId, OutFrame, Unexpected};
+use super::{Dest, Op, OpId, OutFrame};
 use crate::transport::shm::link::{Inbox, Watch};
 use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD};
 
 /// The engine's operations by id: outgoing payloads are read from their buffers.
 pub(super) type Ops = HashMap<OpId, Op>;
 
-/// Where received payloads land: the operations' buffers and the unexpected messages held.
+/// Where received payloads land: the operations' buffers and the unexpected messages held
+/// (in the matching).
 pub(super) struct Dests<'a> {
     /// The operations.
     pub ops: &'a mut Ops,
-    /// The unexpected messages.
-    pub umsgs: &'a mut HashMap<u64, Unexpected>,
+    /// The matching, which holds the unexpected messages.
+    pub matching: &'a mut Matching,
 }
 
 impl Dests<'_> {
     /// The bytes `done..done+len` of destination `dest`; `None` when they are to be dropped.
     pub(super) fn slice(&mut self, dest: Dest, done: usize, len: usize) -> Option<&mut [u8]> {
-        dest_slice(self.ops, self.umsgs, dest, done, len)
+        dest_slice(self.ops, self.matching, dest, done, len)
     }
 
     /// Where the whole payload of `hdr` goes, for a link that has it all at once.
