@@ -57,6 +57,7 @@ impl Waiting {
                 std::hint::spin_loop();
             }
             self.polls += 1;
+            yield_every_few(self.policy, self.polls);
             return Pause::Spin;
         }
         match self.try_yield() {
@@ -85,6 +86,14 @@ impl Waiting {
     /// The longest sleep between looks.
     pub(crate) fn max_sleep(&self) -> Duration {
         self.policy.max_sleep
+    }
+}
+
+/// Yields the CPU if `looks` (of a spinning wait) is a multiple of the policy's
+/// `yield_every`: a peer waiting for this core then runs.
+pub(crate) fn yield_every_few(policy: Backoff, looks: u32) {
+    if policy.yield_every != 0 && looks % policy.yield_every == 0 {
+        std::thread::yield_now();
     }
 }
 
@@ -265,6 +274,7 @@ impl Engine {
             polled = false;
             if now < spin_until {
                 rounds = rounds.wrapping_add(1);
+                yield_every_few(Backoff::DEFAULT, rounds);
                 // Only shared memory to watch: the sockets (which carry nothing but the
                 // peers' goodbyes) are looked at now and then.
                 if all_shm && rounds % SHM_POLLS_PER_EPOLL != 0 {
@@ -349,6 +359,7 @@ mod tests {
         let policy = Backoff {
             polls: 5,
             eager_polls: 2,
+            yield_every: 2,
             yields: 3,
             max_sleep: Duration::from_millis(7),
         };
