@@ -26,7 +26,7 @@ use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::observe::OpKind;
-use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
+use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target, ANY_PEER};
 use crate::rng::mix;
 use crate::sync::lock;
 use crate::topology::{RankInfo, Topology};
@@ -140,7 +140,7 @@ impl World {
             [0; 3],
             self.protocol(t.peer, len),
             0,
-            Some(t.comm_rank),
+            (t.comm_rank != ANY_PEER).then_some(t.comm_rank),
         )
     }
 }
@@ -210,6 +210,20 @@ struct Plan {
     protocols: u64,
 }
 
+/// The `src` of a receive that takes a message from any rank of the communicator
+/// ([`Communicator::recv`], [`Communicator::irecv`], [`Communicator::irecv_raw`]; see
+/// [`Communicator::recv_any`]).
+pub const ANY_SOURCE: usize = usize::MAX;
+
+/// What a receive from any source got: who sent the message, and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvStatus {
+    /// The sender's rank in the communicator.
+    pub source: usize,
+    /// Bytes received into the front of the buffer.
+    pub len: usize,
+}
+
 /// A finished nonblocking operation: its buffer back, and the bytes sent or received.
 #[derive(Debug)]
 pub struct Completion {
@@ -219,6 +233,9 @@ pub struct Completion {
     pub buffer: Vec<u8>,
     /// Bytes sent, or bytes received into the front of `buffer`.
     pub len: usize,
+    /// For a receive from [`ANY_SOURCE`]: the sender's rank in the communicator (`None` for
+    /// every other operation).
+    pub source: Option<usize>,
 }
 
 /// A nonblocking operation in flight: point-to-point or collective. It progresses in the
@@ -239,6 +256,8 @@ enum RequestInner {
         result: Option<Result<usize>>,
         /// The operation uses lent memory and is still in the engine.
         lent: bool,
+        /// A receive from any source: its sender once known.
+        any: Option<Option<usize>>,
     },
     /// A collective running on its own thread (it waits with the world's timeout).
     Task {
@@ -249,29 +268,28 @@ enum RequestInner {
 }
 
 impl Request {
-    fn p2p(world: &Arc<World>, id: OpId, buffer: Vec<u8>) -> Request {
-        let world = Arc::clone(world);
-        Request {
-            inner: RequestInner::P2p {
-                world,
-                id,
-                buffer: Some(buffer),
-                result: None,
-                lent: false,
-            },
-        }
-    }
-
-    /// A point-to-point operation on lent memory.
-    fn lent(world: &Arc<World>, id: OpId) -> Request {
+    /// A point-to-point operation on `buffer`, or on lent memory (`None`); `any`: a receive
+    /// from any source.
+    fn p2p(world: &Arc<World>, (id, any): (OpId, bool), buffer: Option<Vec<u8>>) -> Request {
         Request {
             inner: RequestInner::P2p {
                 world: Arc::clone(world),
                 id,
-                buffer: None,
+                lent: buffer.is_none(),
+                buffer,
                 result: None,
-                lent: true,
+                any: any.then_some(None),
             },
+        }
+    }
+
+    /// For a receive from [`ANY_SOURCE`] that [`Request::test`] found complete: the sender's
+    /// rank in the communicator ([`Completion::source`] tells it too). `None` before, for a
+    /// receive that failed before it matched, and for every other operation.
+    pub fn source(&self) -> Option<usize> {
+        match &self.inner {
+            RequestInner::P2p { any, .. } => any.flatten(),
+            RequestInner::Task { .. } => None,
         }
     }
 
@@ -284,17 +302,27 @@ impl Request {
                 buffer,
                 result,
                 lent,
+                any,
             } => {
                 let r = match result.take() {
                     Some(r) => r,
-                    None => world
-                        .engine
-                        .wait(*id, Instant::now() + world.config.timeout),
+                    None => {
+                        let r = world
+                            .engine
+                            .wait(*id, Instant::now() + world.config.timeout);
+                        note_source(world, *id, any);
+                        r
+                    }
                 };
                 // The engine has removed the operation: the memory is free.
                 *lent = false;
                 let buffer = buffer.take().unwrap_or_default();
-                r.map(|len| Completion { buffer, len })
+                let source = any.flatten();
+                r.map(|len| Completion {
+                    buffer,
+                    len,
+                    source,
+                })
             }
             RequestInner::Task { handle, .. } => match handle.take().map(|h| h.join()) {
                 Some(Ok(r)) => r,
@@ -309,10 +337,17 @@ impl Request {
     pub fn test(&mut self) -> Result<bool> {
         match &mut self.inner {
             RequestInner::P2p {
-                world, id, result, ..
+                world,
+                id,
+                result,
+                any,
+                ..
             } => {
                 if result.is_none() {
                     *result = world.engine.test(*id);
+                    if result.is_some() {
+                        note_source(world, *id, any);
+                    }
                 }
                 Ok(result.is_some())
             }
@@ -332,6 +367,7 @@ impl Drop for Request {
                 buffer,
                 result: None,
                 lent,
+                any,
             } => {
                 if let Some(buffer) = buffer.take() {
                     world.engine.detach(*id, buffer);
@@ -341,6 +377,7 @@ impl Drop for Request {
                     let _ = world
                         .engine
                         .wait(*id, Instant::now() + world.config.timeout);
+                    note_source(world, *id, any);
                 }
             }
             RequestInner::Task { handle, lent: true } => {
@@ -351,6 +388,14 @@ impl Drop for Request {
             }
             _ => {}
         }
+    }
+}
+
+/// Records the sender of receive-from-any-source `id` (`any` is `Some` for one), whose
+/// result was just taken from the engine.
+fn note_source(world: &World, id: OpId, any: &mut Option<Option<usize>>) {
+    if let Some(source) = any {
+        *source = world.engine.take_source(id);
     }
 }
 
@@ -777,10 +822,55 @@ impl Communicator {
     }
 
     /// Receives a message from rank `src` with `tag` into `buf`; returns its length.
-    /// A longer message gives [`Error::Truncated`] (and is consumed).
+    /// A longer message gives [`Error::Truncated`] (and is consumed). `src` may be
+    /// [`ANY_SOURCE`]: see [`Communicator::recv_any`], which also tells the sender.
     pub fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
+        if src == ANY_SOURCE {
+            return self.recv_any(buf, tag).map(|s| s.len);
+        }
         let t = self.target(self.id, src, tag, "source")?;
         self.recorded(OpKind::Recv, &t, buf.len(), || self.recv_from(t, buf))
+    }
+
+    /// Receives a message with `tag` from any rank of the communicator (this one included)
+    /// into `buf`; returns the sender and the length. MPI's rules: messages from one sender
+    /// are received in the order they were sent; receives are matched in the order they were
+    /// posted, specific ones and these alike; a message already here is taken in arrival
+    /// order. A longer message gives [`Error::Truncated`] (and is consumed).
+    ///
+    /// While it waits, a member of the communicator that is lost (killed, unreachable) fails
+    /// it with [`Error::PeerLost`] at once, since that rank may have been the sender (the
+    /// rule of MPI's fault-tolerance proposal, ULFM); so does every other member having
+    /// finalized. Once a member is lost, receives from any source on the communicator fail
+    /// unless a message is already here: receive from named ranks instead. Point-to-point
+    /// only: collectives never match a receive from any source.
+    pub fn recv_any(&self, buf: &mut [u8], tag: u32) -> Result<RecvStatus> {
+        let t = self.any_target(tag);
+        self.recorded(OpKind::Recv, &t, buf.len(), || {
+            let engine = &self.world.engine;
+            let members = Arc::clone(&self.members);
+            // SAFETY: `buf` is mutably borrowed for this whole call, and `wait` removes the
+            // operation (on success, error or timeout) before it returns.
+            let id =
+                unsafe { engine.post_recv_any(t, members, buf.as_mut_ptr(), buf.len(), false)? };
+            let len = engine.wait(id, self.deadline());
+            let source = engine.take_source(id);
+            let len = len?;
+            source
+                .map(|source| RecvStatus { source, len })
+                .ok_or_else(|| Error::Internal("a receive from any source has no sender".into()))
+        })
+    }
+
+    /// The target of a receive from any source of this communicator with `tag`.
+    fn any_target(&self, tag: u32) -> Target {
+        Target {
+            comm: self.id,
+            peer: ANY_PEER,
+            comm_rank: ANY_PEER,
+            tag,
+            sig: [0; 2],
+        }
     }
 
     fn recv_from(&self, t: Target, buf: &mut [u8]) -> Result<usize> {
@@ -857,19 +947,22 @@ impl Communicator {
                 buf.len(),
             )?
         };
-        Ok(Request::p2p(&self.world, id, buf))
+        Ok(Request::p2p(&self.world, id, Some(buf)))
     }
 
     /// Starts receiving from `src` into `buf` (its length is the capacity);
-    /// [`Request::wait`] gives the buffer back with the received length.
+    /// [`Request::wait`] gives the buffer back with the received length. `src` may be
+    /// [`ANY_SOURCE`] (the rules of [`Communicator::recv_any`]): the completion then names
+    /// the sender ([`Completion::source`]).
     pub fn irecv(&self, mut buf: Vec<u8>, src: usize, tag: u32) -> Result<Request> {
         // SAFETY: as in `isend`; nothing else touches the Vec while the request owns it.
         let id = unsafe { self.post_async(Blocking::Recv, src, tag, buf.as_mut_ptr(), buf.len())? };
-        Ok(Request::p2p(&self.world, id, buf))
+        Ok(Request::p2p(&self.world, id, Some(buf)))
     }
 
-    /// Posts a nonblocking send to or receive from `peer` of `len` bytes at `buf`, recorded
-    /// for the profiler.
+    /// Posts a nonblocking send to or receive from `peer` ([`ANY_SOURCE`] for a receive from
+    /// any source) of `len` bytes at `buf`, recorded for the profiler; returns the
+    /// operation and whether it is a receive from any source.
     ///
     /// # Safety
     /// As for the engine's `post_send` (a send) or `post_recv` (a receive).
@@ -880,8 +973,16 @@ impl Communicator {
         tag: u32,
         buf: *mut u8,
         len: usize,
-    ) -> Result<OpId> {
+    ) -> Result<(OpId, bool)> {
         let engine = &self.world.engine;
+        if kind == Blocking::Recv && peer == ANY_SOURCE {
+            let t = self.any_target(tag);
+            drop(self.world.p2p_scope(OpKind::Irecv, &t, len, self.size()));
+            let members = Arc::clone(&self.members);
+            // SAFETY: forwarded from the caller.
+            return unsafe { engine.post_recv_any(t, members, buf, len, true) }
+                .map(|id| (id, true));
+        }
         let (what, op) = match kind {
             Blocking::Send => ("destination", OpKind::Isend),
             Blocking::Recv => ("source", OpKind::Irecv),
@@ -894,6 +995,7 @@ impl Communicator {
             // SAFETY: forwarded from the caller.
             Blocking::Recv => unsafe { engine.post_recv(t, buf, len, true) },
         }
+        .map(|id| (id, false))
     }
 
     /// Returns when every rank has called it.

@@ -27,7 +27,7 @@ pub struct RankInfo {
 impl RankInfo {
     /// Describes the calling process; `host_id` replaces the detected host identity
     /// (`HCOMM_HOST_ID`).
-    pub fn current(host_id: Option<&str>) -> RankInfo {
+    pub(crate) fn current(host_id: Option<&str>) -> RankInfo {
         let hostname = rustix::system::uname()
             .nodename()
             .to_string_lossy()
@@ -48,7 +48,7 @@ impl RankInfo {
     }
 
     /// Encodes for the rendezvous store: fields separated by newlines.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         format!(
             "{}\n{}\n{}\n{}\n{}",
             self.host_id, self.hostname, self.pid, self.numa_node, self.cpu
@@ -57,7 +57,7 @@ impl RankInfo {
     }
 
     /// Decodes what [`RankInfo::encode`] wrote; anything else is an error naming `rank`.
-    pub fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
+    pub(crate) fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
         let bad = || {
             Error::Init(format!(
                 "rank {rank} published malformed topology information"
@@ -108,7 +108,7 @@ pub struct Topology {
 
 impl Topology {
     /// Builds the map from every rank's information, indexed by rank.
-    pub fn new(ranks: Vec<RankInfo>) -> Topology {
+    pub(crate) fn new(ranks: Vec<RankInfo>) -> Topology {
         let mut hosts: Vec<&str> = Vec::new();
         let mut host_of = Vec::with_capacity(ranks.len());
         let mut local_rank = Vec::with_capacity(ranks.len());
@@ -135,7 +135,7 @@ impl Topology {
     }
 
     /// The topology of ranks chosen from this one, in the given order.
-    pub fn subset(&self, members: &[usize]) -> Topology {
+    pub(crate) fn subset(&self, members: &[usize]) -> Topology {
         Topology::new(members.iter().map(|&r| self.ranks[r].clone()).collect())
     }
 

@@ -132,18 +132,19 @@ impl Communicator {
         // SAFETY: RawBuf's contract keeps the bytes readable until the operation completes;
         // the request removes the operation (wait, test, or its drop) before it goes.
         let id = unsafe { self.post_async(Blocking::Send, dest, tag, buf.as_ptr(), buf.len())? };
-        Ok(Request::lent(&self.world, id))
+        Ok(Request::p2p(&self.world, id, None))
     }
 
     /// Starts receiving from `src` with `tag` into the lent `buf` (its length is the
-    /// capacity): [`Communicator::irecv`] without a `Vec`. [`Request::wait`] returns the
+    /// capacity): [`Communicator::irecv`] without a `Vec` (`src` may be
+    /// [`super::ANY_SOURCE`]; [`Request::source`] and the completion then name the sender). [`Request::wait`] returns the
     /// received length; dropping the request unwaited waits for the receive (at most
     /// `HCOMM_TIMEOUT`).
     pub fn irecv_raw(&self, buf: RawBuf, src: usize, tag: u32) -> Result<Request> {
         // SAFETY: RawBuf's contract keeps the bytes writable and unused by others until the
         // operation completes; the request removes the operation before it goes.
         let id = unsafe { self.post_async(Blocking::Recv, src, tag, buf.as_ptr(), buf.len())? };
-        Ok(Request::lent(&self.world, id))
+        Ok(Request::p2p(&self.world, id, None))
     }
 
     /// Starts any collective in the background on lent buffers:

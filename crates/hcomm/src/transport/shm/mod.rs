@@ -7,10 +7,10 @@
 //! that memory: spin briefly, then yield, then sleep on a futex in the segment (the shared
 //! futex, which works across processes), woken by the writer only when a sleeper is flagged.
 
-pub mod cma;
-pub mod fastbox;
-pub mod futex;
-pub mod link;
-pub mod pool;
-pub mod ring;
-pub mod segment;
+pub(crate) mod cma;
+pub(crate) mod fastbox;
+pub(crate) mod futex;
+pub(crate) mod link;
+pub(crate) mod pool;
+pub(crate) mod ring;
+pub(crate) mod segment;
