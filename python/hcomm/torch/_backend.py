@@ -213,8 +213,8 @@ class _Work(c10d.Work):
         source: Callable[[], int | None] | None = None,
     ) -> None:
         super().__init__()
-        # A receive from any source: its sender (group rank), for ``_source_rank``.
-        self._source = source
+        if source is not None:
+            self._source = source
         self._outputs = outputs
         self._what = describe
         # Inputs and staging copies stay alive until the operation completes.
@@ -225,6 +225,8 @@ class _Work(c10d.Work):
         self._lock = threading.Lock()
 
     # Defaults at class level: setting attributes on every (per-call) instance costs.
+    # A receive from any source: its sender (group rank), for ``_source_rank``.
+    _source: Callable[[], int | None] | None = None
     _fut: Future[list[torch.Tensor]] | None = None
     # Made for a waiter that must block.
     _event: threading.Event | None = None
