@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::coll::schedule::{Buf, Region, Schedule, Step};
 use crate::dtype::{DataType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::p2p::{Engine, OpId, Target};
 use crate::reduce;
 
@@ -42,10 +42,11 @@ pub(crate) struct Call<'a> {
 impl Call<'_> {
     fn target(&self, peer: usize) -> Result<Target> {
         let world = *self.members.get(peer).ok_or_else(|| {
-            Error::Internal(format!(
+            Error::internal(format!(
                 "a schedule names rank {peer} of {}",
                 self.members.len()
             ))
+            .with_peer(PeerRank::comm(peer))
         })?;
         Ok(Target {
             comm: self.comm,
@@ -72,14 +73,12 @@ impl Call<'_> {
             // Tokens move no data: any non-null pointer will do for zero bytes.
             return match r.len {
                 0 => Ok(std::ptr::NonNull::dangling().as_ptr()),
-                _ => Err(Error::Internal(
-                    "a schedule gives a token region bytes".into(),
-                )),
+                _ => Err(Error::internal("a schedule gives a token region bytes")),
             };
         }
         let (base, len, _) = self.base(r.buf, scratch);
         if r.off.checked_add(r.len).is_none_or(|end| end > len) {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "a schedule step names bytes {:?} of a {len}-byte {:?} buffer",
                 r.range(),
                 r.buf
@@ -157,8 +156,8 @@ fn run_steps(
             if next == steps.len() {
                 return Ok(());
             }
-            return Err(Error::Internal(
-                "a schedule step waits for nothing that can finish".into(),
+            return Err(Error::internal(
+                "a schedule step waits for nothing that can finish",
             ));
         }
         ids.clear();
@@ -199,8 +198,8 @@ fn issue(engine: &Engine, call: &Call<'_>, step: Step, scratch: &mut [u8]) -> Re
         Step::Copy { dst, src } => {
             let (d, s) = (call.ptr(dst, scratch)?, call.ptr(src, scratch)?);
             if dst.len != src.len {
-                return Err(Error::Internal(
-                    "a schedule copies between regions of different sizes".into(),
+                return Err(Error::internal(
+                    "a schedule copies between regions of different sizes",
                 ));
             }
             // SAFETY: both ranges were checked against their buffers; `copy` allows overlap.
@@ -209,9 +208,7 @@ fn issue(engine: &Engine, call: &Call<'_>, step: Step, scratch: &mut [u8]) -> Re
         }
         Step::Reduce { dst, src } => {
             if call.alias(dst, src, scratch) {
-                return Err(Error::Internal(
-                    "a schedule reduces a region into itself".into(),
-                ));
+                return Err(Error::internal("a schedule reduces a region into itself"));
             }
             let (d, s) = (call.ptr(dst, scratch)?, call.ptr(src, scratch)?);
             // SAFETY: both ranges were checked against their buffers and do not overlap; no

@@ -37,7 +37,7 @@ impl<T: Element + bytemuck::Pod> PoolBuf<T> {
             .checked_mul(size_of::<T>())
             .and_then(|bytes| Layout::from_size_align(bytes.max(1), POOL_ALIGN).ok())
             .ok_or_else(|| {
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(format!(
                     "{count} elements of {} bytes: more bytes than can be allocated",
                     size_of::<T>()
                 ))
@@ -91,7 +91,7 @@ impl Communicator {
             unsafe { got.as_ptr().write_bytes(0, layout.size()) };
             return Ok(PoolBuf {
                 ptr: NonNull::new(got.as_ptr().cast())
-                    .ok_or_else(|| Error::Internal("the pool returned a null pointer".into()))?,
+                    .ok_or_else(|| Error::internal("the pool returned a null pointer"))?,
                 count,
                 pool: pool.cloned(),
             });
@@ -99,7 +99,7 @@ impl Communicator {
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw.cast())
-            .ok_or_else(|| Error::NoMem(format!("cannot allocate {} bytes", layout.size())))?;
+            .ok_or_else(|| Error::no_mem(format!("cannot allocate {} bytes", layout.size())))?;
         Ok(PoolBuf {
             ptr,
             count,

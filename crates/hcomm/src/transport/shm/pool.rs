@@ -366,21 +366,21 @@ impl ShmPool {
             mappers,
         } = config;
         if block_size < SLAB_SIZE || block_size % POOL_ALIGN != 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "shared-memory pool block size {block_size}: must be a multiple of \
                  {POOL_ALIGN} bytes and at least {SLAB_SIZE}"
             )));
         }
         let max_blocks = max_total / block_size;
         if max_blocks == 0 || max_blocks > MAX_BLOCKS {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "shared-memory pool limit {max_total} bytes: must hold between one and \
                  {MAX_BLOCKS} blocks of {block_size} bytes"
             )));
         }
         if mappers == 0 {
-            return Err(Error::InvalidArgument(
-                "shared-memory pool: at least one process (this one) maps each block".into(),
+            return Err(Error::invalid_argument(
+                "shared-memory pool: at least one process (this one) maps each block",
             ));
         }
         // Checks the job id and that the longest block name fits.
@@ -540,11 +540,11 @@ impl ShmPool {
         let Some(live) = st.live.remove(&(ptr as usize)) else {
             drop(st);
             return Err(match self.locate(ptr, 0) {
-                Some((block, offset)) => Error::InvalidArgument(format!(
+                Some((block, offset)) => Error::invalid_argument(format!(
                     "shared-memory pool: {ptr:p} (block {block}, offset {offset}) is not the \
                      start of a live pool allocation: it was freed already or is inside one"
                 )),
-                None => Error::InvalidArgument(format!(
+                None => Error::invalid_argument(format!(
                     "shared-memory pool: {ptr:p} is not pool memory"
                 )),
             });
@@ -610,10 +610,9 @@ impl ShmPool {
 
     fn lock(&self) -> Result<MutexGuard<'_, State>> {
         self.state.lock().map_err(|_| {
-            Error::Internal(
+            Error::internal(
                 "shared-memory pool: a thread panicked inside the allocator; the pool is \
-                 unusable"
-                    .into(),
+                 unusable",
             )
         })
     }
@@ -689,7 +688,7 @@ mod tests {
 
     fn invalid_message(result: Result<()>) -> String {
         match result {
-            Err(Error::InvalidArgument(msg)) => msg,
+            Err(Error::InvalidArgument(info)) => info.message,
             other => panic!("expected an invalid-argument error, got {other:?}"),
         }
     }
