@@ -6,7 +6,11 @@ alternates between the two. Rank 0 prints one table (and ``--json FILE`` writes 
 
 Parts (``--parts``): ``allreduce`` (float32 bus bandwidth, 4 KiB to ``--max-bytes``),
 ``latency`` (8-byte all-reduce), ``ddp`` (DDP step time: an MLP of about 25 M parameters on a
-batch of 8, and a small CNN).
+batch of 8, and a small CNN; with what the step is made of: the same step without DDP, and
+the gradients' all-reduce alone, in DDP's buckets, through each backend).
+
+Every measurement alternates the backends repetition by repetition (the host is shared and
+its load drifts), and reports the median over repetitions of the slowest rank's time.
 """
 
 from __future__ import annotations
@@ -21,18 +25,23 @@ import torch
 import torch.distributed as dist
 
 
-def timed(fn: Any, reps: int, group: Any) -> float:
-    """Median seconds of `fn()` over `reps` runs, each run started together by a barrier."""
-    times = []
+def timed(fns: dict[str, Any], reps: int, group: Any) -> dict[str, float]:
+    """Median seconds of each `fns[name]()` over `reps` repetitions, the functions alternating
+    within each repetition, each run started together by a barrier (of `group`) and counted
+    at its slowest rank."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    # Every rank reports the slowest rank's time of each run.
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return statistics.median(t.tolist())
+        for name, fn in fns.items():
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, ts in times.items():
+        t = torch.tensor(ts, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        out[name] = statistics.median(t.tolist())
+    return out
 
 
 def allreduce_part(
@@ -40,13 +49,16 @@ def allreduce_part(
 ) -> list[dict[str, Any]]:
     rows = []
     size = 4096
+    gloo = groups["gloo"]
     while size <= max_bytes:
         x = torch.ones(size // 4, dtype=torch.float32)
-        reps = max(3, min(50, (256 << 20) // size))
+        reps = max(5, min(50, (256 << 20) // size))
         row: dict[str, Any] = {"bytes": size}
+        fns = {}
         for name, g in groups.items():
             dist.all_reduce(x, group=g)  # warm-up
-            t = timed(lambda g=g, x=x: dist.all_reduce(x, group=g), reps, g)
+            fns[name] = lambda g=g, x=x: dist.all_reduce(x, group=g)
+        for name, t in timed(fns, reps, gloo).items():
             row[f"{name}_us"] = t * 1e6
             row[f"{name}_busbw_GBps"] = 2 * (n - 1) / n * size / t / 1e9
         row["ratio"] = row["hcomm_busbw_GBps"] / row["gloo_busbw_GBps"]
@@ -55,20 +67,24 @@ def allreduce_part(
     return rows
 
 
-def latency_part(groups: dict[str, Any]) -> dict[str, Any]:
+def latency_part(groups: dict[str, Any], blocks: int) -> dict[str, Any]:
+    """Mean time of a block of back-to-back 8-byte all-reduces; the median over `blocks`
+    blocks, alternating between the backends."""
     x = torch.ones(2, dtype=torch.float32)  # 8 bytes
-    out: dict[str, Any] = {}
+    iters = {"hcomm": 400, "gloo": 100}
+    fns = {}
     for name, g in groups.items():
         for _ in range(50):
             dist.all_reduce(x, group=g)
-        dist.barrier(group=g)
-        iters = 2000 if name == "hcomm" else 500
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x, group=g)
-        t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g)
-        out[f"{name}_us"] = float(t) * 1e6
+
+        def block(g: Any = g, k: int = iters[name]) -> None:
+            for _ in range(k):
+                dist.all_reduce(x, group=g)
+
+        fns[name] = block
+    out: dict[str, Any] = {}
+    for name, t in timed(fns, blocks, groups["gloo"]).items():
+        out[f"{name}_us"] = t / iters[name] * 1e6
     out["ratio"] = out["hcomm_us"] / out["gloo_us"]
     return out
 
@@ -99,34 +115,63 @@ def _cnn() -> torch.nn.Module:
     )
 
 
+def _buckets(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Flat float32 tensors the sizes of DDP's gradient buckets (the first 1 MiB, then up to
+    25 MiB, parameters in reverse order, as DDP fills them)."""
+    sizes, cur, cap = [], 0, 1 << 20
+    for p in reversed(list(model.parameters())):
+        cur += p.numel() * 4
+        if cur >= cap:
+            sizes.append(cur)
+            cur, cap = 0, 25 << 20
+    if cur:
+        sizes.append(cur)
+    return [torch.ones(b // 4) for b in sizes]
+
+
 def ddp_part(groups: dict[str, Any], steps: int) -> list[dict[str, Any]]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rows = []
+    gloo = groups["gloo"]
     for kind in ("mlp", "cnn"):
         row: dict[str, Any] = {"model": kind}
-        for name, g in groups.items():
+        if kind == "mlp":
+            x, y = torch.randn(8, 2048), torch.randint(0, 16, (8,))
+        else:
+            x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+        fns = {}
+        keep = []
+        for name, g in [("compute", None), *groups.items()]:
             torch.manual_seed(0)
             model = _mlp() if kind == "mlp" else _cnn()
             row["params"] = sum(p.numel() for p in model.parameters())
-            ddp = DDP(model, process_group=g)
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-            if kind == "mlp":
-                x, y = torch.randn(8, 2048), torch.randint(0, 16, (8,))
-            else:
-                x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+            net = model if name == "compute" else DDP(model, process_group=g)
+            opt = torch.optim.SGD(net.parameters(), lr=0.01)
 
-            def step(ddp: Any = ddp, opt: Any = opt, x: Any = x, y: Any = y) -> None:
+            def step(net: Any = net, opt: Any = opt, x: Any = x, y: Any = y) -> None:
                 opt.zero_grad()
-                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                torch.nn.functional.cross_entropy(net(x), y).backward()
                 opt.step()
 
             for _ in range(3):
                 step()
-            row[f"{name}_ms"] = timed(step, steps, g) * 1e3
-            del ddp, opt, model
+            fns[name] = step
+            keep.append((net, opt))
+            if name != "compute":
+                bufs = _buckets(model)
+
+                def comm(g: Any = g, bufs: list[torch.Tensor] = bufs) -> None:
+                    works = [dist.all_reduce(b, group=g, async_op=True) for b in bufs]
+                    for w in works:
+                        w.wait()
+
+                fns[f"{name}_comm"] = comm
+        for name, t in timed(fns, steps, gloo).items():
+            row[f"{name}_ms"] = t * 1e3
         row["ratio"] = row["hcomm_ms"] / row["gloo_ms"]
         rows.append(row)
+        del keep, fns
     return rows
 
 
@@ -135,6 +180,7 @@ def main() -> None:
     p.add_argument("--parts", default="allreduce,latency,ddp")
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--blocks", type=int, default=15)
     p.add_argument("--json")
     p.add_argument("--label", default="")
     a = p.parse_args()
@@ -144,7 +190,7 @@ def main() -> None:
     parts = a.parts.split(",")
     res: dict[str, Any] = {"ranks": n, "label": a.label, "torch": torch.__version__}
     if "latency" in parts:
-        res["latency"] = latency_part(groups)
+        res["latency"] = latency_part(groups, a.blocks)
     if "allreduce" in parts:
         res["allreduce"] = allreduce_part(groups, a.max_bytes, n)
     if "ddp" in parts:
@@ -169,6 +215,8 @@ def main() -> None:
                 print(
                     f"DDP {r['model']} ({r['params'] / 1e6:.1f} M params): hcomm "
                     f"{r['hcomm_ms']:.1f} ms  gloo {r['gloo_ms']:.1f} ms  ratio {r['ratio']:.2f}"
+                    f"  | without DDP {r['compute_ms']:.1f} ms; gradients' all-reduce alone: "
+                    f"hcomm {r['hcomm_comm_ms']:.1f} ms, gloo {r['gloo_comm_ms']:.1f} ms"
                 )
         if a.json:
             with open(a.json, "w") as f:

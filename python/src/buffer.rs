@@ -1,13 +1,18 @@
 //! Python objects as memory: the buffer protocol, `__dlpack__` and numpy's
 //! `__array_interface__` (numpy cannot export ml_dtypes' bfloat16 through the buffer
-//! protocol), without copies.
+//! protocol), without copies. Plain torch CPU tensors are read directly (their address,
+//! length and type through the tensor's own C methods): asking them for the buffer protocol
+//! first fails with an exception, and `__dlpack__` is Python code, which together cost
+//! several microseconds a call.
 
 use std::ffi::{c_void, CStr};
 
 use hcomm::RawBuf;
 use pyo3::buffer::PyUntypedBuffer;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyCapsule, PyDict, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyCapsule, PyDict, PyTuple, PyType};
 
 use crate::dtype::Dtype;
 use crate::errors::invalid;
@@ -73,9 +78,17 @@ unsafe impl Sync for Buffer {}
 impl Buffer {
     /// The memory of `obj`, which must be contiguous. `what` names the argument in errors.
     pub fn get(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Buffer> {
+        if let Some(b) = Buffer::from_torch(obj) {
+            return Ok(b);
+        }
         match PyUntypedBuffer::get(obj) {
             Ok(view) => return Buffer::from_view(view, what),
             Err(e) => {
+                if TORCH_TENSOR.get(obj.py()).is_none() && note_torch(obj.py()) {
+                    if let Some(b) = Buffer::from_torch(obj) {
+                        return Ok(b);
+                    }
+                }
                 let has = |name: &str| obj.hasattr(name).unwrap_or(false);
                 // numpy arrays of ml_dtypes' types offer neither the buffer protocol nor
                 // DLPack, but their __array_interface__.
@@ -119,6 +132,53 @@ impl Buffer {
             itemsize: dtype.map_or(1, Dtype::size),
             readonly: view.readonly(),
             _owner: (Some(view), None),
+        })
+    }
+
+    /// A torch tensor in CPU memory, contiguous, of a type hcomm knows, neither requiring
+    /// gradients nor a lazily negated view; `None` for anything else (torch not imported,
+    /// another object, or a tensor the general path accepts or refuses with its error).
+    fn from_torch(obj: &Bound<'_, PyAny>) -> Option<Buffer> {
+        let py = obj.py();
+        let tensor = TORCH_TENSOR.get(py)?;
+        if !obj.is_instance(tensor.bind(py)).ok()? {
+            return None;
+        }
+        let flag = |name: &Bound<'_, pyo3::types::PyString>, call: bool| -> Option<bool> {
+            let v = if call {
+                obj.call_method0(name)
+            } else {
+                obj.getattr(name)
+            };
+            v.and_then(|v| v.is_truthy()).ok()
+        };
+        let plain = flag(intern!(py, "is_cpu"), false)?
+            && !flag(intern!(py, "requires_grad"), false)?
+            && flag(intern!(py, "is_contiguous"), true)?
+            && !flag(intern!(py, "is_neg"), true)?;
+        if !plain {
+            return None;
+        }
+        let name = obj
+            .getattr(intern!(py, "dtype"))
+            .and_then(|d| d.str())
+            .ok()?;
+        let dtype = Dtype::from_name(name.to_str().ok()?.strip_prefix("torch.")?)?;
+        let addr: usize = obj
+            .call_method0(intern!(py, "data_ptr"))
+            .and_then(|p| p.extract())
+            .ok()?;
+        let count: usize = obj
+            .call_method0(intern!(py, "numel"))
+            .and_then(|n| n.extract())
+            .ok()?;
+        Some(Buffer {
+            ptr: addr as *mut u8,
+            len: count.checked_mul(dtype.size())?,
+            dtype: Some(dtype),
+            itemsize: dtype.size(),
+            readonly: false,
+            _owner: (None, Some(obj.clone().unbind())),
         })
     }
 
@@ -299,6 +359,26 @@ impl Buffer {
     /// Whether both are exactly the same memory.
     pub fn same_memory(&self, other: &Buffer) -> bool {
         self.addr() == other.addr() && self.len == other.len
+    }
+}
+
+/// `torch.Tensor`, once torch has been imported (hcomm itself never imports it).
+static TORCH_TENSOR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// Remembers `torch.Tensor` if torch is imported by now; returns whether it is known.
+fn note_torch(py: Python<'_>) -> bool {
+    let found = py
+        .import(intern!(py, "sys"))
+        .and_then(|sys| sys.getattr(intern!(py, "modules")))
+        .and_then(|m| m.get_item(intern!(py, "torch")))
+        .and_then(|torch| torch.getattr(intern!(py, "Tensor")))
+        .and_then(|t| t.cast_into::<PyType>().map_err(PyErr::from));
+    match found {
+        Ok(t) => {
+            let _ = TORCH_TENSOR.set(py, t.unbind());
+            true
+        }
+        Err(_) => false,
     }
 }
 

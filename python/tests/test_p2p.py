@@ -113,8 +113,8 @@ def test_receive_from_any_source(transport: str) -> None:
 
 @pytest.mark.timeout(90)
 def test_torch_tensors() -> None:
-    """torch CPU tensors go through __dlpack__, used in place (importing torch is slow: one
-    job of two ranks)."""
+    """torch CPU tensors are used in place: plain ones read directly, the others through
+    __dlpack__ (importing torch is slow: one job of two ranks)."""
     job(
         2,
         """
@@ -130,6 +130,18 @@ def test_torch_tensors() -> None:
         req = comm.irecv(ti, prv, tag=3)
         comm.send(torch.tensor([rank, 7]), nxt, tag=3)
         assert req.wait() == 16 and ti.tolist() == [prv, 7]
+        # a contiguous view with an offset, several dimensions, no dimension
+        base = torch.zeros(8, dtype=torch.float64)
+        view = base[2:6]
+        view.fill_(rank + 1)
+        comm.allreduce(view)
+        assert base.tolist() == [0, 0] + [float(sum(range(1, size + 1)))] * 4 + [0, 0], base
+        m = torch.full((2, 3), rank, dtype=torch.int32)
+        comm.allreduce(m, op=hcomm.MAX)
+        assert m.tolist() == [[size - 1] * 3] * 2
+        s0 = torch.tensor(rank + 1.5, dtype=torch.float16)
+        comm.broadcast(s0, root=1)
+        assert s0.item() == 2.5
         tt = torch.zeros(2 * size, dtype=torch.bool)
         comm.allgather(torch.tensor([True, rank == 0]), tt)
         assert tt.tolist() == [True, True] + [True, False] * (size - 1), tt

@@ -39,6 +39,9 @@ _OPS: dict[Any, str] = {
     c10d.ReduceOp.RedOpType.BOR: "bor",
     c10d.ReduceOp.RedOpType.BXOR: "bxor",
 }
+# The same by the enum's value: pybind11 enums hash slowly, and this is looked up per call.
+_OPS_BY_VALUE: dict[int, str] = {k.value: v for k, v in _OPS.items()}
+_PREMUL_SUM = c10d.ReduceOp.RedOpType.PREMUL_SUM.value
 
 # Tags of the point-to-point messages of monitored_barrier (torch's own tags are small).
 _MB_TAG = 0x7FFF_FF00
@@ -148,16 +151,17 @@ def _reduce_op(op: Any, dtype: torch.dtype) -> tuple[str, float | None]:
 
 def _op_name(op: Any) -> tuple[str, float | None]:
     """The hcomm op for a torch ReduceOp and, for PREMUL_SUM, the factor to apply first."""
-    kind = op.op if hasattr(op, "op") else op
-    if kind == c10d.ReduceOp.RedOpType.PREMUL_SUM:
+    kind = op.op if type(op) is c10d.ReduceOp or hasattr(op, "op") else op
+    value = kind.value
+    if value == _PREMUL_SUM:
         factor = op.factor
         if isinstance(factor, torch.Tensor):
             factor = float(factor.item())
         return "sum", float(factor)
-    try:
-        return _OPS[kind], None
-    except KeyError:
-        raise hcomm.NotSupported(f"hcomm: reduce op {kind} is not supported") from None
+    name = _OPS_BY_VALUE.get(value)
+    if name is None:
+        raise hcomm.NotSupported(f"hcomm: reduce op {kind} is not supported")
+    return name, None
 
 
 def _unpack(flat: torch.Tensor, outputs: Sequence[torch.Tensor], counts: list[int]) -> None:
@@ -193,40 +197,67 @@ def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
 
 class _Work(c10d.Work):
     """An operation in flight. Its future's value is the list of output tensors; ``wait()``
-    and the future both raise the operation's error."""
+    and the future both raise the operation's error.
+
+    Cheap when the operation completed before the caller got it (small collectives): the
+    future and the event that blocking waits sleep on are made only when asked for, and the
+    description (for errors) only when an error needs it."""
 
     def __init__(
         self,
         outputs: list[torch.Tensor],
-        describe: str,
+        describe: str | Callable[[], str],
         keep: object = None,
         finish: Callable[[], None] | None = None,
         helper: _Helper | None = None,
         source: Callable[[], int | None] | None = None,
     ) -> None:
         super().__init__()
-        # A receive from any source: its sender (group rank), for ``_source_rank``.
-        self._source = source
+        if source is not None:
+            self._source = source
         self._outputs = outputs
-        self._describe = describe
+        self._what = describe
         # Inputs and staging copies stay alive until the operation completes.
         self._keep = keep
-        self._fut: Future[list[torch.Tensor]] = Future()
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._finish = finish
-        self._helper = helper
+        if finish is not None:
+            self._finish = finish
+            self._helper = helper
         self._lock = threading.Lock()
 
+    # Defaults at class level: setting attributes on every (per-call) instance costs.
+    # A receive from any source: its sender (group rank), for ``_source_rank``.
+    _source: Callable[[], int | None] | None = None
+    _fut: Future[list[torch.Tensor]] | None = None
+    # Made for a waiter that must block.
+    _event: threading.Event | None = None
+    _completed = False
+    _error: BaseException | None = None
+    # Point to point: completes the operation (waits for the request); runs on the waiter
+    # of futures (`_helper`) or in ``wait()``.
+    _finish: Callable[[], None] | None = None
+    _helper: _Helper | None = None
+    # A queued collective: what runs it on the waiting thread if its turn has come and the
+    # worker has not started it (see HcommBackend._claim), its body, and its place in the
+    # group's call order.
+    _claim: Callable[[_Work], None] | None = None
+    _body: Callable[[], None] | None = None
+    _index = 0
+
+    @property
+    def _describe(self) -> str:
+        what = self._what
+        return what if isinstance(what, str) else what()
+
     def _complete(self, error: BaseException | None) -> None:
-        self._keep = None
-        if error is not None:
+        with self._lock:
+            self._keep = None
             self._error = error
-            self._done.set()
-            self._fut.set_exception(error)
-        else:
-            self._done.set()
-            self._fut.set_result(self._outputs)
+            self._completed = True
+            event, fut = self._event, self._fut
+        if event is not None:
+            event.set()
+        if fut is not None:
+            _settle(fut, self._outputs, error)
 
     def _run_finish(self) -> None:
         finish = self._take_finish()
@@ -245,10 +276,18 @@ class _Work(c10d.Work):
         return f
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        self._run_finish()
-        secs = None if timeout is None or timeout == timedelta(0) else timeout.total_seconds()
-        if not self._done.wait(secs):
-            raise hcomm.Timeout(f"{self._describe}: not complete after {secs} s (Work.wait)")
+        if not self._completed:
+            self._run_finish()
+            if self._claim is not None:
+                self._claim(self)
+        if not self._completed:
+            with self._lock:
+                if self._event is None and not self._completed:
+                    self._event = threading.Event()
+                event = self._event
+            secs = None if timeout is None or timeout == timedelta(0) else timeout.total_seconds()
+            if event is not None and not event.wait(secs):
+                raise hcomm.Timeout(f"{self._describe}: not complete after {secs} s (Work.wait)")
         if self._error is not None:
             raise self._error
         if self._source is not None:
@@ -258,13 +297,21 @@ class _Work(c10d.Work):
     def get_future(self) -> Future[list[torch.Tensor]]:
         if self._helper is not None and self._finish is not None:
             self._helper.submit(self._run_finish)
-        return self._fut
+        with self._lock:
+            fut = self._fut
+            if fut is not None:
+                return fut
+            fut = self._fut = Future()
+            done = self._completed
+        if done:
+            _settle(fut, self._outputs, self._error)
+        return fut
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._completed
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._completed and self._error is None
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -279,6 +326,15 @@ class _Work(c10d.Work):
         if src is None:
             raise ValueError(f"{self._describe}: no source rank (not a completed receive)")
         return src
+
+
+def _settle(
+    fut: Future[list[torch.Tensor]], outputs: list[torch.Tensor], error: BaseException | None
+) -> None:
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(outputs)
 
 
 def _annotate(e: BaseException, describe: str) -> BaseException:
@@ -463,6 +519,9 @@ class HcommBackend(c10d.Backend):
         self._group = group_id
         self._seq = 0
         self._pending = 0
+        # Collectives issued and started, in call order (each is numbered by the former).
+        self._issued = 0
+        self._started = 0
         self._lock = threading.Lock()
         self._exec = threading.Lock()
         self._worker = _Helper(f"hcomm-torch-{group_id}")
@@ -534,9 +593,10 @@ class HcommBackend(c10d.Backend):
 
     # -- running operations
 
-    def _describe(self, op: str) -> str:
+    def _describe(self, op: str, seq: int | None = None) -> str:
         return (
-            f"hcomm {op} #{self._seq} on group {self._group} (rank {self.rank()} of {self.size()})"
+            f"hcomm {op} #{self._seq if seq is None else seq} on group {self._group} "
+            f"(rank {self.rank()} of {self.size()})"
         )
 
     def _run(
@@ -548,23 +608,58 @@ class HcommBackend(c10d.Backend):
         keep: object = None,
     ) -> _Work:
         """Runs a collective in call order: on this thread when small and nothing is queued,
-        else on the group's worker thread."""
+        else queued for the group's worker thread, which runs the queue in order so that
+        the caller (DDP's backward pass) goes on while they travel. A queued collective
+        whose turn has come when its Work is waited for, before the worker started it, runs
+        on the waiting thread instead (a blocking call then costs no thread hand-off)."""
         self._seq += 1
-        work = _Work(outputs, self._describe(op), keep)
+        seq = self._seq
+        work = _Work(outputs, lambda: self._describe(op, seq), keep)
         with self._lock:
             inline = self._pending == 0 and nbytes <= _INLINE_BYTES
             self._pending += 1
+            work._index = self._issued
+            self._issued += 1
             if inline:
                 self._exec.acquire()
         if inline:
-            self._execute(work, body)
+            self._execute(work, body, fresh=True)
         else:
-            self._worker.submit(lambda: self._execute(work, body, acquire=True))
+            work._body = body
+            work._claim = self._claim
+            self._worker.submit(lambda: self._execute_queued(work))
         return work
 
-    def _execute(self, work: _Work, body: Callable[[], None], acquire: bool = False) -> None:
-        if acquire:
-            self._exec.acquire()
+    def _take_body(self, work: _Work) -> Callable[[], None] | None:
+        """The body of a queued collective, for whoever runs it (once)."""
+        with work._lock:
+            body, work._body = work._body, None
+        return body
+
+    def _execute_queued(self, work: _Work) -> None:
+        """The worker's turn at a queued collective: runs it unless a waiter already did."""
+        self._exec.acquire()
+        body = self._take_body(work)
+        if body is None:
+            self._exec.release()
+            return
+        self._execute(work, body)
+
+    def _claim(self, work: _Work) -> None:
+        """Runs a queued collective on the waiting thread if every earlier one of the group
+        has run and nothing runs now; otherwise the worker will."""
+        if not self._exec.acquire(blocking=False):
+            return
+        body = self._take_body(work) if self._started == work._index else None
+        if body is None:
+            self._exec.release()
+            return
+        self._execute(work, body)
+
+    def _execute(self, work: _Work, body: Callable[[], None], fresh: bool = False) -> None:
+        """Runs `body` holding ``_exec`` (released here), then completes `work` (`fresh`: a
+        Work no other thread has seen yet, completed without its lock)."""
+        self._started += 1
         error: BaseException | None = None
         try:
             body()
@@ -575,7 +670,11 @@ class HcommBackend(c10d.Backend):
             self._exec.release()
             with self._lock:
                 self._pending -= 1
-        work._complete(error)
+        if fresh and error is None:
+            work._keep = None
+            work._completed = True
+        else:
+            work._complete(error)
 
     def _note_failure(self, e: BaseException) -> None:
         peer = getattr(e, "peer", None)
@@ -586,8 +685,16 @@ class HcommBackend(c10d.Backend):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
         name, factor = _reduce_op(opts.reduceOp, tensors[0].dtype)
-        staged = [_Staged(t) for t in tensors]
         comm = self.comm
+        if len(tensors) == 1 and factor is None:
+            t = tensors[0]
+            if t.is_contiguous() and not t.is_complex():
+                # The common case, without staging: hcomm reads the tensor as it is.
+                buf = t.view(torch.uint8) if t.dtype == torch.bool else t
+                return self._run(
+                    "all_reduce", lambda: comm.allreduce(buf, None, name), tensors, t.nbytes, buf
+                )
+        staged = [_Staged(t) for t in tensors]
 
         def body() -> None:
             for s in staged:

@@ -9,6 +9,7 @@ use crate::sync::lock;
 use crate::transport::shm::link::Watch;
 use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, Timespec};
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -28,24 +29,50 @@ pub(crate) enum Pause {
     Sleep,
 }
 
+thread_local! {
+    /// How many times this thread's waits currently halve their spinning and yielding
+    /// (see [`Backoff::max_halvings`]): one more after a wait that had to sleep, one fewer
+    /// after a wait that ended while it spun or yielded.
+    static HALVINGS: Cell<u32> = const { Cell::new(0) };
+}
+
 /// One wait's place in the [`Backoff`] policy.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Waiting {
     policy: Backoff,
-    /// Looks left to spin (none for a wait that spins by the clock, or must not spin).
+    /// Halvings of this thread when the wait started.
+    halvings: u32,
+    /// Looks to spin (none for a wait that spins by the clock, or must not spin).
     spins: u32,
+    /// Yields before sleeping.
+    max_yields: u32,
     polls: u32,
     yields: u32,
+    /// It spun or yielded at least once.
+    paused: bool,
+    /// Spinning and yielding did not suffice: it slept (or gave up spinning).
+    slept: bool,
 }
 
 impl Waiting {
-    /// A wait that spins for `policy.polls` looks, or not at all unless `spin`.
+    /// A wait that spins for `policy.polls` looks (fewer after this thread's recent waits
+    /// had to sleep: [`Backoff::max_halvings`]), or not at all unless `spin`.
     pub(crate) fn new(policy: Backoff, spin: bool) -> Waiting {
+        let halvings = HALVINGS.with(Cell::get).min(policy.max_halvings);
+        let spins = if spin {
+            (policy.polls >> halvings).max(policy.eager_polls.min(policy.polls))
+        } else {
+            0
+        };
         Waiting {
             policy,
-            spins: if spin { policy.polls } else { 0 },
+            halvings,
+            spins,
+            max_yields: policy.yields >> halvings,
             polls: 0,
             yields: 0,
+            paused: false,
+            slept: false,
         }
     }
 
@@ -56,6 +83,8 @@ impl Waiting {
                 std::hint::spin_loop();
             }
             self.polls += 1;
+            self.paused = true;
+            yield_every_few(self.policy, self.polls);
             return Pause::Spin;
         }
         match self.try_yield() {
@@ -65,14 +94,32 @@ impl Waiting {
     }
 
     /// Yields the CPU if the policy has yields left (spinning aside); returns how many times
-    /// this wait yielded so far.
+    /// this wait yielded so far. `None` means the wait must sleep now.
     pub(crate) fn try_yield(&mut self) -> Option<u32> {
-        if self.yields >= self.policy.yields {
+        if self.yields >= self.max_yields {
+            self.slept = true;
             return None;
         }
         self.yields += 1;
+        self.paused = true;
         std::thread::yield_now();
         Some(self.yields)
+    }
+
+    /// How long a wait that spins by the clock spins: `spin`, halved as this thread's recent
+    /// waits say.
+    pub(crate) fn spin_time(&self, spin: Duration) -> Duration {
+        spin / (1u32 << self.halvings)
+    }
+
+    /// A wait that spins by the clock spun once more.
+    pub(crate) fn spun(&mut self) {
+        self.paused = true;
+    }
+
+    /// The wait stops spinning without what it waited for (it will wait another way).
+    pub(crate) fn gave_up(&mut self) {
+        self.slept = true;
     }
 
     /// Something moved: start over with spinning and yielding.
@@ -87,6 +134,34 @@ impl Waiting {
     }
 }
 
+impl Drop for Waiting {
+    /// Teaches this thread's next waits: spin and yield less after a wait that had to sleep,
+    /// more after one that spinning or yielding served (waits that never paused teach
+    /// nothing).
+    fn drop(&mut self) {
+        if !self.paused && !self.slept {
+            return;
+        }
+        let max = self.policy.max_halvings;
+        HALVINGS.with(|h| {
+            let v = h.get();
+            h.set(if self.slept {
+                (v + 1).min(max)
+            } else {
+                v.saturating_sub(1)
+            });
+        });
+    }
+}
+
+/// Yields the CPU if `looks` (of a spinning wait) is a multiple of the policy's
+/// `yield_every`: a peer waiting for this core then runs.
+pub(crate) fn yield_every_few(policy: Backoff, looks: u32) {
+    if policy.yield_every != 0 && looks % policy.yield_every == 0 {
+        std::thread::yield_now();
+    }
+}
+
 /// Polls `watch` while the policy spins, without the engine's lock and without the clock;
 /// returns whether it fired.
 pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
@@ -96,6 +171,7 @@ pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
             return true;
         }
     }
+    waiting.gave_up();
     false
 }
 
@@ -196,14 +272,15 @@ impl Engine {
         }
         let deadline = deadline.resolve();
         let mut now = Instant::now();
-        let mut spin_until = now + sh.spin;
+        // Spinning goes by the clock here (`spin_until`, for `sh.spin` as halved by this
+        // thread's recent waits): only the yields and sleeps follow the count.
+        let mut waiting = Waiting::new(Backoff::DEFAULT, false);
+        let spin = waiting.spin_time(sh.spin);
+        let mut spin_until = now + spin;
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
         // Whether `events` came from epoll (rather than being direct reads of awaited peers).
         let mut polled = false;
         let mut rounds: u32 = 0;
-        // Spinning goes by the clock here (`spin_until`): only the yields and sleeps follow the
-        // count.
-        let mut waiting = Waiting::new(Backoff::DEFAULT, false);
         // The awaited peers whose link may be read directly, with the epoll token to read.
         let mut hot: Vec<(usize, u64)> = Vec::new();
         let mut all_shm;
@@ -221,7 +298,7 @@ impl Engine {
                     now = Instant::now();
                 }
                 if moved || (polled && !events.is_empty()) {
-                    spin_until = now + sh.spin;
+                    spin_until = now + spin;
                     waiting.reset();
                 }
                 for (i, &id) in ids.iter().enumerate() {
@@ -271,6 +348,8 @@ impl Engine {
             polled = false;
             if now < spin_until {
                 rounds = rounds.wrapping_add(1);
+                waiting.spun();
+                yield_every_few(Backoff::DEFAULT, rounds);
                 // Only shared memory to watch: the sockets (which carry nothing but the
                 // peers' goodbyes) are looked at now and then.
                 if all_shm && rounds % SHM_POLLS_PER_EPOLL != 0 {
@@ -295,6 +374,7 @@ impl Engine {
                 }
                 continue;
             } else {
+                waiting.gave_up();
                 let sleep = (deadline - now).min(waiting.max_sleep());
                 self.sleep(all_shm, &mut events, sleep)?;
             }
@@ -355,6 +435,8 @@ mod tests {
         let policy = Backoff {
             polls: 5,
             eager_polls: 2,
+            yield_every: 2,
+            max_halvings: 3,
             yields: 3,
             max_sleep: Duration::from_millis(7),
         };
@@ -371,5 +453,50 @@ mod tests {
         let mut still = Waiting::new(policy, false);
         assert_eq!(still.pause(), Pause::Yield(1));
         assert_eq!(still.try_yield(), Some(2));
+    }
+
+    /// The phases of one wait of `policy` on this thread, until it must sleep.
+    fn phases(policy: Backoff) -> (usize, usize) {
+        let mut waiting = Waiting::new(policy, true);
+        let (mut spins, mut yields) = (0, 0);
+        loop {
+            match waiting.pause() {
+                Pause::Spin => spins += 1,
+                Pause::Yield(_) => yields += 1,
+                Pause::Sleep => return (spins, yields),
+            }
+        }
+    }
+
+    #[test]
+    fn waits_that_sleep_make_the_threads_next_waits_spin_less_and_served_ones_more() {
+        let policy = Backoff {
+            polls: 64,
+            eager_polls: 4,
+            yield_every: 0,
+            max_halvings: 3,
+            yields: 8,
+            max_sleep: Duration::from_millis(1),
+        };
+        std::thread::spawn(move || {
+            // Each wait that had to sleep halves the next one's spinning and yielding, down to
+            // `max_halvings` halvings.
+            let seen: Vec<_> = (0..5).map(|_| phases(policy)).collect();
+            assert_eq!(seen, [(64, 8), (32, 4), (16, 2), (8, 1), (8, 1)]);
+            // A wait that spinning served spins more next time.
+            let mut served = Waiting::new(policy, true);
+            assert_eq!(served.pause(), Pause::Spin);
+            drop(served);
+            assert_eq!(phases(policy), (16, 2));
+            // A wait that did not pause at all teaches nothing.
+            drop(Waiting::new(policy, true));
+            let mut served = Waiting::new(policy, true);
+            assert_eq!(served.pause(), Pause::Spin);
+            drop(served);
+            drop(Waiting::new(policy, true));
+            assert_eq!(phases(policy), (16, 2));
+        })
+        .join()
+        .expect("the waits' thread");
     }
 }
