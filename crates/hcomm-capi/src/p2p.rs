@@ -35,7 +35,6 @@ fn start_send(
         Ok(t.add_request(Pending {
             request,
             recv_into: None,
-            _staged: None,
         }))
     })
 }
@@ -60,7 +59,6 @@ fn start_recv(
                 addr: buf.expose_provenance(),
                 len: bytes,
             }),
-            _staged: None,
         }))
     })
 }

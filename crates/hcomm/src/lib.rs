@@ -35,8 +35,9 @@ mod sync;
 pub mod topology;
 pub mod transport;
 
-pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, RawBuf, Request};
+pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, Request};
 pub use config::Config;
 pub use dtype::{DataType, ReduceOp};
 pub use error::{Error, ErrorCode, Result, ERRORS_DOC};
+pub use p2p::lease::Lease;
 pub use p2p::ProtocolStats;

@@ -58,6 +58,7 @@ use crate::config::Backoff;
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::observe::stall::StallWatch;
+use crate::p2p::lease::Lease;
 use crate::p2p::wait::{Pause, Waiting};
 use crate::p2p::Engine;
 use crate::reduce;
@@ -211,12 +212,12 @@ pub(crate) struct OneSided {
 }
 
 /// Pointers and lengths of one call's buffers.
-pub(crate) struct Buffers {
+struct Buffers {
     /// The send buffer (null when there is none or the call is in place).
-    pub send: *const u8,
+    send: *const u8,
     /// The receive buffer and its length.
-    pub recv: *mut u8,
-    pub recv_len: usize,
+    recv: *mut u8,
+    recv_len: usize,
 }
 
 impl OneSided {
@@ -313,12 +314,34 @@ impl OneSided {
                 ))
     }
 
-    /// Runs call `tag` of `shape` with signature `sig`.
+    /// Runs call `tag` of `shape` with signature `sig`, from `send` (`None` in place and for
+    /// calls without one) into `recv`, both checked against `shape`.
+    pub(crate) fn run(
+        &self,
+        comm: &dyn Group,
+        shape: &Shape,
+        tag: u32,
+        sig: [u64; 2],
+        send: Option<&Lease<'_>>,
+        recv: &mut Lease<'_>,
+    ) -> Result<()> {
+        let bufs = Buffers {
+            send: send.map_or(std::ptr::null(), Lease::as_ptr),
+            recv_len: recv.len(),
+            recv: recv.as_mut_ptr()?,
+        };
+        // SAFETY: both leases are borrowed for this whole call, so their bytes stay valid
+        // (`recv` writable) and unused by anything else until it returns; the caller checked
+        // them against `shape`.
+        unsafe { self.run_on(comm, shape, tag, sig, &bufs) }
+    }
+
+    /// [`OneSided::run`] on the leases' addresses.
     ///
     /// # Safety
     /// The buffers must be valid (send for reads unless null, recv for reads and writes and
     /// otherwise unused) for the whole call, holding what `shape` says.
-    pub(crate) unsafe fn run(
+    unsafe fn run_on(
         &self,
         comm: &dyn Group,
         shape: &Shape,
