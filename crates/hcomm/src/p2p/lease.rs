@@ -179,21 +179,6 @@ impl<'a> Lease<'a> {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
 
-    /// The address of the bytes, for code that publishes it to peers (the one-sided
-    /// collectives) or compares buffers.
-    pub(crate) fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
-    }
-
-    /// The address of the bytes, to write through: an `InvalidArgument` error for a
-    /// read-only lease.
-    pub(crate) fn as_mut_ptr(&mut self) -> Result<*mut u8> {
-        match self.writable {
-            true => Ok(self.ptr.as_ptr()),
-            false => Err(read_only(self.len)),
-        }
-    }
-
     /// A lease of the same bytes for a shorter borrow (not owning them).
     pub(crate) fn reborrow(&mut self) -> Lease<'_> {
         Lease {

@@ -1128,7 +1128,7 @@ mod tests {
                         if i % 3 == 2 && !mine.is_empty() {
                             let p = mine.swap_remove(i % mine.len());
                             assert!(holds(&p, p.len() as u8));
-                            free(&pool, p.as_ptr()).unwrap();
+                            free(pool, p.as_ptr()).unwrap();
                         } else if let Some(p) = pool.alloc((i * 37 + t as usize * 11) % 9000) {
                             fill(&p, p.len() as u8);
                             mine.push(p);
@@ -1136,7 +1136,7 @@ mod tests {
                     }
                     for p in mine {
                         assert!(holds(&p, p.len() as u8));
-                        free(&pool, p.as_ptr()).unwrap();
+                        free(pool, p.as_ptr()).unwrap();
                     }
                 });
             }
