@@ -737,13 +737,7 @@ impl Waiter<'_> {
         if matches!(err, Error::PeerLost(_)) {
             return err;
         }
-        if self
-            .os
-            .signals
-            .counter(p, Ctr::Failed)
-            .load(Ordering::Acquire)
-            >= self.call
-        {
+        if self.abandoned(p) {
             return Error::Aborted(format!(
                 "rank {p} abandoned this collective after an error while this rank read its \
                  buffers; see that rank's error"
@@ -753,6 +747,15 @@ impl Waiter<'_> {
             Err(lost) => lost,
             Ok(()) => err,
         }
+    }
+
+    /// Whether rank `p` abandoned this call after starting it.
+    fn abandoned(&self, p: usize) -> bool {
+        self.os
+            .signals
+            .counter(p, Ctr::Failed)
+            .load(Ordering::Acquire)
+            >= self.call
     }
 
     /// Waits until rank `p`'s counter `which` reaches `target`.
@@ -807,13 +810,7 @@ impl Waiter<'_> {
                 return Err(e);
             }
             peer?;
-            if self
-                .os
-                .signals
-                .counter(p, Ctr::Failed)
-                .load(Ordering::Acquire)
-                >= self.call
-            {
+            if self.abandoned(p) {
                 return Err(Error::Aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"
                 )));

@@ -528,3 +528,128 @@ impl Drop for Ops<'_> {
         self.cancel_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{pair, target, WAIT};
+    use super::*;
+
+    fn part(buf: usize, off: usize, len: usize) -> Part {
+        Part { buf, off, len }
+    }
+
+    #[test]
+    fn raw_parts_without_memory_lend_nothing_and_read_only_leases_are_never_written() {
+        // SAFETY: a null pointer lends no bytes, whatever the length says.
+        let lease = unsafe { Lease::from_raw_parts(std::ptr::null_mut(), 5) };
+        assert!(lease.is_empty());
+        let data = [7u8; 4];
+        let mut ro = Lease::from(&data[..]);
+        assert!(!ro.is_writable());
+        assert!(matches!(ro.as_mut_slice(), Err(Error::InvalidArgument(_))));
+        let (e0, _e1) = pair();
+        let got = e0.transfer(Blocking::Recv, target(1, 1, [0; 2]), &mut ro, WAIT);
+        assert!(matches!(got, Err(Error::InvalidArgument(_))), "{got:?}");
+        let owned = Lease::from(vec![1u8, 2, 3]);
+        assert!(owned.is_owned());
+        assert_eq!(owned.into_vec(), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_scope_refuses_to_touch_bytes_a_live_transfer_holds_until_it_completes() {
+        let (e0, e1) = pair();
+        let mut buf = vec![0u8; 16];
+        let mut other = vec![9u8; 16];
+        let mut bufs = [Lease::from(&mut buf[..]), Lease::from(&mut other[..])];
+        e1.scope(&mut bufs, |ops| {
+            let r = ops
+                .post(Blocking::Recv, target(0, 2, [0; 2]), part(0, 0, 8))
+                .expect("post a receive");
+            // Bytes the receive writes: no copy into them, no copy or send out of them.
+            let clash = |e: Result<()>| matches!(e, Err(Error::Internal(_)));
+            assert!(clash(ops.copy(part(0, 4, 8), part(1, 0, 8))));
+            assert!(clash(ops.copy(part(1, 0, 8), part(0, 7, 8))));
+            let send = ops.post(Blocking::Send, target(0, 3, [0; 2]), part(0, 0, 1));
+            assert!(matches!(send, Err(Error::Internal(_))), "{send:?}");
+            assert!(clash(ops.reduce(
+                DataType::Uint8,
+                ReduceOp::Sum,
+                part(0, 0, 4),
+                part(1, 0, 4)
+            )));
+            // Bytes beside it are free.
+            ops.copy(part(0, 8, 8), part(1, 8, 8))
+                .expect("a copy beside it");
+            let data = [5u8; 8];
+            e0.transfer(
+                Blocking::Send,
+                target(1, 2, [0; 2]),
+                &mut Lease::from(&data[..]),
+                WAIT,
+            )
+            .expect("the peer sends");
+            let (k, got) = ops.wait_any(&[r], Instant::now() + WAIT).expect("wait");
+            assert_eq!((k, got.expect("the receive")), (0, 8));
+            ops.reduce(DataType::Uint8, ReduceOp::Sum, part(0, 0, 8), part(1, 0, 8))
+                .expect("a reduction once the receive is done");
+            assert!(clash(ops.reduce(
+                DataType::Uint8,
+                ReduceOp::Sum,
+                part(0, 0, 8),
+                part(0, 4, 8)
+            )));
+        });
+        assert_eq!(buf[..8], [14u8; 8]);
+        assert_eq!(buf[8..], [9u8; 8]);
+    }
+
+    #[test]
+    fn a_scope_cancels_what_is_still_live_so_later_messages_miss_its_memory() {
+        let (e0, e1) = pair();
+        let mut buf = vec![0u8; 8];
+        let mut bufs = [Lease::from(&mut buf[..])];
+        e1.scope(&mut bufs, |ops| {
+            ops.post(Blocking::Recv, target(0, 4, [0; 2]), part(0, 0, 8))
+                .expect("post a receive")
+        });
+        let data = [3u8; 8];
+        let mut lease = Lease::from(&data[..]);
+        e0.transfer(Blocking::Send, target(1, 4, [0; 2]), &mut lease, WAIT)
+            .expect("send");
+        let mut again = Lease::from(vec![0u8; 8]);
+        let n = e1
+            .transfer(Blocking::Recv, target(0, 4, [0; 2]), &mut again, WAIT)
+            .expect("the next receive gets the message");
+        assert_eq!((n, again.into_vec()), (8, data.to_vec()));
+        assert_eq!(buf, [0u8; 8]);
+    }
+
+    #[test]
+    fn a_loan_gives_its_vector_back_once_collected_and_a_released_one_finishes_alone() {
+        let (e0, e1) = pair();
+        let mut loan = e1
+            .lend(
+                Blocking::Recv,
+                target(0, 5, [0; 2]),
+                Lease::from(vec![0u8; 6]),
+            )
+            .expect("lend a receive");
+        let dropped = e1
+            .lend(
+                Blocking::Recv,
+                target(0, 6, [0; 2]),
+                Lease::from(vec![0u8; 6]),
+            )
+            .expect("lend another");
+        e1.release(dropped, WAIT);
+        for tag in [5, 6] {
+            let mut data = Lease::from(&b"leased"[..]);
+            e0.transfer(Blocking::Send, target(1, tag, [0; 2]), &mut data, WAIT)
+                .expect("send");
+        }
+        let n = e1
+            .wait_loan(&mut loan, Instant::now() + WAIT)
+            .expect("the receive");
+        assert_eq!((n, loan.into_vec()), (6, b"leased".to_vec()));
+    }
+}
