@@ -558,8 +558,8 @@ mod tests {
     #[test]
     fn a_scope_refuses_to_touch_bytes_a_live_transfer_holds_until_it_completes() {
         let (e0, e1) = pair();
-        let mut buf = vec![0u8; 16];
-        let mut other = vec![9u8; 16];
+        let mut buf = [0u8; 16];
+        let mut other = [9u8; 16];
         let mut bufs = [Lease::from(&mut buf[..]), Lease::from(&mut other[..])];
         e1.scope(&mut bufs, |ops| {
             let r = ops
@@ -606,7 +606,7 @@ mod tests {
     #[test]
     fn a_scope_cancels_what_is_still_live_so_later_messages_miss_its_memory() {
         let (e0, e1) = pair();
-        let mut buf = vec![0u8; 8];
+        let mut buf = [0u8; 8];
         let mut bufs = [Lease::from(&mut buf[..])];
         e1.scope(&mut bufs, |ops| {
             ops.post(Blocking::Recv, target(0, 4, [0; 2]), part(0, 0, 8))
