@@ -39,8 +39,11 @@ from .errors import (
 )
 
 __version__: str = _hcomm.__version__
+#: The ``source`` of ``Communicator.recv``/``irecv`` that receives from any rank.
+ANY_SOURCE: int = _hcomm.ANY_SOURCE
 
 __all__ = [
+    "ANY_SOURCE",
     "AVG",
     "BAND",
     "BOR",

@@ -8,6 +8,7 @@ from typing_extensions import Self
 
 __version__: str
 ERRORS_DOC: str
+ANY_SOURCE: int
 
 class _DLPack(Protocol):
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -35,6 +36,9 @@ class Request:
         """Waits for completion: bytes sent/received (point-to-point) or None."""
     def test(self) -> bool:
         """Whether the operation has completed."""
+    @property
+    def source(self) -> int | None:
+        """A receive's sender (for ``ANY_SOURCE``: once complete); None otherwise."""
 
 @final
 class Batch:
@@ -78,6 +82,7 @@ class Communicator:
     def __exit__(self, *args: object) -> None: ...
     def send(self, buf: BufferLike, dest: int, tag: int = 0) -> None: ...
     def recv(self, buf: BufferLike, source: int, tag: int = 0) -> int: ...
+    def recv_any(self, buf: BufferLike, tag: int = 0) -> tuple[int, int]: ...
     def sendrecv(
         self,
         sendbuf: BufferLike,

@@ -1,8 +1,8 @@
 //! `hcomm.Communicator`, `hcomm.Request` and `hcomm.Batch`.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use hcomm::coll::{CollKind, Shape, VLayout};
+use hcomm::{CollKind, Shape, VLayout};
 use hcomm::{DataType, Lease, ReduceOp};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -32,6 +32,17 @@ fn call<R: Send>(
 fn index(v: i64, what: &str) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| invalid(format!("{what} must not be negative (got {v})")))
 }
+
+/// The source of a receive: a rank, or `ANY_SOURCE` (-1).
+fn source_arg(v: i64) -> PyResult<usize> {
+    if v == ANY_SOURCE {
+        return Ok(hcomm::ANY_SOURCE);
+    }
+    index(v, "source")
+}
+
+/// `hcomm.ANY_SOURCE`: the `source` of a receive that takes a message from any rank.
+pub const ANY_SOURCE: i64 = -1;
 
 /// A message tag: 0 ..= 2^32-1.
 fn tag(v: i64, what: &str) -> PyResult<u32> {
@@ -649,8 +660,8 @@ impl Communicator {
         call(py, &c, |c| c.send(s, dest, tag))
     }
 
-    /// Receives a message from rank `source` with `tag` into `buf`; returns the bytes
-    /// received (a longer message raises `Truncated`).
+    /// Receives a message from rank `source` (or any rank: `ANY_SOURCE`) with `tag` into
+    /// `buf`; returns the bytes received (a longer message raises `Truncated`).
     #[pyo3(signature = (buf, source, tag=0))]
     fn recv(
         &self,
@@ -660,11 +671,29 @@ impl Communicator {
         tag: i64,
     ) -> PyResult<usize> {
         let c = self.core()?;
-        let (source, tag) = (index(source, "source")?, self::tag(tag, "tag")?);
+        let (source, tag) = (source_arg(source)?, self::tag(tag, "tag")?);
         let b = Buffer::get_mut(buf, "recv: buf")?;
         // SAFETY: `b` stays alive for the call and nothing else uses it.
         let r = unsafe { b.bytes_mut() };
         call(py, &c, |c| c.recv(r, source, tag))
+    }
+
+    /// Receives a message with `tag` from any rank into `buf`; returns `(bytes, source)`.
+    /// One sender's messages arrive in order; receives match in the order they were posted.
+    /// A lost member of the communicator fails a pending one with `PeerLost`.
+    #[pyo3(signature = (buf, tag=0))]
+    fn recv_any(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        tag: i64,
+    ) -> PyResult<(usize, usize)> {
+        let c = self.core()?;
+        let tag = self::tag(tag, "tag")?;
+        let b = Buffer::get_mut(buf, "recv_any: buf")?;
+        // SAFETY: `b` stays alive for the call and nothing else uses it.
+        let r = unsafe { b.bytes_mut() };
+        call(py, &c, |c| c.recv_any(r, tag).map(|s| (s.len, s.source)))
     }
 
     /// Sends `sendbuf` to `dest` and receives from `source` into `recvbuf` at once; returns
@@ -712,8 +741,8 @@ impl Communicator {
         Ok(Request::pending(req, &c, [Some(b), None], true))
     }
 
-    /// Starts receiving into `buf` from `source`; `Request.wait()` returns the bytes
-    /// received.
+    /// Starts receiving into `buf` from `source` (or any rank: `ANY_SOURCE`);
+    /// `Request.wait()` returns the bytes received, and `Request.source` the sender.
     #[pyo3(signature = (buf, source, tag=0))]
     fn irecv(
         &self,
@@ -723,12 +752,16 @@ impl Communicator {
         tag: i64,
     ) -> PyResult<Request> {
         let c = self.core()?;
-        let (source, tag) = (index(source, "source")?, self::tag(tag, "tag")?);
+        let (source, tag) = (source_arg(source)?, self::tag(tag, "tag")?);
         let b = Buffer::get_mut(buf, "irecv: buf")?;
         // SAFETY: the request keeps `b`, writable, until the receive is done.
         let raw = unsafe { b.lend() };
         let req = py.detach(|| c.irecv_raw(raw, source, tag)).map_err(to_py)?;
-        Ok(Request::pending(req, &c, [None, Some(b)], true))
+        let req = Request::pending(req, &c, [None, Some(b)], true);
+        if source != hcomm::ANY_SOURCE {
+            let _ = req.sender.set(source);
+        }
+        Ok(req)
     }
 
     /// Every rank's `recvbuf` becomes the elementwise `op` of every rank's `sendbuf`
@@ -1120,6 +1153,8 @@ enum ReqState {
 #[pyclass(frozen, module = "hcomm._hcomm", name = "Request")]
 pub struct Request {
     state: Mutex<ReqState>,
+    /// A receive's sender, once known (at once for a named source).
+    sender: OnceLock<usize>,
 }
 
 impl Request {
@@ -1136,6 +1171,7 @@ impl Request {
                 bufs,
                 p2p,
             }),
+            sender: OnceLock::new(),
         }
     }
 
@@ -1160,7 +1196,12 @@ impl Request {
         r: hcomm::Result<hcomm::Completion>,
         p2p: bool,
     ) -> PyResult<Option<usize>> {
-        let r = r.map(|done| p2p.then_some(done.len));
+        let r = r.map(|done| {
+            if let Some(source) = done.source {
+                let _ = self.sender.set(source);
+            }
+            p2p.then_some(done.len)
+        });
         self.put(ReqState::Done(r.clone()));
         r.map_err(|e| interrupt::error(py, e))
     }
@@ -1205,6 +1246,13 @@ impl Request {
                 r.map_err(to_py)
             }
         }
+    }
+
+    /// The rank a receive got its message from (for one from `ANY_SOURCE`: once it has
+    /// completed); None for sends, collectives, and a receive from any source still pending.
+    #[getter]
+    fn source(&self) -> Option<usize> {
+        self.sender.get().copied()
     }
 
     /// Whether the operation has completed (then `wait()` returns at once); progresses it.

@@ -95,5 +95,6 @@ fn _hcomm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     torch_support::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ERRORS_DOC", hcomm::ERRORS_DOC)?;
+    m.add("ANY_SOURCE", comm::ANY_SOURCE)?;
     Ok(())
 }

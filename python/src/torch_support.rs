@@ -15,7 +15,7 @@ use crate::errors::{invalid, to_py};
 /// `close()` or until it is garbage-collected.
 #[pyclass(frozen, module = "hcomm._hcomm", name = "RendezvousStore")]
 pub struct RendezvousStore {
-    inner: Mutex<Option<hcomm::bootstrap::RendezvousStore>>,
+    inner: Mutex<Option<hcomm::internal::bootstrap::RendezvousStore>>,
     /// `host:port` where the store listens.
     #[pyo3(get)]
     address: String,
@@ -32,7 +32,9 @@ impl RendezvousStore {
             .parse()
             .map_err(|_| invalid(format!("RendezvousStore: {host:?} is not an IP address")))?;
         let store = py
-            .detach(|| hcomm::bootstrap::RendezvousStore::bind(SocketAddr::new(ip, 0), secret))
+            .detach(|| {
+                hcomm::internal::bootstrap::RendezvousStore::bind(SocketAddr::new(ip, 0), secret)
+            })
             .map_err(to_py)?;
         let address = store.local_addr().to_string();
         Ok(RendezvousStore {

@@ -50,6 +50,68 @@ def test_p2p_and_buffer_kinds() -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_receive_from_any_source(transport: str) -> None:
+    """Every rank sends to rank 0, which receives from hcomm.ANY_SOURCE (blocking recv,
+    recv_any, irecv with Request.source), eager and rendezvous sizes, each sender's messages
+    in order; a too-small buffer raises Truncated."""
+    env = {"HCOMM_TRANSPORT": "tcp"} if transport == "tcp" else None
+    job(
+        3,
+        """
+        sizes = [3, 100_000, 1 << 20]
+        reqs = [
+            comm.isend(np.full(n, rank * 10 + i, np.int32), 0, tag=4)
+            for i, n in enumerate(sizes)
+        ]
+        if rank == 0:
+            seen = {r: [] for r in range(size)}
+            buf = np.zeros(1 << 20, np.int32)
+            # three ways to take the messages: recv with ANY_SOURCE, recv_any, irecv
+            n = comm.recv(buf, hcomm.ANY_SOURCE, tag=4)
+            v = int(buf[0])
+            seen[v // 10].append((v % 10, n))
+            for _ in range(size * len(sizes) // 2 - 1):
+                n, src = comm.recv_any(buf, tag=4)
+                assert (buf[: n // 4] == buf[0]).all()
+                assert int(buf[0]) // 10 == src, (buf[0], src)
+                seen[src].append((int(buf[0]) % 10, n))
+            pending = []
+            for _ in range(size * len(sizes) - size * len(sizes) // 2):
+                b = np.zeros(1 << 20, np.int32)
+                pending.append((comm.irecv(b, hcomm.ANY_SOURCE, tag=4), b))
+            for r, b in pending:
+                assert r.source is None or r.test()
+                n = r.wait()
+                assert r.source == int(b[0]) // 10, (r.source, b[0])
+                seen[r.source].append((int(b[0]) % 10, n))
+            for r in range(size):
+                assert seen[r] == [(i, 4 * m) for i, m in enumerate(sizes)], seen
+            # a specific irecv names its source at once
+            r = comm.irecv(np.zeros(1, np.int32), 1, tag=6)
+            assert r.source == 1
+            assert r.wait() == 4
+        if rank == 1:
+            comm.send(np.ones(1, np.int32), 0, tag=6)
+        hcomm.wait_all(reqs)
+        comm.barrier()
+        if rank == 1:
+            comm.send(np.zeros(10, np.int32), 0, tag=7)
+        if rank == 0:
+            try:
+                comm.recv_any(np.zeros(2, np.int32), tag=7)
+            except hcomm.Truncated:
+                pass
+            else:
+                raise AssertionError("no Truncated")
+        comm.barrier()
+        comm.destroy()
+        """,
+        env=env,
+    )
+
+
+@pytest.mark.timeout(90)
 def test_torch_tensors() -> None:
     """torch CPU tensors go through __dlpack__, used in place (importing torch is slow: one
     job of two ranks)."""

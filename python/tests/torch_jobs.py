@@ -235,6 +235,19 @@ def conformance() -> None:
             t = torch.empty(3, dtype=torch.int64)
             dist.recv(t, 0)
             same(t, torch.tensor([7, 8, 9]), "send/recv")
+        # recv without src (from any source) returns the sender's rank
+        if rank == 0:
+            senders = []
+            for _ in range(n - 1):
+                t = torch.empty(2, dtype=torch.int64)
+                src = dist.recv(t, tag=11)
+                if t.tolist() != [src, 5]:
+                    fail(f"recv from any source: got {t.tolist()} from {src}")
+                senders.append(src)
+            if sorted(senders) != list(range(1, n)):
+                fail(f"recv from any source: senders {senders}")
+        else:
+            dist.send(torch.tensor([rank, 5]), 0, tag=11)
     # object collectives, one larger than 64 MiB
     objs: list[Any] = [None] * n
     dist.all_gather_object(objs, {"rank": rank, "x": list(range(rank))})

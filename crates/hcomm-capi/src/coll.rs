@@ -18,7 +18,7 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use hcomm_core::coll::{CollKind, Shape, VLayout};
+use hcomm_core::{CollKind, Shape, VLayout};
 use hcomm_core::{Communicator, DataType, Error, Lease, ReduceOp, Request, Result};
 
 use crate::args;

@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::ffi::c_int;
 
-use hcomm_core::coll::CollKind;
+use hcomm_core::CollKind;
 use hcomm_core::{Communicator, Error, Result};
 
 use crate::args;

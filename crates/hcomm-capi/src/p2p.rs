@@ -1,5 +1,6 @@
 //! Point-to-point messages: blocking `hcommSend`/`hcommRecv`, nonblocking `hcommIsend`/
-//! `hcommIrecv` with `hcommWait`/`hcommTest`.
+//! `hcommIrecv` with `hcommWait`/`hcommTest`. A receive's `src` may be `HCOMM_ANY_SOURCE`;
+//! `hcommRecvStatus` and `hcommWaitStatus` tell who sent and how many bytes.
 //!
 //! Nonblocking operations stage the data in a buffer the request owns (the Rust requests own
 //! their buffers), so the caller's send buffer may be reused as soon as `hcommIsend` returns,
@@ -15,6 +16,36 @@ use crate::error::guard;
 use crate::group;
 use crate::state::{self, Pending, RecvTarget};
 use crate::types::{hcommComm_t, hcommRequest_t, HCOMM_REQUEST_NULL};
+
+/// The `src` of `hcommRecv`, `hcommIrecv` and `hcommRecvStatus` that receives a message from
+/// any rank of the communicator (MPI's rules: one sender's messages in order, receives
+/// matched in the order they were posted, held messages in arrival order). A pending one
+/// fails with `HCOMM_ERR_PEER_LOST` when a member of the communicator is lost.
+pub const HCOMM_ANY_SOURCE: c_int = -1;
+
+/// A receive's `src`: a rank of the communicator, or `HCOMM_ANY_SOURCE`.
+fn source(src: c_int, size: usize) -> Result<usize> {
+    if src == HCOMM_ANY_SOURCE {
+        return Ok(hcomm_core::ANY_SOURCE);
+    }
+    args::rank(src, size, "src")
+}
+
+/// Writes a receive's sender and length where the caller asked for them.
+///
+/// # Safety
+/// `source` and `count` are NULL or point to a writable `int` and `size_t`.
+unsafe fn report(source: *mut c_int, count: *mut usize, (len, src): (usize, Option<usize>)) {
+    let src = src.and_then(|s| c_int::try_from(s).ok()).unwrap_or(-1);
+    if !source.is_null() {
+        // SAFETY: the caller's promise.
+        unsafe { source.write(src) };
+    }
+    if !count.is_null() {
+        // SAFETY: the caller's promise.
+        unsafe { count.write(len) };
+    }
+}
 
 /// Starts sending `bytes` bytes at `buf` (a copy of them); returns the request's handle.
 fn start_send(
@@ -48,7 +79,7 @@ fn start_recv(
     comm: hcommComm_t,
 ) -> Result<hcommRequest_t> {
     let c = state::comm(comm)?;
-    let src = args::rank(src, c.size(), "src")?;
+    let src = source(src, c.size())?;
     let tag = args::tag(tag)?;
     args::buffer(buf, bytes, "buf")?;
     let request = c.irecv(args::staging(bytes, "hcommIrecv")?, src, tag)?;
@@ -58,15 +89,19 @@ fn start_recv(
             recv_into: Some(RecvTarget {
                 addr: buf.expose_provenance(),
                 len: bytes,
+                src: (src != hcomm_core::ANY_SOURCE).then_some(src),
             }),
         }))
     })
 }
 
 /// Waits for a request taken out of the table; a receive's data goes to the caller's buffer.
-pub(crate) fn finish(pending: Pending) -> Result<()> {
+/// Returns the bytes sent or received and, for a receive, the sender.
+pub(crate) fn finish(pending: Pending) -> Result<(usize, Option<usize>)> {
     let done = pending.request.wait()?;
+    let mut sender = None;
     if let Some(target) = pending.recv_into {
+        sender = done.source.or(target.src);
         let data = done.buffer.get(..done.len).ok_or_else(|| {
             Error::Internal("a receive reported more bytes than its buffer".into())
         })?;
@@ -86,7 +121,7 @@ pub(crate) fn finish(pending: Pending) -> Result<()> {
             )
         };
     }
-    Ok(())
+    Ok((done.len, sender))
 }
 
 /// `*request` becomes the handle `start` returns, or `HCOMM_REQUEST_NULL` when it fails.
@@ -133,7 +168,8 @@ pub unsafe extern "C" fn hcommSend(
     })
 }
 
-/// Receives a message from rank `src` of `comm` with `tag` into `bytes` bytes at `buf`. A
+/// Receives a message from rank `src` of `comm` (or any rank: `HCOMM_ANY_SOURCE`) with `tag`
+/// into `bytes` bytes at `buf`. A
 /// shorter message fills the front of `buf`; a longer one fails with `HCOMM_ERR_TRUNCATED`
 /// (and is consumed). Between `hcommGroupStart` and `hcommGroupEnd` the receive is started at
 /// once and `buf` is filled by `hcommGroupEnd`.
@@ -154,12 +190,55 @@ pub unsafe extern "C" fn hcommRecv(
             return group::add_request(start_recv(buf, bytes, src, tag, comm)?);
         }
         let c = state::comm(comm)?;
-        let src = args::rank(src, c.size(), "src")?;
+        let src = source(src, c.size())?;
         let tag = args::tag(tag)?;
         // SAFETY: the caller's buffer holds `bytes` writable bytes during this call, used by
         // nobody else.
         let data = unsafe { args::bytes_mut(buf, bytes, "buf")? };
         c.recv(data, src, tag).map(drop)
+    })
+}
+
+/// `hcommRecv` that also tells who sent the message and how long it is: `*source` becomes
+/// the sender's rank in `comm` (useful with `src = HCOMM_ANY_SOURCE`) and `*count` the bytes
+/// received. Either pointer may be NULL. Not inside `hcommGroupStart`/`hcommGroupEnd`.
+///
+/// # Safety
+/// `buf` is NULL or points to `bytes` writable bytes that nothing else uses during the call;
+/// `source` and `count` are NULL or point to a writable `int` and `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommRecvStatus(
+    buf: *mut c_void,
+    bytes: usize,
+    src: c_int,
+    tag: c_int,
+    comm: hcommComm_t,
+    source_out: *mut c_int,
+    count: *mut usize,
+) -> c_int {
+    guard("hcommRecvStatus", || {
+        if group::active() {
+            return Err(Error::InvalidArgument(
+                "hcommRecvStatus cannot be called between hcommGroupStart and hcommGroupEnd: \
+                 use hcommIrecv and hcommWaitStatus"
+                    .into(),
+            ));
+        }
+        let c = state::comm(comm)?;
+        let src = source(src, c.size())?;
+        let tag = args::tag(tag)?;
+        // SAFETY: the caller's buffer holds `bytes` writable bytes during this call, used by
+        // nobody else.
+        let data = unsafe { args::bytes_mut(buf, bytes, "buf")? };
+        let got = if src == hcomm_core::ANY_SOURCE {
+            let s = c.recv_any(data, tag)?;
+            (s.len, Some(s.source))
+        } else {
+            (c.recv(data, src, tag)?, Some(src))
+        };
+        // SAFETY: the caller's promise.
+        unsafe { report(source_out, count, got) };
+        Ok(())
     })
 }
 
@@ -225,7 +304,41 @@ pub unsafe extern "C" fn hcommWait(request: *mut hcommRequest_t) -> c_int {
         let pending = state::with_tables(|t| t.take_request(handle))?;
         // SAFETY: as above.
         unsafe { request.write(HCOMM_REQUEST_NULL) };
-        finish(pending)
+        finish(pending).map(drop)
+    })
+}
+
+/// `hcommWait` that also tells what the request did: for a receive, `*source` becomes the
+/// sender's rank in its communicator (useful after `hcommIrecv` with `HCOMM_ANY_SOURCE`) and
+/// `*count` the bytes received; for a send, `*source` is -1 and `*count` the bytes sent; for
+/// a collective, -1 and the receive bytes used. `*request == HCOMM_REQUEST_NULL` gives -1
+/// and 0. Either output pointer may be NULL.
+///
+/// # Safety
+/// `request` is NULL or points to a readable and writable `hcommRequest_t`; `source` and
+/// `count` are NULL or point to a writable `int` and `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hcommWaitStatus(
+    request: *mut hcommRequest_t,
+    source: *mut c_int,
+    count: *mut usize,
+) -> c_int {
+    guard("hcommWaitStatus", || {
+        state::with_tables(|_| Ok(()))?;
+        args::out(request, "request")?;
+        // SAFETY: checked not NULL; the caller passes the address of an hcommRequest_t.
+        let handle = unsafe { request.read() };
+        let got = if handle.is_null() {
+            (0, None)
+        } else {
+            let pending = state::with_tables(|t| t.take_request(handle))?;
+            // SAFETY: as above.
+            unsafe { request.write(HCOMM_REQUEST_NULL) };
+            finish(pending)?
+        };
+        // SAFETY: the caller's promise.
+        unsafe { report(source, count, got) };
+        Ok(())
     })
 }
 
@@ -262,7 +375,7 @@ pub unsafe extern "C" fn hcommTest(request: *mut hcommRequest_t, done: *mut c_in
             unsafe { request.write(HCOMM_REQUEST_NULL) };
             // SAFETY: as above.
             unsafe { done.write(1) };
-            return finish(pending);
+            return finish(pending).map(drop);
         }
         // SAFETY: as above.
         unsafe { done.write(1) };

@@ -41,6 +41,8 @@ pub(crate) struct Pending {
 pub(crate) struct RecvTarget {
     pub(crate) addr: usize,
     pub(crate) len: usize,
+    /// The rank received from; `None` for a receive from any source.
+    pub(crate) src: Option<usize>,
 }
 
 static PHASE: Mutex<Phase> = Mutex::new(Phase::Uninit);

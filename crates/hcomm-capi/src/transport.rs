@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Arc;
 
-use hcomm_core::transport::plugin::{self, Plugin, MAX_NAME};
+use hcomm_core::plugin::{self, Plugin, MAX_NAME};
 use hcomm_core::{Error, Result};
 
 use crate::error::guard;

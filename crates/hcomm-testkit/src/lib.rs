@@ -9,9 +9,9 @@ mod ranks;
 mod run;
 mod shm;
 
-pub use hcomm::coll::random::shapes;
-pub use hcomm::config::LAUNCHER_VARS;
-pub use hcomm::rng::Rng;
+pub use hcomm::internal::coll::random::shapes;
+pub use hcomm::internal::config::LAUNCHER_VARS;
+pub use hcomm::internal::rng::Rng;
 pub use jobs::{
     collect_outputs, fresh_secret, job_ok, local_root, self_job, spawn_ranks, without_launcher_env,
 };

@@ -2,7 +2,7 @@
 //! iteration, message), so that misplaced, stale, duplicated or foreign data all show up, a
 //! checksum of a buffer.
 
-pub use hcomm::rng::mix;
+pub use hcomm::internal::rng::mix;
 
 /// The seed of the message `msg` that `rank` sends at checked iteration `iter`.
 pub fn seed(rank: usize, size: usize, iter: u64, msg: usize) -> u64 {

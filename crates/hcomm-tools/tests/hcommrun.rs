@@ -208,16 +208,20 @@ fn every_rank_gets_its_environment_and_a_live_store() {
     TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("store accepts TCP");
     // The store is hcomm's and holds the secret the ranks were given.
     let wait = Duration::from_secs(5);
-    let mut client =
-        hcomm::bootstrap::StoreClient::connect(&addr.to_string(), secret.as_bytes(), wait)
-            .expect("the ranks' secret opens the store");
+    let mut client = hcomm::internal::bootstrap::StoreClient::connect(
+        &addr.to_string(),
+        secret.as_bytes(),
+        wait,
+    )
+    .expect("the ranks' secret opens the store");
     client.set("hcommrun-test", b"v").unwrap();
     assert_eq!(
         client.get("hcommrun-test").unwrap().as_deref(),
         Some(&b"v"[..])
     );
     assert!(
-        hcomm::bootstrap::StoreClient::connect(&addr.to_string(), b"wrong secret", wait).is_err(),
+        hcomm::internal::bootstrap::StoreClient::connect(&addr.to_string(), b"wrong secret", wait)
+            .is_err(),
         "a wrong secret is refused"
     );
 

@@ -312,7 +312,7 @@ fn attack(addr: String, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
                     }
                 }
                 3 => {
-                    let _ = hcomm::bootstrap::auth::client_handshake(
+                    let _ = hcomm::internal::bootstrap::auth::client_handshake(
                         &mut s,
                         b"not-the-secret",
                         b"hello",
@@ -385,7 +385,7 @@ fn hostile_traffic_to_the_ranks_listeners_during_setup_leaves_the_job_correct() 
     let t0 = Instant::now();
     let mut store = loop {
         let timeout = Duration::from_millis(500);
-        match hcomm::bootstrap::StoreClient::connect(&root, secret.as_bytes(), timeout) {
+        match hcomm::internal::bootstrap::StoreClient::connect(&root, secret.as_bytes(), timeout) {
             Ok(c) => break c,
             Err(_) if t0.elapsed() < Duration::from_secs(30) => {
                 thread::sleep(Duration::from_millis(20))

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hcomm::coll::{algos, CollKind};
+use hcomm::internal::coll::algos;
+use hcomm::CollKind;
 
 use hcomm_testkit::run_bounded;
 

@@ -6,7 +6,7 @@
 //! reads two buffers and writes one; memcpy reads one and writes one.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use hcomm::reduce::{self, scalar};
+use hcomm::internal::reduce::{self, scalar};
 use hcomm::{DataType, ReduceOp};
 use std::hint::black_box;
 use std::time::Duration;

@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::observe::OpKind;
 use crate::p2p::lease::{Lease, Loan, Part};
-use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target};
+use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target, ANY_PEER};
 use crate::rng::mix;
 use crate::sync::lock;
 use crate::topology::{RankInfo, Topology};
@@ -144,7 +144,7 @@ impl World {
             [0; 3],
             self.protocol(t.peer, len),
             0,
-            Some(t.comm_rank),
+            (t.comm_rank != ANY_PEER).then_some(t.comm_rank),
         )
     }
 }
@@ -214,21 +214,39 @@ struct Plan {
     protocols: u64,
 }
 
+/// The `src` of a receive that takes a message from any rank of the communicator
+/// ([`Communicator::recv`], [`Communicator::irecv`], [`Communicator::irecv_raw`]; see
+/// [`Communicator::recv_any`]).
+pub const ANY_SOURCE: usize = usize::MAX;
+
+/// What a receive from any source got: who sent the message, and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvStatus {
+    /// The sender's rank in the communicator.
+    pub source: usize,
+    /// Bytes received into the front of the buffer.
+    pub len: usize,
+}
+
 /// A finished nonblocking operation: its buffer back, and the bytes sent or received.
 #[derive(Debug)]
 pub struct Completion {
     /// The buffer given to [`Communicator::isend`], [`Communicator::irecv`] or
     /// [`Communicator::start_collective`]; empty for operations on lent memory
-    /// ([`RawBuf`]), whose result is in that memory.
+    /// ([`Lease`] from raw parts), whose result is in that memory.
     pub buffer: Vec<u8>,
     /// Bytes sent, or bytes received into the front of `buffer`.
     pub len: usize,
+    /// For a receive from [`ANY_SOURCE`]: the sender's rank in the communicator (`None` for
+    /// every other operation).
+    pub source: Option<usize>,
 }
 
 /// A nonblocking operation in flight: point-to-point or collective. It progresses in the
 /// background; [`Request::wait`] collects it. Dropping it before completion lets it finish in
-/// the background, except for operations on lent memory ([`RawBuf`]): dropping those waits
-/// for them (at most `HCOMM_TIMEOUT`), so that the memory is free once the drop returns.
+/// the background, except for operations on lent memory (a [`Lease`] from raw parts):
+/// dropping those waits for them (at most `HCOMM_TIMEOUT`), so that the memory is free once
+/// the drop returns.
 #[must_use = "a request does nothing visible until it is waited for"]
 pub struct Request {
     inner: RequestInner,
@@ -241,6 +259,8 @@ enum RequestInner {
         /// The operation and its memory; `None` once collected.
         loan: Option<Loan>,
         result: Option<Result<usize>>,
+        /// A receive from any source: its sender once known.
+        any: Option<Option<usize>>,
     },
     /// A collective running on its own thread (it waits with the world's timeout).
     Task {
@@ -251,13 +271,26 @@ enum RequestInner {
 }
 
 impl Request {
-    fn p2p(world: &Arc<World>, loan: Loan) -> Request {
+    /// A point-to-point operation on the memory `loan` holds; `any`: a receive from any
+    /// source.
+    fn p2p(world: &Arc<World>, loan: Loan, any: bool) -> Request {
         Request {
             inner: RequestInner::P2p {
                 world: Arc::clone(world),
                 loan: Some(loan),
                 result: None,
+                any: any.then_some(None),
             },
+        }
+    }
+
+    /// For a receive from [`ANY_SOURCE`] that [`Request::test`] found complete: the sender's
+    /// rank in the communicator ([`Completion::source`] tells it too). `None` before, for a
+    /// receive that failed before it matched, and for every other operation.
+    pub fn source(&self) -> Option<usize> {
+        match &self.inner {
+            RequestInner::P2p { any, .. } => any.flatten(),
+            RequestInner::Task { .. } => None,
         }
     }
 
@@ -268,18 +301,28 @@ impl Request {
                 world,
                 loan,
                 result,
+                any,
             } => {
                 let Some(mut l) = loan.take() else {
                     return Err(Error::Internal("the request was already collected".into()));
                 };
                 let r = match result.take() {
                     Some(r) => r,
-                    None => world
-                        .engine
-                        .wait_loan(&mut l, Instant::now() + world.config.timeout),
+                    None => {
+                        let r = world
+                            .engine
+                            .wait_loan(&mut l, Instant::now() + world.config.timeout);
+                        note_source(world, l.id(), any);
+                        r
+                    }
                 };
                 let buffer = l.into_vec();
-                r.map(|len| Completion { buffer, len })
+                let source = any.flatten();
+                r.map(|len| Completion {
+                    buffer,
+                    len,
+                    source,
+                })
             }
             RequestInner::Task { handle, .. } => match handle.take().map(|h| h.join()) {
                 Some(Ok(r)) => r,
@@ -297,9 +340,13 @@ impl Request {
                 world,
                 loan,
                 result,
+                any,
             } => {
                 if let (None, Some(l)) = (&result, loan.as_mut()) {
                     *result = world.engine.test_loan(l);
+                    if result.is_some() {
+                        note_source(world, l.id(), any);
+                    }
                 }
                 Ok(result.is_some())
             }
@@ -313,11 +360,15 @@ impl Request {
 impl Drop for Request {
     fn drop(&mut self) {
         match &mut self.inner {
-            RequestInner::P2p { world, loan, .. } => {
+            RequestInner::P2p {
+                world, loan, any, ..
+            } => {
                 if let Some(l) = loan.take() {
                     // An owned buffer goes to the engine; lent memory waits for its
                     // operation (at most HCOMM_TIMEOUT), so that it is free once this returns.
+                    let id = l.id();
                     world.engine.release(l, world.config.timeout);
+                    note_source(world, id, any);
                 }
             }
             RequestInner::Task { handle, lent: true } => {
@@ -328,6 +379,14 @@ impl Drop for Request {
             }
             RequestInner::Task { .. } => {}
         }
+    }
+}
+
+/// Records the sender of receive-from-any-source `id` (`any` is `Some` for one), whose
+/// result was just taken from the engine.
+fn note_source(world: &World, id: OpId, any: &mut Option<Option<usize>>) {
+    if let Some(source) = any {
+        *source = world.engine.take_source(id);
     }
 }
 
@@ -742,10 +801,53 @@ impl Communicator {
     }
 
     /// Receives a message from rank `src` with `tag` into `buf`; returns its length.
-    /// A longer message gives [`Error::Truncated`] (and is consumed).
+    /// A longer message gives [`Error::Truncated`] (and is consumed). `src` may be
+    /// [`ANY_SOURCE`]: see [`Communicator::recv_any`], which also tells the sender.
     pub fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
+        if src == ANY_SOURCE {
+            return self.recv_any(buf, tag).map(|s| s.len);
+        }
         let t = self.target(self.id, src, tag, "source")?;
         self.recorded(OpKind::Recv, &t, buf.len(), || self.recv_from(t, buf))
+    }
+
+    /// Receives a message with `tag` from any rank of the communicator (this one included)
+    /// into `buf`; returns the sender and the length. MPI's rules: messages from one sender
+    /// are received in the order they were sent; receives are matched in the order they were
+    /// posted, specific ones and these alike; a message already here is taken in arrival
+    /// order. A longer message gives [`Error::Truncated`] (and is consumed).
+    ///
+    /// While it waits, a member of the communicator that is lost (killed, unreachable) fails
+    /// it with [`Error::PeerLost`] at once, since that rank may have been the sender (the
+    /// rule of MPI's fault-tolerance proposal, ULFM); so does every other member having
+    /// finalized. Once a member is lost, receives from any source on the communicator fail
+    /// unless a message is already here: receive from named ranks instead. Point-to-point
+    /// only: collectives never match a receive from any source.
+    pub fn recv_any(&self, buf: &mut [u8], tag: u32) -> Result<RecvStatus> {
+        let t = self.any_target(tag);
+        self.recorded(OpKind::Recv, &t, buf.len(), || {
+            let members = Arc::clone(&self.members);
+            let mut lease = Lease::from(buf);
+            let (len, source) =
+                self.world
+                    .engine
+                    .transfer_any(t, members, &mut lease, self.deadline());
+            let len = len?;
+            source
+                .map(|source| RecvStatus { source, len })
+                .ok_or_else(|| Error::Internal("a receive from any source has no sender".into()))
+        })
+    }
+
+    /// The target of a receive from any source of this communicator with `tag`.
+    fn any_target(&self, tag: u32) -> Target {
+        Target {
+            comm: self.id,
+            peer: ANY_PEER,
+            comm_rank: ANY_PEER,
+            tag,
+            sig: [0; 2],
+        }
     }
 
     fn recv_from(&self, t: Target, buf: &mut [u8]) -> Result<usize> {
@@ -831,13 +933,15 @@ impl Communicator {
     }
 
     /// Starts receiving from `src` into `buf` (its length is the capacity);
-    /// [`Request::wait`] gives the buffer back with the received length.
+    /// [`Request::wait`] gives the buffer back with the received length. `src` may be
+    /// [`ANY_SOURCE`] (the rules of [`Communicator::recv_any`]): the completion then names
+    /// the sender ([`Completion::source`]).
     pub fn irecv(&self, buf: Vec<u8>, src: usize, tag: u32) -> Result<Request> {
         self.post_async(Blocking::Recv, src, tag, Lease::from(buf))
     }
 
-    /// Posts a nonblocking send to or receive from `peer` of `buf`, recorded for the
-    /// profiler.
+    /// Posts a nonblocking send to or receive from `peer` ([`ANY_SOURCE`] for a receive from
+    /// any source) of `buf`, recorded for the profiler.
     fn post_async(
         &self,
         kind: Blocking,
@@ -845,14 +949,24 @@ impl Communicator {
         tag: u32,
         buf: Lease<'static>,
     ) -> Result<Request> {
+        let engine = &self.world.engine;
+        if kind == Blocking::Recv && peer == ANY_SOURCE {
+            let t = self.any_target(tag);
+            drop(
+                self.world
+                    .p2p_scope(OpKind::Irecv, &t, buf.len(), self.size()),
+            );
+            let loan = engine.lend_any(t, Arc::clone(&self.members), buf)?;
+            return Ok(Request::p2p(&self.world, loan, true));
+        }
         let (what, op) = match kind {
             Blocking::Send => ("destination", OpKind::Isend),
             Blocking::Recv => ("source", OpKind::Irecv),
         };
         let t = self.target(self.id, peer, tag, what)?;
         drop(self.world.p2p_scope(op, &t, buf.len(), self.size()));
-        let loan = self.world.engine.lend(kind, t, buf)?;
-        Ok(Request::p2p(&self.world, loan))
+        let loan = engine.lend(kind, t, buf)?;
+        Ok(Request::p2p(&self.world, loan, false))
     }
 
     /// Returns when every rank has called it.

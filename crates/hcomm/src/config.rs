@@ -8,19 +8,19 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 /// Default bound on every wait, in seconds (`HCOMM_TIMEOUT`).
-pub const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
+pub(crate) const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
 /// Default largest message sent eagerly over TCP (`HCOMM_TCP_EAGER_LIMIT`).
-pub const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
+pub(crate) const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
 /// Default number of TCP streams per peer (`HCOMM_TCP_STREAMS`).
-pub const DEFAULT_TCP_STREAMS: usize = 2;
+pub(crate) const DEFAULT_TCP_STREAMS: usize = 2;
 /// Default chunk of a large message on one stream (`HCOMM_TCP_CHUNK`).
-pub const DEFAULT_TCP_CHUNK: usize = 512 * 1024;
+pub(crate) const DEFAULT_TCP_CHUNK: usize = 512 * 1024;
 /// How every waiting rank backs off while what it waits for has not happened: the engine's
 /// waits for messages and the one-sided collectives' waits for their peers alike. It spins
 /// (for `HCOMM_SPIN_US` where the wait reads the clock anyway, else for `polls` looks), then
 /// yields the CPU, then sleeps. Not read from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// Looks of a spinning wait that does not read the clock (reading it costs about as much
     /// as a look at a peer's cache line).
     pub polls: u32,
@@ -36,7 +36,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// The policy of every wait.
-    pub const DEFAULT: Backoff = Backoff {
+    pub(crate) const DEFAULT: Backoff = Backoff {
         polls: 20_000,
         eager_polls: 256,
         yields: 64,
@@ -45,22 +45,22 @@ impl Backoff {
 }
 
 /// Largest accepted `HCOMM_TCP_STREAMS`.
-pub const MAX_TCP_STREAMS: usize = 16;
+pub(crate) const MAX_TCP_STREAMS: usize = 16;
 /// Default largest message sent inline through shared memory (`HCOMM_SHM_EAGER_LIMIT`).
-pub const DEFAULT_SHM_EAGER_LIMIT: usize = 4096;
+pub(crate) const DEFAULT_SHM_EAGER_LIMIT: usize = 4096;
 /// Default largest message the receiver pulls; larger ones the sender pushes
 /// (`HCOMM_SHM_PUSH_THRESHOLD`).
-pub const DEFAULT_SHM_PUSH_THRESHOLD: usize = 1 << 20;
+pub(crate) const DEFAULT_SHM_PUSH_THRESHOLD: usize = 1 << 20;
 /// Default chunk of a shared-memory push (`HCOMM_SHM_CHUNK`).
-pub const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
+pub(crate) const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
 /// Default bytes of each shared-memory ring (`HCOMM_SHM_RING`).
-pub const DEFAULT_SHM_RING: usize = 1 << 20;
+pub(crate) const DEFAULT_SHM_RING: usize = 1 << 20;
 /// Default bytes of each shared-memory pool block (`HCOMM_POOL_BLOCK`).
-pub const DEFAULT_POOL_BLOCK: usize = 64 << 20;
+pub(crate) const DEFAULT_POOL_BLOCK: usize = 64 << 20;
 /// Default most bytes of pool blocks per rank (`HCOMM_POOL_MAX`).
-pub const DEFAULT_POOL_MAX: usize = 1 << 30;
+pub(crate) const DEFAULT_POOL_MAX: usize = 1 << 30;
 /// Default seconds a wait blocks before it is logged as a stall (`HCOMM_STALL_WARN`).
-pub const DEFAULT_STALL_WARN_SECS: f64 = 10.0;
+pub(crate) const DEFAULT_STALL_WARN_SECS: f64 = 10.0;
 
 /// Which launcher the rank information came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -70,6 +70,10 @@ use wait::{poll, timespec};
 /// Identifies an operation inside the engine.
 pub(crate) type OpId = u64;
 
+/// The peer (and communicator rank) of a receive from any source until a message binds it
+/// to its sender.
+pub(crate) const ANY_PEER: usize = usize::MAX;
+
 /// Bytes buffered per stream for small frames; larger payloads are read in place.
 const RX_BUF: usize = 64 * 1024;
 /// Read and write rounds per stream per event, so one busy peer cannot starve the others.
@@ -236,7 +240,8 @@ pub(crate) struct Target {
     pub comm: u64,
     /// World rank of the peer (indexes the links).
     pub peer: usize,
-    /// Rank of the peer in the communicator (for messages).
+    /// Rank of the peer in the communicator (for messages); [`ANY_PEER`], with `peer`, for a
+    /// receive from any source not matched yet.
     pub comm_rank: usize,
     /// Message tag.
     pub tag: u32,
@@ -273,7 +278,19 @@ struct Op {
     /// Buffer of a nonblocking operation whose request was dropped before completion: the
     /// engine finishes the operation and frees it.
     detached: Option<Vec<u8>>,
+    /// A receive from any source: the world ranks of its communicator's members, by
+    /// communicator rank (the first message that matches binds `target` to its sender).
+    members: Option<Arc<[usize]>>,
     result: Option<Result<usize>>,
+}
+
+/// Names a communicator rank in messages ("any rank" for an unmatched wildcard).
+fn rank_name(comm_rank: usize) -> String {
+    if comm_rank == ANY_PEER {
+        "any rank".to_string()
+    } else {
+        format!("rank {comm_rank}")
+    }
 }
 
 impl Op {
@@ -285,8 +302,10 @@ impl Op {
                 self.cap, t.comm_rank, t.tag
             ),
             OpKind::Recv => format!(
-                "recv from rank {} (tag {}, buffer {} bytes)",
-                t.comm_rank, t.tag, self.cap
+                "recv from {} (tag {}, buffer {} bytes)",
+                rank_name(t.comm_rank),
+                t.tag,
+                self.cap
             ),
         }
     }
@@ -470,8 +489,17 @@ struct State {
     ops: HashMap<OpId, Op>,
     next_op: OpId,
     posted: HashMap<MatchKey, VecDeque<OpId>>,
+    /// Receives from any source not matched yet, by (communicator, tag), in posting order.
+    /// Operation ids grow as operations are posted, so the lower id of the heads of a
+    /// specific and a wildcard queue is the receive posted first.
+    posted_any: HashMap<(u64, u32), VecDeque<OpId>>,
+    /// The communicator rank each completed receive from any source got its message from,
+    /// until its owner asks ([`Engine::take_source`]).
+    sources: HashMap<OpId, usize>,
     unexpected: HashMap<MatchKey, VecDeque<u64>>,
     umsgs: HashMap<u64, Unexpected>,
+    /// The id of the next unexpected message: ids count arrivals across all peers, so a
+    /// receive from any source takes the held message with the lowest.
     next_umsg: u64,
     /// Matched rendezvous receives by (peer, sender's message id).
     rndv_recv: HashMap<(usize, u64), OpId>,
@@ -669,6 +697,8 @@ impl Engine {
                 ops: HashMap::default(),
                 next_op: 1,
                 posted: HashMap::default(),
+                posted_any: HashMap::default(),
+                sources: HashMap::default(),
                 unexpected: HashMap::default(),
                 umsgs: HashMap::default(),
                 next_umsg: 1,

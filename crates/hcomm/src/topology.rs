@@ -26,7 +26,7 @@ pub struct RankInfo {
 
 /// The host's online cores (at least 1), not this process's affinity mask: ranks pinned one
 /// per core (taskset, mpirun --bind-to core) still have the host's cores to share.
-pub fn online_cores() -> usize {
+pub(crate) fn online_cores() -> usize {
     // SAFETY: sysconf has no preconditions; it returns -1 on error.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     usize::try_from(online).unwrap_or(1).max(1)
@@ -35,7 +35,7 @@ pub fn online_cores() -> usize {
 impl RankInfo {
     /// Describes the calling process; `host_id` replaces the detected host identity
     /// (`HCOMM_HOST_ID`).
-    pub fn current(host_id: Option<&str>) -> RankInfo {
+    pub(crate) fn current(host_id: Option<&str>) -> RankInfo {
         let hostname = rustix::system::uname()
             .nodename()
             .to_string_lossy()
@@ -56,7 +56,7 @@ impl RankInfo {
     }
 
     /// Encodes for the rendezvous store: fields separated by newlines.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         format!(
             "{}\n{}\n{}\n{}\n{}",
             self.host_id, self.hostname, self.pid, self.numa_node, self.cpu
@@ -65,7 +65,7 @@ impl RankInfo {
     }
 
     /// Decodes what [`RankInfo::encode`] wrote; anything else is an error naming `rank`.
-    pub fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
+    pub(crate) fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
         let bad = || {
             Error::Init(format!(
                 "rank {rank} published malformed topology information"
@@ -116,7 +116,7 @@ pub struct Topology {
 
 impl Topology {
     /// Builds the map from every rank's information, indexed by rank.
-    pub fn new(ranks: Vec<RankInfo>) -> Topology {
+    pub(crate) fn new(ranks: Vec<RankInfo>) -> Topology {
         let mut hosts: Vec<&str> = Vec::new();
         let mut host_of = Vec::with_capacity(ranks.len());
         let mut local_rank = Vec::with_capacity(ranks.len());
@@ -143,7 +143,7 @@ impl Topology {
     }
 
     /// The topology of ranks chosen from this one, in the given order.
-    pub fn subset(&self, members: &[usize]) -> Topology {
+    pub(crate) fn subset(&self, members: &[usize]) -> Topology {
         Topology::new(members.iter().map(|&r| self.ranks[r].clone()).collect())
     }
 

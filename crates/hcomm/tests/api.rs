@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use hcomm::coll::{CollKind, Shape, VLayout};
+use hcomm::{CollKind, Shape, VLayout};
 use hcomm::{Communicator, Config, DataType, Error, ReduceOp};
 
 fn world() -> Communicator {

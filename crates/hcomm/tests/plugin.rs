@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use hcomm::transport::plugin::{self, Plugin};
+use hcomm::plugin::{self, Plugin};
 use hcomm::{Communicator, Config, Error, ReduceOp, Result};
 use hcomm_testkit::{free_port, self_job};
 

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hcomm::coll::{reference, CollKind, Shape, VLayout};
+use hcomm::internal::coll::reference;
+use hcomm::{CollKind, Shape, VLayout};
 use hcomm::{Communicator, DataType, Error, Lease, ReduceOp, Request};
 
 /// Environment of a rank started by [`job`]: the scenario it runs.

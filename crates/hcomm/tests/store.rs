@@ -8,11 +8,11 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hcomm::bootstrap::auth;
-use hcomm::bootstrap::store::{
+use hcomm::internal::bootstrap::auth;
+use hcomm::internal::bootstrap::store::{
     HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, MAX_VALUE, STALE_HANDSHAKE,
 };
-use hcomm::bootstrap::{RendezvousStore, StoreClient};
+use hcomm::internal::bootstrap::{RendezvousStore, StoreClient};
 use hcomm::Error;
 use hcomm_testkit::{free_addr, Rng};
 

@@ -4,7 +4,8 @@
 //! refused (bitwise operations on floats, the average of bool) failing before anything is
 //! sent.
 
-use hcomm::coll::{reference, CollKind, Shape};
+use hcomm::internal::coll::reference;
+use hcomm::{CollKind, Shape};
 use hcomm::{Communicator, DataType, Error, ReduceOp};
 
 /// Environment of a rank started by [`job`]: the scenario it runs.

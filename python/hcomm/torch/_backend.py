@@ -52,7 +52,41 @@ def register() -> None:
     if _registered:
         return
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])
+    _install_source_rank()
     _registered = True
+
+
+# The sender of the receive from any source that this thread waited for last (see
+# `_install_source_rank`).
+_last_any = threading.local()
+
+
+def _install_source_rank() -> None:
+    """Lets ``dist.recv(t)`` without ``src`` learn the sender.
+
+    torch (2.15 included) hands a Python backend's Work back to Python as a plain ``Work``
+    whose ``wait()`` and ``get_future()`` reach the Python class (its C++ trampoline forwards
+    them) but whose ``_source_rank()`` does not: it raises. ``dist.recv`` calls ``wait()``
+    and then ``_source_rank()`` on the same thread, so ``_Work.wait`` of a receive from any
+    source records its sender for the thread, and ``Work._source_rank`` is wrapped to give
+    that sender (once) where torch's own answer fails. Works of other backends answer as
+    before."""
+    original = c10d.Work._source_rank
+    if getattr(original, "_hcomm", False):
+        return
+
+    def _source_rank(self: c10d.Work) -> int:
+        try:
+            return original(self)
+        except RuntimeError:
+            src: int | None = getattr(_last_any, "source", None)
+            if src is None:
+                raise
+            _last_any.source = None
+            return src
+
+    _source_rank._hcomm = True  # type: ignore[attr-defined]
+    c10d.Work._source_rank = _source_rank  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------------------------------
@@ -168,8 +202,11 @@ class _Work(c10d.Work):
         keep: object = None,
         finish: Callable[[], None] | None = None,
         helper: _Helper | None = None,
+        source: Callable[[], int | None] | None = None,
     ) -> None:
         super().__init__()
+        # A receive from any source: its sender (group rank), for ``_source_rank``.
+        self._source = source
         self._outputs = outputs
         self._describe = describe
         # Inputs and staging copies stay alive until the operation completes.
@@ -214,6 +251,8 @@ class _Work(c10d.Work):
             raise hcomm.Timeout(f"{self._describe}: not complete after {secs} s (Work.wait)")
         if self._error is not None:
             raise self._error
+        if self._source is not None:
+            _last_any.source = self._source()
         return True
 
     def get_future(self) -> Future[list[torch.Tensor]]:
@@ -232,6 +271,14 @@ class _Work(c10d.Work):
 
     def result(self) -> list[torch.Tensor]:
         return self._outputs
+
+    def _source_rank(self) -> int:
+        """The group rank a completed receive got its message from (``dist.recv`` without
+        ``src`` returns it, as a global rank)."""
+        src = None if self._source is None else self._source()
+        if src is None:
+            raise ValueError(f"{self._describe}: no source rank (not a completed receive)")
+        return src
 
 
 def _annotate(e: BaseException, describe: str) -> BaseException:
@@ -880,12 +927,14 @@ class HcommBackend(c10d.Backend):
             if not sending:
                 staged.finish()
 
+        who = "any source" if peer == hcomm.ANY_SOURCE else f"peer {peer}"
         return _Work(
             [t],
-            self._describe(f"{op} (peer {peer}, tag {tag})"),
+            self._describe(f"{op} ({who}, tag {tag})"),
             (staged, req),
             finish,
             self._waiter,
+            (lambda: req.source) if peer == hcomm.ANY_SOURCE else None,
         )
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> _Work:
@@ -895,6 +944,4 @@ class HcommBackend(c10d.Backend):
         return self._p2p("recv", tensors[0], src, tag, False)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> _Work:
-        raise hcomm.NotSupported(
-            "hcomm: recv from any source is not supported (hcomm matches receives by source)"
-        )
+        return self._p2p("recv", tensors[0], hcomm.ANY_SOURCE, tag, False)

@@ -88,6 +88,14 @@
 #define HCOMM_MALLOC_ALIGNMENT 64
 
 /**
+ * The `src` of `hcommRecv`, `hcommIrecv` and `hcommRecvStatus` that receives a message from
+ * any rank of the communicator (MPI's rules: one sender's messages in order, receives
+ * matched in the order they were posted, held messages in arrival order). A pending one
+ * fails with `HCOMM_ERR_PEER_LOST` when a member of the communicator is lost.
+ */
+#define HCOMM_ANY_SOURCE -1
+
+/**
  * The element type of a collective's buffers.
  */
 typedef enum hcommDataType_t {
@@ -393,7 +401,8 @@ void hcommFree(void *ptr);
 int hcommSend(const void *buf, size_t bytes, int dest, int tag, hcommComm_t comm);
 
 /**
- * Receives a message from rank `src` of `comm` with `tag` into `bytes` bytes at `buf`. A
+ * Receives a message from rank `src` of `comm` (or any rank: `HCOMM_ANY_SOURCE`) with `tag`
+ * into `bytes` bytes at `buf`. A
  * shorter message fills the front of `buf`; a longer one fails with `HCOMM_ERR_TRUNCATED`
  * (and is consumed). Between `hcommGroupStart` and `hcommGroupEnd` the receive is started at
  * once and `buf` is filled by `hcommGroupEnd`.
@@ -403,6 +412,23 @@ int hcommSend(const void *buf, size_t bytes, int dest, int tag, hcommComm_t comm
  * (inside a group: until `hcommGroupEnd` returns).
  */
 int hcommRecv(void *buf, size_t bytes, int src, int tag, hcommComm_t comm);
+
+/**
+ * `hcommRecv` that also tells who sent the message and how long it is: `*source` becomes
+ * the sender's rank in `comm` (useful with `src = HCOMM_ANY_SOURCE`) and `*count` the bytes
+ * received. Either pointer may be NULL. Not inside `hcommGroupStart`/`hcommGroupEnd`.
+ *
+ * # Safety
+ * `buf` is NULL or points to `bytes` writable bytes that nothing else uses during the call;
+ * `source` and `count` are NULL or point to a writable `int` and `size_t`.
+ */
+int hcommRecvStatus(void *buf,
+                    size_t bytes,
+                    int src,
+                    int tag,
+                    hcommComm_t comm,
+                    int *source_out,
+                    size_t *count);
 
 /**
  * Starts `hcommSend` in the background; `*request` receives its handle (and
@@ -444,6 +470,19 @@ int hcommIrecv(void *buf,
  * `request` is NULL or points to a readable and writable `hcommRequest_t`.
  */
 int hcommWait(hcommRequest_t *request);
+
+/**
+ * `hcommWait` that also tells what the request did: for a receive, `*source` becomes the
+ * sender's rank in its communicator (useful after `hcommIrecv` with `HCOMM_ANY_SOURCE`) and
+ * `*count` the bytes received; for a send, `*source` is -1 and `*count` the bytes sent; for
+ * a collective, -1 and the receive bytes used. `*request == HCOMM_REQUEST_NULL` gives -1
+ * and 0. Either output pointer may be NULL.
+ *
+ * # Safety
+ * `request` is NULL or points to a readable and writable `hcommRequest_t`; `source` and
+ * `count` are NULL or point to a writable `int` and `size_t`.
+ */
+int hcommWaitStatus(hcommRequest_t *request, int *source, size_t *count);
 
 /**
  * Tells without waiting whether `*request` has completed: `*done` becomes 1 (the request is

@@ -138,6 +138,52 @@ static void split(void) {
     EXPECT(HCOMM_ERR_INVALID_ARGUMENT, hcommCommRank(sub, &srank));
 }
 
+/* Every rank (rank 0 too) sends to rank 0, which receives from HCOMM_ANY_SOURCE, blocking
+ * (hcommRecvStatus) and nonblocking (hcommIrecv, hcommWaitStatus): each sender once, its
+ * bytes, its length. */
+static void any_source(size_t bytes, int tag) {
+    unsigned char *out = malloc(bytes + 1), *in = malloc(bytes + 1);
+    int *seen = calloc((size_t)nranks, sizeof(int));
+    ASSERT(out && in && seen);
+    fill(out, bytes, my_rank);
+    hcommRequest_t sreq;
+    CHECK(hcommIsend(out, bytes, 0, tag, COMM_WORLD, &sreq));
+    if (my_rank == 0) {
+        for (int i = 0; i < nranks; i++) {
+            int source = -2;
+            size_t count = 0;
+            if (i % 2 == 0) {
+                CHECK(hcommRecvStatus(in, bytes, HCOMM_ANY_SOURCE, tag, COMM_WORLD, &source,
+                                      &count));
+            } else {
+                hcommRequest_t rreq;
+                CHECK(hcommIrecv(in, bytes, HCOMM_ANY_SOURCE, tag, COMM_WORLD, &rreq));
+                CHECK(hcommWaitStatus(&rreq, &source, &count));
+                ASSERT(rreq == HCOMM_REQUEST_NULL);
+            }
+            ASSERT(source >= 0 && source < nranks && count == bytes);
+            ASSERT(seen[source] == 0);
+            seen[source] = 1;
+            verify(in, bytes, source);
+        }
+    }
+    int source = -2;
+    size_t count = 0;
+    CHECK(hcommWaitStatus(&sreq, &source, &count));
+    ASSERT(source == -1 && count == bytes);
+    /* A specific receive reports its source too (another tag: rank 0 may still be taking
+     * the messages above). */
+    int next = (my_rank + 1) % nranks, prev = (my_rank + nranks - 1) % nranks;
+    CHECK(hcommIsend(out, bytes, next, tag + 50, COMM_WORLD, &sreq));
+    CHECK(hcommRecvStatus(in, bytes, prev, tag + 50, COMM_WORLD, &source, NULL));
+    ASSERT(source == prev);
+    verify(in, bytes, prev);
+    CHECK(hcommWait(&sreq));
+    free(out);
+    free(in);
+    free(seen);
+}
+
 int main(void) {
     CHECK(test_init(NULL, NULL));
     CHECK(hcommCommRank(COMM_WORLD, &my_rank));
@@ -146,6 +192,7 @@ int main(void) {
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         ring(sizes[s], (int)s);
         pairs(sizes[s], 100 + (int)s);
+        any_source(sizes[s], 200 + (int)s);
     }
     /* A message longer than the receive buffer: HCOMM_ERR_TRUNCATED, and it is consumed. */
     {

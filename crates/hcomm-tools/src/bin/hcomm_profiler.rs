@@ -1,6 +1,6 @@
 //! `hcomm_profiler`: shows what a running rank (or every rank of its job) does, live.
 //!
-//! It maps the rank's statistics segment (`hcomm::observe::stats`) and reads it; the rank is
+//! It maps the rank's statistics segment (`hcomm::internal::observe::stats`) and reads it; the rank is
 //! neither stopped nor signalled. Attaching sets the segment's `timing` flag, from which on the
 //! rank times its operations (two TSC reads each): operations before the first attach are
 //! counted, not timed.
@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
 use clap::Parser;
-use hcomm::observe::clock::{self, TickKind};
-use hcomm::observe::stats::{
+use hcomm::internal::observe::clock::{self, TickKind};
+use hcomm::internal::observe::stats::{
     self, proto, unpack_name, FlightSnapshot, StatsLayout, StatsReader, LANES,
 };
-use hcomm::observe::{OpKind, OP_KINDS};
+use hcomm::internal::observe::{OpKind, OP_KINDS};
 
 /// Show a running hcomm rank's operations live: per kind of operation the count, bytes, total
 /// and recent time, algorithm, protocols and transports; pool hits and misses; messages per

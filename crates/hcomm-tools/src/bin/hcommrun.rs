@@ -166,17 +166,19 @@ fn run(args: &Args) -> anyhow::Result<i32> {
     };
 
     // The store lives until `run` returns: ranks may use it until the very end.
-    let (_store, root_addr): (Option<hcomm::bootstrap::RendezvousStore>, OsString) =
-        match std::env::var_os("HCOMM_ROOT_ADDR") {
-            Some(addr) if !addr.is_empty() => (None, addr),
-            _ => {
-                let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-                let store = hcomm::bootstrap::RendezvousStore::bind(bind, secret.as_bytes())
-                    .map_err(|e| anyhow!("cannot start the rendezvous store: {e}"))?;
-                let addr = store.local_addr().to_string().into();
-                (Some(store), addr)
-            }
-        };
+    let (_store, root_addr): (
+        Option<hcomm::internal::bootstrap::RendezvousStore>,
+        OsString,
+    ) = match std::env::var_os("HCOMM_ROOT_ADDR") {
+        Some(addr) if !addr.is_empty() => (None, addr),
+        _ => {
+            let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+            let store = hcomm::internal::bootstrap::RendezvousStore::bind(bind, secret.as_bytes())
+                .map_err(|e| anyhow!("cannot start the rendezvous store: {e}"))?;
+            let addr = store.local_addr().to_string().into();
+            (Some(store), addr)
+        }
+    };
 
     let nofile = raise_nofile_limit(args.ranks);
     let start = Instant::now();
@@ -213,8 +215,7 @@ fn run(args: &Args) -> anyhow::Result<i32> {
 /// segment names themselves once every local rank has mapped them, so names remain only
 /// when a rank died before that (during start-up, or holding an unmapped pool block).
 fn sweep_shm(secret: &OsStr, root_addr: &OsStr) {
-    let id =
-        hcomm::transport::shm::link::job_id(secret.as_bytes(), &root_addr.to_string_lossy(), 0);
+    let id = hcomm::internal::shm::job_id(secret.as_bytes(), &root_addr.to_string_lossy(), 0);
     let prefix = format!("hcomm-{id}-");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;

@@ -33,7 +33,7 @@ use super::{read_exact_until, read_vec_until, write_all_until, TimedStream};
 use crate::error::{Error, Result};
 
 /// Largest hello (application payload) either side may send, in bytes.
-pub const MAX_HELLO: usize = 1024;
+pub(crate) const MAX_HELLO: usize = 1024;
 
 const MAGIC: [u8; 8] = *b"HCOMAUTH";
 const VERSION: u32 = 1;
@@ -89,7 +89,7 @@ impl HandshakeError {
 /// Client side: authenticates the server behind `stream` and proves our own knowledge of
 /// `secret`, all before `deadline`.
 ///
-/// `hello` (at most [`MAX_HELLO`] bytes) is an application payload sent to the server,
+/// `hello` (at most `MAX_HELLO` bytes) is an application payload sent to the server,
 /// authenticated by the MAC. Returns the server's hello once the server has proven it holds
 /// the secret. The stream's read and write timeouts are restored afterwards.
 ///
@@ -110,7 +110,7 @@ pub fn client_handshake(
 ///
 /// Returns the client's hello, authenticated. A client whose proof fails is told it was
 /// refused and gets nothing that depends on the secret. Errors as for [`client_handshake`].
-pub fn server_handshake(
+pub(crate) fn server_handshake(
     stream: &mut TcpStream,
     secret: &[u8],
     hello: &[u8],

@@ -9,8 +9,8 @@
 //! All socket I/O here is bounded by a deadline: a silent or slow peer costs a timeout, never
 //! a hang.
 
-pub mod auth;
-pub mod store;
+pub(crate) mod auth;
+pub(crate) mod store;
 
 pub use store::{RendezvousStore, StoreClient};
 

@@ -48,29 +48,29 @@ use crate::error::{Error, Result};
 use crate::sync::lock;
 
 /// Longest key, in bytes.
-pub const MAX_KEY: usize = 512;
+pub(crate) const MAX_KEY: usize = 512;
 /// Longest value, in bytes.
 pub const MAX_VALUE: usize = 16 << 20;
 /// Most bytes (keys plus values) the store holds at once.
-pub const MAX_STORED_BYTES: usize = 256 << 20;
+pub(crate) const MAX_STORED_BYTES: usize = 256 << 20;
 /// Most unauthenticated connections handshaking at once (a thread each). When all slots are
 /// taken, the next connection waits in the listen backlog until a handshake ends, or until the
 /// oldest has been at it for [`STALE_HANDSHAKE`] and is dropped in its favour.
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// Connections the kernel queues for the store before it accepts them (capped by
 /// `net.core.somaxconn`): room for every rank of a large job arriving at once.
-pub const LISTEN_BACKLOG: i32 = 4096;
+pub(crate) const LISTEN_BACKLOG: i32 = 4096;
 /// Age at which a pending handshake may be dropped to make room for a waiting connection: an
 /// unloaded handshake takes milliseconds, one among hundreds of ranks starting on a few cores
 /// can take a good part of a second.
 pub const STALE_HANDSHAKE: Duration = Duration::from_secs(2);
 /// Most authenticated connections served at once.
-pub const MAX_CLIENTS: usize = 4096;
+pub(crate) const MAX_CLIENTS: usize = 4096;
 /// Time a connection has to authenticate before the store drops it.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest single server-side wait; [`StoreClient::wait`] repeats requests for longer waits,
 /// so no server thread is parked on a request for more than this.
-pub const MAX_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// Hello of both sides, naming the protocol so a transport peer is not mistaken for a store.
 const STORE_HELLO: &[u8] = b"hcomm-store/1";

@@ -9,15 +9,16 @@
 
 #![forbid(unsafe_code)]
 
-pub mod algos;
+pub(crate) mod algos;
 pub(crate) mod exec;
 mod group;
 pub(crate) mod onesided;
-pub mod random;
-pub mod reference;
-pub mod schedule;
-pub mod select;
-pub mod sim;
+pub(crate) mod random;
+pub(crate) mod reference;
+pub(crate) mod schedule;
+pub(crate) mod select;
+#[cfg(test)]
+pub(crate) mod sim;
 
 use std::sync::Arc;
 
@@ -132,7 +133,7 @@ pub struct VLayout {
 /// all-to-all read their input from it; all-gather and gather from the rank's own block of
 /// it; reduce-scatter reads all blocks and leaves the result in block `rank`; scatter's root
 /// keeps its block in place. Only the root of reduce, gather and scatter works in place
-/// ([`Shape::in_place_at`]). [`Shape::input`] and [`Shape::output`] give the regions.
+/// ([`Shape::in_place_at`]). `Shape::input` and `Shape::output` give the regions.
 ///
 /// `count` is in elements: the buffer of all-reduce, broadcast and reduce; what each rank
 /// contributes to all-gather and gather; what each rank receives from reduce-scatter and
@@ -236,7 +237,7 @@ impl Shape {
     /// Bytes `off..off + len` of `rank`'s contribution: its send buffer, or where an in-place
     /// call keeps the input in the receive buffer (all-gather and gather: at the rank's
     /// block; the rest: from the start).
-    pub fn input(&self, rank: usize, off: usize, len: usize) -> Region {
+    pub(crate) fn input(&self, rank: usize, off: usize, len: usize) -> Region {
         if !self.in_place_at(rank) {
             return Region::new(Buf::Send, off, len);
         }
@@ -254,7 +255,7 @@ impl Shape {
     /// Bytes `off..off + len` of `rank`'s result of reduce-scatter: its receive buffer, or
     /// block `rank` of the buffer of an in-place call. For every other collective the
     /// receive buffer itself.
-    pub fn output(&self, rank: usize, off: usize, len: usize) -> Region {
+    pub(crate) fn output(&self, rank: usize, off: usize, len: usize) -> Region {
         let at = match self.kind {
             CollKind::ReduceScatter if self.in_place => rank * self.count * self.elem(),
             _ => 0,
@@ -264,7 +265,7 @@ impl Shape {
 
     /// The compact signature every message of the call carries, so that ranks calling
     /// different collectives, types, ops, counts or roots are told apart.
-    pub fn signature(&self) -> [u64; 2] {
+    pub(crate) fn signature(&self) -> [u64; 2] {
         let total = match &self.v {
             Some(v) => v.recv_counts.iter().sum::<usize>() as u64,
             None => self.count as u64,
@@ -291,13 +292,13 @@ impl Shape {
     /// [`Shape::signature`] with the algorithm that runs the call (its index in
     /// [`algos::all`]), so that ranks configured with different `HCOMM_ALGO` are told apart
     /// too.
-    pub fn signature_with(&self, algorithm: usize) -> [u64; 2] {
+    pub(crate) fn signature_with(&self, algorithm: usize) -> [u64; 2] {
         let [a, b] = self.signature();
         [a, b | ((algorithm as u64 + 1) & 0xff) << 56]
     }
 
     /// Describes a signature for error messages.
-    pub fn describe_signature(sig: [u64; 2]) -> String {
+    pub(crate) fn describe_signature(sig: [u64; 2]) -> String {
         let kind = CollKind::ALL
             .into_iter()
             .find(|k| *k as u64 == sig[0] >> 56);

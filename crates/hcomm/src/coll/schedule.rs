@@ -148,20 +148,20 @@ impl Schedule {
 
 /// Builds a [`Schedule`] step by step, deriving dependencies from the regions.
 #[derive(Debug, Default)]
-pub struct ScheduleBuilder {
+pub(crate) struct ScheduleBuilder {
     steps: Vec<Step>,
     scratch: usize,
 }
 
 impl ScheduleBuilder {
     /// An empty schedule.
-    pub fn new() -> ScheduleBuilder {
+    pub(crate) fn new() -> ScheduleBuilder {
         ScheduleBuilder::default()
     }
 
     /// Appends a step; zero-length transfers and copies are kept for matching but cost
     /// nothing, zero-length local steps are dropped.
-    pub fn push(&mut self, step: Step) -> &mut ScheduleBuilder {
+    pub(crate) fn push(&mut self, step: Step) -> &mut ScheduleBuilder {
         for r in step.reads().into_iter().flatten().chain(step.writes()) {
             if r.buf == Buf::Scratch {
                 self.scratch = self.scratch.max(r.off + r.len);
@@ -176,33 +176,27 @@ impl ScheduleBuilder {
     }
 
     /// Sends `src` to `peer`.
-    pub fn send(&mut self, peer: usize, src: Region) -> &mut ScheduleBuilder {
+    pub(crate) fn send(&mut self, peer: usize, src: Region) -> &mut ScheduleBuilder {
         self.push(Step::Send { peer, src })
     }
 
     /// Receives from `peer` into `dst`.
-    pub fn recv(&mut self, peer: usize, dst: Region) -> &mut ScheduleBuilder {
+    pub(crate) fn recv(&mut self, peer: usize, dst: Region) -> &mut ScheduleBuilder {
         self.push(Step::Recv { peer, dst })
     }
 
     /// `dst = dst (op) src`.
-    pub fn reduce(&mut self, dst: Region, src: Region) -> &mut ScheduleBuilder {
+    pub(crate) fn reduce(&mut self, dst: Region, src: Region) -> &mut ScheduleBuilder {
         self.push(Step::Reduce { dst, src })
     }
 
     /// `dst = src`.
-    pub fn copy(&mut self, dst: Region, src: Region) -> &mut ScheduleBuilder {
+    pub(crate) fn copy(&mut self, dst: Region, src: Region) -> &mut ScheduleBuilder {
         self.push(Step::Copy { dst, src })
     }
 
-    /// Reserves scratch space even if no step names it (alignment for later use).
-    pub fn reserve_scratch(&mut self, bytes: usize) -> &mut ScheduleBuilder {
-        self.scratch = self.scratch.max(bytes);
-        self
-    }
-
     /// Finishes: computes every step's dependencies.
-    pub fn build(self) -> Schedule {
+    pub(crate) fn build(self) -> Schedule {
         let ScheduleBuilder { steps, scratch } = self;
         let mut dep_start = Vec::with_capacity(steps.len() + 1);
         let mut deps = Vec::new();

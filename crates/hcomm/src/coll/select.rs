@@ -78,7 +78,7 @@ impl Selector {
     }
 
     /// The algorithm for `shape` on `topo`.
-    pub fn choose(&self, shape: &Shape, topo: &Topology) -> &'static dyn Algorithm {
+    pub(crate) fn choose(&self, shape: &Shape, topo: &Topology) -> &'static dyn Algorithm {
         // Two ranks combine two values; IEEE arithmetic (and the kernels' NaN handling) is
         // commutative, so every algorithm gives the rank-order result bit for bit.
         let chosen = if self.deterministic && shape.kind.reduces() && shape.size > 2 {
@@ -112,7 +112,7 @@ impl Selector {
     }
 
     /// The counter slot of `alg` running `kind` (give it to [`Selector::count`]).
-    pub fn slot(&self, kind: CollKind, alg: &'static dyn Algorithm) -> usize {
+    pub(crate) fn slot(&self, kind: CollKind, alg: &'static dyn Algorithm) -> usize {
         let k = CollKind::ALL.iter().position(|&c| c == kind).unwrap_or(0);
         let a = algos::all()
             .iter()
@@ -122,14 +122,14 @@ impl Selector {
     }
 
     /// Counts one call in `slot`.
-    pub fn count(&self, slot: usize) {
+    pub(crate) fn count(&self, slot: usize) {
         if let Some(c) = self.counts.get(slot) {
             c.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Calls so far per (collective, algorithm), those with calls only.
-    pub fn counts(&self) -> Vec<(CollKind, &'static str, u64)> {
+    pub(crate) fn counts(&self) -> Vec<(CollKind, &'static str, u64)> {
         let all = algos::all();
         self.counts
             .iter()

@@ -19,7 +19,7 @@ use crate::reduce;
 
 /// What the simulator found wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SimError {
+pub(crate) enum SimError {
     /// No rank can progress but some have steps left.
     Deadlock(String),
     /// A receive expected a different number of bytes than its matching send carried.
@@ -43,7 +43,7 @@ type Channel = VecDeque<(usize, Vec<u8>)>;
 
 /// The buffers of one rank.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RankBuffers {
+pub(crate) struct RankBuffers {
     /// Input.
     pub send: Vec<u8>,
     /// Output (and input of in-place calls).
@@ -70,7 +70,7 @@ struct RankState<'a> {
 
 /// Runs `schedules[r]` for every rank `r` on `inputs[r]`. Where `in_place[r]`, rank r's send
 /// buffer aliases its receive buffer.
-pub fn simulate(
+pub(crate) fn simulate(
     schedules: &[Schedule],
     inputs: Vec<RankBuffers>,
     dtype: DataType,

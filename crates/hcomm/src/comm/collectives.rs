@@ -225,6 +225,7 @@ impl Communicator {
                 result.map(|()| Completion {
                     len: recv_len,
                     buffer: recv.into_vec(),
+                    source: None,
                 })
             })
             .map_err(|e| {

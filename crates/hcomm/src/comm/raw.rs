@@ -24,9 +24,10 @@ impl Communicator {
     }
 
     /// Starts receiving from `src` with `tag` into the lent `buf` (its length is the
-    /// capacity): [`Communicator::irecv`] without a `Vec`. [`Request::wait`] returns the
-    /// received length; dropping the request unwaited waits for the receive (at most
-    /// `HCOMM_TIMEOUT`).
+    /// capacity): [`Communicator::irecv`] without a `Vec` (`src` may be
+    /// [`super::ANY_SOURCE`]; [`Request::source`] and the completion then name the sender).
+    /// [`Request::wait`] returns the received length; dropping the request unwaited waits for
+    /// the receive (at most `HCOMM_TIMEOUT`).
     pub fn irecv_raw(&self, buf: Lease<'static>, src: usize, tag: u32) -> Result<Request> {
         self.post_async(Blocking::Recv, src, tag, buf)
     }

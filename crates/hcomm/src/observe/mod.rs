@@ -6,9 +6,9 @@
 //! loops say which step and which peer they wait for. Everything here is below the engine
 //! and the communicator and knows nothing of them.
 
-pub mod clock;
+pub(crate) mod clock;
 pub(crate) mod stall;
-pub mod stats;
+pub(crate) mod stats;
 pub(crate) mod trace;
 
 use crate::config::Config;
@@ -74,7 +74,7 @@ pub const OP_KINDS: usize = 16;
 
 impl OpKind {
     /// Every kind, by index.
-    pub const ALL: [OpKind; OP_KINDS] = [
+    pub(crate) const ALL: [OpKind; OP_KINDS] = [
         OpKind::AllReduce,
         OpKind::Broadcast,
         OpKind::Reduce,

@@ -33,16 +33,16 @@ use crate::error::{Error, Result};
 use crate::sync::lock;
 
 /// `HCSTATS1`: the first eight bytes of a [`StatsLayout`].
-pub const STATS_MAGIC: u64 = u64::from_le_bytes(*b"HCSTATS1");
+pub(crate) const STATS_MAGIC: u64 = u64::from_le_bytes(*b"HCSTATS1");
 /// Version of the [`StatsLayout`]; readers refuse others.
-pub const STATS_VERSION: u32 = 1;
+pub(crate) const STATS_VERSION: u32 = 1;
 /// Lanes of a segment: threads that run operations at the same time, each with counters of
 /// its own (the last one is shared by any further threads).
 pub const LANES: usize = 32;
 /// The last part of the segment's name.
-pub const PURPOSE: &str = "stats";
+pub(crate) const PURPOSE: &str = "stats";
 
-/// Bits of [`KindStats::protocols`] and [`Flight::protocols`]: how an operation's messages
+/// Bits of `KindStats::protocols` and `Flight::protocols`: how an operation's messages
 /// travel.
 pub mod proto {
     /// Inline through a shared-memory ring.
@@ -198,7 +198,7 @@ pub struct StatsLayout {
 
 /// Packs an algorithm name into the three words of [`KindStats::algo`] (longer names are
 /// cut at 24 bytes).
-pub fn pack_name(name: &str) -> [u64; 3] {
+pub(crate) fn pack_name(name: &str) -> [u64; 3] {
     let mut b = [0u8; 24];
     let n = name.len().min(24);
     b[..n].copy_from_slice(&name.as_bytes()[..n]);
@@ -206,7 +206,7 @@ pub fn pack_name(name: &str) -> [u64; 3] {
     [word(0), word(1), word(2)]
 }
 
-/// The name packed by [`pack_name`].
+/// The name packed by `pack_name`.
 pub fn unpack_name(words: [u64; 3]) -> String {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());

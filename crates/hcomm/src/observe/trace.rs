@@ -50,7 +50,7 @@ pub(crate) fn enabled() -> bool {
 }
 
 /// The file of rank `rank` for `HCOMM_TRACE=path`.
-pub fn rank_path(path: &str, rank: usize) -> String {
+pub(crate) fn rank_path(path: &str, rank: usize) -> String {
     if path.contains("%r") {
         path.replace("%r", &rank.to_string())
     } else if let Some(stem) = path.strip_suffix(".json") {

@@ -6,8 +6,9 @@
 //! never see a pointer: they hand leases to the engine through three safe doors, each of
 //! which ends every operation before the memory can be touched or freed again:
 //!
-//! * [`Engine::transfer`]: one blocking send or receive on a borrowed lease;
-//! * [`Engine::lend`]: a nonblocking operation on a `'static` lease (owned, or raw), held in
+//! * [`Engine::transfer`] (and [`Engine::transfer_any`]): one blocking send or receive on a
+//!   borrowed lease;
+//! * [`Engine::lend`] (and [`Engine::lend_any`]): a nonblocking operation on a `'static` lease (owned, or raw), held in
 //!   a [`Loan`] that must be given back with [`Engine::release`] (a loan dropped otherwise
 //!   leaks its memory rather than free it under a live operation);
 //! * [`Engine::scope`]: many operations on regions of a few borrowed leases at once (the
@@ -17,6 +18,7 @@
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Blocking, Engine, OpId, Target};
@@ -241,6 +243,48 @@ impl Engine {
         unsafe { self.blocking(kind, t, p.0, buf.len(), timeout) }
     }
 
+    /// A blocking receive from any of `members` (world ranks) into the whole `buf`, by
+    /// `deadline`: its length, and its sender once matched. The operation is removed before
+    /// this returns.
+    pub(crate) fn transfer_any(
+        &self,
+        t: Target,
+        members: Arc<[usize]>,
+        buf: &mut Lease<'_>,
+        deadline: Instant,
+    ) -> (Result<usize>, Option<usize>) {
+        let p = match buf.buf_for(Blocking::Recv) {
+            Ok(p) => p,
+            Err(e) => return (Err(e), None),
+        };
+        // SAFETY: the lease is borrowed mutably for this call and writable (checked above);
+        // `wait` removes the operation (on success, error or timeout) before this returns.
+        let id = match unsafe { self.post_recv_any(t, members, p.0, buf.len(), false) } {
+            Ok(id) => id,
+            Err(e) => return (Err(e), None),
+        };
+        let len = self.wait(id, deadline);
+        (len, self.take_source(id))
+    }
+
+    /// Starts a nonblocking receive from any of `members` (world ranks) into the whole
+    /// `lease`, as [`Engine::lend`].
+    pub(crate) fn lend_any(
+        &self,
+        t: Target,
+        members: Arc<[usize]>,
+        lease: Lease<'static>,
+    ) -> Result<Loan> {
+        let p = lease.buf_for(Blocking::Recv)?;
+        // SAFETY: as in `lend`; the lease is writable (checked by `buf_for`).
+        let id = unsafe { self.post_recv_any(t, members, p.0, lease.len(), true)? };
+        Ok(Loan {
+            id,
+            lease: Some(lease),
+            live: true,
+        })
+    }
+
     /// Starts a nonblocking send or receive of the whole `lease`, which the returned loan
     /// holds until the operation is collected.
     pub(crate) fn lend(&self, kind: Blocking, t: Target, lease: Lease<'static>) -> Result<Loan> {
@@ -337,6 +381,11 @@ pub(crate) struct Loan {
 }
 
 impl Loan {
+    /// The operation.
+    pub(crate) fn id(&self) -> OpId {
+        self.id
+    }
+
     /// The lease's vector (see [`Lease::into_vec`]), once the operation was collected.
     pub(crate) fn into_vec(mut self) -> Vec<u8> {
         match self.live {

@@ -13,7 +13,6 @@ use std::net::Shutdown;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::matching::pop_key;
 use super::requests::{dest_slice, truncated};
 use super::wait::poll;
 use super::{
@@ -261,7 +260,7 @@ impl State {
                     tag: hdr.tag,
                 };
                 let len = hdr.len as usize;
-                match pop_key(&mut self.posted, &key) {
+                match self.match_posted(&key) {
                     Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
                         self.mismatch(id, hdr.sig);
                         Dest::Discard
@@ -299,7 +298,7 @@ impl State {
                 let len = usize::try_from(hdr.len)
                     .map_err(|_| "it announced a message too large for this host")?;
                 let pull = (hdr.flags & FLAG_CAN_PULL != 0).then_some(hdr.offset);
-                match pop_key(&mut self.posted, &key) {
+                match self.match_posted(&key) {
                     Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
                         self.refuse_rts(peer, hdr.msg_id);
                         self.mismatch(id, hdr.sig);
@@ -550,6 +549,7 @@ impl State {
             let desc = self.ops.get(&id).map(Op::describe).unwrap_or_default();
             self.complete(id, Err(Error::PeerLost(format!("{desc} failed: {msg}"))));
         }
+        self.fail_wildcards(peer);
         self.umsgs.retain(|uid, _| {
             !partial.contains(uid) || self.unexpected.values().any(|q| q.contains(uid))
         });

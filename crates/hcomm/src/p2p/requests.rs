@@ -7,13 +7,14 @@ use crate::sync::lock;
 use crate::transport::wire::FAST_PAYLOAD;
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::matching::remove_from;
 use super::wait::spin_on;
 use super::{
-    Blocking, BufPtr, Deadline, Dest, Engine, MatchKey, Op, OpId, OpKind, OutFrame, RxState, State,
-    Target, Unexpected, UnexpectedKind, DISCARDED,
+    rank_name, Blocking, BufPtr, Deadline, Dest, Engine, MatchKey, Op, OpId, OpKind, OutFrame,
+    RxState, State, Target, Unexpected, UnexpectedKind, ANY_PEER, DISCARDED,
 };
 
 /// The writable bytes `off..off+len` of a live operation's buffer.
@@ -176,6 +177,34 @@ impl Engine {
         Ok(id)
     }
 
+    /// Posts a receive from any rank of a communicator into `cap` bytes at `buf`: `members`
+    /// are the communicator's world ranks by communicator rank, and `t` gives its id, the tag
+    /// and the signature (`t.peer` and `t.comm_rank` are ignored). The first message that
+    /// matches binds it to its sender; [`Engine::take_source`] then names the sender.
+    ///
+    /// # Safety
+    /// As for [`Engine::post_recv`].
+    pub(super) unsafe fn post_recv_any(
+        &self,
+        t: Target,
+        members: Arc<[usize]>,
+        buf: *mut u8,
+        cap: usize,
+        asynchronous: bool,
+    ) -> Result<OpId> {
+        let mut st = lock(&self.shared.state);
+        let id = st.post_recv_any(t, members, BufPtr(buf), cap, asynchronous)?;
+        self.note_async(&mut st, id, asynchronous);
+        Ok(id)
+    }
+
+    /// The communicator rank that the receive from any source `id` got its message from,
+    /// once its result was taken (by [`Engine::wait`] or [`Engine::test`]); asked once, as
+    /// the answer is then forgotten. `None` if it never matched a message.
+    pub(crate) fn take_source(&self, id: OpId) -> Option<usize> {
+        lock(&self.shared.state).sources.remove(&id)
+    }
+
     /// Counts a nonblocking operation the background thread must progress (one that did
     /// not complete when it was posted).
     pub(super) fn note_async(&self, st: &mut State, id: OpId, asynchronous: bool) {
@@ -237,6 +266,7 @@ impl State {
             remaining: 0,
             asynchronous,
             detached: None,
+            members: None,
             result: None,
         };
         self.ops.insert(id, op);
@@ -287,6 +317,9 @@ impl State {
         if op.asynchronous {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
         }
+        if op.members.is_some() && op.target.comm_rank != ANY_PEER {
+            self.sources.insert(id, op.target.comm_rank);
+        }
         op.result
     }
 
@@ -302,7 +335,10 @@ impl State {
         ranks.dedup();
         let ranks: Vec<String> = ranks
             .iter()
-            .map(|(r, w)| format!("rank {r} (world rank {w})"))
+            .map(|&(r, w)| match r {
+                ANY_PEER => rank_name(r),
+                _ => format!("rank {r} (world rank {w})"),
+            })
             .collect();
         let ops: Vec<String> = ops.iter().map(|o| o.describe()).collect();
         format!("{} [{}]", ranks.join(", "), ops.join("; "))
@@ -318,11 +354,14 @@ impl State {
             OpKind::Recv => "has not sent a matching message",
             OpKind::Send => "is not receiving (a large message waits for the matching receive)",
         };
+        let who = match t.comm_rank {
+            ANY_PEER => "no rank has sent a matching message".to_string(),
+            r => format!("rank {r} {why}"),
+        };
         let err = Error::Timeout(format!(
-            "{} did not complete within HCOMM_TIMEOUT: rank {} {why}; it may be stuck, slow, or \
-             calling something else",
+            "{} did not complete within HCOMM_TIMEOUT: {who}; it may be stuck, slow, or calling \
+             something else",
             op.describe(),
-            t.comm_rank
         ));
         self.disentangle(id);
         if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
@@ -347,6 +386,7 @@ impl State {
                     tag: t.tag,
                 };
                 remove_from(&mut self.posted, &key, &id);
+                remove_from(&mut self.posted_any, &(t.comm, t.tag), &id);
                 if let Some(k) = self
                     .rndv_recv
                     .iter()

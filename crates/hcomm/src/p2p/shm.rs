@@ -49,7 +49,8 @@ impl State {
 
     /// Receives the next frame of local peer `t.peer` straight into `buf` (`cap` bytes) when
     /// it is a small message in the fast box that this receive matches and nothing else
-    /// could (no receive posted before it, no message held for it); returns its length.
+    /// could (no receive posted before it, specific or from any source, no message held for
+    /// it); returns its length.
     /// Anything else (errors included) is left to the general path.
     ///
     /// # Safety
@@ -76,6 +77,7 @@ impl State {
         };
         if self.live_peer(t).is_err()
             || self.posted.contains_key(&key)
+            || (!self.posted_any.is_empty() && self.posted_any.contains_key(&(t.comm, t.tag)))
             || self.unexpected.contains_key(&key)
         {
             return None;

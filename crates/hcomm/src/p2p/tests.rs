@@ -180,3 +180,156 @@ fn a_peer_that_goes_away_fails_the_operations_waiting_for_it() {
     assert!(matches!(got, Err(Error::PeerLost(_))), "{got:?}");
     assert!(matches!(e0.check_peer(1), Err(Error::PeerLost(_))));
 }
+
+/// A receive from any member of the world of two.
+fn recv_any(e: &Engine, tag: u32, buf: &mut [u8]) -> OpId {
+    let members: std::sync::Arc<[usize]> = vec![0, 1].into();
+    // SAFETY: every test keeps `buf` alive and untouched until it has waited for the receive.
+    unsafe {
+        e.post_recv_any(
+            target(0, tag, [0; 2]),
+            members,
+            buf.as_mut_ptr(),
+            buf.len(),
+            false,
+        )
+    }
+    .expect("post a receive from any source")
+}
+
+/// Waits for receive `id` and returns its length and sender.
+fn got(e: &Engine, id: OpId) -> (usize, Option<usize>) {
+    let len = e.wait(id, Deadline::After(WAIT)).expect("a receive");
+    (len, e.take_source(id))
+}
+
+#[test]
+fn wildcard_and_specific_receives_match_in_the_order_they_were_posted() {
+    let (e0, e1) = pair();
+    let msgs = [
+        bytes(3 * EAGER, 1),
+        bytes(20, 2),
+        bytes(2 * EAGER, 3),
+        bytes(5, 4),
+    ];
+    let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|m| vec![0u8; m.len()]).collect();
+    let mut it = bufs.iter_mut();
+    // Posted: any, from 0, any, from 0 (all before anything arrives).
+    let mut next = || it.next().expect("a buffer");
+    let ids = [
+        recv_any(&e1, 5, next()),
+        recv(&e1, target(0, 5, [0; 2]), next()),
+        recv_any(&e1, 5, next()),
+        recv(&e1, target(0, 5, [0; 2]), next()),
+    ];
+    let sends: Vec<OpId> = msgs
+        .iter()
+        .map(|m| send(&e0, target(1, 5, [0; 2]), m))
+        .collect();
+    for (i, id) in ids.into_iter().enumerate() {
+        let (len, source) = got(&e1, id);
+        assert_eq!(len, msgs[i].len(), "receive {i}");
+        // Only the wildcards tell a sender.
+        assert_eq!(source, (i % 2 == 0).then_some(0), "receive {i}");
+    }
+    assert_eq!(bufs, msgs);
+    for id in sends {
+        e0.wait(id, Deadline::After(WAIT)).expect("send");
+    }
+}
+
+#[test]
+fn a_wildcard_takes_the_held_messages_in_the_order_they_arrived_from_every_peer() {
+    let (e0, e1) = pair();
+    let own_first = bytes(6, 1);
+    let theirs = bytes(2 * EAGER, 2);
+    let marker = bytes(1, 3);
+    let own_last = bytes(9, 4);
+    let s1 = send(&e1, target(1, 3, [0; 2]), &own_first);
+    let s0 = send(&e0, target(1, 3, [0; 2]), &theirs);
+    let m = send(&e0, target(1, 9, [0; 2]), &marker);
+    // The marker came after rank 0's message on the same link: that one is held now.
+    let mut mbuf = [0u8; 1];
+    let r = recv(&e1, target(0, 9, [0; 2]), &mut mbuf);
+    e1.wait(r, Deadline::After(WAIT)).expect("marker");
+    let s2 = send(&e1, target(1, 3, [0; 2]), &own_last);
+    let mut bufs = [
+        vec![0u8; 2 * EAGER],
+        vec![0u8; 2 * EAGER],
+        vec![0u8; 2 * EAGER],
+    ];
+    let mut seen = Vec::new();
+    for buf in &mut bufs {
+        let id = recv_any(&e1, 3, buf);
+        seen.push(got(&e1, id));
+    }
+    assert_eq!(
+        seen,
+        [
+            (own_first.len(), Some(1)),
+            (theirs.len(), Some(0)),
+            (own_last.len(), Some(1))
+        ]
+    );
+    assert_eq!(&bufs[1][..theirs.len()], &theirs[..]);
+    for (s, e) in [(s1, &e1), (s0, &e0), (m, &e0), (s2, &e1)] {
+        e.wait(s, Deadline::After(WAIT)).expect("send");
+    }
+}
+
+#[test]
+fn a_wildcard_times_out_naming_no_rank_and_a_longer_message_truncates_it() {
+    let (e0, e1) = pair();
+    let mut buf = [0u8; 4];
+    let r = recv_any(&e1, 2, &mut buf);
+    let late = e1.wait(r, Deadline::After(Duration::from_millis(20)));
+    match late {
+        Err(Error::Timeout(msg)) => assert!(msg.contains("any rank"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e1.take_source(r), None);
+    // The timed-out receive is gone; a message longer than the next one truncates it, and
+    // the sender is still known.
+    let data = bytes(5, 5);
+    let s = send(&e0, target(1, 2, [0; 2]), &data);
+    let r = recv_any(&e1, 2, &mut buf);
+    let res = e1.wait(r, Deadline::After(WAIT));
+    assert!(matches!(res, Err(Error::Truncated(_))), "{res:?}");
+    assert_eq!(e1.take_source(r), Some(0));
+    e0.wait(s, Deadline::After(WAIT)).expect("send");
+}
+
+#[test]
+fn a_lost_member_fails_a_pending_wildcard_but_its_held_message_is_still_received() {
+    let (e0, e1) = pair();
+    let data = bytes(7, 6);
+    let s = send(&e1, target(0, 4, [0; 2]), &data);
+    e1.wait(s, Deadline::After(WAIT))
+        .expect("an eager send completes");
+    // The message is in before rank 1 goes: the marker proves it.
+    let marker = bytes(1, 0);
+    let m = send(&e1, target(0, 8, [0; 2]), &marker);
+    let mut mbuf = [0u8; 1];
+    let r = recv(&e0, target(1, 8, [0; 2]), &mut mbuf);
+    e0.wait(r, Deadline::After(WAIT)).expect("marker");
+    e1.wait(m, Deadline::After(WAIT)).expect("marker sent");
+    let mut pending = [0u8; 8];
+    let p = recv_any(&e0, 5, &mut pending);
+    drop(e1);
+    let res = e0.wait(p, Deadline::After(WAIT));
+    assert!(matches!(res, Err(Error::PeerLost(_))), "{res:?}");
+    let mut buf = [0u8; 8];
+    let r = recv_any(&e0, 4, &mut buf);
+    assert_eq!(got(&e0, r), (data.len(), Some(1)));
+    // SAFETY: nothing is posted: the call fails before it takes the buffer.
+    let again = unsafe {
+        e0.post_recv_any(
+            target(0, 4, [0; 2]),
+            vec![0, 1].into(),
+            buf.as_mut_ptr(),
+            8,
+            false,
+        )
+    };
+    assert!(matches!(again, Err(Error::PeerLost(_))), "{again:?}");
+}

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::tcp::token;
 use super::{
-    Deadline, Engine, Io, Op, OpId, OpKind, ProtocolCounts, CLOCK_ROUNDS, DIRECT_READS,
+    Deadline, Engine, Io, Op, OpId, OpKind, ProtocolCounts, ANY_PEER, CLOCK_ROUNDS, DIRECT_READS,
     MAX_DIRECT_PEERS, SHM_POLLS_PER_EPOLL,
 };
 
@@ -243,7 +243,8 @@ impl Engine {
                 stall.check(now, || st.awaited(ids));
                 if !blocked && now >= spin_until {
                     blocked = true;
-                    if let Some(op) = ids.first().and_then(|id| st.ops.get(id)) {
+                    let first = ids.first().and_then(|id| st.ops.get(id));
+                    if let Some(op) = first.filter(|op| op.target.comm_rank != ANY_PEER) {
                         crate::observe::blocked_on(op.target.comm_rank);
                     }
                 }

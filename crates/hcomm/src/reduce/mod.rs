@@ -18,13 +18,13 @@ use std::sync::OnceLock;
 use crate::dtype::{DataType, ReduceOp};
 use crate::{Error, Result};
 
-pub mod scalar;
+pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 /// `dst[i] = dst[i] (op) src[i]` for every element.
 ///
-/// `Avg` accumulates like `Sum`; finish with [`finish_avg`]. Fails with
+/// `Avg` accumulates like `Sum`; finish with `finish_avg`. Fails with
 /// [`Error::InvalidArgument`] unless both slices have the same length, a multiple of
 /// `dtype.size()`, and `op` is defined on `dtype` ([`ReduceOp::supports`]).
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<()> {
@@ -43,7 +43,13 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) ->
 /// `Avg` accumulates like `Sum`; finish with [`finish_avg`]. Fails with
 /// [`Error::InvalidArgument`] unless all three slices have the same length, a multiple of
 /// `dtype.size()`, and `op` is defined on `dtype` ([`ReduceOp::supports`]).
-pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+pub(crate) fn reduce_to(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    a: &[u8],
+    b: &[u8],
+) -> Result<()> {
     check_op(dtype, op)?;
     check_pair(dtype, dst.len(), a.len())?;
     check_pair(dtype, dst.len(), b.len())?;
@@ -61,7 +67,7 @@ pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u
 /// converted to the float type (float16 and bfloat16 compute in f32 and round to nearest even).
 /// Fails with [`Error::InvalidArgument`] if `n` is 0, `buf.len()` is not a multiple of
 /// `dtype.size()`, or `dtype` has no average (bool).
-pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
+pub(crate) fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
     check_avg(dtype, buf.len(), n)?;
     match isa() {
         Isa::Scalar => scalar::avg(dtype, buf, n),
@@ -76,7 +82,7 @@ pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
 /// less memory traffic) and does not evict what the caller works on — for data that does not
 /// fit the caches anyway. The copy is complete and ordered before any later store of the
 /// caller. Fails with [`Error::InvalidArgument`] if the lengths differ.
-pub fn copy_streaming(dst: &mut [u8], src: &[u8]) -> Result<()> {
+pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) -> Result<()> {
     if dst.len() != src.len() {
         return Err(Error::InvalidArgument(format!(
             "copy of {} bytes into {} bytes",

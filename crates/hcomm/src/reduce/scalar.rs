@@ -20,7 +20,14 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) ->
 }
 
 /// `dst[i] = a[i] (op) b[i]`, one element at a time; see [`super::reduce_to`].
-pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+#[cfg(test)]
+pub(crate) fn reduce_to(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    a: &[u8],
+    b: &[u8],
+) -> Result<()> {
     super::check_op(dtype, op)?;
     super::check_pair(dtype, dst.len(), a.len())?;
     super::check_pair(dtype, dst.len(), b.len())?;
@@ -29,7 +36,7 @@ pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u
 }
 
 /// Divides every element by `n`, one element at a time; see [`super::finish_avg`].
-pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
+pub(crate) fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()> {
     super::check_avg(dtype, buf.len(), n)?;
     avg(dtype, buf, n);
     Ok(())

@@ -7,6 +7,6 @@
 //! about messages, tags or collectives.
 
 pub mod plugin;
-pub mod shm;
-pub mod tcp;
-pub mod wire;
+pub(crate) mod shm;
+pub(crate) mod tcp;
+pub(crate) mod wire;

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{Error, Result};
 
 /// The transports built into hcomm, which no plug-in may take the name of.
-pub const BUILT_IN: [&str; 2] = ["tcp", "shm"];
+pub(crate) const BUILT_IN: [&str; 2] = ["tcp", "shm"];
 /// The longest plug-in name, in bytes.
 pub const MAX_NAME: usize = 64;
 
@@ -79,7 +79,7 @@ fn registry() -> MutexGuard<'static, BTreeMap<String, Entry>> {
 
 /// Checks that `name` may name a transport: 1 to [`MAX_NAME`] letters, digits, `_`, `-` or
 /// `.` (it travels in `HCOMM_TRANSPORT`). `what` says where the name came from.
-pub fn check_name(name: &str, what: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str, what: &str) -> Result<()> {
     let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
     if name.is_empty() || name.len() > MAX_NAME || !name.chars().all(ok) {
         return Err(Error::InvalidArgument(format!(

@@ -62,7 +62,7 @@ impl Hello {
 }
 
 /// Binds a listener on `ip` and a free port, with a backlog for many simultaneous peers.
-pub fn listen(ip: IpAddr) -> Result<TcpListener> {
+pub(crate) fn listen(ip: IpAddr) -> Result<TcpListener> {
     let addr = SocketAddr::new(ip, 0);
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
         .map_err(|e| Error::transport("creating the listening socket", e))?;
@@ -76,7 +76,7 @@ pub fn listen(ip: IpAddr) -> Result<TcpListener> {
 }
 
 /// Sets the options of a data-path socket.
-pub fn tune(stream: &TcpStream) -> io::Result<()> {
+pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let sock = socket2::SockRef::from(stream);
     sock.set_keepalive(true)?;
@@ -87,7 +87,7 @@ pub fn tune(stream: &TcpStream) -> io::Result<()> {
 ///
 /// `addrs[r]` is where rank `r` listens; `listener` is this rank's own. Returns, for each
 /// rank, its connections in stream order (empty for this rank). Bounded by `deadline`.
-pub fn connect_mesh(
+pub(crate) fn connect_mesh(
     listener: TcpListener,
     rank: usize,
     addrs: &[SocketAddr],

@@ -6,44 +6,44 @@
 //! detected at the first bad header.
 
 /// Bytes of an encoded header.
-pub const HEADER_LEN: usize = 64;
+pub(crate) const HEADER_LEN: usize = 64;
 /// "HCM1" little-endian.
-pub const MAGIC: u32 = u32::from_le_bytes(*b"HCM1");
+pub(crate) const MAGIC: u32 = u32::from_le_bytes(*b"HCM1");
 /// Wire version spoken by this build.
-pub const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 1;
 /// Largest payload of an eager frame a receiver accepts (the sender's limit is configurable
 /// up to this).
-pub const MAX_EAGER: u64 = 16 << 20;
+pub(crate) const MAX_EAGER: u64 = 16 << 20;
 /// Largest payload of one data chunk a receiver accepts.
-pub const MAX_CHUNK: u64 = 64 << 20;
+pub(crate) const MAX_CHUNK: u64 = 64 << 20;
 /// Largest message a rendezvous may announce (256 TiB).
-pub const MAX_MESSAGE: u64 = 1 << 48;
+pub(crate) const MAX_MESSAGE: u64 = 1 << 48;
 
 /// `Cts` flag: the receiver's buffer is too small; the sender must not send the data.
-pub const FLAG_DISCARD: u16 = 1;
+pub(crate) const FLAG_DISCARD: u16 = 1;
 /// `Abort` flag: the sender abandoned the operation because ranks called mismatched
 /// operations (not because of another error).
-pub const FLAG_MISMATCH: u16 = 2;
+pub(crate) const FLAG_MISMATCH: u16 = 2;
 /// Words of a shared-memory fast box message's body ([`FrameHeader::encode_fast`]).
-pub const FAST_WORDS: usize = 7;
+pub(crate) const FAST_WORDS: usize = 7;
 /// Largest payload of an `Eager` frame without a signature that travels in a fast box.
-pub const FAST_PAYLOAD: usize = 32;
+pub(crate) const FAST_PAYLOAD: usize = 32;
 /// Largest payload of an `Eager` frame with a signature that travels in a fast box.
-pub const FAST_PAYLOAD_SIG: usize = 16;
+pub(crate) const FAST_PAYLOAD_SIG: usize = 16;
 /// `Rts` flag (shared memory): the receiver may copy the data itself, with cross-memory
 /// attach, from the sender's buffer at address `offset`.
-pub const FLAG_CAN_PULL: u16 = 4;
+pub(crate) const FLAG_CAN_PULL: u16 = 4;
 /// `Cts` flag: the receiver copied the data itself; the sender's part is done.
-pub const FLAG_PULLED: u16 = 8;
+pub(crate) const FLAG_PULLED: u16 = 8;
 /// `Abort` flag: the sender aborted a whole communicator (every operation on it, whatever its
 /// tag, now and later), not one operation: the one whose frames carry the ids `comm`, `sig[0]`
 /// and `sig[1]` (its point-to-point, collective and internal messages).
-pub const FLAG_COMM_ABORT: u16 = 16;
+pub(crate) const FLAG_COMM_ABORT: u16 = 16;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum FrameKind {
+pub(crate) enum FrameKind {
     /// A whole small message, payload follows.
     Eager = 1,
     /// Request to send a large message of `len` bytes as `msg_id`; no payload.
@@ -64,7 +64,7 @@ pub enum FrameKind {
 
 /// A decoded, validated frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FrameHeader {
+pub(crate) struct FrameHeader {
     /// What the frame is.
     pub kind: FrameKind,
     /// Kind-specific flags ([`FLAG_DISCARD`]).
@@ -87,7 +87,7 @@ pub struct FrameHeader {
 
 /// Why a header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
+pub(crate) enum WireError {
     /// The magic number is wrong: not an hcomm stream, or it lost its framing.
     #[error("bad magic {0:#010x}")]
     BadMagic(u32),
@@ -112,7 +112,7 @@ pub enum WireError {
 
 impl FrameHeader {
     /// A header of `kind` with all other fields zero.
-    pub fn new(kind: FrameKind) -> FrameHeader {
+    pub(crate) fn new(kind: FrameKind) -> FrameHeader {
         FrameHeader {
             kind,
             flags: 0,
@@ -126,7 +126,7 @@ impl FrameHeader {
     }
 
     /// Bytes of payload that follow this header.
-    pub fn payload_len(&self) -> u64 {
+    pub(crate) fn payload_len(&self) -> u64 {
         match self.kind {
             FrameKind::Eager | FrameKind::Data => self.len,
             FrameKind::Rts
@@ -138,7 +138,7 @@ impl FrameHeader {
     }
 
     /// Encodes into the fixed wire layout.
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
+    pub(crate) fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4] = VERSION;
@@ -166,7 +166,7 @@ impl FrameHeader {
     ///      2  msg_id
     ///      3.. signature (2 words, when it has one), then the payload, little-endian
     /// ```
-    pub fn encode_fast(&self, payload: &[u8]) -> Option<[u64; FAST_WORDS]> {
+    pub(crate) fn encode_fast(&self, payload: &[u8]) -> Option<[u64; FAST_WORDS]> {
         let signed = self.sig != [0; 2];
         let room = if signed {
             FAST_PAYLOAD_SIG
@@ -205,7 +205,7 @@ impl FrameHeader {
 
     /// Decodes and validates a fast box body ([`FrameHeader::encode_fast`]): the header and
     /// the payload, in the first `header.len` bytes of the array.
-    pub fn decode_fast(
+    pub(crate) fn decode_fast(
         body: &[u64; FAST_WORDS],
     ) -> Result<(FrameHeader, [u8; FAST_PAYLOAD]), WireError> {
         let len = (body[1] >> 32) & 0xff;
@@ -252,7 +252,7 @@ impl FrameHeader {
     }
 
     /// Decodes and validates a header.
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<FrameHeader, WireError> {
+    pub(crate) fn decode(b: &[u8; HEADER_LEN]) -> Result<FrameHeader, WireError> {
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| {

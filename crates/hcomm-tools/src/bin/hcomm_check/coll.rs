@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use hcomm::coll::random::shapes;
-use hcomm::coll::{CollKind, Shape};
+use hcomm::internal::coll::random::shapes;
+use hcomm::{CollKind, Shape};
 use hcomm::{Communicator, DataType, Error, ReduceOp};
 
 /// Every rank's input of a call, generated identically on all ranks: small integers, so
@@ -54,7 +54,7 @@ pub(super) fn check_call(
 ) -> Result<()> {
     let r = comm.rank();
     let (sends, recvs) = inputs(shapes, seed);
-    let want = hcomm::coll::reference::expected(shapes, &sends, &recvs);
+    let want = hcomm::internal::coll::reference::expected(shapes, &sends, &recvs);
     let s = &shapes[r];
     let send = if s.in_place_at(r) || !has_send(s.kind) {
         None
@@ -284,7 +284,7 @@ pub(super) fn deterministic(comm: &Communicator) -> Result<()> {
                     .enumerate()
                     .map(|(r, s)| gen(r, s.recv_bytes(r), 2))
                     .collect();
-                let want = hcomm::coll::reference::expected(&shapes, &sends, &recvs);
+                let want = hcomm::internal::coll::reference::expected(&shapes, &sends, &recvs);
                 let r = comm.rank();
                 let mut recv = recvs[r].clone();
                 comm.run_collective(shapes[r].clone(), Some(&sends[r]), &mut recv)?;
@@ -305,7 +305,7 @@ pub(super) fn overlap(comm: &Communicator) -> Result<()> {
     let n = comm.size();
     let other = comm.dup()?;
     // Opposite orders on alternate ranks would deadlock if the two did not progress together.
-    let a = hcomm::coll::Shape::new(
+    let a = hcomm::Shape::new(
         CollKind::AllReduce,
         DataType::Float32,
         ReduceOp::Sum,

@@ -3,9 +3,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use hcomm::coll::random::shapes;
-use hcomm::coll::CollKind;
-use hcomm::rng::Rng;
+use hcomm::internal::coll::random::shapes;
+use hcomm::internal::rng::Rng;
+use hcomm::CollKind;
 use hcomm::{Communicator, DataType, ReduceOp};
 
 use super::coll::check_call;

@@ -10,9 +10,10 @@
 //! elements. None of these extra calls is timed.
 
 use anyhow::{anyhow, bail, Context as _};
-use hcomm::coll::algos::onesided::OneSided;
-use hcomm::coll::select::Selector;
-use hcomm::coll::{algos, reference, Algorithm, CollKind, Shape};
+use hcomm::internal::coll::algos::onesided::OneSided;
+use hcomm::internal::coll::select::Selector;
+use hcomm::internal::coll::{algos, reference, Algorithm};
+use hcomm::{CollKind, Shape};
 use hcomm::{Communicator, DataType, ReduceOp};
 
 use super::{measure, CollArgs, Outcome, Report, Row};

@@ -24,7 +24,7 @@ mod tests;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hcomm::coll::CollKind;
+use hcomm::CollKind;
 
 use args::{BatchArgs, CollArgs, StreamArgs, SweepArgs};
 use report::{Report, Row};

@@ -18,7 +18,7 @@ use crate::topology::Topology;
 use super::tree::ceil_log2;
 
 /// See the module docs.
-pub struct Bruck;
+pub(crate) struct Bruck;
 
 impl Algorithm for Bruck {
     fn name(&self) -> &'static str {

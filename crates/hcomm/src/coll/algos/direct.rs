@@ -11,7 +11,7 @@ use crate::coll::{Algorithm, CollKind, CostModel, Shape};
 use crate::topology::Topology;
 
 /// See the module docs.
-pub struct Direct;
+pub(crate) struct Direct;
 
 impl Algorithm for Direct {
     fn name(&self) -> &'static str {

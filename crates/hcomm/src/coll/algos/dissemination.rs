@@ -12,7 +12,7 @@ use crate::coll::{Algorithm, CollKind, CostModel, Shape};
 use crate::topology::Topology;
 
 /// See the module docs.
-pub struct Dissemination;
+pub(crate) struct Dissemination;
 
 impl Algorithm for Dissemination {
     fn name(&self) -> &'static str {

@@ -20,10 +20,10 @@ use crate::coll::{Algorithm, CollKind, CostModel, Shape};
 use crate::topology::Topology;
 
 /// See the module docs.
-pub struct Rabenseifner;
+pub(crate) struct Rabenseifner;
 
 /// See the module docs.
-pub struct RecursiveDoubling;
+pub(crate) struct RecursiveDoubling;
 
 impl Algorithm for Rabenseifner {
     fn name(&self) -> &'static str {

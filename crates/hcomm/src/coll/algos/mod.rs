@@ -1,19 +1,19 @@
 //! The algorithms, and the registry the selector and `HCOMM_ALGO` choose from.
 
-pub mod bruck;
-pub mod direct;
-pub mod dissemination;
-pub mod halving_doubling;
-pub mod hier;
-pub mod onesided;
-pub mod pairwise;
-pub mod ring;
-pub mod tree;
+pub(crate) mod bruck;
+pub(crate) mod direct;
+pub(crate) mod dissemination;
+pub(crate) mod halving_doubling;
+pub(crate) mod hier;
+pub(crate) mod onesided;
+pub(crate) mod pairwise;
+pub(crate) mod ring;
+pub(crate) mod tree;
 
 use super::{Algorithm, CollKind};
 
 /// Every algorithm, in no particular order.
-pub fn all() -> &'static [&'static dyn Algorithm] {
+pub(crate) fn all() -> &'static [&'static dyn Algorithm] {
     static ALL: [&dyn Algorithm; 11] = [
         &direct::Direct,
         &ring::Ring,
@@ -31,7 +31,7 @@ pub fn all() -> &'static [&'static dyn Algorithm] {
 }
 
 /// The algorithm called `name` that implements `kind`.
-pub fn by_name(kind: CollKind, name: &str) -> Option<&'static dyn Algorithm> {
+pub(crate) fn by_name(kind: CollKind, name: &str) -> Option<&'static dyn Algorithm> {
     all()
         .iter()
         .copied()
@@ -49,7 +49,7 @@ pub fn names_for(kind: CollKind) -> Vec<&'static str> {
 
 /// Splits `count` elements of `elem` bytes into `n` nearly equal segments (the first
 /// `count % n` one element longer): (byte offset, byte length) of each.
-pub fn segments(count: usize, n: usize, elem: usize) -> Vec<(usize, usize)> {
+pub(crate) fn segments(count: usize, n: usize, elem: usize) -> Vec<(usize, usize)> {
     let (q, r) = (count / n, count % n);
     let mut out = Vec::with_capacity(n);
     let mut at = 0;

@@ -18,7 +18,7 @@ use crate::topology::Topology;
 const WINDOW: usize = 4;
 
 /// See the module docs.
-pub struct Pairwise;
+pub(crate) struct Pairwise;
 
 impl Algorithm for Pairwise {
     fn name(&self) -> &'static str {

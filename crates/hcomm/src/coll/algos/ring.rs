@@ -25,10 +25,10 @@ use crate::topology::Topology;
 /// Largest message the pipelined algorithms send: small enough that the reduction of one
 /// chunk overlaps the transfer of the next, large enough that per-message overhead stays a
 /// few percent of the transfer time.
-pub const CHUNK_BYTES: usize = 256 * 1024;
+pub(crate) const CHUNK_BYTES: usize = 256 * 1024;
 
 /// See the module docs.
-pub struct Ring;
+pub(crate) struct Ring;
 
 impl Algorithm for Ring {
     fn name(&self) -> &'static str {
@@ -229,7 +229,7 @@ pub(super) struct Landing {
 impl Landing {
     /// Slots at scratch offset `base` for chunks of `elem`-byte elements cut from ranges of
     /// at most `largest` bytes (small calls need only small slots).
-    pub fn new(base: usize, elem: usize, largest: usize) -> Landing {
+    pub(super) fn new(base: usize, elem: usize, largest: usize) -> Landing {
         // A chunk rounds up to whole elements, so it may exceed CHUNK_BYTES by one element.
         Landing {
             base,
@@ -239,7 +239,7 @@ impl Landing {
     }
 
     /// The next slot, `len` bytes of it.
-    pub fn take(&mut self, len: usize) -> Region {
+    pub(super) fn take(&mut self, len: usize) -> Region {
         debug_assert!(
             len <= self.slot,
             "chunk of {len} bytes exceeds the landing slot"

@@ -12,7 +12,7 @@ use crate::rng::Rng;
 use crate::topology::{RankInfo, Topology};
 
 /// A topology of `n` ranks spread round-robin over `hosts` hosts.
-pub fn topology(n: usize, hosts: usize) -> Topology {
+pub(crate) fn topology(n: usize, hosts: usize) -> Topology {
     Topology::new(
         (0..n)
             .map(|r| RankInfo {
@@ -51,10 +51,10 @@ fn random_bytes(dtype: DataType, op: ReduceOp, elems: usize, g: &mut Rng) -> Vec
     out
 }
 
-pub use crate::coll::random::shapes;
+pub(crate) use crate::coll::random::shapes;
 
 /// Simulates `algo` on `shapes` and compares every rank's result with the reference.
-pub fn check_shapes(
+pub(crate) fn check_shapes(
     algo: &dyn Algorithm,
     shapes: &[Shape],
     hosts: usize,
@@ -113,7 +113,7 @@ pub fn check_shapes(
 
 /// Checks `algo` for one call shape.
 #[allow(clippy::too_many_arguments)]
-pub fn check(
+pub(crate) fn check(
     algo: &dyn Algorithm,
     kind: CollKind,
     n: usize,
@@ -138,7 +138,7 @@ pub fn check(
 }
 
 /// Collectives that have an in-place form.
-pub fn has_in_place(kind: CollKind) -> bool {
+pub(crate) fn has_in_place(kind: CollKind) -> bool {
     !matches!(
         kind,
         CollKind::AllToAllV | CollKind::Broadcast | CollKind::Barrier
@@ -146,11 +146,11 @@ pub fn has_in_place(kind: CollKind) -> bool {
 }
 
 /// Rank counts the sweeps use: odd, even, prime, powers of two, up to 64.
-pub const SIZES: [usize; 14] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 31, 64];
+pub(crate) const SIZES: [usize; 14] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 31, 64];
 
 /// A small deterministic sweep of every supported collective for `algo`: every size in
 /// [`SIZES`] up to 16, every root, several counts, every data type and op on some.
-pub fn sweep(algo: &dyn Algorithm) {
+pub(crate) fn sweep(algo: &dyn Algorithm) {
     let mut seed = 1;
     for kind in CollKind::ALL.into_iter().filter(|k| algo.supports(*k)) {
         for n in SIZES.into_iter().filter(|&n| n <= 16) {
@@ -200,7 +200,7 @@ pub fn sweep(algo: &dyn Algorithm) {
 }
 
 /// A proptest strategy over everything a call can vary in.
-pub fn any_call() -> impl Strategy<
+pub(crate) fn any_call() -> impl Strategy<
     Value = (
         CollKind,
         usize,
@@ -227,7 +227,7 @@ pub fn any_call() -> impl Strategy<
 }
 
 /// Checks `algo` on one generated call (skipping what it does not support).
-pub fn check_generated(
+pub(crate) fn check_generated(
     algo: &dyn Algorithm,
     (kind, n, count, root, dt, op, in_place, hosts, seed): (
         CollKind,

@@ -547,7 +547,7 @@ fn reduce_up(
 }
 
 /// Binomial trees; see the module docs.
-pub struct Tree;
+pub(crate) struct Tree;
 
 impl Algorithm for Tree {
     fn name(&self) -> &'static str {
@@ -772,7 +772,7 @@ fn scatter(b: &mut ScheduleBuilder, s: &Shape, rank: usize) {
 }
 
 /// Double binary trees; see the module docs.
-pub struct DoubleBinaryTree;
+pub(crate) struct DoubleBinaryTree;
 
 impl Algorithm for DoubleBinaryTree {
     fn name(&self) -> &'static str {

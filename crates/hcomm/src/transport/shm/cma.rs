@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 
 /// Most bytes moved by one `process_vm_readv` / `process_vm_writev` call: larger transfers
 /// take several calls, so one call never pins an unbounded number of pages.
-pub const MAX_BYTES_PER_CALL: usize = 64 << 20;
+pub(crate) const MAX_BYTES_PER_CALL: usize = 64 << 20;
 
 /// The `HCOMM_CMA` setting: whether large messages between local ranks may use cross-memory
 /// attach.
@@ -55,13 +55,13 @@ pub enum CmaMode {
 
 impl CmaMode {
     /// The environment variable this setting comes from.
-    pub const ENV_VAR: &'static str = "HCOMM_CMA";
+    pub(crate) const ENV_VAR: &'static str = "HCOMM_CMA";
 
     /// Parses a value of `HCOMM_CMA`: `auto` or `off`, surrounding white space ignored.
     ///
     /// Anything else, the empty string included, is an [`Error::InvalidArgument`] naming the
     /// variable and the accepted values.
-    pub fn from_env_value(value: &str) -> Result<CmaMode> {
+    pub(crate) fn from_env_value(value: &str) -> Result<CmaMode> {
         match value.trim() {
             "auto" => Ok(CmaMode::Auto),
             "off" => Ok(CmaMode::Off),
@@ -73,7 +73,7 @@ impl CmaMode {
     }
 
     /// The value of `HCOMM_CMA` that selects this mode.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CmaMode::Auto => "auto",
             CmaMode::Off => "off",
@@ -89,7 +89,7 @@ impl fmt::Display for CmaMode {
 
 /// Whether this process may use cross-memory attach on a peer: the answer of [`probe`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CmaSupport {
+pub(crate) enum CmaSupport {
     /// The probe read the peer's bytes: large messages can be pulled with a single copy.
     Available,
     /// The read was refused or failed (permissions, a security policy, a bad address, a
@@ -103,7 +103,8 @@ pub enum CmaSupport {
 
 impl CmaSupport {
     /// Whether large messages may be moved with [`read_remote`] / [`write_remote`].
-    pub fn is_available(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_available(&self) -> bool {
         matches!(self, CmaSupport::Available)
     }
 }
@@ -120,7 +121,7 @@ impl CmaSupport {
 /// every process of the same user, so call it only in ranks that will use cross-memory
 /// attach (not with [`CmaMode::Off`]). The setting lasts for the life of the process and
 /// applies to all its threads.
-pub fn allow_peer_access() -> Result<()> {
+pub(crate) fn allow_peer_access() -> Result<()> {
     match rustix::process::set_ptracer(PTracer::Any) {
         Ok(()) => Ok(()),
         // No Yama: nothing restricts same-user access beyond the usual ptrace rules.
@@ -149,7 +150,7 @@ pub fn allow_peer_access() -> Result<()> {
 /// The range `remote_addr..remote_addr + local.len()` of process `pid` must be memory that
 /// process handed to this one to read for the time of the call; in this very process, memory
 /// that no live exclusive reference covers.
-pub unsafe fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Result<()> {
+pub(crate) unsafe fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Result<()> {
     read_limited(pid, remote_addr, local, MAX_BYTES_PER_CALL)
 }
 
@@ -165,7 +166,7 @@ pub unsafe fn read_remote(pid: u32, remote_addr: usize, local: &mut [u8]) -> Res
 /// The range `remote_addr..remote_addr + local.len()` of process `pid` must be memory that
 /// process handed to this one to write for the time of the call, which nothing there reads or
 /// writes meanwhile; in this very process, memory that no live reference covers.
-pub unsafe fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result<()> {
+pub(crate) unsafe fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result<()> {
     write_limited(pid, remote_addr, local, MAX_BYTES_PER_CALL)
 }
 
@@ -176,7 +177,7 @@ pub unsafe fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) -> Result
 /// The peer must have called [`allow_peer_access`] for the probe to succeed under Yama
 /// `ptrace_scope = 1`. An empty `expected` proves nothing and is answered
 /// [`CmaSupport::Refused`].
-pub fn probe(peer_pid: u32, peer_addr: usize, expected: &[u8]) -> CmaSupport {
+pub(crate) fn probe(peer_pid: u32, peer_addr: usize, expected: &[u8]) -> CmaSupport {
     let support = probe_quietly(peer_pid, peer_addr, expected);
     log_decision(peer_pid, peer_addr, &support);
     support
@@ -185,7 +186,7 @@ pub fn probe(peer_pid: u32, peer_addr: usize, expected: &[u8]) -> CmaSupport {
 /// [`probe`] under `mode`: with [`CmaMode::Off`] nothing is read and the answer is
 /// [`CmaSupport::Refused`], saying that `HCOMM_CMA=off` forced the plain-copy path. Logs the
 /// answer at `info`.
-pub fn probe_with_mode(
+pub(crate) fn probe_with_mode(
     mode: CmaMode,
     peer_pid: u32,
     peer_addr: usize,

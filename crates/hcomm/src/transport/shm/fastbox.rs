@@ -32,11 +32,11 @@ use std::ptr::NonNull;
 use sync::{AtomicU64, Ordering};
 
 /// Slots of a fast box (two in loom models, which explore every interleaving).
-pub const SLOTS: usize = if cfg!(loom) { 2 } else { 16 };
+pub(crate) const SLOTS: usize = if cfg!(loom) { 2 } else { 16 };
 /// Body words of a slot.
-pub const BODY_WORDS: usize = 7;
+pub(crate) const BODY_WORDS: usize = 7;
 /// Bytes of a fast box's region (a multiple of 128).
-pub const REGION_LEN: usize = 128 + SLOTS * 64;
+pub(crate) const REGION_LEN: usize = 128 + SLOTS * 64;
 
 const _: () = assert!(REGION_LEN % 128 == 0);
 
@@ -72,7 +72,7 @@ const _: () = assert!(
 
 /// A fast box in shared memory, before it is split into its two ends.
 #[derive(Debug)]
-pub struct FastBox {
+pub(crate) struct FastBox {
     region: NonNull<Region>,
 }
 
@@ -86,7 +86,7 @@ impl FastBox {
     /// # Safety
     /// `base` must be valid for [`REGION_LEN`] bytes, aligned to 128, and not in use by
     /// anyone else until the box is published.
-    pub unsafe fn init(base: *mut u8) -> FastBox {
+    pub(crate) unsafe fn init(base: *mut u8) -> FastBox {
         let region = base.cast::<Region>();
         // SAFETY: the caller's promise: the memory is ours, large and aligned enough; a
         // region of zeroed atomics is an empty box.
@@ -111,7 +111,7 @@ impl FastBox {
     /// # Safety
     /// `base` must point to a region that [`FastBox::init`] initialised, mapped and valid for
     /// [`REGION_LEN`] bytes for as long as the box's ends live.
-    pub unsafe fn attach(base: *mut u8) -> FastBox {
+    pub(crate) unsafe fn attach(base: *mut u8) -> FastBox {
         FastBox {
             // SAFETY: the caller promised a valid pointer, so it is not null.
             region: unsafe { NonNull::new_unchecked(base.cast()) },
@@ -119,7 +119,7 @@ impl FastBox {
     }
 
     /// The writing end; there must be only one.
-    pub fn into_writer(self) -> FastWriter {
+    pub(crate) fn into_writer(self) -> FastWriter {
         FastWriter {
             region: self.region,
             written: 0,
@@ -128,7 +128,7 @@ impl FastBox {
     }
 
     /// The reading end; there must be only one.
-    pub fn into_reader(self) -> FastReader {
+    pub(crate) fn into_reader(self) -> FastReader {
         FastReader {
             region: self.region,
             read: 0,
@@ -138,7 +138,7 @@ impl FastBox {
 
 /// The writing end of a fast box.
 #[derive(Debug)]
-pub struct FastWriter {
+pub(crate) struct FastWriter {
     region: NonNull<Region>,
     /// Messages written.
     written: u64,
@@ -159,7 +159,7 @@ impl FastWriter {
     /// Writes a message stamped `stamp` (not 0) with `body` into the next slot; returns
     /// `false`, writing nothing, when every slot still holds a message the reader has not
     /// finished with.
-    pub fn try_push(&mut self, stamp: u64, body: &[u64; BODY_WORDS]) -> bool {
+    pub(crate) fn try_push(&mut self, stamp: u64, body: &[u64; BODY_WORDS]) -> bool {
         let slots = SLOTS as u64;
         if self.written.wrapping_sub(self.taken) >= slots {
             // Acquire: the reader's loads of the slot happened before its store of `taken`.
@@ -181,7 +181,7 @@ impl FastWriter {
 
 /// The reading end of a fast box.
 #[derive(Debug)]
-pub struct FastReader {
+pub(crate) struct FastReader {
     region: NonNull<Region>,
     /// Messages read.
     read: u64,
@@ -202,17 +202,17 @@ impl FastReader {
 
     /// Offset in the region of the stamp of the next slot: a waiter may watch it (for the
     /// stamp it expects) without this end, until this end reads again.
-    pub fn next_stamp_offset(&self) -> usize {
+    pub(crate) fn next_stamp_offset(&self) -> usize {
         128 + (self.read % SLOTS as u64) as usize * 64
     }
 
     /// Whether the next slot holds the message stamped `stamp`.
-    pub fn ready(&self, stamp: u64) -> bool {
+    pub(crate) fn ready(&self, stamp: u64) -> bool {
         self.next().stamp.load(Ordering::Acquire) == stamp
     }
 
     /// The body of the message stamped `stamp` when it is the next one, without taking it.
-    pub fn peek(&self, stamp: u64) -> Option<[u64; BODY_WORDS]> {
+    pub(crate) fn peek(&self, stamp: u64) -> Option<[u64; BODY_WORDS]> {
         let slot = self.next();
         // Acquire: pairs with the writer's release store of the stamp.
         if slot.stamp.load(Ordering::Acquire) != stamp {
@@ -225,7 +225,7 @@ impl FastReader {
 
     /// Finishes with the next message (after [`FastReader::peek`] returned it): the writer
     /// may reuse its slot.
-    pub fn consume(&mut self) {
+    pub(crate) fn consume(&mut self) {
         self.read = self.read.wrapping_add(1);
         // Release: this end's loads of the slot happen before the writer's next stores to it.
         self.region().taken.store(self.read, Ordering::Release);

@@ -45,10 +45,13 @@
 //! The cost for the writer when nobody sleeps is the fence and one load (w2, w3); the reader
 //! pays for its fence only once it has given up spinning and yielding.
 
+#[cfg(test)]
 use std::hint;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(test)]
+use std::time::Instant;
 
 use rustix::io::Errno;
 use rustix::thread::futex;
@@ -60,11 +63,12 @@ use rustix::thread::futex;
 /// initialisation.
 #[repr(transparent)]
 #[derive(Debug, Default)]
-pub struct ShmFutex(AtomicU32);
+pub(crate) struct ShmFutex(AtomicU32);
 
 impl ShmFutex {
     /// A futex word holding `value`, for building shared structures in place.
-    pub const fn new(value: u32) -> ShmFutex {
+    #[cfg(test)]
+    pub(crate) const fn new(value: u32) -> ShmFutex {
         ShmFutex(AtomicU32::new(value))
     }
 
@@ -74,14 +78,15 @@ impl ShmFutex {
     ///
     /// `ptr` must be 4-byte aligned and point to 4 bytes of memory that stay mapped and
     /// writable for `'a` and that every thread and process accesses only atomically.
-    pub unsafe fn from_ptr<'a>(ptr: *mut u32) -> &'a ShmFutex {
+    #[cfg(test)]
+    pub(crate) unsafe fn from_ptr<'a>(ptr: *mut u32) -> &'a ShmFutex {
         // SAFETY: the caller guarantees alignment, validity for 'a and atomic-only access;
         // `ShmFutex` is a transparent `AtomicU32`, which has the layout of a `u32`.
         unsafe { &*ptr.cast::<ShmFutex>() }
     }
 
     /// The word itself, for loads, stores and read-modify-writes.
-    pub fn word(&self) -> &AtomicU32 {
+    pub(crate) fn word(&self) -> &AtomicU32 {
         &self.0
     }
 
@@ -90,7 +95,7 @@ impl ShmFutex {
     /// Returns `false` if the timeout ran out and `true` otherwise: the thread was woken, the
     /// word did not hold `expected` when the kernel looked, or a signal interrupted the sleep.
     /// Returns may be spurious; callers re-check what they wait for.
-    pub fn wait(&self, expected: u32, timeout: Duration) -> bool {
+    pub(crate) fn wait(&self, expected: u32, timeout: Duration) -> bool {
         let timeout = futex::Timespec::try_from(timeout).unwrap_or(futex::Timespec {
             tv_sec: i64::MAX,
             tv_nsec: 0,
@@ -109,13 +114,13 @@ impl ShmFutex {
 
     /// Wakes at most `n` threads sleeping on this word, in any process; returns how many were
     /// woken.
-    pub fn wake(&self, n: u32) -> usize {
+    pub(crate) fn wake(&self, n: u32) -> usize {
         let n = n.min(i32::MAX as u32);
         futex::wake(&self.0, futex::Flags::empty(), n).unwrap_or(0)
     }
 
     /// Wakes every thread sleeping on this word; returns how many were woken.
-    pub fn wake_all(&self) -> usize {
+    pub(crate) fn wake_all(&self) -> usize {
         self.wake(u32::MAX)
     }
 }
@@ -129,7 +134,7 @@ impl ShmFutex {
 /// initialisation.
 #[repr(C)]
 #[derive(Debug, Default)]
-pub struct EventCount {
+pub(crate) struct EventCount {
     /// Bumped by writers that found a sleeper; sleepers wait for it to change.
     seq: ShmFutex,
     /// How many readers are between flagging themselves (r1) and leaving the sleep (r6).
@@ -138,30 +143,18 @@ pub struct EventCount {
 
 impl EventCount {
     /// An idle event, for building shared structures in place.
-    pub const fn new() -> EventCount {
+    #[cfg(test)]
+    pub(crate) const fn new() -> EventCount {
         EventCount {
             seq: ShmFutex::new(0),
             sleepers: AtomicU32::new(0),
         }
     }
 
-    /// The event at `ptr`, typically inside a mapped segment.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` must be 4-byte aligned and point to `size_of::<EventCount>()` bytes that hold an
-    /// `EventCount` (all zero bytes do), stay mapped and writable for `'a`, and that every
-    /// thread and process accesses only through `EventCount`.
-    pub unsafe fn from_ptr<'a>(ptr: *mut EventCount) -> &'a EventCount {
-        // SAFETY: the caller guarantees alignment, validity for 'a and that the bytes hold an
-        // `EventCount`, whose fields are atomics.
-        unsafe { &*ptr }
-    }
-
     /// Wakes every reader sleeping on the event, if there is one; call it after the store
     /// that makes the readers' condition true. Returns whether it issued the wake system call,
     /// which it does only when a reader had flagged itself as sleeping.
-    pub fn notify(&self) -> bool {
+    pub(crate) fn notify(&self) -> bool {
         // w2: orders the caller's store of the condition before the load of `sleepers`
         // (the writer's half of the store-buffering pattern).
         fence(Ordering::SeqCst);
@@ -175,13 +168,14 @@ impl EventCount {
     }
 
     /// How many readers are flagged as sleeping (or about to sleep) right now.
-    pub fn sleepers(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn sleepers(&self) -> u32 {
         self.sleepers.load(Ordering::Relaxed)
     }
 
     /// One round of the reader's sleep phase, r1 to r6: returns whether `ready` held at r4;
     /// if not, it has slept until woken, interrupted or `timeout`.
-    pub fn sleep_unless(&self, ready: &mut impl FnMut() -> bool, timeout: Duration) -> bool {
+    pub(crate) fn sleep_unless(&self, ready: &mut impl FnMut() -> bool, timeout: Duration) -> bool {
         self.sleepers.fetch_add(1, Ordering::Relaxed);
         // r2: orders the flag before the loads of `seq` and of the condition (the reader's
         // half of the store-buffering pattern).
@@ -198,34 +192,26 @@ impl EventCount {
 
 /// How a reader waits on an [`EventCount`]: a bounded number of spins, then of yields, then
 /// sleeps on the futex.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Waiter {
+pub(crate) struct Waiter {
     spins: u32,
     yields: u32,
 }
 
+#[cfg(test)]
 impl Waiter {
     /// Spins of the default waiter: a few microseconds, enough to catch a peer running on
     /// another core without sleeping.
-    pub const DEFAULT_SPINS: u32 = 1000;
+    pub(crate) const DEFAULT_SPINS: u32 = 1000;
     /// Yields of the default waiter: lets a peer that shares this core run before sleeping.
-    pub const DEFAULT_YIELDS: u32 = 20;
+    pub(crate) const DEFAULT_YIELDS: u32 = 20;
 
     /// A waiter that checks the condition `spins` times while spinning, then `yields` times
     /// while yielding the CPU, before it sleeps. `Waiter::new(0, 0)` sleeps at once, which
     /// suits more ranks than cores.
-    pub const fn new(spins: u32, yields: u32) -> Waiter {
+    pub(crate) const fn new(spins: u32, yields: u32) -> Waiter {
         Waiter { spins, yields }
-    }
-
-    /// How many times this waiter spins before it yields.
-    pub fn spins(&self) -> u32 {
-        self.spins
-    }
-
-    /// How many times this waiter yields before it sleeps.
-    pub fn yields(&self) -> u32 {
-        self.yields
     }
 
     /// Waits until `ready` returns `true` or `timeout` has passed; returns the last answer
@@ -234,7 +220,7 @@ impl Waiter {
     /// `ready` must read the shared state with acquire ordering (or stronger), and whoever
     /// makes it true must call [`EventCount::notify`] on `event` afterwards. `ready` may be
     /// called many times, from this thread only.
-    pub fn wait_until(
+    pub(crate) fn wait_until(
         &self,
         event: &EventCount,
         mut ready: impl FnMut() -> bool,
@@ -274,6 +260,7 @@ impl Waiter {
     }
 }
 
+#[cfg(test)]
 impl Default for Waiter {
     /// [`Waiter::DEFAULT_SPINS`] spins and [`Waiter::DEFAULT_YIELDS`] yields.
     fn default() -> Waiter {

@@ -51,7 +51,7 @@ const SLOT_SIZE: usize = 64;
 /// What a rank sleeps on, at the start of its inbox.
 #[repr(C, align(128))]
 #[derive(Debug, Default)]
-pub struct Doorbell {
+pub(crate) struct Doorbell {
     /// Futex sleepers (see [`EventCount`]).
     event: EventCount,
     /// Threads of the inbox's owner sleeping in `epoll_wait` rather than on the futex.
@@ -66,7 +66,7 @@ const _: () = assert!(size_of::<Doorbell>() <= PROBE_OFFSET);
 impl Doorbell {
     /// Rings the bell after the caller published frames for its owner; returns whether the
     /// owner sleeps in `epoll_wait` and needs a wake-up frame on its socket.
-    pub fn ring(&self) -> bool {
+    pub(crate) fn ring(&self) -> bool {
         // `notify` fences before it looks at the futex sleepers; that fence also orders the
         // published frames before the load of `epoll_sleepers`.
         self.event.notify();
@@ -75,36 +75,36 @@ impl Doorbell {
 
     /// The owner sleeps on the futex until woken or `timeout`, unless `ready` (checked after
     /// the owner announced itself) holds; returns whether it held.
-    pub fn sleep_unless(&self, ready: &mut impl FnMut() -> bool, timeout: Duration) -> bool {
+    pub(crate) fn sleep_unless(&self, ready: &mut impl FnMut() -> bool, timeout: Duration) -> bool {
         self.event.sleep_unless(ready, timeout)
     }
 
     /// The owner is about to sleep in `epoll_wait`; the caller then checks its rings once more
     /// before it sleeps, and calls [`Doorbell::leave_epoll`] when it wakes.
-    pub fn enter_epoll(&self) {
+    pub(crate) fn enter_epoll(&self) {
         self.epoll_sleepers.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 
     /// The owner woke up from `epoll_wait`.
-    pub fn leave_epoll(&self) {
+    pub(crate) fn leave_epoll(&self) {
         self.epoll_sleepers.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// The owner shows it is alive.
-    pub fn beat(&self) {
+    pub(crate) fn beat(&self) {
         self.heartbeat.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The owner's heartbeats so far.
-    pub fn beats(&self) -> u64 {
+    pub(crate) fn beats(&self) -> u64 {
         self.heartbeat.load(Ordering::Relaxed)
     }
 }
 
 /// Settings of the shared-memory links.
 #[derive(Debug, Clone)]
-pub struct LinkConfig {
+pub(crate) struct LinkConfig {
     /// Job id in the segment names (ASCII letters, digits, `_`, `.`).
     pub job_id: String,
     /// Bytes of each ring (rounded down to what a power of two of slots fills).
@@ -115,7 +115,7 @@ pub struct LinkConfig {
 
 /// One local rank as the others see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Published {
+pub(crate) struct Published {
     /// Name of its inbox.
     pub name: String,
     /// Its process id.
@@ -126,12 +126,12 @@ pub struct Published {
 
 impl Published {
     /// Encodes for the rendezvous store.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         format!("{} {} {}", self.name, self.pid, self.probe_addr).into_bytes()
     }
 
     /// Decodes what [`Published::encode`] wrote; anything else is an error naming `rank`.
-    pub fn decode(rank: usize, bytes: &[u8]) -> Result<Published> {
+    pub(crate) fn decode(rank: usize, bytes: &[u8]) -> Result<Published> {
         let bad = || {
             Error::Init(format!(
                 "rank {rank} published a malformed shared-memory entry"
@@ -154,7 +154,7 @@ impl Published {
 }
 
 /// This rank's inbox, created and ready for its peers to map.
-pub struct Inbox {
+pub(crate) struct Inbox {
     seg: Arc<ShmSegment>,
     locals: usize,
     me: usize,
@@ -163,7 +163,7 @@ pub struct Inbox {
 }
 
 /// The link with one local peer.
-pub struct ShmLink {
+pub(crate) struct ShmLink {
     /// This rank's frames to the peer (a ring in the peer's inbox).
     pub producer: Producer,
     /// The peer's frames to this rank (a ring in this rank's inbox).
@@ -196,19 +196,19 @@ impl std::fmt::Debug for ShmLink {
 
 impl ShmLink {
     /// The peer's doorbell.
-    pub fn peer_bell(&self) -> &Doorbell {
+    pub(crate) fn peer_bell(&self) -> &Doorbell {
         bell_of(&self.peer_inbox)
     }
 
     /// A handle on the peer's inbox, to ring its doorbell without the link.
-    pub fn peer_inbox(&self) -> PeerInbox {
+    pub(crate) fn peer_inbox(&self) -> PeerInbox {
         PeerInbox(Arc::clone(&self.peer_inbox))
     }
 }
 
 /// A look at whether a local peer's next frame has arrived, made by [`Inbox::watch`].
 #[derive(Debug)]
-pub struct Watch<'a> {
+pub(crate) struct Watch<'a> {
     stamp: &'a AtomicU64,
     want: u64,
     tail: &'a AtomicU64,
@@ -217,7 +217,7 @@ pub struct Watch<'a> {
 
 impl Watch<'_> {
     /// Whether the frame arrived in the fast box, or something in the ring.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.stamp.load(Ordering::Acquire) == self.want
             || self.tail.load(Ordering::Acquire) != self.seen
     }
@@ -225,11 +225,11 @@ impl Watch<'_> {
 
 /// A local peer's inbox, kept mapped for its doorbell.
 #[derive(Debug, Clone)]
-pub struct PeerInbox(Arc<ShmSegment>);
+pub(crate) struct PeerInbox(Arc<ShmSegment>);
 
 impl PeerInbox {
     /// The peer's doorbell.
-    pub fn bell(&self) -> &Doorbell {
+    pub(crate) fn bell(&self) -> &Doorbell {
         bell_of(&self.0)
     }
 }
@@ -260,7 +260,7 @@ fn pattern(me: usize) -> [u8; PROBE_LEN] {
 
 impl Inbox {
     /// Creates this rank's inbox for `locals` local ranks, of which it is local rank `me`.
-    pub fn create(cfg: &LinkConfig, rank: usize, locals: usize, me: usize) -> Result<Inbox> {
+    pub(crate) fn create(cfg: &LinkConfig, rank: usize, locals: usize, me: usize) -> Result<Inbox> {
         let ring_bytes = cfg.ring_bytes / RING_ALIGN * RING_ALIGN;
         let len = locals
             .checked_mul(fastbox::REGION_LEN + ring_bytes)
@@ -296,7 +296,7 @@ impl Inbox {
     }
 
     /// What the peers need to map this inbox.
-    pub fn published(&self) -> Published {
+    pub(crate) fn published(&self) -> Published {
         Published {
             name: self.seg.name().to_owned(),
             pid: std::process::id(),
@@ -305,18 +305,18 @@ impl Inbox {
     }
 
     /// This rank's doorbell.
-    pub fn bell(&self) -> &Doorbell {
+    pub(crate) fn bell(&self) -> &Doorbell {
         bell_of(&self.seg)
     }
 
     /// The job id of the segment names.
-    pub fn job_id(&self) -> &str {
+    pub(crate) fn job_id(&self) -> &str {
         &self.cfg.job_id
     }
 
     /// Maps the inbox of local rank `peer_local` (published as `peer`) and joins the two rings
     /// between them. Every rank links with every other local rank once.
-    pub fn link(&self, peer_local: usize, peer: &Published) -> Result<ShmLink> {
+    pub(crate) fn link(&self, peer_local: usize, peer: &Published) -> Result<ShmLink> {
         let len = place(self.locals, self.ring_bytes);
         let theirs = Arc::new(ShmSegment::open(&peer.name, len)?);
         theirs.unlink_if_last(self.locals as u32)?;
@@ -362,7 +362,7 @@ impl Inbox {
     /// A watch on the next frame `link`'s peer sends this rank, numbered `seq`, that needs
     /// neither the link nor its lock: it looks at the fast box slot and the ring tail in this
     /// inbox that the link's reading ends look at next. It goes stale once they read again.
-    pub fn watch(&self, link: &ShmLink, seq: u64) -> Watch<'_> {
+    pub(crate) fn watch(&self, link: &ShmLink, seq: u64) -> Watch<'_> {
         let at = place(link.local, self.ring_bytes);
         let word = |offset: usize| -> &AtomicU64 {
             // SAFETY: the offset lies within this inbox (the fast box and ring of a local
@@ -380,13 +380,8 @@ impl Inbox {
     }
 
     /// Removes the inbox's name whoever has mapped it: for a start-up that failed.
-    pub fn abandon(&self) {
+    pub(crate) fn abandon(&self) {
         let _ = ShmSegment::unlink(self.seg.name());
-    }
-
-    /// The segment itself, kept alive by the engine.
-    pub fn segment(&self) -> Arc<ShmSegment> {
-        Arc::clone(&self.seg)
     }
 }
 
@@ -403,7 +398,7 @@ pub fn job_id(secret: &[u8], root_addr: &str, generation: u64) -> String {
 }
 
 /// Makes this process readable by its peers with cross-memory attach, where the mode allows.
-pub fn prepare_cma(mode: CmaMode) {
+pub(crate) fn prepare_cma(mode: CmaMode) {
     if mode == CmaMode::Auto {
         if let Err(e) = cma::allow_peer_access() {
             tracing::info!("cross-memory attach not offered to peers: {e}");

@@ -8,10 +8,10 @@
 //! futex, which works across processes), woken by the writer only when a sleeper is flagged.
 
 pub(crate) mod board;
-pub mod cma;
-pub mod fastbox;
-pub mod futex;
-pub mod link;
-pub mod pool;
-pub mod ring;
-pub mod segment;
+pub(crate) mod cma;
+pub(crate) mod fastbox;
+pub(crate) mod futex;
+pub(crate) mod link;
+pub(crate) mod pool;
+pub(crate) mod ring;
+pub(crate) mod segment;

@@ -62,18 +62,18 @@ use super::segment::{segment_name, ShmSegment};
 use crate::error::{Error, Result};
 
 /// Alignment of every pool allocation, in bytes.
-pub const POOL_ALIGN: usize = 64;
+pub(crate) const POOL_ALIGN: usize = 64;
 /// Default size of one block: 64 MiB.
-pub const DEFAULT_BLOCK_SIZE: usize = 64 << 20;
+pub(crate) const DEFAULT_BLOCK_SIZE: usize = 64 << 20;
 /// Default limit on the blocks of one rank together: 1 GiB.
-pub const DEFAULT_MAX_TOTAL: usize = 1 << 30;
+pub(crate) const DEFAULT_MAX_TOTAL: usize = 1 << 30;
 /// Largest request served from the size classes; larger ones use the first-fit free list.
-pub const SMALL_MAX: usize = 4096;
+pub(crate) const SMALL_MAX: usize = 4096;
 /// Size of a slab, the unit the size classes take from the large allocator; also the smallest
 /// block size accepted.
-pub const SLAB_SIZE: usize = 64 << 10;
+pub(crate) const SLAB_SIZE: usize = 64 << 10;
 /// Most blocks one pool may have (`max_total / block_size`).
-pub const MAX_BLOCKS: usize = 4096;
+pub(crate) const MAX_BLOCKS: usize = 4096;
 
 /// Chunk sizes of the small size classes, all multiples of [`POOL_ALIGN`].
 const CLASSES: [usize; 12] = [
@@ -90,7 +90,7 @@ fn class_of(size: usize) -> usize {
 
 /// How a pool is sized and who maps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolConfig {
+pub(crate) struct PoolConfig {
     /// Payload bytes of each block: a multiple of [`POOL_ALIGN`], at least [`SLAB_SIZE`]. Also
     /// the largest allocation the pool serves.
     pub block_size: usize,
@@ -117,7 +117,7 @@ impl Default for PoolConfig {
 /// A plain handle: copying it does not copy the memory, and the memory is valid from
 /// [`ShmPool::alloc`] until [`ShmPool::free`] of [`PoolPtr::as_ptr`] or the drop of the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PoolPtr {
+pub(crate) struct PoolPtr {
     ptr: NonNull<u8>,
     len: usize,
     capacity: usize,
@@ -134,32 +134,31 @@ unsafe impl Sync for PoolPtr {}
 impl PoolPtr {
     /// Start of the memory: 64-byte aligned, `capacity()` bytes, shared with the peers that
     /// map the block.
-    pub fn as_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
     /// The number of bytes asked for.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether zero bytes were asked for.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The number of bytes reserved: `len()` rounded up to the allocation's size, at least 64.
-    pub fn capacity(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Index of the block that holds the memory (its name is [`ShmPool::block_name`]).
-    pub fn block(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn block(&self) -> usize {
         self.block
     }
 
     /// Offset of the memory from the start of the block's payload.
-    pub fn offset(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn offset(&self) -> usize {
         self.offset
     }
 }
@@ -168,7 +167,7 @@ impl PoolPtr {
 /// heap memory otherwise (a miss, or no pool). Freed when dropped. The safe owner behind
 /// `PoolBuf` and `hcommMalloc`: nothing else can free its memory while it lives.
 #[derive(Debug)]
-pub struct PoolMem {
+pub(crate) struct PoolMem {
     ptr: NonNull<u8>,
     len: usize,
     /// The pool it came from; `None` for heap memory of this layout.
@@ -182,7 +181,7 @@ unsafe impl Sync for PoolMem {}
 
 impl PoolMem {
     /// `len` zeroed bytes from `pool` (when it can serve them) or the heap.
-    pub fn alloc(pool: Option<&Arc<ShmPool>>, len: usize) -> Result<PoolMem> {
+    pub(crate) fn alloc(pool: Option<&Arc<ShmPool>>, len: usize) -> Result<PoolMem> {
         if let Some((pool, got)) = pool.and_then(|p| Some((p, p.alloc(len)?))) {
             // SAFETY: the allocation holds at least `len` writable bytes, 64-byte aligned,
             // owned by nobody else until it is freed.
@@ -210,18 +209,18 @@ impl PoolMem {
     }
 
     /// Whether the memory came from the shared-memory pool.
-    pub fn in_pool(&self) -> bool {
+    pub(crate) fn in_pool(&self) -> bool {
         self.from.is_ok()
     }
 
     /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         // SAFETY: `ptr` holds `len` initialised bytes (zeroed at allocation) owned by `self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// The bytes, to write.
-    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn as_bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_bytes`, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
@@ -423,7 +422,7 @@ impl State {
 ///
 /// See the [module documentation](self) for the design.
 #[derive(Debug)]
-pub struct ShmPool {
+pub(crate) struct ShmPool {
     job_id: String,
     rank: u32,
     block_size: usize,
@@ -440,7 +439,7 @@ impl ShmPool {
     ///
     /// Fails with [`Error::InvalidArgument`] if the job id cannot be part of a segment name
     /// or the configuration is out of range (see [`PoolConfig`]).
-    pub fn new(job_id: &str, rank: u32, config: PoolConfig) -> Result<ShmPool> {
+    pub(crate) fn new(job_id: &str, rank: u32, config: PoolConfig) -> Result<ShmPool> {
         let PoolConfig {
             block_size,
             max_total,
@@ -480,7 +479,7 @@ impl ShmPool {
     /// Allocates `bytes` bytes of pool memory, 64-byte aligned, or returns `None` (a miss) if
     /// the pool cannot serve them; the caller then uses heap memory. Zero bytes get a unique
     /// 64-byte allocation. The memory's contents are unspecified.
-    pub fn alloc(&self, bytes: usize) -> Option<PoolPtr> {
+    pub(crate) fn alloc(&self, bytes: usize) -> Option<PoolPtr> {
         let got = self.try_alloc(bytes);
         let counter = match got {
             Some(_) => &self.counters.hits,
@@ -620,7 +619,7 @@ impl ShmPool {
     /// # Safety
     /// Nothing may use the allocation after this call (its memory goes to the next
     /// allocation). [`PoolMem`] frees its memory safely.
-    pub unsafe fn free(&self, ptr: *const u8) -> Result<()> {
+    pub(crate) unsafe fn free(&self, ptr: *const u8) -> Result<()> {
         let mut st = self.lock()?;
         let Some(live) = st.live.remove(&(ptr as usize)) else {
             drop(st);
@@ -644,7 +643,7 @@ impl ShmPool {
     /// inside one block (allocated or not), `None` if any of them is outside the pool's blocks.
     /// A peer that maps block `block` finds the bytes at `offset` from its payload. Takes no
     /// lock.
-    pub fn locate(&self, ptr: *const u8, len: usize) -> Option<(usize, usize)> {
+    pub(crate) fn locate(&self, ptr: *const u8, len: usize) -> Option<(usize, usize)> {
         let addr = ptr as usize;
         for (block, slot) in self.blocks.iter().enumerate() {
             let seg = slot.get()?;
@@ -659,7 +658,7 @@ impl ShmPool {
 
     /// The counters, for the profiler. Each counter is read atomically; a snapshot taken while
     /// other threads allocate may mix moments.
-    pub fn stats(&self) -> PoolStats {
+    pub(crate) fn stats(&self) -> PoolStats {
         let c = &self.counters;
         PoolStats {
             hits: c.hits.load(Ordering::Relaxed),
@@ -671,23 +670,25 @@ impl ShmPool {
     }
 
     /// Payload bytes of every block: the length a peer passes to [`ShmSegment::open`].
-    pub fn block_size(&self) -> usize {
+    pub(crate) fn block_size(&self) -> usize {
         self.block_size
     }
 
     /// The most blocks this pool creates.
-    pub fn max_blocks(&self) -> usize {
+    pub(crate) fn max_blocks(&self) -> usize {
         self.blocks.len()
     }
 
     /// The number of blocks created so far.
-    pub fn block_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn block_count(&self) -> usize {
         self.blocks.iter().take_while(|b| b.get().is_some()).count()
     }
 
     /// The segment name of block `block`, if it has been created; the name may already be
     /// unlinked (see the [module documentation](self)).
-    pub fn block_name(&self, block: usize) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn block_name(&self, block: usize) -> Option<&str> {
         Some(self.blocks.get(block)?.get()?.name())
     }
 

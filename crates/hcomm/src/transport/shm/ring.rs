@@ -59,15 +59,15 @@ use crate::{Error, Result};
 use sync::{AtomicU64, Ordering};
 
 /// Slot sizes are multiples of this many bytes: one cache line.
-pub const SLOT_ALIGN: usize = 64;
+pub(crate) const SLOT_ALIGN: usize = 64;
 /// The largest slot size a ring accepts.
-pub const MAX_SLOT_SIZE: usize = 64 * 1024;
+pub(crate) const MAX_SLOT_SIZE: usize = 64 * 1024;
 /// The alignment the ring's region must have.
-pub const RING_ALIGN: usize = 128;
+pub(crate) const RING_ALIGN: usize = 128;
 /// Bytes in front of every payload: its length and its metadata word.
-pub const MESSAGE_HEADER_LEN: usize = size_of::<MessageHeader>();
+pub(crate) const MESSAGE_HEADER_LEN: usize = size_of::<MessageHeader>();
 /// Offset of the tail counter in a ring's region (see the layout above).
-pub const TAIL_OFFSET: usize = 128;
+pub(crate) const TAIL_OFFSET: usize = 128;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"HCOMRING");
 const VERSION: u32 = 1;
@@ -123,7 +123,7 @@ struct MessageHeader {
 
 /// The shape of a ring: its slot size and slot count, and what follows from them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingLayout {
+pub(crate) struct RingLayout {
     slot_size: usize,
     slot_count: usize,
 }
@@ -133,7 +133,7 @@ impl RingLayout {
     ///
     /// `slot_size` must be a multiple of [`SLOT_ALIGN`] no larger than [`MAX_SLOT_SIZE`], and
     /// `slot_count` a power of two.
-    pub fn new(slot_size: usize, slot_count: usize) -> Result<RingLayout> {
+    pub(crate) fn new(slot_size: usize, slot_count: usize) -> Result<RingLayout> {
         check_slot_size(slot_size)?;
         if !slot_count.is_power_of_two() {
             return Err(Error::InvalidArgument(format!(
@@ -154,7 +154,7 @@ impl RingLayout {
 
     /// The layout with slots of `slot_size` bytes and as many of them (a power of two) as fit in
     /// `len` bytes.
-    pub fn fit(len: usize, slot_size: usize) -> Result<RingLayout> {
+    pub(crate) fn fit(len: usize, slot_size: usize) -> Result<RingLayout> {
         check_slot_size(slot_size)?;
         let fits = len.saturating_sub(CONTROL_LEN) / (slot_size + tracking::BYTES_PER_SLOT);
         if fits == 0 {
@@ -167,30 +167,26 @@ impl RingLayout {
         RingLayout::new(slot_size, 1 << fits.ilog2())
     }
 
-    /// Bytes per slot.
-    pub fn slot_size(&self) -> usize {
-        self.slot_size
-    }
-
     /// Slots in the ring.
-    pub fn slot_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn slot_count(&self) -> usize {
         self.slot_count
     }
 
     /// Bytes of the region the ring occupies, from its start.
-    pub fn region_len(&self) -> usize {
+    pub(crate) fn region_len(&self) -> usize {
         // `new` checked that this does not overflow.
         CONTROL_LEN + self.slot_count * (self.slot_size + tracking::BYTES_PER_SLOT)
     }
 
     /// The longest payload one message can carry: the whole ring less one header.
-    pub fn max_payload(&self) -> usize {
+    pub(crate) fn max_payload(&self) -> usize {
         self.data_len() - MESSAGE_HEADER_LEN
     }
 
     /// The slots a message with a `payload_len`-byte payload occupies, or `None` when it is
     /// longer than [`max_payload`](Self::max_payload).
-    pub fn slots_for(&self, payload_len: usize) -> Option<usize> {
+    pub(crate) fn slots_for(&self, payload_len: usize) -> Option<usize> {
         (payload_len <= self.max_payload())
             .then(|| (MESSAGE_HEADER_LEN + payload_len).div_ceil(self.slot_size))
     }
@@ -246,7 +242,7 @@ fn corrupt(what: fmt::Arguments<'_>) -> Error {
 /// A validated view of a ring in a shared-memory region; [`into_producer`](Self::into_producer)
 /// and [`into_consumer`](Self::into_consumer) turn it into the handle of one side.
 #[derive(Debug)]
-pub struct ShmRing {
+pub(crate) struct ShmRing {
     base: NonNull<u8>,
     layout: RingLayout,
 }
@@ -268,7 +264,7 @@ impl ShmRing {
     /// longer be used. The peer must learn that the ring is ready through something that
     /// synchronises (the bootstrap handshake, a flag stored with `Release` and loaded with
     /// `Acquire`), so that `init` happens before its [`attach`](Self::attach).
-    pub unsafe fn init(mem: *mut u8, len: usize, slot_size: usize) -> Result<RingLayout> {
+    pub(crate) unsafe fn init(mem: *mut u8, len: usize, slot_size: usize) -> Result<RingLayout> {
         let base = check_region(mem)?;
         let layout = RingLayout::fit(len, slot_size)?;
         let control = RingControl {
@@ -302,7 +298,7 @@ impl ShmRing {
     /// or a handle made from it is used, and those bytes must be accessed only through ring
     /// handles. If the memory holds a ring, its `init` must happen before this call (see
     /// [`init`](Self::init)); otherwise no other thread or process may write it concurrently.
-    pub unsafe fn attach(mem: *mut u8, len: usize) -> Result<ShmRing> {
+    pub(crate) unsafe fn attach(mem: *mut u8, len: usize) -> Result<ShmRing> {
         let base = check_region(mem)?;
         if len < CONTROL_LEN {
             return Err(Error::Transport(format!(
@@ -340,7 +336,8 @@ impl ShmRing {
     }
 
     /// The ring's shape.
-    pub fn layout(&self) -> RingLayout {
+    #[cfg(test)]
+    pub(crate) fn layout(&self) -> RingLayout {
         self.layout
     }
 
@@ -350,7 +347,7 @@ impl ShmRing {
     ///
     /// No other [`Producer`] of this ring, in this or any other process, may be used for as long
     /// as the returned one is.
-    pub unsafe fn into_producer(self) -> Producer {
+    pub(crate) unsafe fn into_producer(self) -> Producer {
         let tail = self.control().tail.0.load(Ordering::Acquire);
         let head = self.control().head.0.load(Ordering::Acquire);
         Producer {
@@ -366,7 +363,7 @@ impl ShmRing {
     ///
     /// No other [`Consumer`] of this ring, in this or any other process, may be used for as long
     /// as the returned one is.
-    pub unsafe fn into_consumer(self) -> Consumer {
+    pub(crate) unsafe fn into_consumer(self) -> Consumer {
         let head = self.control().head.0.load(Ordering::Acquire);
         Consumer {
             ring: self,
@@ -467,7 +464,7 @@ impl ShmRing {
 
 /// The sending side of a ring: pushes messages for the [`Consumer`] to pop.
 #[derive(Debug)]
-pub struct Producer {
+pub(crate) struct Producer {
     ring: ShmRing,
     /// The producer's own tail: slots it has published.
     tail: u64,
@@ -482,13 +479,14 @@ impl Producer {
     /// once the consumer can see it. Fails with [`Error::InvalidArgument`] when the payload is
     /// longer than [`RingLayout::max_payload`] (it would never fit), or [`Error::Transport`] when
     /// the consumer broke the ring protocol.
-    pub fn try_push(&mut self, meta: u64, payload: &[u8]) -> Result<bool> {
+    #[cfg(test)]
+    pub(crate) fn try_push(&mut self, meta: u64, payload: &[u8]) -> Result<bool> {
         self.try_push_parts(meta, [payload, &[]])
     }
 
     /// Like [`Producer::try_push`], with the payload given as two parts that follow each other
     /// (a header and a body, say), so the caller need not join them first.
-    pub fn try_push_parts(&mut self, meta: u64, parts: [&[u8]; 2]) -> Result<bool> {
+    pub(crate) fn try_push_parts(&mut self, meta: u64, parts: [&[u8]; 2]) -> Result<bool> {
         let len = parts[0].len() + parts[1].len();
         let Some(slots) = self.ring.layout.slots_for(len) else {
             return Err(Error::InvalidArgument(format!(
@@ -518,13 +516,13 @@ impl Producer {
     }
 
     /// The slots free now; a message of `n` payload bytes needs [`RingLayout::slots_for`]`(n)`.
-    pub fn free_slots(&mut self) -> Result<usize> {
+    pub(crate) fn free_slots(&mut self) -> Result<usize> {
         self.head_cache = self.ring.control().head.0.load(Ordering::Acquire);
         self.free_slots_cached()
     }
 
     /// The ring's shape.
-    pub fn layout(&self) -> RingLayout {
+    pub(crate) fn layout(&self) -> RingLayout {
         self.ring.layout
     }
 
@@ -543,7 +541,7 @@ impl Producer {
 
 /// The receiving side of a ring: pops the messages the [`Producer`] pushed, in order.
 #[derive(Debug)]
-pub struct Consumer {
+pub(crate) struct Consumer {
     ring: ShmRing,
     /// The consumer's own head: slots it has released.
     head: u64,
@@ -558,7 +556,8 @@ impl Consumer {
     /// Fails with [`Error::Truncated`], leaving the message in the ring, when `buf` is shorter
     /// than the payload ([`peek`](Self::peek) tells the length first), or with
     /// [`Error::Transport`] when the producer broke the ring protocol.
-    pub fn try_pop(&mut self, buf: &mut [u8]) -> Result<Option<(u64, usize)>> {
+    #[cfg(test)]
+    pub(crate) fn try_pop(&mut self, buf: &mut [u8]) -> Result<Option<(u64, usize)>> {
         let Some(message) = self.peek()? else {
             return Ok(None);
         };
@@ -572,7 +571,7 @@ impl Consumer {
     /// empty.
     ///
     /// Fails with [`Error::Transport`] when the producer broke the ring protocol.
-    pub fn peek(&mut self) -> Result<Option<Message<'_>>> {
+    pub(crate) fn peek(&mut self) -> Result<Option<Message<'_>>> {
         let available = self.available()?;
         if available == 0 {
             return Ok(None);
@@ -603,19 +602,20 @@ impl Consumer {
 
     /// The tail this consumer last loaded: a message beyond it has arrived once the ring's
     /// tail (at [`TAIL_OFFSET`] of its region) differs.
-    pub fn seen_tail(&self) -> u64 {
+    pub(crate) fn seen_tail(&self) -> u64 {
         self.tail_cache
     }
 
     /// Whether no message is waiting.
     ///
     /// Fails with [`Error::Transport`] when the producer broke the ring protocol.
-    pub fn is_empty(&mut self) -> Result<bool> {
+    pub(crate) fn is_empty(&mut self) -> Result<bool> {
         Ok(self.available()? == 0)
     }
 
     /// The ring's shape.
-    pub fn layout(&self) -> RingLayout {
+    #[cfg(test)]
+    pub(crate) fn layout(&self) -> RingLayout {
         self.ring.layout
     }
 
@@ -639,7 +639,7 @@ impl Consumer {
 /// A message at the front of a ring, borrowed from its [`Consumer`] until it is consumed or
 /// dropped (which leaves it in the ring).
 #[derive(Debug)]
-pub struct Message<'a> {
+pub(crate) struct Message<'a> {
     consumer: &'a mut Consumer,
     meta: u64,
     len: usize,
@@ -648,23 +648,18 @@ pub struct Message<'a> {
 
 impl Message<'_> {
     /// The metadata word the producer pushed with the payload.
-    pub fn meta(&self) -> u64 {
+    pub(crate) fn meta(&self) -> u64 {
         self.meta
     }
 
     /// Payload bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether the payload is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The payload in place, as the part up to the end of the ring and the part that wrapped to
     /// its start (empty unless the message wrapped).
-    pub fn as_slices(&self) -> (&[u8], &[u8]) {
+    pub(crate) fn as_slices(&self) -> (&[u8], &[u8]) {
         let ring = &self.consumer.ring;
         let (first, second) = ring.payload_ranges(self.consumer.head, self.len);
         let data = ring.data();
@@ -681,7 +676,7 @@ impl Message<'_> {
 
     /// Copies the first `buf.len()` payload bytes into `buf`; fails with
     /// [`Error::Transport`] when the payload is shorter.
-    pub fn copy_prefix(&self, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn copy_prefix(&self, buf: &mut [u8]) -> Result<()> {
         if buf.len() > self.len {
             return Err(corrupt(format_args!(
                 "a {}-byte message is shorter than its {}-byte header",
@@ -695,7 +690,7 @@ impl Message<'_> {
 
     /// Copies `buf.len()` payload bytes from `offset` on into `buf`; bytes beyond the
     /// payload's end are left alone.
-    pub fn copy_range(&self, offset: usize, buf: &mut [u8]) {
+    pub(crate) fn copy_range(&self, offset: usize, buf: &mut [u8]) {
         let (first, second) = self.as_slices();
         let mut at = offset;
         let mut out = 0;
@@ -717,7 +712,8 @@ impl Message<'_> {
     /// Copies the payload to the front of `buf` and returns its length.
     ///
     /// Fails with [`Error::Truncated`] when `buf` is shorter than the payload.
-    pub fn copy_to(&self, buf: &mut [u8]) -> Result<usize> {
+    #[cfg(test)]
+    pub(crate) fn copy_to(&self, buf: &mut [u8]) -> Result<usize> {
         let Some(dst) = buf.get_mut(..self.len) else {
             return Err(Error::Truncated(format!(
                 "a {}-byte shared-memory message does not fit a {}-byte buffer",
@@ -733,7 +729,7 @@ impl Message<'_> {
     }
 
     /// Removes the message from the ring, handing its slots back to the producer.
-    pub fn consume(self) {
+    pub(crate) fn consume(self) {
         let consumer = self.consumer;
         consumer.head = consumer.head.wrapping_add(self.slots as u64);
         consumer

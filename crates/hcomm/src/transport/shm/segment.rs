@@ -32,17 +32,17 @@ use rustix::mm::{MapFlags, ProtFlags};
 use crate::error::{Error, Result};
 
 /// The first eight bytes of every hcomm segment: `HCOMMSHM` in little-endian order.
-pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"HCOMMSHM");
+pub(crate) const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"HCOMMSHM");
 /// Version of the segment layout; a process refuses a segment of another version.
 /// 2: the inbox's doorbell carries a heartbeat.
-pub const SEGMENT_VERSION: u32 = 2;
+pub(crate) const SEGMENT_VERSION: u32 = 2;
 /// Offset of the payload from the start of the mapping: the header padded to two cache lines,
 /// so the payload is 128-byte aligned and shares no cache line with the header.
-pub const PAYLOAD_OFFSET: usize = 128;
+pub(crate) const PAYLOAD_OFFSET: usize = 128;
 /// Prefix of every segment name.
-pub const NAME_PREFIX: &str = "hcomm-";
+pub(crate) const NAME_PREFIX: &str = "hcomm-";
 /// Longest segment name accepted (the kernel's limit is 255 bytes).
-pub const MAX_NAME_LEN: usize = 200;
+pub(crate) const MAX_NAME_LEN: usize = 200;
 
 /// The header at offset 0 of every segment, written by its creator and checked on every map.
 ///
@@ -52,7 +52,7 @@ pub const MAX_NAME_LEN: usize = 200;
 /// magic 0.
 #[repr(C)]
 #[derive(Debug)]
-pub struct SegmentHeader {
+pub(crate) struct SegmentHeader {
     /// [`SEGMENT_MAGIC`] once the header is complete.
     pub magic: AtomicU64,
     /// [`SEGMENT_VERSION`] of the creator.
@@ -73,7 +73,7 @@ const _: () = assert!(size_of::<SegmentHeader>() <= PAYLOAD_OFFSET);
 ///
 /// The job id is made of ASCII letters, digits, `_` and `.` (no `-`, so the prefix
 /// `hcomm-<job id>-` names exactly one job's segments); the purpose may also contain `-`.
-pub fn segment_name(job_id: &str, rank: u32, purpose: &str) -> Result<String> {
+pub(crate) fn segment_name(job_id: &str, rank: u32, purpose: &str) -> Result<String> {
     let job_ok = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'.';
     if job_id.is_empty() || !job_id.bytes().all(job_ok) {
         return Err(Error::InvalidArgument(format!(
@@ -93,7 +93,7 @@ pub fn segment_name(job_id: &str, rank: u32, purpose: &str) -> Result<String> {
 
 /// Checks that `name` is a segment name hcomm may use: it starts with [`NAME_PREFIX`] followed
 /// by at least one byte, is at most [`MAX_NAME_LEN`] bytes long and contains only ASCII letters, digits, `_`, `.` and `-`.
-pub fn validate_name(name: &str) -> Result<()> {
+pub(crate) fn validate_name(name: &str) -> Result<()> {
     if !name.starts_with(NAME_PREFIX)
         || name.len() == NAME_PREFIX.len()
         || name.len() > MAX_NAME_LEN
@@ -133,7 +133,7 @@ fn os_error(name: &str, what: &str, err: Errno) -> Error {
 ///
 /// Dropping the value unmaps the segment; the name is left alone (see [`ShmSegment::unlink`]).
 #[derive(Debug)]
-pub struct ShmSegment {
+pub(crate) struct ShmSegment {
     name: String,
     /// Start of the mapping, where the header lives.
     base: NonNull<u8>,
@@ -157,7 +157,7 @@ impl ShmSegment {
     /// Fails if the name already exists (a leftover of a crashed job with the same id, or a
     /// clash); in that case the existing segment is left untouched. On any later failure the
     /// new name is removed again.
-    pub fn create(name: &str, len: usize) -> Result<ShmSegment> {
+    pub(crate) fn create(name: &str, len: usize) -> Result<ShmSegment> {
         validate_name(name)?;
         let map_len = mapping_len(name, len)?;
         let fd = rustix::shm::open(
@@ -227,7 +227,7 @@ impl ShmSegment {
     /// The segment must belong to this user with mode 0600, be exactly as long as
     /// `expected_len` implies, and carry a complete header of this version of hcomm; anything
     /// else fails with [`Error::Transport`] naming the segment and what was wrong.
-    pub fn open(name: &str, expected_len: usize) -> Result<ShmSegment> {
+    pub(crate) fn open(name: &str, expected_len: usize) -> Result<ShmSegment> {
         validate_name(name)?;
         let map_len = mapping_len(name, expected_len)?;
         let fd =
@@ -271,7 +271,7 @@ impl ShmSegment {
 
     /// Removes the name `name` from `/dev/shm`. Existing mappings stay valid; the memory is
     /// freed when the last one goes. Returns whether the name existed.
-    pub fn unlink(name: &str) -> Result<bool> {
+    pub(crate) fn unlink(name: &str) -> Result<bool> {
         validate_name(name)?;
         match rustix::shm::unlink(name) {
             Ok(()) => Ok(true),
@@ -284,7 +284,7 @@ impl ShmSegment {
     /// (the creator included) are expected to map the segment, and exactly one of them, the
     /// last to map it, removes the name. Every mapper calls this once it has mapped the
     /// segment; returns whether this call removed the name.
-    pub fn unlink_if_last(&self, mappers: u32) -> Result<bool> {
+    pub(crate) fn unlink_if_last(&self, mappers: u32) -> Result<bool> {
         if self.mapped_as != mappers {
             return Ok(false);
         }
@@ -292,28 +292,30 @@ impl ShmSegment {
     }
 
     /// The segment's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Start of the payload: `len()` bytes, 128-byte aligned, shared with every process that
     /// maps the segment. Valid until this value is dropped.
-    pub fn as_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.base.as_ptr().wrapping_add(PAYLOAD_OFFSET)
     }
 
     /// Length of the payload in bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map_len - PAYLOAD_OFFSET
     }
 
     /// Whether the payload is empty.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// How many processes have mapped the segment so far, the creator included.
-    pub fn mapped_count(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn mapped_count(&self) -> u32 {
         self.header().mapped.load(Ordering::Acquire)
     }
 

@@ -33,7 +33,7 @@ use super::tree::{
 };
 
 /// See the module docs.
-pub struct Hierarchical;
+pub(crate) struct Hierarchical;
 
 /// The hosts of a communicator as this algorithm uses them.
 struct Layout {
