@@ -1,13 +1,13 @@
 """hcomm's exceptions: :class:`Error` and one subclass per error code of the core.
 
-Every exception carries ``code`` (the C API's ``HCOMM_ERR_*`` value), ``peer`` (the rank the
-message names, when it names one: the world rank of a lost peer, the communicator rank of a
-peer a call timed out on) and a message ending in its entry of ``docs/errors.md``.
+Every exception carries ``code`` (the C API's ``HCOMM_ERR_*`` value), ``peer`` (the world
+rank of the peer the error concerns, when it concerns one: a lost peer, the peer a call timed
+out on, the rank that aborted or called something else), ``comm_peer`` (that peer's rank in
+the communicator of the failed call, when known) and a message ending in its entry of
+``docs/errors.md``. The peer comes from the error's fields, not from its message.
 """
 
 from __future__ import annotations
-
-import re
 
 __all__ = [
     "Aborted",
@@ -24,31 +24,32 @@ __all__ = [
     "Truncated",
 ]
 
-_PEER = {
-    5: re.compile(r"world rank (\d+)"),
-    3: re.compile(r"rank (\d+) (?:has not sent|is not receiving)"),
-}
-
 
 class Error(Exception):
     """An hcomm call failed.
 
     Attributes:
         code: the error code (``HCOMM_ERR_*`` of the C API).
-        peer: the rank the failure concerns, when the message names one, else None.
+        peer: the world rank of the peer the failure concerns, when known, else None.
+        comm_peer: that peer's rank in the communicator of the failed call, when known.
         message: the message, with its entry of ``docs/errors.md``.
     """
 
     code: int = -1
 
-    def __init__(self, message: str, code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: int | None = None,
+        peer: int | None = None,
+        comm_peer: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
-        found = _PEER.get(self.code)
-        m = found.search(message) if found else None
-        self.peer: int | None = int(m.group(1)) if m else None
+        self.peer: int | None = peer
+        self.comm_peer: int | None = comm_peer
 
 
 class InitError(Error):
@@ -64,7 +65,7 @@ class NoMem(Error, MemoryError):
 
 
 class Timeout(Error, TimeoutError):
-    """A wait ran out of ``HCOMM_TIMEOUT`` (code 3); ``peer`` is the rank waited for."""
+    """A wait ran out of ``HCOMM_TIMEOUT`` (code 3); ``peer`` is the world rank waited for."""
 
     code = 3
 
@@ -135,6 +136,8 @@ _BY_CODE: dict[int, type[Error]] = {
 }
 
 
-def _from_code(code: int, message: str) -> Error:
-    """The exception of a core error (called by the native module)."""
-    return _BY_CODE.get(code, Error)(message, code)
+def _from_code(
+    code: int, message: str, peer: int | None = None, comm_peer: int | None = None
+) -> Error:
+    """The exception of a core error and the peer it concerns (called by the native module)."""
+    return _BY_CODE.get(code, Error)(message, code, peer, comm_peer)

@@ -4,10 +4,12 @@
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-/// `hcomm.errors._from_code(code, message)`, which makes the exception of a code.
+/// `hcomm.errors._from_code(code, message, peer, comm_peer)`, which makes the exception of a
+/// code.
 static FROM_CODE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-/// The Python exception of a core error.
+/// The Python exception of a core error, with the peer it concerns (its world and
+/// communicator ranks, where known).
 pub fn to_py(e: hcomm::Error) -> PyErr {
     Python::attach(|py| {
         let made = FROM_CODE
@@ -16,7 +18,11 @@ pub fn to_py(e: hcomm::Error) -> PyErr {
                     .getattr("_from_code")
                     .map(Bound::unbind)
             })
-            .and_then(|f| f.bind(py).call1((e.code() as i32, e.to_string())));
+            .and_then(|f| {
+                let peer = e.peer().unwrap_or_default();
+                f.bind(py)
+                    .call1((e.code() as i32, e.to_string(), peer.world, peer.comm))
+            });
         match made {
             Ok(exc) => PyErr::from_value(exc),
             Err(err) => err,
@@ -26,5 +32,5 @@ pub fn to_py(e: hcomm::Error) -> PyErr {
 
 /// `hcomm.InvalidArgument` with `detail`.
 pub fn invalid(detail: String) -> PyErr {
-    to_py(hcomm::Error::InvalidArgument(detail))
+    to_py(hcomm::Error::invalid_argument(detail))
 }

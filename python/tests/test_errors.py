@@ -151,6 +151,7 @@ def test_timeout_names_the_peer() -> None:
                 raise SystemExit("no timeout")
             except hcomm.Timeout as e:
                 assert e.code == 3 and e.peer == 1 and isinstance(e, TimeoutError), (e.peer, e)
+                assert e.comm_peer == 1, (e.comm_peer, e)
         else:
             import time
             time.sleep(4)   # alive, but calling nothing

@@ -16,7 +16,7 @@ pub(crate) fn data_type(value: DataTypeArg) -> Result<DataType> {
         .ok()
         .and_then(DataType::from_u8)
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "dtype {value} is not an hcommDataType_t: use HCOMM_INT8 .. HCOMM_UINT16 (0 .. {})",
                 DataType::ALL.len() - 1
             ))
@@ -29,7 +29,7 @@ pub(crate) fn reduce_op(value: ReduceOpArg) -> Result<ReduceOp> {
         .ok()
         .and_then(ReduceOp::from_u8)
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "op {value} is not an hcommReduceOp_t: use HCOMM_SUM, HCOMM_PROD, HCOMM_MAX, \
                  HCOMM_MIN, HCOMM_AVG, HCOMM_BAND, HCOMM_BOR or HCOMM_BXOR (0 .. {})",
                 ReduceOp::ALL.len() - 1
@@ -43,7 +43,7 @@ pub(crate) fn rank(value: c_int, size: usize, what: &str) -> Result<usize> {
         .ok()
         .filter(|&r| r < size)
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "{what} {value} is not a rank of this communicator: use 0 .. {}",
                 size - 1
             ))
@@ -53,7 +53,7 @@ pub(crate) fn rank(value: c_int, size: usize, what: &str) -> Result<usize> {
 /// A message tag: any non-negative `int`.
 pub(crate) fn tag(value: c_int) -> Result<u32> {
     u32::try_from(value).map_err(|_| {
-        Error::InvalidArgument(format!(
+        Error::invalid_argument(format!(
             "tag {value} is negative: tags are 0 .. {}",
             c_int::MAX
         ))
@@ -68,7 +68,7 @@ pub(crate) fn byte_size(count: usize, dtype: DataType, blocks: usize, what: &str
         .and_then(|b| b.checked_mul(blocks))
         .filter(|&b| b <= MAX_BYTES)
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "{what} {count} of {dtype} is too large: the buffer of {blocks} x {count} \
                  elements would not fit in the address space"
             ))
@@ -79,12 +79,12 @@ pub(crate) fn byte_size(count: usize, dtype: DataType, blocks: usize, what: &str
 /// address space.
 pub(crate) fn buffer(ptr: *const c_void, len: usize, what: &str) -> Result<()> {
     if len > MAX_BYTES || ptr.addr().checked_add(len).is_none() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{what} of {len} bytes at {ptr:p} does not fit in the address space"
         )));
     }
     if ptr.is_null() && len > 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{what} is NULL but the call needs {len} bytes there"
         )));
     }
@@ -130,12 +130,12 @@ pub(crate) unsafe fn bytes_mut<'a>(
 /// Unless `ptr` is NULL, `ptr..ptr+n` must be readable `size_t` values.
 pub(crate) unsafe fn sizes(ptr: *const usize, n: usize, what: &str) -> Result<Vec<usize>> {
     if ptr.is_null() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{what} is NULL: pass an array of {n} counts (one per rank)"
         )));
     }
     if !ptr.is_aligned() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{what} at {ptr:p} is not aligned for size_t"
         )));
     }
@@ -149,7 +149,7 @@ pub(crate) unsafe fn sizes(ptr: *const usize, n: usize, what: &str) -> Result<Ve
 /// Checks an output pointer.
 pub(crate) fn out<T>(ptr: *mut T, what: &str) -> Result<()> {
     if ptr.is_null() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{what} is NULL: pass the address of a variable to receive the result"
         )));
     }
@@ -161,7 +161,7 @@ pub(crate) fn out<T>(ptr: *mut T, what: &str) -> Result<()> {
 pub(crate) fn staging(len: usize, what: &str) -> Result<Vec<u8>> {
     let mut v = Vec::new();
     v.try_reserve_exact(len).map_err(|_| {
-        Error::NoMem(format!(
+        Error::no_mem(format!(
             "{what}: no memory for a {len}-byte staging buffer: use smaller messages"
         ))
     })?;
@@ -173,7 +173,7 @@ pub(crate) fn staging(len: usize, what: &str) -> Result<Vec<u8>> {
 pub(crate) fn copy_of(data: &[u8], what: &str) -> Result<Vec<u8>> {
     let mut v = Vec::new();
     v.try_reserve_exact(data.len()).map_err(|_| {
-        Error::NoMem(format!(
+        Error::no_mem(format!(
             "{what}: no memory to copy {} bytes: use smaller messages",
             data.len()
         ))

@@ -80,7 +80,7 @@ impl Call {
             (CollKind::ReduceScatter | CollKind::Broadcast | CollKind::Barrier, _) => false,
             (CollKind::AllGatherV, Some(v)) => {
                 if self.count != v.recv_counts[rank] {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "sendcount {} differs from recvcounts[{rank}] = {}: each rank sends \
                          the count the others receive from it",
                         self.count, v.recv_counts[rank]
@@ -94,7 +94,7 @@ impl Call {
                 false
             }
             (other, _) => {
-                return Err(Error::Internal(format!(
+                return Err(Error::internal(format!(
                     "{} has no C entry point",
                     other.name()
                 )))
@@ -378,7 +378,7 @@ unsafe fn start(
         let begin = || {
             let c = state::comm(comm)?;
             if group::active() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{function} between hcommGroupStart and hcommGroupEnd: the group's calls \
                      would run after it; call the blocking form inside the group, or start \
                      this outside it"

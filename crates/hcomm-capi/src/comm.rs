@@ -53,7 +53,7 @@ unsafe fn store_int(
         let c = state::comm(comm)?;
         args::out(out, what)?;
         let v = c_int::try_from(value(&c))
-            .map_err(|_| Error::Internal(format!("the {what} does not fit an int")))?;
+            .map_err(|_| Error::internal(format!("the {what} does not fit an int")))?;
         // SAFETY: checked not NULL; the caller's promise.
         unsafe { out.write(v) };
         Ok(())

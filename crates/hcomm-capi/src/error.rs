@@ -108,7 +108,7 @@ fn internal(panic: Box<dyn std::any::Any + Send>) -> Error {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".into());
-    Error::Internal(format!("caught at the C boundary: {what}"))
+    Error::internal(format!("caught at the C boundary: {what}"))
 }
 
 /// The message of every code: the code's name, then what it means and what to do.
@@ -218,7 +218,7 @@ mod tests {
 
     #[test]
     fn guard_turns_errors_and_panics_into_codes() {
-        let code = guard("hcommTest", || Err(Error::Timeout("slow peer 3".into())));
+        let code = guard("hcommTest", || Err(Error::timeout("slow peer 3")));
         assert_eq!(code, HCOMM_ERR_TIMEOUT);
         assert_eq!(hcommGetLastError(), HCOMM_ERR_TIMEOUT);
         // SAFETY: the last-error string lives until the next failure on this thread.

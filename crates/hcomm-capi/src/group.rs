@@ -173,8 +173,8 @@ pub extern "C" fn hcommGroupEnd() -> c_int {
         let ended = GROUP.with(|g| {
             let mut g = g.borrow_mut();
             if g.depth == 0 {
-                return Err(Error::InvalidArgument(
-                    "hcommGroupEnd without hcommGroupStart".into(),
+                return Err(Error::invalid_argument(
+                    "hcommGroupEnd without hcommGroupStart",
                 ));
             }
             g.depth -= 1;

@@ -42,7 +42,7 @@ fn obtain(bytes: usize) -> Result<(NonNull<u8>, Block)> {
     if let Ok(world) = crate::state::comm(COMM_WORLD) {
         let mut buf = world.alloc::<u8>(bytes.max(1))?;
         let p = NonNull::new(buf.as_mut_ptr())
-            .ok_or_else(|| Error::Internal("the pool returned a null pointer".into()))?;
+            .ok_or_else(|| Error::internal("the pool returned a null pointer"))?;
         return Ok((p, Block::Pool(buf)));
     }
     let (p, layout) = heap(bytes)?;
@@ -52,14 +52,14 @@ fn obtain(bytes: usize) -> Result<(NonNull<u8>, Block)> {
 /// `bytes` bytes (at least one) of heap memory aligned to [`HCOMM_MALLOC_ALIGNMENT`].
 fn heap(bytes: usize) -> Result<(NonNull<u8>, Layout)> {
     let layout = Layout::from_size_align(bytes.max(1), HCOMM_MALLOC_ALIGNMENT).map_err(|_| {
-        Error::InvalidArgument(format!(
+        Error::invalid_argument(format!(
             "{bytes} bytes cannot be allocated: the size is larger than the address space allows"
         ))
     })?;
     // SAFETY: the layout's size is not zero.
     let p = unsafe { std::alloc::alloc(layout) };
     NonNull::new(p).map(|p| (p, layout)).ok_or_else(|| {
-        Error::NoMem(format!(
+        Error::no_mem(format!(
             "the system refused {bytes} bytes: free memory or use smaller buffers"
         ))
     })
@@ -114,7 +114,7 @@ pub unsafe extern "C" fn hcommFree(ptr: *mut c_void) {
                 Ok(())
             }
             _ => {
-                let e = Error::InvalidArgument(format!(
+                let e = Error::invalid_argument(format!(
                     "{ptr:p} was not returned by hcommMalloc or was already freed: it was left \
                      alone (free malloc'd memory with free)"
                 ));

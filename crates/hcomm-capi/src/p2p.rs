@@ -102,12 +102,13 @@ pub(crate) fn finish(pending: Pending) -> Result<(usize, Option<usize>)> {
     let mut sender = None;
     if let Some(target) = pending.recv_into {
         sender = done.source.or(target.src);
-        let data = done.buffer.get(..done.len).ok_or_else(|| {
-            Error::Internal("a receive reported more bytes than its buffer".into())
-        })?;
+        let data = done
+            .buffer
+            .get(..done.len)
+            .ok_or_else(|| Error::internal("a receive reported more bytes than its buffer"))?;
         if data.len() > target.len {
-            return Err(Error::Internal(
-                "a receive got more bytes than the caller's buffer".into(),
+            return Err(Error::internal(
+                "a receive got more bytes than the caller's buffer",
             ));
         }
         // SAFETY: hcommIrecv's contract: the caller's buffer holds `target.len` writable
@@ -218,10 +219,9 @@ pub unsafe extern "C" fn hcommRecvStatus(
 ) -> c_int {
     guard("hcommRecvStatus", || {
         if group::active() {
-            return Err(Error::InvalidArgument(
+            return Err(Error::invalid_argument(
                 "hcommRecvStatus cannot be called between hcommGroupStart and hcommGroupEnd: \
-                 use hcommIrecv and hcommWaitStatus"
-                    .into(),
+                 use hcommIrecv and hcommWaitStatus",
             ));
         }
         let c = state::comm(comm)?;

@@ -55,10 +55,10 @@ fn phase() -> MutexGuard<'static, Phase> {
 
 fn not_ready(phase: &Phase) -> Error {
     match phase {
-        Phase::Finalized => Error::Init(
-            "hcommFinalize was called: hcomm cannot be used again in this process".into(),
-        ),
-        _ => Error::Init("hcomm is not initialized: call hcommInit first".into()),
+        Phase::Finalized => {
+            Error::init("hcommFinalize was called: hcomm cannot be used again in this process")
+        }
+        _ => Error::init("hcomm is not initialized: call hcommInit first"),
     }
 }
 
@@ -76,9 +76,8 @@ pub(crate) fn init(join: impl FnOnce() -> Result<Communicator>) -> Result<()> {
     let mut phase = phase();
     match &*phase {
         Phase::Ready(_) => Ok(()),
-        Phase::Finalized => Err(Error::Init(
-            "hcommInit after hcommFinalize: hcomm cannot be initialized twice in one process"
-                .into(),
+        Phase::Finalized => Err(Error::init(
+            "hcommInit after hcommFinalize: hcomm cannot be initialized twice in one process",
         )),
         Phase::Uninit => {
             let world = join()?;
@@ -129,13 +128,12 @@ impl Tables {
     /// The communicator behind `comm`.
     pub(crate) fn comm(&self, comm: hcommComm_t) -> Result<Arc<Communicator>> {
         if comm.is_null() {
-            return Err(Error::InvalidArgument(
-                "the communicator is HCOMM_COMM_NULL: pass COMM_WORLD or one from hcommCommSplit"
-                    .into(),
+            return Err(Error::invalid_argument(
+                "the communicator is HCOMM_COMM_NULL: pass COMM_WORLD or one from hcommCommSplit",
             ));
         }
         self.comms.get(&comm.addr()).cloned().ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "communicator handle {comm:p} is not a live communicator: it was destroyed \
                  (hcommCommDestroy) or never created"
             ))
@@ -152,14 +150,14 @@ impl Tables {
     /// Removes a communicator (not the world).
     pub(crate) fn remove_comm(&mut self, comm: hcommComm_t) -> Result<Arc<Communicator>> {
         if comm == COMM_WORLD {
-            return Err(Error::InvalidArgument(
-                "COMM_WORLD cannot be destroyed: hcommFinalize releases it".into(),
+            return Err(Error::invalid_argument(
+                "COMM_WORLD cannot be destroyed: hcommFinalize releases it",
             ));
         }
         self.comm(comm)?;
         self.comms
             .remove(&comm.addr())
-            .ok_or_else(|| Error::Internal("a communicator vanished from its table".into()))
+            .ok_or_else(|| Error::internal("a communicator vanished from its table"))
     }
 
     /// Adds a request; returns its handle.
@@ -185,7 +183,7 @@ impl Tables {
 }
 
 fn unknown_request(req: hcommRequest_t) -> Error {
-    Error::InvalidArgument(format!(
+    Error::invalid_argument(format!(
         "request handle {req:p} is not a pending request: it was already completed by \
          hcommWait or hcommTest, or was never started"
     ))

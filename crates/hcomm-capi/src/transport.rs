@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Arc;
 
 use hcomm_core::plugin::{self, Plugin, MAX_NAME};
-use hcomm_core::{Error, Result};
+use hcomm_core::{Error, Operation, PeerRank, Result};
 
 use crate::error::guard;
 
@@ -60,7 +60,7 @@ unsafe impl Sync for CPlugin {}
 /// A world rank as the C functions take it.
 fn c_rank(rank: usize) -> Result<c_int> {
     c_int::try_from(rank)
-        .map_err(|_| Error::InvalidArgument(format!("rank {rank} does not fit a C int")))
+        .map_err(|_| Error::invalid_argument(format!("rank {rank} does not fit a C int")))
 }
 
 impl Plugin for CPlugin {
@@ -72,7 +72,7 @@ impl Plugin for CPlugin {
         let rc = unsafe { init(c_rank(rank)?, c_rank(size)?, self.ctx) };
         match rc {
             0 => Ok(()),
-            _ => Err(Error::Init(format!(
+            _ => Err(Error::init(format!(
                 "init({rank}, {size}, ctx) returned {rc}"
             ))),
         }
@@ -83,10 +83,12 @@ impl Plugin for CPlugin {
         let rc = unsafe { (self.send)(buf.as_ptr().cast_mut().cast(), buf.len(), c_rank(dest)?) };
         match rc {
             0 => Ok(()),
-            _ => Err(Error::Transport(format!(
+            _ => Err(Error::transport_failed(format!(
                 "send of {} bytes to world rank {dest} returned {rc}",
                 buf.len()
-            ))),
+            ))
+            .with_peer(PeerRank::world(dest))
+            .with_operation(Operation::new("send"))),
         }
     }
 
@@ -95,10 +97,12 @@ impl Plugin for CPlugin {
         let rc = unsafe { (self.recv)(buf.as_mut_ptr().cast(), buf.len(), c_rank(src)?) };
         match rc {
             0 => Ok(()),
-            _ => Err(Error::Transport(format!(
+            _ => Err(Error::transport_failed(format!(
                 "recv of {} bytes from world rank {src} returned {rc}",
                 buf.len()
-            ))),
+            ))
+            .with_peer(PeerRank::world(src))
+            .with_operation(Operation::new("recv"))),
         }
     }
 
@@ -109,7 +113,9 @@ impl Plugin for CPlugin {
         // SAFETY: a function of the registered plug-in, called as its contract says.
         match unsafe { finalize(self.ctx) } {
             0 => Ok(()),
-            rc => Err(Error::Transport(format!("finalize(ctx) returned {rc}"))),
+            rc => Err(Error::transport_failed(format!(
+                "finalize(ctx) returned {rc}"
+            ))),
         }
     }
 }
@@ -132,33 +138,33 @@ pub unsafe extern "C" fn hcommTransportRegister(
 ) -> c_int {
     guard("hcommTransportRegister", || {
         if name.is_null() {
-            return Err(Error::InvalidArgument(
-                "name is NULL: pass the name HCOMM_TRANSPORT will select the plug-in by".into(),
+            return Err(Error::invalid_argument(
+                "name is NULL: pass the name HCOMM_TRANSPORT will select the plug-in by",
             ));
         }
         if ops.is_null() {
-            return Err(Error::InvalidArgument(
-                "ops is NULL: pass a struct hcomm_transport_ops with send and recv".into(),
+            return Err(Error::invalid_argument(
+                "ops is NULL: pass a struct hcomm_transport_ops with send and recv",
             ));
         }
         // SAFETY: `name` is not NULL, so NUL-terminated (the caller's promise); at most
         // MAX_NAME + 1 bytes are read.
         let len = unsafe { libc::strnlen(name, MAX_NAME + 1) };
         if len > MAX_NAME {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "name is longer than {MAX_NAME} characters"
             )));
         }
         // SAFETY: `len` bytes and the NUL after them are readable, as measured.
         let name = unsafe { CStr::from_ptr(name) };
         let name = name.to_str().map_err(|_| {
-            Error::InvalidArgument(format!("name {name:?} is not ASCII letters and digits"))
+            Error::invalid_argument(format!("name {name:?} is not ASCII letters and digits"))
         })?;
         // SAFETY: `ops` is not NULL, so it points to the struct (the caller's promise).
         let ops = unsafe { ops.read() };
         let (Some(send), Some(recv)) = (ops.send, ops.recv) else {
-            return Err(Error::InvalidArgument(
-                "ops->send and ops->recv are required: a plug-in cannot be without them".into(),
+            return Err(Error::invalid_argument(
+                "ops->send and ops->recv are required: a plug-in cannot be without them",
             ));
         };
         let plugin = CPlugin {

@@ -14,7 +14,7 @@ fn main() -> hcomm::Result<()> {
     let mut one = [1.0f64];
     comm.allreduce_in_place(&mut one, ReduceOp::Sum)?;
     if one[0] != comm.size() as f64 {
-        return Err(hcomm::Error::Internal(format!(
+        return Err(hcomm::Error::internal(format!(
             "the all-reduce of ones gave {} on {} ranks",
             one[0],
             comm.size()

@@ -103,10 +103,19 @@ fn fault_to_error(transport: &str, pending: &str, timeout: &str, sig: libc::c_in
                 status[r].success(),
                 "rank {r} ({transport}, {pending}):\n{text}"
             );
-            job.output[r]
+            let line = job.output[r]
                 .iter()
-                .find_map(|l| l.strip_prefix("lost ")?.split(' ').next()?.parse().ok())
-                .unwrap_or_else(|| panic!("rank {r} printed no loss:\n{text}"))
+                .find_map(|l| l.strip_prefix("lost "))
+                .unwrap_or_else(|| panic!("rank {r} printed no loss:\n{text}"));
+            // A lost peer is named in the error's peer field: the killed rank.
+            assert!(
+                !line.contains("PeerLost") || line.contains("PeerLost world rank 1: "),
+                "rank {r}: {line}"
+            );
+            line.split(' ')
+                .next()
+                .and_then(|at| at.parse().ok())
+                .unwrap_or_else(|| panic!("rank {r}: no time in {line:?}"))
         })
         .collect();
     let since = |t: u128| -> Vec<Duration> {

@@ -27,7 +27,7 @@ use crate::coll::schedule::Schedule;
 use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::observe::OpKind;
 use crate::p2p::lease::{Lease, Loan, Part};
 use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target, ANY_PEER};
@@ -304,7 +304,7 @@ impl Request {
                 any,
             } => {
                 let Some(mut l) = loan.take() else {
-                    return Err(Error::Internal("the request was already collected".into()));
+                    return Err(Error::internal("the request was already collected"));
                 };
                 let r = match result.take() {
                     Some(r) => r,
@@ -326,8 +326,8 @@ impl Request {
             }
             RequestInner::Task { handle, .. } => match handle.take().map(|h| h.join()) {
                 Some(Ok(r)) => r,
-                Some(Err(_)) => Err(Error::Internal("a nonblocking collective panicked".into())),
-                None => Err(Error::Internal("the request was already collected".into())),
+                Some(Err(_)) => Err(Error::internal("a nonblocking collective panicked")),
+                None => Err(Error::internal("the request was already collected")),
             },
         }
     }
@@ -557,14 +557,13 @@ impl Communicator {
             (vec![Vec::new()], vec![me], None, None)
         } else {
             let secret = config.job_secret.clone().ok_or_else(|| {
-                Error::Init(
+                Error::init(
                     "HCOMM_JOB_SECRET is not set: give every rank of the job the same secret \
-                     (hcommrun does this for you)"
-                        .into(),
+                     (hcommrun does this for you)",
                 )
             })?;
             let root = config.launch.root_addr.clone().ok_or_else(|| {
-                Error::Init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other".into())
+                Error::init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other")
             })?;
             let (store, bind_err) = if rank == 0 {
                 host_store(&root, &secret)
@@ -574,7 +573,7 @@ impl Communicator {
             let mut client =
                 StoreClient::connect(&root, &secret, config.timeout).map_err(
                     |e| match &bind_err {
-                        Some(b) => Error::Init(format!(
+                        Some(b) => Error::init(format!(
                             "{} (rank 0 could not host the store there either: {b})",
                             e.detail()
                         )),
@@ -583,7 +582,7 @@ impl Communicator {
                 )?;
             let ip = match &config.if_addr {
                 Some(a) => a.parse().map_err(|_| {
-                    Error::InvalidArgument(format!("HCOMM_IFADDR={a:?} is not an IP address"))
+                    Error::invalid_argument(format!("HCOMM_IFADDR={a:?} is not an IP address"))
                 })?,
                 None => client.local_addr().ip(),
             };
@@ -603,7 +602,8 @@ impl Communicator {
                     .ok()
                     .and_then(|s| s.parse().ok())
                     .ok_or_else(|| {
-                        Error::Init(format!("rank {r} published a malformed address"))
+                        Error::init(format!("rank {r} published a malformed address"))
+                            .with_peer(PeerRank::world(r))
                     })?;
                 addrs.push(a);
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -768,7 +768,7 @@ impl Communicator {
                 tag,
                 sig: [0; 2],
             }),
-            None => Err(Error::InvalidArgument(format!(
+            None => Err(Error::invalid_argument(format!(
                 "{what} rank {peer} does not exist: the communicator has {} ranks",
                 self.size()
             ))),
@@ -835,7 +835,7 @@ impl Communicator {
             let len = len?;
             source
                 .map(|source| RecvStatus { source, len })
-                .ok_or_else(|| Error::Internal("a receive from any source has no sender".into()))
+                .ok_or_else(|| Error::internal("a receive from any source has no sender"))
         })
     }
 
@@ -994,10 +994,11 @@ impl Communicator {
             let rt = self.target(self.id | INTERNAL, from, TAG_SPLIT, "split")?;
             let got = self.exchange(st, mine, rt, &mut all[from])?;
             if got != 16 {
-                return Err(Error::Mismatch(format!(
+                return Err(Error::mismatch(format!(
                     "rank {from} sent {got} bytes during communicator creation: ranks are calling \
                      different operations"
-                )));
+                ))
+                .with_peer(PeerRank::ranks(from, self.members[from])));
             }
         }
         Ok(all)
@@ -1054,7 +1055,7 @@ impl Communicator {
         let rank = members
             .iter()
             .position(|&r| r == self.rank)
-            .ok_or_else(|| Error::Internal("this rank is missing from its own split".into()))?;
+            .ok_or_else(|| Error::internal("this rank is missing from its own split"))?;
         Ok(Some(self.derive(id, members, rank)))
     }
 

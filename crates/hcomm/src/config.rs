@@ -312,7 +312,7 @@ impl Config {
 }
 
 fn invalid(name: &str, value: &str, expected: &str) -> Error {
-    Error::InvalidArgument(format!(
+    Error::invalid_argument(format!(
         "{name}={value:?} is not valid: expected {expected}"
     ))
 }
@@ -373,7 +373,7 @@ fn detect_launch(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
         let rank = parse_num::<usize>(rank_var, &rank)?;
         let size = parse_num::<usize>(size_var, &size)?;
         if size == 0 || rank >= size {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{rank_var}={rank} and {size_var}={size}: need 0 <= rank < size"
             )));
         }
@@ -387,7 +387,7 @@ fn detect_launch(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
             (None, _) => None,
         };
         if size > 1 && root_addr.is_none() {
-            return Err(Error::Init(format!(
+            return Err(Error::init(format!(
                 "launched by {launcher:?} with {size} ranks but HCOMM_ROOT_ADDR is not set: \
                  set HCOMM_ROOT_ADDR=host:port (a free port on rank 0's host) and \
                  HCOMM_JOB_SECRET for every rank, or start the job with hcommrun"
@@ -707,7 +707,7 @@ mod tests {
             &mut crate::fuzz::Rng::new(0x0af1_f8bc_062f_318d),
         );
         let e = cfg(&[("HCOMM_TIMEOUT", "1e-10")]).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("HCOMM_TIMEOUT")));
+        assert!(matches!(e, Error::InvalidArgument(ref m) if m.message.contains("HCOMM_TIMEOUT")));
         assert_eq!(
             cfg(&[("HCOMM_TIMEOUT", "1e-9")]).unwrap().timeout,
             Duration::from_nanos(1)
@@ -740,7 +740,7 @@ mod tests {
         if let Some(algo) = vars.get("HCOMM_ALGO") {
             match crate::coll::select::Selector::new(Some(algo), rng.one_in(2)) {
                 Ok(_) => {}
-                Err(Error::InvalidArgument(msg)) => assert!(msg.contains("HCOMM_ALGO")),
+                Err(Error::InvalidArgument(msg)) => assert!(msg.message.contains("HCOMM_ALGO")),
                 Err(e) => panic!("{e}"),
             }
         }

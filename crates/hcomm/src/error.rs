@@ -1,44 +1,142 @@
 //! The one error type of the library.
 //!
 //! Every variant corresponds to one error code of the C API (the `HCOMM_*` codes of
-//! `<hcomm/hcomm.h>`). The message of each variant says what happened, which peer or
-//! operation it concerns, and what to do about it.
+//! `<hcomm/hcomm.h>`) and holds an [`ErrorInfo`]: the message for people, and the facts a
+//! program can act on without reading it — the [`PeerRank`] it concerns, the [`Operation`], the
+//! hcomm error that caused it and the I/O error underneath (its
+//! [`source`](std::error::Error::source)).
 
 use std::fmt;
+use std::io;
+use std::sync::Arc;
 
 /// Result type of every fallible hcomm call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An hcomm error: a code (the variant) and a message for people.
+/// An hcomm error: a code (the variant) and what is known about it ([`ErrorInfo`]).
 ///
 /// Its `Display` is `hcomm <kind>: <message> (see docs/errors.md#<entry>)`: the entry of
 /// [`ErrorCode::doc_entry`] in `docs/errors.md` lists the causes of the code and their fixes.
+/// Match the variant for the code, and the fields (or [`Error::peer`], [`Error::operation`],
+/// [`Error::cause`], [`Error::io_error`]) for the facts; the message is for people.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
     /// Initialization failed: bad launcher environment, store unreachable, handshake refused.
-    Init(String),
+    Init(ErrorInfo),
     /// Memory could not be allocated.
-    NoMem(String),
+    NoMem(ErrorInfo),
     /// A bounded wait ran out (`HCOMM_TIMEOUT`).
-    Timeout(String),
+    Timeout(ErrorInfo),
     /// An argument was invalid (rank out of range, bad tag, bad configuration value).
-    InvalidArgument(String),
+    InvalidArgument(ErrorInfo),
     /// A peer rank died or closed its connection.
-    PeerLost(String),
+    PeerLost(ErrorInfo),
     /// Ranks called different operations, counts, types or roots.
-    Mismatch(String),
+    Mismatch(ErrorInfo),
     /// A message was longer than the receive buffer.
-    Truncated(String),
+    Truncated(ErrorInfo),
     /// A transport (socket, shared memory) failed.
-    Transport(String),
+    Transport(ErrorInfo),
     /// The operation is not supported in this build or configuration.
-    NotSupported(String),
+    NotSupported(ErrorInfo),
     /// The communicator was aborted.
-    Aborted(String),
+    Aborted(ErrorInfo),
     /// A bug in hcomm: please report it.
-    Internal(String),
+    Internal(ErrorInfo),
 }
+
+/// What an [`Error`] says beyond its code.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ErrorInfo {
+    /// The message for people, without the code's words and the pointer to its entry.
+    pub message: String,
+    /// The rank the error concerns, when it concerns one.
+    pub peer: Option<PeerRank>,
+    /// The operation that failed, when known.
+    pub operation: Option<Operation>,
+    /// The hcomm error that led to this one (a lost peer behind an abort), when there is one.
+    pub cause: Option<Arc<Error>>,
+    /// The I/O error underneath, when there is one: [`std::error::Error::source`] returns it.
+    pub io: Option<IoSource>,
+}
+
+/// The rank an error concerns: its world rank (`HCOMM_RANK`, its rank in the job), its rank
+/// in the communicator of the failed call, or both where both are known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct PeerRank {
+    /// The world rank.
+    pub world: Option<usize>,
+    /// The rank in the communicator of the failed call.
+    pub comm: Option<usize>,
+}
+
+impl PeerRank {
+    /// The peer of world rank `rank`.
+    pub fn world(rank: usize) -> PeerRank {
+        PeerRank {
+            world: Some(rank),
+            comm: None,
+        }
+    }
+
+    /// The peer of rank `rank` in the communicator of the call (world rank unknown).
+    pub fn comm(rank: usize) -> PeerRank {
+        PeerRank {
+            world: None,
+            comm: Some(rank),
+        }
+    }
+
+    /// The peer of rank `comm` in the communicator of the call, world rank `world`.
+    pub fn ranks(comm: usize, world: usize) -> PeerRank {
+        PeerRank {
+            world: Some(world),
+            comm: Some(comm),
+        }
+    }
+}
+
+/// The operation an error concerns: its name (`send`, `recv`, `allreduce`, ...) and, for a
+/// collective, its sequence number on the communicator where known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Operation {
+    /// The operation's name: `send`, `recv`, or a collective's name (`allreduce`, ...).
+    pub name: &'static str,
+    /// The collective's sequence number on its communicator (the tag of its messages).
+    pub seq: Option<u64>,
+}
+
+impl Operation {
+    /// The operation `name`, sequence number unknown.
+    pub fn new(name: &'static str) -> Operation {
+        Operation { name, seq: None }
+    }
+
+    /// The collective `name` with sequence number `seq` on its communicator.
+    pub fn seq(name: &'static str, seq: u64) -> Operation {
+        Operation {
+            name,
+            seq: Some(seq),
+        }
+    }
+}
+
+/// The I/O error under an [`Error`], shared so that the error stays `Clone`. Two are equal
+/// when their kinds and messages are.
+#[derive(Debug, Clone)]
+pub struct IoSource(pub Arc<io::Error>);
+
+impl PartialEq for IoSource {
+    fn eq(&self, other: &IoSource) -> bool {
+        self.0.kind() == other.0.kind() && self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for IoSource {}
 
 /// Where the documented error entries live, relative to the repository root.
 pub const ERRORS_DOC: &str = "docs/errors.md";
@@ -67,7 +165,17 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    /// The I/O error underneath, else the hcomm error that caused this one.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let info = self.info();
+        match (&info.io, &info.cause) {
+            (Some(io), _) => Some(&*io.0),
+            (None, Some(cause)) => Some(&**cause),
+            (None, None) => None,
+        }
+    }
+}
 
 /// The numeric codes of the C API, in the order of the `HCOMM_*` codes of `<hcomm/hcomm.h>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,6 +293,98 @@ impl fmt::Display for ErrorCode {
 }
 
 impl Error {
+    /// An [`Error::Init`] saying `message`.
+    pub fn init(message: impl Into<String>) -> Error {
+        Error::Init(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::NoMem`] saying `message`.
+    pub fn no_mem(message: impl Into<String>) -> Error {
+        Error::NoMem(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::Timeout`] saying `message`.
+    pub fn timeout(message: impl Into<String>) -> Error {
+        Error::Timeout(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::InvalidArgument`] saying `message`.
+    pub fn invalid_argument(message: impl Into<String>) -> Error {
+        Error::InvalidArgument(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::PeerLost`] about `peer`, saying `message`.
+    pub fn peer_lost(peer: PeerRank, message: impl Into<String>) -> Error {
+        Error::PeerLost(ErrorInfo::new(message)).with_peer(peer)
+    }
+
+    /// An [`Error::Mismatch`] saying `message`.
+    pub fn mismatch(message: impl Into<String>) -> Error {
+        Error::Mismatch(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::Truncated`] saying `message`.
+    pub fn truncated(message: impl Into<String>) -> Error {
+        Error::Truncated(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::Transport`] saying `message` (see [`Error::transport`] for one over an I/O
+    /// error).
+    pub fn transport_failed(message: impl Into<String>) -> Error {
+        Error::Transport(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::NotSupported`] saying `message`.
+    pub fn not_supported(message: impl Into<String>) -> Error {
+        Error::NotSupported(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::Aborted`] saying `message`.
+    pub fn aborted(message: impl Into<String>) -> Error {
+        Error::Aborted(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::Internal`] saying `message`.
+    pub fn internal(message: impl Into<String>) -> Error {
+        Error::Internal(ErrorInfo::new(message))
+    }
+
+    /// This error, about `peer`.
+    #[must_use]
+    pub fn with_peer(mut self, peer: PeerRank) -> Error {
+        self.info_mut().peer = Some(peer);
+        self
+    }
+
+    /// This error, about operation `op`.
+    #[must_use]
+    pub fn with_operation(mut self, op: Operation) -> Error {
+        self.info_mut().operation = Some(op);
+        self
+    }
+
+    /// This error, caused by the hcomm error `cause`.
+    #[must_use]
+    pub fn with_cause(mut self, cause: Error) -> Error {
+        self.info_mut().cause = Some(Arc::new(cause));
+        self
+    }
+
+    /// This error, over the I/O error `source` (which [`std::error::Error::source`] returns).
+    #[must_use]
+    pub fn with_source(mut self, source: io::Error) -> Error {
+        self.info_mut().io = Some(IoSource(Arc::new(source)));
+        self
+    }
+
+    /// This error with `what` before its message (`"{what}: {message}"`), the facts kept.
+    #[must_use]
+    pub fn prefixed(mut self, what: impl fmt::Display) -> Error {
+        let info = self.info_mut();
+        info.message = format!("{what}: {}", info.message);
+        self
+    }
+
     /// The code of this error, as the C API returns it.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -202,26 +402,163 @@ impl Error {
         }
     }
 
-    /// The message alone, without the code's words and the pointer to its entry: for
-    /// wrapping this error into another one.
-    pub fn detail(&self) -> &str {
+    /// What this error says beyond its code.
+    pub fn info(&self) -> &ErrorInfo {
         match self {
-            Error::Init(m)
-            | Error::NoMem(m)
-            | Error::Timeout(m)
-            | Error::InvalidArgument(m)
-            | Error::PeerLost(m)
-            | Error::Mismatch(m)
-            | Error::Truncated(m)
-            | Error::Transport(m)
-            | Error::NotSupported(m)
-            | Error::Aborted(m)
-            | Error::Internal(m) => m,
+            Error::Init(i)
+            | Error::NoMem(i)
+            | Error::Timeout(i)
+            | Error::InvalidArgument(i)
+            | Error::PeerLost(i)
+            | Error::Mismatch(i)
+            | Error::Truncated(i)
+            | Error::Transport(i)
+            | Error::NotSupported(i)
+            | Error::Aborted(i)
+            | Error::Internal(i) => i,
         }
     }
 
-    /// Wraps an I/O error of a transport, saying what was being done.
-    pub(crate) fn transport(what: impl fmt::Display, err: std::io::Error) -> Error {
-        Error::Transport(format!("{what}: {err}"))
+    fn info_mut(&mut self) -> &mut ErrorInfo {
+        match self {
+            Error::Init(i)
+            | Error::NoMem(i)
+            | Error::Timeout(i)
+            | Error::InvalidArgument(i)
+            | Error::PeerLost(i)
+            | Error::Mismatch(i)
+            | Error::Truncated(i)
+            | Error::Transport(i)
+            | Error::NotSupported(i)
+            | Error::Aborted(i)
+            | Error::Internal(i) => i,
+        }
+    }
+
+    /// The message alone, without the code's words and the pointer to its entry: for
+    /// wrapping this error into another one.
+    pub fn detail(&self) -> &str {
+        &self.info().message
+    }
+
+    /// The rank this error concerns, when it concerns one.
+    pub fn peer(&self) -> Option<PeerRank> {
+        self.info().peer
+    }
+
+    /// The operation that failed, when known.
+    pub fn operation(&self) -> Option<Operation> {
+        self.info().operation
+    }
+
+    /// The hcomm error that led to this one, when there is one.
+    pub fn cause(&self) -> Option<&Error> {
+        self.info().cause.as_deref()
+    }
+
+    /// The I/O error underneath, when there is one.
+    pub fn io_error(&self) -> Option<&io::Error> {
+        self.info().io.as_ref().map(|s| &*s.0)
+    }
+
+    /// Wraps an I/O error of a transport, saying what was being done: the message is
+    /// `"{what}: {err}"`, and `err` is the [`source`](std::error::Error::source).
+    pub(crate) fn transport(what: impl fmt::Display, err: io::Error) -> Error {
+        Error::transport_failed(format!("{what}: {err}")).with_source(err)
+    }
+}
+
+impl fmt::Display for ErrorInfo {
+    /// The message.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl ErrorInfo {
+    /// The facts of an error saying `message`, nothing else known yet.
+    pub fn new(message: impl Into<String>) -> ErrorInfo {
+        ErrorInfo {
+            message: message.into(),
+            ..ErrorInfo::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn shareable<T: Clone + Send + Sync + 'static>() {}
+
+    #[test]
+    fn an_error_is_clone_send_sync() {
+        shareable::<Error>();
+    }
+
+    #[test]
+    fn the_io_source_is_kept_and_returned_by_source() {
+        let io = io::Error::new(io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = Error::transport("reading from world rank 2", io);
+        assert_eq!(
+            e.to_string(),
+            "hcomm transport error: reading from world rank 2: reset by peer (see \
+             docs/errors.md#transport)"
+        );
+        assert_eq!(
+            e.io_error().map(io::Error::kind),
+            Some(io::ErrorKind::ConnectionReset)
+        );
+        let source = e.source().expect("a source");
+        let io = source.downcast_ref::<io::Error>().expect("an io::Error");
+        assert_eq!(io.kind(), io::ErrorKind::ConnectionReset);
+        assert_eq!(e.clone(), e);
+    }
+
+    #[test]
+    fn the_facts_survive_a_prefix_and_the_cause_is_the_source_without_io() {
+        let lost = Error::peer_lost(PeerRank::ranks(1, 5), "world rank 5 is unreachable")
+            .with_operation(Operation::new("recv"));
+        let e = Error::aborted("rank 1 abandoned this collective")
+            .with_peer(PeerRank::comm(1))
+            .with_cause(lost.clone())
+            .with_operation(Operation::seq("allreduce", 3))
+            .prefixed("allreduce(4 x f32 sum) on rank 0");
+        assert_eq!(
+            e.detail(),
+            "allreduce(4 x f32 sum) on rank 0: rank 1 abandoned this collective"
+        );
+        assert_eq!(e.peer(), Some(PeerRank::comm(1)));
+        assert_eq!(e.operation(), Some(Operation::seq("allreduce", 3)));
+        assert_eq!(e.cause(), Some(&lost));
+        assert_eq!(e.io_error().map(io::Error::kind), None);
+        let source = e.source().expect("the cause");
+        assert_eq!(source.downcast_ref::<Error>(), Some(&lost));
+        assert_eq!(lost.peer().and_then(|p| p.world), Some(5));
+        assert_eq!(lost.code(), ErrorCode::PeerLost);
+        assert!(lost.source().is_none());
+    }
+
+    #[test]
+    fn every_constructor_gives_its_code() {
+        let m = "m";
+        let made = [
+            (Error::init(m), ErrorCode::Init),
+            (Error::no_mem(m), ErrorCode::NoMem),
+            (Error::timeout(m), ErrorCode::Timeout),
+            (Error::invalid_argument(m), ErrorCode::InvalidArgument),
+            (Error::peer_lost(PeerRank::world(0), m), ErrorCode::PeerLost),
+            (Error::mismatch(m), ErrorCode::Mismatch),
+            (Error::truncated(m), ErrorCode::Truncated),
+            (Error::transport_failed(m), ErrorCode::Transport),
+            (Error::not_supported(m), ErrorCode::NotSupported),
+            (Error::aborted(m), ErrorCode::Aborted),
+            (Error::internal(m), ErrorCode::Internal),
+        ];
+        for (e, code) in made {
+            assert_eq!(e.code(), code);
+            assert_eq!(e.detail(), "m");
+        }
     }
 }

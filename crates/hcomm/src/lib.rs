@@ -60,7 +60,7 @@ pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, Request};
 pub use comm::{RecvStatus, ANY_SOURCE};
 pub use config::{Config, LaunchInfo, Launcher};
 pub use dtype::{DataType, Element, ReduceOp};
-pub use error::{Error, ErrorCode, Result, ERRORS_DOC};
+pub use error::{Error, ErrorCode, ErrorInfo, IoSource, Operation, PeerRank, Result, ERRORS_DOC};
 pub use p2p::lease::Lease;
 pub use p2p::ProtocolStats;
 pub use topology::{RankInfo, Topology};

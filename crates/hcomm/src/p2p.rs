@@ -56,7 +56,7 @@ mod tests;
 pub(crate) mod wait;
 mod watch;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
@@ -294,6 +294,14 @@ fn rank_name(comm_rank: usize) -> String {
 }
 
 impl Op {
+    /// The operation, for errors.
+    fn operation(&self) -> Operation {
+        match self.kind {
+            OpKind::Send => Operation::new("send"),
+            OpKind::Recv => Operation::new("recv"),
+        }
+    }
+
     fn describe(&self) -> String {
         let t = &self.target;
         match self.kind {
@@ -570,7 +578,9 @@ impl Engine {
         plugin: Option<Lease>,
         cfg: EngineConfig,
     ) -> Result<Engine> {
-        let sys = |what: &str, e: rustix::io::Errno| Error::Init(format!("{what}: {e}"));
+        let sys = |what: &str, e: rustix::io::Errno| {
+            Error::init(format!("{what}: {e}")).with_source(e.into())
+        };
         let epoll =
             epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| sys("epoll_create", e))?;
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
@@ -628,7 +638,8 @@ impl Engine {
                 for (p, link) in links {
                     peer_inboxes.insert(p, (link.peer_inbox(), link.pid, link.cma));
                     let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
-                        Error::Internal(format!("shared-memory link to world rank {p} has no peer"))
+                        Error::internal(format!("shared-memory link to world rank {p} has no peer"))
+                            .with_peer(PeerRank::world(p))
                     })?;
                     peer.shm = Some(ShmPeer {
                         link,
@@ -677,7 +688,8 @@ impl Engine {
                 for link in links.links() {
                     let p = link.peer();
                     let peer = peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| {
-                        Error::Internal(format!("plug-in link to world rank {p} has no peer"))
+                        Error::internal(format!("plug-in link to world rank {p} has no peer"))
+                            .with_peer(PeerRank::world(p))
                     })?;
                     peer.plugin = Some(plugin::PluginPeer::new(Arc::clone(link)));
                     plugin_peers.push(p);
@@ -732,7 +744,9 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("hcomm-progress".into())
             .spawn(move || progress_thread(&bg))
-            .map_err(|e| Error::Init(format!("cannot start the progress thread: {e}")))?;
+            .map_err(|e| {
+                Error::init(format!("cannot start the progress thread: {e}")).with_source(e)
+            })?;
         Ok(Engine {
             shared,
             thread: Some(thread),

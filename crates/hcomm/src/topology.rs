@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 
 /// What one rank tells the others about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,9 +67,10 @@ impl RankInfo {
     /// Decodes what [`RankInfo::encode`] wrote; anything else is an error naming `rank`.
     pub(crate) fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
         let bad = || {
-            Error::Init(format!(
+            Error::init(format!(
                 "rank {rank} published malformed topology information"
             ))
+            .with_peer(PeerRank::world(rank))
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         let fields: Vec<&str> = text.split('\n').collect();
@@ -282,7 +283,7 @@ mod tests {
             assert!(usage.peak <= 8 * input.len() + 1024, "{usage:?}");
             match decoded {
                 Ok(info) => assert_eq!(RankInfo::decode(5, &info.encode()).unwrap(), info),
-                Err(Error::Init(msg)) => assert!(msg.contains("rank 5"), "{msg}"),
+                Err(Error::Init(info)) => assert_eq!(info.peer, Some(PeerRank::world(5)), "{info}"),
                 Err(e) => panic!("{e}"),
             }
             let valid = random_info(rng);

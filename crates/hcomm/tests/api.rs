@@ -33,12 +33,12 @@ fn bad_arguments_are_clear_errors() {
         .allreduce(&[1.0f32; 4], &mut small, ReduceOp::Sum)
         .unwrap_err();
     assert!(
-        matches!(e, Error::InvalidArgument(ref m) if m.contains("receive buffer")),
+        matches!(e, Error::InvalidArgument(ref m) if m.message.contains("receive buffer")),
         "{e}"
     );
     let e = comm.broadcast(&mut small, 3).unwrap_err();
     assert!(
-        matches!(e, Error::InvalidArgument(ref m) if m.contains("root 3")),
+        matches!(e, Error::InvalidArgument(ref m) if m.message.contains("root 3")),
         "{e}"
     );
     let e = comm.send(b"x", 1, 0).unwrap_err();
@@ -53,7 +53,7 @@ fn bad_arguments_are_clear_errors() {
     );
     let e = comm.run_collective(huge, None, &mut []).unwrap_err();
     assert!(
-        matches!(e, Error::InvalidArgument(ref m) if m.contains("out of range")),
+        matches!(e, Error::InvalidArgument(ref m) if m.message.contains("out of range")),
         "{e}"
     );
     let no_counts = Shape::new(
@@ -88,7 +88,7 @@ fn bad_arguments_are_clear_errors() {
         .run_collective(overflow, Some(&[1]), &mut [0])
         .unwrap_err();
     assert!(
-        matches!(e, Error::InvalidArgument(ref m) if m.contains("out of range")),
+        matches!(e, Error::InvalidArgument(ref m) if m.message.contains("out of range")),
         "{e}"
     );
     let wrong_size = Shape::new(CollKind::AllReduce, DataType::Uint8, ReduceOp::Sum, 1, 0, 2);

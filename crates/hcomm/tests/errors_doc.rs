@@ -1,6 +1,6 @@
 //! `docs/errors.md` documents every error code, and every error's message points to its entry.
 
-use hcomm::{Error, ErrorCode, ERRORS_DOC};
+use hcomm::{Error, ErrorCode, ErrorInfo, ERRORS_DOC};
 
 /// The text before the first `## ` heading, and the sections: (heading, body).
 fn sections() -> (String, Vec<(String, String)>) {
@@ -27,17 +27,17 @@ fn sections() -> (String, Vec<(String, String)>) {
 fn one_of_each() -> Vec<Error> {
     let m = || "rank 3 did something".to_string();
     vec![
-        Error::Init(m()),
-        Error::NoMem(m()),
-        Error::Timeout(m()),
-        Error::InvalidArgument(m()),
-        Error::PeerLost(m()),
-        Error::Mismatch(m()),
-        Error::Truncated(m()),
-        Error::Transport(m()),
-        Error::NotSupported(m()),
-        Error::Aborted(m()),
-        Error::Internal(m()),
+        Error::Init(ErrorInfo::new(m())),
+        Error::NoMem(ErrorInfo::new(m())),
+        Error::Timeout(ErrorInfo::new(m())),
+        Error::InvalidArgument(ErrorInfo::new(m())),
+        Error::PeerLost(ErrorInfo::new(m())),
+        Error::Mismatch(ErrorInfo::new(m())),
+        Error::Truncated(ErrorInfo::new(m())),
+        Error::Transport(ErrorInfo::new(m())),
+        Error::NotSupported(ErrorInfo::new(m())),
+        Error::Aborted(ErrorInfo::new(m())),
+        Error::Internal(ErrorInfo::new(m())),
     ]
 }
 

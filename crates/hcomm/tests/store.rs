@@ -147,7 +147,7 @@ fn wait_timeout_is_quick_and_names_the_key() {
     let err = c.wait("never-set", Duration::from_millis(300)).unwrap_err();
     let took = start.elapsed();
     assert!(
-        matches!(err, Error::Timeout(ref m) if m.contains("never-set")),
+        matches!(err, Error::Timeout(ref m) if m.message.contains("never-set")),
         "{err}"
     );
     assert!(
@@ -166,7 +166,7 @@ fn wrong_secret_is_refused_with_init() {
         StoreClient::connect(&addr, b"not-the-secret", T).unwrap_err()
     });
     assert!(
-        matches!(err, Error::Init(ref m) if m.contains("HCOMM_JOB_SECRET")),
+        matches!(err, Error::Init(ref m) if m.message.contains("HCOMM_JOB_SECRET")),
         "{err}"
     );
     // The store is unaffected.
@@ -190,7 +190,7 @@ fn connecting_to_nothing_times_out() {
         StoreClient::connect(&addr, SECRET, Duration::from_millis(300)).unwrap_err()
     });
     assert!(
-        matches!(err, Error::Timeout(ref m) if m.contains(&addr)),
+        matches!(err, Error::Timeout(ref m) if m.message.contains(&addr)),
         "{err}"
     );
 }

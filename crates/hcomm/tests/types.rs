@@ -94,7 +94,7 @@ fn typed() {
     let mut f = [1.0f32; 3];
     let e = comm.allreduce_in_place(&mut f, ReduceOp::BAnd).unwrap_err();
     assert!(
-        matches!(e, Error::InvalidArgument(ref m) if m.contains("band")),
+        matches!(e, Error::InvalidArgument(ref m) if m.message.contains("band")),
         "{e}"
     );
     let mut b = [true; 3];

@@ -286,7 +286,7 @@ def _annotate(e: BaseException, describe: str) -> BaseException:
     if isinstance(e, hcomm.Error):
         try:
             new = type(e)(f"{describe}: {e}")
-            for attr in ("code", "peer"):
+            for attr in ("code", "peer", "comm_peer"):
                 if hasattr(e, attr):
                     setattr(new, attr, getattr(e, attr))
             new.__cause__ = e

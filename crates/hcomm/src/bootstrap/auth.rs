@@ -150,14 +150,13 @@ pub(crate) fn server_handshake_shared(
 
 fn check_args(secret: &[u8], hello: &[u8]) -> Result<()> {
     if secret.is_empty() {
-        return Err(Error::InvalidArgument(
+        return Err(Error::invalid_argument(
             "the job secret is empty: set HCOMM_JOB_SECRET to the same non-empty value for \
-             every rank"
-                .into(),
+             every rank",
         ));
     }
     if hello.len() > MAX_HELLO {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "handshake hello of {} bytes exceeds the limit of {MAX_HELLO} bytes",
             hello.len()
         )));
@@ -213,13 +212,13 @@ fn client_exchange<S: TimedStream + ?Sized>(
     match verdict[0] {
         ACCEPTED => {}
         REFUSED => {
-            return Err(HandshakeError::fatal(Error::Init(format!(
+            return Err(HandshakeError::fatal(Error::init(format!(
                 "authentication with {peer} failed on the client side: the server refused our \
                  proof of the job secret; {SECRET_HINT}"
             ))))
         }
         other => {
-            return Err(HandshakeError::fatal(Error::Init(format!(
+            return Err(HandshakeError::fatal(Error::init(format!(
                 "authentication with {peer} failed on the client side: unknown verdict \
                  {other:#04x} (not an hcomm peer, or a different hcomm version)"
             ))))
@@ -232,7 +231,7 @@ fn client_exchange<S: TimedStream + ?Sized>(
         .mac(secret, SERVER_LABEL)?
         .verify_slice(&server_proof)
         .map_err(|_| {
-            HandshakeError::fatal(Error::Init(format!(
+            HandshakeError::fatal(Error::init(format!(
                 "authentication with {peer} failed on the client side: the server could not \
                  prove it holds the job secret; {SECRET_HINT}"
             )))
@@ -272,7 +271,7 @@ fn server_exchange<S: TimedStream + ?Sized>(
     {
         // Tell the client, so it reports a refusal rather than a lost connection; best effort.
         let _ = write_all_until(stream, &[REFUSED], deadline);
-        return Err(HandshakeError::fatal(Error::Init(format!(
+        return Err(HandshakeError::fatal(Error::init(format!(
             "authentication of {peer} failed on the server side: the client could not prove it \
              holds the job secret; {SECRET_HINT}"
         ))));
@@ -300,7 +299,7 @@ struct Transcript<'a> {
 impl Transcript<'_> {
     fn mac(&self, secret: &[u8], label: &[u8]) -> std::result::Result<HmacSha256, HandshakeError> {
         let mut mac = <HmacSha256 as Mac>::new_from_slice(secret).map_err(|e| {
-            HandshakeError::fatal(Error::Internal(format!("HMAC rejected the key: {e}")))
+            HandshakeError::fatal(Error::internal(format!("HMAC rejected the key: {e}")))
         })?;
         mac.update(label);
         mac.update(self.client_nonce);
@@ -317,7 +316,7 @@ impl Transcript<'_> {
 fn nonce() -> std::result::Result<[u8; NONCE_LEN], HandshakeError> {
     let mut n = [0u8; NONCE_LEN];
     getrandom::fill(&mut n).map_err(|e| {
-        HandshakeError::fatal(Error::Init(format!(
+        HandshakeError::fatal(Error::init(format!(
             "could not get random bytes from the operating system for authentication: {e}"
         )))
     })?;
@@ -345,7 +344,7 @@ fn read_greeting<S: TimedStream + ?Sized>(
 ) -> std::result::Result<([u8; NONCE_LEN], Vec<u8>), HandshakeError> {
     let io = |e: io::Error| io_failure(side, peer, "reading the peer's challenge", e, deadline);
     let protocol = |what: String| {
-        HandshakeError::fatal(Error::Init(format!(
+        HandshakeError::fatal(Error::init(format!(
             "authentication with {peer} failed on the {} side: {what}",
             side.name()
         )))
@@ -395,10 +394,13 @@ fn io_failure(
 ) -> HandshakeError {
     let side = side.name();
     if e.kind() == io::ErrorKind::TimedOut || Instant::now() >= deadline {
-        return HandshakeError::fatal(Error::Timeout(format!(
-            "authentication with {peer} did not complete in time on the {side} side (while \
+        return HandshakeError::fatal(
+            Error::timeout(format!(
+                "authentication with {peer} did not complete in time on the {side} side (while \
              {step}): the peer is slow, stuck or not an hcomm process"
-        )));
+            ))
+            .with_source(e),
+        );
     }
     let closed = matches!(
         e.kind(),
@@ -416,9 +418,10 @@ fn io_failure(
     };
     HandshakeError {
         retryable: closed,
-        error: Error::Init(format!(
+        error: Error::init(format!(
             "authentication with {peer} failed on the {side} side while {step}: {what} ({e})"
-        )),
+        ))
+        .with_source(e),
     }
 }
 
@@ -472,11 +475,11 @@ mod tests {
         let client = client.unwrap_err();
         let server = server.unwrap_err();
         assert!(
-            matches!(client, Error::Init(ref m) if m.contains("client side")),
+            matches!(client, Error::Init(ref m) if m.message.contains("client side")),
             "{client}"
         );
         assert!(
-            matches!(server, Error::Init(ref m) if m.contains("server side")),
+            matches!(server, Error::Init(ref m) if m.message.contains("server side")),
             "{server}"
         );
         assert!(client.to_string().contains("HCOMM_JOB_SECRET"));
@@ -511,7 +514,7 @@ mod tests {
         c.write_all(&msg).unwrap();
         let err = server_handshake(&mut s, b"k", b"", soon()).unwrap_err();
         assert!(
-            matches!(err, Error::Init(ref m) if m.contains("hello claims")),
+            matches!(err, Error::Init(ref m) if m.message.contains("hello claims")),
             "{err}"
         );
     }
@@ -522,7 +525,7 @@ mod tests {
         c.write_all(&[0xAB; GREETING_LEN]).unwrap();
         let err = server_handshake(&mut s, b"k", b"", soon()).unwrap_err();
         assert!(
-            matches!(err, Error::Init(ref m) if m.contains("bad magic")),
+            matches!(err, Error::Init(ref m) if m.message.contains("bad magic")),
             "{err}"
         );
     }

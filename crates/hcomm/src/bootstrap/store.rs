@@ -181,8 +181,8 @@ impl RendezvousStore {
     /// cannot be bound.
     pub fn bind(addr: SocketAddr, secret: &[u8]) -> Result<RendezvousStore> {
         if secret.is_empty() {
-            return Err(Error::InvalidArgument(
-                "the job secret is empty: set HCOMM_JOB_SECRET to a non-empty value".into(),
+            return Err(Error::invalid_argument(
+                "the job secret is empty: set HCOMM_JOB_SECRET to a non-empty value",
             ));
         }
         let listener = listen(addr)?;
@@ -701,8 +701,8 @@ impl StoreClient {
     /// (wrong secret), [`Error::InvalidArgument`] for an unparsable address or empty secret.
     pub fn connect(addr: &str, secret: &[u8], timeout: Duration) -> Result<StoreClient> {
         if secret.is_empty() {
-            return Err(Error::InvalidArgument(
-                "the job secret is empty: set HCOMM_JOB_SECRET to the store's secret".into(),
+            return Err(Error::invalid_argument(
+                "the job secret is empty: set HCOMM_JOB_SECRET to the store's secret",
             ));
         }
         let deadline = deadline_after(timeout);
@@ -715,7 +715,7 @@ impl StoreClient {
             };
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Timeout(format!(
+                return Err(Error::timeout(format!(
                     "could not connect to the rendezvous store at {addr} within {timeout:?} \
                      (last attempt: {why}): check HCOMM_ROOT_ADDR and that the store is running"
                 )));
@@ -756,7 +756,7 @@ impl StoreClient {
             match self.request(OP_WAIT, key, &ms.to_le_bytes(), chunk)? {
                 (ST_OK, value) => return Ok(value),
                 (ST_TIMED_OUT, _) if Instant::now() >= deadline => {
-                    return Err(Error::Timeout(format!(
+                    return Err(Error::timeout(format!(
                         "key {key:?} did not appear in the rendezvous store at {} within \
                          {timeout:?}: a rank is slow, stuck or missing",
                         self.addr
@@ -806,19 +806,19 @@ impl StoreClient {
         extra: Duration,
     ) -> Result<(u8, Vec<u8>)> {
         if key.len() > MAX_KEY {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "store key of {} bytes exceeds the limit of {MAX_KEY} bytes",
                 key.len()
             )));
         }
         if value.len() > MAX_VALUE {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "store value of {} bytes for key {key:?} exceeds the limit of {MAX_VALUE} bytes",
                 value.len()
             )));
         }
         if self.broken {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "the connection to the rendezvous store at {} failed earlier; reconnect",
                 self.addr
             )));
@@ -829,15 +829,17 @@ impl StoreClient {
             self.broken = true;
             let what = format!("{} of key {key:?}", op_name(op));
             match e.kind() {
-                io::ErrorKind::TimedOut => Error::Timeout(format!(
+                io::ErrorKind::TimedOut => Error::timeout(format!(
                     "the rendezvous store at {} did not answer the {what} within {wait:?}",
                     self.addr
-                )),
-                io::ErrorKind::UnexpectedEof => Error::Transport(format!(
+                ))
+                .with_source(e),
+                io::ErrorKind::UnexpectedEof => Error::transport_failed(format!(
                     "the rendezvous store at {} closed the connection during the {what}: the \
                      store stopped or dropped us",
                     self.addr
-                )),
+                ))
+                .with_source(e),
                 _ => Error::transport(format!("rendezvous store at {}: {what}", self.addr), e),
             }
         })
@@ -859,12 +861,12 @@ impl StoreClient {
     fn unexpected(&mut self, op: u8, key: &str, (status, payload): (u8, Vec<u8>)) -> Error {
         let message = String::from_utf8_lossy(&payload).into_owned();
         match status {
-            ST_INVALID => Error::InvalidArgument(message),
-            ST_FULL => Error::NoMem(message),
+            ST_INVALID => Error::invalid_argument(message),
+            ST_FULL => Error::no_mem(message),
             _ => {
                 // The two ends disagree about the protocol: do not trust the stream again.
                 self.broken = true;
-                Error::Transport(format!(
+                Error::transport_failed(format!(
                     "the rendezvous store at {} gave an unexpected reply (status {status}, {} \
                      bytes) to the {} of key {key:?}",
                     self.addr,
@@ -923,7 +925,7 @@ fn attempt(addr: &str, secret: &[u8], io_timeout: Duration, deadline: Instant) -
     let targets: Vec<SocketAddr> = match addr.to_socket_addrs() {
         Ok(t) => t.collect(),
         Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-            return Attempt::Fatal(Error::InvalidArgument(format!(
+            return Attempt::Fatal(Error::invalid_argument(format!(
                 "rendezvous store address {addr:?} is not host:port: {e}"
             )))
         }
@@ -947,7 +949,7 @@ fn attempt(addr: &str, secret: &[u8], io_timeout: Duration, deadline: Instant) -
         match auth::client_handshake_detailed(&stream, secret, STORE_HELLO, deadline) {
             Ok(hello) if hello == STORE_HELLO => {}
             Ok(_) => {
-                return Attempt::Fatal(Error::Init(format!(
+                return Attempt::Fatal(Error::init(format!(
                     "{target} is an hcomm process of this job but not a rendezvous store: check \
                      HCOMM_ROOT_ADDR"
                 )))

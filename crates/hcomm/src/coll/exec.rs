@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::coll::schedule::{Buf, Region, Schedule, Step};
 use crate::dtype::{DataType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::p2p::lease::{Lease, Ops, Part};
 use crate::p2p::{Blocking, Engine, OpId, Target};
 
@@ -43,10 +43,11 @@ pub(crate) struct Call<'a> {
 impl Call<'_> {
     fn target(&self, peer: usize) -> Result<Target> {
         let world = *self.members.get(peer).ok_or_else(|| {
-            Error::Internal(format!(
+            Error::internal(format!(
                 "a schedule names rank {peer} of {}",
                 self.members.len()
             ))
+            .with_peer(PeerRank::comm(peer))
         })?;
         Ok(Target {
             comm: self.comm,
@@ -65,11 +66,7 @@ impl Call<'_> {
             Buf::Scratch => SCRATCH,
             // Tokens move no data.
             Buf::Token if r.len == 0 => SCRATCH,
-            Buf::Token => {
-                return Err(Error::Internal(
-                    "a schedule gives a token region bytes".into(),
-                ))
-            }
+            Buf::Token => return Err(Error::internal("a schedule gives a token region bytes")),
         };
         Ok(Part {
             buf,
@@ -143,8 +140,8 @@ fn run_steps(
             if next == steps.len() {
                 return Ok(());
             }
-            return Err(Error::Internal(
-                "a schedule step waits for nothing that can finish".into(),
+            return Err(Error::internal(
+                "a schedule step waits for nothing that can finish",
             ));
         }
         ids.clear();

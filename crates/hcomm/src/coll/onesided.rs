@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use crate::coll::{algos, CollKind, Group, Shape};
 use crate::config::Backoff;
 use crate::dtype::ReduceOp;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::observe::stall::StallWatch;
 use crate::p2p::lease::Lease;
 use crate::p2p::wait::{Pause, Waiting};
@@ -120,7 +120,7 @@ impl Buffers<'_> {
             Own::Send => self.send.and_then(|s| s.get(..len)),
             Own::Recv(off) => self.out.get(off..off + len),
         };
-        got.ok_or_else(|| Error::Internal("a one-sided contribution outside its buffer".into()))
+        got.ok_or_else(|| Error::internal("a one-sided contribution outside its buffer"))
     }
 }
 
@@ -165,7 +165,7 @@ impl OneSided {
             let seg = name_of(r).and_then(|name| ShmSegment::open(&name, SEG_LEN));
             match (seg, engine.shm_peer_pid(comm.members()[r])) {
                 (_, Some((pid, _))) if pid == std::process::id() => {
-                    failed = Some(Error::Internal(format!("rank {r} runs in this process")));
+                    failed = Some(Error::internal(format!("rank {r} runs in this process")));
                 }
                 (Ok(seg), Some((pid, reach))) => {
                     let _ = seg.unlink_if_last(n as u32);
@@ -174,7 +174,12 @@ impl OneSided {
                     cma &= reach;
                 }
                 (Err(e), _) => failed = Some(e),
-                (_, None) => failed = Some(Error::Internal(format!("no link to rank {r}"))),
+                (_, None) => {
+                    failed = Some(
+                        Error::internal(format!("no link to rank {r}"))
+                            .with_peer(PeerRank::ranks(r, comm.members()[r])),
+                    )
+                }
             }
         }
         let ok = agree(comm, failed.is_none())?;
@@ -490,7 +495,7 @@ impl OneSided {
                     // stays in the caches: reduce straight into the receive buffer.
                     let own = match input {
                         Some(s) => Some(s.get(pos..pos + m).ok_or_else(|| {
-                            Error::Internal("a one-sided contribution outside its buffer".into())
+                            Error::internal("a one-sided contribution outside its buffer")
                         })?),
                         None => None,
                     };
@@ -597,7 +602,7 @@ impl OneSided {
                     &out[pos..pos + block]
                 } else {
                     let own = send.and_then(|s| s.get(..block)).ok_or_else(|| {
-                        Error::Internal("a one-sided contribution outside its buffer".into())
+                        Error::internal("a one-sided contribution outside its buffer")
                     })?;
                     put(&mut out[pos..pos + block], own, stream)?;
                     own
@@ -607,7 +612,7 @@ impl OneSided {
             CollKind::AllGather => {
                 if !shape.in_place {
                     let own = send.and_then(|s| s.get(..block)).ok_or_else(|| {
-                        Error::Internal("a one-sided contribution outside its buffer".into())
+                        Error::internal("a one-sided contribution outside its buffer")
                     })?;
                     put(&mut out[me * block..(me + 1) * block], own, stream)?;
                 }
@@ -636,7 +641,7 @@ impl OneSided {
                 }
             }
             _ => {
-                return Err(Error::Internal(format!(
+                return Err(Error::internal(format!(
                     "{} has no large one-sided algorithm",
                     shape.kind.name()
                 )))
@@ -732,20 +737,23 @@ impl Waiter<'_> {
     /// What a failed read of rank `p`'s memory means: `p` abandoned the call, and may have
     /// freed the buffers once it said so (found by the kill-to-error test: a survivor read a
     /// buffer that another survivor had freed on its way out, and reported `EFAULT`); `p`
-    /// died; or, when neither, the read's own error.
+    /// died; or, when neither, the read's own error. Each names `p` as its peer.
     fn read_failed(&self, p: usize, err: Error) -> Error {
+        let who = PeerRank::ranks(p, self.os.world[p]);
         if matches!(err, Error::PeerLost(_)) {
-            return err;
+            return err.with_peer(who);
         }
         if self.abandoned(p) {
-            return Error::Aborted(format!(
+            return Error::aborted(format!(
                 "rank {p} abandoned this collective after an error while this rank read its \
                  buffers; see that rank's error"
-            ));
+            ))
+            .with_peer(who)
+            .with_cause(err);
         }
         match self.engine.check_peer(self.os.world[p]) {
-            Err(lost) => lost,
-            Ok(()) => err,
+            Err(lost) => lost.with_peer(who),
+            Ok(()) => err.with_peer(who),
         }
     }
 
@@ -794,10 +802,11 @@ impl Waiter<'_> {
                 )
             });
             if now >= deadline {
-                return Err(Error::Timeout(format!(
+                return Err(Error::timeout(format!(
                     "rank {p} has not reached this collective (one-sided call {target}) within \
                      HCOMM_TIMEOUT; it may be stuck, slow, or calling something else"
-                )));
+                ))
+                .with_peer(PeerRank::ranks(p, self.os.world[p])));
             }
             // Look at the peer before each sleep, and do not sleep once the watcher has news
             // from after that look (a peer's connection ended: the peer may be dead).
@@ -811,9 +820,10 @@ impl Waiter<'_> {
             }
             peer?;
             if self.abandoned(p) {
-                return Err(Error::Aborted(format!(
+                return Err(Error::aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"
-                )));
+                ))
+                .with_peer(PeerRank::ranks(p, self.os.world[p])));
             }
             if ready() {
                 return Ok(());
@@ -840,19 +850,21 @@ fn check_peer_call(
     len: u64,
 ) -> Result<()> {
     if theirs != sig {
-        return Err(Error::Mismatch(format!(
+        return Err(Error::mismatch(format!(
             "this rank called {} but rank {p} called {}: every rank must call the same \
              collectives in the same order with the same type, op, count and root",
             Shape::describe_signature(sig),
             Shape::describe_signature(theirs)
-        )));
+        ))
+        .with_peer(PeerRank::comm(p)));
     }
     let want = contribution_len(shape, p);
     if len != want as u64 {
-        return Err(Error::Mismatch(format!(
+        return Err(Error::mismatch(format!(
             "rank {p} contributes {len} bytes to {} where {want} were expected",
             Shape::describe_signature(sig)
-        )));
+        ))
+        .with_peer(PeerRank::comm(p)));
     }
     Ok(())
 }

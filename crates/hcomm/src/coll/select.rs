@@ -46,19 +46,19 @@ impl Selector {
             .filter(|s| !s.is_empty())
         {
             let (coll, name) = item.split_once(':').ok_or_else(|| {
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(format!(
                     "HCOMM_ALGO entry {item:?} is not collective:algorithm (e.g. allreduce:ring)"
                 ))
             })?;
             let kind = CollKind::from_name(coll.trim()).ok_or_else(|| {
                 let valid: Vec<&str> = CollKind::ALL.iter().map(|k| k.name()).collect();
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(format!(
                     "HCOMM_ALGO names an unknown collective {coll:?}; valid: {}",
                     valid.join(", ")
                 ))
             })?;
             let alg = algos::by_name(kind, name.trim()).ok_or_else(|| {
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(format!(
                     "HCOMM_ALGO: {:?} is not an algorithm of {}; valid: {}",
                     name.trim(),
                     kind.name(),

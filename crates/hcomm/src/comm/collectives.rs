@@ -11,7 +11,7 @@ use crate::coll::onesided::OneSided;
 use crate::coll::schedule::{Schedule, Step};
 use crate::coll::{exec, Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::observe::stats::{self, proto};
 use crate::observe::{OpKind, OpScope};
 use crate::p2p::lease::Lease;
@@ -229,9 +229,10 @@ impl Communicator {
                 })
             })
             .map_err(|e| {
-                Error::NoMem(format!(
+                Error::no_mem(format!(
                     "cannot start a thread for a nonblocking {name}: {e}"
                 ))
+                .with_source(e)
             })?;
         Ok(Request {
             inner: RequestInner::Task {
@@ -251,21 +252,21 @@ impl Communicator {
     ) -> Result<(usize, usize)> {
         let name = shape.kind.name();
         if shape.size != self.size() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{name}: the shape is for {} ranks but the communicator has {}",
                 shape.size,
                 self.size()
             )));
         }
         if shape.kind.rooted() && shape.root >= self.size() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{name}: root {} does not exist in a communicator of {} ranks",
                 shape.root,
                 self.size()
             )));
         }
         if shape.kind.reduces() && !shape.op.supports(shape.dtype) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{name}: {} is not defined on {} (the bitwise operations take integers and \
                  bool; avg takes numbers)",
                 shape.op, shape.dtype
@@ -276,7 +277,7 @@ impl Communicator {
             .checked_mul(shape.elem())
             .and_then(|b| b.checked_mul(self.size()));
         if total.is_none_or(|t| t > isize::MAX as usize) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{name}: count {} is out of range",
                 shape.count
             )));
@@ -284,7 +285,9 @@ impl Communicator {
         if matches!(shape.kind, CollKind::AllGatherV | CollKind::AllToAllV) {
             let n = self.size();
             let v = shape.v.as_deref().ok_or_else(|| {
-                Error::InvalidArgument(format!("{name}: the shape has no counts and displacements"))
+                Error::invalid_argument(format!(
+                    "{name}: the shape has no counts and displacements"
+                ))
             })?;
             let lists = [&v.recv_counts, &v.recv_displs];
             let send_lists = [&v.send_counts, &v.send_displs];
@@ -294,7 +297,7 @@ impl Communicator {
                 &lists
             };
             if needed.iter().any(|l| l.len() != n) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{name}: counts and displacements need {n} entries each"
                 )));
             }
@@ -309,14 +312,14 @@ impl Communicator {
             if too_big(&v.recv_counts, &v.recv_displs)
                 || (shape.kind == CollKind::AllToAllV && too_big(&v.send_counts, &v.send_displs))
             {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{name}: a count plus its displacement is out of range"
                 )));
             }
         }
         let need_recv = shape.recv_bytes(self.rank);
         if recv < need_recv {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{name}: the receive buffer holds {recv} bytes but the call needs {need_recv}"
             )));
         }
@@ -324,7 +327,7 @@ impl Communicator {
             Some(len) if !shape.in_place_at(self.rank) => {
                 let need = shape.send_bytes(self.rank);
                 if len < need {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "{name}: the send buffer holds {len} bytes but the call needs {need}"
                     )));
                 }
@@ -396,14 +399,14 @@ impl Communicator {
         if let Some(os) = &plan.onesided {
             return os
                 .run(self, shape, seq, sig, send, recv)
-                .map_err(|e| self.explain(shape, e));
+                .map_err(|e| self.explain(shape, seq, e));
         }
         if plan.tiered {
             let tiers = self.tiers()?;
             let send = send.filter(|_| !shape.in_place).map(Lease::as_slice);
             return tiers
                 .allreduce(shape, send, recv.as_mut_slice()?)
-                .map_err(|e| self.explain(shape, e));
+                .map_err(|e| self.explain(shape, seq, e));
         }
         let deadline = Instant::now() + self.world.config.timeout;
         let call = exec::Call {
@@ -438,32 +441,30 @@ impl Communicator {
                 *s = scratch;
             }
         }
-        result.map_err(|e| self.explain(shape, e))?;
+        result.map_err(|e| self.explain(shape, seq, e))?;
         let has_result = shape.kind != CollKind::Reduce || self.rank == shape.root;
         if shape.kind.reduces() && shape.op == ReduceOp::Avg && has_result {
             let region = shape.output(self.rank, 0, shape.count * shape.elem());
             let out = recv
                 .as_mut_slice()?
                 .get_mut(region.range())
-                .ok_or_else(|| {
-                    Error::Internal("the output lies outside the receive buffer".into())
-                })?;
+                .ok_or_else(|| Error::internal("the output lies outside the receive buffer"))?;
             reduce::finish_avg(shape.dtype, out, self.size())?;
         }
         Ok(())
     }
 
-    /// Prefixes an error with the call it interrupted.
-    fn explain(&self, shape: &Shape, e: Error) -> Error {
+    /// Prefixes an error with the call it interrupted (sequence number `seq`), which it
+    /// names as its operation.
+    fn explain(&self, shape: &Shape, seq: u32, e: Error) -> Error {
         let what = format!(
             "{} on rank {}",
             Shape::describe_signature(shape.signature()),
             self.rank
         );
+        let e = e.with_operation(Operation::seq(shape.kind.name(), u64::from(seq)));
         match e {
-            Error::Timeout(m) => Error::Timeout(format!("{what}: {m}")),
-            Error::PeerLost(m) => Error::PeerLost(format!("{what}: {m}")),
-            Error::Transport(m) => Error::Transport(format!("{what}: {m}")),
+            Error::Timeout(_) | Error::PeerLost(_) | Error::Transport(_) => e.prefixed(what),
             other => other,
         }
     }
@@ -481,7 +482,7 @@ impl Communicator {
 
     fn blocks(&self, total: usize, what: &str) -> Result<usize> {
         if total % self.size() != 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{what}: a buffer of {total} elements cannot be cut into {} equal blocks",
                 self.size()
             )));
@@ -577,14 +578,14 @@ impl Communicator {
     ) -> Result<()> {
         let n = self.size();
         if counts.len() != n || displs.len() != n {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "allgatherv: counts and displs need {n} entries, got {} and {}",
                 counts.len(),
                 displs.len()
             )));
         }
         if send.len() != counts[self.rank] {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "allgatherv: rank {} sends {} elements but counts says {}",
                 self.rank,
                 send.len(),
@@ -666,7 +667,7 @@ impl Communicator {
         .iter()
         .any(|&l| l != n)
         {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "alltoallv: counts and displacements need {n} entries each"
             )));
         }
@@ -733,7 +734,7 @@ impl Communicator {
         root: usize,
     ) -> Result<Request> {
         if buf.len() % dtype.size() != 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{}: {} bytes are not a whole number of {} elements",
                 kind.name(),
                 buf.len(),
@@ -815,7 +816,7 @@ impl<'b> Batch<'_, 'b> {
         op: ReduceOp,
     ) -> Result<&mut Self> {
         if buf.len() % dtype.size() != 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "allreduce: {} bytes are not a whole number of {dtype} elements",
                 buf.len()
             )));

@@ -46,7 +46,7 @@ impl Communicator {
     /// `HCOMM_POOL_MAX`, or no pool). See [`PoolBuf`].
     pub fn alloc<T: Element + bytemuck::Pod>(&self, count: usize) -> Result<PoolBuf<T>> {
         let bytes = count.checked_mul(size_of::<T>()).ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "{count} elements of {} bytes: more bytes than can be allocated",
                 size_of::<T>()
             ))

@@ -21,13 +21,13 @@ impl Communicator {
         let mut seen = vec![false; size];
         for &r in ranks {
             if r >= size || std::mem::replace(&mut seen[r], true) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "subset: ranks {ranks:?} repeat a rank or name one outside 0..{size}"
                 )));
             }
         }
         let rank = ranks.iter().position(|&r| r == self.rank).ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "subset: rank {} is not among the ranks {ranks:?}",
                 self.rank
             ))

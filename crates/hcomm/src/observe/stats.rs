@@ -292,7 +292,7 @@ impl StatsMapping {
         let stat = rustix::fs::fstat(&fd)
             .map_err(|e| Error::transport(format_args!("cannot stat {what}"), e.into()))?;
         if u64::try_from(stat.st_size).ok() != Some(len as u64) {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "{what} is {} bytes long, expected {len}: it belongs to another version of hcomm",
                 stat.st_size
             )));
@@ -311,7 +311,7 @@ impl StatsMapping {
         }
         .map_err(|e| Error::transport(format_args!("cannot map {what}"), e.into()))?;
         let base = NonNull::new(p.cast())
-            .ok_or_else(|| Error::Internal(format!("mapping {what} gave a null address")))?;
+            .ok_or_else(|| Error::internal(format!("mapping {what} gave a null address")))?;
         Ok(StatsMapping {
             base,
             _fd: keep.then_some(fd),
@@ -659,7 +659,7 @@ impl StatsReader {
         };
         let h = &r.layout().header;
         if h.magic.load(Ordering::Acquire) != STATS_MAGIC || h.version != STATS_VERSION {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "{} has magic {:#x} version {}, expected {STATS_MAGIC:#x} version \
                  {STATS_VERSION}: it belongs to another version of hcomm",
                 r.path,

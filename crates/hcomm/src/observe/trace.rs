@@ -118,10 +118,11 @@ pub(crate) fn finish() {
 fn write(s: &Sink) -> Result<()> {
     let json = render(s);
     std::fs::write(&s.path, json).map_err(|e| {
-        Error::InvalidArgument(format!(
+        Error::invalid_argument(format!(
             "HCOMM_TRACE: cannot write the trace {}: {e}",
             s.path
         ))
+        .with_source(e)
     })
 }
 

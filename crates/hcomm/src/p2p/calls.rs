@@ -1,7 +1,7 @@
 //! Collective calls: their signatures, mismatches between ranks, aborted calls and aborted
 //! communicators.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::{FrameHeader, FrameKind, FLAG_COMM_ABORT, FLAG_MISMATCH};
 use std::sync::atomic::Ordering;
@@ -109,9 +109,8 @@ impl Engine {
         {
             let mut st = lock(&self.shared.state);
             for comm in comms {
-                let err = Error::Aborted(
-                    "this rank aborted the communicator (Communicator::abort, hcommCommAbort)"
-                        .into(),
+                let err = Error::aborted(
+                    "this rank aborted the communicator (Communicator::abort, hcommCommAbort)",
                 );
                 st.abort_comm(comm, err);
             }
@@ -138,13 +137,14 @@ impl State {
         let Some(op) = self.ops.get(&id) else { return };
         let t = op.target;
         let describe = self.cfg.describe;
-        let err = Error::Mismatch(format!(
+        let err = Error::mismatch(format!(
             "this rank called {} but rank {} called {}: every rank must call the same \
              collectives in the same order with the same type, op, count and root",
             describe(t.sig),
             t.comm_rank,
             describe(theirs)
-        ));
+        ))
+        .with_peer(PeerRank::ranks(t.comm_rank, t.peer));
         self.complete(id, Err(err));
         self.send_abort(t, true, None);
     }
@@ -179,29 +179,35 @@ impl State {
     ) -> Error {
         let describe = self.cfg.describe;
         if let (true, false, Some(l)) = (sig == t.sig, mismatch, lost) {
-            Error::PeerLost(format!(
-                "world rank {l} is unreachable: world rank {peer} abandoned {} on losing it; \
-                 look at the output of world rank {l} (did it exit or crash?)",
-                describe(sig)
-            ))
+            Error::peer_lost(
+                PeerRank::world(l),
+                format!(
+                    "world rank {l} is unreachable: world rank {peer} abandoned {} on losing \
+                     it; look at the output of world rank {l} (did it exit or crash?)",
+                    describe(sig)
+                ),
+            )
         } else if sig == t.sig && mismatch {
-            Error::Mismatch(format!(
+            Error::mismatch(format!(
                 "world rank {peer} abandoned {} because ranks called mismatched collectives; \
                  see the first mismatch error of the ranks",
                 describe(sig)
             ))
+            .with_peer(PeerRank::world(peer))
         } else if sig == t.sig {
-            Error::Aborted(format!(
+            Error::aborted(format!(
                 "world rank {peer} abandoned {} after an error; see that rank's error",
                 describe(sig)
             ))
+            .with_peer(PeerRank::world(peer))
         } else {
-            Error::Mismatch(format!(
+            Error::mismatch(format!(
                 "this rank called {} but world rank {peer} called {}: every rank must call the \
                  same collectives in the same order with the same type, op, count and root",
                 describe(t.sig),
                 describe(sig)
             ))
+            .with_peer(PeerRank::world(peer))
         }
     }
 
@@ -219,12 +225,13 @@ impl State {
             return;
         };
         let describe = self.cfg.describe;
-        let err = Error::Mismatch(format!(
+        let err = Error::mismatch(format!(
             "this rank called {} but world rank {peer} called {}: every rank must call the same \
              collectives in the same order with the same type, op, count and root",
             describe(ours),
             describe(hdr.sig)
-        ));
+        ))
+        .with_peer(PeerRank::world(peer));
         self.fail_call(hdr.comm, hdr.tag, err);
         let t = Target {
             comm: hdr.comm,
@@ -323,13 +330,14 @@ impl State {
             None,
         );
         let describe = self.cfg.describe;
-        Err(Error::Mismatch(format!(
+        Err(Error::mismatch(format!(
             "this rank called {} but world rank {} called {}: every rank must call the same \
              collectives in the same order with the same type, op, count and root",
             describe(sig),
             key.peer,
             describe(theirs)
-        )))
+        ))
+        .with_peer(PeerRank::world(key.peer)))
     }
 
     /// The error of an earlier call on `comm` that turned out mismatched after it returned,

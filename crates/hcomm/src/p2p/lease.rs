@@ -213,7 +213,7 @@ impl<'a> Lease<'a> {
 }
 
 fn read_only(len: usize) -> Error {
-    Error::InvalidArgument(format!(
+    Error::invalid_argument(format!(
         "a read-only buffer of {len} bytes was given where hcomm writes (a receive buffer, \
          or an in-place call)"
     ))
@@ -319,9 +319,7 @@ impl Engine {
     /// removed either way.
     pub(crate) fn wait_loan(&self, loan: &mut Loan, deadline: Instant) -> Result<usize> {
         if !loan.live {
-            return Err(Error::Internal(
-                "the operation was already collected".into(),
-            ));
+            return Err(Error::internal("the operation was already collected"));
         }
         let r = self.wait(loan.id, deadline);
         loan.live = false;
@@ -452,14 +450,14 @@ impl Ops<'_> {
     /// buffer is writable; and that no live operation holds any of it in a way that clashes.
     fn range(&self, p: Part, writes: bool) -> Result<(*mut u8, usize, usize)> {
         let span = self.bufs.get(p.buf).ok_or_else(|| {
-            Error::Internal(format!(
+            Error::internal(format!(
                 "a collective names buffer {} of {}",
                 p.buf,
                 self.bufs.len()
             ))
         })?;
         if p.off.checked_add(p.len).is_none_or(|end| end > span.len) {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "a collective names bytes {}..{} of a {}-byte buffer",
                 p.off,
                 p.off.saturating_add(p.len),
@@ -472,8 +470,8 @@ impl Ops<'_> {
         let start = span.base as usize + p.off;
         let end = start + p.len;
         if p.len > 0 && self.live.iter().any(|h| h.clashes(start, end, writes)) {
-            return Err(Error::Internal(
-                "a collective step touches bytes that an unfinished transfer holds".into(),
+            return Err(Error::internal(
+                "a collective step touches bytes that an unfinished transfer holds",
             ));
         }
         Ok((span.base.wrapping_add(p.off), start, end))
@@ -526,8 +524,8 @@ impl Ops<'_> {
     /// Copies `src` to `dst` (they may overlap).
     pub(crate) fn copy(&mut self, dst: Part, src: Part) -> Result<()> {
         if dst.len != src.len {
-            return Err(Error::Internal(
-                "a collective copies between regions of different sizes".into(),
+            return Err(Error::internal(
+                "a collective copies between regions of different sizes",
             ));
         }
         let (d, _, _) = self.range(dst, true)?;
@@ -552,9 +550,7 @@ impl Ops<'_> {
         let (d, d0, d1) = self.range(dst, true)?;
         let (s, s0, s1) = self.range(src, false)?;
         if dst.len > 0 && src.len > 0 && d0 < s1 && s0 < d1 {
-            return Err(Error::Internal(
-                "a collective reduces a region into itself".into(),
-            ));
+            return Err(Error::internal("a collective reduces a region into itself"));
         }
         if dst.len == 0 && src.len == 0 {
             return reduce::reduce_into(dtype, op, &mut [], &[]);

@@ -10,7 +10,7 @@
 use std::hash::Hash;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorInfo, PeerRank, Result};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 
@@ -200,23 +200,28 @@ impl State {
             }
             others += 1;
             let Some(Some(p)) = self.peers.get(w) else {
-                return Err(Error::Internal(format!("no link to world rank {w}")));
+                return Err(Error::internal(format!("no link to world rank {w}")));
             };
             if let Some(why) = &p.lost {
                 if !p.closed {
-                    return Err(Error::PeerLost(format!(
-                        "recv from any rank (tag {}) failed: rank {r} of the communicator is                          lost, and it may have been the sender: {why}",
-                        t.tag
-                    )));
+                    return Err(Error::peer_lost(
+                        PeerRank::ranks(r, w),
+                        format!(
+                            "recv from any rank (tag {}) failed: rank {r} of the communicator is lost, \
+                             and it may have been the sender: {why}",
+                            t.tag
+                        ),
+                    ));
                 }
                 gone += 1;
             }
         }
         if others > 0 && gone == others {
-            return Err(Error::PeerLost(format!(
-                "recv from any rank (tag {}) failed: every other rank of the communicator has                  finalized, so none can send",
+            return Err(Error::PeerLost(ErrorInfo::new(format!(
+                "recv from any rank (tag {}) failed: every other rank of the communicator has \
+                 finalized, so none can send",
                 t.tag
-            )));
+            ))));
         }
         Ok(())
     }

@@ -166,7 +166,7 @@ impl Links {
                 || format!("starting as rank {rank} of {size}"),
                 |p| p.init(rank, size),
             )
-            .map_err(Error::Init)?;
+            .map_err(Error::init)?;
         let mut links = Links {
             common,
             links: Vec::new(),
@@ -187,7 +187,9 @@ impl Links {
                 let thread = std::thread::Builder::new()
                     .name(format!("hcomm-{role}-{peer}"))
                     .spawn(move || body(&common, &link))
-                    .map_err(|e| Error::Init(format!("cannot start a plug-in thread: {e}")))?;
+                    .map_err(|e| {
+                        Error::init(format!("cannot start a plug-in thread: {e}")).with_source(e)
+                    })?;
                 links.threads.push(thread);
             }
         }

@@ -2,7 +2,7 @@
 //! the background thread, and what a peer's loss does.
 
 use crate::config::Backoff;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::{
     FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_DISCARD, FLAG_MISMATCH,
@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use super::requests::{dest_slice, truncated};
 use super::wait::poll;
 use super::{
-    Dest, Engine, MatchKey, Op, OpId, Peer, ReadEnd, RxState, Shared, State, UnexpectedKind,
-    WAKE_TOKEN,
+    Dest, Engine, MatchKey, OpId, Peer, ReadEnd, RxState, Shared, State, UnexpectedKind, WAKE_TOKEN,
 };
 
 /// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
@@ -87,7 +86,7 @@ impl Engine {
         st.handle(&events, false);
         match st.peers.get(peer).and_then(Option::as_ref) {
             Some(p) => match &p.lost {
-                Some(why) => Err(Error::PeerLost(why.clone())),
+                Some(why) => Err(Error::peer_lost(PeerRank::world(peer), why.clone())),
                 None => Ok(()),
             },
             None => Ok(()),
@@ -376,10 +375,11 @@ impl State {
             // It only had to wake this rank up.
             FrameKind::Wake => return Ok(None),
             FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
-                let err = Error::Aborted(format!(
+                let err = Error::aborted(format!(
                     "world rank {peer} aborted the communicator (Communicator::abort, \
                      hcommCommAbort); see that rank's output for why"
-                ));
+                ))
+                .with_peer(PeerRank::world(peer));
                 for comm in [hdr.comm, hdr.sig[0], hdr.sig[1]] {
                     self.abort_comm(comm, err.clone());
                 }
@@ -546,8 +546,15 @@ impl State {
                     self.umsgs.remove(uid);
                 }
             }
-            let desc = self.ops.get(&id).map(Op::describe).unwrap_or_default();
-            self.complete(id, Err(Error::PeerLost(format!("{desc} failed: {msg}"))));
+            let Some(op) = self.ops.get(&id) else {
+                continue;
+            };
+            let err = Error::peer_lost(
+                PeerRank::ranks(op.target.comm_rank, peer),
+                format!("{} failed: {msg}", op.describe()),
+            )
+            .with_operation(op.operation());
+            self.complete(id, Err(err));
         }
         self.fail_wildcards(peer);
         self.umsgs.retain(|uid, _| {

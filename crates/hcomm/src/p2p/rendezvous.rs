@@ -145,7 +145,7 @@ impl State {
                 // The sender's process is gone: the peer is lost, for every operation with it
                 // (this one included), not only for this receive; and the call's peers are
                 // told whom this rank lost when it abandons the call.
-                self.fail_peer(peer, why);
+                self.fail_peer(peer, why.message);
                 return;
             }
             self.complete(id, result);

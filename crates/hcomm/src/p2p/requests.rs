@@ -2,7 +2,7 @@
 //! the buffers they name.
 
 use crate::config::Backoff;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::FAST_PAYLOAD;
 use rustc_hash::FxHashMap as HashMap;
@@ -67,11 +67,13 @@ pub(super) fn frame_payload<'a>(f: &'a OutFrame, ops: &'a HashMap<OpId, Op>) -> 
 }
 
 pub(super) fn truncated(op: &Op, len: usize) -> Error {
-    Error::Truncated(format!(
+    Error::truncated(format!(
         "message from rank {} (tag {}) is {} bytes but the receive buffer holds {}: post a \
          larger buffer",
         op.target.comm_rank, op.target.tag, len, op.cap
     ))
+    .with_peer(PeerRank::ranks(op.target.comm_rank, op.target.peer))
+    .with_operation(op.operation())
 }
 
 impl Engine {
@@ -286,9 +288,13 @@ impl State {
         match self.peers.get(t.peer) {
             Some(Some(p)) => match &p.lost {
                 None => Ok(()),
-                Some(why) => Err(Error::PeerLost(why.clone())),
+                Some(why) => Err(Error::peer_lost(
+                    PeerRank::ranks(t.comm_rank, t.peer),
+                    why.clone(),
+                )),
             },
-            _ => Err(Error::Internal(format!("no link to world rank {}", t.peer))),
+            _ => Err(Error::internal(format!("no link to world rank {}", t.peer))
+                .with_peer(PeerRank::ranks(t.comm_rank, t.peer))),
         }
     }
 
@@ -347,7 +353,7 @@ impl State {
     /// Gives up on `id` at its deadline and removes it (see [`State::disentangle`]).
     pub(super) fn time_out(&mut self, id: OpId) -> Error {
         let Some(op) = self.ops.get(&id) else {
-            return Error::Internal("timed out on an unknown operation".into());
+            return Error::internal("timed out on an unknown operation");
         };
         let t = op.target;
         let why = match op.kind {
@@ -358,11 +364,16 @@ impl State {
             ANY_PEER => "no rank has sent a matching message".to_string(),
             r => format!("rank {r} {why}"),
         };
-        let err = Error::Timeout(format!(
+        let err = Error::timeout(format!(
             "{} did not complete within HCOMM_TIMEOUT: {who}; it may be stuck, slow, or calling \
              something else",
             op.describe(),
-        ));
+        ))
+        .with_operation(op.operation());
+        let err = match t.comm_rank {
+            ANY_PEER => err,
+            r => err.with_peer(PeerRank::ranks(r, t.peer)),
+        };
         self.disentangle(id);
         if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);

@@ -5,7 +5,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::{Deadline, Engine, EngineConfig, OpId, Target};
-use crate::error::Error;
+use crate::error::{Error, PeerRank};
 
 /// Largest eager message of these engines: larger ones take the rendezvous.
 const EAGER: usize = 1024;
@@ -132,6 +132,8 @@ fn a_receive_of_another_call_fails_with_a_mismatch_on_both_ranks() {
     let r = recv(&e1, target(0, 4, ours), &mut buf);
     let got = e1.wait(r, Deadline::After(WAIT));
     assert!(matches!(got, Err(Error::Mismatch(_))), "{got:?}");
+    let world = |r: &Result<usize, Error>| r.as_ref().err().and_then(Error::peer)?.world;
+    assert_eq!(world(&got), Some(0), "{got:?}");
     // Rank 0's call was over when the abort came: its next call on the communicator reports
     // it, once.
     let until = Instant::now() + WAIT;
@@ -147,6 +149,7 @@ fn a_receive_of_another_call_fails_with_a_mismatch_on_both_ranks() {
         std::thread::sleep(Duration::from_millis(1));
     };
     assert!(matches!(late, Error::Mismatch(_)), "{late:?}");
+    assert_eq!(late.peer().and_then(|p| p.world), Some(1), "{late:?}");
     assert!(e0.late_error(COMM).is_ok());
 }
 
@@ -156,7 +159,12 @@ fn a_wait_for_a_message_nobody_sends_times_out_and_leaves_nothing_behind() {
     let mut buf = [0u8; 4];
     let r = recv(&e1, target(0, 2, [0; 2]), &mut buf);
     let got = e1.wait(r, Deadline::After(Duration::from_millis(20)));
-    assert!(matches!(got, Err(Error::Timeout(_))), "{got:?}");
+    let Err(e) = got else {
+        panic!("the receive completed: {got:?}")
+    };
+    assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+    assert_eq!(e.peer(), Some(PeerRank::ranks(0, 0)), "{e:?}");
+    assert_eq!(e.operation().map(|o| o.name), Some("recv"), "{e:?}");
     // The timed-out receive is gone: a later message goes to the next receive.
     let data = bytes(4, 5);
     let s = send(&e0, target(1, 2, [0; 2]), &data);
@@ -177,8 +185,15 @@ fn a_peer_that_goes_away_fails_the_operations_waiting_for_it() {
     let r = recv(&e0, target(1, 3, [0; 2]), &mut buf);
     drop(e1);
     let got = e0.wait(r, Deadline::After(WAIT));
-    assert!(matches!(got, Err(Error::PeerLost(_))), "{got:?}");
-    assert!(matches!(e0.check_peer(1), Err(Error::PeerLost(_))));
+    let Err(e) = got else {
+        panic!("the receive completed: {got:?}")
+    };
+    assert!(matches!(e, Error::PeerLost(_)), "{e:?}");
+    assert_eq!(e.peer(), Some(PeerRank::ranks(1, 1)), "{e:?}");
+    assert_eq!(e.operation().map(|o| o.name), Some("recv"), "{e:?}");
+    let lost = e0.check_peer(1).unwrap_err();
+    assert!(matches!(lost, Error::PeerLost(_)), "{lost:?}");
+    assert_eq!(lost.peer(), Some(PeerRank::world(1)), "{lost:?}");
 }
 
 /// A receive from any member of the world of two.
@@ -284,7 +299,10 @@ fn a_wildcard_times_out_naming_no_rank_and_a_longer_message_truncates_it() {
     let r = recv_any(&e1, 2, &mut buf);
     let late = e1.wait(r, Deadline::After(Duration::from_millis(20)));
     match late {
-        Err(Error::Timeout(msg)) => assert!(msg.contains("any rank"), "{msg}"),
+        Err(Error::Timeout(info)) => {
+            assert_eq!(info.peer, None, "a wildcard names no peer: {info:?}");
+            assert!(info.message.contains("any rank"), "{info:?}");
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(e1.take_source(r), None);

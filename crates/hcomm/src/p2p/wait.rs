@@ -3,7 +3,7 @@
 //! doorbell.
 
 use crate::config::Backoff;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 use crate::observe::stall::StallWatch;
 use crate::sync::lock;
 use crate::transport::shm::link::Watch;
@@ -111,7 +111,7 @@ pub(super) fn poll(io: &Io, events: &mut Vec<epoll::Event>, sleep: Duration) -> 
     events.clear();
     match epoll::wait(&io.epoll, spare_capacity(events), Some(&timespec(sleep))) {
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-        Err(e) => Err(Error::Internal(format!("epoll_wait failed: {e}"))),
+        Err(e) => Err(Error::internal(format!("epoll_wait failed: {e}")).with_source(e.into())),
     }
 }
 
@@ -230,15 +230,18 @@ impl Engine {
                     }
                 }
                 if now >= deadline {
-                    let what = ids
-                        .first()
-                        .and_then(|id| st.ops.get(id))
-                        .map(Op::describe)
-                        .unwrap_or_default();
-                    return Err(Error::Timeout(format!(
+                    let op = ids.first().and_then(|id| st.ops.get(id));
+                    let what = op.map(Op::describe).unwrap_or_default();
+                    let err = Error::timeout(format!(
                         "{what} did not complete within HCOMM_TIMEOUT; the peer may be stuck, slow, \
                          or calling something else"
-                    )));
+                    ));
+                    return Err(match op {
+                        Some(op) => err
+                            .with_peer(PeerRank::ranks(op.target.comm_rank, op.target.peer))
+                            .with_operation(op.operation()),
+                        None => err,
+                    });
                 }
                 stall.check(now, || st.awaited(ids));
                 if !blocked && now >= spin_until {

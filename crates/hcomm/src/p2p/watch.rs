@@ -75,13 +75,15 @@ impl Watcher {
         timing: Timing,
     ) -> Result<Watcher> {
         let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(|e| Error::Init(format!("eventfd: {e}")))?;
+            .map_err(|e| Error::init(format!("eventfd: {e}")).with_source(e.into()))?;
         let stop = Arc::new(stop);
         let told = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("hcomm-watch".into())
             .spawn(move || watch(&shared, &told, ends, timing))
-            .map_err(|e| Error::Init(format!("cannot start the watcher thread: {e}")))?;
+            .map_err(|e| {
+                Error::init(format!("cannot start the watcher thread: {e}")).with_source(e)
+            })?;
         Ok(Watcher {
             stop,
             thread: Some(thread),

@@ -84,7 +84,7 @@ pub(crate) fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) -> Result<()
 /// caller. Fails with [`Error::InvalidArgument`] if the lengths differ.
 pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) -> Result<()> {
     if dst.len() != src.len() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "copy of {} bytes into {} bytes",
             src.len(),
             dst.len()
@@ -129,7 +129,7 @@ fn isa() -> Isa {
 /// Checks that two buffers hold the same whole number of `dtype` elements.
 fn check_pair(dtype: DataType, dst: usize, src: usize) -> Result<()> {
     if dst != src {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "reduce of {dtype}: the destination has {dst} bytes but an operand has {src}"
         )));
     }
@@ -141,7 +141,7 @@ fn check_op(dtype: DataType, op: ReduceOp) -> Result<()> {
     if op.supports(dtype) {
         return Ok(());
     }
-    Err(Error::InvalidArgument(format!(
+    Err(Error::invalid_argument(format!(
         "reduce: {op} is not defined on {dtype} (the bitwise operations take integers and \
          bool; avg takes numbers)"
     )))
@@ -150,7 +150,7 @@ fn check_op(dtype: DataType, op: ReduceOp) -> Result<()> {
 fn check_avg(dtype: DataType, len: usize, n: usize) -> Result<()> {
     check_op(dtype, ReduceOp::Avg)?;
     if n == 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "average of {dtype} over 0 contributions"
         )));
     }
@@ -159,7 +159,7 @@ fn check_avg(dtype: DataType, len: usize, n: usize) -> Result<()> {
 
 fn check_whole(dtype: DataType, len: usize) -> Result<()> {
     if len % dtype.size() != 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "reduce of {dtype}: {len} bytes is not a whole number of {}-byte elements",
             dtype.size()
         )));

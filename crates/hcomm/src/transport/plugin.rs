@@ -82,7 +82,7 @@ fn registry() -> MutexGuard<'static, BTreeMap<String, Entry>> {
 pub(crate) fn check_name(name: &str, what: &str) -> Result<()> {
     let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
     if name.is_empty() || name.len() > MAX_NAME || !name.chars().all(ok) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{what} {name:?} is not a transport name: use 1 to {MAX_NAME} letters, digits, \
              '_', '-' or '.'"
         )));
@@ -97,13 +97,13 @@ pub(crate) fn check_name(name: &str, what: &str) -> Result<()> {
 pub fn register(name: &str, plugin: Arc<dyn Plugin>) -> Result<()> {
     check_name(name, "the plug-in name")?;
     if BUILT_IN.contains(&name) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{name:?} is a built-in transport: give the plug-in another name"
         )));
     }
     let mut reg = registry();
     if reg.contains_key(name) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "a transport plug-in named {name:?} is already registered: register each plug-in \
              once, under a name of its own"
         )));
@@ -139,14 +139,14 @@ impl Lease {
                 .join(", ")
         };
         let Some(entry) = reg.get(name) else {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "HCOMM_TRANSPORT={name:?} names no transport: expected one of {} (register a \
                  plug-in with hcommTransportRegister before hcommInit)",
                 known()
             )));
         };
         if entry.in_use {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "the transport plug-in {name:?} already serves another world of this process; \
                  a plug-in serves one world at a time"
             )));

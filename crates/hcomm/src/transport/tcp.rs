@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::bootstrap::auth;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 
 /// A handshake that takes longer than this is dropped, so a silent intruder frees its slot.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
@@ -126,7 +126,9 @@ pub(crate) fn connect_mesh(
                     done,
                 )
             })
-            .map_err(|e| Error::Init(format!("cannot start the accept thread: {e}")))?
+            .map_err(|e| {
+                Error::init(format!("cannot start the accept thread: {e}")).with_source(e)
+            })?
     };
     let result = collect_links(&mut links, &rx, rank, addrs, streams, &secret, deadline);
     // Stop the acceptor on every path, so no thread or listener outlives a failed setup.
@@ -172,7 +174,7 @@ fn collect_links(
                 let missing: Vec<usize> = (rank + 1..size)
                     .filter(|&p| links[p].iter().any(Option::is_none))
                     .collect();
-                return Err(Error::Timeout(format!(
+                return Err(Error::timeout(format!(
                     "rank {rank}: ranks {missing:?} did not connect within HCOMM_TIMEOUT; are \
                      they running, and can they reach this host?"
                 )));
@@ -194,9 +196,10 @@ fn connect_one(
     deadline: Instant,
 ) -> Result<TcpStream> {
     let fail = |what: String| {
-        Error::Init(format!(
+        Error::init(format!(
             "rank {rank} connecting to rank {peer} at {addr}: {what}"
         ))
+        .with_peer(PeerRank::world(peer))
     };
     let hello = Hello {
         rank: rank as u32,
@@ -209,9 +212,10 @@ fn connect_one(
     let (conn, theirs) = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout(format!(
+            return Err(Error::timeout(format!(
                 "rank {rank} could not connect to rank {peer} at {addr} within HCOMM_TIMEOUT"
-            )));
+            ))
+            .with_peer(PeerRank::world(peer)));
         }
         let conn = match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
             Ok(c) => c,
@@ -371,7 +375,7 @@ fn accept_one(
     tune(&conn).map_err(|e| Error::transport("configuring a connection", e))?;
     let theirs = auth::server_handshake(&mut conn, secret, me, deadline)?;
     let h = Hello::decode(&theirs)
-        .ok_or_else(|| Error::Init("malformed hello from an authenticated peer".into()))?;
+        .ok_or_else(|| Error::init("malformed hello from an authenticated peer"))?;
     let (peer, s) = (h.rank as usize, h.stream as usize);
     if h.size as usize != size
         || h.streams as usize != streams
@@ -379,11 +383,12 @@ fn accept_one(
         || peer >= size
         || s >= streams
     {
-        return Err(Error::Init(format!(
+        return Err(Error::init(format!(
             "rank {peer} announced size {} and {} streams (expected a rank above {rank} of {size} \
              with {streams} streams): mixed job settings?",
             h.size, h.streams
-        )));
+        ))
+        .with_peer(PeerRank::world(peer)));
     }
     Ok((peer, s, conn))
 }

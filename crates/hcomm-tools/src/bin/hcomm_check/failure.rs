@@ -81,7 +81,9 @@ pub(super) fn peer_loss(
     let at = unix_ns();
     match err {
         Error::PeerLost(_) | Error::Aborted(_) => {
-            println!("lost {at} {:?}: {err}", err.code());
+            let peer = err.peer().and_then(|p| p.world);
+            let peer = peer.map_or_else(|| "unknown".to_string(), |w| w.to_string());
+            println!("lost {at} {:?} world rank {peer}: {err}", err.code());
         }
         e => bail!("expected PeerLost or Aborted, got {e}"),
     }
@@ -128,7 +130,7 @@ pub(super) fn abort(
             comm.abort()?;
             comm.abort()?;
             match waiter.join() {
-                Ok(Err(Error::Aborted(m))) if m.contains("this rank aborted") => Ok(()),
+                Ok(Err(Error::Aborted(m))) if m.message.contains("this rank aborted") => Ok(()),
                 Ok(other) => bail!("the aborter's other thread got {other:?}, not Aborted"),
                 Err(_) => bail!("the aborter's other thread panicked"),
             }
@@ -154,9 +156,10 @@ pub(super) fn abort(
         },
     };
     let at = unix_ns();
-    let named = format!("world rank {aborter} aborted");
     match &err {
-        Error::Aborted(m) if m.contains(&named) => println!("aborted {at} {:?}: {err}", err.code()),
+        Error::Aborted(m) if m.peer.and_then(|p| p.world) == Some(aborter) => {
+            println!("aborted {at} {:?}: {err}", err.code())
+        }
         e => bail!("expected Aborted naming rank {aborter}, got {e}"),
     }
     later(&comm)?;

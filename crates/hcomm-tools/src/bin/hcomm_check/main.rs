@@ -108,8 +108,9 @@ enum Scenario {
     /// The ranks in --victims are killed while the others wait in a pending operation on
     /// them; the others must fail with PeerLost (or Aborted, when another survivor's abort
     /// reaches them first). Every rank prints `ready <ns>` after the start-up barrier, a victim
-    /// that kills itself `killing <ns>` just before, a survivor `lost <ns> <error>` when its
-    /// operation fails (ns: nanoseconds since the Unix epoch), for kill-to-error latencies.
+    /// that kills itself `killing <ns>` just before, a survivor `lost <ns> <code> world rank
+    /// <peer>: <error>` when its operation fails (ns: nanoseconds since the Unix epoch, for
+    /// kill-to-error latencies; peer: the world rank in the error's peer field, or `unknown`).
     PeerLoss {
         /// World ranks that die.
         #[arg(long, value_delimiter = ',', required = true)]

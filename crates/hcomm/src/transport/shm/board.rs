@@ -245,12 +245,10 @@ impl Board {
     pub(crate) fn new(setup: BoardSetup) -> Result<(Board, Signals)> {
         let n = setup.segs.len();
         if setup.me >= n || setup.world.len() != n || setup.pids.len() != n {
-            return Err(Error::Internal(
-                "a one-sided board of inconsistent sizes".into(),
-            ));
+            return Err(Error::internal("a one-sided board of inconsistent sizes"));
         }
         if let Some(seg) = setup.segs.iter().find(|s| s.len() < SEG_LEN) {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "one-sided segment {} holds {} bytes, not {SEG_LEN}",
                 seg.name(),
                 seg.len()
@@ -258,9 +256,7 @@ impl Board {
         }
         let own = std::process::id();
         if (0..n).any(|p| p != setup.me && setup.pids[p] == own) {
-            return Err(Error::Internal(
-                "a one-sided peer has this process's id".into(),
-            ));
+            return Err(Error::internal("a one-sided peer has this process's id"));
         }
         let segs: Arc<[ShmSegment]> = setup.segs.into();
         let signals = Signals {
@@ -291,7 +287,7 @@ impl Board {
     /// Writes this rank's contribution into the data of slot `slot` (at most [`SLOT`] bytes).
     pub(crate) fn publish_data(&mut self, slot: usize, src: &[u8]) -> Result<()> {
         if src.len() > SLOT {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "a one-sided contribution of {} bytes does not fit a slot",
                 src.len()
             )));
@@ -314,7 +310,7 @@ impl Board {
         call: u64,
     ) -> Result<()> {
         if src.len() > TINY_MAX {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "a tiny one-sided contribution of {} bytes",
                 src.len()
             )));
@@ -365,8 +361,8 @@ impl Board {
     ) -> Result<R> {
         let cap = if tiny { TINY_MAX } else { SLOT };
         if lens.len() != self.segs.len() || lens.iter().any(|&l| l > cap) {
-            return Err(Error::Internal(
-                "one-sided contributions larger than their slots".into(),
+            return Err(Error::internal(
+                "one-sided contributions larger than their slots",
             ));
         }
         let slices: Vec<&[u8]> = (0..lens.len())
@@ -525,7 +521,7 @@ impl Board {
         let current = signals.counter(self.me, Ctr::Seq).load(Ordering::Acquire) == call
             && signals.counter(p, Ctr::Seq).load(Ordering::Acquire) >= call;
         if !current || p == self.me {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "a one-sided write into rank {p} outside the call it published"
             )));
         }
@@ -559,14 +555,12 @@ fn put(dst: &mut [u8], src: &[u8], stream: bool) -> Result<()> {
         dst.copy_from_slice(src);
         Ok(())
     } else {
-        Err(Error::Internal(
-            "a one-sided copy between different sizes".into(),
-        ))
+        Err(Error::internal("a one-sided copy between different sizes"))
     }
 }
 
 fn bad_range(p: usize) -> Error {
-    Error::Internal(format!(
+    Error::internal(format!(
         "a one-sided access beyond the buffer rank {p} published"
     ))
 }

@@ -35,7 +35,7 @@ use std::ptr;
 use rustix::io::Errno;
 use rustix::process::PTracer;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorInfo, Result};
 
 /// Most bytes moved by one `process_vm_readv` / `process_vm_writev` call: larger transfers
 /// take several calls, so one call never pins an unbounded number of pages.
@@ -65,7 +65,7 @@ impl CmaMode {
         match value.trim() {
             "auto" => Ok(CmaMode::Auto),
             "off" => Ok(CmaMode::Off),
-            _ => Err(Error::InvalidArgument(format!(
+            _ => Err(Error::invalid_argument(format!(
                 "{}={value:?} is not valid: expected auto or off",
                 CmaMode::ENV_VAR
             ))),
@@ -126,10 +126,11 @@ pub(crate) fn allow_peer_access() -> Result<()> {
         Ok(()) => Ok(()),
         // No Yama: nothing restricts same-user access beyond the usual ptrace rules.
         Err(Errno::INVAL) => Ok(()),
-        Err(err) => Err(Error::Transport(format!(
+        Err(err) => Err(Error::transport_failed(format!(
             "cannot allow local peers to read this process's memory: \
              prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) failed: {err}; set HCOMM_CMA=off"
-        ))),
+        ))
+        .with_source(err.into())),
     }
 }
 
@@ -309,15 +310,19 @@ impl Failure {
                 || "no progress".to_string(),
                 |e| io::Error::from_raw_os_error(e).to_string(),
             );
-            return Error::PeerLost(format!(
+            let err = Error::PeerLost(ErrorInfo::new(format!(
                 "{what}: the process is exiting; it died during the transfer ({syscall}: {why})"
-            ));
+            )));
+            return match self.errno {
+                Some(e) => err.with_source(io::Error::from_raw_os_error(e)),
+                None => err,
+            };
         }
-        match self.errno {
-            Some(libc::ESRCH) => Error::PeerLost(format!(
+        let err = match self.errno {
+            Some(libc::ESRCH) => Error::PeerLost(ErrorInfo::new(format!(
                 "{what}: the process no longer exists ({syscall}: ESRCH)"
-            )),
-            Some(libc::EPERM) => Error::Transport(format!(
+            ))),
+            Some(libc::EPERM) => Error::transport_failed(format!(
                 "{what}: refused by the kernel ({syscall}: EPERM): this process may not \
                  ptrace that one (another user, a non-dumpable process, a seccomp filter, or \
                  Yama ptrace_scope >= 1 without the peer calling allow_peer_access, i.e. \
@@ -325,24 +330,28 @@ impl Failure {
                  shared memory instead",
                 CmaMode::ENV_VAR
             )),
-            Some(libc::ENOSYS) => Error::Transport(format!(
+            Some(libc::ENOSYS) => Error::transport_failed(format!(
                 "{what}: the kernel has no cross-memory attach ({syscall}: ENOSYS); set {}=off",
                 CmaMode::ENV_VAR
             )),
-            Some(libc::EFAULT) => Error::Transport(format!(
+            Some(libc::EFAULT) => Error::transport_failed(format!(
                 "{what}: bad address ({syscall}: EFAULT): the range is not mapped {} in that \
                  process, or the local buffer is not",
                 op.access()
             )),
-            Some(errno) => Error::Transport(format!(
+            Some(errno) => Error::transport_failed(format!(
                 "{what}: {syscall} failed: {}",
                 io::Error::from_raw_os_error(errno)
             )),
-            None => Error::Transport(format!(
+            None => Error::transport_failed(format!(
                 "{what}: {syscall} made no progress; the range is probably not mapped {} in \
                  that process",
                 op.access()
             )),
+        };
+        match self.errno {
+            Some(e) => err.with_source(io::Error::from_raw_os_error(e)),
+            None => err,
         }
     }
 }
@@ -376,13 +385,13 @@ fn check_args(op: Op, pid: u32, remote_addr: usize, len: usize) -> Result<libc::
         .ok()
         .filter(|&p| p > 0)
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "cross-memory {} in process {pid}: not a process id",
                 op.verb()
             ))
         })?;
     if remote_addr.checked_add(len).is_none() {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "cross-memory {} of {len} bytes at {remote_addr:#x} in process {pid}: bad \
              address, the range wraps around the address space",
             op.verb()
@@ -970,7 +979,7 @@ mod tests {
         let res = read_remote(pid, src, &mut [0u8; 64]);
         match res {
             Err(Error::PeerLost(msg)) => {
-                assert!(msg.contains(&format!("process {pid}")), "{msg}");
+                assert!(msg.message.contains(&format!("process {pid}")), "{msg}");
                 eprintln!("dead child: {msg}");
             }
             // The pid was reused by a new process already: nothing to check.
@@ -1015,7 +1024,7 @@ mod tests {
         ] {
             let err = failure.into_error(Op::Read, pid, 8, 64);
             assert!(
-                matches!(&err, Error::PeerLost(m) if m.contains("exiting")),
+                matches!(&err, Error::PeerLost(m) if m.message.contains("exiting")),
                 "{err}"
             );
         }

@@ -37,7 +37,7 @@ use super::fastbox::{self, FastBox, FastReader, FastWriter};
 use super::futex::EventCount;
 use super::ring::{Consumer, Producer, ShmRing, RING_ALIGN, TAIL_OFFSET};
 use super::segment::{segment_name, ShmSegment};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRank, Result};
 
 /// Bytes of the probe pattern.
 const PROBE_LEN: usize = 64;
@@ -133,9 +133,10 @@ impl Published {
     /// Decodes what [`Published::encode`] wrote; anything else is an error naming `rank`.
     pub(crate) fn decode(rank: usize, bytes: &[u8]) -> Result<Published> {
         let bad = || {
-            Error::Init(format!(
+            Error::init(format!(
                 "rank {rank} published a malformed shared-memory entry"
             ))
+            .with_peer(PeerRank::world(rank))
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         let mut it = text.split(' ');
@@ -265,7 +266,7 @@ impl Inbox {
         let len = locals
             .checked_mul(fastbox::REGION_LEN + ring_bytes)
             .and_then(|n| n.checked_add(RINGS_OFFSET))
-            .ok_or_else(|| Error::InvalidArgument("shared-memory rings too large".into()))?;
+            .ok_or_else(|| Error::invalid_argument("shared-memory rings too large"))?;
         let name = segment_name(&cfg.job_id, rank as u32, "inbox")?;
         let seg = ShmSegment::create(&name, len)?;
         let base = seg.as_ptr();
@@ -448,8 +449,8 @@ mod tests {
                     super::super::segment::validate_name(&p.name).unwrap();
                     assert_eq!(Published::decode(3, &p.encode()).unwrap(), p);
                 }
-                Err(Error::Init(msg)) => assert!(msg.contains("rank 3"), "{msg}"),
-                Err(Error::InvalidArgument(msg)) => assert!(msg.contains("segment name")),
+                Err(Error::Init(info)) => assert_eq!(info.peer, Some(PeerRank::world(3)), "{info}"),
+                Err(Error::InvalidArgument(msg)) => assert!(msg.message.contains("segment name")),
                 Err(e) => panic!("{e}"),
             }
             let valid = random_published(rng);

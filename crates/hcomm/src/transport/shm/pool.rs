@@ -193,14 +193,14 @@ impl PoolMem {
             });
         }
         let layout = Layout::from_size_align(len.max(1), POOL_ALIGN).map_err(|_| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "{len} bytes cannot be allocated: more than the address space allows"
             ))
         })?;
         // SAFETY: the layout's size is not zero.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw)
-            .ok_or_else(|| Error::NoMem(format!("cannot allocate {len} bytes")))?;
+            .ok_or_else(|| Error::no_mem(format!("cannot allocate {len} bytes")))?;
         Ok(PoolMem {
             ptr,
             len,
@@ -446,21 +446,21 @@ impl ShmPool {
             mappers,
         } = config;
         if block_size < SLAB_SIZE || block_size % POOL_ALIGN != 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "shared-memory pool block size {block_size}: must be a multiple of \
                  {POOL_ALIGN} bytes and at least {SLAB_SIZE}"
             )));
         }
         let max_blocks = max_total / block_size;
         if max_blocks == 0 || max_blocks > MAX_BLOCKS {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "shared-memory pool limit {max_total} bytes: must hold between one and \
                  {MAX_BLOCKS} blocks of {block_size} bytes"
             )));
         }
         if mappers == 0 {
-            return Err(Error::InvalidArgument(
-                "shared-memory pool: at least one process (this one) maps each block".into(),
+            return Err(Error::invalid_argument(
+                "shared-memory pool: at least one process (this one) maps each block",
             ));
         }
         // Checks the job id and that the longest block name fits.
@@ -624,11 +624,11 @@ impl ShmPool {
         let Some(live) = st.live.remove(&(ptr as usize)) else {
             drop(st);
             return Err(match self.locate(ptr, 0) {
-                Some((block, offset)) => Error::InvalidArgument(format!(
+                Some((block, offset)) => Error::invalid_argument(format!(
                     "shared-memory pool: {ptr:p} (block {block}, offset {offset}) is not the \
                      start of a live pool allocation: it was freed already or is inside one"
                 )),
-                None => Error::InvalidArgument(format!(
+                None => Error::invalid_argument(format!(
                     "shared-memory pool: {ptr:p} is not pool memory"
                 )),
             });
@@ -694,10 +694,9 @@ impl ShmPool {
 
     fn lock(&self) -> Result<MutexGuard<'_, State>> {
         self.state.lock().map_err(|_| {
-            Error::Internal(
+            Error::internal(
                 "shared-memory pool: a thread panicked inside the allocator; the pool is \
-                 unusable"
-                    .into(),
+                 unusable",
             )
         })
     }
@@ -779,7 +778,7 @@ mod tests {
 
     fn invalid_message(result: Result<()>) -> String {
         match result {
-            Err(Error::InvalidArgument(msg)) => msg,
+            Err(Error::InvalidArgument(info)) => info.message,
             other => panic!("expected an invalid-argument error, got {other:?}"),
         }
     }

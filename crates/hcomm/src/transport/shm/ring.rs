@@ -136,7 +136,7 @@ impl RingLayout {
     pub(crate) fn new(slot_size: usize, slot_count: usize) -> Result<RingLayout> {
         check_slot_size(slot_size)?;
         if !slot_count.is_power_of_two() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "shared-memory ring slot count {slot_count} is not a power of two"
             )));
         }
@@ -145,7 +145,7 @@ impl RingLayout {
             slot_count,
         };
         if layout.checked_region_len().is_none() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "a shared-memory ring of {slot_count} slots of {slot_size} bytes is too large"
             )));
         }
@@ -158,7 +158,7 @@ impl RingLayout {
         check_slot_size(slot_size)?;
         let fits = len.saturating_sub(CONTROL_LEN) / (slot_size + tracking::BYTES_PER_SLOT);
         if fits == 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "a {len}-byte region cannot hold a shared-memory ring of {slot_size}-byte slots: \
                  it needs at least {} bytes",
                 CONTROL_LEN + slot_size + tracking::BYTES_PER_SLOT
@@ -213,7 +213,7 @@ impl RingLayout {
 
 fn check_slot_size(slot_size: usize) -> Result<()> {
     if slot_size == 0 || slot_size % SLOT_ALIGN != 0 || slot_size > MAX_SLOT_SIZE {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "shared-memory ring slot size {slot_size} is not a multiple of {SLOT_ALIGN} \
              between {SLOT_ALIGN} and {MAX_SLOT_SIZE}"
         )));
@@ -223,10 +223,10 @@ fn check_slot_size(slot_size: usize) -> Result<()> {
 
 fn check_region(mem: *mut u8) -> Result<NonNull<u8>> {
     let base = NonNull::new(mem).ok_or_else(|| {
-        Error::InvalidArgument("shared-memory ring region is a null pointer".to_string())
+        Error::invalid_argument("shared-memory ring region is a null pointer".to_string())
     })?;
     if (mem as usize) % RING_ALIGN != 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "shared-memory ring region at {mem:p} is not aligned to {RING_ALIGN} bytes"
         )));
     }
@@ -234,7 +234,7 @@ fn check_region(mem: *mut u8) -> Result<NonNull<u8>> {
 }
 
 fn corrupt(what: fmt::Arguments<'_>) -> Error {
-    Error::Transport(format!(
+    Error::transport_failed(format!(
         "shared-memory ring corrupted: {what}; the peer process broke the ring protocol"
     ))
 }
@@ -301,7 +301,7 @@ impl ShmRing {
     pub(crate) unsafe fn attach(mem: *mut u8, len: usize) -> Result<ShmRing> {
         let base = check_region(mem)?;
         if len < CONTROL_LEN {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "a {len}-byte region is too short to hold a shared-memory ring"
             )));
         }
@@ -309,13 +309,13 @@ impl ShmRing {
         // valid for reads; `init` wrote the header before this call, or nothing writes it.
         let header = unsafe { base.cast::<RingHeader>().read() };
         if header.magic != MAGIC {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "no shared-memory ring at {mem:p}: magic {:#018x}, expected {MAGIC:#018x}",
                 header.magic
             )));
         }
         if header.version != VERSION {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "shared-memory ring version {} where this build speaks version {VERSION}: \
                  every rank of a job must run the same hcomm",
                 header.version
@@ -326,7 +326,7 @@ impl ShmRing {
             .and_then(|count| RingLayout::new(header.slot_size as usize, count).ok())
             .filter(|layout| layout.region_len() <= len)
             .ok_or_else(|| {
-                Error::Transport(format!(
+                Error::transport_failed(format!(
                     "shared-memory ring header says {} slots of {} bytes, which is no valid ring \
                      in a {len}-byte region",
                     header.slot_count, header.slot_size
@@ -489,7 +489,7 @@ impl Producer {
     pub(crate) fn try_push_parts(&mut self, meta: u64, parts: [&[u8]; 2]) -> Result<bool> {
         let len = parts[0].len() + parts[1].len();
         let Some(slots) = self.ring.layout.slots_for(len) else {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "a {len}-byte message does not fit a shared-memory ring that carries at most {} \
                  bytes",
                 self.ring.layout.max_payload()
@@ -715,7 +715,7 @@ impl Message<'_> {
     #[cfg(test)]
     pub(crate) fn copy_to(&self, buf: &mut [u8]) -> Result<usize> {
         let Some(dst) = buf.get_mut(..self.len) else {
-            return Err(Error::Truncated(format!(
+            return Err(Error::truncated(format!(
                 "a {}-byte shared-memory message does not fit a {}-byte buffer",
                 self.len,
                 buf.len()

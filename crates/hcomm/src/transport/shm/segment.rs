@@ -76,12 +76,12 @@ const _: () = assert!(size_of::<SegmentHeader>() <= PAYLOAD_OFFSET);
 pub(crate) fn segment_name(job_id: &str, rank: u32, purpose: &str) -> Result<String> {
     let job_ok = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'.';
     if job_id.is_empty() || !job_id.bytes().all(job_ok) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "shared-memory job id {job_id:?}: use ASCII letters, digits, '_' and '.' only"
         )));
     }
     if purpose.is_empty() || !purpose.bytes().all(is_name_byte) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "shared-memory segment purpose {purpose:?}: use ASCII letters, digits, '_', '.' \
              and '-' only"
         )));
@@ -99,7 +99,7 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
         || name.len() > MAX_NAME_LEN
         || !name.bytes().all(is_name_byte)
     {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "shared-memory segment name {name:?}: must start with {NAME_PREFIX:?}, be at most \
              {MAX_NAME_LEN} bytes long and contain only ASCII letters, digits, '_', '.' and '-'"
         )));
@@ -116,7 +116,7 @@ fn mapping_len(name: &str, len: usize) -> Result<usize> {
     len.checked_add(PAYLOAD_OFFSET)
         .filter(|&n| n <= isize::MAX as usize)
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "shared-memory segment {name}: a payload of {len} bytes is too large"
             ))
         })
@@ -166,10 +166,11 @@ impl ShmSegment {
             Mode::RUSR | Mode::WUSR,
         )
         .map_err(|err| match err {
-            Errno::EXIST => Error::Transport(format!(
+            Errno::EXIST => Error::transport_failed(format!(
                 "shared-memory segment {name} already exists: a job with the same id is \
                  running, or a crashed one left it behind (remove /dev/shm/{name})"
-            )),
+            ))
+            .with_source(err.into()),
             err => os_error(name, "cannot create", err),
         })?;
         let created = Self::init_created(name, &fd, len, map_len);
@@ -191,7 +192,7 @@ impl ShmSegment {
         match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, map_len as u64) {
             Ok(()) | Err(Errno::OPNOTSUPP) => {}
             Err(Errno::NOSPC) => {
-                return Err(Error::NoMem(format!(
+                return Err(Error::no_mem(format!(
                     "shared-memory segment {name}: /dev/shm has no room for {map_len} bytes; \
                      enlarge it (e.g. docker run --shm-size) or use smaller buffers"
                 )))
@@ -233,30 +234,31 @@ impl ShmSegment {
         let fd =
             rustix::shm::open(name, rustix::shm::OFlags::RDWR, Mode::empty()).map_err(|err| {
                 match err {
-                    Errno::NOENT => Error::Transport(format!(
+                    Errno::NOENT => Error::transport_failed(format!(
                         "shared-memory segment {name} does not exist: its creator has not made it \
                      yet, or every rank had already mapped it and it was unlinked"
-                    )),
+                    ))
+                    .with_source(err.into()),
                     err => os_error(name, "cannot open", err),
                 }
             })?;
         let stat = rustix::fs::fstat(&fd).map_err(|err| os_error(name, "cannot stat", err))?;
         let uid = rustix::process::geteuid().as_raw();
         if stat.st_uid != uid {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "shared-memory segment {name} belongs to uid {}, not to this user (uid {uid})",
                 stat.st_uid
             )));
         }
         let mode = stat.st_mode & 0o777;
         if mode != 0o600 {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "shared-memory segment {name} has mode {mode:04o}; hcomm creates its segments \
                  with mode 0600 and refuses others"
             )));
         }
         if u64::try_from(stat.st_size).ok() != Some(map_len as u64) {
-            return Err(Error::Transport(format!(
+            return Err(Error::transport_failed(format!(
                 "shared-memory segment {name} is {} bytes long, expected {map_len} (a \
                  {PAYLOAD_OFFSET}-byte header and {expected_len} bytes of payload): it belongs \
                  to another job or another configuration",
@@ -334,7 +336,7 @@ impl ShmSegment {
         }
         .map_err(|err| os_error(name, &format!("cannot map {map_len} bytes"), err))?;
         let base = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| Error::Internal(format!("mmap of segment {name} returned null")))?;
+            .ok_or_else(|| Error::internal(format!("mmap of segment {name} returned null")))?;
         Ok(ShmSegment {
             name: name.to_owned(),
             base,
@@ -359,19 +361,19 @@ impl ShmSegment {
 fn check_header(name: &str, header: &SegmentHeader, expected_len: usize) -> Result<()> {
     let magic = header.magic.load(Ordering::Acquire);
     if magic == 0 {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "shared-memory segment {name} has no header yet: it was opened before its \
              creator finished setting it up"
         )));
     }
     if magic != SEGMENT_MAGIC {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "shared-memory segment {name} is not an hcomm segment (magic {magic:#018x}, \
              expected {SEGMENT_MAGIC:#018x})"
         )));
     }
     if header.version != SEGMENT_VERSION {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "shared-memory segment {name} has layout version {}, this hcomm speaks version \
              {SEGMENT_VERSION}: every rank of a job must run the same hcomm build (creator \
              pid {})",
@@ -379,7 +381,7 @@ fn check_header(name: &str, header: &SegmentHeader, expected_len: usize) -> Resu
         )));
     }
     if header.header_len as usize != PAYLOAD_OFFSET || header.len != expected_len as u64 {
-        return Err(Error::Transport(format!(
+        return Err(Error::transport_failed(format!(
             "shared-memory segment {name} has a {}-byte header and {} bytes of payload, \
              expected {PAYLOAD_OFFSET} and {expected_len} (creator pid {})",
             header.header_len, header.len, header.creator_pid
@@ -417,7 +419,7 @@ pub(crate) mod tests {
 
     fn transport_message(result: Result<ShmSegment>) -> String {
         match result {
-            Err(Error::Transport(msg)) => msg,
+            Err(Error::Transport(info)) => info.message,
             other => panic!("expected a transport error, got {other:?}"),
         }
     }
@@ -539,7 +541,7 @@ pub(crate) mod tests {
         // Larger than the whole file system: tmpfs refuses it before allocating anything.
         let name = unique_name("huge");
         match ShmSegment::create(&name, (size + (1 << 30)) as usize) {
-            Err(Error::NoMem(msg)) => assert!(msg.contains(&name), "{msg}"),
+            Err(Error::NoMem(msg)) => assert!(msg.message.contains(&name), "{msg}"),
             other => panic!("expected NoMem, got {other:?}"),
         }
         assert!(!dev_shm(&name).exists());
@@ -740,7 +742,7 @@ pub(crate) mod tests {
                 }
                 Err(Error::Transport(msg)) => {
                     assert!(!valid, "refused a good header: {msg}");
-                    assert!(msg.contains("hcomm-fuzz-0-x"), "{msg}");
+                    assert!(msg.message.contains("hcomm-fuzz-0-x"), "{msg}");
                 }
                 Err(e) => panic!("not a transport error: {e}"),
             }

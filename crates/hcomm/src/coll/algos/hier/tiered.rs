@@ -44,7 +44,7 @@ impl<C: Tier> Tiers<C> {
         let me = comm.rank();
         let host = comm
             .split(topo.host_of(me) as i32, me as i32)?
-            .ok_or_else(|| Error::Internal("no host communicator".into()))?;
+            .ok_or_else(|| Error::internal("no host communicator"))?;
         let first = topo.local_rank(me) == 0;
         let leaders = comm.split(if first { 0 } else { -1 }, me as i32)?;
         Ok(Tiers { host, leaders })
@@ -75,11 +75,12 @@ impl<C: Tier> Tiers<C> {
         };
         let out = recv
             .get_mut(..bytes)
-            .ok_or_else(|| Error::Internal("the receive buffer is shorter than the call".into()))?;
+            .ok_or_else(|| Error::internal("the receive buffer is shorter than the call"))?;
         let input = match send.filter(|_| !shape.in_place) {
-            Some(s) => Some(s.get(..bytes).ok_or_else(|| {
-                Error::Internal("the send buffer is shorter than the call".into())
-            })?),
+            Some(s) => Some(
+                s.get(..bytes)
+                    .ok_or_else(|| Error::internal("the send buffer is shorter than the call"))?,
+            ),
             None => None,
         };
         let host_size = self.host.size();
