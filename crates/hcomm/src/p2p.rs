@@ -32,7 +32,7 @@ use std::collections::VecDeque;
 
 // Small integer keys, hashed on every message: Fx is several times faster than SipHash and
 // the keys come from this process, not from peers.
-use rustc_hash::{FxHashMap as HashMap, FxHashSet};
+use rustc_hash::FxHashMap as HashMap;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -49,6 +49,8 @@ mod plugin;
 mod progress;
 mod rendezvous;
 mod requests;
+#[cfg(test)]
+mod sansio_tests;
 mod shm;
 mod tcp;
 #[cfg(test)]
@@ -61,8 +63,11 @@ use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
+use calls::Calls;
 use lease::BufPtr;
+use matching::Matching;
 use progress::progress_thread;
+use rendezvous::Rendezvous;
 use requests::frame_payload;
 use tcp::token;
 use wait::{poll, timespec};
@@ -80,15 +85,11 @@ const RX_BUF: usize = 64 * 1024;
 const MAX_ROUNDS: usize = 64;
 /// epoll token of the wake-up eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
-/// Claims an unexpected message whose data is to be dropped (no operation has this id).
-const DISCARDED: OpId = 0;
 /// While spinning, every this many rounds the waiter asks epoll instead of reading the
 /// awaited peers' sockets directly.
 const DIRECT_READS: u32 = 8;
 /// Direct reads only for waits on this many peers or fewer.
 const MAX_DIRECT_PEERS: usize = 4;
-/// Recent calls remembered for mismatch detection.
-const CALL_MEMORY: usize = 4096;
 /// How long a finalizing rank waits for its peers to close their side of the links.
 const LINGER: Duration = Duration::from_secs(1);
 /// A spinning waiter reads the clock once in this many rounds.
@@ -250,6 +251,18 @@ pub(crate) struct Target {
     pub sig: [u64; 2],
 }
 
+impl Target {
+    /// The matching key of its messages.
+    fn key(&self) -> MatchKey {
+        MatchKey {
+            comm: self.comm,
+            peer: self.peer,
+            tag: self.tag,
+        }
+    }
+}
+
+/// What a message is matched by: communicator id, sender's world rank, tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct MatchKey {
     comm: u64,
@@ -270,9 +283,7 @@ struct Op {
     buf: BufPtr,
     /// Send: message length. Recv: buffer capacity.
     cap: usize,
-    /// Recv: length of the matched message.
-    msg_len: usize,
-    /// Send: frames not yet fully written. Recv (rendezvous): bytes not yet received.
+    /// Send: frames not yet fully written.
     remaining: usize,
     asynchronous: bool,
     /// Buffer of a nonblocking operation whose request was dropped before completion: the
@@ -317,31 +328,6 @@ impl Op {
             ),
         }
     }
-}
-
-#[derive(Debug)]
-enum UnexpectedKind {
-    Eager {
-        data: Vec<u8>,
-        complete: bool,
-    },
-    Rts {
-        msg_id: u64,
-        len: usize,
-        /// Sender's buffer address, when it may be pulled (shared memory).
-        pull: Option<u64>,
-    },
-}
-
-#[derive(Debug)]
-struct Unexpected {
-    /// World rank of the sender.
-    peer: usize,
-    /// Signature the sender gave the message.
-    sig: [u64; 2],
-    kind: UnexpectedKind,
-    /// A receive matched this eager message before all of it arrived.
-    claimed_by: Option<OpId>,
 }
 
 /// Where the payload of the frame being read goes.
@@ -429,7 +415,6 @@ struct Peer {
     /// The transport plug-in, when the world has one: it then carries every frame (the TCP
     /// connection only tells whether the peer is still there).
     plugin: Option<plugin::PluginPeer>,
-    next_msg_id: u64,
     next_data_stream: usize,
     /// The peer said it is finalizing.
     closed: bool,
@@ -496,54 +481,27 @@ struct State {
     counts: Arc<ProtocolCounts>,
     ops: HashMap<OpId, Op>,
     next_op: OpId,
-    posted: HashMap<MatchKey, VecDeque<OpId>>,
-    /// Receives from any source not matched yet, by (communicator, tag), in posting order.
-    /// Operation ids grow as operations are posted, so the lower id of the heads of a
-    /// specific and a wildcard queue is the receive posted first.
-    posted_any: HashMap<(u64, u32), VecDeque<OpId>>,
+    /// Posted receives and unexpected messages.
+    matching: Matching,
     /// The communicator rank each completed receive from any source got its message from,
     /// until its owner asks ([`Engine::take_source`]).
     sources: HashMap<OpId, usize>,
-    unexpected: HashMap<MatchKey, VecDeque<u64>>,
-    umsgs: HashMap<u64, Unexpected>,
-    /// The id of the next unexpected message: ids count arrivals across all peers, so a
-    /// receive from any source takes the held message with the lowest.
-    next_umsg: u64,
-    /// Matched rendezvous receives by (peer, sender's message id).
-    rndv_recv: HashMap<(usize, u64), OpId>,
-    /// Sends waiting for their CTS by (peer, message id).
-    rndv_send: HashMap<(usize, u64), OpId>,
-    /// Abandoned rendezvous receives whose data still arrives: bytes still due.
-    discarding: HashMap<(usize, u64), u64>,
-    /// Abandoned rendezvous sends whose CTS may still arrive.
-    abandoned_sends: FxHashSet<(usize, u64)>,
+    /// Message ids and rendezvous in flight.
+    rndv: Rendezvous,
+    /// Collective calls, mismatches and aborts.
+    calls: Calls,
     /// Operations completed since the last look (to wake other waiters).
     completions: usize,
-    /// Operations `(comm, tag)` a peer abandoned.
-    aborted: HashMap<(u64, u32), Abandoned>,
-    /// The world rank this rank last learned was lost (found itself, or named by a peer's
-    /// notice): named in the notices of calls abandoned over a lost peer.
-    last_lost: Option<usize>,
-    /// Signatures of this rank's recent calls by `(comm, tag)`, oldest first in `call_order`.
-    calls: HashMap<(u64, u32), [u64; 2]>,
-    call_order: VecDeque<(u64, u32)>,
-    /// A mismatch found after this rank's part of a call had finished: reported by the next
-    /// call on that communicator.
-    late: HashMap<u64, Error>,
-    /// Whether `late` holds anything, for a look without the lock.
-    late_news: Arc<AtomicBool>,
     /// A failing peer's ring is being read to its end.
     draining: bool,
     /// The operations whose frames one `flush_shm` wrote (kept to reuse its allocation).
     sent: Vec<OpId>,
-    /// Communicators aborted (by this rank or a peer), with the error of their operations.
-    comm_aborted: HashMap<u64, Error>,
 }
 
 struct Shared {
     state: Mutex<State>,
     counts: Arc<ProtocolCounts>,
-    /// `State::late_news`.
+    /// `Calls::late_news`.
     late_news: Arc<AtomicBool>,
     io: Arc<Io>,
     idle: Mutex<()>,
@@ -563,10 +521,6 @@ pub(crate) struct Engine {
     /// The thread that notices dead and hung peers.
     watcher: Option<watch::Watcher>,
 }
-
-/// How a peer abandoned an operation: its world rank, its signature, whether over a
-/// mismatch, and the world rank it had lost if that was why.
-type Abandoned = (usize, [u64; 2], bool, Option<usize>);
 
 impl Engine {
     /// Takes over the established links (`links[peer]` = its streams, empty for self).
@@ -624,7 +578,6 @@ impl Engine {
                 streams,
                 shm: None,
                 plugin: None,
-                next_msg_id: 0,
                 next_data_stream: 0,
                 closed: false,
                 lost: None,
@@ -681,6 +634,13 @@ impl Engine {
             any_aborted: AtomicBool::new(false),
         });
         let size = peers.len();
+        let limits = rendezvous::Limits {
+            eager: cfg.eager_limit,
+            shm_eager: cfg.shm_eager_limit,
+            shm_pull: cfg.shm_push_threshold,
+        };
+        let rndv = Rendezvous::new(limits, size);
+        let describe = cfg.describe;
         let mut plugin_peers = Vec::new();
         let plugin = match plugin {
             Some(lease) => {
@@ -708,26 +668,13 @@ impl Engine {
                 counts: Arc::clone(&counts),
                 ops: HashMap::default(),
                 next_op: 1,
-                posted: HashMap::default(),
-                posted_any: HashMap::default(),
+                matching: Matching::default(),
                 sources: HashMap::default(),
-                unexpected: HashMap::default(),
-                umsgs: HashMap::default(),
-                next_umsg: 1,
-                rndv_recv: HashMap::default(),
-                rndv_send: HashMap::default(),
-                discarding: HashMap::default(),
-                abandoned_sends: FxHashSet::default(),
+                rndv,
+                calls: Calls::new(describe, Arc::clone(&late_news)),
                 completions: 0,
-                aborted: HashMap::default(),
-                last_lost: None,
-                calls: HashMap::default(),
-                call_order: VecDeque::new(),
-                late: HashMap::default(),
-                late_news: Arc::clone(&late_news),
                 sent: Vec::new(),
                 draining: false,
-                comm_aborted: HashMap::default(),
             }),
             io,
             counts,

@@ -1,41 +1,259 @@
-//! Collective calls: their signatures, mismatches between ranks, aborted calls and aborted
-//! communicators.
+//! Collective calls, sans I/O: their signatures, mismatches between ranks, aborted calls and
+//! aborted communicators.
+//!
+//! [`Calls`] owns this bookkeeping and touches no link or operation: it records the calls
+//! this rank makes and what peers said about theirs, judges arriving messages against them,
+//! and writes the errors; the engine sends the abort frames and fails the operations it names.
 
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::{FrameHeader, FrameKind, FLAG_COMM_ABORT, FLAG_MISMATCH};
-use std::sync::atomic::Ordering;
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use super::matching::remove_from;
+use super::matching::Stranger;
 use super::progress::tell_launcher;
-use super::{
-    Engine, MatchKey, OpId, OutFrame, State, Target, Unexpected, UnexpectedKind, CALL_MEMORY,
-};
+use super::{Engine, OpId, OutFrame, State, Target};
+
+/// Recent calls remembered for mismatch detection.
+const CALL_MEMORY: usize = 4096;
+
+/// How a peer abandoned an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Abandoned {
+    /// Its world rank.
+    pub peer: usize,
+    /// Its signature of the call.
+    pub sig: [u64; 2],
+    /// Over a mismatch.
+    pub mismatch: bool,
+    /// The world rank it had lost, if that was why.
+    pub lost: Option<usize>,
+}
+
+/// The calls of one engine and what is known about them.
+#[derive(Debug)]
+pub(super) struct Calls {
+    /// Describes an operation signature for messages.
+    describe: fn([u64; 2]) -> String,
+    /// Signatures of this rank's recent calls by `(comm, tag)`, oldest first in `order`.
+    calls: HashMap<(u64, u32), [u64; 2]>,
+    order: VecDeque<(u64, u32)>,
+    /// Operations `(comm, tag)` a peer abandoned.
+    aborted: HashMap<(u64, u32), Abandoned>,
+    /// A mismatch found after this rank's part of a call had finished: reported by the next
+    /// call on that communicator.
+    late: HashMap<u64, Error>,
+    /// Whether `late` holds anything, for a look without the engine's lock.
+    late_news: Arc<AtomicBool>,
+    /// Communicators aborted (by this rank or a peer), with the error of their operations.
+    comm_aborted: HashMap<u64, Error>,
+    /// The world rank this rank last learned was lost (found itself, or named by a peer's
+    /// notice): named in the notices of calls abandoned over a lost peer.
+    last_lost: Option<usize>,
+}
+
+impl Calls {
+    /// Bookkeeping that describes signatures with `describe` and raises `late_news` while a
+    /// late error waits.
+    pub(super) fn new(describe: fn([u64; 2]) -> String, late_news: Arc<AtomicBool>) -> Calls {
+        Calls {
+            describe,
+            calls: HashMap::default(),
+            order: VecDeque::new(),
+            aborted: HashMap::default(),
+            late: HashMap::default(),
+            late_news,
+            comm_aborted: HashMap::default(),
+            last_lost: None,
+        }
+    }
+
+    /// Registers this rank's call `(comm, tag)` with signature `sig`. Fails if `comm` was
+    /// aborted or an earlier call on it turned out mismatched after it returned.
+    pub(super) fn begin(&mut self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
+        if let Some(e) = self.aborted_comm(comm) {
+            return Err(e);
+        }
+        self.late_error(comm)?;
+        if self.order.len() >= CALL_MEMORY {
+            if let Some(old) = self.order.pop_front() {
+                self.calls.remove(&old);
+            }
+        }
+        self.calls.insert((comm, tag), sig);
+        self.order.push_back((comm, tag));
+        Ok(())
+    }
+
+    /// This rank's signature of call `(comm, tag)`, while it remembers the call.
+    pub(super) fn ours(&self, comm: u64, tag: u32) -> Option<[u64; 2]> {
+        self.calls.get(&(comm, tag)).copied()
+    }
+
+    /// Forgets call `(comm, tag)`: later news about it no longer concerns this rank. Whether
+    /// it was remembered.
+    pub(super) fn forget(&mut self, comm: u64, tag: u32) -> bool {
+        self.calls.remove(&(comm, tag)).is_some()
+    }
+
+    /// Whether a message belongs to a call this rank made differently.
+    pub(super) fn foreign(&self, hdr: &FrameHeader) -> bool {
+        self.calls
+            .get(&(hdr.comm, hdr.tag))
+            .is_some_and(|ours| *ours != hdr.sig)
+    }
+
+    /// The error of this rank's call `ours` when `who` (e.g. "rank 3") called `theirs`.
+    pub(super) fn mismatch(&self, ours: [u64; 2], who: &str, theirs: [u64; 2]) -> Error {
+        let describe = self.describe;
+        Error::mismatch(format!(
+            "this rank called {} but {who} called {}: every rank must call the same \
+             collectives in the same order with the same type, op, count and root",
+            describe(ours),
+            describe(theirs)
+        ))
+    }
+
+    /// The error of this rank's call `ours` that the call `(comm, tag)` stranger messages
+    /// refuted (see [`super::matching::Matching::strangers`]).
+    pub(super) fn refuted(&self, ours: [u64; 2], first: &Stranger) -> Error {
+        self.mismatch(ours, &format!("world rank {}", first.peer), first.sig)
+            .with_peer(PeerRank::world(first.peer))
+    }
+
+    /// Whether a peer abandoned `t`'s call, and the error of `t` if so; or the error of
+    /// `t`'s communicator if it was aborted.
+    pub(super) fn check(&self, t: &Target) -> Result<()> {
+        if let Some(e) = self.aborted_comm(t.comm) {
+            return Err(e);
+        }
+        // Every operation asks: no hashing while no call was abandoned.
+        if self.aborted.is_empty() {
+            return Ok(());
+        }
+        match self.aborted.get(&(t.comm, t.tag)) {
+            Some(a) => Err(self.abandoned(t.sig, a)),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a peer abandoned call `(comm, tag)`.
+    pub(super) fn is_aborted(&self, comm: u64, tag: u32) -> bool {
+        self.aborted.contains_key(&(comm, tag))
+    }
+
+    /// The error of call `(comm, tag)` if a peer abandoned it, for calls that wait outside
+    /// the engine.
+    pub(super) fn abandoned_call(&self, comm: u64, tag: u32) -> Option<Error> {
+        let a = self.aborted.get(&(comm, tag))?;
+        Some(self.abandoned(self.ours(comm, tag).unwrap_or_default(), a))
+    }
+
+    /// The error of this rank's operation (signature `ours`) that a peer abandoned (`a`).
+    pub(super) fn abandoned(&self, ours: [u64; 2], a: &Abandoned) -> Error {
+        let describe = self.describe;
+        let Abandoned {
+            peer,
+            sig,
+            mismatch,
+            lost,
+        } = *a;
+        if let (true, false, Some(l)) = (sig == ours, mismatch, lost) {
+            Error::peer_lost(
+                PeerRank::world(l),
+                format!(
+                    "world rank {l} is unreachable: world rank {peer} abandoned {} on losing \
+                     it; look at the output of world rank {l} (did it exit or crash?)",
+                    describe(sig)
+                ),
+            )
+        } else if sig == ours && mismatch {
+            Error::mismatch(format!(
+                "world rank {peer} abandoned {} because ranks called mismatched collectives; \
+                 see the first mismatch error of the ranks",
+                describe(sig)
+            ))
+            .with_peer(PeerRank::world(peer))
+        } else if sig == ours {
+            Error::aborted(format!(
+                "world rank {peer} abandoned {} after an error; see that rank's error",
+                describe(sig)
+            ))
+            .with_peer(PeerRank::world(peer))
+        } else {
+            self.mismatch(ours, &format!("world rank {peer}"), sig)
+                .with_peer(PeerRank::world(peer))
+        }
+    }
+
+    /// A peer abandoned call `(comm, tag)` (`a`): remembered for this rank's operations of
+    /// it, now and later; the error of this rank's call if it made it.
+    pub(super) fn on_abort(&mut self, comm: u64, tag: u32, a: Abandoned) -> Option<Error> {
+        if let Some(l) = a.lost {
+            self.last_lost = Some(l);
+        }
+        self.aborted.insert((comm, tag), a);
+        let ours = self.ours(comm, tag)?;
+        Some(self.abandoned(ours, &a))
+    }
+
+    /// World rank `peer` was found lost.
+    pub(super) fn peer_lost(&mut self, peer: usize) {
+        self.last_lost = Some(peer);
+    }
+
+    /// The world rank this rank last learned was lost.
+    pub(super) fn last_lost(&self) -> Option<usize> {
+        self.last_lost
+    }
+
+    /// Keeps `err` for the next call on `comm` (its own call was over when it came).
+    pub(super) fn report_late(&mut self, comm: u64, err: Error) {
+        self.late.entry(comm).or_insert(err);
+        self.late_news.store(true, Ordering::Release);
+    }
+
+    /// The error of an earlier call on `comm` that turned out mismatched after it returned,
+    /// reported once.
+    pub(super) fn late_error(&mut self, comm: u64) -> Result<()> {
+        let Some(e) = self.late.remove(&comm) else {
+            return Ok(());
+        };
+        self.late_news
+            .store(!self.late.is_empty(), Ordering::Release);
+        Err(e)
+    }
+
+    /// The error of every operation on `comm`, if it was aborted.
+    pub(super) fn aborted_comm(&self, comm: u64) -> Option<Error> {
+        if self.comm_aborted.is_empty() {
+            return None;
+        }
+        self.comm_aborted.get(&comm).cloned()
+    }
+
+    /// Communicator `comm` is aborted with `err` (the first error given stays): returns the
+    /// error of its operations.
+    pub(super) fn abort_comm(&mut self, comm: u64, err: Error) -> Error {
+        self.comm_aborted.entry(comm).or_insert(err).clone()
+    }
+}
 
 impl Engine {
     /// An error about call `(comm, tag)` that arrived since it began (a peer's abort, or a
     /// message of this call with another signature), for calls that wait outside the engine.
     pub(crate) fn call_failed(&self, comm: u64, tag: u32) -> Option<Error> {
         let mut st = lock(&self.shared.state);
-        if let Some(e) = st.aborted_comm(comm) {
+        if let Some(e) = st.calls.aborted_comm(comm) {
             return Some(e);
         }
-        if let Err(e) = st.late_error(comm) {
+        if let Err(e) = st.calls.late_error(comm) {
             return Some(e);
         }
-        st.aborted
-            .get(&(comm, tag))
-            .copied()
-            .map(|(peer, sig, mismatch, lost)| {
-                let t = Target {
-                    comm,
-                    peer,
-                    comm_rank: peer,
-                    tag,
-                    sig: st.calls.get(&(comm, tag)).copied().unwrap_or_default(),
-                };
-                st.abandoned(&t, peer, sig, mismatch, lost)
-            })
+        st.calls.abandoned_call(comm, tag)
     }
 
     /// Fails if communicator `comm` was aborted, by this rank or a peer (as far as this rank
@@ -44,7 +262,7 @@ impl Engine {
         if !self.shared.io.any_aborted.load(Ordering::SeqCst) {
             return Ok(());
         }
-        match lock(&self.shared.state).aborted_comm(comm) {
+        match lock(&self.shared.state).calls.aborted_comm(comm) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -56,7 +274,7 @@ impl Engine {
         if !self.shared.late_news.load(Ordering::Acquire) {
             return Ok(());
         }
-        lock(&self.shared.state).late_error(comm)
+        lock(&self.shared.state).calls.late_error(comm)
     }
 
     /// Registers the start of this rank's collective call `(comm, tag)` with signature
@@ -77,7 +295,7 @@ impl Engine {
         let mismatch = matches!(why, Error::Mismatch(_));
         let mut st = lock(&self.shared.state);
         if let Some(t) = targets.first() {
-            st.calls.remove(&(t.comm, t.tag));
+            st.calls.forget(t.comm, t.tag);
         }
         let lost = match why {
             Error::PeerLost(_) => targets
@@ -89,7 +307,7 @@ impl Engine {
                         .and_then(Option::as_ref)
                         .is_some_and(|q| q.lost.is_some() && !q.closed)
                 })
-                .or(st.last_lost),
+                .or(st.calls.last_lost()),
             _ => None,
         };
         let mut told: Vec<usize> = Vec::new();
@@ -136,15 +354,10 @@ impl State {
     pub(super) fn mismatch(&mut self, id: OpId, theirs: [u64; 2]) {
         let Some(op) = self.ops.get(&id) else { return };
         let t = op.target;
-        let describe = self.cfg.describe;
-        let err = Error::mismatch(format!(
-            "this rank called {} but rank {} called {}: every rank must call the same \
-             collectives in the same order with the same type, op, count and root",
-            describe(t.sig),
-            t.comm_rank,
-            describe(theirs)
-        ))
-        .with_peer(PeerRank::ranks(t.comm_rank, t.peer));
+        let err = self
+            .calls
+            .mismatch(t.sig, &format!("rank {}", t.comm_rank), theirs)
+            .with_peer(PeerRank::ranks(t.comm_rank, t.peer));
         self.complete(id, Err(err));
         self.send_abort(t, true, None);
     }
@@ -167,71 +380,16 @@ impl State {
         self.queue(t.peer, 0, OutFrame::control(hdr));
     }
 
-    /// The error of an operation on `t` that world rank `peer` abandoned, having called it as
-    /// `sig` (and having lost world rank `lost`, if that was why).
-    pub(super) fn abandoned(
-        &self,
-        t: &Target,
-        peer: usize,
-        sig: [u64; 2],
-        mismatch: bool,
-        lost: Option<usize>,
-    ) -> Error {
-        let describe = self.cfg.describe;
-        if let (true, false, Some(l)) = (sig == t.sig, mismatch, lost) {
-            Error::peer_lost(
-                PeerRank::world(l),
-                format!(
-                    "world rank {l} is unreachable: world rank {peer} abandoned {} on losing \
-                     it; look at the output of world rank {l} (did it exit or crash?)",
-                    describe(sig)
-                ),
-            )
-        } else if sig == t.sig && mismatch {
-            Error::mismatch(format!(
-                "world rank {peer} abandoned {} because ranks called mismatched collectives; \
-                 see the first mismatch error of the ranks",
-                describe(sig)
-            ))
-            .with_peer(PeerRank::world(peer))
-        } else if sig == t.sig {
-            Error::aborted(format!(
-                "world rank {peer} abandoned {} after an error; see that rank's error",
-                describe(sig)
-            ))
-            .with_peer(PeerRank::world(peer))
-        } else {
-            Error::mismatch(format!(
-                "this rank called {} but world rank {peer} called {}: every rank must call the \
-                 same collectives in the same order with the same type, op, count and root",
-                describe(t.sig),
-                describe(sig)
-            ))
-            .with_peer(PeerRank::world(peer))
-        }
-    }
-
-    /// Whether a message belongs to a call this rank made differently.
-    pub(super) fn foreign(&self, hdr: &FrameHeader) -> bool {
-        self.calls
-            .get(&(hdr.comm, hdr.tag))
-            .is_some_and(|ours| *ours != hdr.sig)
-    }
-
     /// A message of `(comm, tag)` carries another signature than this rank's call: fail the
     /// call (now, or at the next call on the communicator if it is over) and tell the sender.
     pub(super) fn reject_message(&mut self, peer: usize, hdr: &FrameHeader) {
-        let Some(&ours) = self.calls.get(&(hdr.comm, hdr.tag)) else {
+        let Some(ours) = self.calls.ours(hdr.comm, hdr.tag) else {
             return;
         };
-        let describe = self.cfg.describe;
-        let err = Error::mismatch(format!(
-            "this rank called {} but world rank {peer} called {}: every rank must call the same \
-             collectives in the same order with the same type, op, count and root",
-            describe(ours),
-            describe(hdr.sig)
-        ))
-        .with_peer(PeerRank::world(peer));
+        let err = self
+            .calls
+            .mismatch(ours, &format!("world rank {peer}"), hdr.sig)
+            .with_peer(PeerRank::world(peer));
         self.fail_call(hdr.comm, hdr.tag, err);
         let t = Target {
             comm: hdr.comm,
@@ -260,15 +418,14 @@ impl State {
         let mut victims = pending(self, false);
         if victims.is_empty() {
             // Report an over call once, however many peers tell of it.
-            if self.calls.remove(&(comm, tag)).is_none() {
+            if !self.calls.forget(comm, tag) {
                 return;
             }
             // The call is over here: the one running now on the communicator reports it, or
             // else the next one.
             victims = pending(self, true);
             if victims.is_empty() {
-                self.late.entry(comm).or_insert(err);
-                self.late_news.store(true, Ordering::Release);
+                self.calls.report_late(comm, err);
                 return;
             }
         }
@@ -282,118 +439,49 @@ impl State {
     /// call on `comm` turned out mismatched after it returned, or if a message of this call
     /// already arrived with another signature.
     pub(super) fn begin_call(&mut self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
-        if let Some(e) = self.aborted_comm(comm) {
-            return Err(e);
-        }
-        self.late_error(comm)?;
-        if self.call_order.len() >= CALL_MEMORY {
-            if let Some(old) = self.call_order.pop_front() {
-                self.calls.remove(&old);
-            }
-        }
-        self.calls.insert((comm, tag), sig);
-        self.call_order.push_back((comm, tag));
-        // Messages of this call that arrived before it: one queue per possible sender.
-        // Every call pays for this: skip the matching queues when nothing unexpected is held.
-        if self.unexpected.is_empty() {
-            return Ok(());
-        }
-        let strangers: Vec<(MatchKey, u64)> = (0..self.peers.len())
-            .map(|peer| MatchKey { comm, peer, tag })
-            .filter_map(|k| self.unexpected.get(&k).map(|q| (k, q)))
-            .flat_map(|(k, q)| q.iter().map(move |&uid| (k, uid)))
-            .filter(|(_, uid)| self.umsgs.get(uid).is_some_and(|u| u.sig != sig))
-            .collect();
-        let Some(&(key, uid)) = strangers.first() else {
+        self.calls.begin(comm, tag, sig)?;
+        // Messages of this call that arrived before it, from any possible sender.
+        let strangers = self.matching.strangers(comm, tag, sig, self.peers.len());
+        let Some(first) = strangers.first() else {
             return Ok(());
         };
-        let theirs = self.umsgs.get(&uid).map_or([0; 2], |u| u.sig);
-        for (key, uid) in &strangers {
-            remove_from(&mut self.unexpected, key, uid);
-            if let Some(Unexpected {
-                kind: UnexpectedKind::Rts { msg_id, .. },
-                ..
-            }) = self.umsgs.remove(uid)
-            {
-                self.refuse_rts(key.peer, msg_id);
+        let err = self.calls.refuted(sig, first);
+        let peer = first.peer;
+        for s in &strangers {
+            if let Some(msg_id) = s.rts {
+                self.refuse_rts(s.peer, msg_id);
             }
         }
         self.send_abort(
             Target {
                 comm,
-                peer: key.peer,
-                comm_rank: key.peer,
+                peer,
+                comm_rank: peer,
                 tag,
                 sig,
             },
             true,
             None,
         );
-        let describe = self.cfg.describe;
-        Err(Error::mismatch(format!(
-            "this rank called {} but world rank {} called {}: every rank must call the same \
-             collectives in the same order with the same type, op, count and root",
-            describe(sig),
-            key.peer,
-            describe(theirs)
-        ))
-        .with_peer(PeerRank::world(key.peer)))
+        Err(err)
     }
 
-    /// The error of an earlier call on `comm` that turned out mismatched after it returned,
-    /// reported once.
-    pub(super) fn late_error(&mut self, comm: u64) -> Result<()> {
-        let Some(e) = self.late.remove(&comm) else {
-            return Ok(());
-        };
-        self.late_news
-            .store(!self.late.is_empty(), Ordering::Release);
-        Err(e)
-    }
-
-    /// A peer abandoned `(comm, tag)` (on losing world rank `lost`, if that was why): fail
-    /// this rank's operations of it, now and later.
-    pub(super) fn on_abort(
-        &mut self,
-        peer: usize,
-        (comm, tag, sig): (u64, u32, [u64; 2]),
-        mismatch: bool,
-        lost: Option<usize>,
-    ) {
-        if let Some(l) = lost {
-            self.last_lost = Some(l);
-            if let Some(pipe) = self.cfg.run_fd {
-                tell_launcher(pipe, self.cfg.rank, l);
-            }
+    /// A peer abandoned `(comm, tag)` (`a`; on losing world rank `a.lost`, if that was why):
+    /// fail this rank's operations of it, now and later.
+    pub(super) fn on_abort(&mut self, comm: u64, tag: u32, a: Abandoned) {
+        if let (Some(l), Some(pipe)) = (a.lost, self.cfg.run_fd) {
+            tell_launcher(pipe, self.cfg.rank, l);
         }
-        self.aborted
-            .insert((comm, tag), (peer, sig, mismatch, lost));
-        if let Some(&ours) = self.calls.get(&(comm, tag)) {
-            let t = Target {
-                comm,
-                peer,
-                comm_rank: peer,
-                tag,
-                sig: ours,
-            };
-            let err = self.abandoned(&t, peer, sig, mismatch, lost);
+        if let Some(err) = self.calls.on_abort(comm, tag, a) {
             self.fail_call(comm, tag, err);
         }
-    }
-
-    /// The error of every operation on `comm`, if it was aborted.
-    pub(super) fn aborted_comm(&self, comm: u64) -> Option<Error> {
-        if self.comm_aborted.is_empty() {
-            return None;
-        }
-        self.comm_aborted.get(&comm).cloned()
     }
 
     /// Communicator `comm` is aborted: its pending operations fail with `err`, and so will
     /// every later one.
     pub(super) fn abort_comm(&mut self, comm: u64, err: Error) {
         self.io.any_aborted.store(true, Ordering::SeqCst);
-        let err = self.comm_aborted.entry(comm).or_insert(err).clone();
+        let err = self.calls.abort_comm(comm, err);
         let victims: Vec<OpId> = self
             .ops
             .iter()

@@ -5,19 +5,19 @@ use crate::config::Backoff;
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::{
-    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_DISCARD, FLAG_MISMATCH,
-    FLAG_PULLED,
+    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_MISMATCH,
 };
 use rustix::event::epoll;
 use std::net::Shutdown;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::requests::{dest_slice, truncated};
+use super::calls::Abandoned;
+use super::matching::{Arrival, Matched};
+use super::rendezvous::{Cleared, Landing};
+use super::requests::dest_slice;
 use super::wait::poll;
-use super::{
-    Dest, Engine, MatchKey, OpId, Peer, ReadEnd, RxState, Shared, State, UnexpectedKind, WAKE_TOKEN,
-};
+use super::{Dest, Engine, MatchKey, OpId, Peer, ReadEnd, RxState, Shared, State, WAKE_TOKEN};
 
 /// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
 /// `rank` lost world rank `peer`: one line `lost RANK PEER`, in one write (atomic on a
@@ -177,7 +177,7 @@ impl State {
         let dest = self.on_header(peer, hdr)?;
         let n = hdr.payload_len() as usize;
         let dst = match dest {
-            Some(d) if n > 0 => dest_slice(&mut self.ops, &mut self.umsgs, d, 0, n),
+            Some(d) if n > 0 => dest_slice(&mut self.ops, &mut self.matching, d, 0, n),
             _ => None,
         };
         land(&mut self.peers, dst)?;
@@ -251,129 +251,63 @@ impl State {
         if let Some(p) = self.peers[peer].as_mut() {
             p.heard = p.heard.wrapping_add(1);
         }
-        let dest = match hdr.kind {
-            FrameKind::Eager => {
-                let key = MatchKey {
-                    comm: hdr.comm,
-                    peer,
-                    tag: hdr.tag,
+        let key = MatchKey {
+            comm: hdr.comm,
+            peer,
+            tag: hdr.tag,
+        };
+        match hdr.kind {
+            FrameKind::Eager | FrameKind::Rts => {
+                let what = if hdr.kind == FrameKind::Eager {
+                    Arrival::Eager {
+                        len: hdr.len as usize,
+                    }
+                } else {
+                    Arrival::Rts {
+                        msg_id: hdr.msg_id,
+                        len: usize::try_from(hdr.len)
+                            .map_err(|_| "it announced a message too large for this host")?,
+                        pull: (hdr.flags & FLAG_CAN_PULL != 0).then_some(hdr.offset),
+                    }
                 };
-                let len = hdr.len as usize;
-                match self.match_posted(&key) {
-                    Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
-                        self.mismatch(id, hdr.sig);
-                        Dest::Discard
-                    }
-                    Some(id) => {
-                        let op = self.ops.get_mut(&id).ok_or("a posted receive vanished")?;
-                        if len > op.cap {
-                            let err = truncated(op, len);
-                            self.complete(id, Err(err));
-                            Dest::Discard
-                        } else {
-                            op.msg_len = len;
-                            Dest::Op { op: id, base: 0 }
-                        }
-                    }
-                    None if self.foreign(&hdr) => {
-                        self.reject_message(peer, &hdr);
-                        Dest::Discard
-                    }
-                    None => {
-                        let kind = UnexpectedKind::Eager {
-                            data: vec![0u8; len],
-                            complete: false,
-                        };
-                        Dest::Unexpected(self.push_unexpected(key, hdr.sig, kind))
-                    }
-                }
-            }
-            FrameKind::Rts => {
-                let key = MatchKey {
-                    comm: hdr.comm,
-                    peer,
-                    tag: hdr.tag,
-                };
-                let len = usize::try_from(hdr.len)
-                    .map_err(|_| "it announced a message too large for this host")?;
-                let pull = (hdr.flags & FLAG_CAN_PULL != 0).then_some(hdr.offset);
-                match self.match_posted(&key) {
-                    Some(id) if self.ops.get(&id).is_some_and(|op| op.target.sig != hdr.sig) => {
+                let calls = &self.calls;
+                let matched = self
+                    .matching
+                    .arrive(key, hdr.sig, what, || calls.foreign(&hdr));
+                self.bind_matched();
+                if matched == Matched::Foreign {
+                    if hdr.kind == FrameKind::Rts {
                         self.refuse_rts(peer, hdr.msg_id);
-                        self.mismatch(id, hdr.sig);
                     }
-                    Some(id) => self.match_rts(id, hdr.msg_id, len, pull),
-                    None if self.foreign(&hdr) => {
-                        self.refuse_rts(peer, hdr.msg_id);
-                        self.reject_message(peer, &hdr);
-                    }
-                    None => {
-                        self.push_unexpected(
-                            key,
-                            hdr.sig,
-                            UnexpectedKind::Rts {
-                                msg_id: hdr.msg_id,
-                                len,
-                                pull,
-                            },
-                        );
-                    }
+                    self.reject_message(peer, &hdr);
                 }
-                return Ok(None);
+                let dest = self.matched(matched);
+                Ok(dest.filter(|_| hdr.kind == FrameKind::Eager))
             }
             FrameKind::Cts => {
-                let Some(id) = self.rndv_send.remove(&(peer, hdr.msg_id)) else {
-                    if self.abandoned_sends.remove(&(peer, hdr.msg_id)) {
-                        return Ok(None);
-                    }
-                    return Err(format!(
-                        "it cleared message {} that was never announced",
-                        hdr.msg_id
-                    ));
-                };
-                if hdr.flags & (FLAG_DISCARD | FLAG_PULLED) != 0 {
-                    let len = self.ops.get(&id).map_or(0, |op| op.cap);
-                    self.complete(id, Ok(len));
-                } else {
-                    self.send_data(peer, id, hdr.msg_id);
+                match self.rndv.on_cts(peer, &hdr)? {
+                    Cleared::Ignored => {}
+                    Cleared::Done { id, len } => self.complete(id, Ok(len)),
+                    Cleared::Send { id, .. } => self.send_data(peer, id, hdr.msg_id),
                 }
-                return Ok(None);
+                Ok(None)
             }
-            FrameKind::Data => {
-                let Some(&id) = self.rndv_recv.get(&(peer, hdr.msg_id)) else {
-                    let key = (peer, hdr.msg_id);
-                    let due = self.discarding.get_mut(&key).ok_or_else(|| {
-                        format!(
-                            "it sent data of message {} that was never cleared",
-                            hdr.msg_id
-                        )
-                    })?;
-                    *due = due.saturating_sub(hdr.len);
-                    if *due == 0 {
-                        self.discarding.remove(&key);
-                    }
-                    return Ok((hdr.len > 0).then_some(Dest::Discard));
-                };
-                let op = self.ops.get(&id).ok_or("a matched receive vanished")?;
-                if hdr.offset.saturating_add(hdr.len) > op.msg_len as u64 {
-                    return Err(format!(
-                        "it sent data beyond the end of message {}",
-                        hdr.msg_id
-                    ));
-                }
-                Dest::Op {
+            FrameKind::Data => Ok(match self.rndv.on_data(peer, &hdr)? {
+                Landing::Into { id, offset } => Some(Dest::Op {
                     op: id,
-                    base: hdr.offset as usize,
-                }
-            }
+                    base: offset,
+                }),
+                Landing::Discard => Some(Dest::Discard),
+                Landing::Nothing => None,
+            }),
             FrameKind::Close => {
                 if let Some(p) = self.peers[peer].as_mut() {
                     p.closed = true;
                 }
-                return Ok(None);
+                Ok(None)
             }
             // It only had to wake this rank up.
-            FrameKind::Wake => return Ok(None),
+            FrameKind::Wake => Ok(None),
             FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
                 let err = Error::aborted(format!(
                     "world rank {peer} aborted the communicator (Communicator::abort, \
@@ -383,7 +317,7 @@ impl State {
                 for comm in [hdr.comm, hdr.sig[0], hdr.sig[1]] {
                     self.abort_comm(comm, err.clone());
                 }
-                return Ok(None);
+                Ok(None)
             }
             FrameKind::Abort => {
                 let lost = hdr
@@ -391,16 +325,16 @@ impl State {
                     .checked_sub(1)
                     .and_then(|l| usize::try_from(l).ok())
                     .filter(|&l| l < self.peers.len() && l != self.cfg.rank);
-                self.on_abort(
+                let a = Abandoned {
                     peer,
-                    (hdr.comm, hdr.tag, hdr.sig),
-                    hdr.flags & FLAG_MISMATCH != 0,
+                    sig: hdr.sig,
+                    mismatch: hdr.flags & FLAG_MISMATCH != 0,
                     lost,
-                );
-                return Ok(None);
+                };
+                self.on_abort(hdr.comm, hdr.tag, a);
+                Ok(None)
             }
-        };
-        Ok(Some(dest))
+        }
     }
 
     /// A frame's payload has fully arrived.
@@ -408,25 +342,13 @@ impl State {
         match dest {
             Dest::Discard => {}
             Dest::Unexpected(uid) => {
-                let Some(u) = self.umsgs.get_mut(&uid) else {
-                    return;
-                };
-                if let UnexpectedKind::Eager { complete, .. } = &mut u.kind {
-                    *complete = true;
-                }
-                if let Some(id) = u.claimed_by {
-                    self.deliver_unexpected(uid, id);
+                if let Some(m) = self.matching.payload_done(uid) {
+                    self.matched(m);
                 }
             }
             Dest::Op { op: id, .. } => match hdr.kind {
                 FrameKind::Data => {
-                    let Some(op) = self.ops.get_mut(&id) else {
-                        return;
-                    };
-                    op.remaining = op.remaining.saturating_sub(hdr.len as usize);
-                    if op.remaining == 0 {
-                        let len = op.msg_len;
-                        self.rndv_recv.remove(&(peer, hdr.msg_id));
+                    if let Some((id, len)) = self.rndv.landed(peer, hdr.msg_id, hdr.len as usize) {
                         self.complete(id, Ok(len));
                     }
                 }
@@ -484,7 +406,7 @@ impl State {
         if p.closed {
             tracing::debug!("{msg}");
         } else {
-            self.last_lost = Some(peer);
+            self.calls.peer_lost(peer);
             tracing::warn!("{msg}");
             if let Some(pipe) = self.cfg.run_fd {
                 tell_launcher(pipe, self.cfg.rank, peer);
@@ -505,31 +427,8 @@ impl State {
             pp.tcp_gone = None;
         }
         p.lost = Some(msg.clone());
-        self.rndv_recv.retain(|(q, _), _| *q != peer);
-        self.rndv_send.retain(|(q, _), _| *q != peer);
-        self.posted.retain(|k, _| k.peer != peer);
-        // Messages that arrived whole stay receivable; partial ones are gone.
-        let partial: Vec<u64> = self
-            .umsgs
-            .iter()
-            .filter(|(_, u)| {
-                u.peer == peer
-                    && matches!(
-                        u.kind,
-                        UnexpectedKind::Eager {
-                            complete: false,
-                            ..
-                        } | UnexpectedKind::Rts { .. }
-                    )
-            })
-            .map(|(&uid, _)| uid)
-            .collect();
-        for (key, q) in self.unexpected.iter_mut() {
-            if key.peer == peer {
-                q.retain(|uid| !partial.contains(uid));
-            }
-        }
-        self.unexpected.retain(|_, q| !q.is_empty());
+        self.rndv.peer_lost(peer);
+        self.matching.peer_lost(peer);
         let failed: Vec<OpId> = self
             .ops
             .iter()
@@ -537,15 +436,6 @@ impl State {
             .map(|(&id, _)| id)
             .collect();
         for id in failed {
-            for uid in &partial {
-                if self
-                    .umsgs
-                    .get(uid)
-                    .is_some_and(|u| u.claimed_by == Some(id))
-                {
-                    self.umsgs.remove(uid);
-                }
-            }
             let Some(op) = self.ops.get(&id) else {
                 continue;
             };
@@ -557,8 +447,5 @@ impl State {
             self.complete(id, Err(err));
         }
         self.fail_wildcards(peer);
-        self.umsgs.retain(|uid, _| {
-            !partial.contains(uid) || self.unexpected.values().any(|q| q.contains(uid))
-        });
     }
 }

@@ -1,14 +1,316 @@
-//! How a message travels: eagerly in one frame, or by rendezvous (RTS, CTS, then data frames,
-//! or a pull of the sender's buffer with cross-memory attach).
+//! How a message travels, sans I/O: eagerly in one frame, or by rendezvous (RTS, CTS, then
+//! data frames, or a pull of the sender's buffer with cross-memory attach).
+//!
+//! [`Rendezvous`] owns the message ids and the state of every rendezvous in flight, and
+//! touches no link or buffer: it chooses the protocol of a send and writes its first frame,
+//! answers requests to send, and says where each data frame's payload goes (an operation's
+//! buffer at an offset, or nowhere); the engine moves the bytes. Its unit tests run two of
+//! them against each other through in-memory queues.
 
 use crate::error::{Error, Result};
 use crate::transport::shm::cma;
 use crate::transport::wire::{
     FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED, HEADER_LEN,
 };
+use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 
 use super::requests::{op_slice, truncated};
 use super::{BufPtr, OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
+
+/// The size limits that choose a message's protocol.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Messages up to this size go eagerly over TCP and plug-ins.
+    pub eager: usize,
+    /// Messages up to this size go eagerly through shared memory.
+    pub shm_eager: usize,
+    /// Larger shared-memory messages up to this size may be pulled by the receiver.
+    pub shm_pull: usize,
+}
+
+/// What carries a send's frames to its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// TCP streams or a transport plug-in.
+    Stream,
+    /// Shared memory; `cma`: cross-memory attach reaches the peer.
+    Shm { cma: bool },
+}
+
+/// What a CTS means for its send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cleared {
+    /// Send the `len` bytes of send `id` as data frames of message `msg_id`.
+    Send { id: OpId, len: usize },
+    /// Send `id` is complete (the receiver pulled the data, or refused it): `len` bytes.
+    Done { id: OpId, len: usize },
+    /// The send was abandoned: nothing to do.
+    Ignored,
+}
+
+/// How a receive takes a rendezvous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Accepted {
+    /// The message is longer than the buffer: the receive fails, and the CTS refuses it.
+    Truncated { cts: FrameHeader },
+    /// The receiver copies the data out of the sender's buffer at `addr`, then answers with
+    /// [`Rendezvous::pulled`].
+    Pull { addr: u64 },
+    /// The data comes in frames: send `cts`.
+    Data { cts: FrameHeader },
+}
+
+/// Where a data frame's payload goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Landing {
+    /// Into receive `id`'s buffer at `offset`.
+    Into { id: OpId, offset: usize },
+    /// Read and dropped (the receive was abandoned).
+    Discard,
+    /// Nowhere: the frame has no payload.
+    Nothing,
+}
+
+/// A rendezvous receive waiting for its data.
+#[derive(Debug, Clone, Copy)]
+struct Incoming {
+    id: OpId,
+    len: usize,
+    remaining: usize,
+}
+
+/// Message ids and the rendezvous in flight of one engine.
+#[derive(Debug)]
+pub(super) struct Rendezvous {
+    limits: Limits,
+    /// The next message id per world rank.
+    next_msg_id: Vec<u64>,
+    /// Sends waiting for their CTS by (peer, message id): the operation and its length.
+    sends: HashMap<(usize, u64), (OpId, usize)>,
+    /// Matched rendezvous receives by (peer, sender's message id).
+    recvs: HashMap<(usize, u64), Incoming>,
+    /// Abandoned rendezvous receives whose data still arrives: bytes still due.
+    discarding: HashMap<(usize, u64), u64>,
+    /// Abandoned rendezvous sends whose CTS may still arrive.
+    abandoned_sends: FxHashSet<(usize, u64)>,
+}
+
+/// A CTS for message `msg_id`.
+pub(super) fn cts(msg_id: u64, flags: u16) -> FrameHeader {
+    let mut h = FrameHeader::new(FrameKind::Cts);
+    h.msg_id = msg_id;
+    h.flags = flags;
+    h
+}
+
+impl Rendezvous {
+    /// A world of `peers` ranks.
+    pub(super) fn new(limits: Limits, peers: usize) -> Rendezvous {
+        Rendezvous {
+            limits,
+            next_msg_id: vec![0; peers],
+            sends: HashMap::default(),
+            recvs: HashMap::default(),
+            discarding: HashMap::default(),
+            abandoned_sends: FxHashSet::default(),
+        }
+    }
+
+    /// The id the next message to `peer` gets.
+    pub(super) fn peek_msg_id(&self, peer: usize) -> u64 {
+        self.next_msg_id.get(peer).copied().unwrap_or(0)
+    }
+
+    /// Takes the id of the next message to `peer`.
+    pub(super) fn take_msg_id(&mut self, peer: usize) -> u64 {
+        match self.next_msg_id.get_mut(peer) {
+            Some(n) => {
+                *n += 1;
+                *n - 1
+            }
+            None => 0,
+        }
+    }
+
+    /// Whether a message of `len` bytes over `route` goes eagerly.
+    pub(super) fn eager(&self, len: usize, route: Route) -> bool {
+        match route {
+            Route::Shm { .. } => len <= self.limits.shm_eager,
+            Route::Stream => len <= self.limits.eager,
+        }
+    }
+
+    /// Send `id` of `len` bytes from the buffer at `addr` to `t`: its first frame (an eager
+    /// frame, whose payload is the whole buffer, or a request to send), and whether it is
+    /// eager.
+    pub(super) fn send(
+        &mut self,
+        id: OpId,
+        t: &Target,
+        len: usize,
+        addr: u64,
+        route: Route,
+    ) -> (FrameHeader, bool) {
+        let msg_id = self.take_msg_id(t.peer);
+        let mut hdr = FrameHeader::new(FrameKind::Eager);
+        hdr.comm = t.comm;
+        hdr.tag = t.tag;
+        hdr.msg_id = msg_id;
+        hdr.len = len as u64;
+        hdr.sig = t.sig;
+        let eager = self.eager(len, route);
+        if !eager {
+            hdr.kind = FrameKind::Rts;
+            if route == (Route::Shm { cma: true }) && len <= self.limits.shm_pull {
+                // The receiver may pull the data straight out of this buffer.
+                hdr.flags = FLAG_CAN_PULL;
+                hdr.offset = addr;
+            }
+            self.sends.insert((t.peer, msg_id), (id, len));
+        }
+        (hdr, eager)
+    }
+
+    /// A CTS arrived from `peer`. An error says why the peer must be dropped.
+    pub(super) fn on_cts(
+        &mut self,
+        peer: usize,
+        hdr: &FrameHeader,
+    ) -> std::result::Result<Cleared, String> {
+        let Some((id, len)) = self.sends.remove(&(peer, hdr.msg_id)) else {
+            if self.abandoned_sends.remove(&(peer, hdr.msg_id)) {
+                return Ok(Cleared::Ignored);
+            }
+            return Err(format!(
+                "it cleared message {} that was never announced",
+                hdr.msg_id
+            ));
+        };
+        if hdr.flags & (FLAG_DISCARD | FLAG_PULLED) != 0 {
+            Ok(Cleared::Done { id, len })
+        } else {
+            Ok(Cleared::Send { id, len })
+        }
+    }
+
+    /// Receive `id` (buffer of `cap` bytes) takes rendezvous `msg_id` of `len` bytes from
+    /// `peer`; `pull`: the sender's buffer address when this rank can copy it itself.
+    pub(super) fn accept(
+        &mut self,
+        peer: usize,
+        msg_id: u64,
+        id: OpId,
+        (cap, len): (usize, usize),
+        pull: Option<u64>,
+    ) -> Accepted {
+        if len > cap {
+            return Accepted::Truncated {
+                cts: cts(msg_id, FLAG_DISCARD),
+            };
+        }
+        if let Some(addr) = pull {
+            return Accepted::Pull { addr };
+        }
+        self.recvs.insert(
+            (peer, msg_id),
+            Incoming {
+                id,
+                len,
+                remaining: len,
+            },
+        );
+        Accepted::Data {
+            cts: cts(msg_id, 0),
+        }
+    }
+
+    /// The CTS after a pull: whether it worked.
+    pub(super) fn pulled(msg_id: u64, ok: bool) -> FrameHeader {
+        cts(msg_id, if ok { FLAG_PULLED } else { FLAG_DISCARD })
+    }
+
+    /// The CTS that tells the sender of rendezvous `msg_id` not to send its data.
+    pub(super) fn refuse(msg_id: u64) -> FrameHeader {
+        cts(msg_id, FLAG_DISCARD)
+    }
+
+    /// A data frame arrived from `peer`: where its payload goes. An error says why the peer
+    /// must be dropped.
+    pub(super) fn on_data(
+        &mut self,
+        peer: usize,
+        hdr: &FrameHeader,
+    ) -> std::result::Result<Landing, String> {
+        let key = (peer, hdr.msg_id);
+        let Some(r) = self.recvs.get(&key) else {
+            let due = self.discarding.get_mut(&key).ok_or_else(|| {
+                format!(
+                    "it sent data of message {} that was never cleared",
+                    hdr.msg_id
+                )
+            })?;
+            *due = due.saturating_sub(hdr.len);
+            if *due == 0 {
+                self.discarding.remove(&key);
+            }
+            return Ok(if hdr.len > 0 {
+                Landing::Discard
+            } else {
+                Landing::Nothing
+            });
+        };
+        if hdr.offset.saturating_add(hdr.len) > r.len as u64 {
+            return Err(format!(
+                "it sent data beyond the end of message {}",
+                hdr.msg_id
+            ));
+        }
+        Ok(Landing::Into {
+            id: r.id,
+            offset: hdr.offset as usize,
+        })
+    }
+
+    /// `n` payload bytes of data of message `msg_id` from `peer` landed: the receive and
+    /// its length once all did.
+    pub(super) fn landed(&mut self, peer: usize, msg_id: u64, n: usize) -> Option<(OpId, usize)> {
+        let key = (peer, msg_id);
+        let r = self.recvs.get_mut(&key)?;
+        r.remaining = r.remaining.saturating_sub(n);
+        if r.remaining > 0 {
+            return None;
+        }
+        let done = (r.id, r.len);
+        self.recvs.remove(&key);
+        Some(done)
+    }
+
+    /// Receive `id` is abandoned: data still due for it is read and dropped.
+    pub(super) fn abandon_recv(&mut self, id: OpId) {
+        if let Some((&k, r)) = self.recvs.iter().find(|(_, r)| r.id == id) {
+            let due = r.remaining as u64;
+            self.recvs.remove(&k);
+            self.discarding.insert(k, due);
+        }
+    }
+
+    /// Send `id` is abandoned: a CTS for it is ignored.
+    pub(super) fn abandon_send(&mut self, id: OpId) {
+        if let Some((&k, _)) = self.sends.iter().find(|(_, s)| s.0 == id) {
+            self.sends.remove(&k);
+            self.abandoned_sends.insert(k);
+        }
+    }
+
+    /// World rank `peer` is lost: its rendezvous are forgotten (the engine fails their
+    /// operations).
+    pub(super) fn peer_lost(&mut self, peer: usize) {
+        self.recvs.retain(|(q, _), _| *q != peer);
+        self.sends.retain(|(q, _), _| *q != peer);
+        self.discarding.retain(|(q, _), _| *q != peer);
+        self.abandoned_sends.retain(|(q, _)| *q != peer);
+    }
+}
 
 /// The data frames of rendezvous message `msg_id` of send `id`: `len` bytes in chunks of
 /// `chunk`.
@@ -47,22 +349,14 @@ impl State {
             self.send_to_self(id, t, buf, len);
             return Ok(id);
         }
-        let peer = self.peers[t.peer].as_mut().expect("checked by live_peer");
-        let msg_id = peer.next_msg_id;
-        peer.next_msg_id += 1;
-        let mut hdr = FrameHeader::new(FrameKind::Eager);
-        hdr.comm = t.comm;
-        hdr.tag = t.tag;
-        hdr.msg_id = msg_id;
-        hdr.len = len as u64;
-        hdr.sig = t.sig;
+        let peer = self.peers[t.peer].as_ref().expect("checked by live_peer");
         let shm = peer.shm.as_ref().map(|m| m.link.cma);
         let plugin = peer.plugin.is_some();
-        let limit = match shm {
-            Some(_) => self.cfg.shm_eager_limit,
-            None => self.cfg.eager_limit,
+        let route = match shm {
+            Some(cma) => Route::Shm { cma },
+            None => Route::Stream,
         };
-        let eager = len <= limit;
+        let (hdr, eager) = self.rndv.send(id, &t, len, buf.0 as u64, route);
         let frame = if eager {
             self.ops.get_mut(&id).expect("just inserted").remaining = 1;
             OutFrame {
@@ -71,13 +365,6 @@ impl State {
                 ..OutFrame::control(hdr)
             }
         } else {
-            hdr.kind = FrameKind::Rts;
-            if shm == Some(true) && len <= self.cfg.shm_push_threshold {
-                // The receiver may pull the data straight out of this buffer.
-                hdr.flags = FLAG_CAN_PULL;
-                hdr.offset = buf.0 as u64;
-            }
-            self.rndv_send.insert((t.peer, msg_id), id);
             OutFrame::control(hdr)
         };
         // A shared-memory rendezvous is counted where its protocol is decided.
@@ -112,57 +399,53 @@ impl State {
             return;
         };
         let peer = op.target.peer;
-        let mut cts = FrameHeader::new(FrameKind::Cts);
-        cts.msg_id = msg_id;
         let pid = self.peers[peer]
             .as_ref()
             .and_then(|p| p.shm.as_ref())
             .filter(|m| m.link.cma)
             .map(|m| m.link.pid);
-        if len > op.cap {
-            cts.flags = FLAG_DISCARD;
-            let err = truncated(op, len);
-            self.complete(id, Err(err));
-        } else if let (Some(addr), Some(pid)) = (pull, pid) {
-            // Receiver pull: one copy, straight from the sender's buffer into this one.
-            cts.flags = FLAG_PULLED;
-            let result = match op_slice(op, 0, len) {
-                // SAFETY: the sender offered this buffer to be pulled (`FLAG_CAN_PULL`) and keeps
-                // it unchanged until this rank's CTS says it was pulled.
-                Some(dst) => unsafe { cma::read_remote(pid, addr as usize, dst) }.map(|()| len),
-                None => Ok(0),
-            };
-            if result.is_err() {
-                cts.flags = FLAG_DISCARD;
+        let pull = pull.filter(|_| pid.is_some());
+        let cts = match self.rndv.accept(peer, msg_id, id, (op.cap, len), pull) {
+            Accepted::Truncated { cts } => {
+                let err = truncated(op, len);
+                self.complete(id, Err(err));
+                cts
             }
-            ProtocolCounts::bump(&self.counts.shm_pull);
-            tracing::debug!(
-                peer,
-                len,
-                "shared-memory receive: pulled with cross-memory attach"
-            );
-            if let Err(Error::PeerLost(why)) = result {
-                // The sender's process is gone: the peer is lost, for every operation with it
-                // (this one included), not only for this receive; and the call's peers are
-                // told whom this rank lost when it abandons the call.
-                self.fail_peer(peer, why.message);
-                return;
+            Accepted::Data { cts } => cts,
+            Accepted::Pull { addr } => {
+                // Receiver pull: one copy, straight from the sender's buffer into this one.
+                let result = match (op_slice(op, 0, len), pid) {
+                    (Some(dst), Some(pid)) => {
+                        // SAFETY: the sender offered this buffer to be pulled (`FLAG_CAN_PULL`)
+                        // and keeps it unchanged until this rank's CTS says it was pulled.
+                        unsafe { cma::read_remote(pid, addr as usize, dst) }.map(|()| len)
+                    }
+                    _ => Ok(0),
+                };
+                ProtocolCounts::bump(&self.counts.shm_pull);
+                tracing::debug!(
+                    peer,
+                    len,
+                    "shared-memory receive: pulled with cross-memory attach"
+                );
+                if let Err(Error::PeerLost(why)) = result {
+                    // The sender's process is gone: the peer is lost, for every operation with
+                    // it (this one included), not only for this receive; and the call's peers
+                    // are told whom this rank lost when it abandons the call.
+                    self.fail_peer(peer, why.message);
+                    return;
+                }
+                let cts = Rendezvous::pulled(msg_id, result.is_ok());
+                self.complete(id, result);
+                cts
             }
-            self.complete(id, result);
-        } else {
-            op.msg_len = len;
-            op.remaining = len;
-            self.rndv_recv.insert((peer, msg_id), id);
-        }
+        };
         self.queue(peer, 0, OutFrame::control(cts));
     }
 
     /// Tells the sender of rendezvous `msg_id` not to send its data.
     pub(super) fn refuse_rts(&mut self, peer: usize, msg_id: u64) {
-        let mut cts = FrameHeader::new(FrameKind::Cts);
-        cts.msg_id = msg_id;
-        cts.flags = FLAG_DISCARD;
-        self.queue(peer, 0, OutFrame::control(cts));
+        self.queue(peer, 0, OutFrame::control(Rendezvous::refuse(msg_id)));
     }
 
     /// Queues the data of a cleared rendezvous send, in chunks over all streams of the peer.

@@ -10,11 +10,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::matching::remove_from;
+use super::matching::Matching;
 use super::wait::spin_on;
 use super::{
-    rank_name, Blocking, BufPtr, Deadline, Dest, Engine, MatchKey, Op, OpId, OpKind, OutFrame,
-    RxState, State, Target, Unexpected, UnexpectedKind, ANY_PEER, DISCARDED,
+    rank_name, Blocking, BufPtr, Deadline, Dest, Engine, Op, OpId, OpKind, OutFrame, RxState,
+    State, Target, ANY_PEER,
 };
 
 /// The writable bytes `off..off+len` of a live operation's buffer.
@@ -34,7 +34,7 @@ pub(super) fn op_slice(op: &mut Op, off: usize, len: usize) -> Option<&mut [u8]>
 /// Where `len` payload bytes at progress `done` go; `None` to drop them.
 pub(super) fn dest_slice<'a>(
     ops: &'a mut HashMap<OpId, Op>,
-    umsgs: &'a mut HashMap<u64, Unexpected>,
+    matching: &'a mut Matching,
     dest: Dest,
     done: usize,
     len: usize,
@@ -42,10 +42,7 @@ pub(super) fn dest_slice<'a>(
     match dest {
         Dest::Discard => None,
         Dest::Op { op, base } => op_slice(ops.get_mut(&op)?, base + done, len),
-        Dest::Unexpected(uid) => match &mut umsgs.get_mut(&uid)?.kind {
-            UnexpectedKind::Eager { data, .. } => data.get_mut(done..done + len),
-            UnexpectedKind::Rts { .. } => None,
-        },
+        Dest::Unexpected(uid) => matching.payload(uid, done, len),
     }
 }
 
@@ -264,7 +261,6 @@ impl State {
             target,
             buf,
             cap,
-            msg_len: 0,
             remaining: 0,
             asynchronous,
             detached: None,
@@ -276,12 +272,7 @@ impl State {
     }
 
     pub(super) fn live_peer(&self, t: &Target) -> Result<()> {
-        if let Some(e) = self.aborted_comm(t.comm) {
-            return Err(e);
-        }
-        if let Some(&(peer, sig, mismatch, lost)) = self.aborted.get(&(t.comm, t.tag)) {
-            return Err(self.abandoned(t, peer, sig, mismatch, lost));
-        }
+        self.calls.check(t)?;
         if t.peer == self.cfg.rank {
             return Ok(());
         }
@@ -388,30 +379,11 @@ impl State {
     /// sends aborts.
     pub(super) fn disentangle(&mut self, id: OpId) {
         let Some(op) = self.ops.get(&id) else { return };
-        let (t, kind, remaining) = (op.target, op.kind, op.remaining);
+        let (t, kind) = (op.target, op.kind);
         match kind {
             OpKind::Recv => {
-                let key = MatchKey {
-                    comm: t.comm,
-                    peer: t.peer,
-                    tag: t.tag,
-                };
-                remove_from(&mut self.posted, &key, &id);
-                remove_from(&mut self.posted_any, &(t.comm, t.tag), &id);
-                if let Some(k) = self
-                    .rndv_recv
-                    .iter()
-                    .find(|(_, &o)| o == id)
-                    .map(|(k, _)| *k)
-                {
-                    self.rndv_recv.remove(&k);
-                    self.discarding.insert(k, remaining as u64);
-                }
-                for u in self.umsgs.values_mut() {
-                    if u.claimed_by == Some(id) {
-                        u.claimed_by = Some(DISCARDED);
-                    }
-                }
+                self.matching.withdraw(&t.key(), id);
+                self.rndv.abandon_recv(id);
                 if let Some(p) = self.peers.get_mut(t.peer).and_then(Option::as_mut) {
                     for st in &mut p.streams {
                         if let RxState::Payload {
@@ -427,15 +399,7 @@ impl State {
                 }
             }
             OpKind::Send => {
-                if let Some(k) = self
-                    .rndv_send
-                    .iter()
-                    .find(|(_, &o)| o == id)
-                    .map(|(k, _)| *k)
-                {
-                    self.rndv_send.remove(&k);
-                    self.abandoned_sends.insert(k);
-                }
+                self.rndv.abandon_send(id);
                 let Some(op) = self.ops.get(&id) else { return };
                 let src = op
                     .detached

@@ -5,7 +5,7 @@ use crate::transport::shm::link::{Inbox, Watch};
 use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD, HEADER_LEN};
 
 use super::requests::frame_payload;
-use super::{MatchKey, OpId, OpKind, OutFrame, ProtocolCounts, State, Target, SHM_ROUNDS};
+use super::{OpId, OpKind, OutFrame, ProtocolCounts, State, Target, SHM_ROUNDS};
 
 impl State {
     /// Writes a small message straight into a local peer's fast box, without an operation,
@@ -22,7 +22,7 @@ impl State {
         let mut hdr = FrameHeader::new(FrameKind::Eager);
         hdr.comm = t.comm;
         hdr.tag = t.tag;
-        hdr.msg_id = peer.next_msg_id;
+        hdr.msg_id = self.rndv.peek_msg_id(t.peer);
         hdr.len = data.len() as u64;
         hdr.sig = t.sig;
         let Some(body) = hdr.encode_fast(data) else {
@@ -32,7 +32,7 @@ impl State {
             return Ok(false);
         }
         m.out_seq += 1;
-        peer.next_msg_id += 1;
+        self.rndv.take_msg_id(t.peer);
         let wake = m.link.peer_bell().ring();
         ProtocolCounts::bump(&self.counts.shm_eager);
         tracing::trace!(
@@ -70,16 +70,7 @@ impl State {
         if hdr.comm != t.comm || hdr.tag != t.tag || hdr.sig != t.sig || len > cap {
             return None;
         }
-        let key = MatchKey {
-            comm: t.comm,
-            peer: t.peer,
-            tag: t.tag,
-        };
-        if self.live_peer(t).is_err()
-            || self.posted.contains_key(&key)
-            || (!self.posted_any.is_empty() && self.posted_any.contains_key(&(t.comm, t.tag)))
-            || self.unexpected.contains_key(&key)
-        {
+        if self.live_peer(t).is_err() || !self.matching.idle(&t.key()) {
             return None;
         }
         let peer = self.peers.get_mut(t.peer)?.as_mut()?;

@@ -192,7 +192,8 @@ impl State {
                     let buffered = s.rx_end - s.rx_start;
                     let got = if buffered > 0 {
                         let n = want.min(buffered);
-                        if let Some(dst) = dest_slice(&mut self.ops, &mut self.umsgs, dest, done, n)
+                        if let Some(dst) =
+                            dest_slice(&mut self.ops, &mut self.matching, dest, done, n)
                         {
                             dst.copy_from_slice(&s.rx_buf[s.rx_start..s.rx_start + n]);
                         }
@@ -203,7 +204,7 @@ impl State {
                     } else {
                         reads += 1;
                         let direct = if want >= RX_BUF / 2 {
-                            dest_slice(&mut self.ops, &mut self.umsgs, dest, done, want)
+                            dest_slice(&mut self.ops, &mut self.matching, dest, done, want)
                         } else {
                             None
                         };
