@@ -7,7 +7,7 @@
 
 use std::ffi::{c_void, CStr};
 
-use hcomm::RawBuf;
+use hcomm::Lease;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -342,12 +342,16 @@ impl Buffer {
     /// The memory, lent to a nonblocking operation of the core.
     ///
     /// # Safety
-    /// The buffer must outlive the operation, and the contract of [`RawBuf::new`] hold:
-    /// nothing else writes the memory meanwhile, and the core writes it only if the buffer
-    /// is writable.
-    pub unsafe fn lend(&self) -> RawBuf {
-        // SAFETY: forwarded from the caller.
-        unsafe { RawBuf::new(self.ptr, self.len) }
+    /// The buffer must outlive the operation, and the contract of
+    /// [`Lease::from_raw_parts`] hold: nothing else writes the memory meanwhile (a
+    /// read-only buffer is lent read-only, so the core never writes it).
+    pub unsafe fn lend(&self) -> Lease<'static> {
+        match self.readonly {
+            // SAFETY: forwarded from the caller.
+            true => unsafe { Lease::from_raw_parts_const(self.ptr, self.len) },
+            // SAFETY: forwarded from the caller.
+            false => unsafe { Lease::from_raw_parts(self.ptr, self.len) },
+        }
     }
 
     /// Whether the memory of the two buffers overlaps.

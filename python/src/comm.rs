@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use hcomm::{CollKind, Shape, VLayout};
-use hcomm::{DataType, RawBuf, ReduceOp};
+use hcomm::{DataType, Lease, ReduceOp};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -196,7 +196,7 @@ impl Call {
         let (s, r) = unsafe {
             (
                 send.as_ref().map(|b| b.lend()),
-                recv.as_ref().map_or_else(RawBuf::empty, |b| b.lend()),
+                recv.as_ref().map_or_else(Lease::empty, |b| b.lend()),
             )
         };
         let req = py

@@ -19,7 +19,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use hcomm_core::{CollKind, Shape, VLayout};
-use hcomm_core::{Communicator, DataType, Error, RawBuf, ReduceOp, Request, Result};
+use hcomm_core::{Communicator, DataType, Error, Lease, ReduceOp, Request, Result};
 
 use crate::args;
 use crate::error::guard;
@@ -174,14 +174,13 @@ impl Layout {
     }
 
     /// Starts the call on `comm` in the background, on the caller's buffers (a send buffer
-    /// that overlaps the receive buffer is copied first; the copy is returned, to be kept
-    /// until the request completes).
+    /// that overlaps the receive buffer is copied first, into a lease the request owns).
     ///
     /// # Safety
     /// The buffers must be what the caller of the C function promised: readable (send) and
     /// writable (receive) for their lengths, and used by nobody else, until the request
     /// completes.
-    pub(crate) unsafe fn start(self, comm: &Communicator) -> Result<(Request, Option<Vec<u8>>)> {
+    pub(crate) unsafe fn start(self, comm: &Communicator) -> Result<Request> {
         let staged = match self.send {
             Some((p, l)) if self.overlaps() => {
                 // SAFETY: the caller's promise; the slice lives only for the copy.
@@ -190,19 +189,16 @@ impl Layout {
             }
             _ => None,
         };
-        let send = match (self.send, &staged) {
-            // SAFETY: the copy is moved (its heap block stays put) into the request's entry,
-            // which drops it after the request, and nothing writes it.
-            (Some(_), Some(copy)) => Some(unsafe { RawBuf::new_const(copy.as_ptr(), copy.len()) }),
+        let send = match (self.send, staged) {
+            (Some(_), Some(copy)) => Some(Lease::from(copy)),
             // SAFETY: the caller's promise: readable and not written until completion.
-            (Some((p, l)), None) => Some(unsafe { RawBuf::new_const(p.cast(), l) }),
+            (Some((p, l)), None) => Some(unsafe { Lease::from_raw_parts_const(p.cast(), l) }),
             (None, _) => None,
         };
         // SAFETY: the caller's promise: writable and unused by others until completion; it
         // overlaps no send buffer the call reads (an overlapping one was copied above).
-        let recv = unsafe { RawBuf::new(self.recv.0.cast(), self.recv.1) };
-        let request = comm.start_collective_raw(self.shape, send, recv)?;
-        Ok((request, staged))
+        let recv = unsafe { Lease::from_raw_parts(self.recv.0.cast(), self.recv.1) };
+        comm.start_collective_raw(self.shape, send, recv)
     }
 }
 
@@ -390,13 +386,12 @@ unsafe fn start(
             }
             let layout = make()?.layout(&c)?;
             // SAFETY: the C function's contract: the buffers stay valid until the request
-            // completes; the request entry keeps the staged copy until after the request.
-            let (request, staged) = unsafe { layout.start(&c)? };
+            // completes.
+            let request = unsafe { layout.start(&c)? };
             state::with_tables(|t| {
                 Ok(t.add_request(Pending {
                     request,
                     recv_into: None,
-                    _staged: staged,
                 }))
             })
         };

@@ -66,7 +66,6 @@ fn start_send(
         Ok(t.add_request(Pending {
             request,
             recv_into: None,
-            _staged: None,
         }))
     })
 }
@@ -92,7 +91,6 @@ fn start_recv(
                 len: bytes,
                 src: (src != hcomm_core::ANY_SOURCE).then_some(src),
             }),
-            _staged: None,
         }))
     })
 }

@@ -29,14 +29,11 @@ pub(crate) struct Tables {
     next: usize,
 }
 
-/// A nonblocking operation: the Rust request, where a receive's data goes when it completes,
-/// and the copy of an overlapping send buffer a nonblocking collective reads. Fields drop in
-/// order: the request (which finishes a collective on the caller's memory) before the copy.
+/// A nonblocking operation: the Rust request, and where a receive's data goes when it
+/// completes.
 pub(crate) struct Pending {
     pub(crate) request: Request,
     pub(crate) recv_into: Option<RecvTarget>,
-    /// Held only to be dropped after the request.
-    pub(crate) _staged: Option<Vec<u8>>,
 }
 
 /// The caller's receive buffer of a nonblocking receive (the data arrives in a staging buffer

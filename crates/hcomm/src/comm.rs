@@ -1,4 +1,8 @@
 //! The communicator: a group of ranks that exchange messages, and its lifetime.
+//!
+//! No unsafe code here: memory reaches the engine only as a `p2p::lease::Lease`.
+
+#![forbid(unsafe_code)]
 
 mod collectives;
 mod group;
@@ -7,7 +11,6 @@ mod raw;
 mod subset;
 
 pub use pool::PoolBuf;
-pub use raw::RawBuf;
 
 pub use collectives::Batch;
 
@@ -26,11 +29,12 @@ use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, PeerRank, Result};
 use crate::observe::OpKind;
+use crate::p2p::lease::{Lease, Loan, Part};
 use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target, ANY_PEER};
 use crate::rng::mix;
 use crate::sync::lock;
 use crate::topology::{RankInfo, Topology};
-use crate::transport::plugin::{self, Lease};
+use crate::transport::plugin;
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
 use crate::transport::shm::pool::{PoolConfig, ShmPool};
 use crate::transport::tcp;
@@ -229,7 +233,7 @@ pub struct RecvStatus {
 pub struct Completion {
     /// The buffer given to [`Communicator::isend`], [`Communicator::irecv`] or
     /// [`Communicator::start_collective`]; empty for operations on lent memory
-    /// ([`RawBuf`]), whose result is in that memory.
+    /// ([`Lease`] from raw parts), whose result is in that memory.
     pub buffer: Vec<u8>,
     /// Bytes sent, or bytes received into the front of `buffer`.
     pub len: usize,
@@ -240,8 +244,9 @@ pub struct Completion {
 
 /// A nonblocking operation in flight: point-to-point or collective. It progresses in the
 /// background; [`Request::wait`] collects it. Dropping it before completion lets it finish in
-/// the background, except for operations on lent memory ([`RawBuf`]): dropping those waits
-/// for them (at most `HCOMM_TIMEOUT`), so that the memory is free once the drop returns.
+/// the background, except for operations on lent memory (a [`Lease`] from raw parts):
+/// dropping those waits for them (at most `HCOMM_TIMEOUT`), so that the memory is free once
+/// the drop returns.
 #[must_use = "a request does nothing visible until it is waited for"]
 pub struct Request {
     inner: RequestInner,
@@ -251,11 +256,9 @@ enum RequestInner {
     /// A point-to-point operation in the engine.
     P2p {
         world: Arc<World>,
-        id: OpId,
-        buffer: Option<Vec<u8>>,
+        /// The operation and its memory; `None` once collected.
+        loan: Option<Loan>,
         result: Option<Result<usize>>,
-        /// The operation uses lent memory and is still in the engine.
-        lent: bool,
         /// A receive from any source: its sender once known.
         any: Option<Option<usize>>,
     },
@@ -268,15 +271,13 @@ enum RequestInner {
 }
 
 impl Request {
-    /// A point-to-point operation on `buffer`, or on lent memory (`None`); `any`: a receive
-    /// from any source.
-    fn p2p(world: &Arc<World>, (id, any): (OpId, bool), buffer: Option<Vec<u8>>) -> Request {
+    /// A point-to-point operation on the memory `loan` holds; `any`: a receive from any
+    /// source.
+    fn p2p(world: &Arc<World>, loan: Loan, any: bool) -> Request {
         Request {
             inner: RequestInner::P2p {
                 world: Arc::clone(world),
-                id,
-                lent: buffer.is_none(),
-                buffer,
+                loan: Some(loan),
                 result: None,
                 any: any.then_some(None),
             },
@@ -298,25 +299,24 @@ impl Request {
         match &mut self.inner {
             RequestInner::P2p {
                 world,
-                id,
-                buffer,
+                loan,
                 result,
-                lent,
                 any,
             } => {
+                let Some(mut l) = loan.take() else {
+                    return Err(Error::internal("the request was already collected"));
+                };
                 let r = match result.take() {
                     Some(r) => r,
                     None => {
                         let r = world
                             .engine
-                            .wait(*id, Instant::now() + world.config.timeout);
-                        note_source(world, *id, any);
+                            .wait_loan(&mut l, Instant::now() + world.config.timeout);
+                        note_source(world, l.id(), any);
                         r
                     }
                 };
-                // The engine has removed the operation: the memory is free.
-                *lent = false;
-                let buffer = buffer.take().unwrap_or_default();
+                let buffer = l.into_vec();
                 let source = any.flatten();
                 r.map(|len| Completion {
                     buffer,
@@ -338,15 +338,14 @@ impl Request {
         match &mut self.inner {
             RequestInner::P2p {
                 world,
-                id,
+                loan,
                 result,
                 any,
-                ..
             } => {
-                if result.is_none() {
-                    *result = world.engine.test(*id);
+                if let (None, Some(l)) = (&result, loan.as_mut()) {
+                    *result = world.engine.test_loan(l);
                     if result.is_some() {
-                        note_source(world, *id, any);
+                        note_source(world, l.id(), any);
                     }
                 }
                 Ok(result.is_some())
@@ -362,22 +361,14 @@ impl Drop for Request {
     fn drop(&mut self) {
         match &mut self.inner {
             RequestInner::P2p {
-                world,
-                id,
-                buffer,
-                result: None,
-                lent,
-                any,
+                world, loan, any, ..
             } => {
-                if let Some(buffer) = buffer.take() {
-                    world.engine.detach(*id, buffer);
-                } else if *lent {
-                    // Lent memory cannot be handed over: finish (or, past the timeout,
-                    // cancel) the operation, which removes it from the engine.
-                    let _ = world
-                        .engine
-                        .wait(*id, Instant::now() + world.config.timeout);
-                    note_source(world, *id, any);
+                if let Some(l) = loan.take() {
+                    // An owned buffer goes to the engine; lent memory waits for its
+                    // operation (at most HCOMM_TIMEOUT), so that it is free once this returns.
+                    let id = l.id();
+                    world.engine.release(l, world.config.timeout);
+                    note_source(world, id, any);
                 }
             }
             RequestInner::Task { handle, lent: true } => {
@@ -386,7 +377,7 @@ impl Drop for Request {
                     let _ = h.join();
                 }
             }
-            _ => {}
+            RequestInner::Task { .. } => {}
         }
     }
 }
@@ -551,7 +542,7 @@ impl Communicator {
         // A transport plug-in carries all traffic; the TCP mesh (one stream per peer) then
         // only starts the job and notices peers that die.
         let lease = match config.transport.as_deref() {
-            Some(name) if !plugin::BUILT_IN.contains(&name) => Some(Lease::take(name)?),
+            Some(name) if !plugin::BUILT_IN.contains(&name) => Some(plugin::Lease::take(name)?),
             _ => None,
         };
         let tcp_streams = match lease {
@@ -626,11 +617,7 @@ impl Communicator {
         };
         let topology = Topology::new(infos);
         let local_size = topology.local_size(rank);
-        // The host's cores, not this process's affinity mask: ranks pinned one per core
-        // (taskset, mpirun --bind-to core) should still spin.
-        // SAFETY: sysconf has no preconditions; it returns -1 on error.
-        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-        let cores = usize::try_from(online).unwrap_or(1).max(1);
+        let cores = crate::topology::online_cores();
         let spin = match config.spin_us {
             Some(us) => Duration::from_micros(us),
             None if local_size <= cores => DEFAULT_SPIN,
@@ -805,20 +792,12 @@ impl Communicator {
     }
 
     fn send_to(&self, t: Target, buf: &[u8]) -> Result<()> {
-        let engine = &self.world.engine;
         let timeout = self.world.config.timeout;
-        // SAFETY: `buf` is borrowed for this whole call, which removes the operation (on
-        // success, error or timeout) before returning; a send only reads it.
-        unsafe {
-            engine.blocking(
-                Blocking::Send,
-                t,
-                buf.as_ptr().cast_mut(),
-                buf.len(),
-                timeout,
-            )
-        }
-        .map(drop)
+        let mut lease = Lease::from(buf);
+        self.world
+            .engine
+            .transfer(Blocking::Send, t, &mut lease, timeout)
+            .map(drop)
     }
 
     /// Receives a message from rank `src` with `tag` into `buf`; returns its length.
@@ -847,14 +826,12 @@ impl Communicator {
     pub fn recv_any(&self, buf: &mut [u8], tag: u32) -> Result<RecvStatus> {
         let t = self.any_target(tag);
         self.recorded(OpKind::Recv, &t, buf.len(), || {
-            let engine = &self.world.engine;
             let members = Arc::clone(&self.members);
-            // SAFETY: `buf` is mutably borrowed for this whole call, and `wait` removes the
-            // operation (on success, error or timeout) before it returns.
-            let id =
-                unsafe { engine.post_recv_any(t, members, buf.as_mut_ptr(), buf.len(), false)? };
-            let len = engine.wait(id, self.deadline());
-            let source = engine.take_source(id);
+            let mut lease = Lease::from(buf);
+            let (len, source) =
+                self.world
+                    .engine
+                    .transfer_any(t, members, &mut lease, self.deadline());
             let len = len?;
             source
                 .map(|source| RecvStatus { source, len })
@@ -874,11 +851,11 @@ impl Communicator {
     }
 
     fn recv_from(&self, t: Target, buf: &mut [u8]) -> Result<usize> {
-        let engine = &self.world.engine;
         let timeout = self.world.config.timeout;
-        // SAFETY: `buf` is mutably borrowed for this whole call, which removes the operation
-        // (on success, error or timeout) before returning.
-        unsafe { engine.blocking(Blocking::Recv, t, buf.as_mut_ptr(), buf.len(), timeout) }
+        let mut lease = Lease::from(buf);
+        self.world
+            .engine
+            .transfer(Blocking::Recv, t, &mut lease, timeout)
     }
 
     /// Sends `sendbuf` to `dest` and receives from `src` into `recvbuf` at the same time, so
@@ -906,96 +883,90 @@ impl Communicator {
         rt: Target,
         recvbuf: &mut [u8],
     ) -> Result<usize> {
-        let engine = &self.world.engine;
         let deadline = self.deadline();
-        // SAFETY: both buffers are borrowed for this whole call; each operation is removed by
-        // `wait` below before returning, on every path.
-        let rid = unsafe { engine.post_recv(rt, recvbuf.as_mut_ptr(), recvbuf.len(), false)? };
-        // SAFETY: as above.
-        let sid = match unsafe { engine.post_send(st, sendbuf.as_ptr(), sendbuf.len(), false) } {
-            Ok(id) => id,
-            Err(e) => {
-                // The receive must not outlive this call: finish or cancel it first.
-                let _ = engine.wait(rid, Instant::now());
-                return Err(e);
+        let (recv_len, send_len) = (recvbuf.len(), sendbuf.len());
+        let mut bufs = [Lease::from(recvbuf), Lease::from(sendbuf)];
+        self.world.engine.scope(&mut bufs, |ops| {
+            let rid = ops.post(
+                Blocking::Recv,
+                rt,
+                Part {
+                    buf: 0,
+                    off: 0,
+                    len: recv_len,
+                },
+            )?;
+            // On an error the scope cancels the receive: it never outlives this call.
+            let sid = ops.post(
+                Blocking::Send,
+                st,
+                Part {
+                    buf: 1,
+                    off: 0,
+                    len: send_len,
+                },
+            )?;
+            let (mut sent, mut received) = (None, None);
+            while sent.is_none() || received.is_none() {
+                let ids: Vec<OpId> = [(sid, &sent), (rid, &received)]
+                    .iter()
+                    .filter(|(_, r)| r.is_none())
+                    .map(|&(id, _)| id)
+                    .collect();
+                let (k, r) = ops.wait_any(&ids, deadline)?;
+                match ids[k] == sid {
+                    true => sent = Some(r),
+                    false => received = Some(r),
+                }
+                if sent.as_ref().is_some_and(Result::is_err) {
+                    break;
+                }
             }
-        };
-        let sent = engine.wait(sid, deadline);
-        let received = engine.wait(
-            rid,
-            if sent.is_ok() {
-                deadline
-            } else {
-                Instant::now()
-            },
-        );
-        sent?;
-        received
+            sent.unwrap_or(Ok(0))?;
+            received.unwrap_or(Ok(0))
+        })
     }
 
     /// Starts sending `buf` to `dest`; [`Request::wait`] gives the buffer back.
     pub fn isend(&self, buf: Vec<u8>, dest: usize, tag: u32) -> Result<Request> {
-        // SAFETY: the Vec's heap block does not move when the Vec does; the request owns it
-        // until the operation is taken by wait/test, or hands it to the engine in `detach`.
-        // A send only reads it.
-        let id = unsafe {
-            self.post_async(
-                Blocking::Send,
-                dest,
-                tag,
-                buf.as_ptr().cast_mut(),
-                buf.len(),
-            )?
-        };
-        Ok(Request::p2p(&self.world, id, Some(buf)))
+        self.post_async(Blocking::Send, dest, tag, Lease::from(buf))
     }
 
     /// Starts receiving from `src` into `buf` (its length is the capacity);
     /// [`Request::wait`] gives the buffer back with the received length. `src` may be
     /// [`ANY_SOURCE`] (the rules of [`Communicator::recv_any`]): the completion then names
     /// the sender ([`Completion::source`]).
-    pub fn irecv(&self, mut buf: Vec<u8>, src: usize, tag: u32) -> Result<Request> {
-        // SAFETY: as in `isend`; nothing else touches the Vec while the request owns it.
-        let id = unsafe { self.post_async(Blocking::Recv, src, tag, buf.as_mut_ptr(), buf.len())? };
-        Ok(Request::p2p(&self.world, id, Some(buf)))
+    pub fn irecv(&self, buf: Vec<u8>, src: usize, tag: u32) -> Result<Request> {
+        self.post_async(Blocking::Recv, src, tag, Lease::from(buf))
     }
 
     /// Posts a nonblocking send to or receive from `peer` ([`ANY_SOURCE`] for a receive from
-    /// any source) of `len` bytes at `buf`, recorded for the profiler; returns the
-    /// operation and whether it is a receive from any source.
-    ///
-    /// # Safety
-    /// As for the engine's `post_send` (a send) or `post_recv` (a receive).
-    unsafe fn post_async(
+    /// any source) of `buf`, recorded for the profiler.
+    fn post_async(
         &self,
         kind: Blocking,
         peer: usize,
         tag: u32,
-        buf: *mut u8,
-        len: usize,
-    ) -> Result<(OpId, bool)> {
+        buf: Lease<'static>,
+    ) -> Result<Request> {
         let engine = &self.world.engine;
         if kind == Blocking::Recv && peer == ANY_SOURCE {
             let t = self.any_target(tag);
-            drop(self.world.p2p_scope(OpKind::Irecv, &t, len, self.size()));
-            let members = Arc::clone(&self.members);
-            // SAFETY: forwarded from the caller.
-            return unsafe { engine.post_recv_any(t, members, buf, len, true) }
-                .map(|id| (id, true));
+            drop(
+                self.world
+                    .p2p_scope(OpKind::Irecv, &t, buf.len(), self.size()),
+            );
+            let loan = engine.lend_any(t, Arc::clone(&self.members), buf)?;
+            return Ok(Request::p2p(&self.world, loan, true));
         }
         let (what, op) = match kind {
             Blocking::Send => ("destination", OpKind::Isend),
             Blocking::Recv => ("source", OpKind::Irecv),
         };
         let t = self.target(self.id, peer, tag, what)?;
-        drop(self.world.p2p_scope(op, &t, len, self.size()));
-        match kind {
-            // SAFETY: forwarded from the caller.
-            Blocking::Send => unsafe { engine.post_send(t, buf, len, true) },
-            // SAFETY: forwarded from the caller.
-            Blocking::Recv => unsafe { engine.post_recv(t, buf, len, true) },
-        }
-        .map(|id| (id, false))
+        drop(self.world.p2p_scope(op, &t, buf.len(), self.size()));
+        let loan = engine.lend(kind, t, buf)?;
+        Ok(Request::p2p(&self.world, loan, false))
     }
 
     /// Returns when every rank has called it.

@@ -18,7 +18,7 @@
 //! The crate's public items are what a program needs to run a job, and nothing else:
 //!
 //! * the communicator: [`Communicator`] (point-to-point, collectives, groups, memory pool),
-//!   [`Request`] and its [`Completion`], [`wait_all`], [`Batch`], [`PoolBuf`], [`RawBuf`];
+//!   [`Request`] and its [`Completion`], [`wait_all`], [`Batch`], [`PoolBuf`], [`Lease`];
 //!   receives from any source: [`ANY_SOURCE`], [`RecvStatus`];
 //! * errors: [`Error`], [`ErrorCode`], [`Result`], [`ERRORS_DOC`];
 //! * element types and reductions: [`DataType`], [`ReduceOp`], [`Element`];
@@ -56,11 +56,12 @@ mod topology;
 mod transport;
 
 pub use coll::{CollKind, Shape, VLayout};
-pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, RawBuf, Request};
+pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, Request};
 pub use comm::{RecvStatus, ANY_SOURCE};
 pub use config::{Config, LaunchInfo, Launcher};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{Error, ErrorCode, ErrorInfo, IoSource, Operation, PeerRank, Result, ERRORS_DOC};
+pub use p2p::lease::Lease;
 pub use p2p::ProtocolStats;
 pub use topology::{RankInfo, Topology};
 pub use transport::plugin;

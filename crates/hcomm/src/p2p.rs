@@ -18,13 +18,13 @@
 //! read and dropped — so that a mismatch never costs a connection.
 //!
 //! Every operation names a buffer by raw pointer. The engine touches it only until the
-//! operation completes, is cancelled, or fails with its peer; the safe layer above (the
-//! communicator and [`Request`](crate::Request)) keeps the buffer alive and borrowed until
-//! then.
+//! operation completes, is cancelled, or fails with its peer; memory reaches it only as a
+//! [`lease::Lease`], through the safe doors of `lease` that keep the buffer alive and
+//! borrowed until then.
 //!
 //! The engine by concern: `matching` (posted receives and unexpected messages),
 //! `rendezvous` (eager or rendezvous per message), `calls` (signatures, mismatches, aborts),
-//! `requests` (operations and their buffers), `progress` (one turn over the links, the
+//! `requests` (operations), `lease` (the memory they use), `progress` (one turn over the links, the
 //! background thread, lost peers), `wait` (how waiters spin, yield and sleep), `watch` (dead
 //! and hung peers), `inline` (the short cuts of small messages), and `link`: the [`Link`]
 //! interface every transport implements (`link/tcp.rs`, `link/shm.rs`, `link/plugin.rs`), and
@@ -46,6 +46,7 @@ use rustix::event::{epoll, eventfd, EventfdFlags};
 
 mod calls;
 mod inline;
+pub(crate) mod lease;
 mod link;
 mod matching;
 mod progress;
@@ -64,6 +65,7 @@ use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use calls::Calls;
+use lease::BufPtr;
 use link::plugin::{Channels, PluginLink};
 use link::shm::ShmPeerLink;
 use link::tcp::TcpLink;
@@ -267,14 +269,6 @@ struct MatchKey {
     peer: usize,
     tag: u32,
 }
-
-/// A user buffer, valid while its operation is live (see the module docs).
-#[derive(Debug, Clone, Copy)]
-struct BufPtr(*mut u8);
-
-// SAFETY: the pointer is only dereferenced under the engine lock while the operation that owns
-// it is live, and the API layer keeps the buffer alive and unaliased for exactly that time.
-unsafe impl Send for BufPtr {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpKind {

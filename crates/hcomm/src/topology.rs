@@ -24,6 +24,14 @@ pub struct RankInfo {
     pub cpu: u32,
 }
 
+/// The host's online cores (at least 1), not this process's affinity mask: ranks pinned one
+/// per core (taskset, mpirun --bind-to core) still have the host's cores to share.
+pub(crate) fn online_cores() -> usize {
+    // SAFETY: sysconf has no preconditions; it returns -1 on error.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(online).unwrap_or(1).max(1)
+}
+
 impl RankInfo {
     /// Describes the calling process; `host_id` replaces the detected host identity
     /// (`HCOMM_HOST_ID`).

@@ -1,4 +1,4 @@
-//! Nonblocking operations on lent memory ([`RawBuf`]) and blocking collectives of every
+//! Nonblocking operations on lent memory ([`Lease`]) and blocking collectives of every
 //! shape, in jobs of real processes (this test binary started again as each rank): every
 //! collective, in place and not, v-variants included, against the sequential reference;
 //! point-to-point messages; requests collected by `wait`, by `test`, and dropped unwaited
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use hcomm::internal::coll::reference;
 use hcomm::{CollKind, Shape, VLayout};
-use hcomm::{Communicator, DataType, Error, RawBuf, ReduceOp, Request};
+use hcomm::{Communicator, DataType, Error, Lease, ReduceOp, Request};
 
 /// Environment of a rank started by [`job`]: the scenario it runs.
 const SCENARIO: &str = "HCOMM_RAW_TEST_SCENARIO";
@@ -127,9 +127,9 @@ fn check_call(comm: &Communicator, all: &[Shape], mode: Mode) {
             // (its drop waits) before they are read or freed; they do not overlap.
             let lent = send
                 .as_ref()
-                .map(|s| unsafe { RawBuf::new_const(s.as_ptr(), s.len()) });
+                .map(|s| unsafe { Lease::from_raw_parts_const(s.as_ptr(), s.len()) });
             // SAFETY: as above.
-            let out = unsafe { RawBuf::new(recv.as_mut_ptr(), recv.len()) };
+            let out = unsafe { Lease::from_raw_parts(recv.as_mut_ptr(), recv.len()) };
             let mut req = comm
                 .start_collective_raw(shape.clone(), lent, out)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -208,7 +208,7 @@ fn overlapped() {
             };
             // SAFETY: `bufs` outlives the requests, which are all collected below before it
             // is read; the buffers are distinct.
-            let lent = unsafe { RawBuf::new(b.as_mut_ptr().cast(), b.len() * 4) };
+            let lent = unsafe { Lease::from_raw_parts(b.as_mut_ptr().cast(), b.len() * 4) };
             comm.start_collective_raw(shape, None, lent).unwrap()
         })
         .collect();
@@ -229,14 +229,18 @@ fn overlapped() {
         // SAFETY: `got` and `out` outlive the requests, collected before they are read.
         let mut rr = comm
             .irecv_raw(
-                unsafe { RawBuf::new(got.as_mut_ptr(), got.len()) },
+                unsafe { Lease::from_raw_parts(got.as_mut_ptr(), got.len()) },
                 left,
                 tag,
             )
             .unwrap();
         // SAFETY: as above.
         let sr = comm
-            .isend_raw(unsafe { RawBuf::new_const(out.as_ptr(), len) }, right, tag)
+            .isend_raw(
+                unsafe { Lease::from_raw_parts_const(out.as_ptr(), len) },
+                right,
+                tag,
+            )
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while !rr.test().unwrap() {
@@ -256,12 +260,16 @@ fn overlapped() {
     // SAFETY: `got` outlives the request, which is dropped (and so finished) before `got` is
     // read; `out` likewise.
     let rr = comm
-        .irecv_raw(unsafe { RawBuf::new(got.as_mut_ptr(), got.len()) }, left, 9)
+        .irecv_raw(
+            unsafe { Lease::from_raw_parts(got.as_mut_ptr(), got.len()) },
+            left,
+            9,
+        )
         .unwrap();
     // SAFETY: as above.
     drop(
         comm.isend_raw(
-            unsafe { RawBuf::new_const(out.as_ptr(), out.len()) },
+            unsafe { Lease::from_raw_parts_const(out.as_ptr(), out.len()) },
             right,
             9,
         )
@@ -284,14 +292,14 @@ fn refused() {
     let e = comm
         .start_collective_raw(
             shape.clone(),
-            Some(unsafe { RawBuf::new_const(input.as_ptr(), input.len()) }),
-            unsafe { RawBuf::new(small.as_mut_ptr(), small.len()) },
+            Some(unsafe { Lease::from_raw_parts_const(input.as_ptr(), input.len()) }),
+            unsafe { Lease::from_raw_parts(small.as_mut_ptr(), small.len()) },
         )
         .err()
         .expect("a short receive buffer is refused");
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     let e = comm
-        .isend_raw(RawBuf::empty(), n, 0)
+        .isend_raw(Lease::empty(), n, 0)
         .err()
         .expect("a rank outside the communicator is refused");
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
@@ -311,7 +319,7 @@ fn refused() {
         )
     };
     let e = comm
-        .start_collective_raw(v, Some(RawBuf::empty()), RawBuf::empty())
+        .start_collective_raw(v, Some(Lease::empty()), Lease::empty())
         .err()
         .expect("counts of the wrong length are refused");
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
@@ -367,5 +375,5 @@ fn requests_and_lent_buffers_cross_threads() {
     fn send<T: Send>() {}
     send_sync::<Request>();
     send_sync::<Communicator>();
-    send::<RawBuf>();
+    send::<Lease<'static>>();
 }

@@ -12,8 +12,13 @@ use std::time::Instant;
 use crate::coll::schedule::{Buf, Region, Schedule, Step};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, PeerRank, Result};
-use crate::p2p::{Engine, OpId, Target};
-use crate::reduce;
+use crate::p2p::lease::{Lease, Ops, Part};
+use crate::p2p::{Blocking, Engine, OpId, Target};
+
+/// The buffers of a call in the engine's scope, by index.
+const SEND: usize = 0;
+const RECV: usize = 1;
+const SCRATCH: usize = 2;
 
 /// One collective call of one rank, ready to run.
 pub(crate) struct Call<'a> {
@@ -31,10 +36,6 @@ pub(crate) struct Call<'a> {
     pub dtype: DataType,
     /// Reduction.
     pub op: ReduceOp,
-    /// The send buffer (ignored when `in_place`).
-    pub send: (*const u8, usize),
-    /// The receive buffer.
-    pub recv: (*mut u8, usize),
     /// The send buffer is the receive buffer.
     pub in_place: bool,
 }
@@ -57,84 +58,67 @@ impl Call<'_> {
         })
     }
 
-    /// Start and length of the memory a region lies in, after in-place aliasing.
-    fn base(&self, buf: Buf, scratch: &mut [u8]) -> (*mut u8, usize, Buf) {
-        match buf {
-            Buf::Send if !self.in_place => (self.send.0.cast_mut(), self.send.1, Buf::Send),
-            Buf::Send | Buf::Recv => (self.recv.0, self.recv.1, Buf::Recv),
-            Buf::Scratch => (scratch.as_mut_ptr(), scratch.len(), Buf::Scratch),
-            Buf::Token => (std::ptr::NonNull::dangling().as_ptr(), 0, Buf::Token),
-        }
-    }
-
-    /// The address of a region, checked against its buffer.
-    fn ptr(&self, r: Region, scratch: &mut [u8]) -> Result<*mut u8> {
-        if r.buf == Buf::Token {
-            // Tokens move no data: any non-null pointer will do for zero bytes.
-            return match r.len {
-                0 => Ok(std::ptr::NonNull::dangling().as_ptr()),
-                _ => Err(Error::internal("a schedule gives a token region bytes")),
-            };
-        }
-        let (base, len, _) = self.base(r.buf, scratch);
-        if r.off.checked_add(r.len).is_none_or(|end| end > len) {
-            return Err(Error::internal(format!(
-                "a schedule step names bytes {:?} of a {len}-byte {:?} buffer",
-                r.range(),
-                r.buf
-            )));
-        }
-        // SAFETY: `r.off + r.len <= len`, so the offset stays inside the buffer.
-        Ok(unsafe { base.add(r.off) })
-    }
-
-    /// Whether two regions share memory once aliasing is applied.
-    fn alias(&self, a: Region, b: Region, scratch: &mut [u8]) -> bool {
-        let (_, _, ba) = self.base(a.buf, scratch);
-        let (_, _, bb) = self.base(b.buf, scratch);
-        ba == bb && a.len > 0 && b.len > 0 && a.off < b.off + b.len && b.off < a.off + a.len
+    /// The bytes of a region in the scope's buffers, after in-place aliasing.
+    fn part(&self, r: Region) -> Result<Part> {
+        let buf = match r.buf {
+            Buf::Send if !self.in_place => SEND,
+            Buf::Send | Buf::Recv => RECV,
+            Buf::Scratch => SCRATCH,
+            // Tokens move no data.
+            Buf::Token if r.len == 0 => SCRATCH,
+            Buf::Token => return Err(Error::internal("a schedule gives a token region bytes")),
+        };
+        Ok(Part {
+            buf,
+            off: if r.buf == Buf::Token { 0 } else { r.off },
+            len: r.len,
+        })
     }
 }
 
-/// Runs `call` to completion (or failure), by `deadline`.
-///
-/// # Safety
-/// `call.send` must be valid for reads and `call.recv` for writes (and not otherwise accessed)
-/// for the whole call; `scratch` must hold at least `call.sched.scratch` bytes.
-pub(crate) unsafe fn execute(
+/// Runs `call` to completion (or failure), by `deadline`, on `send` (ignored when in place),
+/// `recv`, and `scratch` (at least `call.sched.scratch` bytes).
+pub(crate) fn execute(
     engine: &Engine,
     call: &Call<'_>,
+    send: Option<&Lease<'_>>,
+    recv: &mut Lease<'_>,
     scratch: &mut [u8],
     deadline: Instant,
 ) -> Result<()> {
     let steps = &call.sched.steps;
-    let mut pending: Vec<(usize, OpId)> = Vec::new();
-    let result = match engine.begin_call(call.comm, call.tag, call.sig) {
-        Err(e) => Err(e),
-        Ok(()) => run_steps(engine, call, scratch, deadline, &mut pending),
-    };
-    if let Err(e) = &result {
-        let left: Vec<OpId> = pending.iter().map(|&(_, id)| id).collect();
-        engine.cancel(&left);
-        // Tell every peer of the schedule, so that nobody waits for this rank.
-        let targets: Vec<Target> = steps
-            .iter()
-            .filter_map(|s| match *s {
-                Step::Send { peer, .. } | Step::Recv { peer, .. } => call.target(peer).ok(),
-                _ => None,
-            })
-            .collect();
-        engine.abort(&targets, e);
-        tracing::debug!("collective {:?} failed: {e}", call.sig);
-    }
-    result
+    let mut bufs = [
+        send.map_or_else(|| Lease::from(&[][..]), Lease::share),
+        recv.reborrow(),
+        Lease::from(scratch),
+    ];
+    engine.scope(&mut bufs, |ops| {
+        let mut pending: Vec<(usize, OpId)> = Vec::new();
+        let result = match engine.begin_call(call.comm, call.tag, call.sig) {
+            Err(e) => Err(e),
+            Ok(()) => run_steps(ops, call, deadline, &mut pending),
+        };
+        if let Err(e) = &result {
+            ops.cancel_all();
+            // Tell every peer of the schedule, so that nobody waits for this rank.
+            let targets: Vec<Target> = steps
+                .iter()
+                .filter_map(|s| match *s {
+                    Step::Send { peer, .. } | Step::Recv { peer, .. } => call.target(peer).ok(),
+                    _ => None,
+                })
+                .collect();
+            engine.abort(&targets, e);
+            tracing::debug!("collective {:?} failed: {e}", call.sig);
+        }
+        result
+    })
 }
 
 /// Issues and completes the steps; on error, `pending` holds the operations still posted.
 fn run_steps(
-    engine: &Engine,
+    ops: &mut Ops<'_>,
     call: &Call<'_>,
-    scratch: &mut [u8],
     deadline: Instant,
     pending: &mut Vec<(usize, OpId)>,
 ) -> Result<()> {
@@ -145,7 +129,7 @@ fn run_steps(
     loop {
         // Issue, in order, every step whose dependencies are done.
         while next < steps.len() && call.sched.deps(next).iter().all(|&d| done[d as usize]) {
-            if let Some(id) = issue(engine, call, steps[next], scratch)? {
+            if let Some(id) = issue(ops, call, steps[next])? {
                 pending.push((next, id));
             } else {
                 done[next] = true;
@@ -169,7 +153,7 @@ fn run_steps(
             };
             crate::observe::waiting_for_step(first, peer);
         }
-        let (k, result) = engine.wait_any(&ids, deadline)?;
+        let (k, result) = ops.wait_any(&ids, deadline)?;
         let (step, _) = pending.swap_remove(k);
         result?;
         done[step] = true;
@@ -177,49 +161,22 @@ fn run_steps(
 }
 
 /// Starts a transfer (returning its operation) or runs a local step to completion.
-fn issue(engine: &Engine, call: &Call<'_>, step: Step, scratch: &mut [u8]) -> Result<Option<OpId>> {
+fn issue(ops: &mut Ops<'_>, call: &Call<'_>, step: Step) -> Result<Option<OpId>> {
     match step {
         Step::Send { peer, src } => {
-            let p = call.ptr(src, scratch)?;
-            // SAFETY: `p..p + src.len` lies in a buffer the caller of `execute` keeps valid
-            // until it returns, and every posted operation is waited for or cancelled first.
-            Ok(Some(unsafe {
-                engine.post_send(call.target(peer)?, p, src.len, false)?
-            }))
+            let t = call.target(peer)?;
+            ops.post(Blocking::Send, t, call.part(src)?).map(Some)
         }
         Step::Recv { peer, dst } => {
-            let p = call.ptr(dst, scratch)?;
-            // SAFETY: as for sends; dependencies keep every other step off `dst` until the
-            // receive completes.
-            Ok(Some(unsafe {
-                engine.post_recv(call.target(peer)?, p, dst.len, false)?
-            }))
+            let t = call.target(peer)?;
+            ops.post(Blocking::Recv, t, call.part(dst)?).map(Some)
         }
         Step::Copy { dst, src } => {
-            let (d, s) = (call.ptr(dst, scratch)?, call.ptr(src, scratch)?);
-            if dst.len != src.len {
-                return Err(Error::internal(
-                    "a schedule copies between regions of different sizes",
-                ));
-            }
-            // SAFETY: both ranges were checked against their buffers; `copy` allows overlap.
-            unsafe { std::ptr::copy(s, d, dst.len) };
+            ops.copy(call.part(dst)?, call.part(src)?)?;
             Ok(None)
         }
         Step::Reduce { dst, src } => {
-            if call.alias(dst, src, scratch) {
-                return Err(Error::internal("a schedule reduces a region into itself"));
-            }
-            let (d, s) = (call.ptr(dst, scratch)?, call.ptr(src, scratch)?);
-            // SAFETY: both ranges were checked against their buffers and do not overlap; no
-            // transfer touches them now (dependencies).
-            let (dst_bytes, src_bytes) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(d, dst.len),
-                    std::slice::from_raw_parts(s, src.len),
-                )
-            };
-            reduce::reduce_into(call.dtype, call.op, dst_bytes, src_bytes)?;
+            ops.reduce(call.dtype, call.op, call.part(dst)?, call.part(src)?)?;
             Ok(None)
         }
     }

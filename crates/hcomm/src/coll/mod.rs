@@ -3,6 +3,11 @@
 //!
 //! Algorithms touch no socket: the executor (`exec`) runs schedules over the progress engine,
 //! the simulator ([`sim`]) runs them in one process for tests.
+//!
+//! No unsafe code here: buffers reach the engine as `p2p::lease::Lease`s, and the one-sided
+//! collectives reach shared memory through `transport::shm::board`.
+
+#![forbid(unsafe_code)]
 
 pub(crate) mod algos;
 pub(crate) mod exec;

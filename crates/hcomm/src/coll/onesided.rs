@@ -1,18 +1,10 @@
 //! One-sided collectives for communicators whose ranks all share this host.
 //!
 //! Every member maps a small segment of every other member, `hcomm-<job>-<rank>-c<comm id>`,
-//! created at the communicator's first one-sided call, laid out as [`Segment`]:
-//!
-//! ```text
-//! 0    seq    (AtomicU64): number of the last one-sided call this rank started
-//! 64   failed (AtomicU64): last call this rank abandoned after starting it
-//! 128  ready  (AtomicU64): last call whose reduced slice this rank has finished
-//! 256  done   (AtomicU64): last call whose peers' buffers this rank has finished reading
-//! 384  header of slot 0 | 448 header of slot 1: signature, length, buffer addresses
-//! 512  data of slot 0 (SLOT bytes) | data of slot 1 (SLOT bytes)
-//! then tiny slot 0 | tiny slot 1: one cache line each (call number, signature, length and
-//!      up to 32 bytes of contribution)
-//! ```
+//! created at the communicator's first one-sided call: the board of `transport::shm::board`
+//! (its layout a `#[repr(C)]` struct there: counters, two slots of header and data, two tiny
+//! lines), which owns every access to that memory and to the peers' buffers. This module is
+//! the protocol, with no unsafe code.
 //!
 //! Call `j` (numbered per communicator, the same on every rank) uses slot `j % 2`. A rank
 //! writes the slot's header (and, for small calls, its whole contribution into the data),
@@ -46,9 +38,7 @@
 //! per rank), yield, then sleep on the rank's doorbell futex; every wait is bounded by
 //! `HCOMM_TIMEOUT` and checks that the peer is still alive and has not abandoned the call.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::cell::OnceCell;
-use std::mem::offset_of;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -58,18 +48,18 @@ use crate::config::Backoff;
 use crate::dtype::ReduceOp;
 use crate::error::{Error, PeerRank, Result};
 use crate::observe::stall::StallWatch;
+use crate::p2p::lease::Lease;
 use crate::p2p::wait::{Pause, Waiting};
 use crate::p2p::Engine;
 use crate::reduce;
 use crate::sync::lock;
-use crate::transport::shm::cma;
+pub(crate) use crate::transport::shm::board::SLOT;
+use crate::transport::shm::board::{
+    pool_loc, Board, BoardSetup, Ctr, Header, Side, Signals, SEG_LEN, TINY_MAX,
+};
 use crate::transport::shm::pool::ShmPool;
 use crate::transport::shm::segment::{segment_name, ShmSegment};
 
-/// Bytes of each slot's data: the largest contribution that goes inline.
-pub(crate) const SLOT: usize = 32 << 10;
-/// Largest contribution of a tiny call: it travels in one cache line with its call number.
-const TINY_MAX: usize = 32;
 /// Calls whose buffers all lie in pools read larger contributions than this in place, even
 /// when they fit a slot.
 const DIRECT_FROM: usize = 1024;
@@ -82,107 +72,14 @@ const CHUNK: usize = 128 << 10;
 /// buffers do not fit the caches, and the stores then skip reading the destination first.
 const STREAM_FROM: usize = 64 << 20;
 
-/// What a rank tells its peers about one call, in the slot's header.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct Header {
-    sig: [u64; 2],
-    /// Bytes of the contribution.
-    len: u64,
-    /// Address of the contribution in the rank's memory.
-    input: u64,
-    /// Address of the receive buffer in the rank's memory.
-    output: u64,
-    /// Where the contribution lies in the rank's shared-memory pool (see [`pool_loc`]).
-    input_loc: u64,
-    /// Where the receive buffer lies in the rank's shared-memory pool.
-    output_loc: u64,
-}
-
-/// A pool location in a header: `(block + 1) << 40 | offset`, 0 for heap memory.
-fn pool_loc(pool: Option<&ShmPool>, ptr: *const u8, len: usize) -> u64 {
-    pool.and_then(|p| p.locate(ptr, len))
-        .filter(|&(block, offset)| block < 1 << 23 && offset < 1 << 40)
-        .map_or(0, |(block, offset)| {
-            ((block as u64 + 1) << 40) | offset as u64
-        })
-}
-
-const _: () = assert!(size_of::<Header>() <= 64);
-
-/// A tiny call's whole slot: one cache line, so that a peer sees the call number and the data
-/// with a single transfer.
-#[repr(C, align(64))]
-struct Tiny {
-    /// The call; stored last, with release ordering.
-    seq: AtomicU64,
-    sig: [u64; 2],
-    len: u64,
-    data: [u8; TINY_MAX],
-}
-
-const _: () = assert!(size_of::<Tiny>() == 64);
-
-/// A counter on a cache line of its own.
-#[repr(C, align(64))]
-struct Counter(AtomicU64);
-
-/// A slot's header on a cache line of its own.
-#[repr(C, align(64))]
-struct HeaderLine(Header);
-
-/// A rank's segment, which every member maps (see the module docs). Never referenced as a
-/// whole: the peers write parts of it meanwhile; its fields are reached through pointers.
-#[repr(C)]
-struct Segment {
-    /// Number of the last one-sided call this rank started.
-    seq: Counter,
-    /// Last call this rank abandoned after publishing it (its peers must not wait for it).
-    failed: Counter,
-    /// Last call whose reduced slice this rank has finished.
-    ready: Counter,
-    /// Unused: keeps `done` a pair of lines apart from `ready`, at the offsets the calls were
-    /// tuned with.
-    _gap_ready: Counter,
-    /// Last call whose peers' buffers this rank has finished reading.
-    done: Counter,
-    /// Unused: keeps the headers at the offsets the calls were tuned with.
-    _gap_done: Counter,
-    /// Each slot's header: signature, length, buffer addresses.
-    headers: [HeaderLine; 2],
-    /// Each slot's data (inline contributions).
-    data: [[u8; SLOT]; 2],
-    /// The tiny slots, one cache line each.
-    tiny: [Tiny; 2],
-}
-
-const SEG_LEN: usize = size_of::<Segment>();
-const _: () = {
-    assert!(offset_of!(Segment, done) == 256);
-    assert!(offset_of!(Segment, headers) == 384);
-    assert!(offset_of!(Segment, data) == 512);
-    assert!(SEG_LEN == 512 + 2 * SLOT + 2 * 64);
-};
-
-/// The counters of a segment.
-#[derive(Debug, Clone, Copy)]
-enum Ctr {
-    /// [`Segment::seq`].
-    Seq,
-    /// [`Segment::failed`].
-    Failed,
-    /// [`Segment::ready`].
-    Ready,
-    /// [`Segment::done`].
-    Done,
-}
-
-/// The call counter of a communicator and what this rank knows of its peers.
+/// The call counter of a communicator, what this rank knows of its peers, and the board.
 struct Calls {
     /// Calls this rank started.
     last: u64,
     /// The latest call each peer is known to have started.
     known: Vec<u64>,
+    /// The segments and the way to the peers' buffers.
+    board: Board,
 }
 
 /// The one-sided state of a communicator.
@@ -190,33 +87,41 @@ pub(crate) struct OneSided {
     me: usize,
     /// World rank of each member.
     world: Vec<usize>,
-    /// Process id of each member.
-    pids: Vec<u32>,
-    /// Every member's segment, this rank's included, by rank.
-    segs: Vec<ShmSegment>,
+    /// Every member's counters.
+    signals: Signals,
     /// Whether waiters may spin (a core per local rank).
     spin: bool,
     /// Whether cross-memory attach reaches every peer.
     cma: bool,
     /// Calls so far; held for the length of a call.
     calls: Mutex<Calls>,
-    /// The job id of the segment names.
-    job: String,
-    /// Bytes of a pool block (the same on every rank).
-    block_size: usize,
-    /// Ranks of the world on this host: the processes that map each pool block.
-    local_ranks: u32,
-    /// The peers' pool blocks mapped so far, by (rank, block); `None`: it cannot be mapped.
-    blocks: Mutex<HashMap<(usize, usize), Option<ShmSegment>>>,
 }
 
-/// Pointers and lengths of one call's buffers.
-pub(crate) struct Buffers {
-    /// The send buffer (null when there is none or the call is in place).
-    pub send: *const u8,
-    /// The receive buffer and its length.
-    pub recv: *mut u8,
-    pub recv_len: usize,
+/// One call's buffers: the send buffer (`None` when there is none or the call is in place)
+/// and the receive buffer.
+struct Buffers<'a> {
+    send: Option<&'a [u8]>,
+    out: &'a mut [u8],
+}
+
+/// Where this rank's contribution lies.
+#[derive(Debug, Clone, Copy)]
+enum Own {
+    /// At the start of the send buffer.
+    Send,
+    /// At this offset of the receive buffer.
+    Recv(usize),
+}
+
+impl Buffers<'_> {
+    /// This rank's contribution of `len` bytes.
+    fn own(&self, at: Own, len: usize) -> Result<&[u8]> {
+        let got = match at {
+            Own::Send => self.send.and_then(|s| s.get(..len)),
+            Own::Recv(off) => self.out.get(off..off + len),
+        };
+        got.ok_or_else(|| Error::internal("a one-sided contribution outside its buffer"))
+    }
 }
 
 impl OneSided {
@@ -259,6 +164,9 @@ impl OneSided {
             }
             let seg = name_of(r).and_then(|name| ShmSegment::open(&name, SEG_LEN));
             match (seg, engine.shm_peer_pid(comm.members()[r])) {
+                (_, Some((pid, _))) if pid == std::process::id() => {
+                    failed = Some(Error::internal(format!("rank {r} runs in this process")));
+                }
                 (Ok(seg), Some((pid, reach))) => {
                     let _ = seg.unlink_if_last(n as u32);
                     segs.push(seg);
@@ -286,28 +194,33 @@ impl OneSided {
             return Ok(None);
         }
         segs.insert(me, own);
+        let (board, signals) = Board::new(BoardSetup {
+            me,
+            segs,
+            world: members.to_vec(),
+            pids,
+            job: job.to_owned(),
+            block_size: comm.pool().map_or(0, ShmPool::block_size),
+            local_ranks: engine.shm_peer_count() as u32 + 1,
+        })?;
         Ok(Some(OneSided {
             me,
             world: members.to_vec(),
-            pids,
-            segs,
+            signals,
             spin: comm.spin(),
             cma,
             calls: Mutex::new(Calls {
                 last: 0,
                 known: vec![0; n],
+                board,
             }),
-            job: job.to_owned(),
-            block_size: comm.pool().map_or(0, ShmPool::block_size),
-            local_ranks: engine.shm_peer_count() as u32 + 1,
-            blocks: Mutex::new(HashMap::default()),
         }))
     }
 
     /// Whether a call of `shape` runs one-sided: inline when every contribution fits a slot;
     /// otherwise only large all-reduce, all-gather and broadcast, with cross-memory attach.
     pub(crate) fn fits(&self, shape: &Shape) -> bool {
-        if shape.v.is_some() || shape.size != self.segs.len() {
+        if shape.v.is_some() || shape.size != self.signals.len() {
             return false;
         }
         max_contribution(shape) <= SLOT
@@ -318,20 +231,23 @@ impl OneSided {
                 ))
     }
 
-    /// Runs call `tag` of `shape` with signature `sig`.
-    ///
-    /// # Safety
-    /// The buffers must be valid (send for reads unless null, recv for reads and writes and
-    /// otherwise unused) for the whole call, holding what `shape` says.
-    pub(crate) unsafe fn run(
+    /// Runs call `tag` of `shape` with signature `sig`, from `send` (`None` in place and for
+    /// calls without one) into `recv`, both checked against `shape`.
+    pub(crate) fn run(
         &self,
         comm: &dyn Group,
         shape: &Shape,
         tag: u32,
         sig: [u64; 2],
-        bufs: &Buffers,
+        send: Option<&Lease<'_>>,
+        recv: &mut Lease<'_>,
     ) -> Result<()> {
-        let mut calls = lock(&self.calls);
+        let mut bufs = Buffers {
+            send: send.map(Lease::as_slice),
+            out: recv.as_mut_slice()?,
+        };
+        let mut guard = lock(&self.calls);
+        let calls = &mut *guard;
         let j = calls.last + 1;
         calls.last = j;
         let engine = comm.engine();
@@ -349,7 +265,7 @@ impl OneSided {
         // another algorithm) only once it has to wait (`Waiter::wait_on`); an earlier call's
         // mismatch found after it returned is reported now.
         engine.late_error(waiter.coll_id)?;
-        let n = self.segs.len();
+        let n = self.signals.len();
         // Slot j % 2 was last used by call j - 2: every peer has finished it once it started
         // call j - 1 (which this rank usually saw during call j - 1).
         for p in (0..n).filter(|&p| p != self.me) {
@@ -357,55 +273,47 @@ impl OneSided {
                 waiter.wait(p, Ctr::Seq, j - 1)?;
             }
         }
-        let (input, len) = contribution(shape, self.me, bufs);
+        let (own, len) = contribution(shape, self.me, &bufs);
         let slot = (j % 2) as usize;
+        let board = &mut calls.board;
         if max_contribution(shape) <= TINY_MAX {
-            // SAFETY: forwarded from the caller.
-            return unsafe {
-                self.tiny(
-                    &waiter,
-                    shape,
-                    sig,
-                    (j, slot),
-                    (input, len),
-                    bufs,
-                    &mut calls.known,
-                )
-            };
+            return self.tiny(
+                &waiter,
+                board,
+                shape,
+                (j, slot),
+                (own, len),
+                &mut bufs,
+                &mut calls.known,
+            );
         }
         let inline = max_contribution(shape) <= SLOT;
         let pool = comm.pool();
+        let input = bufs.own(own, len)?;
+        let out_at = bufs.out.as_ptr();
         let header = Header {
             sig,
             len: len as u64,
-            input: input as u64,
-            output: bufs.recv as u64,
-            input_loc: pool_loc(pool, input, len),
-            output_loc: pool_loc(pool, bufs.recv, bufs.recv_len),
+            input: input.as_ptr() as u64,
+            output: out_at as u64,
+            input_loc: pool_loc(pool.and_then(|p| p.locate(input.as_ptr(), len))),
+            output_loc: pool_loc(pool.and_then(|p| p.locate(out_at, bufs.out.len()))),
+            output_len: bufs.out.len() as u64,
         };
-        // SAFETY: the header and data of slot `slot` are this rank's to write (no peer reads
-        // them before seq says j); the contribution is `len` readable bytes (the caller's
-        // contract), at most SLOT when inline.
-        unsafe {
-            self.header_ptr(self.me, slot).write(header);
-            if inline && len > 0 {
-                self.data_ptr(self.me, slot)
-                    .copy_from_nonoverlapping(input, len);
-            }
+        board.publish_header(slot, header);
+        if inline && len > 0 {
+            board.publish_data(slot, input)?;
         }
         self.publish(engine, Ctr::Seq, j);
-        // SAFETY: forwarded from the caller.
-        let result = unsafe {
-            self.complete(
-                &waiter,
-                shape,
-                sig,
-                (j, slot),
-                inline,
-                bufs,
-                &mut calls.known,
-            )
-        };
+        let result = self.complete(
+            &waiter,
+            board,
+            shape,
+            (j, slot),
+            inline,
+            &mut bufs,
+            &mut calls.known,
+        );
         if result.is_err() {
             // Peers may wait for this rank's part of the call: tell them it will not come.
             self.publish(engine, Ctr::Failed, j);
@@ -415,107 +323,81 @@ impl OneSided {
 
     /// A call whose every contribution fits a cache line: it goes with the call number in
     /// one line of the tiny slot, and each rank computes its result from the peers' lines.
-    ///
-    /// # Safety
-    /// As for [`OneSided::run`]; `input` is this rank's contribution.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tiny(
+    fn tiny(
         &self,
         waiter: &Waiter<'_>,
+        board: &mut Board,
         shape: &Shape,
-        sig: [u64; 2],
         (j, slot): (u64, usize),
-        input: (*const u8, usize),
-        bufs: &Buffers,
+        (own, len): (Own, usize),
+        bufs: &mut Buffers<'_>,
         known: &mut [u64],
     ) -> Result<()> {
-        let mine = self.tiny_ptr(self.me, slot);
-        // SAFETY: the line is this rank's to write until it publishes `seq` (no peer reads it
-        // before); the contribution is `input.1 <= TINY_MAX` readable bytes.
-        unsafe {
-            std::ptr::addr_of_mut!((*mine).sig).write(sig);
-            std::ptr::addr_of_mut!((*mine).len).write(input.1 as u64);
-            std::ptr::addr_of_mut!((*mine).data)
-                .cast::<u8>()
-                .copy_from_nonoverlapping(input.0, input.1);
-            (*mine).seq.store(j, Ordering::Release);
-        }
+        board.publish_tiny(slot, waiter.sig, bufs.own(own, len)?, j)?;
         // The call counter too (after the line, which is what the peers watch now): a later
         // call's peers may not have seen this one.
-        self.counter(self.me, Ctr::Seq).store(j, Ordering::Release);
+        self.signals
+            .counter(self.me, Ctr::Seq)
+            .store(j, Ordering::Release);
         // The peers' doorbells ring after the waits below: ringing fences, which would hold
         // this rank until its line reached the peers' caches, and a peer asleep on this call
         // has published its own line already, so the waits end without it. (The last rank to
         // publish finds every line there and rings everyone.)
-        for p in (0..self.segs.len()).filter(|&p| p != self.me) {
-            // SAFETY: the line lies in the peer's mapped segment; `seq` is an atomic.
-            let seq = unsafe { &(*self.tiny_ptr(p, slot)).seq };
-            waiter.wait_on(p, seq, j)?;
+        let n = self.signals.len();
+        for p in (0..n).filter(|&p| p != self.me) {
+            waiter.wait_on(p, self.signals.tiny_seq(p, slot), j)?;
             known[p] = j;
-            // SAFETY: the peer published call j in this line (acquire above) and does not
-            // rewrite it before this rank starts call j + 1.
-            let (theirs, len) = unsafe {
-                let line = self.tiny_ptr(p, slot);
-                (
-                    std::ptr::addr_of!((*line).sig).read(),
-                    std::ptr::addr_of!((*line).len).read(),
-                )
-            };
-            check_peer_call(shape, sig, p, theirs, len)?;
+            let (theirs, len) = board.tiny_header(p, slot);
+            check_peer_call(shape, waiter.sig, p, theirs, len)?;
         }
-        for p in (0..self.segs.len()).filter(|&p| p != self.me) {
+        for p in (0..n).filter(|&p| p != self.me) {
             waiter.engine.ring_peer(self.world[p]);
         }
         // This rank's own contribution comes from its buffer, which stays in its cache, rather
         // than from its line, which the peers are fetching; not when it lies in the receive
         // buffer (in place).
-        let own = (!bufs.send.is_null() && input.0 == bufs.send).then_some(input.0);
-        // SAFETY: every line holds its rank's contribution (checked above), and so does `own`,
-        // a buffer apart from the receive buffer; forwarded from the caller for the buffers.
-        unsafe {
-            self.compute(shape, bufs, |p| match own {
-                Some(own) if p == self.me => own,
-                _ => std::ptr::addr_of!((*self.tiny_ptr(p, slot)).data).cast::<u8>(),
-            })
+        let lens: Vec<usize> = (0..n).map(|p| contribution_len(shape, p)).collect();
+        let Buffers { send, out } = bufs;
+        let own = match own {
+            Own::Send => send.and_then(|s| s.get(..len)),
+            Own::Recv(_) => None,
+        };
+        board.with_contributions(true, slot, &lens, own, |c| compute(shape, self.me, out, c))?
+    }
+
+    /// Publishes `value` in this rank's counter `which` and rings every peer.
+    fn publish(&self, engine: &Engine, which: Ctr, value: u64) {
+        self.signals
+            .counter(self.me, which)
+            .store(value, Ordering::Release);
+        for p in (0..self.signals.len()).filter(|&p| p != self.me) {
+            engine.ring_peer(self.world[p]);
         }
-    }
-
-    fn tiny_ptr(&self, rank: usize, slot: usize) -> *mut Tiny {
-        self.field(rank, offset_of!(Segment, tiny) + size_of::<Tiny>() * slot)
-    }
-
-    /// The field at `offset` of rank `rank`'s segment.
-    fn field<T>(&self, rank: usize, offset: usize) -> *mut T {
-        self.segs[rank].as_ptr().wrapping_add(offset).cast()
     }
 
     /// The rest of call `j` once this rank published it: check the peers' signatures, then
     /// compute the result.
-    ///
-    /// # Safety
-    /// As for [`OneSided::run`].
     #[allow(clippy::too_many_arguments)]
-    unsafe fn complete(
+    fn complete(
         &self,
         waiter: &Waiter<'_>,
+        board: &mut Board,
         shape: &Shape,
-        sig: [u64; 2],
         (j, slot): (u64, usize),
         inline: bool,
-        bufs: &Buffers,
+        bufs: &mut Buffers<'_>,
         known: &mut [u64],
     ) -> Result<()> {
-        let n = self.segs.len();
+        let n = self.signals.len();
         for p in (0..n).filter(|&p| p != self.me) {
             waiter.wait(p, Ctr::Seq, j)?;
             known[p] = j;
         }
         // Every rank checks every signature, so a mismatch fails every rank of the call.
         for p in (0..n).filter(|&p| p != self.me) {
-            // SAFETY: the peer published call j, so its header is written, and it is not
-            // rewritten before this rank starts call j + 1.
-            let theirs = unsafe { self.header_ptr(p, slot).read() };
-            check_peer_call(shape, sig, p, theirs.sig, theirs.len)?;
+            let theirs = board.header(p, slot);
+            check_peer_call(shape, waiter.sig, p, theirs.sig, theirs.len)?;
         }
         // Contributions beyond a kilobyte in every rank's pool are read in place rather than
         // through the slots, which every call rewrites (so every read of them crosses between
@@ -524,8 +406,7 @@ impl OneSided {
         // same headers, so all decide alike.
         let in_pools = || {
             (0..n).all(|p| {
-                // SAFETY: as above: every peer's header of this call is published.
-                let h = unsafe { self.header_ptr(p, slot).read() };
+                let h = board.header(p, slot);
                 h.input_loc != 0 && h.output_loc != 0
             })
         };
@@ -539,216 +420,109 @@ impl OneSided {
                 _ => false,
             };
         if inline && !direct {
-            // SAFETY: forwarded from the caller; the peers' slots hold call j.
-            unsafe { self.inline(shape, slot, bufs) }
+            let lens: Vec<usize> = (0..n).map(|p| contribution_len(shape, p)).collect();
+            board.with_contributions(false, slot, &lens, None, |c| {
+                compute(shape, self.me, bufs.out, c)
+            })?
         } else {
-            // SAFETY: forwarded from the caller.
-            unsafe { self.large(waiter, shape, j, slot, bufs) }
+            self.large(waiter, board, shape, j, bufs)
         }
-    }
-
-    /// Computes this rank's result of an inline call from the slots.
-    ///
-    /// # Safety
-    /// As for [`OneSided::run`], with every peer's slot `slot` published for this call.
-    unsafe fn inline(&self, shape: &Shape, slot: usize, bufs: &Buffers) -> Result<()> {
-        // SAFETY: forwarded from the caller: every slot holds its rank's contribution.
-        unsafe { self.compute(shape, bufs, |p| self.data_ptr(p, slot).cast_const()) }
-    }
-
-    /// This rank's result from every rank's contribution, at `at(rank)`.
-    ///
-    /// # Safety
-    /// `at(p)` must point to rank `p`'s contribution of `contribution_len(shape, p)` bytes,
-    /// not changing during the call; the buffers as for [`OneSided::run`].
-    unsafe fn compute(
-        &self,
-        shape: &Shape,
-        bufs: &Buffers,
-        at: impl Fn(usize) -> *const u8,
-    ) -> Result<()> {
-        let n = self.segs.len();
-        let me = self.me;
-        let e = shape.elem();
-        let block = shape.count * e;
-        // SAFETY: the caller's promise on `at`.
-        let c = |p: usize| unsafe { std::slice::from_raw_parts(at(p), contribution_len(shape, p)) };
-        // SAFETY: the caller's receive buffer, valid for `recv_len` bytes for this call and
-        // used by nothing else.
-        let out = unsafe { std::slice::from_raw_parts_mut(bufs.recv, bufs.recv_len) };
-        let fold = |dst: &mut [u8], at: usize| -> Result<()> {
-            dst.copy_from_slice(&c(0)[at..at + dst.len()]);
-            for p in 1..n {
-                reduce::reduce_into(shape.dtype, shape.op, dst, &c(p)[at..at + dst.len()])?;
-            }
-            if shape.op == ReduceOp::Avg {
-                reduce::finish_avg(shape.dtype, dst, n)?;
-            }
-            Ok(())
-        };
-        match shape.kind {
-            CollKind::AllReduce => fold(&mut out[..block], 0)?,
-            CollKind::Reduce if me == shape.root => fold(&mut out[..block], 0)?,
-            CollKind::ReduceScatter => {
-                let at = if shape.in_place { me * block } else { 0 };
-                fold(&mut out[at..at + block], me * block)?;
-            }
-            CollKind::Broadcast if me != shape.root => out[..block].copy_from_slice(c(shape.root)),
-            CollKind::AllGather => {
-                for p in 0..n {
-                    out[p * block..(p + 1) * block].copy_from_slice(c(p));
-                }
-            }
-            CollKind::Gather if me == shape.root => {
-                for p in 0..n {
-                    out[p * block..(p + 1) * block].copy_from_slice(c(p));
-                }
-            }
-            CollKind::Scatter if !(me == shape.root && shape.in_place) => {
-                out[..block].copy_from_slice(&c(shape.root)[me * block..(me + 1) * block]);
-            }
-            CollKind::AllToAll => {
-                for p in 0..n {
-                    out[p * block..(p + 1) * block]
-                        .copy_from_slice(&c(p)[me * block..(me + 1) * block]);
-                }
-            }
-            _ => {}
-        }
-        Ok(())
     }
 
     /// The large all-reduce, all-gather and broadcast: data read straight from the peers'
-    /// buffers with cross-memory attach.
-    ///
-    /// # Safety
-    /// As for [`OneSided::run`].
-    unsafe fn large(
+    /// buffers (mapped pool blocks, else cross-memory attach).
+    fn large(
         &self,
         waiter: &Waiter<'_>,
+        board: &mut Board,
         shape: &Shape,
         j: u64,
-        slot: usize,
-        bufs: &Buffers,
+        bufs: &mut Buffers<'_>,
     ) -> Result<()> {
-        let n = self.segs.len();
+        let n = self.signals.len();
         let me = self.me;
+        let slot = (j % 2) as usize;
         let peers = || (0..n).filter(move |&p| p != me);
-        // SAFETY: every peer's header of this slot is published for call j.
-        let hdr = |p: usize| unsafe { self.header_ptr(p, slot).read() };
-        // SAFETY: the caller's receive buffer, valid for `recv_len` bytes for this call.
-        let out = unsafe { std::slice::from_raw_parts_mut(bufs.recv, bufs.recv_len) };
         let block = shape.count * shape.elem();
         let stream = block >= STREAM_FROM;
-        let put = |dst: &mut [u8], src: &[u8]| -> Result<()> {
-            if stream {
-                reduce::copy_streaming(dst, src)
-            } else {
-                dst.copy_from_slice(src);
-                Ok(())
-            }
-        };
+        let signals = &self.signals;
         // Every receive buffer in a pool: each rank writes its results into its peers'
         // receive buffers itself (through their mapped blocks, else cross-memory attach), so
         // nobody copies them out of the peers' memory afterwards. Every rank sees the same
         // headers, so all decide alike.
-        let push = (0..n).all(|p| hdr(p).output_loc != 0);
-        // Writes `src`, this rank's bytes at `pos` of the result, into peer `p`'s receive
-        // buffer.
-        let deliver = |p: usize, pos: usize, src: &[u8]| -> Result<()> {
-            let h = hdr(p);
-            match self.peer_mem(p, h.output_loc, pos, src.len()) {
-                Some(dst) => {
-                    // SAFETY: `peer_mem` checked that the bytes lie in the peer's mapped pool
-                    // block (mapped writable, and staying mapped); the peer reserved its
-                    // receive buffer for this call, in which only this rank writes these bytes.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(dst.cast_mut(), src.len()) };
-                    put(dst, src)
-                }
-                // SAFETY: the peer published its receive buffer for this call, in which only
-                // this rank writes these bytes, and keeps it until this rank publishes `done`.
-                None => unsafe { cma::write_remote(self.pids[p], h.output as usize + pos, src) },
-            }
-            .map_err(|e| waiter.read_failed(p, e))
-        };
+        let push = (0..n).all(|p| board.header(p, slot).output_loc != 0);
         // Writes `src`, this rank's bytes at `pos` of the result, into every peer's receive
         // buffer, a cache-sized chunk to all peers at a time.
-        let fan_out = |pos: usize, src: &[u8]| -> Result<()> {
+        let fan_out = |board: &mut Board, pos: usize, src: &[u8]| -> Result<()> {
             for (i, chunk) in src.chunks(CHUNK).enumerate() {
                 for p in peers() {
-                    deliver(p, pos + i * CHUNK, chunk)?;
+                    board
+                        .write_peer_output(signals, j, p, pos + i * CHUNK, chunk, stream)
+                        .map_err(|e| waiter.read_failed(p, e))?;
                 }
             }
             Ok(())
         };
+        let Buffers { send, out } = bufs;
         match shape.kind {
             CollKind::AllReduce => {
                 let segs = algos::segments(shape.count, n, shape.elem());
                 let (off, len) = segs[me];
-                let (input, _) = contribution(shape, me, bufs);
+                // Not in place: the contribution is the send buffer, apart from `out`.
+                let input = send.filter(|_| !shape.in_place);
                 // Staging for operands that are not readable in place, made on first need.
                 let (mut acc, mut tmp) = (Vec::new(), Vec::new());
                 let mut at = 0;
                 while at < len {
                     let m = CHUNK.min(len - at);
                     let pos = off + at;
+                    let fold = |dst: &mut [u8], ops: &[&[u8]]| -> Result<()> {
+                        if n == 1 {
+                            dst.copy_from_slice(ops[0]);
+                        } else {
+                            reduce::reduce_to(shape.dtype, shape.op, dst, ops[0], ops[1])?;
+                        }
+                        for src in &ops[2.min(n)..] {
+                            reduce::reduce_into(shape.dtype, shape.op, dst, src)?;
+                        }
+                        if shape.op == ReduceOp::Avg {
+                            reduce::finish_avg(shape.dtype, dst, n)?;
+                        }
+                        Ok(())
+                    };
                     // Every operand readable in place (this rank's own input apart from its
                     // receive buffer, the peers' in mapped pool blocks), and a result that
                     // stays in the caches: reduce straight into the receive buffer.
-                    let in_place = input == bufs.recv.cast_const();
-                    let operands: Option<Vec<&[u8]>> = (!in_place)
-                        .then(|| {
-                            (0..n)
-                                .map(|p| {
-                                    if p == me {
-                                        // SAFETY: not in place, so the contribution is a
-                                        // separate buffer of `block` readable bytes.
-                                        Some(unsafe {
-                                            std::slice::from_raw_parts(input.add(pos), m)
-                                        })
-                                    } else {
-                                        let h = hdr(p);
-                                        self.peer_mem(p, h.input_loc, pos, m).map(|src| {
-                                            // SAFETY: `peer_mem` checked that the bytes lie in
-                                            // the peer's mapped pool block, which stays mapped.
-                                            unsafe { std::slice::from_raw_parts(src, m) }
-                                        })
-                                    }
-                                })
-                                .collect()
+                    let own = match input {
+                        Some(s) => Some(s.get(pos..pos + m).ok_or_else(|| {
+                            Error::internal("a one-sided contribution outside its buffer")
+                        })?),
+                        None => None,
+                    };
+                    if stream && acc.is_empty() {
+                        acc = vec![0u8; CHUNK.min(len)];
+                    }
+                    let direct = own.and_then(|own| {
+                        board.with_inputs(slot, pos, m, own, |ops| match stream {
+                            true => fold(&mut acc[..m], ops),
+                            false => fold(&mut out[pos..pos + m], ops),
                         })
-                        .flatten();
-                    if let Some(ops) = operands {
-                        let fold = |dst: &mut [u8]| -> Result<()> {
-                            if n == 1 {
-                                dst.copy_from_slice(ops[0]);
-                            } else {
-                                reduce::reduce_to(shape.dtype, shape.op, dst, ops[0], ops[1])?;
-                            }
-                            for src in &ops[2.min(n)..] {
-                                reduce::reduce_into(shape.dtype, shape.op, dst, src)?;
-                            }
-                            if shape.op == ReduceOp::Avg {
-                                reduce::finish_avg(shape.dtype, dst, n)?;
-                            }
-                            Ok(())
-                        };
+                    });
+                    if let Some(folded) = direct {
+                        folded?;
                         // Results that do not fit the caches are made in a cache-sized staging
                         // buffer and streamed out from there.
-                        let dst = if stream {
-                            if acc.is_empty() {
-                                acc = vec![0u8; CHUNK.min(len)];
-                            }
-                            fold(&mut acc[..m])?;
-                            put(&mut out[pos..pos + m], &acc[..m])?;
+                        let dst: &[u8] = if stream {
+                            reduce::copy_streaming(&mut out[pos..pos + m], &acc[..m])?;
                             &acc[..m]
                         } else {
-                            fold(&mut out[pos..pos + m])?;
                             &out[pos..pos + m]
                         };
                         if push {
                             for p in peers() {
-                                deliver(p, pos, dst)?;
+                                board
+                                    .write_peer_output(signals, j, p, pos, dst, stream)
+                                    .map_err(|e| waiter.read_failed(p, e))?;
                             }
                         }
                         at += m;
@@ -762,30 +536,32 @@ impl OneSided {
                     }
                     let (acc, tmp) = (&mut acc[..m], &mut tmp[..m]);
                     for p in 0..n {
-                        let h = hdr(p);
                         if p != me {
-                            if let Some(src) = self.peer_mem(p, h.input_loc, pos, m) {
-                                // SAFETY: `peer_mem` checked that the bytes lie in the
-                                // peer's mapped pool block, which stays mapped.
-                                let src = unsafe { std::slice::from_raw_parts(src, m) };
-                                if p == 0 {
-                                    acc.copy_from_slice(src);
-                                } else {
-                                    reduce::reduce_into(shape.dtype, shape.op, acc, src)?;
-                                }
+                            let mapped =
+                                board.with_peer(p, Side::Input, slot, pos, m, |src| match p {
+                                    0 => {
+                                        acc.copy_from_slice(src);
+                                        Ok(())
+                                    }
+                                    _ => reduce::reduce_into(shape.dtype, shape.op, acc, src),
+                                });
+                            if let Some(r) = mapped {
+                                r?;
                                 continue;
                             }
                         }
                         let dst: &mut [u8] = if p == 0 { acc } else { tmp };
                         if p == me {
-                            // SAFETY: the contribution is `block` readable bytes; in place it
-                            // is the receive buffer, whose bytes `pos..pos + m` this rank
-                            // overwrites only after this read.
-                            unsafe { dst.as_mut_ptr().copy_from_nonoverlapping(input.add(pos), m) };
+                            // In place the contribution is the receive buffer, whose bytes
+                            // `pos..pos + m` this rank overwrites only after this read.
+                            let src = match own {
+                                Some(own) => own,
+                                None => &out[pos..pos + m],
+                            };
+                            dst.copy_from_slice(src);
                         } else {
-                            // SAFETY: the peer published its contribution for this call and
-                            // keeps it unchanged until this rank publishes `done`.
-                            unsafe { cma::read_remote(self.pids[p], h.input as usize + pos, dst) }
+                            board
+                                .read_peer(p, Side::Input, slot, pos, dst, false)
                                 .map_err(|e| waiter.read_failed(p, e))?;
                         }
                         if p > 0 {
@@ -795,10 +571,16 @@ impl OneSided {
                     if shape.op == ReduceOp::Avg {
                         reduce::finish_avg(shape.dtype, acc, n)?;
                     }
-                    put(&mut out[pos..pos + m], acc)?;
+                    if stream {
+                        reduce::copy_streaming(&mut out[pos..pos + m], acc)?;
+                    } else {
+                        out[pos..pos + m].copy_from_slice(acc);
+                    }
                     if push {
                         for p in peers() {
-                            deliver(p, pos, acc)?;
+                            board
+                                .write_peer_output(signals, j, p, pos, acc, stream)
+                                .map_err(|e| waiter.read_failed(p, e))?;
                         }
                     }
                     at += m;
@@ -809,16 +591,9 @@ impl OneSided {
                 for p in peers().filter(|_| !push) {
                     waiter.wait(p, Ctr::Ready, j)?;
                     let (off, len) = segs[p];
-                    let h = hdr(p);
-                    self.read_peer(
-                        p,
-                        h.output,
-                        h.output_loc,
-                        off,
-                        &mut out[off..off + len],
-                        put,
-                    )
-                    .map_err(|e| waiter.read_failed(p, e))?;
+                    board
+                        .read_peer(p, Side::Output, slot, off, &mut out[off..off + len], stream)
+                        .map_err(|e| waiter.read_failed(p, e))?;
                 }
             }
             CollKind::AllGather if push => {
@@ -826,23 +601,25 @@ impl OneSided {
                 let own: &[u8] = if shape.in_place {
                     &out[pos..pos + block]
                 } else {
-                    // SAFETY: the send buffer holds `block` readable bytes.
-                    let own = unsafe { std::slice::from_raw_parts(bufs.send, block) };
-                    put(&mut out[pos..pos + block], own)?;
+                    let own = send.and_then(|s| s.get(..block)).ok_or_else(|| {
+                        Error::internal("a one-sided contribution outside its buffer")
+                    })?;
+                    put(&mut out[pos..pos + block], own, stream)?;
                     own
                 };
-                fan_out(pos, own)?;
+                fan_out(board, pos, own)?;
             }
             CollKind::AllGather => {
                 if !shape.in_place {
-                    // SAFETY: the send buffer holds `block` readable bytes.
-                    let own = unsafe { std::slice::from_raw_parts(bufs.send, block) };
-                    put(&mut out[me * block..(me + 1) * block], own)?;
+                    let own = send.and_then(|s| s.get(..block)).ok_or_else(|| {
+                        Error::internal("a one-sided contribution outside its buffer")
+                    })?;
+                    put(&mut out[me * block..(me + 1) * block], own, stream)?;
                 }
                 for p in peers() {
-                    let h = hdr(p);
                     let dst = &mut out[p * block..(p + 1) * block];
-                    self.read_peer(p, h.input, h.input_loc, 0, dst, put)
+                    board
+                        .read_peer(p, Side::Input, slot, 0, dst, stream)
                         .map_err(|e| waiter.read_failed(p, e))?;
                 }
             }
@@ -856,10 +633,10 @@ impl OneSided {
                     block
                 };
                 if me == shape.root {
-                    fan_out(cut, &out[cut..block])?;
+                    fan_out(board, cut, &out[cut..block])?;
                 } else {
-                    let h = hdr(shape.root);
-                    self.read_peer(shape.root, h.output, h.output_loc, 0, &mut out[..cut], put)
+                    board
+                        .read_peer(shape.root, Side::Output, slot, 0, &mut out[..cut], stream)
                         .map_err(|e| waiter.read_failed(shape.root, e))?;
                 }
             }
@@ -880,94 +657,62 @@ impl OneSided {
         }
         Ok(())
     }
+}
 
-    /// Copies `dst.len()` bytes at `pos` of peer `p`'s buffer (address `addr`, pool location
-    /// `loc`) into `dst`: straight from its pool block when mapped, else with cross-memory
-    /// attach.
-    fn read_peer(
-        &self,
-        p: usize,
-        addr: u64,
-        loc: u64,
-        pos: usize,
-        dst: &mut [u8],
-        put: impl Fn(&mut [u8], &[u8]) -> Result<()>,
-    ) -> Result<()> {
-        match self.peer_mem(p, loc, pos, dst.len()) {
-            Some(src) => {
-                // SAFETY: `peer_mem` checked that the bytes lie in the peer's mapped pool
-                // block, which stays mapped while `self` lives; `dst` is this rank's own.
-                let src = unsafe { std::slice::from_raw_parts(src, dst.len()) };
-                put(dst, src)
+/// Copies `src` into `dst`, with non-temporal stores when `stream`.
+fn put(dst: &mut [u8], src: &[u8], stream: bool) -> Result<()> {
+    if stream {
+        reduce::copy_streaming(dst, src)
+    } else {
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// This rank's result of a call of `shape` from every rank's contribution `c[p]`, into `out`.
+fn compute(shape: &Shape, me: usize, out: &mut [u8], c: &[&[u8]]) -> Result<()> {
+    let n = c.len();
+    let block = shape.count * shape.elem();
+    let fold = |dst: &mut [u8], at: usize| -> Result<()> {
+        dst.copy_from_slice(&c[0][at..at + dst.len()]);
+        for src in &c[1..] {
+            reduce::reduce_into(shape.dtype, shape.op, dst, &src[at..at + dst.len()])?;
+        }
+        if shape.op == ReduceOp::Avg {
+            reduce::finish_avg(shape.dtype, dst, n)?;
+        }
+        Ok(())
+    };
+    match shape.kind {
+        CollKind::AllReduce => fold(&mut out[..block], 0)?,
+        CollKind::Reduce if me == shape.root => fold(&mut out[..block], 0)?,
+        CollKind::ReduceScatter => {
+            let at = if shape.in_place { me * block } else { 0 };
+            fold(&mut out[at..at + block], me * block)?;
+        }
+        CollKind::Broadcast if me != shape.root => out[..block].copy_from_slice(c[shape.root]),
+        CollKind::AllGather => {
+            for p in 0..n {
+                out[p * block..(p + 1) * block].copy_from_slice(c[p]);
             }
-            // SAFETY: the peer published the buffer at `addr` for this call and keeps it until
-            // this rank publishes `done`.
-            None => unsafe { cma::read_remote(self.pids[p], addr as usize + pos, dst) },
         }
-    }
-
-    /// Where `len` bytes at `pos` of peer `p`'s pool memory at `loc` are mapped here, mapping
-    /// its block on first use; `None` for heap memory or a block that cannot be mapped.
-    fn peer_mem(&self, p: usize, loc: u64, pos: usize, len: usize) -> Option<*const u8> {
-        if loc == 0 {
-            return None;
-        }
-        let block = (loc >> 40) as usize - 1;
-        let start = (loc & ((1 << 40) - 1)) as usize + pos;
-        if start.checked_add(len)? > self.block_size {
-            return None;
-        }
-        let mut blocks = lock(&self.blocks);
-        let seg = blocks.entry((p, block)).or_insert_with(|| {
-            let opened = segment_name(&self.job, self.world[p] as u32, &format!("pool{block}"))
-                .and_then(|name| ShmSegment::open(&name, self.block_size));
-            match opened {
-                Ok(seg) => {
-                    let _ = seg.unlink_if_last(self.local_ranks);
-                    Some(seg)
-                }
-                Err(e) => {
-                    tracing::info!("pool block {block} of rank {p} read through CMA: {e}");
-                    None
-                }
+        CollKind::Gather if me == shape.root => {
+            for p in 0..n {
+                out[p * block..(p + 1) * block].copy_from_slice(c[p]);
             }
-        });
-        seg.as_ref()
-            .map(|s| s.as_ptr().wrapping_add(start).cast_const())
-    }
-
-    fn counter(&self, rank: usize, which: Ctr) -> &AtomicU64 {
-        let offset = match which {
-            Ctr::Seq => offset_of!(Segment, seq),
-            Ctr::Failed => offset_of!(Segment, failed),
-            Ctr::Ready => offset_of!(Segment, ready),
-            Ctr::Done => offset_of!(Segment, done),
-        };
-        let ctr = self.field::<Counter>(rank, offset);
-        // SAFETY: every segment holds a `Segment` (SEG_LEN bytes, 128-byte aligned) and lives
-        // as long as `self`; a counter is an atomic, any bit pattern of which is valid, shared
-        // between processes.
-        unsafe { &(*ctr).0 }
-    }
-
-    fn header_ptr(&self, rank: usize, slot: usize) -> *mut Header {
-        self.field(
-            rank,
-            offset_of!(Segment, headers) + size_of::<HeaderLine>() * slot,
-        )
-    }
-
-    fn data_ptr(&self, rank: usize, slot: usize) -> *mut u8 {
-        self.field(rank, offset_of!(Segment, data) + SLOT * slot)
-    }
-
-    /// Stores `value` in this rank's counter `which` and rings every peer.
-    fn publish(&self, engine: &Engine, which: Ctr, value: u64) {
-        self.counter(self.me, which).store(value, Ordering::Release);
-        for p in (0..self.segs.len()).filter(|&p| p != self.me) {
-            engine.ring_peer(self.world[p]);
         }
+        CollKind::Scatter if !(me == shape.root && shape.in_place) => {
+            out[..block].copy_from_slice(&c[shape.root][me * block..(me + 1) * block]);
+        }
+        CollKind::AllToAll => {
+            for p in 0..n {
+                out[p * block..(p + 1) * block]
+                    .copy_from_slice(&c[p][me * block..(me + 1) * block]);
+            }
+        }
+        _ => {}
     }
+    Ok(())
 }
 
 /// How one call waits for its peers' counters.
@@ -998,7 +743,7 @@ impl Waiter<'_> {
         if matches!(err, Error::PeerLost(_)) {
             return err.with_peer(who);
         }
-        if self.os.counter(p, Ctr::Failed).load(Ordering::Acquire) >= self.call {
+        if self.abandoned(p) {
             return Error::aborted(format!(
                 "rank {p} abandoned this collective after an error while this rank read its \
                  buffers; see that rank's error"
@@ -1012,11 +757,19 @@ impl Waiter<'_> {
         }
     }
 
-    /// Waits until rank `p`'s counter `which` reaches `target`.
-    fn wait(&self, p: usize, which: Ctr, target: u64) -> Result<()> {
-        self.wait_on(p, self.os.counter(p, which), target)
+    /// Whether rank `p` abandoned this call after starting it.
+    fn abandoned(&self, p: usize) -> bool {
+        self.os
+            .signals
+            .counter(p, Ctr::Failed)
+            .load(Ordering::Acquire)
+            >= self.call
     }
 
+    /// Waits until rank `p`'s counter `which` reaches `target`.
+    fn wait(&self, p: usize, which: Ctr, target: u64) -> Result<()> {
+        self.wait_on(p, self.os.signals.counter(p, which), target)
+    }
     /// Waits until `ctr`, a counter of rank `p`, reaches `target`.
     fn wait_on(&self, p: usize, ctr: &AtomicU64, target: u64) -> Result<()> {
         let ready = || ctr.load(Ordering::Acquire) >= target;
@@ -1066,7 +819,7 @@ impl Waiter<'_> {
                 return Err(e);
             }
             peer?;
-            if self.os.counter(p, Ctr::Failed).load(Ordering::Acquire) >= self.call {
+            if self.abandoned(p) {
                 return Err(Error::aborted(format!(
                     "rank {p} abandoned this collective after an error; see that rank's error"
                 ))
@@ -1143,13 +896,13 @@ fn max_contribution(shape: &Shape) -> usize {
         .unwrap_or(0)
 }
 
-/// Where this rank's contribution starts, and its length.
-fn contribution(shape: &Shape, rank: usize, bufs: &Buffers) -> (*const u8, usize) {
+/// Where this rank's contribution lies, and its length.
+fn contribution(shape: &Shape, rank: usize, bufs: &Buffers<'_>) -> (Own, usize) {
     let len = contribution_len(shape, rank);
     let from_recv =
-        shape.kind == CollKind::Broadcast || shape.in_place_at(rank) || bufs.send.is_null();
+        shape.kind == CollKind::Broadcast || shape.in_place_at(rank) || bufs.send.is_none();
     if !from_recv {
-        return (bufs.send, len);
+        return (Own::Send, len);
     }
     let at = match shape.kind {
         CollKind::AllGather | CollKind::Gather if shape.in_place_at(rank) => {
@@ -1157,5 +910,5 @@ fn contribution(shape: &Shape, rank: usize, bufs: &Buffers) -> (*const u8, usize
         }
         _ => 0,
     };
-    (bufs.recv.cast_const().wrapping_add(at), len)
+    (Own::Recv(at), len)
 }

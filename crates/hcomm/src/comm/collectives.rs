@@ -4,17 +4,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::raw::Held;
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
 use crate::coll::algos::hier::tiered::Tiers;
 use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
-use crate::coll::onesided::{Buffers, OneSided};
+use crate::coll::onesided::OneSided;
 use crate::coll::schedule::{Schedule, Step};
 use crate::coll::{exec, Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, Operation, Result};
 use crate::observe::stats::{self, proto};
 use crate::observe::{OpKind, OpScope};
+use crate::p2p::lease::Lease;
 use crate::reduce;
 use crate::sync::lock;
 
@@ -168,11 +168,12 @@ impl Communicator {
     /// ([`Shape::send_bytes`], [`Shape::recv_bytes`]), and `shape.size` must be this
     /// communicator's size.
     pub fn run_collective(&self, shape: Shape, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
-        let (send_len, recv_len) = self.check_buffers(&shape, send.map(<[u8]>::len), recv.len())?;
-        let send_ptr = send.map_or(std::ptr::null(), <[u8]>::as_ptr);
-        // SAFETY: both buffers are borrowed for this whole call and hold the bytes the shape
-        // needs (checked above); `run` returns only after the executor released them.
-        unsafe { self.run(&shape, send_ptr, send_len, recv.as_mut_ptr(), recv_len) }
+        self.check_buffers(&shape, send.map(<[u8]>::len), recv.len())?;
+        self.run(
+            &shape,
+            send.map(Lease::from).as_ref(),
+            &mut Lease::from(recv),
+        )
     }
 
     /// Starts any collective in the background on owned buffers: the nonblocking form of
@@ -184,19 +185,19 @@ impl Communicator {
         send: Option<Vec<u8>>,
         recv: Vec<u8>,
     ) -> Result<Request> {
-        self.start(shape, send.map(Held::Owned), Held::Owned(recv))
+        self.start(shape, send.map(Lease::from), Lease::from(recv))
     }
 
     /// Starts a collective on its own thread, on owned or lent buffers.
     pub(super) fn start(
         &self,
         shape: Shape,
-        send: Option<Held>,
-        mut recv: Held,
+        send: Option<Lease<'static>>,
+        mut recv: Lease<'static>,
     ) -> Result<Request> {
-        let (send_len, recv_len) =
-            self.check_buffers(&shape, send.as_ref().map(Held::len), recv.len())?;
-        let lent = recv.is_lent() || send.as_ref().is_some_and(Held::is_lent);
+        let (_, recv_len) =
+            self.check_buffers(&shape, send.as_ref().map(Lease::len), recv.len())?;
+        let lent = !recv.is_owned() || send.as_ref().is_some_and(|s| !s.is_owned());
         // Plan and take the sequence number now: calls are matched in the order they are
         // made, whenever their threads run. They run the plan's schedule: one-sided calls
         // must run in call order on every rank.
@@ -216,25 +217,9 @@ impl Communicator {
         let task = std::thread::Builder::new()
             .name(format!("hcomm-{name}"))
             .spawn(move || {
-                let mut send = send;
-                let send_ptr = send
-                    .as_mut()
-                    .map_or(std::ptr::null(), |s| s.as_mut_ptr().cast_const());
                 let mut op = comm.record(&shape);
-                // SAFETY: the thread holds both buffers for the whole call (owned ones, or
-                // lent ones whose contract keeps them valid until the request completes,
-                // which is after this thread ends), and they hold what the shape needs
-                // (checked before the thread started).
-                let result = unsafe {
-                    comm.run_planned(
-                        &mut op,
-                        &shape,
-                        &plan,
-                        seq,
-                        (send_ptr, send_len),
-                        (recv.as_mut_ptr(), recv_len),
-                    )
-                };
+                let result =
+                    comm.run_planned(&mut op, &shape, &plan, seq, send.as_ref(), &mut recv);
                 drop(op);
                 comm.world.publish_counters();
                 result.map(|()| Completion {
@@ -353,19 +338,8 @@ impl Communicator {
         Ok((need_send, need_recv))
     }
 
-    /// Runs one call on raw buffers.
-    ///
-    /// # Safety
-    /// `send..send+send_len` must be valid for reads (unless in place) and
-    /// `recv..recv+recv_len` valid for writes and otherwise unused, for the whole call.
-    unsafe fn run(
-        &self,
-        shape: &Shape,
-        send: *const u8,
-        send_len: usize,
-        recv: *mut u8,
-        recv_len: usize,
-    ) -> Result<()> {
+    /// Runs one call on checked buffers.
+    fn run(&self, shape: &Shape, send: Option<&Lease<'_>>, recv: &mut Lease<'_>) -> Result<()> {
         // Recorded from before planning: the first call of a shape may wait for the peers
         // while it sets up (the one-sided segments).
         let mut op = self.record(shape);
@@ -374,17 +348,7 @@ impl Communicator {
             .state
             .coll_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // SAFETY: forwarded from the caller.
-        let result = unsafe {
-            self.run_planned(
-                &mut op,
-                shape,
-                &plan,
-                seq,
-                (send, send_len),
-                (recv, recv_len),
-            )
-        };
+        let result = self.run_planned(&mut op, shape, &plan, seq, send, recv);
         drop(op);
         self.world.publish_counters();
         result
@@ -410,18 +374,16 @@ impl Communicator {
         )
     }
 
-    /// Runs a planned call with sequence number `seq`, recorded by `op`.
-    ///
-    /// # Safety
-    /// As for [`Communicator::run`].
-    unsafe fn run_planned(
+    /// Runs a planned call with sequence number `seq`, recorded by `op`, on buffers checked
+    /// against `shape`.
+    fn run_planned(
         &self,
         op: &mut OpScope,
         shape: &Shape,
         plan: &Plan,
         seq: u32,
-        send: (*const u8, usize),
-        recv: (*mut u8, usize),
+        send: Option<&Lease<'_>>,
+        recv: &mut Lease<'_>,
     ) -> Result<()> {
         self.world.selector.count(plan.slot);
         let steps = match (&plan.onesided, plan.tiered) {
@@ -435,19 +397,15 @@ impl Communicator {
             [0; 2]
         };
         if let Some(os) = &plan.onesided {
-            let bufs = Buffers {
-                send: send.0,
-                recv: recv.0,
-                recv_len: recv.1,
-            };
-            // SAFETY: forwarded from the caller.
-            return unsafe { os.run(self, shape, seq, sig, &bufs) }
+            return os
+                .run(self, shape, seq, sig, send, recv)
                 .map_err(|e| self.explain(shape, seq, e));
         }
         if plan.tiered {
             let tiers = self.tiers()?;
-            // SAFETY: forwarded from the caller.
-            return unsafe { tiers.allreduce(shape, send.0, recv.0) }
+            let send = send.filter(|_| !shape.in_place).map(Lease::as_slice);
+            return tiers
+                .allreduce(shape, send, recv.as_mut_slice()?)
                 .map_err(|e| self.explain(shape, seq, e));
         }
         let deadline = Instant::now() + self.world.config.timeout;
@@ -459,8 +417,6 @@ impl Communicator {
             members: &self.members,
             dtype: shape.dtype,
             op: shape.op,
-            send,
-            recv,
             in_place: shape.in_place_at(self.rank),
         };
         let need = plan.sched.scratch;
@@ -472,10 +428,14 @@ impl Communicator {
         if scratch.len() < need {
             scratch.resize(need, 0);
         }
-        // SAFETY: the caller keeps both buffers valid for this call; scratch holds `need`
-        // bytes and is owned here.
-        let result =
-            unsafe { exec::execute(&self.world.engine, &call, &mut scratch[..need], deadline) };
+        let result = exec::execute(
+            &self.world.engine,
+            &call,
+            send,
+            recv,
+            &mut scratch[..need],
+            deadline,
+        );
         if let Ok(mut s) = self.state.scratch.try_lock() {
             if s.len() < scratch.len() {
                 *s = scratch;
@@ -485,9 +445,10 @@ impl Communicator {
         let has_result = shape.kind != CollKind::Reduce || self.rank == shape.root;
         if shape.kind.reduces() && shape.op == ReduceOp::Avg && has_result {
             let region = shape.output(self.rank, 0, shape.count * shape.elem());
-            // SAFETY: the output region lies in the receive buffer (the shape says so and the
-            // caller checked its length); no operation touches it any more.
-            let out = unsafe { std::slice::from_raw_parts_mut(recv.0.add(region.off), region.len) };
+            let out = recv
+                .as_mut_slice()?
+                .get_mut(region.range())
+                .ok_or_else(|| Error::internal("the output lies outside the receive buffer"))?;
             reduce::finish_avg(shape.dtype, out, self.size())?;
         }
         Ok(())

@@ -80,7 +80,7 @@ impl Engine {
     /// `buf..buf+len` must stay valid for reads until the operation is removed by
     /// [`Engine::wait`] or [`Engine::test`] returning its result, or handed over by
     /// [`Engine::detach`].
-    pub(crate) unsafe fn post_send(
+    pub(super) unsafe fn post_send(
         &self,
         t: Target,
         buf: *const u8,
@@ -100,7 +100,7 @@ impl Engine {
     /// # Safety
     /// `buf..buf+len` must stay valid for reads (a send) or for writes and otherwise unused
     /// (a receive) until this returns.
-    pub(crate) unsafe fn blocking(
+    pub(super) unsafe fn blocking(
         &self,
         kind: Blocking,
         t: Target,
@@ -163,7 +163,7 @@ impl Engine {
     /// `buf..buf+cap` must stay valid for writes, and not be accessed otherwise, until the
     /// operation is removed by [`Engine::wait`] or [`Engine::test`], or handed over by
     /// [`Engine::detach`].
-    pub(crate) unsafe fn post_recv(
+    pub(super) unsafe fn post_recv(
         &self,
         t: Target,
         buf: *mut u8,
@@ -183,7 +183,7 @@ impl Engine {
     ///
     /// # Safety
     /// As for [`Engine::post_recv`].
-    pub(crate) unsafe fn post_recv_any(
+    pub(super) unsafe fn post_recv_any(
         &self,
         t: Target,
         members: Arc<[usize]>,
@@ -229,7 +229,7 @@ impl Engine {
 
     /// Hands a pending nonblocking operation's buffer to the engine, which completes the
     /// operation in the background and then frees the buffer.
-    pub(crate) fn detach(&self, id: OpId, buffer: Vec<u8>) {
+    pub(super) fn detach(&self, id: OpId, buffer: Vec<u8>) {
         let mut st = lock(&self.shared.state);
         if st.take(id).is_some() {
             return;

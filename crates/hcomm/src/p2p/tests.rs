@@ -10,7 +10,7 @@ use crate::error::{Error, PeerRank};
 /// Largest eager message of these engines: larger ones take the rendezvous.
 const EAGER: usize = 1024;
 /// Bound of every wait of these tests.
-const WAIT: Duration = Duration::from_secs(20);
+pub(super) const WAIT: Duration = Duration::from_secs(20);
 /// The communicator id of these tests' messages.
 const COMM: u64 = 7;
 
@@ -30,7 +30,7 @@ fn config(rank: usize) -> EngineConfig {
 }
 
 /// Ranks 0 and 1 of a world of two, one stream between them.
-fn pair() -> (Engine, Engine) {
+pub(super) fn pair() -> (Engine, Engine) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("listen on loopback");
     let addr = listener.local_addr().expect("listener address");
     let a = TcpStream::connect(addr).expect("connect over loopback");
@@ -40,7 +40,7 @@ fn pair() -> (Engine, Engine) {
     (e0, e1)
 }
 
-fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
+pub(super) fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
     Target {
         comm: COMM,
         peer,

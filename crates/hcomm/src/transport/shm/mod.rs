@@ -7,6 +7,7 @@
 //! that memory: spin briefly, then yield, then sleep on a futex in the segment (the shared
 //! futex, which works across processes), woken by the writer only when a sleeper is flagged.
 
+pub(crate) mod board;
 pub(crate) mod cma;
 pub(crate) mod fastbox;
 pub(crate) mod futex;

@@ -50,10 +50,11 @@
 //! removes the name ([`ShmSegment::unlink_if_last`]); with one local rank the creator removes
 //! it at once. Dropping the pool removes whatever names are left and unmaps its blocks.
 
+use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rustc_hash::FxHashMap;
 
@@ -159,6 +160,85 @@ impl PoolPtr {
     #[cfg(test)]
     pub(crate) fn offset(&self) -> usize {
         self.offset
+    }
+}
+
+/// Zeroed, 64-byte aligned bytes owned exclusively: a pool allocation when the pool has room,
+/// heap memory otherwise (a miss, or no pool). Freed when dropped. The safe owner behind
+/// `PoolBuf` and `hcommMalloc`: nothing else can free its memory while it lives.
+#[derive(Debug)]
+pub(crate) struct PoolMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// The pool it came from; `None` for heap memory of this layout.
+    from: Result<Arc<ShmPool>, Layout>,
+}
+
+// SAFETY: the memory is owned exclusively, like a `Box<[u8]>`; the pool handle is Send.
+unsafe impl Send for PoolMem {}
+// SAFETY: as for Send: shared access gives out only `&[u8]`.
+unsafe impl Sync for PoolMem {}
+
+impl PoolMem {
+    /// `len` zeroed bytes from `pool` (when it can serve them) or the heap.
+    pub(crate) fn alloc(pool: Option<&Arc<ShmPool>>, len: usize) -> Result<PoolMem> {
+        if let Some((pool, got)) = pool.and_then(|p| Some((p, p.alloc(len)?))) {
+            // SAFETY: the allocation holds at least `len` writable bytes, 64-byte aligned,
+            // owned by nobody else until it is freed.
+            unsafe { got.as_ptr().write_bytes(0, len) };
+            return Ok(PoolMem {
+                ptr: got.ptr,
+                len,
+                from: Ok(Arc::clone(pool)),
+            });
+        }
+        let layout = Layout::from_size_align(len.max(1), POOL_ALIGN).map_err(|_| {
+            Error::invalid_argument(format!(
+                "{len} bytes cannot be allocated: more than the address space allows"
+            ))
+        })?;
+        // SAFETY: the layout's size is not zero.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| Error::no_mem(format!("cannot allocate {len} bytes")))?;
+        Ok(PoolMem {
+            ptr,
+            len,
+            from: Err(layout),
+        })
+    }
+
+    /// Whether the memory came from the shared-memory pool.
+    pub(crate) fn in_pool(&self) -> bool {
+        self.from.is_ok()
+    }
+
+    /// The bytes.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `len` initialised bytes (zeroed at allocation) owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, to write.
+    pub(crate) fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_bytes`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for PoolMem {
+    fn drop(&mut self) {
+        match &self.from {
+            Ok(pool) => {
+                // SAFETY: the allocation is this one's alone, and nothing uses it after the
+                // drop.
+                if let Err(e) = unsafe { pool.free(self.ptr.as_ptr()) } {
+                    tracing::warn!("freeing pool memory failed: {e}");
+                }
+            }
+            // SAFETY: allocated in `alloc` with this very layout.
+            Err(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), *layout) },
+        }
     }
 }
 
@@ -535,7 +615,11 @@ impl ShmPool {
     /// live allocation of this pool: freed already, inside an allocation, or not pool memory
     /// (heap memory from a miss goes back to the heap, not here; [`ShmPool::locate`] tells
     /// the two apart).
-    pub(crate) fn free(&self, ptr: *const u8) -> Result<()> {
+    ///
+    /// # Safety
+    /// Nothing may use the allocation after this call (its memory goes to the next
+    /// allocation). [`PoolMem`] frees its memory safely.
+    pub(crate) unsafe fn free(&self, ptr: *const u8) -> Result<()> {
         let mut st = self.lock()?;
         let Some(live) = st.live.remove(&(ptr as usize)) else {
             drop(st);
@@ -686,6 +770,12 @@ mod tests {
         bytes.iter().all(|&b| b == byte)
     }
 
+    /// Frees `ptr` in `pool`.
+    fn free(pool: &ShmPool, ptr: *const u8) -> Result<()> {
+        // SAFETY: the tests never use an allocation after freeing it.
+        unsafe { pool.free(ptr) }
+    }
+
     fn invalid_message(result: Result<()>) -> String {
         match result {
             Err(Error::InvalidArgument(info)) => info.message,
@@ -825,7 +915,7 @@ mod tests {
         let in_use: usize = live.iter().map(|(p, _)| p.capacity()).sum();
         assert_eq!(stats.bytes_in_use, in_use as u64);
         for (p, _) in live {
-            pool.free(p.as_ptr()).unwrap();
+            free(&pool, p.as_ptr()).unwrap();
         }
         pool.check();
         assert!(pool.all_free());
@@ -841,20 +931,20 @@ mod tests {
         let pieces: Vec<PoolPtr> = (0..32).map(|_| pool.alloc(8 * KIB).unwrap()).collect();
         assert!(pool.alloc(8 * KIB).is_none(), "the block should be full");
         for p in pieces.iter().step_by(2) {
-            pool.free(p.as_ptr()).unwrap();
+            free(&pool, p.as_ptr()).unwrap();
         }
         pool.check();
         // 128 KiB is free in total, but only in 8 KiB holes.
         assert!(pool.alloc(16 * KIB).is_none());
         for p in pieces.iter().skip(1).step_by(2) {
-            pool.free(p.as_ptr()).unwrap();
+            free(&pool, p.as_ptr()).unwrap();
         }
         pool.check();
         let whole = pool
             .alloc(256 * KIB)
             .expect("the freed pieces should coalesce");
         assert_eq!((whole.block(), whole.offset()), (0, 0));
-        pool.free(whole.as_ptr()).unwrap();
+        free(&pool, whole.as_ptr()).unwrap();
 
         // Small allocations release their slab once empty, so the block coalesces again.
         let small: Vec<PoolPtr> = (0..1000)
@@ -862,7 +952,7 @@ mod tests {
             .collect();
         pool.check();
         for p in small.iter().rev() {
-            pool.free(p.as_ptr()).unwrap();
+            free(&pool, p.as_ptr()).unwrap();
         }
         assert!(pool.all_free());
         assert!(pool.alloc(256 * KIB).is_some());
@@ -899,7 +989,7 @@ mod tests {
             }
         );
         // Freeing makes room again without a new block.
-        pool.free(b.as_ptr()).unwrap();
+        free(&pool, b.as_ptr()).unwrap();
         assert_eq!(pool.alloc(64 * KIB).unwrap().block(), 1);
         assert_eq!(pool.stats().blocks, 2);
     }
@@ -941,7 +1031,7 @@ mod tests {
     fn double_and_foreign_frees_are_errors() {
         let pool = pool(128 * KIB, 1, 1);
         let heap = [0u8; 64];
-        let msg = invalid_message(pool.free(heap.as_ptr()));
+        let msg = invalid_message(free(&pool, heap.as_ptr()));
         assert!(msg.contains("not pool memory"), "{msg}");
 
         let small = pool.alloc(100).unwrap();
@@ -951,14 +1041,14 @@ mod tests {
             small.as_ptr().wrapping_add(1),
             large.as_ptr().wrapping_add(64),
         ] {
-            let msg = invalid_message(pool.free(bad));
+            let msg = invalid_message(free(&pool, bad));
             assert!(msg.contains("not the start of a live"), "{msg}");
         }
-        assert!(pool.free(std::ptr::null()).is_err());
-        pool.free(small.as_ptr()).unwrap();
-        pool.free(large.as_ptr()).unwrap();
+        assert!(free(&pool, std::ptr::null()).is_err());
+        free(&pool, small.as_ptr()).unwrap();
+        free(&pool, large.as_ptr()).unwrap();
         for p in [small, large] {
-            let msg = invalid_message(pool.free(p.as_ptr()));
+            let msg = invalid_message(free(&pool, p.as_ptr()));
             assert!(msg.contains("freed already"), "{msg}");
         }
         pool.check();
@@ -999,8 +1089,8 @@ mod tests {
             assert!(peer.unlink_if_last(2).unwrap());
             assert!(!dev_shm(name).exists());
         }
-        pool.free(small.as_ptr()).unwrap();
-        pool.free(large.as_ptr()).unwrap();
+        free(&pool, small.as_ptr()).unwrap();
+        free(&pool, large.as_ptr()).unwrap();
     }
 
     #[test]
@@ -1038,7 +1128,7 @@ mod tests {
                         if i % 3 == 2 && !mine.is_empty() {
                             let p = mine.swap_remove(i % mine.len());
                             assert!(holds(&p, p.len() as u8));
-                            pool.free(p.as_ptr()).unwrap();
+                            free(pool, p.as_ptr()).unwrap();
                         } else if let Some(p) = pool.alloc((i * 37 + t as usize * 11) % 9000) {
                             fill(&p, p.len() as u8);
                             mine.push(p);
@@ -1046,7 +1136,7 @@ mod tests {
                     }
                     for p in mine {
                         assert!(holds(&p, p.len() as u8));
-                        pool.free(p.as_ptr()).unwrap();
+                        free(pool, p.as_ptr()).unwrap();
                     }
                 });
             }
@@ -1109,8 +1199,8 @@ mod tests {
                         }
                         let (p, byte) = model.swap_remove(pick % model.len());
                         prop_assert!(holds(&p, byte), "{:?} was overwritten", p);
-                        pool.free(p.as_ptr()).unwrap();
-                        prop_assert!(pool.free(p.as_ptr()).is_err());
+                        free(&pool, p.as_ptr()).unwrap();
+                        prop_assert!(free(&pool, p.as_ptr()).is_err());
                     }
                 }
                 pool.check();
@@ -1122,7 +1212,7 @@ mod tests {
             }
             for (p, byte) in model.drain(..) {
                 prop_assert!(holds(&p, byte));
-                pool.free(p.as_ptr()).unwrap();
+                free(&pool, p.as_ptr()).unwrap();
             }
             pool.check();
             prop_assert!(pool.all_free());

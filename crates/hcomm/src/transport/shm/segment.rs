@@ -305,7 +305,6 @@ impl ShmSegment {
     }
 
     /// Length of the payload in bytes.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.map_len - PAYLOAD_OFFSET
     }

@@ -59,17 +59,13 @@ impl<C: Tier> Tiers<C> {
         }
     }
 
-    /// Runs the all-reduce of `shape` on `comm` through the tiers.
-    ///
-    /// # Safety
-    /// `send` (unless null, when the call is in place) must be valid for reads of the
-    /// shape's bytes and `recv` for reads and writes of them, for the whole call, and not be
-    /// used otherwise.
-    pub(crate) unsafe fn allreduce(
+    /// Runs the all-reduce of `shape` on `comm` through the tiers: from `send` (`None` when
+    /// the call is in place) into `recv`, each holding the shape's bytes.
+    pub(crate) fn allreduce(
         &self,
         shape: &Shape,
-        send: *const u8,
-        recv: *mut u8,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
     ) -> Result<()> {
         let bytes = shape.count * shape.elem();
         // Partial results are sums: an average divides once, at the end.
@@ -77,11 +73,16 @@ impl<C: Tier> Tiers<C> {
             ReduceOp::Avg => ReduceOp::Sum,
             other => other,
         };
-        // SAFETY: forwarded from the caller.
-        let out = unsafe { std::slice::from_raw_parts_mut(recv, bytes) };
-        let input: Option<&[u8]> = (!send.is_null() && !shape.in_place)
-            // SAFETY: forwarded from the caller; not in place, so it does not overlap `out`.
-            .then(|| unsafe { std::slice::from_raw_parts(send, bytes) });
+        let out = recv
+            .get_mut(..bytes)
+            .ok_or_else(|| Error::internal("the receive buffer is shorter than the call"))?;
+        let input = match send.filter(|_| !shape.in_place) {
+            Some(s) => Some(
+                s.get(..bytes)
+                    .ok_or_else(|| Error::internal("the send buffer is shorter than the call"))?,
+            ),
+            None => None,
+        };
         let host_size = self.host.size();
         let first = self.host.rank() == 0;
         // 1. Reduce into the host's first member. There, in place when the call is (or its
