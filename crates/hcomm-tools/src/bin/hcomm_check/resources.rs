@@ -1,6 +1,8 @@
 //! What a process holds (threads, sockets, descriptors) and the life cycle of
 //! communicators: nothing of hcomm is left once they are gone.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{ensure, Context, Result};
 use hcomm::Communicator;
 
@@ -19,14 +21,48 @@ pub(super) fn footprint() -> Result<(usize, usize)> {
     Ok((threads, sockets))
 }
 
+/// How long a released thread may still be listed in /proc/self/task: a thread's join (or its
+/// count in the store's census) returns while the kernel is still ending it.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Measures with `measure` until it gives `before` again, for at most [`EXIT_GRACE`]; returns
+/// the last measurement.
+fn settled(
+    before: (usize, usize),
+    measure: fn() -> Result<(usize, usize)>,
+) -> Result<(usize, usize)> {
+    let limit = Instant::now() + EXIT_GRACE;
+    loop {
+        let now = measure()?;
+        if now == before || Instant::now() >= limit {
+            return Ok(now);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The names of this process's threads.
+fn thread_names() -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        // A thread that ended since the listing has no name any more.
+        if let Ok(name) = std::fs::read_to_string(entry?.path().join("comm")) {
+            names.push(name.trim_end().to_owned());
+        }
+    }
+    Ok(names)
+}
+
 /// Releases `comm` after a failure and checks that the process is back to `before` (its
 /// footprint before the first init): no thread or socket of hcomm is left.
 pub(super) fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result<()> {
     drop(comm);
-    let after = footprint()?;
+    let after = settled(before, footprint)?;
     ensure!(
         after == before,
-        "after the failure and release: (threads, sockets) {after:?}, before init {before:?}"
+        "after the failure and release: (threads, sockets) {after:?}, before init {before:?}; \
+         threads: {}",
+        thread_names()?.join(", ")
     );
     println!("left threads=0 sockets=0");
     Ok(())
@@ -80,7 +116,7 @@ pub(super) fn lifecycle(first: Communicator) -> Result<()> {
         ring(&dup, 65536)?;
         drop(dup);
         comm.destroy()?;
-        let after = resources()?;
+        let after = settled(before, resources)?;
         ensure!(
             after == before,
             "round {round}: (fds, threads) went from {before:?} to {after:?}"
