@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::calls::Abandoned;
-use super::link::{untoken, Dests, Link, Rx};
+use super::link::{untoken, AnyLink, Dests, Link, Rx};
 use super::matching::{Arrival, Matched};
 use super::rendezvous::{Cleared, Landing};
 use super::wait::poll;
@@ -192,22 +192,27 @@ impl State {
         }
     }
 
+    /// Link `l` of `peer` while the peer is not lost, with the destinations it may copy
+    /// payloads into (fields of the state apart from the links).
+    #[inline]
+    fn live_link(&mut self, peer: usize, l: usize) -> Option<(&mut AnyLink, Dests<'_>)> {
+        if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
+            return None;
+        }
+        let link = self.links.get_mut(peer, l)?;
+        let dests = Dests {
+            ops: &mut self.ops,
+            matching: &mut self.matching,
+        };
+        Some((link, dests))
+    }
+
     /// Reads what link `l` of `peer` received this turn and dispatches it: each header with
     /// the whole engine state (the link is not borrowed meanwhile), each payload straight
     /// into where the header said; returns whether anything came.
     pub(super) fn drive(&mut self, peer: usize, l: usize) -> bool {
         let mut moved = false;
-        loop {
-            if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
-                break;
-            }
-            let Some(link) = self.links.get_mut(peer, l) else {
-                break;
-            };
-            let mut dests = Dests {
-                ops: &mut self.ops,
-                matching: &mut self.matching,
-            };
+        while let Some((link, mut dests)) = self.live_link(peer, l) {
             match link.poll(&mut dests) {
                 Rx::Idle => break,
                 Rx::Header(hdr) => {
@@ -219,15 +224,8 @@ impl State {
                             break;
                         }
                     };
-                    if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
+                    let Some((link, mut dests)) = self.live_link(peer, l) else {
                         break;
-                    }
-                    let Some(link) = self.links.get_mut(peer, l) else {
-                        break;
-                    };
-                    let mut dests = Dests {
-                        ops: &mut self.ops,
-                        matching: &mut self.matching,
                     };
                     match link.place(&hdr, dest, &mut dests) {
                         Ok(true) => {
