@@ -553,8 +553,8 @@ impl Communicator {
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
         let me = RankInfo::current(config.host_id.as_deref());
-        let (links, infos, store, client) = if size == 1 {
-            (vec![Vec::new()], vec![me], None, None)
+        let (mesh, infos, store, client) = if size == 1 {
+            (None, vec![me], None, None)
         } else {
             let secret = config.job_secret.clone().ok_or_else(|| {
                 Error::init(
@@ -612,8 +612,16 @@ impl Communicator {
                     &client.wait(&format!("{ns}/info/{r}"), left)?,
                 )?);
             }
-            let links = tcp::connect_mesh(listener, rank, &addrs, tcp_streams, &secret, deadline)?;
-            (links, infos, store, Some(Mutex::new(client)))
+            // No connection yet: each is made on its pair's first use.
+            let mesh = tcp::MeshConfig {
+                listener,
+                rank,
+                addrs,
+                streams: tcp_streams,
+                secret,
+                timeout: config.timeout,
+            };
+            (Some(mesh), infos, store, Some(Mutex::new(client)))
         };
         let topology = Topology::new(infos);
         let local_size = topology.local_size(rank);
@@ -647,7 +655,8 @@ impl Communicator {
         }
         let via_plugin = lease.is_some();
         let engine = Engine::new(
-            links,
+            size,
+            mesh,
             shm,
             lease,
             EngineConfig {
@@ -661,6 +670,7 @@ impl Communicator {
                 describe: crate::coll::Shape::describe_signature,
                 timeout: config.timeout,
                 run_fd: config.run_fd,
+                debug: config.debug,
             },
         )?;
         if config.debug && rank == 0 {

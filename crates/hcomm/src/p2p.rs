@@ -63,6 +63,7 @@ use crate::error::{Error, Operation, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
+use crate::transport::tcp::{Mesh, MeshConfig};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use calls::Calls;
 use lease::BufPtr;
@@ -84,6 +85,8 @@ pub(crate) const ANY_PEER: usize = usize::MAX;
 
 /// epoll token of the wake-up eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
+/// epoll token of the listener, where peers connect on demand.
+const LISTEN_TOKEN: u64 = u64::MAX - 1;
 /// While spinning, every this many rounds the waiter asks epoll instead of reading the
 /// awaited peers' sockets directly.
 const DIRECT_READS: u32 = 8;
@@ -144,6 +147,11 @@ pub struct ProtocolStats {
     /// Of those, sleeps that lasted their whole time (at most 100 ms), woken by nobody:
     /// only a peer that stays silent that long causes them, or a lost wake-up.
     pub full_naps: u64,
+    /// TCP connections this rank opened to its peers (`HCOMM_TCP_STREAMS` per peer it
+    /// connected to first: links are made on a peer's first use).
+    pub tcp_opened: u64,
+    /// TCP connections this rank accepted from its peers.
+    pub tcp_accepted: u64,
 }
 
 impl ProtocolCounts {
@@ -163,6 +171,8 @@ impl ProtocolCounts {
             plugin_rendezvous: get(&self.plugin_rendezvous),
             naps: get(&self.naps),
             full_naps: get(&self.full_naps),
+            tcp_opened: 0,
+            tcp_accepted: 0,
         }
     }
 }
@@ -199,6 +209,8 @@ pub(crate) struct EngineConfig {
     pub describe: fn([u64; 2]) -> String,
     /// `HCOMM_TIMEOUT`: sets the heartbeats of the watcher (see `p2p/watch.rs`).
     pub timeout: Duration,
+    /// `HCOMM_DEBUG`: say on the terminal which links come up.
+    pub debug: bool,
 }
 
 /// Which operation [`Engine::blocking`] runs.
@@ -405,6 +417,11 @@ struct Io {
     alarms: AtomicU64,
     /// Some communicator was aborted (so that checking for it costs no lock until one is).
     any_aborted: AtomicBool,
+    /// Duplicates of the stream 0 of local peers whose TCP connection came up, for the
+    /// watcher to wait for their end; `ends_kick` tells it that some came.
+    new_ends: Mutex<Vec<(usize, TcpStream)>>,
+    /// An eventfd the watcher polls: new ends to watch.
+    ends_kick: OwnedFd,
 }
 
 impl std::fmt::Debug for Io {
@@ -428,6 +445,12 @@ impl Io {
         self.inbox.as_ref().map(Inbox::bell)
     }
 
+    /// Hands the watcher the end of a local peer's connection.
+    fn watch_end(&self, peer: usize, end: TcpStream) {
+        lock(&self.new_ends).push((peer, end));
+        let _ = rustix::io::write(&self.ends_kick, &1u64.to_ne_bytes());
+    }
+
     /// The watcher found news about a peer: wakes every sleeper, and keeps those about to
     /// sleep awake (see `alarms`).
     fn alarm(&self) {
@@ -439,6 +462,8 @@ impl Io {
 struct State {
     cfg: EngineConfig,
     io: Arc<Io>,
+    /// The world's TCP connections, made on demand (none in a world of one).
+    mesh: Option<Arc<Mesh>>,
     peers: Vec<Option<Peer>>,
     /// Every peer's links, behind the one interface of all transports.
     links: Links,
@@ -474,6 +499,8 @@ struct Shared {
     /// The engine is closing: the watcher sends no more heartbeats and judges nobody.
     closing: AtomicBool,
     spin: Duration,
+    /// The world's TCP connections (see `State::mesh`).
+    mesh: Option<Arc<Mesh>>,
 }
 
 /// The progress engine of one world.
@@ -487,11 +514,14 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// Takes over the established links (`links[peer]` = its streams, empty for self).
-    /// `shm`: the shared-memory links of the local peers, which then carry their traffic.
-    /// `plugin`: a transport plug-in, initialized here, which then carries all traffic.
+    /// The engine of a world of `size` ranks. `mesh`: this rank's listener and the peers'
+    /// addresses, through which every peer's TCP link connects on its first use (none in a
+    /// world of one). `shm`: the shared-memory links of the local peers, which then carry their
+    /// traffic. `plugin`: a transport plug-in, initialized here, which then carries all
+    /// traffic.
     pub(crate) fn new(
-        links: Vec<Vec<TcpStream>>,
+        size: usize,
+        mesh: Option<MeshConfig>,
         shm: Option<ShmSetup>,
         plugin: Option<Lease>,
         cfg: EngineConfig,
@@ -502,6 +532,8 @@ impl Engine {
         let epoll =
             epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| sys("epoll_create", e))?;
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| sys("eventfd", e))?;
+        let ends_kick = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
             .map_err(|e| sys("eventfd", e))?;
         epoll::add(
             &epoll,
@@ -529,29 +561,41 @@ impl Engine {
             plugin_rx: AtomicUsize::new(0),
             alarms: AtomicU64::new(0),
             any_aborted: AtomicBool::new(false),
+            new_ends: Mutex::new(Vec::new()),
+            ends_kick,
         });
-        let size = links.len();
-        // Every peer's first link is its TCP connection; a shared-memory link or the plug-in
-        // then carries its traffic.
+        let mesh = match mesh {
+            Some(m) => {
+                let woken = Arc::clone(&io);
+                let mesh = Mesh::start(m, Box::new(move || woken.wake_all()))?;
+                epoll::add(
+                    &io.epoll,
+                    mesh.listener(),
+                    epoll::EventData::new_u64(LISTEN_TOKEN),
+                    epoll::EventFlags::IN,
+                )
+                .map_err(|e| sys("epoll_ctl", e))?;
+                Some(Arc::new(mesh))
+            }
+            None => None,
+        };
+        // Every peer's first link is its TCP connection, made on the peer's first use; a
+        // shared-memory link or the plug-in then carries its traffic.
         let mut all = Links::new(size);
-        let mut peers = Vec::with_capacity(size);
-        // Duplicates of the local peers' stream 0, whose end the watcher waits for.
-        let mut ends = Vec::with_capacity(shm_links.len());
-        for (p, socks) in links.into_iter().enumerate() {
-            if socks.is_empty() {
-                peers.push(None);
-                continue;
+        let peers: Vec<Option<Peer>> = (0..size)
+            .map(|p| {
+                (p != cfg.rank).then_some(Peer {
+                    closed: false,
+                    lost: None,
+                    heard: 0,
+                })
+            })
+            .collect();
+        if let Some(mesh) = &mesh {
+            for p in (0..size).filter(|&p| p != cfg.rank) {
+                let tcp = TcpLink::new(p, all.next_index(p), &io, mesh);
+                all.add(p, AnyLink::Tcp(tcp));
             }
-            let tcp = TcpLink::new(p, all.next_index(p), socks, &io)?;
-            if io.peer_inboxes.contains_key(&p) {
-                ends.push((p, tcp.end_watch()?));
-            }
-            all.add(p, AnyLink::Tcp(tcp));
-            peers.push(Some(Peer {
-                closed: false,
-                lost: None,
-                heard: 0,
-            }));
         }
         for (p, link) in shm_links {
             if peers.get(p).is_none_or(Option::is_none) {
@@ -594,6 +638,7 @@ impl Engine {
             state: Mutex::new(State {
                 cfg,
                 io: Arc::clone(&io),
+                mesh: mesh.clone(),
                 peers,
                 links: all,
                 counts: Arc::clone(&counts),
@@ -615,9 +660,10 @@ impl Engine {
             shutdown: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             spin,
+            mesh,
         });
         // First: should the progress thread fail to start, dropping the watcher stops it.
-        let watcher = watch::Watcher::start(Arc::clone(&shared), ends, timing)?;
+        let watcher = watch::Watcher::start(Arc::clone(&shared), timing)?;
         let bg = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("hcomm-progress".into())
@@ -635,7 +681,11 @@ impl Engine {
 
     /// How many messages took each protocol so far.
     pub(crate) fn protocol_stats(&self) -> ProtocolStats {
-        self.shared.counts.snapshot()
+        let mut stats = self.shared.counts.snapshot();
+        if let Some(mesh) = &self.shared.mesh {
+            (stats.tcp_opened, stats.tcp_accepted) = mesh.counts();
+        }
+        stats
     }
 
     /// Whether world rank `peer` is reached through shared memory.
@@ -695,7 +745,11 @@ impl Engine {
         sh.closing.store(true, Ordering::SeqCst);
         {
             let mut st = lock(&sh.state);
+            // Peers never talked to have no connection, and are owed no goodbye.
             for p in 0..st.peers.len() {
+                if !st.links.used(p) {
+                    continue;
+                }
                 // On the link whose end follows it (see `Links::route`), after the data.
                 st.queue(p, OutFrame::control(FrameHeader::new(FrameKind::Close)));
             }
@@ -723,6 +777,10 @@ impl Drop for Engine {
         }
         // Stops the plug-in's threads and finalizes it.
         drop(self.plugin.take());
+        // Stops dialing and accepting (joins the threads of handshakes in flight).
+        if let Some(mesh) = &self.shared.mesh {
+            mesh.stop();
+        }
         let mut st = lock(&self.shared.state);
         st.links.clear();
         st.peers.clear();

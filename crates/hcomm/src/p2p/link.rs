@@ -19,13 +19,13 @@
 //!   link borrows only the destinations ([`Dests`]: the operations and the unexpected
 //!   messages), fields of the engine's state apart from the links.
 //!
-//! A peer may hold several links, in the order they were added: the first is the connection
-//! the job was started with (TCP), whose end tells that the peer is gone; the last carries the
-//! peer's traffic; a frame that the last cannot carry (a goodbye that must precede the end of
-//! the connection, a wake-up for a peer sleeping in `epoll_wait`) takes the first link that
-//! can ([`Links::route`], by the links' [`Caps`]). A link made later (on a peer's first use,
-//! or a second rail) is one more [`Links::add`]; the epoll tokens of a link's descriptors
-//! carry its place among its peer's links ([`token`]).
+//! A peer may hold several links, in the order they were added: the first is its TCP
+//! connection (there from init, connected on the peer's first use: [`Link::want`]), whose end
+//! tells that the peer is gone; the last carries the peer's traffic; a frame that the last
+//! cannot carry (a goodbye that must precede the end of the connection, a wake-up for a peer
+//! sleeping in `epoll_wait`) takes the first link that can ([`Links::route`], by the links'
+//! [`Caps`]). A link made later (a second rail) is one more [`Links::add`]; the epoll tokens
+//! of a link's descriptors carry its place among its peer's links ([`token`]).
 
 pub(super) mod plugin;
 pub(super) mod shm;
@@ -164,6 +164,10 @@ pub(super) trait Link: Send + std::fmt::Debug {
     /// Whether frames wait in the link (queued, or handed to another thread and not sent).
     fn busy(&self) -> bool;
 
+    /// The engine is about to need the link (an operation with its peer was posted): a link
+    /// made on demand starts connecting.
+    fn want(&mut self) {}
+
     /// A polled link: whether a frame waits to be read, or room for a queued frame.
     fn ready(&mut self) -> bool {
         false
@@ -280,6 +284,10 @@ impl Link for AnyLink {
     #[inline]
     fn busy(&self) -> bool {
         each!(self, l => l.busy())
+    }
+    #[inline]
+    fn want(&mut self) {
+        each!(self, l => l.want())
     }
     #[inline]
     fn ready(&mut self) -> bool {
@@ -448,6 +456,43 @@ impl Links {
     #[inline]
     pub(super) fn get_mut(&mut self, peer: usize, link: usize) -> Option<&mut AnyLink> {
         self.peers.get_mut(peer)?.get_mut(link)
+    }
+
+    /// The peer's TCP connection, which every peer's list starts with.
+    pub(super) fn tcp_mut(&mut self, peer: usize) -> Option<&mut tcp::TcpLink> {
+        match self.peers.get_mut(peer)?.first_mut()? {
+            AnyLink::Tcp(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// Whether `peer` was ever used: its TCP connection is up or being made (a peer never
+    /// used costs nothing, and is owed no goodbye at finalize).
+    pub(super) fn used(&self, peer: usize) -> bool {
+        match self.peers.get(peer).and_then(|l| l.first()) {
+            Some(AnyLink::Tcp(l)) => l.used(),
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    /// Whether `peer`'s TCP connection is up (the watcher judges only such peers).
+    pub(super) fn connected(&self, peer: usize) -> bool {
+        match self.peers.get(peer).and_then(|l| l.first()) {
+            Some(AnyLink::Tcp(l)) => l.connected(),
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    /// The engine is about to need `peer` (see [`Link::want`]).
+    #[inline]
+    pub(super) fn want(&mut self, peer: usize) {
+        if let Some(links) = self.peers.get_mut(peer) {
+            for l in links {
+                l.want();
+            }
+        }
     }
 
     /// How many links `peer` has.

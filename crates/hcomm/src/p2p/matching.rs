@@ -652,6 +652,10 @@ impl State {
         if let Some(op) = self.ops.get_mut(&id) {
             op.members = Some(Arc::clone(&members));
         }
+        // Any member may send: each is used (its TCP connection is made now).
+        for &w in members.iter() {
+            self.links.want(w);
+        }
         let r = Recv {
             id,
             sig: t.sig,

@@ -16,7 +16,8 @@ use super::link::{untoken, AnyLink, Dests, Link, Rx};
 use super::matching::{Arrival, Matched};
 use super::rendezvous::{Cleared, Landing};
 use super::wait::poll;
-use super::{Dest, Engine, MatchKey, OpId, Shared, State, GRACE, WAKE_TOKEN};
+use super::{Dest, Engine, MatchKey, OpId, Shared, State, GRACE, LISTEN_TOKEN, WAKE_TOKEN};
+use crate::transport::tcp::Ready;
 
 /// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
 /// `rank` lost world rank `peer`: one line `lost RANK PEER`, in one write (atomic on a
@@ -82,6 +83,8 @@ impl Engine {
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
         poll(&sh.io, &mut events, Duration::ZERO)?;
         let mut st = lock(&sh.state);
+        // A wait on the peer needs its connection, whose end tells that it died.
+        st.links.want(peer);
         st.handle(&events, false);
         match st.peers.get(peer).and_then(Option::as_ref) {
             Some(p) => match &p.lost {
@@ -150,11 +153,67 @@ impl State {
             .collect()
     }
 
-    /// Peers whose links are still open.
+    /// Peers whose links are still open (peers never talked to have none).
     pub(super) fn open_peers(&self) -> Vec<usize> {
         (0..self.peers.len())
-            .filter(|&p| self.peers[p].as_ref().is_some_and(|p| p.lost.is_none()))
+            .filter(|&p| {
+                self.peers[p].as_ref().is_some_and(|p| p.lost.is_none()) && self.links.used(p)
+            })
             .collect()
+    }
+
+    /// Takes over the TCP connections that came up (or failed) since the last turn: a link
+    /// that came up writes the frames that waited for it; a failed one loses its peer.
+    fn adopt_connections(&mut self) -> bool {
+        let Some(mesh) = self.mesh.clone() else {
+            return false;
+        };
+        let mut moved = false;
+        for ready in mesh.take_ready() {
+            moved = true;
+            match ready {
+                Ready::Up {
+                    peer,
+                    socks,
+                    dialed,
+                } => {
+                    if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
+                        continue;
+                    }
+                    let streams = socks.len();
+                    let Some(link) = self.links.tcp_mut(peer) else {
+                        continue;
+                    };
+                    let attached = link.attach(socks).and_then(|()| {
+                        if self.io.peer_inboxes.contains_key(&peer) {
+                            self.io.watch_end(peer, link.end_watch()?);
+                        }
+                        Ok(())
+                    });
+                    if let Err(e) = attached {
+                        self.fail_peer(peer, e.detail().to_string());
+                        continue;
+                    }
+                    let how = if dialed { "opened" } else { "accepted" };
+                    let line = format!(
+                        "hcomm: rank {}: TCP link to world rank {peer} up ({how}, {streams} \
+                         streams)",
+                        self.cfg.rank
+                    );
+                    if self.cfg.debug {
+                        // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+                        eprintln!("{line}");
+                    }
+                    tracing::debug!("{line}");
+                    self.flush_link(peer, 0);
+                    self.drive(peer, 0);
+                }
+                Ready::Failed { peer, error } => {
+                    self.fail_peer(peer, error.detail().to_string());
+                }
+            }
+        }
+        moved
     }
 
     /// Writes what link `l` of `peer` takes now; returns whether any frame left.
@@ -279,6 +338,9 @@ impl State {
             let _ = rustix::io::read(&self.io.wake, &mut b);
         }
         let mut moved = false;
+        if self.mesh.as_ref().is_some_and(|m| m.has_ready()) {
+            moved |= self.adopt_connections();
+        }
         for i in 0..self.links.polled.len() {
             let (p, l) = self.links.polled[i];
             if self.links.get_mut(p, l).is_some_and(|link| link.busy()) {
@@ -292,6 +354,12 @@ impl State {
         for ev in events {
             let tok = ev.data.u64();
             if tok == WAKE_TOKEN {
+                continue;
+            }
+            if tok == LISTEN_TOKEN {
+                if let Some(mesh) = &self.mesh {
+                    mesh.accept();
+                }
                 continue;
             }
             let (peer, l, lane) = untoken(tok);

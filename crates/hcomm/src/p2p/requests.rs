@@ -268,6 +268,10 @@ impl State {
             result: None,
         };
         self.ops.insert(id, op);
+        // The operation needs its peer's links (a TCP connection is made on first use).
+        if target.peer != ANY_PEER {
+            self.links.want(target.peer);
+        }
         id
     }
 

@@ -1,11 +1,12 @@
 //! Tests of the engine in one process: two engines of a world of two ranks, linked by a real
-//! TCP connection over loopback.
+//! TCP connection over loopback, made on demand.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use super::{Deadline, Engine, EngineConfig, OpId, Target};
 use crate::error::{Error, PeerRank};
+use crate::transport::tcp::MeshConfig;
 
 /// Largest eager message of these engines: larger ones take the rendezvous.
 const EAGER: usize = 1024;
@@ -26,17 +27,42 @@ fn config(rank: usize) -> EngineConfig {
         shm_chunk: 1,
         describe: |sig| format!("call {sig:?}"),
         timeout: WAIT,
+        debug: false,
     }
+}
+
+/// The engines of a world of `n` ranks in this process, each listening on loopback, with
+/// `streams` connections per pair once a pair is used.
+pub(super) fn world(n: usize, streams: usize) -> Vec<Engine> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("listen on loopback"))
+        .collect();
+    let addrs: Vec<_> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("listener address"))
+        .collect();
+    listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
+            let mesh = MeshConfig {
+                listener,
+                rank,
+                addrs: addrs.clone(),
+                streams,
+                secret: b"engine tests".to_vec(),
+                timeout: WAIT,
+            };
+            Engine::new(n, Some(mesh), None, None, config(rank)).expect("an engine")
+        })
+        .collect()
 }
 
 /// Ranks 0 and 1 of a world of two, one stream between them.
 pub(super) fn pair() -> (Engine, Engine) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("listen on loopback");
-    let addr = listener.local_addr().expect("listener address");
-    let a = TcpStream::connect(addr).expect("connect over loopback");
-    let (b, _) = listener.accept().expect("accept over loopback");
-    let e0 = Engine::new(vec![vec![], vec![a]], None, None, config(0)).expect("engine 0");
-    let e1 = Engine::new(vec![vec![b], vec![]], None, None, config(1)).expect("engine 1");
+    let mut w = world(2, 1);
+    let e1 = w.pop().expect("two engines");
+    let e0 = w.pop().expect("two engines");
     (e0, e1)
 }
 
@@ -350,4 +376,167 @@ fn a_lost_member_fails_a_pending_wildcard_but_its_held_message_is_still_received
         )
     };
     assert!(matches!(again, Err(Error::PeerLost(_))), "{again:?}");
+}
+
+/// Both ranks send to each other first, at once, before either posts a receive: both dial,
+/// the tie rule keeps one connection (two streams), and every message arrives, in order.
+#[test]
+fn two_ranks_sending_to_each_other_first_at_once_connect_once() {
+    for round in 0..5 {
+        let mut w = world(2, 2);
+        let e1 = w.pop().expect("two engines");
+        let e0 = w.pop().expect("two engines");
+        let msgs: Vec<Vec<u8>> = (0..6)
+            .map(|i| bytes(if i % 2 == 0 { 7 } else { 3 * EAGER }, i as u8))
+            .collect();
+        let (s0, s1): (Vec<OpId>, Vec<OpId>) = std::thread::scope(|s| {
+            let a = s.spawn(|| {
+                msgs.iter()
+                    .map(|m| send(&e0, target(1, 1, [0; 2]), m))
+                    .collect()
+            });
+            let b = s.spawn(|| {
+                msgs.iter()
+                    .map(|m| send(&e1, target(0, 1, [0; 2]), m))
+                    .collect()
+            });
+            (a.join().expect("rank 0"), b.join().expect("rank 1"))
+        });
+        for (e, from) in [(&e0, 1), (&e1, 0)] {
+            for (i, m) in msgs.iter().enumerate() {
+                let mut buf = vec![0u8; m.len()];
+                let r = recv(e, target(from, 1, [0; 2]), &mut buf);
+                e.wait(r, Deadline::After(WAIT)).expect("a receive");
+                assert_eq!(&buf, m, "round {round}: message {i} from rank {from}");
+            }
+        }
+        for id in s0 {
+            e0.wait(id, Deadline::After(WAIT)).expect("send of rank 0");
+        }
+        for id in s1 {
+            e1.wait(id, Deadline::After(WAIT)).expect("send of rank 1");
+        }
+        let (a, b) = (e0.protocol_stats(), e1.protocol_stats());
+        assert_eq!(
+            (a.tcp_opened + b.tcp_opened, a.tcp_accepted + b.tcp_accepted),
+            (2, 2),
+            "round {round}: one pair of two streams, opened by one side: {a:?} {b:?}"
+        );
+        assert_eq!(a.tcp_opened, b.tcp_accepted, "round {round}");
+    }
+}
+
+/// Eight ranks all send to all at once, each from its own thread: every pair connects once
+/// (whichever side dials first, or both) and every message arrives.
+#[test]
+fn many_ranks_all_to_all_at_once_connect_every_pair_once() {
+    const N: usize = 8;
+    let w = world(N, 2);
+    let payload = |from: usize, to: usize| {
+        bytes(
+            if (from + to) % 2 == 0 { 5 } else { 2 * EAGER },
+            (from * N + to) as u8,
+        )
+    };
+    std::thread::scope(|s| {
+        for (rank, e) in w.iter().enumerate() {
+            s.spawn(move || {
+                let out: Vec<Vec<u8>> = (0..N).map(|to| payload(rank, to)).collect();
+                let mut bufs: Vec<Vec<u8>> = (0..N)
+                    .map(|from| vec![0u8; payload(from, rank).len()])
+                    .collect();
+                let sends: Vec<OpId> = (0..N)
+                    .filter(|&to| to != rank)
+                    .map(|to| send(e, target(to, 2, [0; 2]), &out[to]))
+                    .collect();
+                let recvs: Vec<OpId> = bufs
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|&(from, _)| from != rank)
+                    .map(|(from, buf)| recv(e, target(from, 2, [0; 2]), buf))
+                    .collect();
+                for id in recvs.into_iter().chain(sends) {
+                    e.wait(id, Deadline::After(WAIT))
+                        .expect("an all-to-all message");
+                }
+                for (from, buf) in bufs.iter().enumerate().filter(|&(f, _)| f != rank) {
+                    assert_eq!(buf, &payload(from, rank), "rank {rank} from {from}");
+                }
+            });
+        }
+    });
+    let stats: Vec<_> = w.iter().map(Engine::protocol_stats).collect();
+    for (rank, s) in stats.iter().enumerate() {
+        assert_eq!(
+            s.tcp_opened + s.tcp_accepted,
+            2 * (N as u64 - 1),
+            "rank {rank}: two streams with each peer: {s:?}"
+        );
+    }
+    let opened: u64 = stats.iter().map(|s| s.tcp_opened).sum();
+    assert_eq!(
+        opened,
+        (N * (N - 1)) as u64,
+        "one pair of two streams each: {stats:?}"
+    );
+}
+
+/// Ranks talk only to their ring neighbours: nobody connects to anyone else, and a rank
+/// finalizes without waiting for the peers it never talked to.
+#[test]
+fn peers_never_talked_to_cost_no_connection_and_no_finalize_time() {
+    const N: usize = 6;
+    let w = world(N, 1);
+    std::thread::scope(|s| {
+        for (rank, e) in w.iter().enumerate() {
+            s.spawn(move || {
+                let data = bytes(16, rank as u8);
+                let mut buf = [0u8; 16];
+                let next = (rank + 1) % N;
+                let prev = (rank + N - 1) % N;
+                let sid = send(e, target(next, 3, [0; 2]), &data);
+                let rid = recv(e, target(prev, 3, [0; 2]), &mut buf);
+                e.wait(rid, Deadline::After(WAIT))
+                    .expect("from the previous rank");
+                e.wait(sid, Deadline::After(WAIT))
+                    .expect("to the next rank");
+                assert_eq!(&buf[..], &bytes(16, prev as u8)[..]);
+            });
+        }
+    });
+    for (rank, e) in w.iter().enumerate() {
+        let s = e.protocol_stats();
+        assert_eq!(
+            s.tcp_opened + s.tcp_accepted,
+            2,
+            "rank {rank}: its two neighbours: {s:?}"
+        );
+    }
+    // Everyone finalizes at once: each waits only for its two neighbours.
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for e in &w {
+            s.spawn(move || assert_eq!(e.close(Instant::now() + WAIT), Vec::<usize>::new()));
+        }
+    });
+    assert!(started.elapsed() < WAIT / 2, "{:?}", started.elapsed());
+}
+
+/// A receive from a peer this rank never talked to, whose process is gone: connecting fails
+/// at once (nothing listens there) and the receive fails naming the peer.
+#[test]
+fn a_wait_on_a_dead_peer_never_talked_to_fails_naming_it() {
+    let (e0, e1) = pair();
+    drop(e1);
+    let mut buf = [0u8; 4];
+    let started = Instant::now();
+    let r = recv(&e0, target(1, 3, [0; 2]), &mut buf);
+    let got = e0.wait(r, Deadline::After(WAIT));
+    let Err(e) = got else {
+        panic!("the receive completed: {got:?}")
+    };
+    assert!(matches!(e, Error::PeerLost(_)), "{e:?}");
+    assert_eq!(e.peer(), Some(PeerRank::ranks(1, 1)), "{e:?}");
+    assert!(e.to_string().contains("connecting to rank 1"), "{e}");
+    assert!(started.elapsed() < WAIT / 4, "{:?}", started.elapsed());
 }

@@ -3,9 +3,10 @@
 //!
 //! * **Dead local peers.** A waiter whose peers all share the host sleeps on its doorbell's
 //!   futex, which a dying process cannot ring. But the TCP connection kept beside each
-//!   shared-memory link ends when its process does (the kernel closes a dead process's
-//!   sockets, SIGKILL included), so the watcher polls a duplicate of each local peer's
-//!   stream 0 for its end only (`POLLRDHUP`, not for data, which the engine reads) and then
+//!   shared-memory link (made on the peer's first use, like every TCP link) ends when its
+//!   process does (the kernel closes a dead process's sockets, SIGKILL included), so the
+//!   watcher polls a duplicate of each local peer's stream 0, from when it comes up
+//!   (`Io::watch_end`), for its end only (`POLLRDHUP`, not for data, which the engine reads) and then
 //!   wakes the engine's sleepers, which read the end and fail the peer as usual (or, after its
 //!   `Close`, let it go in order). No process ids are involved: ranks in other pid namespaces
 //!   (containers sharing a host) are watched the same way.
@@ -22,7 +23,9 @@
 //! The timing follows `HCOMM_TIMEOUT` (`T`): `interval = T / 8` (between 10 ms and 1 s) and
 //! `limit = T / 2` (at least 4 intervals), so a hung peer is lost within `T / 2 + 2 interval`,
 //! before the operations waiting for it time out. Peers behind a transport plug-in are left to
-//! the plug-in and their TCP connection.
+//! the plug-in and their TCP connection. Only peers whose TCP connection is up are judged: a
+//! peer never talked to is not watched (a wait on it makes the connection first, or fails to
+//! and names it).
 
 use std::net::TcpStream;
 use std::os::fd::OwnedFd;
@@ -69,19 +72,15 @@ pub(super) struct Watcher {
 }
 
 impl Watcher {
-    /// Starts watching: `ends` are duplicates of the local peers' stream 0, by world rank.
-    pub(super) fn start(
-        shared: Arc<Shared>,
-        ends: Vec<(usize, TcpStream)>,
-        timing: Timing,
-    ) -> Result<Watcher> {
+    /// Starts watching (the ends of local peers' connections come through `Io::watch_end`).
+    pub(super) fn start(shared: Arc<Shared>, timing: Timing) -> Result<Watcher> {
         let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
             .map_err(|e| Error::init(format!("eventfd: {e}")).with_source(e.into()))?;
         let stop = Arc::new(stop);
         let told = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("hcomm-watch".into())
-            .spawn(move || watch(&shared, &told, ends, timing))
+            .spawn(move || watch(&shared, &told, timing))
             .map_err(|e| {
                 Error::init(format!("cannot start the watcher thread: {e}")).with_source(e)
             })?;
@@ -108,7 +107,8 @@ struct Seen {
     since: Instant,
 }
 
-fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, TcpStream)>, timing: Timing) {
+fn watch(sh: &Shared, stop: &OwnedFd, timing: Timing) {
+    let mut ends: Vec<(usize, TcpStream)> = Vec::new();
     let mut seen: HashMap<usize, Seen> = HashMap::default();
     let mut last_turn = Instant::now();
     let mut next_turn = last_turn;
@@ -121,9 +121,13 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, TcpStream)>, timing:
             next_turn = now + timing.interval;
         }
         let wait = next_turn.saturating_duration_since(Instant::now());
-        let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(stop, PollFlags::IN))
-            .chain(ends.iter().map(|(_, s)| PollFd::new(s, PollFlags::RDHUP)))
-            .collect();
+        let mut fds: Vec<PollFd<'_>> = [
+            PollFd::new(stop, PollFlags::IN),
+            PollFd::new(&sh.io.ends_kick, PollFlags::IN),
+        ]
+        .into_iter()
+        .chain(ends.iter().map(|(_, s)| PollFd::new(s, PollFlags::RDHUP)))
+        .collect();
         match poll_fds(&mut fds, Some(&timespec(wait))) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => {
@@ -134,10 +138,11 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, TcpStream)>, timing:
         if !fds[0].revents().is_empty() {
             return;
         }
+        let kicked = !fds[1].revents().is_empty();
         // Ended, reset or failed: the connection has nothing more to say to the watcher.
-        let ended: Vec<usize> = (1..fds.len())
+        let ended: Vec<usize> = (2..fds.len())
             .filter(|&i| !fds[i].revents().is_empty())
-            .map(|i| i - 1)
+            .map(|i| i - 2)
             .collect();
         drop(fds);
         if !ended.is_empty() {
@@ -146,6 +151,11 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, TcpStream)>, timing:
                 tracing::debug!("the connection of local world rank {peer} ended");
             }
             sh.io.alarm();
+        }
+        if kicked {
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(&sh.io.ends_kick, &mut b);
+            ends.append(&mut lock(&sh.io.new_ends));
         }
     }
 }
@@ -176,6 +186,10 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
         let Some(peer) = st.peers[p].as_ref() else {
             continue;
         };
+        if !st.links.connected(p) {
+            seen.remove(&p);
+            continue;
+        }
         let link = st.links.primary(p);
         let liveness = link.map(|l| l.caps().liveness);
         if peer.lost.is_some() || peer.closed || liveness == Some(Liveness::Connection) {

@@ -1,31 +1,58 @@
-//! TCP links between ranks: a listener on a free port, the authenticated all-pairs mesh, and
-//! the socket options of the data path.
+//! TCP links between ranks: a listener on a free port, the authenticated connections made on
+//! demand ([`Mesh`]), and the socket options of the data path.
 //!
-//! Every pair of ranks gets `streams` connections, opened by the higher rank towards the lower
-//! one, so no pair ever races to connect twice. Each connection proves, by the job secret's
-//! challenge-response, that both ends belong to the job, and says which rank and stream it
-//! is; anything else on the listener is dropped after a bounded handshake.
+//! No connection is made at init. Every rank keeps its listener (its address is in the store)
+//! and the addresses of all ranks; a pair of ranks is connected when one of them first needs
+//! the other ([`Mesh::want`]). That rank dials `streams` connections (`HCOMM_TCP_STREAMS`),
+//! one after the other: each proves, by the job secret's challenge-response, that both ends
+//! belong to the job and says which rank and stream it is, then reads the acceptor's verdict
+//! (one byte) before it carries any frame. The pair is up, on both sides, once all of its
+//! streams are. Anything else on the listener is dropped after a bounded handshake.
+//!
+//! **Both ranks dialing at once**: the connection dialed by the lower rank wins ([`takes`]).
+//! The lower rank refuses the higher rank's stream 0 while its own dial is in flight; the
+//! higher rank takes the lower rank's and lets its own be refused. A refused dialer waits for
+//! the peer's connection (and dials again if none came within the handshake limit). Nothing is
+//! sent on a connection before its verdict, so the tie loses no frame; frames queued for the
+//! peer meanwhile wait in its link (`p2p/link/tcp.rs`).
+//!
+//! Dials and handshakes run on short-lived threads (the handshake blocks, within its
+//! deadlines), so that connecting never stalls the progress of other links; the engine
+//! accepts on its own turns (the listener is in its epoll set: [`Mesh::accept`]) and takes the
+//! pairs that came up ([`Mesh::take_ready`]) after the mesh's `notify` woke it.
 
-use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rustc_hash::FxHashMap as HashMap;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::bootstrap::auth;
 use crate::error::{Error, PeerRank, Result};
+use crate::sync::lock;
 
-/// A handshake that takes longer than this is dropped, so a silent intruder frees its slot.
+/// A handshake that takes longer than this is dropped, so a silent intruder frees its slot;
+/// a refused dialer waits this long for the peer's own connection before it dials again.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 /// At most this many handshakes run at once on a listener; further connections wait in the
 /// listen backlog until one ends (a crowd of ranks is served in turn, never turned away).
 const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Refused connection attempts before a dial gives up: a rank listens from before its address
+/// is published until it ends, so a refusal means that its process is gone.
+const MAX_REFUSALS: u32 = 3;
+/// The longest single `connect` of a dial (it is tried again until the dial's deadline), so
+/// that stopping the mesh never waits longer for a dialing thread.
+const CONNECT_STEP: Duration = Duration::from_secs(1);
+/// Stack of the dialing and handshaking threads (they only run the handshake).
+const WORKER_STACK: usize = 256 * 1024;
 const HELLO_MAGIC: &[u8; 4] = b"HCMT";
-
+/// The acceptor's verdicts on a connection, sent after the handshake.
+const TAKEN: u8 = 1;
+const REFUSED: u8 = 0;
 /// Which connection of which rank a hello announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Hello {
@@ -83,118 +110,414 @@ pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Establishes `streams` authenticated connections to every other rank.
-///
-/// `addrs[r]` is where rank `r` listens; `listener` is this rank's own. Returns, for each
-/// rank, its connections in stream order (empty for this rank). Bounded by `deadline`.
-pub(crate) fn connect_mesh(
-    listener: TcpListener,
-    rank: usize,
-    addrs: &[SocketAddr],
-    streams: usize,
-    secret: &[u8],
-    deadline: Instant,
-) -> Result<Vec<Vec<TcpStream>>> {
-    let size = addrs.len();
-    let mut links: Vec<Vec<Option<TcpStream>>> = (0..size)
-        .map(|r| {
-            if r == rank {
-                Vec::new()
-            } else {
-                (0..streams).map(|_| None).collect()
-            }
-        })
-        .collect();
-    let expected_in = (size - rank - 1) * streams;
-    let secret: Arc<[u8]> = Arc::from(secret);
-    let (tx, rx) = mpsc::channel();
-    let done = Arc::new(AtomicBool::new(false));
-    let acceptor = {
-        let (secret, done) = (Arc::clone(&secret), Arc::clone(&done));
-        thread::Builder::new()
-            .name("hcomm-accept".into())
-            .spawn(move || {
-                accept_peers(
-                    listener,
-                    rank,
-                    size,
-                    streams,
-                    expected_in,
-                    secret,
-                    deadline,
-                    tx,
-                    done,
-                )
-            })
-            .map_err(|e| {
-                Error::init(format!("cannot start the accept thread: {e}")).with_source(e)
-            })?
-    };
-    let result = collect_links(&mut links, &rx, rank, addrs, streams, &secret, deadline);
-    // Stop the acceptor on every path, so no thread or listener outlives a failed setup.
-    done.store(true, Ordering::SeqCst);
-    let _ = acceptor.join();
-    result?;
-    Ok(links
-        .into_iter()
-        .map(|l| l.into_iter().flatten().collect())
-        .collect())
+/// What a rank knows of its connection with one peer.
+#[derive(Debug)]
+enum Pair {
+    /// Not connected, and nobody dials.
+    Idle,
+    /// This rank dials the peer.
+    Dialing,
+    /// The peer refused this rank's dial (its own dial won the tie): its connection is
+    /// awaited.
+    Awaiting,
+    /// The peer's stream 0 was taken; its other streams follow (since `since`).
+    Accepting {
+        socks: Vec<Option<TcpStream>>,
+        since: Instant,
+    },
+    /// Connected: the streams went to the engine.
+    Up,
+    /// Dialing failed: the peer is lost.
+    Failed,
 }
 
-/// Connects to the lower ranks and gathers the accepted connections of the higher ones.
-fn collect_links(
-    links: &mut [Vec<Option<TcpStream>>],
-    rx: &mpsc::Receiver<(usize, usize, TcpStream)>,
-    rank: usize,
-    addrs: &[SocketAddr],
-    streams: usize,
-    secret: &[u8],
-    deadline: Instant,
-) -> Result<()> {
-    let size = addrs.len();
-    let expected_in = (size - rank - 1) * streams;
-    for (peer, addr) in addrs.iter().enumerate().take(rank) {
-        for (s, link) in links[peer].iter_mut().enumerate() {
-            *link = Some(connect_one(
-                *addr, rank, size, peer, s, streams, secret, deadline,
-            )?);
+/// The tie rule: whether rank `me`, whose pair with `peer` is in state `pair`, takes the
+/// stream 0 that `peer` dialed (else it refuses it).
+///
+/// While both dial, the lower rank's connection wins: `me` takes the peer's only when the
+/// peer is the lower rank, and the peer, applying the same rule, refuses `me`'s. A rank that
+/// is not dialing takes it; a rank already connected (or that found the peer lost) refuses
+/// it. A pair whose other streams never came within the handshake limit (the dialer gave up
+/// half-way) is taken afresh.
+fn takes(me: usize, peer: usize, pair: &Pair) -> bool {
+    match pair {
+        Pair::Idle | Pair::Awaiting => true,
+        Pair::Dialing => peer < me,
+        Pair::Accepting { since, .. } => since.elapsed() >= HANDSHAKE_LIMIT,
+        Pair::Up | Pair::Failed => false,
+    }
+}
+
+/// A pair that came up or failed, for the engine ([`Mesh::take_ready`]).
+#[derive(Debug)]
+pub(crate) enum Ready {
+    /// The pair's streams, in stream order; `dialed`: this rank dialed them.
+    Up {
+        /// The peer's world rank.
+        peer: usize,
+        /// Its connected streams.
+        socks: Vec<TcpStream>,
+        /// This rank dialed them (else it accepted them).
+        dialed: bool,
+    },
+    /// Connecting to the peer failed: it is lost.
+    Failed {
+        /// The peer's world rank.
+        peer: usize,
+        /// Why, naming the peer.
+        error: Error,
+    },
+}
+
+/// What a rank needs to connect to its peers on demand.
+#[derive(Debug)]
+pub(crate) struct MeshConfig {
+    /// This rank's listener (its address is published in the store).
+    pub listener: TcpListener,
+    /// This rank.
+    pub rank: usize,
+    /// Where every rank listens, by world rank.
+    pub addrs: Vec<SocketAddr>,
+    /// Connections per pair (`HCOMM_TCP_STREAMS`).
+    pub streams: usize,
+    /// The job secret.
+    pub secret: Vec<u8>,
+    /// `HCOMM_TIMEOUT`: how long a dial may take.
+    pub timeout: Duration,
+}
+
+/// The connections of one rank with its peers, made on demand (see the module docs).
+pub(crate) struct Mesh {
+    sh: Arc<MeshShared>,
+}
+
+struct MeshShared {
+    cfg: MeshConfig,
+    /// This rank's hello as an acceptor.
+    hello: Vec<u8>,
+    pairs: Mutex<Vec<Pair>>,
+    ready: Mutex<Vec<Ready>>,
+    has_ready: AtomicBool,
+    notify: Box<dyn Fn() + Send + Sync>,
+    stop: AtomicBool,
+    handshakes: AtomicUsize,
+    workers: Mutex<Vec<thread::JoinHandle<()>>>,
+    /// Sockets of the dials and handshakes in flight, cut when the mesh stops.
+    live: Mutex<HashMap<u64, TcpStream>>,
+    next_live: AtomicU64,
+    opened: AtomicU64,
+    accepted: AtomicU64,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("rank", &self.sh.cfg.rank)
+            .field("streams", &self.sh.cfg.streams)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mesh {
+    /// Takes over the listener; `notify` is called (from another thread) whenever a pair came
+    /// up or failed.
+    pub(crate) fn start(cfg: MeshConfig, notify: Box<dyn Fn() + Send + Sync>) -> Result<Mesh> {
+        cfg.listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::transport("configuring the listener", e))?;
+        let hello = Hello {
+            rank: cfg.rank as u32,
+            size: cfg.addrs.len() as u32,
+            stream: 0,
+            streams: cfg.streams as u16,
+        }
+        .encode();
+        let pairs = (0..cfg.addrs.len()).map(|_| Pair::Idle).collect();
+        Ok(Mesh {
+            sh: Arc::new(MeshShared {
+                cfg,
+                hello,
+                pairs: Mutex::new(pairs),
+                ready: Mutex::new(Vec::new()),
+                has_ready: AtomicBool::new(false),
+                notify,
+                stop: AtomicBool::new(false),
+                handshakes: AtomicUsize::new(0),
+                workers: Mutex::new(Vec::new()),
+                live: Mutex::new(HashMap::default()),
+                next_live: AtomicU64::new(0),
+                opened: AtomicU64::new(0),
+                accepted: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The listener, for the engine's epoll set.
+    pub(crate) fn listener(&self) -> &TcpListener {
+        &self.sh.cfg.listener
+    }
+
+    /// This rank needs `peer`: dials it unless the pair is connected or being connected.
+    pub(crate) fn want(&self, peer: usize) {
+        let sh = &self.sh;
+        if peer == sh.cfg.rank {
+            return;
+        }
+        {
+            let mut pairs = lock(&sh.pairs);
+            let Some(pair) = pairs.get_mut(peer) else {
+                return;
+            };
+            let stale = matches!(pair, Pair::Accepting { since, .. }
+                if since.elapsed() >= HANDSHAKE_LIMIT);
+            if !matches!(pair, Pair::Idle) && !stale {
+                return;
+            }
+            *pair = Pair::Dialing;
+        }
+        let dialer = Arc::clone(sh);
+        if let Err(e) = spawn(sh, "hcomm-dial", move || dial(&dialer, peer)) {
+            if let Some(pair) = lock(&sh.pairs).get_mut(peer) {
+                *pair = Pair::Failed;
+            }
+            deliver(
+                sh,
+                Ready::Failed {
+                    peer,
+                    error: Error::init(format!("cannot start a thread to connect: {e}"))
+                        .with_peer(PeerRank::world(peer)),
+                },
+            );
         }
     }
-    let mut got = 0;
-    while got < expected_in {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((peer, s, stream)) => {
-                if links[peer][s].is_none() {
-                    links[peer][s] = Some(stream);
-                    got += 1;
+
+    /// Accepts the connections waiting on the listener (its epoll event), each authenticated
+    /// on a thread of its own, as many at once as `MAX_PENDING_HANDSHAKES`.
+    pub(crate) fn accept(&self) {
+        let sh = &self.sh;
+        while sh.handshakes.load(Ordering::SeqCst) < MAX_PENDING_HANDSHAKES {
+            match sh.cfg.listener.accept() {
+                Ok((conn, from)) => {
+                    sh.handshakes.fetch_add(1, Ordering::SeqCst);
+                    let acceptor = Arc::clone(sh);
+                    let spawned = spawn(sh, "hcomm-handshake", move || {
+                        if let Err(e) = admit(&acceptor, conn) {
+                            tracing::warn!(
+                                "rank {}: dropped connection from {from}: {e}",
+                                acceptor.cfg.rank
+                            );
+                        }
+                        acceptor.handshakes.fetch_sub(1, Ordering::SeqCst);
+                    });
+                    if spawned.is_err() {
+                        sh.handshakes.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!("rank {}: accept failed: {e}", sh.cfg.rank);
+                    break;
                 }
             }
-            Err(_) => {
-                let missing: Vec<usize> = (rank + 1..size)
-                    .filter(|&p| links[p].iter().any(Option::is_none))
-                    .collect();
-                return Err(Error::timeout(format!(
-                    "rank {rank}: ranks {missing:?} did not connect within HCOMM_TIMEOUT; are \
-                     they running, and can they reach this host?"
-                )));
-            }
         }
     }
+
+    /// Whether pairs came up or failed since the last [`Mesh::take_ready`].
+    #[inline]
+    pub(crate) fn has_ready(&self) -> bool {
+        self.sh.has_ready.load(Ordering::Acquire)
+    }
+
+    /// The pairs that came up or failed since the last call.
+    pub(crate) fn take_ready(&self) -> Vec<Ready> {
+        if !self.sh.has_ready.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *lock(&self.sh.ready))
+    }
+
+    /// Connections this rank opened and accepted that became links (every stream counts).
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (
+            self.sh.opened.load(Ordering::Relaxed),
+            self.sh.accepted.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Stops dialing and accepting: cuts the connections still in their handshake and joins
+    /// their threads. Pairs already up are the engine's.
+    pub(crate) fn stop(&self) {
+        let sh = &self.sh;
+        sh.stop.store(true, Ordering::SeqCst);
+        for sock in lock(&sh.live).values() {
+            let _ = sock.shutdown(Shutdown::Both);
+        }
+        let workers = std::mem::take(&mut *lock(&sh.workers));
+        for w in workers {
+            let _ = w.join();
+        }
+        lock(&sh.ready).clear();
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts a dialing or handshaking thread (none once the mesh stops), keeping its handle.
+fn spawn(sh: &MeshShared, name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
+    let mut workers = lock(&sh.workers);
+    if sh.stop.load(Ordering::SeqCst) {
+        return Err(io::Error::other("the mesh is stopping"));
+    }
+    workers.retain(|w| !w.is_finished());
+    let t = thread::Builder::new()
+        .name(name.into())
+        .stack_size(WORKER_STACK)
+        .spawn(f)?;
+    workers.push(t);
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Hands a pair to the engine and wakes it.
+fn deliver(sh: &MeshShared, ready: Ready) {
+    lock(&sh.ready).push(ready);
+    sh.has_ready.store(true, Ordering::Release);
+    (sh.notify)();
+}
+
+/// A socket in a handshake, cut if the mesh stops meanwhile.
+struct Live<'a> {
+    sh: &'a MeshShared,
+    id: u64,
+}
+
+impl<'a> Live<'a> {
+    fn track(sh: &'a MeshShared, sock: &TcpStream) -> io::Result<Live<'a>> {
+        let id = sh.next_live.fetch_add(1, Ordering::Relaxed);
+        lock(&sh.live).insert(id, sock.try_clone()?);
+        if sh.stop.load(Ordering::SeqCst) {
+            let _ = sock.shutdown(Shutdown::Both);
+        }
+        Ok(Live { sh, id })
+    }
+}
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        lock(&self.sh.live).remove(&self.id);
+    }
+}
+
+/// The dialing thread of one pair: connects every stream, or waits for the peer's connection
+/// when the peer's dial won the tie, and hands the outcome to the engine.
+fn dial(sh: &MeshShared, peer: usize) {
+    let deadline = Instant::now() + sh.cfg.timeout;
+    let outcome = loop {
+        match dial_streams(sh, peer, deadline) {
+            Ok(Some(socks)) => break Ok(socks),
+            Ok(None) => {
+                if !await_peer(sh, peer, deadline) {
+                    return;
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let mut pairs = lock(&sh.pairs);
+    let pair = &mut pairs[peer];
+    match outcome {
+        Ok(socks) if matches!(pair, Pair::Dialing) => {
+            *pair = Pair::Up;
+            sh.opened.fetch_add(socks.len() as u64, Ordering::Relaxed);
+            deliver(
+                sh,
+                Ready::Up {
+                    peer,
+                    socks,
+                    dialed: true,
+                },
+            );
+        }
+        // The peer took this rank's stream 0 while this rank took the peer's: the tie rule
+        // makes that impossible, so the peer must have broken it.
+        Ok(_) => tracing::warn!(
+            "rank {}: rank {peer} accepted a connection while its own was taken; dropped",
+            sh.cfg.rank
+        ),
+        Err(error) if matches!(pair, Pair::Dialing | Pair::Awaiting) => {
+            *pair = Pair::Failed;
+            deliver(sh, Ready::Failed { peer, error });
+        }
+        // The peer's own connection came meanwhile.
+        Err(_) => {}
+    }
+}
+
+/// After the peer refused this rank's dial: waits for the peer's own connection. Returns
+/// whether to dial again (none came within the handshake limit, or the pair left the dial).
+fn await_peer(sh: &MeshShared, peer: usize, deadline: Instant) -> bool {
+    {
+        let mut pairs = lock(&sh.pairs);
+        if !matches!(pairs[peer], Pair::Dialing) {
+            return false;
+        }
+        pairs[peer] = Pair::Awaiting;
+    }
+    let until = deadline.min(Instant::now() + HANDSHAKE_LIMIT);
+    loop {
+        if sh.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        {
+            let mut pairs = lock(&sh.pairs);
+            match pairs[peer] {
+                Pair::Awaiting if Instant::now() >= until => {
+                    pairs[peer] = Pair::Dialing;
+                    return true;
+                }
+                Pair::Awaiting => {}
+                _ => return false,
+            }
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Dials every stream of the pair in order: `None` when the peer refused stream 0 (its own
+/// dial won the tie).
+fn dial_streams(sh: &MeshShared, peer: usize, deadline: Instant) -> Result<Option<Vec<TcpStream>>> {
+    let mut socks = Vec::with_capacity(sh.cfg.streams);
+    for s in 0..sh.cfg.streams {
+        match connect_one(sh, peer, s, deadline)? {
+            Some(conn) => socks.push(conn),
+            None if s == 0 => return Ok(None),
+            None => {
+                return Err(Error::init(format!(
+                    "rank {} connecting to rank {peer}: it refused stream {s} after taking \
+                     stream 0",
+                    sh.cfg.rank
+                ))
+                .with_peer(PeerRank::world(peer)))
+            }
+        }
+    }
+    Ok(Some(socks))
+}
+
+/// Dials stream `stream` of the pair with `peer`: the connection once the peer took it,
+/// `None` when it refused it.
 fn connect_one(
-    addr: SocketAddr,
-    rank: usize,
-    size: usize,
+    sh: &MeshShared,
     peer: usize,
     stream: usize,
-    streams: usize,
-    secret: &[u8],
     deadline: Instant,
-) -> Result<TcpStream> {
+) -> Result<Option<TcpStream>> {
+    let (rank, streams, size) = (sh.cfg.rank, sh.cfg.streams, sh.cfg.addrs.len());
+    let addr = sh.cfg.addrs[peer];
     let fail = |what: String| {
         Error::init(format!(
             "rank {rank} connecting to rank {peer} at {addr}: {what}"
@@ -209,193 +532,269 @@ fn connect_one(
     };
     // A peer that hangs up before authenticating (a listener shedding load) is tried again.
     let mut backoff = Duration::from_millis(10);
-    let (conn, theirs) = loop {
+    let mut refusals = 0;
+    loop {
+        if sh.stop.load(Ordering::SeqCst) {
+            return Err(fail("this rank is finalizing".into()));
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::timeout(format!(
-                "rank {rank} could not connect to rank {peer} at {addr} within HCOMM_TIMEOUT"
+                "rank {rank} could not connect to rank {peer} at {addr} within HCOMM_TIMEOUT \
+                 (is it hung or stopped?)"
             ))
             .with_peer(PeerRank::world(peer)));
         }
-        let conn = match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+        let conn = match TcpStream::connect_timeout(&addr, left.min(CONNECT_STEP)) {
             Ok(c) => c,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                refusals += 1;
+                if refusals >= MAX_REFUSALS {
+                    return Err(fail(format!(
+                        "{e}: nothing listens there any more, so its process has ended"
+                    )));
+                }
                 thread::sleep(Duration::from_millis(20));
                 continue;
             }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
             Err(e) => return Err(fail(e.to_string())),
         };
         tune(&conn).map_err(|e| fail(e.to_string()))?;
-        match auth::client_handshake_detailed(&conn, secret, &hello.encode(), deadline) {
-            Ok(theirs) => break (conn, theirs),
-            Err(e) if e.retryable => {
-                tracing::debug!("rank {rank}: rank {peer} hung up the handshake; retrying");
-                thread::sleep(backoff.min(left));
-                backoff = (backoff * 2).min(Duration::from_millis(200));
-            }
-            Err(e) => return Err(e.error),
-        }
-    };
-    match Hello::decode(&theirs) {
-        Some(h)
-            if h.rank as usize == peer
-                && h.size as usize == size
-                && h.streams as usize == streams =>
-        {
-            Ok(conn)
-        }
-        _ => Err(fail(format!(
-            "the process there is not rank {peer} of this job with {streams} streams per peer \
-             (different HCOMM_SIZE or HCOMM_TCP_STREAMS?)"
-        ))),
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn accept_peers(
-    listener: TcpListener,
-    rank: usize,
-    size: usize,
-    streams: usize,
-    expected: usize,
-    secret: Arc<[u8]>,
-    deadline: Instant,
-    tx: mpsc::Sender<(usize, usize, TcpStream)>,
-    done: Arc<AtomicBool>,
-) {
-    if expected == 0 {
-        return;
-    }
-    if let Err(e) = listener.set_nonblocking(true) {
-        tracing::error!("rank {rank}: cannot poll the listener: {e}");
-        return;
-    }
-    let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let me = Hello {
-        rank: rank as u32,
-        size: size as u32,
-        stream: 0,
-        streams: streams as u16,
-    }
-    .encode();
-    let me: Arc<[u8]> = Arc::from(me);
-    // The handshakes in flight, and whether each handed its connection over as a link: the
-    // others are ended (their sockets shut down) and joined when the acceptor stops, so that
-    // no intruder's silent connection keeps a thread after init.
-    type Handshake = (thread::JoinHandle<()>, TcpStream, Arc<AtomicBool>);
-    let mut handshakes: Vec<Handshake> = Vec::new();
-    // Stops when the deadline passes or when the main thread has all its links.
-    while Instant::now() < deadline {
-        handshakes.retain(|(t, _, _)| !t.is_finished());
-        // No slot: leave the next connections in the backlog until a handshake ends.
-        if pending.load(std::sync::atomic::Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
-            if done.load(std::sync::atomic::Ordering::SeqCst) {
-                break;
-            }
-            thread::sleep(Duration::from_millis(2));
-            continue;
-        }
-        match listener.accept() {
-            Ok((conn, from)) => {
-                use std::sync::atomic::Ordering::SeqCst;
-                let Ok(end) = conn.try_clone() else {
-                    tracing::warn!("rank {rank}: cannot keep track of {from}, dropping it");
+        let _live = Live::track(sh, &conn).map_err(|e| fail(e.to_string()))?;
+        let theirs =
+            match auth::client_handshake_detailed(&conn, &sh.cfg.secret, &hello.encode(), deadline)
+            {
+                Ok(theirs) => theirs,
+                Err(e) if e.retryable && !sh.stop.load(Ordering::SeqCst) => {
+                    tracing::debug!("rank {rank}: rank {peer} hung up the handshake; retrying");
+                    thread::sleep(backoff.min(left));
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
                     continue;
-                };
-                pending.fetch_add(1, SeqCst);
-                let handed = Arc::new(AtomicBool::new(false));
-                let (tx, secret, me, slot, handing) = (
-                    tx.clone(),
-                    Arc::clone(&secret),
-                    Arc::clone(&me),
-                    Arc::clone(&pending),
-                    Arc::clone(&handed),
-                );
-                let spawned =
-                    thread::Builder::new()
-                        .name("hcomm-handshake".into())
-                        .spawn(move || {
-                            let limit = deadline.min(Instant::now() + HANDSHAKE_LIMIT);
-                            match accept_one(conn, rank, size, streams, &secret, &me, limit) {
-                                Ok((peer, s, c)) => {
-                                    handing.store(true, SeqCst);
-                                    let _ = tx.send((peer, s, c));
-                                }
-                                Err(e) => tracing::warn!(
-                                    "rank {rank}: dropped connection from {from}: {e}"
-                                ),
-                            }
-                            slot.fetch_sub(1, SeqCst);
-                        });
-                match spawned {
-                    Ok(t) => handshakes.push((t, end, handed)),
-                    Err(_) => {
-                        pending.fetch_sub(1, SeqCst);
-                    }
                 }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if done.load(std::sync::atomic::Ordering::SeqCst) {
-                    break;
-                }
-                thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => {
-                tracing::warn!("rank {rank}: accept failed: {e}");
-                thread::sleep(Duration::from_millis(10));
+                Err(e) => return Err(e.error),
+            };
+        match Hello::decode(&theirs) {
+            Some(h)
+                if h.rank as usize == peer
+                    && h.size as usize == size
+                    && h.streams as usize == streams => {}
+            _ => {
+                return Err(fail(format!(
+                    "the process there is not rank {peer} of this job with {streams} streams \
+                     per peer (different HCOMM_SIZE or HCOMM_TCP_STREAMS?)"
+                )))
             }
         }
-    }
-    // Every link arrived (or the deadline passed): a handshake that has not handed over a
-    // link is an intruder's, whose blocked read or write fails once its socket is shut down.
-    for (t, end, handed) in handshakes {
-        if !handed.load(std::sync::atomic::Ordering::SeqCst) {
-            let _ = end.shutdown(std::net::Shutdown::Both);
-        }
-        let _ = t.join();
+        return match read_verdict(&conn, deadline) {
+            Ok(TAKEN) => Ok(Some(conn)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(fail(format!("reading its verdict on the connection: {e}"))),
+        };
     }
 }
 
-fn accept_one(
-    mut conn: TcpStream,
-    rank: usize,
-    size: usize,
-    streams: usize,
-    secret: &[u8],
-    me: &[u8],
-    deadline: Instant,
-) -> Result<(usize, usize, TcpStream)> {
+/// Reads the acceptor's verdict on a connection, before `deadline`.
+fn read_verdict(mut conn: &TcpStream, deadline: Instant) -> io::Result<u8> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    conn.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+    let mut b = [0u8; 1];
+    conn.read_exact(&mut b)?;
+    conn.set_read_timeout(None)?;
+    Ok(b[0])
+}
+
+/// The handshake of one accepted connection: authenticates it, decides by the tie rule
+/// whether to take it, tells the dialer, and hands the pair to the engine once all of its
+/// streams came.
+fn admit(sh: &MeshShared, mut conn: TcpStream) -> Result<()> {
+    let (rank, streams, size) = (sh.cfg.rank, sh.cfg.streams, sh.cfg.addrs.len());
+    let deadline = Instant::now() + HANDSHAKE_LIMIT;
     conn.set_nonblocking(false)
         .map_err(|e| Error::transport("configuring a connection", e))?;
     tune(&conn).map_err(|e| Error::transport("configuring a connection", e))?;
-    let theirs = auth::server_handshake(&mut conn, secret, me, deadline)?;
+    let live = Live::track(sh, &conn).map_err(|e| Error::transport("tracking a connection", e))?;
+    let theirs = auth::server_handshake(&mut conn, &sh.cfg.secret, &sh.hello, deadline)?;
     let h = Hello::decode(&theirs)
         .ok_or_else(|| Error::init("malformed hello from an authenticated peer"))?;
     let (peer, s) = (h.rank as usize, h.stream as usize);
     if h.size as usize != size
         || h.streams as usize != streams
-        || peer <= rank
+        || peer == rank
         || peer >= size
         || s >= streams
     {
         return Err(Error::init(format!(
-            "rank {peer} announced size {} and {} streams (expected a rank above {rank} of {size} \
+            "rank {peer} announced size {} and {} streams (expected another rank of {size} \
              with {streams} streams): mixed job settings?",
             h.size, h.streams
         ))
         .with_peer(PeerRank::world(peer)));
     }
-    Ok((peer, s, conn))
+    drop(live);
+    let mut pairs = lock(&sh.pairs);
+    let pair = &mut pairs[peer];
+    let take = if s == 0 {
+        takes(rank, peer, pair)
+    } else {
+        matches!(pair, Pair::Accepting { socks, .. } if socks[s].is_none())
+    };
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+    (&conn)
+        .write_all(&[if take { TAKEN } else { REFUSED }])
+        .map_err(|e| Error::transport("sending the verdict on a connection", e))?;
+    let _ = conn.set_write_timeout(None);
+    if !take {
+        return Ok(());
+    }
+    if s == 0 {
+        *pair = Pair::Accepting {
+            socks: (0..streams).map(|_| None).collect(),
+            since: Instant::now(),
+        };
+    }
+    let Pair::Accepting { socks, .. } = pair else {
+        return Ok(());
+    };
+    socks[s] = Some(conn);
+    if socks.iter().all(Option::is_some) {
+        let socks: Vec<TcpStream> = socks.drain(..).flatten().collect();
+        *pair = Pair::Up;
+        sh.accepted.fetch_add(socks.len() as u64, Ordering::Relaxed);
+        deliver(
+            sh,
+            Ready::Up {
+                peer,
+                socks,
+                dialed: false,
+            },
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One rank of the model of two ranks connecting: its state, and whether it dials.
+    #[derive(Debug)]
+    struct Side {
+        pair: Pair,
+        dials: bool,
+    }
+
+    /// The steps of one rank's dial: it wants the peer, its stream 0 reaches the peer (which
+    /// decides by the tie rule), the verdict comes back.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Step {
+        Want,
+        Arrive,
+        Verdict,
+    }
+
+    /// Plays the steps of ranks 0 and 1 (`order`: which rank steps next) and returns their
+    /// states and which rank's connection each took (as dialer or acceptor).
+    fn play(order: &[usize]) -> ([Side; 2], Vec<usize>) {
+        let mut sides = [0, 1].map(|_| Side {
+            pair: Pair::Idle,
+            dials: false,
+        });
+        let mut next = [0usize; 2];
+        let mut verdict = [None::<bool>; 2];
+        let mut taken = Vec::new();
+        let steps = [Step::Want, Step::Arrive, Step::Verdict];
+        for &me in order {
+            let peer = 1 - me;
+            let step = steps[next[me]];
+            next[me] += 1;
+            match step {
+                Step::Want => {
+                    if matches!(sides[me].pair, Pair::Idle) {
+                        sides[me].pair = Pair::Dialing;
+                        sides[me].dials = true;
+                    }
+                }
+                Step::Arrive if sides[me].dials => {
+                    let take = takes(peer, me, &sides[peer].pair);
+                    if take {
+                        // One stream: taking stream 0 brings the pair up.
+                        sides[peer].pair = Pair::Up;
+                        taken.push(me);
+                    }
+                    verdict[me] = Some(take);
+                }
+                Step::Verdict if sides[me].dials => match (verdict[me], &sides[me].pair) {
+                    (Some(true), Pair::Dialing) => sides[me].pair = Pair::Up,
+                    (Some(true), other) => panic!("{order:?}: taken while {other:?}"),
+                    (Some(false), Pair::Dialing) => sides[me].pair = Pair::Awaiting,
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+        (sides, taken)
+    }
+
+    /// Every interleaving of both ranks' dials (each wants the other, its stream 0 arrives,
+    /// its verdict returns, in that order): exactly one connection is taken, both ranks end
+    /// up connected, and when both dialed before either arrived the lower rank's won.
+    #[test]
+    fn the_tie_rule_keeps_exactly_one_connection_in_every_interleaving() {
+        let mut orders = Vec::new();
+        for mask in 0u32..64 {
+            if mask.count_ones() == 3 {
+                orders.push((0..6).map(|i| (mask >> i & 1) as usize).collect::<Vec<_>>());
+            }
+        }
+        assert_eq!(orders.len(), 20);
+        for order in &orders {
+            let (sides, taken) = play(order);
+            assert_eq!(taken.len(), 1, "{order:?}: {sides:?}");
+            for s in &sides {
+                assert!(matches!(s.pair, Pair::Up), "{order:?}: {sides:?}");
+            }
+            if sides[0].dials && sides[1].dials {
+                // Both dialed: whichever arrived first while the other still dialed, the
+                // lower rank's connection is the one kept unless the higher one's arrived at
+                // an idle rank 0.
+                let first_arrival = order
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &r)| order[..=i].iter().filter(|&&x| x == r).count() == 2)
+                    .map(|(_, &r)| r)
+                    .next();
+                if first_arrival == Some(1) {
+                    // Rank 0 was dialing when rank 1's arrived: refused.
+                    assert_eq!(taken, vec![0], "{order:?}");
+                }
+            }
+        }
+    }
+
+    /// The rule on its own: a rank that dials refuses a higher peer and takes a lower one;
+    /// idle or awaiting ranks take, connected or failed ones refuse.
+    #[test]
+    fn the_lower_rank_s_connection_wins_a_tie() {
+        assert!(!takes(2, 5, &Pair::Dialing));
+        assert!(takes(5, 2, &Pair::Dialing));
+        for me in [0, 3] {
+            assert!(takes(me, 1, &Pair::Idle));
+            assert!(takes(me, 1, &Pair::Awaiting));
+            assert!(!takes(me, 1, &Pair::Up));
+            assert!(!takes(me, 1, &Pair::Failed));
+        }
+        let fresh = Pair::Accepting {
+            socks: vec![None, None],
+            since: Instant::now(),
+        };
+        assert!(!takes(0, 1, &fresh));
+        let stale = Pair::Accepting {
+            socks: vec![None, None],
+            since: Instant::now() - HANDSHAKE_LIMIT,
+        };
+        assert!(takes(0, 1, &stale));
+    }
 
     /// Whatever an authenticated peer says in its hello: decoding never panics or allocates,
     /// accepts only a 16-byte hello with the magic (which re-encodes to the same bytes), and

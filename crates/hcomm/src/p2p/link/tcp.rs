@@ -5,6 +5,11 @@
 //! data frames (which carry their offset) are spread over all streams. The goodbye (`Close`)
 //! takes stream 0 too: after it, the end of stream 0 is orderly, and data may still arrive on
 //! the others until they end too.
+//!
+//! The link exists from init but its connection does not: it is made on the link's first use
+//! ([`Link::want`], or the first frame pushed), by the world's [`Mesh`], and handed to the
+//! link when it is up ([`TcpLink::attach`]); frames pushed meanwhile wait, in order, and go
+//! out once it is. A link never used costs no socket, and owes its peer no goodbye.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -17,6 +22,7 @@ use super::{token, Caps, Dests, Kind, Link, Liveness, Ops, Rx};
 use crate::error::{Error, PeerRank, Result};
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, Io, OpId, OutFrame};
+use crate::transport::tcp::Mesh;
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 
 /// Bytes buffered per stream for small frames; larger payloads are read in place.
@@ -80,6 +86,17 @@ fn read_some(sock: &mut TcpStream, buf: &mut [u8]) -> std::result::Result<Option
     }
 }
 
+/// Where the link's connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Conn {
+    /// Never used: no connection, none asked for.
+    Idle,
+    /// Asked for: the mesh connects (or the peer's connection is coming).
+    Connecting,
+    /// Connected: the streams carry the frames.
+    Up,
+}
+
 /// The TCP streams to one peer.
 #[derive(Debug)]
 pub(in crate::p2p) struct TcpLink {
@@ -87,6 +104,11 @@ pub(in crate::p2p) struct TcpLink {
     /// Its place among the peer's links (in its epoll tokens).
     index: usize,
     io: Arc<Io>,
+    /// The world's connections, which make this one on demand.
+    mesh: Arc<Mesh>,
+    conn: Conn,
+    /// Frames pushed before the connection was up, in order.
+    waiting: VecDeque<OutFrame>,
     streams: Vec<Stream>,
     next_data: usize,
     /// The stream being read.
@@ -98,45 +120,21 @@ pub(in crate::p2p) struct TcpLink {
 }
 
 impl TcpLink {
-    /// Takes over the connected streams to `peer` and registers them with the engine's epoll;
-    /// `index`: the link's place among the peer's links.
+    /// The link to `peer`, not connected yet; `index`: its place among the peer's links.
     pub(in crate::p2p) fn new(
         peer: usize,
         index: usize,
-        socks: Vec<TcpStream>,
         io: &Arc<Io>,
-    ) -> Result<TcpLink> {
-        let mut streams = Vec::with_capacity(socks.len());
-        for (s, sock) in socks.into_iter().enumerate() {
-            sock.set_nonblocking(true)
-                .map_err(|e| Error::transport("configuring a link", e))?;
-            epoll::add(
-                &io.epoll,
-                &sock,
-                epoll::EventData::new_u64(token(peer, index, s)),
-                epoll::EventFlags::IN,
-            )
-            .map_err(|e| Error::init(format!("epoll_ctl: {e}")).with_source(e.into()))?;
-            streams.push(Stream {
-                sock,
-                out: VecDeque::new(),
-                want_out: false,
-                rx_buf: vec![0u8; RX_BUF].into_boxed_slice(),
-                rx_start: 0,
-                rx_end: 0,
-                rx: RxState::Header,
-                eof: false,
-                ready_in: false,
-                ready_out: false,
-                reads: 0,
-                short_read: false,
-            });
-        }
-        Ok(TcpLink {
+        mesh: &Arc<Mesh>,
+    ) -> TcpLink {
+        TcpLink {
             peer,
             index,
             io: Arc::clone(io),
-            streams,
+            mesh: Arc::clone(mesh),
+            conn: Conn::Idle,
+            waiting: VecDeque::new(),
+            streams: Vec::new(),
             next_data: 0,
             cur: 0,
             goodbye: false,
@@ -152,7 +150,60 @@ impl TcpLink {
                 drain_on_loss: false,
                 liveness: Liveness::Frames,
             },
-        })
+        }
+    }
+
+    /// Takes over the connected streams to the peer, registers them with the engine's epoll
+    /// and queues the frames that waited for them (a flush writes them).
+    pub(in crate::p2p) fn attach(&mut self, socks: Vec<TcpStream>) -> Result<()> {
+        if self.conn == Conn::Up || self.closed {
+            return Err(Error::internal(format!(
+                "a second connection to world rank {} came up",
+                self.peer
+            ))
+            .with_peer(PeerRank::world(self.peer)));
+        }
+        for (s, sock) in socks.into_iter().enumerate() {
+            sock.set_nonblocking(true)
+                .map_err(|e| Error::transport("configuring a link", e))?;
+            epoll::add(
+                &self.io.epoll,
+                &sock,
+                epoll::EventData::new_u64(token(self.peer, self.index, s)),
+                epoll::EventFlags::IN,
+            )
+            .map_err(|e| Error::init(format!("epoll_ctl: {e}")).with_source(e.into()))?;
+            self.streams.push(Stream {
+                sock,
+                out: VecDeque::new(),
+                want_out: false,
+                rx_buf: vec![0u8; RX_BUF].into_boxed_slice(),
+                rx_start: 0,
+                rx_end: 0,
+                rx: RxState::Header,
+                eof: false,
+                // Anything the peer sent before the registration is read on the next poll.
+                ready_in: true,
+                ready_out: false,
+                reads: 0,
+                short_read: false,
+            });
+        }
+        self.conn = Conn::Up;
+        for frame in std::mem::take(&mut self.waiting) {
+            self.push(frame);
+        }
+        Ok(())
+    }
+
+    /// Whether the connection is up.
+    pub(in crate::p2p) fn connected(&self) -> bool {
+        self.conn == Conn::Up
+    }
+
+    /// Whether the link was ever used (its connection is up or being made).
+    pub(in crate::p2p) fn used(&self) -> bool {
+        self.conn != Conn::Idle
     }
 
     /// A duplicate of stream 0, whose end the watcher waits for.
@@ -346,6 +397,15 @@ impl Link for TcpLink {
     }
 
     fn push(&mut self, frame: OutFrame) -> bool {
+        if self.conn != Conn::Up {
+            // A peer never talked to is owed no goodbye (and gets no connection for one).
+            if self.conn == Conn::Idle && frame.kind == FrameKind::Close {
+                return false;
+            }
+            self.want();
+            self.waiting.push_back(frame);
+            return false;
+        }
         let i = match frame.kind {
             FrameKind::Data => {
                 self.next_data = self.next_data.wrapping_add(1);
@@ -374,7 +434,14 @@ impl Link for TcpLink {
     }
 
     fn busy(&self) -> bool {
-        self.streams.iter().any(|s| !s.out.is_empty())
+        !self.waiting.is_empty() || self.streams.iter().any(|s| !s.out.is_empty())
+    }
+
+    fn want(&mut self) {
+        if self.conn == Conn::Idle && !self.closed {
+            self.conn = Conn::Connecting;
+            self.mesh.want(self.peer);
+        }
     }
 
     fn event(&mut self, lane: usize, flags: epoll::EventFlags) {
@@ -393,7 +460,7 @@ impl Link for TcpLink {
     }
 
     fn poll(&mut self, dests: &mut Dests<'_>) -> Rx {
-        if self.closed {
+        if self.closed || self.streams.is_empty() {
             return Rx::Idle;
         }
         let n = self.streams.len();
@@ -440,6 +507,7 @@ impl Link for TcpLink {
     }
 
     fn forget(&mut self, op: OpId, ops: &Ops) {
+        self.waiting.retain(|f| f.op != Some(op));
         for s in &mut self.streams {
             s.out.retain(|f| f.op != Some(op) || f.hdr_done > 0);
             for f in s.out.iter_mut().filter(|f| f.op == Some(op)) {
@@ -467,6 +535,7 @@ impl Link for TcpLink {
             return;
         }
         self.closed = true;
+        self.waiting.clear();
         for s in &mut self.streams {
             let _ = epoll::delete(&self.io.epoll, &s.sock);
             let _ = s.sock.shutdown(Shutdown::Both);
