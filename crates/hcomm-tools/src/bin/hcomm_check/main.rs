@@ -40,8 +40,8 @@ enum Scenario {
     },
     /// Every rank sends to and receives from every other rank at once (nonblocking). First
     /// every rank prints `listening N threads T`: its TCP sockets in the listening state once
-    /// init is done (the mesh listener closes once every peer connected; rank 0 of a job
-    /// without a launcher's store keeps the store's) and its threads.
+    /// init is done (its own listener, where peers connect on first use, open for the whole
+    /// job; rank 0 of a job without a launcher's store also the store's) and its threads.
     AllPairs {
         /// Largest message, in bytes.
         #[arg(long, default_value_t = 4 << 20)]
