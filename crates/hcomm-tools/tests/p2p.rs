@@ -99,6 +99,43 @@ fn all_pairs_with_one_stream_and_tiny_chunks() {
     assert_all_ok(&o, 4, "all-pairs");
 }
 
+/// Links are made on a pair's first use: in a ring over TCP of 8 ranks (more ranks than this
+/// box has cores), whose ranks all send to their right and receive from their left at once,
+/// each rank connects to its two neighbours only (two streams each), one connection per pair
+/// whichever side dialed first or both.
+#[test]
+fn a_ring_over_tcp_connects_each_rank_to_its_two_neighbours_only() {
+    let n = 8;
+    let (o, _) = run_bounded(
+        hcommrun(n, &["protocols"]).env("HCOMM_TRANSPORT", "tcp"),
+        Duration::from_secs(150),
+    );
+    assert_all_ok(&o, n, "protocols");
+    let t = text(&o);
+    let mut opened = 0;
+    for r in 0..n {
+        let prefix = format!("[{r}] links ");
+        let line = t
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("rank {r} printed no links:\n{t}"));
+        let count = |key: &str| -> u64 {
+            line.split(' ')
+                .find_map(|kv| kv.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("rank {r}: no {key} in {line:?}"))
+        };
+        let (o, a) = (count("tcp_opened="), count("tcp_accepted="));
+        assert_eq!(
+            o + a,
+            4,
+            "rank {r}: two neighbours, two streams each: {line}"
+        );
+        opened += o;
+    }
+    assert_eq!(opened, 2 * n as u64, "one connection per pair:\n{t}");
+}
+
 #[test]
 fn tags_keep_order_per_source_and_tag() {
     check(2, &["tags"]);
@@ -420,7 +457,11 @@ fn hostile_traffic_to_the_ranks_listeners_during_setup_leaves_the_job_correct() 
             o.status.success() && t.contains("OK all-pairs"),
             "rank {r}: {t}"
         );
-        let listening = if r == 0 { "listening 2 " } else { "listening 1 " };
+        let listening = if r == 0 {
+            "listening 2 "
+        } else {
+            "listening 1 "
+        };
         assert!(t.contains(listening), "rank {r}: {t}");
     }
     println!("the job took {took:?} from its last rank's start; {attempts} hostile connections");

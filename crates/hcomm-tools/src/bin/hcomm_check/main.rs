@@ -86,7 +86,8 @@ enum Scenario {
     Overlap,
     /// Worlds created and destroyed in a row leave no socket or thread behind.
     Lifecycle,
-    /// Ring exchange at sizes around every protocol threshold, then the protocol counts.
+    /// Ring exchange at sizes around every protocol threshold, then the protocol counts and
+    /// the TCP connections the rank opened and accepted (`links ...`).
     Protocols,
     /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
     /// every wait sleeps); then the count of sleeps nobody woke, which must be zero.
@@ -298,6 +299,10 @@ fn run(scenario: Scenario) -> Result<()> {
                 s.shm_push,
                 s.tcp_eager,
                 s.tcp_rendezvous
+            );
+            println!(
+                "links tcp_opened={} tcp_accepted={}",
+                s.tcp_opened, s.tcp_accepted
             );
             "protocols"
         }
