@@ -120,10 +120,13 @@ enum Pair {
     /// The peer refused this rank's dial (its own dial won the tie): its connection is
     /// awaited.
     Awaiting,
-    /// The peer's stream 0 was taken; its other streams follow (since `since`).
+    /// The peer's stream 0 was taken; its other streams follow (since `since`). `wanted`:
+    /// the engine asked for the peer meanwhile (should the peer give up half-way, this rank
+    /// dials it).
     Accepting {
         socks: Vec<Option<TcpStream>>,
         since: Instant,
+        wanted: bool,
     },
     /// Connected: the streams went to the engine.
     Up,
@@ -268,27 +271,18 @@ impl Mesh {
             let Some(pair) = pairs.get_mut(peer) else {
                 return;
             };
-            let stale = matches!(pair, Pair::Accepting { since, .. }
-                if since.elapsed() >= HANDSHAKE_LIMIT);
-            if !matches!(pair, Pair::Idle) && !stale {
-                return;
+            match pair {
+                Pair::Idle => {}
+                Pair::Accepting { since, .. } if since.elapsed() >= HANDSHAKE_LIMIT => {}
+                Pair::Accepting { wanted, .. } => {
+                    *wanted = true;
+                    return;
+                }
+                _ => return,
             }
             *pair = Pair::Dialing;
         }
-        let dialer = Arc::clone(sh);
-        if let Err(e) = spawn(sh, "hcomm-dial", move || dial(&dialer, peer)) {
-            if let Some(pair) = lock(&sh.pairs).get_mut(peer) {
-                *pair = Pair::Failed;
-            }
-            deliver(
-                sh,
-                Ready::Failed {
-                    peer,
-                    error: Error::init(format!("cannot start a thread to connect: {e}"))
-                        .with_peer(PeerRank::world(peer)),
-                },
-            );
-        }
+        start_dial(sh, peer);
     }
 
     /// Accepts the connections waiting on the listener (its epoll event), each authenticated
@@ -380,6 +374,24 @@ fn spawn(sh: &MeshShared, name: &str, f: impl FnOnce() + Send + 'static) -> io::
         .spawn(f)?;
     workers.push(t);
     Ok(())
+}
+
+/// Starts the dialing thread of a pair just set to `Dialing`.
+fn start_dial(sh: &Arc<MeshShared>, peer: usize) {
+    let dialer = Arc::clone(sh);
+    if let Err(e) = spawn(sh, "hcomm-dial", move || dial(&dialer, peer)) {
+        if let Some(pair) = lock(&sh.pairs).get_mut(peer) {
+            *pair = Pair::Failed;
+        }
+        deliver(
+            sh,
+            Ready::Failed {
+                peer,
+                error: Error::init(format!("cannot start a thread to connect: {e}"))
+                    .with_peer(PeerRank::world(peer)),
+            },
+        );
+    }
 }
 
 /// Hands a pair to the engine and wakes it.
@@ -607,7 +619,7 @@ fn read_verdict(mut conn: &TcpStream, deadline: Instant) -> io::Result<u8> {
 /// The handshake of one accepted connection: authenticates it, decides by the tie rule
 /// whether to take it, tells the dialer, and hands the pair to the engine once all of its
 /// streams came.
-fn admit(sh: &MeshShared, mut conn: TcpStream) -> Result<()> {
+fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
     let (rank, streams, size) = (sh.cfg.rank, sh.cfg.streams, sh.cfg.addrs.len());
     let deadline = Instant::now() + HANDSHAKE_LIMIT;
     conn.set_nonblocking(false)
@@ -647,11 +659,21 @@ fn admit(sh: &MeshShared, mut conn: TcpStream) -> Result<()> {
     if !take {
         return Ok(());
     }
+    // Stream 0 of a pair of several: watched until the others came (see `await_streams`).
+    let mut first = None;
     if s == 0 {
+        let since = Instant::now();
         *pair = Pair::Accepting {
             socks: (0..streams).map(|_| None).collect(),
-            since: Instant::now(),
+            since,
+            wanted: false,
         };
+        if streams > 1 {
+            let watch = conn
+                .try_clone()
+                .map_err(|e| Error::transport("duplicating a connection", e))?;
+            first = Some((watch, since));
+        }
     }
     let Pair::Accepting { socks, .. } = pair else {
         return Ok(());
@@ -670,7 +692,64 @@ fn admit(sh: &MeshShared, mut conn: TcpStream) -> Result<()> {
             },
         );
     }
-    Ok(())
+    drop(pairs);
+    match first {
+        Some((watch, since)) => await_streams(sh, peer, &watch, since),
+        None => Ok(()),
+    }
+}
+
+/// After taking stream 0 of a pair of several: waits until the dialer's other streams came.
+/// Should the dialer hang up stream 0 first (its process died half-way) or not finish within
+/// the handshake limit, the half set is dropped, and the pair is dialed from this side if the
+/// engine asked for the peer meanwhile (which then fails naming the peer if it is gone).
+fn await_streams(
+    sh: &Arc<MeshShared>,
+    peer: usize,
+    watch: &TcpStream,
+    since: Instant,
+) -> Result<()> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let step = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 5_000_000,
+    };
+    loop {
+        if sh.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if !matches!(&lock(&sh.pairs)[peer], Pair::Accepting { since: s, .. } if *s == since) {
+            return Ok(());
+        }
+        let mut fds = [PollFd::new(watch, PollFlags::RDHUP)];
+        let hung_up = match poll(&mut fds, Some(&step)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => !fds[0].revents().is_empty(),
+            Err(_) => true,
+        };
+        if hung_up || since.elapsed() >= HANDSHAKE_LIMIT {
+            break;
+        }
+    }
+    let mut pairs = lock(&sh.pairs);
+    let Pair::Accepting {
+        since: s, wanted, ..
+    } = &pairs[peer]
+    else {
+        return Ok(());
+    };
+    if *s != since {
+        return Ok(());
+    }
+    let wanted = *wanted;
+    pairs[peer] = if wanted { Pair::Dialing } else { Pair::Idle };
+    drop(pairs);
+    if wanted {
+        start_dial(sh, peer);
+    }
+    Err(Error::init(format!(
+        "rank {peer} left its connection half set up (did its process end?)"
+    ))
+    .with_peer(PeerRank::world(peer)))
 }
 
 #[cfg(test)]
@@ -787,11 +866,13 @@ mod tests {
         let fresh = Pair::Accepting {
             socks: vec![None, None],
             since: Instant::now(),
+            wanted: false,
         };
         assert!(!takes(0, 1, &fresh));
         let stale = Pair::Accepting {
             socks: vec![None, None],
             since: Instant::now() - HANDSHAKE_LIMIT,
+            wanted: true,
         };
         assert!(takes(0, 1, &stale));
     }
