@@ -23,9 +23,10 @@
 //! The timing follows `HCOMM_TIMEOUT` (`T`): `interval = T / 8` (between 10 ms and 1 s) and
 //! `limit = T / 2` (at least 4 intervals), so a hung peer is lost within `T / 2 + 2 interval`,
 //! before the operations waiting for it time out. Peers behind a transport plug-in are left to
-//! the plug-in and their TCP connection. Only peers whose TCP connection is up are judged: a
-//! peer never talked to is not watched (a wait on it makes the connection first, or fails to
-//! and names it).
+//! the plug-in and their TCP connection. Only peers this rank talks to (whose TCP connection
+//! is up or being made) are judged: a peer never talked to is not watched. A connection still
+//! being made counts as silence, so a wait on a hung peer never talked to ends the same way
+//! (a live process accepts within one interval of its own watcher).
 
 use std::net::TcpStream;
 use std::os::fd::OwnedFd;
@@ -186,7 +187,10 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
         let Some(peer) = st.peers[p].as_ref() else {
             continue;
         };
-        if !st.links.connected(p) {
+        // A peer never talked to is not watched (nor beaten for); one whose connection is
+        // still being made is judged like the others: a live process accepts within one
+        // interval of its watcher, so a connection pending for `limit` is a hung peer's.
+        if !st.links.used(p) {
             seen.remove(&p);
             continue;
         }
@@ -199,7 +203,7 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
         let (mark, beat) = match (liveness, link.and_then(|l| l.heartbeat())) {
             (Some(Liveness::Heartbeat), Some(beats)) => (beats, false),
             // A link with frames queued is busy (or stuck): the beat would only wait behind.
-            _ => (peer.heard, !st.links.busy(p)),
+            _ => (peer.heard, !st.links.busy(p) && st.links.connected(p)),
         };
         if beat {
             st.queue(p, OutFrame::control(FrameHeader::new(FrameKind::Wake)));

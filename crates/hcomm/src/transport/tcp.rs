@@ -41,9 +41,6 @@ const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 /// At most this many handshakes run at once on a listener; further connections wait in the
 /// listen backlog until one ends (a crowd of ranks is served in turn, never turned away).
 const MAX_PENDING_HANDSHAKES: usize = 64;
-/// Refused connection attempts before a dial gives up: a rank listens from before its address
-/// is published until it ends, so a refusal means that its process is gone.
-const MAX_REFUSALS: u32 = 3;
 /// The longest single `connect` of a dial (it is tried again until the dial's deadline), so
 /// that stopping the mesh never waits longer for a dialing thread.
 const CONNECT_STEP: Duration = Duration::from_secs(1);
@@ -544,7 +541,6 @@ fn connect_one(
     };
     // A peer that hangs up before authenticating (a listener shedding load) is tried again.
     let mut backoff = Duration::from_millis(10);
-    let mut refusals = 0;
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return Err(fail("this rank is finalizing".into()));
@@ -559,15 +555,12 @@ fn connect_one(
         }
         let conn = match TcpStream::connect_timeout(&addr, left.min(CONNECT_STEP)) {
             Ok(c) => c,
+            // A rank listens from before its address is published until it ends (a full
+            // backlog drops connections, it does not refuse them): its process is gone.
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                refusals += 1;
-                if refusals >= MAX_REFUSALS {
-                    return Err(fail(format!(
-                        "{e}: nothing listens there any more, so its process has ended"
-                    )));
-                }
-                thread::sleep(Duration::from_millis(20));
-                continue;
+                return Err(fail(format!(
+                    "{e}: nothing listens there any more, so its process has ended"
+                )));
             }
             Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
             Err(e) => return Err(fail(e.to_string())),
