@@ -86,7 +86,7 @@ pub(crate) const ANY_PEER: usize = usize::MAX;
 /// epoll token of the wake-up eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
 /// epoll token of the listener, where peers connect on demand.
-const LISTEN_TOKEN: u64 = u64::MAX - 1;
+const LISTEN_TOKEN: u64 = u64::MAX - 2;
 /// While spinning, every this many rounds the waiter asks epoll instead of reading the
 /// awaited peers' sockets directly.
 const DIRECT_READS: u32 = 8;
