@@ -12,7 +12,7 @@
 //! **Both ranks dialing at once**: the connection dialed by the lower rank wins ([`takes`]).
 //! The lower rank refuses the higher rank's stream 0 while its own dial is in flight; the
 //! higher rank takes the lower rank's and lets its own be refused. A refused dialer waits for
-//! the peer's connection (and dials again if none came within the handshake limit). Nothing is
+//! the peer's connection (and dials again if none came within a second). Nothing is
 //! sent on a connection before its verdict, so the tie loses no frame; frames queued for the
 //! peer meanwhile wait in its link (`p2p/link/tcp.rs`).
 //!
@@ -35,9 +35,12 @@ use crate::bootstrap::auth;
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 
-/// A handshake that takes longer than this is dropped, so a silent intruder frees its slot;
-/// a refused dialer waits this long for the peer's own connection before it dials again.
+/// A handshake that takes longer than this is dropped, so a silent intruder frees its slot.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+/// How long a refused dialer waits for the peer's own connection before it dials again (the
+/// peer's dial usually lands within milliseconds; one that never comes is a peer that died
+/// meanwhile, which the next dial finds refused).
+const AWAIT_LIMIT: Duration = Duration::from_secs(1);
 /// At most this many handshakes run at once on a listener; further connections wait in the
 /// listen backlog until one ends (a crowd of ranks is served in turn, never turned away).
 const MAX_PENDING_HANDSHAKES: usize = 64;
@@ -467,7 +470,7 @@ fn dial(sh: &MeshShared, peer: usize) {
 }
 
 /// After the peer refused this rank's dial: waits for the peer's own connection. Returns
-/// whether to dial again (none came within the handshake limit, or the pair left the dial).
+/// whether to dial again (none came within `AWAIT_LIMIT`).
 fn await_peer(sh: &MeshShared, peer: usize, deadline: Instant) -> bool {
     {
         let mut pairs = lock(&sh.pairs);
@@ -476,7 +479,7 @@ fn await_peer(sh: &MeshShared, peer: usize, deadline: Instant) -> bool {
         }
         pairs[peer] = Pair::Awaiting;
     }
-    let until = deadline.min(Instant::now() + HANDSHAKE_LIMIT);
+    let until = deadline.min(Instant::now() + AWAIT_LIMIT);
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return false;
