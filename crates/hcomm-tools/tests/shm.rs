@@ -119,6 +119,12 @@ fn a_sigkilled_rank_leaves_no_segment_and_its_peers_fail_fast() {
         .map(|w| w.trim_end_matches(';'))
         .collect();
     assert_eq!(names.len(), 3, "every rank names its inbox:\n{all}");
+    // Shared memory alone links them: the death is noticed without a TCP connection.
+    assert_eq!(
+        all.matches("a TCP connection beside it with []").count(),
+        3,
+        "{all}"
+    );
     for name in names {
         let path = format!("/dev/shm/{name}");
         assert!(
@@ -160,4 +166,76 @@ fn every_protocol_wakes_a_sleeping_receiver() {
         t.contains("[0] OK wakeups") && t.contains("[1] OK wakeups"),
         "{t}"
     );
+}
+
+/// Runs `hcomm_check all-pairs` on 4 ranks under hcommrun, each rank's host id from
+/// `host_of` (a shell expression of `HCOMM_RANK`), with `env`; returns each rank's count of
+/// connected TCP sockets once init is done.
+fn tcp_after_init(host_of: &str, env: &[(&str, &str)]) -> Vec<usize> {
+    let mut c = Command::new(HCOMMRUN);
+    let script = format!("HCOMM_HOST_ID={host_of} exec {CHECK} all-pairs --max-size 65536");
+    c.args(["-n", "4", "--timeout", "100", "--", "sh", "-c", &script])
+        .env("HCOMM_TIMEOUT", "60")
+        .env("HCOMM_TCP_STREAMS", "2");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{env:?}:\n{t}");
+    (0..4)
+        .map(|r| {
+            let prefix = format!("[{r}] listening ");
+            t.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|l| l.split(" tcp ").nth(1))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("rank {r} printed no count:\n{t}"))
+        })
+        .collect()
+}
+
+/// Ranks of one host are linked by shared memory alone: besides its connection to the store
+/// (hcommrun's), a rank opens TCP connections only to ranks of other hosts (2 streams each),
+/// and none at all in a job on one host; `HCOMM_TRANSPORT=tcp` still connects every pair.
+#[test]
+fn local_ranks_open_no_tcp_connection_between_them() {
+    assert_eq!(tcp_after_init("one", &[]), [1; 4], "one host");
+    // Hosts {0, 1} and {2, 3}: two remote peers each.
+    assert_eq!(
+        tcp_after_init("host$((HCOMM_RANK / 2))", &[]),
+        [1 + 2 * 2; 4],
+        "two hosts"
+    );
+    assert_eq!(
+        tcp_after_init("one", &[("HCOMM_TRANSPORT", "tcp")]),
+        [1 + 3 * 2; 4],
+        "TCP only"
+    );
+}
+
+/// A rank with local and remote peers sleeps in `epoll_wait` (not on its doorbell's futex):
+/// its local peer, which has no TCP connection to it, wakes it through its wake socket. Ranks
+/// 0 and 1 share a host, 2 and 3 another; 0 and 1 ping-pong with no spinning, and no sleep
+/// may run its whole time (a lost wake-up).
+#[test]
+fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
+    let mut c = Command::new(HCOMMRUN);
+    let script = format!("HCOMM_HOST_ID=host$((HCOMM_RANK / 2)) exec {CHECK} wakeups");
+    c.args(["-n", "4", "--timeout", "100", "--", "sh", "-c", &script])
+        .env("HCOMM_TIMEOUT", "60")
+        .env("HCOMM_SPIN_US", "0");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for r in 0..2 {
+        let naps: u64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[{r}] wakeups naps=")))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("rank {r} printed no naps:\n{t}"));
+        assert!(naps > 0, "rank {r} never slept in epoll_wait:\n{t}");
+        assert!(t.contains(&format!("[{r}] OK wakeups")), "{t}");
+    }
 }

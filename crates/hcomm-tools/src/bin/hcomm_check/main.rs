@@ -39,9 +39,11 @@ enum Scenario {
         max_size: usize,
     },
     /// Every rank sends to and receives from every other rank at once (nonblocking). First
-    /// every rank prints `listening N threads T`: its TCP sockets in the listening state once
-    /// init is done (the mesh listener closes once every peer connected; rank 0 of a job
-    /// without a launcher's store keeps the store's) and its threads.
+    /// every rank prints `listening N threads T tcp C`: its TCP sockets in the listening state
+    /// once init is done (the mesh listener closes once every peer connected; rank 0 of a job
+    /// without a launcher's store keeps the store's), its threads, and its connected TCP
+    /// sockets (the store's and the links to ranks that are not linked by shared memory
+    /// alone).
     AllPairs {
         /// Largest message, in bytes.
         #[arg(long, default_value_t = 4 << 20)]
@@ -195,10 +197,8 @@ fn run(scenario: Scenario) -> Result<()> {
         }
         Scenario::AllPairs { max_size } => {
             let threads = std::fs::read_dir("/proc/self/task")?.count();
-            println!(
-                "listening {} threads {threads}",
-                resources::listening_sockets()?
-            );
+            let (listening, connected) = resources::tcp_sockets()?;
+            println!("listening {listening} threads {threads} tcp {connected}");
             p2p::all_pairs(&comm, max_size)?;
             "all-pairs"
         }

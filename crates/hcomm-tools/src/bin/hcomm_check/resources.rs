@@ -68,8 +68,8 @@ pub(super) fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result
     Ok(())
 }
 
-/// This process's TCP sockets in the listening state.
-pub(super) fn listening_sockets() -> Result<usize> {
+/// This process's TCP sockets: in the listening state, and connected (established).
+pub(super) fn tcp_sockets() -> Result<(usize, usize)> {
     // Sockets of this process by inode, from /proc/self/fd ("socket:[INODE]").
     let mut mine = std::collections::HashSet::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
@@ -83,20 +83,25 @@ pub(super) fn listening_sockets() -> Result<usize> {
             }
         }
     }
-    // The namespace's TCP sockets: column 4 is the state (0A: listening), column 10 the inode.
-    let mut count = 0;
+    // The namespace's TCP sockets: column 4 is the state (0A: listening, 01: established),
+    // column 10 the inode.
+    let (mut listening, mut established) = (0, 0);
     for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(table) else {
             continue;
         };
         for line in text.lines().skip(1) {
             let cols: Vec<&str> = line.split_whitespace().collect();
-            if cols.len() > 9 && cols[3] == "0A" && mine.contains(cols[9]) {
-                count += 1;
+            if cols.len() > 9 && mine.contains(cols[9]) {
+                match cols[3] {
+                    "0A" => listening += 1,
+                    "01" => established += 1,
+                    _ => {}
+                }
             }
         }
     }
-    Ok(count)
+    Ok((listening, established))
 }
 
 /// Open file descriptors and threads of this process.

@@ -5,8 +5,14 @@
 //! Frames are numbered: the next frame to read is in the fast box or at the front of the
 //! ring, whichever holds its number (a ring message carries its number as metadata, a fast
 //! box message its number plus one as stamp), so that the two stay in order. A frame is
-//! written whole or not at all. The goodbye and wake-ups take the TCP connection beside the
-//! link (its end follows the goodbye; a sleeper in `epoll_wait` hears it).
+//! written whole or not at all.
+//!
+//! A pair that needs no connection (see `transport::shm::wake`) says goodbye through the ring
+//! (the goodbye is the peer's last frame: the link ends when it is read), wakes a peer
+//! sleeping in `epoll_wait` with a datagram to the peer's wake socket, and learns of the
+//! peer's death from the watcher, which polls a pidfd of the peer's process. Any other pair
+//! keeps a TCP connection beside the link for the goodbye and the wake-ups (its end follows
+//! the goodbye; a sleeper in `epoll_wait` hears it).
 
 use std::collections::VecDeque;
 
@@ -14,7 +20,7 @@ use super::{Caps, Dests, Kind, Link, Liveness, Ops, Rx};
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, OpId, OutFrame};
 use crate::transport::shm::link::{Inbox, ShmLink, Watch};
-use crate::transport::wire::{FrameHeader, FAST_PAYLOAD, HEADER_LEN};
+use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD, HEADER_LEN};
 
 /// Frames read from the ring per turn, so one busy peer cannot starve the others.
 const SHM_ROUNDS: usize = 64;
@@ -44,6 +50,8 @@ pub(in crate::p2p) struct ShmPeerLink {
     held: Option<Held>,
     /// The peer must be woken out of `epoll_wait`.
     wake: bool,
+    /// The peer's goodbye came through the ring (a link without a connection beside it).
+    ended: bool,
     closed: bool,
     caps: Caps,
 }
@@ -51,12 +59,14 @@ pub(in crate::p2p) struct ShmPeerLink {
 impl ShmPeerLink {
     /// The engine's side of `link`.
     pub(in crate::p2p) fn new(link: ShmLink) -> ShmPeerLink {
+        // Without a connection beside it, the link carries the goodbye and the wake-ups.
+        let alone = link.end.is_some();
         let caps = Caps {
             kind: Kind::Shm,
             read_remote: link.cma.then_some(link.pid),
             max_payload: link.producer.layout().max_payload() - HEADER_LEN,
-            ordered_end: false,
-            wakes_epoll: false,
+            ordered_end: alone,
+            wakes_epoll: alone,
             polled: true,
             doorbell: true,
             drain_on_loss: true,
@@ -70,6 +80,7 @@ impl ShmPeerLink {
             reads: 0,
             held: None,
             wake: false,
+            ended: false,
             closed: false,
             caps,
         }
@@ -94,6 +105,13 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn push(&mut self, frame: OutFrame) -> bool {
+        if frame.kind == FrameKind::Wake {
+            // A wake-up is a datagram to the peer's wake socket, not a frame.
+            if let Some(end) = &self.link.end {
+                end.wake();
+            }
+            return false;
+        }
         self.out.push_back(frame);
         self.out.len() == 1
     }
@@ -169,6 +187,9 @@ impl Link for ShmPeerLink {
     fn poll(&mut self, _dests: &mut Dests<'_>) -> Rx {
         if self.closed || self.held.is_some() {
             return Rx::Idle;
+        }
+        if self.ended {
+            return Rx::Closed { goodbye: true };
         }
         if self.reads >= SHM_ROUNDS {
             return self.end_turn();
@@ -255,6 +276,8 @@ impl Link for ShmPeerLink {
         }
         self.in_seq += 1;
         self.reads += 1;
+        // The goodbye is the last frame of a peer that has no connection to end.
+        self.ended |= hdr.kind == FrameKind::Close && self.caps.ordered_end;
         Ok(true)
     }
 

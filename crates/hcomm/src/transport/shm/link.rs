@@ -37,6 +37,7 @@ use super::fastbox::{self, FastBox, FastReader, FastWriter};
 use super::futex::EventCount;
 use super::ring::{Consumer, Producer, ShmRing, RING_ALIGN, TAIL_OFFSET};
 use super::segment::{segment_name, ShmSegment};
+use super::wake::{PeerEnd, Reach, WakeSocket};
 use crate::error::{Error, PeerRank, Result};
 
 /// Bytes of the probe pattern.
@@ -122,12 +123,24 @@ pub(crate) struct Published {
     pub pid: u32,
     /// Address of its probe pattern in its own address space.
     pub probe_addr: usize,
+    /// Whether a peer can reach it without a connection (see [`super::wake`]).
+    pub reach: Reach,
 }
 
 impl Published {
     /// Encodes for the rendezvous store.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        format!("{} {} {}", self.name, self.pid, self.probe_addr).into_bytes()
+        let r = &self.reach;
+        format!(
+            "{} {} {} {} {} {}",
+            self.name,
+            self.pid,
+            self.probe_addr,
+            r.pid_ns,
+            r.net_ns,
+            u8::from(r.able)
+        )
+        .into_bytes()
     }
 
     /// Decodes what [`Published::encode`] wrote; anything else is an error naming `rank`.
@@ -140,9 +153,15 @@ impl Published {
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         let mut it = text.split(' ');
-        let (Some(name), Some(pid), Some(addr), None) =
-            (it.next(), it.next(), it.next(), it.next())
-        else {
+        let (Some(name), Some(pid), Some(addr), Some(pid_ns), Some(net_ns), Some(able), None) = (
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+        ) else {
             return Err(bad());
         };
         super::segment::validate_name(name)?;
@@ -150,6 +169,15 @@ impl Published {
             name: name.to_owned(),
             pid: pid.parse().map_err(|_| bad())?,
             probe_addr: addr.parse().map_err(|_| bad())?,
+            reach: Reach {
+                pid_ns: pid_ns.parse().map_err(|_| bad())?,
+                net_ns: net_ns.parse().map_err(|_| bad())?,
+                able: match able {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(bad()),
+                },
+            },
         })
     }
 }
@@ -161,6 +189,10 @@ pub(crate) struct Inbox {
     me: usize,
     ring_bytes: usize,
     cfg: LinkConfig,
+    /// This rank's wake socket, when it could bind it (see [`super::wake`]).
+    wake: Option<Arc<WakeSocket>>,
+    /// What this rank publishes about reaching it without a connection.
+    reach: Reach,
 }
 
 /// The link with one local peer.
@@ -177,6 +209,9 @@ pub(crate) struct ShmLink {
     pub pid: u32,
     /// Whether this rank may read and write the peer's memory with cross-memory attach.
     pub cma: bool,
+    /// How to wake the peer and notice its end without a connection; `None`: the pair keeps
+    /// a TCP connection for both.
+    pub end: Option<PeerEnd>,
     /// The peer's local rank (the place of its fast box and ring in this rank's inbox).
     local: usize,
     /// The peer's inbox, which holds its doorbell (and the producer's ring).
@@ -191,6 +226,7 @@ impl std::fmt::Debug for ShmLink {
             .field("pid", &self.pid)
             .field("cma", &self.cma)
             .field("peer_inbox", &self.peer_inbox.name())
+            .field("end", &self.end)
             .finish()
     }
 }
@@ -287,12 +323,24 @@ impl Inbox {
                 ShmRing::init(base.add(at + fastbox::REGION_LEN), ring_bytes, SLOT_SIZE)?
             };
         }
+        let wake = match WakeSocket::bind(&cfg.job_id, rank) {
+            Ok(w) => Some(Arc::new(w)),
+            Err(e) => {
+                tracing::info!(
+                    "rank {rank}: no wake socket ({e}); local peers keep a TCP connection"
+                );
+                None
+            }
+        };
+        let reach = Reach::own(wake.is_some());
         Ok(Inbox {
             seg: Arc::new(seg),
             locals,
             me,
             ring_bytes,
             cfg: cfg.clone(),
+            wake,
+            reach,
         })
     }
 
@@ -302,7 +350,19 @@ impl Inbox {
             name: self.seg.name().to_owned(),
             pid: std::process::id(),
             probe_addr: self.seg.as_ptr() as usize + PROBE_OFFSET,
+            reach: self.reach,
         }
+    }
+
+    /// This rank's wake socket, for the engine's epoll set.
+    pub(crate) fn wake_socket(&self) -> Option<&WakeSocket> {
+        self.wake.as_deref()
+    }
+
+    /// Whether this rank and the rank that published `peer` are linked by shared memory
+    /// alone, with no TCP connection (both decide alike; see [`super::wake`]).
+    pub(crate) fn socketless(&self, peer: &Published) -> bool {
+        self.reach.socketless(&peer.reach)
     }
 
     /// This rank's doorbell.
@@ -315,9 +375,24 @@ impl Inbox {
         &self.cfg.job_id
     }
 
-    /// Maps the inbox of local rank `peer_local` (published as `peer`) and joins the two rings
-    /// between them. Every rank links with every other local rank once.
-    pub(crate) fn link(&self, peer_local: usize, peer: &Published) -> Result<ShmLink> {
+    /// Maps the inbox of local rank `peer_local` (world rank `peer_rank`, published as `peer`)
+    /// and joins the two rings between them. Every rank links with every other local rank
+    /// once.
+    pub(crate) fn link(
+        &self,
+        peer_local: usize,
+        peer_rank: usize,
+        peer: &Published,
+    ) -> Result<ShmLink> {
+        let end = match &self.wake {
+            Some(w) if self.socketless(peer) => Some(PeerEnd::open(
+                Arc::clone(w),
+                &self.cfg.job_id,
+                peer_rank,
+                peer.pid,
+            )?),
+            _ => None,
+        };
         let len = place(self.locals, self.ring_bytes);
         let theirs = Arc::new(ShmSegment::open(&peer.name, len)?);
         theirs.unlink_if_last(self.locals as u32)?;
@@ -354,6 +429,7 @@ impl Inbox {
             fast_in,
             pid: peer.pid,
             cma: matches!(support, CmaSupport::Available),
+            end,
             local: peer_local,
             peer_inbox: theirs,
             _own_inbox: Arc::clone(&self.seg),
@@ -422,6 +498,11 @@ mod tests {
             name: segment_name(&job, rank, "inbox").unwrap(),
             pid: rng.next_u64() as u32,
             probe_addr: rng.next_u64() as usize,
+            reach: Reach {
+                pid_ns: rng.next_u64(),
+                net_ns: rng.next_u64(),
+                able: rng.below(2) == 1,
+            },
         }
     }
 
@@ -438,7 +519,7 @@ mod tests {
             seeds: (0..16)
                 .map(|_| random_published(&mut rng).encode())
                 .collect(),
-            max_len: 2 * MAX_NAME_LEN + 64,
+            max_len: 2 * MAX_NAME_LEN + 128,
             dict: vec![u32::MAX as u64, MAX_NAME_LEN as u64, u64::from(b' ')],
         };
         crate::fuzz::run(&target, |input, rng| {
