@@ -165,6 +165,14 @@ enum Scenario {
         #[arg(long, value_enum, default_value_t = failure::Pending::Recv)]
         pending: failure::Pending,
     },
+    /// One kind of traffic, then each rank prints `inbox K of M kB`: how much of its
+    /// shared-memory inbox has memory (its pages resident in /dev/shm, by `mincore`) and how
+    /// large the inbox is. The rings of an inbox take memory only once their peer sends.
+    InboxUse {
+        /// What the ranks do between init and the measurement.
+        #[arg(long, value_enum)]
+        traffic: resources::Traffic,
+    },
     /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
     /// fail fast with PeerLost naming it.
     Kill {
@@ -332,6 +340,12 @@ fn run(scenario: Scenario) -> Result<()> {
                 s.naps
             );
             "wakeups"
+        }
+        Scenario::InboxUse { traffic } => {
+            resources::traffic(&comm, traffic)?;
+            let (resident, size) = resources::inbox_use(comm.rank())?;
+            println!("inbox {} of {} kB", resident >> 10, size >> 10);
+            "inbox-use"
         }
         Scenario::Kill { pool } => {
             comm.barrier()?;

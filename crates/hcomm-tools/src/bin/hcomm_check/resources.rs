@@ -104,6 +104,76 @@ pub(super) fn tcp_sockets() -> Result<(usize, usize)> {
     Ok((listening, established))
 }
 
+/// Traffic of the `inbox-use` scenario.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(super) enum Traffic {
+    /// None after init.
+    None,
+    /// All-reduces of 256 KiB (run with `HCOMM_ALGO=allreduce:ring`: each rank then talks to
+    /// its two ring neighbours).
+    Allreduce,
+    /// All-to-alls of 4 KiB per pair: each rank talks to every other.
+    Alltoall,
+}
+
+/// Runs `traffic` on `comm` (ten calls).
+pub(super) fn traffic(comm: &Communicator, traffic: Traffic) -> Result<()> {
+    let n = comm.size();
+    for _ in 0..10 {
+        match traffic {
+            Traffic::None => {}
+            Traffic::Allreduce => {
+                let mut buf = vec![1.0f32; 64 << 10];
+                comm.allreduce_in_place(&mut buf, hcomm::ReduceOp::Sum)?;
+                ensure!(buf.iter().all(|&x| x == n as f32), "wrong all-reduce");
+            }
+            Traffic::Alltoall => {
+                let send: Vec<u32> = (0..n * 1024).map(|i| (i / 1024) as u32).collect();
+                let mut recv = vec![0u32; n * 1024];
+                comm.alltoall(&send, &mut recv)?;
+                ensure!(
+                    recv.iter().all(|&x| x as usize == comm.rank()),
+                    "wrong all-to-all"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How many bytes of this rank's shared-memory inbox have memory (their pages are resident in
+/// /dev/shm, whoever touched them), and the inbox's size; (0, 0) without one.
+pub(super) fn inbox_use(rank: usize) -> Result<(usize, usize)> {
+    let suffix = format!("-{rank}-inbox");
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let Some(line) = maps.lines().find(|l| {
+        l.split_whitespace()
+            .nth(5)
+            .is_some_and(|path| path.starts_with("/dev/shm/hcomm-") && path.ends_with(&suffix))
+    }) else {
+        return Ok((0, 0));
+    };
+    let range = line
+        .split_whitespace()
+        .next()
+        .context("a line of /proc/self/maps")?;
+    let (start, end) = range
+        .split_once('-')
+        .context("a range in /proc/self/maps")?;
+    let start = usize::from_str_radix(start, 16)?;
+    let len = usize::from_str_radix(end, 16)? - start;
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })?;
+    let mut resident = vec![0u8; len.div_ceil(page)];
+    // SAFETY: `start..start + len` is a mapping of this process (it was listed above and
+    // hcomm keeps its inbox mapped while the communicator lives); `resident` has a byte per
+    // page of it. mincore only reads the page tables and the page cache.
+    let r = unsafe { libc::mincore(start as *mut libc::c_void, len, resident.as_mut_ptr()) };
+    ensure!(r == 0, "mincore: {}", std::io::Error::last_os_error());
+    let pages = resident.iter().filter(|&&b| b & 1 != 0).count();
+    Ok((pages * page, len))
+}
+
 /// Open file descriptors and threads of this process.
 pub(super) fn resources() -> Result<(usize, usize)> {
     let fds = std::fs::read_dir("/proc/self/fd")?.count();

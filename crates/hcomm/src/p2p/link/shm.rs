@@ -121,6 +121,11 @@ impl Link for ShmPeerLink {
         if self.closed {
             return Ok(false);
         }
+        if !self.out.is_empty() {
+            self.link
+                .start()
+                .map_err(|e| format!("its shared-memory ring got no memory: {e}"))?;
+        }
         let mut failure = None;
         let mut pushed = 0;
         while let Some(f) = self.out.front() {
@@ -173,10 +178,15 @@ impl Link for ShmPeerLink {
             return false;
         }
         let m = &mut self.link;
-        if m.fast_in.ready(self.in_seq + 1) || !m.consumer.is_empty().unwrap_or(true) {
+        if m.started()
+            && (m.fast_in.ready(self.in_seq + 1) || !m.consumer.is_empty().unwrap_or(true))
+        {
             return true;
         }
         self.out.front().is_some_and(|f| {
+            if !m.is_started() {
+                return true;
+            }
             let need = m.producer.layout().slots_for(HEADER_LEN + f.len);
             let free = m.producer.free_slots().unwrap_or(usize::MAX);
             need.is_none_or(|n| free >= n)
@@ -191,7 +201,7 @@ impl Link for ShmPeerLink {
         if self.ended {
             return Rx::Closed { goodbye: true };
         }
-        if self.reads >= SHM_ROUNDS {
+        if self.reads >= SHM_ROUNDS || !self.link.started() {
             return self.end_turn();
         }
         let seq = self.in_seq;
@@ -302,7 +312,7 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn send_inline(&mut self, hdr: &FrameHeader, data: &[u8]) -> Option<bool> {
-        if self.closed || !self.out.is_empty() {
+        if self.closed || !self.out.is_empty() || self.link.start().is_err() {
             return None;
         }
         let body = hdr.encode_fast(data)?;
@@ -315,6 +325,9 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
+        if !self.link.started() {
+            return None;
+        }
         let body = self.link.fast_in.peek(self.in_seq + 1)?;
         FrameHeader::decode_fast(&body).ok()
     }
@@ -326,6 +339,7 @@ impl Link for ShmPeerLink {
     }
 
     fn watch<'a>(&self, inbox: &'a Inbox) -> Option<Watch<'a>> {
-        (!self.closed && self.out.is_empty()).then(|| inbox.watch(&self.link, self.in_seq))
+        (!self.closed && self.out.is_empty() && self.link.started())
+            .then(|| inbox.watch(&self.link, self.in_seq))
     }
 }

@@ -8,25 +8,39 @@
 //! ```text
 //! payload offset 0    Doorbell (128 bytes): event count + epoll sleepers
 //!                128  probe pattern (PROBE_LEN bytes, padded to 128)
-//!                256  fast box and ring of local rank 0 | of local rank 1 | ...
+//!                256  started: one bit per local rank (a word per 64), up to RINGS_OFFSET
+//!               4096  fast box and ring of local rank 0 | of local rank 1 | ...
 //!                     (fastbox::REGION_LEN + ring_bytes each)
 //! ```
 //!
 //! The fast box and ring of local rank `i` in the inbox of rank `r` carry `i`'s frames to `r`
 //! (single-line frames through the box, the others through the ring; see
-//! [`super::fastbox`]); the place of `r` itself is unused. A rank publishes the name, its process id and the address of its
-//! probe pattern in the rendezvous store, maps its peers' inboxes, and the last mapper of each
-//! inbox removes its name, so after start-up nothing of the job is left under `/dev/shm`
-//! whatever happens to its processes.
+//! [`super::fastbox`]); the place of `r` itself is unused. A rank publishes the name, its
+//! process id and the address of its probe pattern in the rendezvous store, maps its peers'
+//! inboxes, and the last mapper of each inbox removes its name, so after start-up nothing of
+//! the job is left under `/dev/shm` whatever happens to its processes.
+//!
+//! # Memory that grows with use
+//!
+//! An inbox reserves memory for its first page only (doorbell, probe, started bits): the
+//! fast boxes and rings are valid when zero (an empty box, a ring whose counters are zero and
+//! whose layout both ends compute from `HCOMM_SHM_RING`), so nobody writes them at creation and
+//! their pages take no memory until the pair exchanges frames. Before its first frame to a
+//! peer, a rank gives its fast box and ring in the peer's inbox their memory
+//! ([`ShmSegment::reserve`]: a full `/dev/shm` fails the link with a message, not a SIGBUS)
+//! and sets its started bit there; the peer reads that box and ring only once the bit is set.
+//! A rank's shared memory thus grows with the peers that send to it, one ring each.
 //!
 //! # Waking
 //!
 //! A producer rings the consumer's doorbell after pushing frames: a fence and a load when the
 //! consumer is awake, a futex wake when it sleeps on the doorbell's shared futex. A consumer
 //! that must also watch sockets sleeps in `epoll_wait` instead and counts itself in
-//! `epoll_sleepers`; a producer that sees that count asks the engine to send a wake-up frame
-//! over the pair's TCP connection (the same store-buffering handshake as the futex; see
-//! [`super::futex`]).
+//! `epoll_sleepers`; a producer that sees that count asks the engine to wake it (the same
+//! store-buffering handshake as the futex; see [`super::futex`]): a datagram to the
+//! consumer's wake socket, or a wake-up frame over the pair's TCP connection for a pair that
+//! keeps one (see [`super::wake`]). The entry a rank publishes also says whether its peers can
+//! reach it without a connection ([`Reach`]).
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,8 +58,12 @@ use crate::error::{Error, PeerRank, Result};
 const PROBE_LEN: usize = 64;
 /// Offset of the probe pattern in the inbox payload.
 const PROBE_OFFSET: usize = 128;
+/// Offset of the started bits in the inbox payload.
+const STARTED_OFFSET: usize = 256;
 /// Offset of the first ring in the inbox payload.
-const RINGS_OFFSET: usize = 256;
+const RINGS_OFFSET: usize = 4096;
+/// The most local ranks an inbox has started bits for.
+const MAX_LOCALS: usize = (RINGS_OFFSET - STARTED_OFFSET) * 8;
 /// Slot size of the rings: one cache line.
 const SLOT_SIZE: usize = 64;
 
@@ -214,6 +232,13 @@ pub(crate) struct ShmLink {
     pub end: Option<PeerEnd>,
     /// The peer's local rank (the place of its fast box and ring in this rank's inbox).
     local: usize,
+    /// This rank's local rank (the place of its fast box and ring in the peer's inbox).
+    me: usize,
+    /// Where this rank's fast box and ring lie in the peer's inbox, and their length.
+    out_at: usize,
+    region_len: usize,
+    /// They have their memory, and the peer was told (its started bit for this rank is set).
+    reserved: bool,
     /// The peer's inbox, which holds its doorbell (and the producer's ring).
     peer_inbox: Arc<ShmSegment>,
     /// This rank's inbox, which holds the consumer's ring.
@@ -240,6 +265,33 @@ impl ShmLink {
     /// A handle on the peer's inbox, to ring its doorbell without the link.
     pub(crate) fn peer_inbox(&self) -> PeerInbox {
         PeerInbox(Arc::clone(&self.peer_inbox))
+    }
+
+    /// Whether the peer has started sending to this rank: until then its fast box and ring in
+    /// this rank's inbox are not read (their pages may have no memory).
+    #[inline]
+    pub(crate) fn started(&self) -> bool {
+        let (word, bit) = started_bit(&self._own_inbox, self.local);
+        word.load(Ordering::Acquire) & bit != 0
+    }
+
+    /// Whether this rank has started sending to the peer ([`ShmLink::start`]).
+    #[inline]
+    pub(crate) fn is_started(&self) -> bool {
+        self.reserved
+    }
+
+    /// Before this rank's first frame to the peer: gives its fast box and ring in the peer's
+    /// inbox their memory, then tells the peer to read them. An error when `/dev/shm` has no
+    /// room for them.
+    pub(crate) fn start(&mut self) -> Result<()> {
+        if !self.reserved {
+            self.peer_inbox.reserve(self.out_at, self.region_len)?;
+            let (word, bit) = started_bit(&self.peer_inbox, self.me);
+            word.fetch_or(bit, Ordering::Release);
+            self.reserved = true;
+        }
+        Ok(())
     }
 }
 
@@ -287,6 +339,21 @@ fn place(i: usize, ring_bytes: usize) -> usize {
     RINGS_OFFSET + i * (fastbox::REGION_LEN + ring_bytes)
 }
 
+/// The started bit of local rank `i` in `inbox`: its word and mask.
+fn started_bit(inbox: &ShmSegment, i: usize) -> (&AtomicU64, u64) {
+    debug_assert!(i < MAX_LOCALS);
+    // SAFETY: the word lies in the inbox's first page, below RINGS_OFFSET (`i < MAX_LOCALS`,
+    // checked when the inbox was made), 8-byte aligned; the mapping lives as long as `inbox`,
+    // and the word is an atomic shared with the peers.
+    let word = unsafe {
+        &*inbox
+            .as_ptr()
+            .add(STARTED_OFFSET + 8 * (i / 64))
+            .cast::<AtomicU64>()
+    };
+    (word, 1 << (i % 64))
+}
+
 fn pattern(me: usize) -> [u8; PROBE_LEN] {
     let mut p = [0u8; PROBE_LEN];
     for (i, b) in p.iter_mut().enumerate() {
@@ -299,12 +366,18 @@ impl Inbox {
     /// Creates this rank's inbox for `locals` local ranks, of which it is local rank `me`.
     pub(crate) fn create(cfg: &LinkConfig, rank: usize, locals: usize, me: usize) -> Result<Inbox> {
         let ring_bytes = cfg.ring_bytes / RING_ALIGN * RING_ALIGN;
+        if locals > MAX_LOCALS {
+            return Err(Error::invalid_argument(format!(
+                "{locals} ranks on one host: shared memory links at most {MAX_LOCALS}"
+            )));
+        }
         let len = locals
             .checked_mul(fastbox::REGION_LEN + ring_bytes)
             .and_then(|n| n.checked_add(RINGS_OFFSET))
             .ok_or_else(|| Error::invalid_argument("shared-memory rings too large"))?;
         let name = segment_name(&cfg.job_id, rank as u32, "inbox")?;
-        let seg = ShmSegment::create(&name, len)?;
+        // The fast boxes and rings are zero, valid as they are: their pages stay untouched.
+        let seg = ShmSegment::create_sparse(&name, len, RINGS_OFFSET)?;
         let base = seg.as_ptr();
         // SAFETY: the payload is ours alone until the name is published, 128-byte aligned and
         // at least RINGS_OFFSET bytes long; a zeroed Doorbell is a valid one, and the probe
@@ -313,15 +386,6 @@ impl Inbox {
             base.cast::<Doorbell>().write(Doorbell::default());
             base.add(PROBE_OFFSET)
                 .copy_from_nonoverlapping(pattern(me).as_ptr(), PROBE_LEN);
-        }
-        for i in (0..locals).filter(|&i| i != me) {
-            let at = place(i, ring_bytes);
-            // SAFETY: the fast box and ring of `i` lie within the payload, aligned to 128, and
-            // nobody else touches them before the name is published.
-            unsafe {
-                FastBox::init(base.add(at));
-                ShmRing::init(base.add(at + fastbox::REGION_LEN), ring_bytes, SLOT_SIZE)?
-            };
         }
         let wake = match WakeSocket::bind(&cfg.job_id, rank) {
             Ok(w) => Some(Arc::new(w)),
@@ -398,21 +462,24 @@ impl Inbox {
         theirs.unlink_if_last(self.locals as u32)?;
         let out_at = place(self.me, self.ring_bytes);
         let in_at = place(peer_local, self.ring_bytes);
-        // SAFETY: the peer initialised our fast box and ring in its inbox before publishing
-        // its name; they lie within the mapping, 128-byte aligned. We are their only writer.
+        // SAFETY: our fast box and ring in the peer's inbox lie within the mapping, 128-byte
+        // aligned, zero until we write them (a new segment's bytes; nobody else writes them)
+        // and laid out by both ends from the same `ring_bytes`. We are their only writer.
         let (producer, fast_out) = unsafe {
             let base = theirs.as_ptr().add(out_at);
             (
-                ShmRing::attach(base.add(fastbox::REGION_LEN), self.ring_bytes)?.into_producer(),
+                ShmRing::zeroed(base.add(fastbox::REGION_LEN), self.ring_bytes, SLOT_SIZE)?
+                    .into_producer(),
                 FastBox::attach(base).into_writer(),
             )
         };
-        // SAFETY: we initialised the peer's fast box and ring in our inbox in `create`; we are
-        // their only reader.
+        // SAFETY: the peer's fast box and ring in our inbox, likewise; we are their only
+        // reader, and read them only once the peer set its started bit (`ShmLink::started`).
         let (consumer, fast_in) = unsafe {
             let base = self.seg.as_ptr().add(in_at);
             (
-                ShmRing::attach(base.add(fastbox::REGION_LEN), self.ring_bytes)?.into_consumer(),
+                ShmRing::zeroed(base.add(fastbox::REGION_LEN), self.ring_bytes, SLOT_SIZE)?
+                    .into_consumer(),
                 FastBox::attach(base).into_reader(),
             )
         };
@@ -431,6 +498,10 @@ impl Inbox {
             cma: matches!(support, CmaSupport::Available),
             end,
             local: peer_local,
+            me: self.me,
+            out_at,
+            region_len: fastbox::REGION_LEN + self.ring_bytes,
+            reserved: false,
             peer_inbox: theirs,
             _own_inbox: Arc::clone(&self.seg),
         })
