@@ -207,21 +207,23 @@ fn local_ranks_open_no_tcp_connection_between_them() {
         [1 + 2 * 2; 4],
         "two hosts"
     );
-    assert_eq!(
-        tcp_after_init("one", &[("HCOMM_TRANSPORT", "tcp")]),
-        [1 + 3 * 2; 4],
-        "TCP only"
-    );
+    // Every pair connected (a rank may also hold a connection a peer is still closing).
+    let tcp = tcp_after_init("one", &[("HCOMM_TRANSPORT", "tcp")]);
+    assert!(tcp.iter().all(|&n| n >= 1 + 3 * 2), "TCP only: {tcp:?}");
 }
 
 /// A rank with local and remote peers sleeps in `epoll_wait` (not on its doorbell's futex):
 /// its local peer, which has no TCP connection to it, wakes it through its wake socket. Ranks
-/// 0 and 1 share a host, 2 and 3 another; 0 and 1 ping-pong with no spinning, and no sleep
-/// may run its whole time (a lost wake-up).
+/// 0 and 1 share a host, 2 and 3 another; 0 and 1 ping-pong 150 times with no spinning, each
+/// pausing 2 ms before it sends so that the other's wait sleeps. A lost wake-up makes a sleep
+/// run its whole time (100 ms): were the wake-ups lost, every wait would end so, a third of
+/// the sleeps or more. A few do under load (a peer kept from running for 100 ms after its
+/// pause; the futex sleepers of a one-host job show the same), so at most a tenth may.
 #[test]
 fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
     let mut c = Command::new(HCOMMRUN);
-    let script = format!("HCOMM_HOST_ID=host$((HCOMM_RANK / 2)) exec {CHECK} wakeups");
+    let script =
+        format!("HCOMM_HOST_ID=host$((HCOMM_RANK / 2)) exec {CHECK} wakeups --pause-us 2000");
     c.args(["-n", "4", "--timeout", "100", "--", "sh", "-c", &script])
         .env("HCOMM_TIMEOUT", "60")
         .env("HCOMM_SPIN_US", "0");
@@ -235,7 +237,13 @@ fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
             .and_then(|l| l.split(' ').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("rank {r} printed no naps:\n{t}"));
-        assert!(naps > 0, "rank {r} never slept in epoll_wait:\n{t}");
+        let full: u64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[{r}] wakeups naps={naps} full_naps=")))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("rank {r} printed no full naps:\n{t}"));
+        assert!(naps >= 150, "rank {r} slept {naps} times in epoll_wait:\n{t}");
+        assert!(10 * full <= naps, "rank {r}: {full} lost wake-ups:\n{t}");
         assert!(t.contains(&format!("[{r}] OK wakeups")), "{t}");
     }
 }
