@@ -242,7 +242,10 @@ fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
             .find_map(|l| l.strip_prefix(&format!("[{r}] wakeups naps={naps} full_naps=")))
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or_else(|| panic!("rank {r} printed no full naps:\n{t}"));
-        assert!(naps >= 150, "rank {r} slept {naps} times in epoll_wait:\n{t}");
+        assert!(
+            naps >= 150,
+            "rank {r} slept {naps} times in epoll_wait:\n{t}"
+        );
         assert!(10 * full <= naps, "rank {r}: {full} lost wake-ups:\n{t}");
         assert!(t.contains(&format!("[{r}] OK wakeups")), "{t}");
     }

@@ -52,6 +52,8 @@ pub(in crate::p2p) struct ShmPeerLink {
     wake: bool,
     /// The peer's goodbye came through the ring (a link without a connection beside it).
     ended: bool,
+    /// This rank's goodbye went into the ring.
+    said_goodbye: bool,
     closed: bool,
     caps: Caps,
 }
@@ -81,8 +83,27 @@ impl ShmPeerLink {
             held: None,
             wake: false,
             ended: false,
+            said_goodbye: false,
             closed: false,
             caps,
+        }
+    }
+
+    /// Answers the peer's goodbye with this rank's, as the link closes (it sends nothing more
+    /// to the peer): a peer that finalizes lingers for it, and would otherwise count this rank
+    /// as lost once its process ends. Frames still queued are dropped; a full ring leaves the
+    /// peer without it.
+    fn answer_goodbye(&mut self) {
+        let hdr = FrameHeader::new(FrameKind::Close).encode();
+        let m = &mut self.link;
+        if m.start().is_ok() && m.producer.try_push_parts(self.out_seq, [&hdr, &[]]) == Ok(true) {
+            self.out_seq += 1;
+            self.said_goodbye = true;
+            if m.peer_bell().ring() {
+                if let Some(end) = &m.end {
+                    end.wake();
+                }
+            }
         }
     }
 
@@ -144,6 +165,7 @@ impl Link for ShmPeerLink {
             };
             match pushed_one {
                 Ok(true) => {
+                    self.said_goodbye |= f.kind == FrameKind::Close;
                     self.out_seq += 1;
                     if let Some(id) = f.op {
                         sent.push(id);
@@ -302,6 +324,9 @@ impl Link for ShmPeerLink {
     }
 
     fn close(&mut self) {
+        if self.ended && !self.said_goodbye && !self.closed {
+            self.answer_goodbye();
+        }
         self.closed = true;
         self.out.clear();
     }
