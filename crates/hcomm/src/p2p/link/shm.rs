@@ -96,7 +96,9 @@ impl ShmPeerLink {
     fn answer_goodbye(&mut self) {
         let hdr = FrameHeader::new(FrameKind::Close).encode();
         let m = &mut self.link;
-        if m.start().is_ok() && m.producer.try_push_parts(self.out_seq, [&hdr, &[]]) == Ok(true) {
+        if m.prepare(HEADER_LEN).is_ok()
+            && m.producer.try_push_parts(self.out_seq, [&hdr, &[]]) == Ok(true)
+        {
             self.out_seq += 1;
             self.said_goodbye = true;
             if m.peer_bell().ring() {
@@ -142,17 +144,16 @@ impl Link for ShmPeerLink {
         if self.closed {
             return Ok(false);
         }
-        if !self.out.is_empty() {
-            self.link
-                .start()
-                .map_err(|e| format!("its shared-memory ring got no memory: {e}"))?;
-        }
         let mut failure = None;
         let mut pushed = 0;
         while let Some(f) = self.out.front() {
             let payload = frame_payload(f, ops);
-            // A small eager frame goes through the fast box when it has room.
             let m = &mut self.link;
+            if let Err(e) = m.prepare(HEADER_LEN + f.len) {
+                failure = Some(format!("its shared-memory ring got no memory: {e}"));
+                break;
+            }
+            // A small eager frame goes through the fast box when it has room.
             let fast = (f.len <= FAST_PAYLOAD)
                 .then(|| FrameHeader::decode(&f.hdr).ok())
                 .flatten()
@@ -337,7 +338,7 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn send_inline(&mut self, hdr: &FrameHeader, data: &[u8]) -> Option<bool> {
-        if self.closed || !self.out.is_empty() || self.link.start().is_err() {
+        if self.closed || !self.out.is_empty() || self.link.prepare(0).is_err() {
             return None;
         }
         let body = hdr.encode_fast(data)?;

@@ -25,11 +25,14 @@
 //! An inbox reserves memory for its first page only (doorbell, probe, started bits): the
 //! fast boxes and rings are valid when zero (an empty box, a ring whose counters are zero and
 //! whose layout both ends compute from `HCOMM_SHM_RING`), so nobody writes them at creation and
-//! their pages take no memory until the pair exchanges frames. Before its first frame to a
-//! peer, a rank gives its fast box and ring in the peer's inbox their memory
-//! ([`ShmSegment::reserve`]: a full `/dev/shm` fails the link with a message, not a SIGBUS)
-//! and sets its started bit there; the peer reads that box and ring only once the bit is set.
-//! A rank's shared memory thus grows with the peers that send to it, one ring each.
+//! their pages take no memory until the pair exchanges frames. Before a rank writes a frame to
+//! a peer, it gives the pages the frame may reach in its fast box and ring in the peer's inbox
+//! their memory, 64 KiB at a time as the ring fills for the first time
+//! ([`ShmSegment::reserve`]: a full `/dev/shm` fails the link with a message, not a SIGBUS),
+//! and before its first frame sets its started bit there; the peer reads that box and ring
+//! only once the bit is set. A rank's shared memory thus grows with the peers that send to
+//! it and with how much of their rings they used: a goodbye or a barrier costs 64 KiB, a ring
+//! that carried large messages its whole `HCOMM_SHM_RING`.
 //!
 //! # Waking
 //!
@@ -64,6 +67,8 @@ const STARTED_OFFSET: usize = 256;
 const RINGS_OFFSET: usize = 4096;
 /// The most local ranks an inbox has started bits for.
 const MAX_LOCALS: usize = (RINGS_OFFSET - STARTED_OFFSET) * 8;
+/// Bytes of a ring given memory at a time as the ring fills for the first time.
+const RESERVE_STEP: usize = 64 << 10;
 /// Slot size of the rings: one cache line.
 const SLOT_SIZE: usize = 64;
 
@@ -237,8 +242,10 @@ pub(crate) struct ShmLink {
     /// Where this rank's fast box and ring lie in the peer's inbox, and their length.
     out_at: usize,
     region_len: usize,
-    /// They have their memory, and the peer was told (its started bit for this rank is set).
-    reserved: bool,
+    /// The bytes of that region, from its start, that have their memory.
+    reserved: usize,
+    /// The peer was told to read them (its started bit for this rank is set).
+    told: bool,
     /// The peer's inbox, which holds its doorbell (and the producer's ring).
     peer_inbox: Arc<ShmSegment>,
     /// This rank's inbox, which holds the consumer's ring.
@@ -275,21 +282,29 @@ impl ShmLink {
         word.load(Ordering::Acquire) & bit != 0
     }
 
-    /// Whether this rank has started sending to the peer ([`ShmLink::start`]).
+    /// Whether this rank has started sending to the peer ([`ShmLink::prepare`]).
     #[inline]
     pub(crate) fn is_started(&self) -> bool {
-        self.reserved
+        self.told
     }
 
-    /// Before this rank's first frame to the peer: gives its fast box and ring in the peer's
-    /// inbox their memory, then tells the peer to read them. An error when `/dev/shm` has no
-    /// room for them.
-    pub(crate) fn start(&mut self) -> Result<()> {
-        if !self.reserved {
-            self.peer_inbox.reserve(self.out_at, self.region_len)?;
+    /// Before this rank writes a frame of `len` bytes to the peer (0: through the fast box):
+    /// gives the pages it may write in the peer's inbox their memory, a [`RESERVE_STEP`] at a
+    /// time as the ring's first lap advances, and, before the first frame, tells the peer to
+    /// read this rank's fast box and ring. An error when `/dev/shm` has no room for them.
+    #[inline]
+    pub(crate) fn prepare(&mut self, len: usize) -> Result<()> {
+        let upto = fastbox::REGION_LEN + self.producer.reach(len);
+        if upto > self.reserved {
+            let to = upto.next_multiple_of(RESERVE_STEP).min(self.region_len);
+            self.peer_inbox
+                .reserve(self.out_at + self.reserved, to - self.reserved)?;
+            self.reserved = to;
+        }
+        if !self.told {
             let (word, bit) = started_bit(&self.peer_inbox, self.me);
             word.fetch_or(bit, Ordering::Release);
-            self.reserved = true;
+            self.told = true;
         }
         Ok(())
     }
@@ -501,7 +516,8 @@ impl Inbox {
             me: self.me,
             out_at,
             region_len: fastbox::REGION_LEN + self.ring_bytes,
-            reserved: false,
+            reserved: 0,
+            told: false,
             peer_inbox: theirs,
             _own_inbox: Arc::clone(&self.seg),
         })

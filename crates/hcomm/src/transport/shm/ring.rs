@@ -542,6 +542,21 @@ impl Producer {
         Ok(true)
     }
 
+    /// How far from the start of the ring's region the next push of a `payload_len`-byte
+    /// message may write: the end of its slots while the ring has not wrapped yet, else the
+    /// end of the region (so that its pages can be given memory just before they are first
+    /// written).
+    pub(crate) fn reach(&self, payload_len: usize) -> usize {
+        let layout = self.ring.layout;
+        let end = CONTROL_LEN + layout.data_len();
+        match layout.slots_for(payload_len).map(|n| self.tail + n as u64) {
+            Some(upto) if upto <= layout.slot_count as u64 => {
+                CONTROL_LEN + upto as usize * layout.slot_size
+            }
+            _ => end,
+        }
+    }
+
     /// The slots free now; a message of `n` payload bytes needs [`RingLayout::slots_for`]`(n)`.
     pub(crate) fn free_slots(&mut self) -> Result<usize> {
         self.head_cache = self.ring.control().head.0.load(Ordering::Acquire);

@@ -104,8 +104,8 @@ impl AsFd for WakeSocket {
 pub(crate) struct PeerEnd {
     /// This rank's wake socket, which sends the wake-ups.
     from: Arc<WakeSocket>,
-    /// Where to send them.
-    to: SocketAddr,
+    /// Where to send them (boxed: it is large, and used only to wake the peer).
+    to: Box<SocketAddr>,
     /// Readable once its process ended (taken by the watcher).
     pidfd: Option<OwnedFd>,
 }
@@ -131,7 +131,7 @@ impl PeerEnd {
             .ok_or_else(|| fail("not a process id".into()))?;
         let pidfd = pidfd_open(p, PidfdFlags::empty())
             .map_err(|e| fail(format!("pidfd_open: {e} (did it exit?)")))?;
-        let to = address(job_id, rank).map_err(|e| fail(e.to_string()))?;
+        let to = Box::new(address(job_id, rank).map_err(|e| fail(e.to_string()))?);
         Ok(PeerEnd {
             from,
             to,
