@@ -251,3 +251,56 @@ fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
         assert!(t.contains(&format!("[{r}] OK wakeups")), "{t}");
     }
 }
+
+/// Each rank's inbox use (kB) after `traffic` on 8 ranks of one host, and the inbox's size.
+fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
+    let mut c = Command::new(HCOMMRUN);
+    c.args([
+        "-n",
+        "8",
+        "--timeout",
+        "100",
+        "--",
+        CHECK,
+        "inbox-use",
+        "--traffic",
+        traffic,
+    ])
+    .env("HCOMM_TIMEOUT", "60");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{traffic}:\n{t}");
+    (0..8)
+        .map(|r| {
+            let line = t
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("[{r}] inbox ")))
+                .unwrap_or_else(|| panic!("rank {r} printed no use:\n{t}"));
+            let n: Vec<usize> = line
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            assert_eq!(n.len(), 2, "{line}");
+            (n[0], n[1])
+        })
+        .collect()
+}
+
+/// An inbox takes memory for the peers that send to it, 64 KiB of ring at a time, not for
+/// every local rank: after init and a barrier (each rank hears from 3 of its 7 peers) a rank's
+/// inbox holds its first page and at most 4 rings' first 64 KiB; after all-to-alls of 4 KiB
+/// per pair, the first 64 KiB of all 7. The inbox's size (7 rings of 1 MiB) is never reached.
+#[test]
+fn an_inbox_takes_memory_for_the_peers_that_send_to_it() {
+    for (r, (used, size)) in inbox_use("none").into_iter().enumerate() {
+        assert!(size >= 7 << 10, "rank {r}: an inbox of {size} kB");
+        assert!(used <= 16 + 4 * 64, "rank {r}: {used} kB in use");
+    }
+    for (r, (used, size)) in inbox_use("alltoall").into_iter().enumerate() {
+        assert!(used >= 7 * 64, "rank {r}: {used} kB in use");
+        assert!(
+            used <= 16 + 8 * 64 && used < size / 8,
+            "rank {r}: {used} kB in use"
+        );
+    }
+}

@@ -173,7 +173,8 @@ enum Scenario {
     },
     /// One kind of traffic, then each rank prints `inbox K of M kB`: how much of its
     /// shared-memory inbox has memory (its pages resident in /dev/shm, by `mincore`) and how
-    /// large the inbox is. The rings of an inbox take memory only once their peer sends.
+    /// large the inbox is; then a barrier. The rings of an inbox take memory only once their
+    /// peer sends (the barrier's frames of peers that measured first are counted too).
     InboxUse {
         /// What the ranks do between init and the measurement.
         #[arg(long, value_enum)]
@@ -354,6 +355,8 @@ fn run(scenario: Scenario) -> Result<()> {
             resources::traffic(&comm, traffic)?;
             let (resident, size) = resources::inbox_use(comm.rank())?;
             println!("inbox {} of {} kB", resident >> 10, size >> 10);
+            // Nobody says goodbye (a frame to every peer) before every rank has measured.
+            comm.barrier()?;
             "inbox-use"
         }
         Scenario::Kill { pool } => {
