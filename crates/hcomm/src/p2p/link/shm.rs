@@ -54,6 +54,8 @@ pub(in crate::p2p) struct ShmPeerLink {
     ended: bool,
     /// This rank's goodbye went into the ring.
     said_goodbye: bool,
+    /// The peer has started sending (`ShmLink::started`, which stays true once it is).
+    started: bool,
     closed: bool,
     caps: Caps,
 }
@@ -84,6 +86,7 @@ impl ShmPeerLink {
             wake: false,
             ended: false,
             said_goodbye: false,
+            started: false,
             closed: false,
             caps,
         }
@@ -96,7 +99,7 @@ impl ShmPeerLink {
     fn answer_goodbye(&mut self) {
         let hdr = FrameHeader::new(FrameKind::Close).encode();
         let m = &mut self.link;
-        if m.prepare(HEADER_LEN).is_ok()
+        if m.prepare(Some(HEADER_LEN)).is_ok()
             && m.producer.try_push_parts(self.out_seq, [&hdr, &[]]) == Ok(true)
         {
             self.out_seq += 1;
@@ -107,6 +110,14 @@ impl ShmPeerLink {
                 }
             }
         }
+    }
+
+    /// Whether the peer has started sending to this rank (until then its fast box and ring
+    /// are not read).
+    #[inline]
+    fn peer_started(&mut self) -> bool {
+        self.started = self.started || self.link.started();
+        self.started
     }
 
     /// The end of a turn of reads: the peer may wait for room in this ring.
@@ -149,7 +160,7 @@ impl Link for ShmPeerLink {
         while let Some(f) = self.out.front() {
             let payload = frame_payload(f, ops);
             let m = &mut self.link;
-            if let Err(e) = m.prepare(HEADER_LEN + f.len) {
+            if let Err(e) = m.prepare(Some(HEADER_LEN + f.len)) {
                 failure = Some(format!("its shared-memory ring got no memory: {e}"));
                 break;
             }
@@ -200,12 +211,13 @@ impl Link for ShmPeerLink {
         if self.closed {
             return false;
         }
-        let m = &mut self.link;
-        if m.started()
-            && (m.fast_in.ready(self.in_seq + 1) || !m.consumer.is_empty().unwrap_or(true))
-        {
-            return true;
+        if self.peer_started() {
+            let m = &mut self.link;
+            if m.fast_in.ready(self.in_seq + 1) || !m.consumer.is_empty().unwrap_or(true) {
+                return true;
+            }
         }
+        let m = &mut self.link;
         self.out.front().is_some_and(|f| {
             if !m.is_started() {
                 return true;
@@ -224,7 +236,7 @@ impl Link for ShmPeerLink {
         if self.ended {
             return Rx::Closed { goodbye: true };
         }
-        if self.reads >= SHM_ROUNDS || !self.link.started() {
+        if self.reads >= SHM_ROUNDS || !self.peer_started() {
             return self.end_turn();
         }
         let seq = self.in_seq;
@@ -338,7 +350,7 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn send_inline(&mut self, hdr: &FrameHeader, data: &[u8]) -> Option<bool> {
-        if self.closed || !self.out.is_empty() || self.link.prepare(0).is_err() {
+        if self.closed || !self.out.is_empty() || self.link.prepare(None).is_err() {
             return None;
         }
         let body = hdr.encode_fast(data)?;

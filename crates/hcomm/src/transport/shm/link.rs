@@ -288,12 +288,29 @@ impl ShmLink {
         self.told
     }
 
-    /// Before this rank writes a frame of `len` bytes to the peer (0: through the fast box):
-    /// gives the pages it may write in the peer's inbox their memory, a [`RESERVE_STEP`] at a
-    /// time as the ring's first lap advances, and, before the first frame, tells the peer to
-    /// read this rank's fast box and ring. An error when `/dev/shm` has no room for them.
+    /// Before this rank writes a frame to the peer, through the fast box (`None`) or of
+    /// `Some(len)` bytes through the ring: gives the pages it may write in the peer's inbox
+    /// their memory, a [`RESERVE_STEP`] at a time as the ring's first lap advances, and, before
+    /// the first frame, tells the peer to read this rank's fast box and ring. An error when
+    /// `/dev/shm` has no room for them.
     #[inline]
-    pub(crate) fn prepare(&mut self, len: usize) -> Result<()> {
+    pub(crate) fn prepare(&mut self, ring_len: Option<usize>) -> Result<()> {
+        // The first call reserved the fast box; then the ring only while its first lap lasts.
+        if self.told {
+            match ring_len {
+                None => return Ok(()),
+                Some(_) if self.reserved == self.region_len => return Ok(()),
+                Some(len) if fastbox::REGION_LEN + self.producer.reach(len) <= self.reserved => {
+                    return Ok(())
+                }
+                Some(_) => {}
+            }
+        }
+        self.grow(ring_len.unwrap_or(0))
+    }
+
+    #[cold]
+    fn grow(&mut self, len: usize) -> Result<()> {
         let upto = fastbox::REGION_LEN + self.producer.reach(len);
         if upto > self.reserved {
             let to = upto.next_multiple_of(RESERVE_STEP).min(self.region_len);
