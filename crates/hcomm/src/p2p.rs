@@ -63,6 +63,7 @@ use crate::error::{Error, Operation, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
+use crate::transport::shm::wake::PeerEnd;
 use crate::transport::tcp::{Mesh, MeshConfig};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use calls::Calls;
@@ -85,6 +86,9 @@ pub(crate) const ANY_PEER: usize = usize::MAX;
 
 /// epoll token of the wake-up eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
+/// epoll token of the shared-memory wake socket (local peers' wake-ups, see
+/// `transport::shm::wake`).
+const SHM_WAKE_TOKEN: u64 = u64::MAX - 1;
 /// epoll token of the listener, where peers connect on demand.
 const LISTEN_TOKEN: u64 = u64::MAX - 2;
 /// While spinning, every this many rounds the waiter asks epoll instead of reading the
@@ -119,7 +123,8 @@ pub(crate) struct ProtocolCounts {
     pub plugin_eager: AtomicU64,
     /// Rendezvous through a transport plug-in.
     pub plugin_rendezvous: AtomicU64,
-    /// Sleeps of waiters on their shared-memory doorbell.
+    /// Sleeps of waiters on their shared-memory doorbell, or in `epoll_wait` while they have
+    /// shared-memory peers.
     pub naps: AtomicU64,
     /// Of those, sleeps that lasted their whole time, woken by nobody.
     pub full_naps: AtomicU64,
@@ -142,10 +147,11 @@ pub struct ProtocolStats {
     pub plugin_eager: u64,
     /// Rendezvous messages through a transport plug-in.
     pub plugin_rendezvous: u64,
-    /// Times a waiter slept on its shared-memory doorbell.
+    /// Times a waiter slept on its shared-memory doorbell, or in `epoll_wait` while it has
+    /// shared-memory peers (it also has peers over other transports).
     pub naps: u64,
     /// Of those, sleeps that lasted their whole time (at most 100 ms), woken by nobody:
-    /// only a peer that stays silent that long causes them, or a lost wake-up.
+    /// only peers that stay silent that long cause them, or a lost wake-up.
     pub full_naps: u64,
     /// TCP connections this rank opened to its peers (`HCOMM_TCP_STREAMS` per peer it
     /// connected to first: links are made on a peer's first use).
@@ -183,6 +189,15 @@ pub(crate) struct ShmSetup {
     pub inbox: Inbox,
     /// `(world rank, link)` for every other local rank.
     pub links: Vec<(usize, ShmLink)>,
+}
+
+impl ShmSetup {
+    /// Whether world rank `peer` is linked by shared memory alone, with no TCP connection.
+    pub(crate) fn socketless(&self, peer: usize) -> bool {
+        self.links
+            .iter()
+            .any(|(p, l)| *p == peer && l.end.is_some())
+    }
 }
 
 /// Engine settings, fixed at creation.
@@ -419,7 +434,7 @@ struct Io {
     any_aborted: AtomicBool,
     /// Duplicates of the stream 0 of local peers whose TCP connection came up, for the
     /// watcher to wait for their end; `ends_kick` tells it that some came.
-    new_ends: Mutex<Vec<(usize, TcpStream)>>,
+    new_ends: Mutex<Vec<(usize, watch::End)>>,
     /// An eventfd the watcher polls: new ends to watch.
     ends_kick: OwnedFd,
 }
@@ -447,7 +462,7 @@ impl Io {
 
     /// Hands the watcher the end of a local peer's connection.
     fn watch_end(&self, peer: usize, end: TcpStream) {
-        lock(&self.new_ends).push((peer, end));
+        lock(&self.new_ends).push((peer, watch::End::Stream(end)));
         let _ = rustix::io::write(&self.ends_kick, &1u64.to_ne_bytes());
     }
 
@@ -542,10 +557,22 @@ impl Engine {
             epoll::EventFlags::IN,
         )
         .map_err(|e| sys("epoll_ctl", e))?;
-        let (inbox, shm_links) = match shm {
+        let socketless: Vec<bool> = (0..size)
+            .map(|p| shm.as_ref().is_some_and(|s| s.socketless(p)))
+            .collect();
+        let (inbox, mut shm_links) = match shm {
             Some(ShmSetup { inbox, links }) => (Some(inbox), links),
             None => (None, Vec::new()),
         };
+        if let Some(w) = inbox.as_ref().and_then(Inbox::wake_socket) {
+            epoll::add(
+                &epoll,
+                w,
+                epoll::EventData::new_u64(SHM_WAKE_TOKEN),
+                epoll::EventFlags::IN,
+            )
+            .map_err(|e| sys("epoll_ctl", e))?;
+        }
         let peer_inboxes: HashMap<usize, (PeerInbox, u32, bool)> = shm_links
             .iter()
             .map(|(p, link)| (*p, (link.peer_inbox(), link.pid, link.cma)))
@@ -579,7 +606,8 @@ impl Engine {
             }
             None => None,
         };
-        // Every peer's first link is its TCP connection, made on the peer's first use; a
+        // A peer's first link is its TCP connection, made on the peer's first use, when the
+        // pair has one (every pair but the local ones linked by shared memory alone); a
         // shared-memory link or the plug-in then carries its traffic.
         let mut all = Links::new(size);
         let peers: Vec<Option<Peer>> = (0..size)
@@ -591,14 +619,23 @@ impl Engine {
                 })
             })
             .collect();
+        // What the watcher waits on for the end of each local peer: a pidfd of its process
+        // (the pairs linked by shared memory alone), or a duplicate of stream 0 of its TCP
+        // connection once that is up (`Io::watch_end`).
+        let mut ends = Vec::with_capacity(shm_links.len());
+        for (p, link) in &mut shm_links {
+            if let Some(pidfd) = link.end.as_mut().and_then(PeerEnd::take_pidfd) {
+                ends.push((*p, watch::End::Process(pidfd)));
+            }
+        }
         if let Some(mesh) = &mesh {
-            for p in (0..size).filter(|&p| p != cfg.rank) {
+            for p in (0..size).filter(|&p| p != cfg.rank && !socketless[p]) {
                 let tcp = TcpLink::new(p, all.next_index(p), &io, mesh);
                 all.add(p, AnyLink::Tcp(tcp));
             }
         }
         for (p, link) in shm_links {
-            if peers.get(p).is_none_or(Option::is_none) {
+            if p >= size || p == cfg.rank {
                 return Err(Error::internal(format!(
                     "shared-memory link to world rank {p} has no peer"
                 ))
@@ -634,6 +671,10 @@ impl Engine {
             }
             None => None,
         };
+        if let Some(p) = (0..size).find(|&p| p != cfg.rank && all.count(p) == 0) {
+            return Err(Error::internal(format!("world rank {p} has no link"))
+                .with_peer(PeerRank::world(p)));
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 cfg,
@@ -663,7 +704,7 @@ impl Engine {
             mesh,
         });
         // First: should the progress thread fail to start, dropping the watcher stops it.
-        let watcher = watch::Watcher::start(Arc::clone(&shared), timing)?;
+        let watcher = watch::Watcher::start(Arc::clone(&shared), ends, timing)?;
         let bg = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("hcomm-progress".into())

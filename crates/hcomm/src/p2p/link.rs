@@ -20,12 +20,13 @@
 //!   messages), fields of the engine's state apart from the links.
 //!
 //! A peer may hold several links, in the order they were added: the first is its TCP
-//! connection (there from init, connected on the peer's first use: [`Link::want`]), whose end
-//! tells that the peer is gone; the last carries the peer's traffic; a frame that the last
-//! cannot carry (a goodbye that must precede the end of the connection, a wake-up for a peer
-//! sleeping in `epoll_wait`) takes the first link that can ([`Links::route`], by the links'
-//! [`Caps`]). A link made later (a second rail) is one more [`Links::add`]; the epoll tokens
-//! of a link's descriptors carry its place among its peer's links ([`token`]).
+//! connection (there from init, connected on the peer's first use: [`Link::want`]; a local
+//! pair linked by shared memory alone has none), whose end tells that the peer is gone; the
+//! last carries the peer's traffic; a frame that the last cannot carry (a goodbye that must
+//! precede the end of the connection, a wake-up for a peer sleeping in `epoll_wait`) takes the
+//! first link that can ([`Links::route`], by the links' [`Caps`]). A link made later (a second
+//! rail) is one more [`Links::add`]; the epoll tokens of a link's descriptors carry its place
+//! among its peer's links ([`token`]).
 
 pub(super) mod plugin;
 pub(super) mod shm;

@@ -2,14 +2,17 @@
 //! at their sockets.
 //!
 //! * **Dead local peers.** A waiter whose peers all share the host sleeps on its doorbell's
-//!   futex, which a dying process cannot ring. But the TCP connection kept beside each
-//!   shared-memory link (made on the peer's first use, like every TCP link) ends when its
-//!   process does (the kernel closes a dead process's sockets, SIGKILL included), so the
-//!   watcher polls a duplicate of each local peer's stream 0, from when it comes up
-//!   (`Io::watch_end`), for its end only (`POLLRDHUP`, not for data, which the engine reads) and then
-//!   wakes the engine's sleepers, which read the end and fail the peer as usual (or, after its
-//!   `Close`, let it go in order). No process ids are involved: ranks in other pid namespaces
-//!   (containers sharing a host) are watched the same way.
+//!   futex, which a dying process cannot ring. So the watcher polls, for each local peer, a
+//!   pidfd of its process (`pidfd_open`; readable once the process ended, SIGKILL included):
+//!   it then fails the peer itself (after reading what the peer left in shared memory, its
+//!   goodbye included: a peer that said goodbye is let go in order) and wakes the engine's
+//!   sleepers. A pair that cannot use a pidfd (another pid or network namespace, a kernel
+//!   without `pidfd_open`: see `transport::shm::wake`) keeps a TCP connection beside its
+//!   shared memory (made on the pair's first use, like every TCP link), which ends when the
+//!   process does (the kernel closes a dead process's sockets); the watcher polls a duplicate
+//!   of its stream 0, from when it comes up (`Io::watch_end`), for its end only (`POLLRDHUP`,
+//!   not for data, which the engine reads) and wakes the sleepers, which read the end and
+//!   fail the peer as usual.
 //! * **Hung or stopped peers.** A process that hangs (stopped by a signal, frozen, a host that
 //!   vanished without closing its connections) keeps its sockets open. Every `interval` each
 //!   watcher shows that its process runs: it bumps the heartbeat in its inbox's doorbell, which
@@ -66,6 +69,24 @@ impl Timing {
     }
 }
 
+/// What the watcher waits on for the end of a local peer.
+#[derive(Debug)]
+pub(super) enum End {
+    /// A pidfd of its process: readable once the process ended.
+    Process(OwnedFd),
+    /// A duplicate of stream 0 of its TCP connection: hung up once the process ended.
+    Stream(TcpStream),
+}
+
+impl End {
+    fn poll_fd(&self) -> PollFd<'_> {
+        match self {
+            End::Process(fd) => PollFd::new(fd, PollFlags::IN),
+            End::Stream(s) => PollFd::new(s, PollFlags::RDHUP),
+        }
+    }
+}
+
 /// The running watcher; dropping it stops the thread.
 pub(super) struct Watcher {
     stop: Arc<OwnedFd>,
@@ -73,15 +94,20 @@ pub(super) struct Watcher {
 }
 
 impl Watcher {
-    /// Starts watching (the ends of local peers' connections come through `Io::watch_end`).
-    pub(super) fn start(shared: Arc<Shared>, timing: Timing) -> Result<Watcher> {
+    /// Starts watching: `ends` say when each local peer ended, by world rank (more come
+    /// through `Io::watch_end` as connections come up).
+    pub(super) fn start(
+        shared: Arc<Shared>,
+        ends: Vec<(usize, End)>,
+        timing: Timing,
+    ) -> Result<Watcher> {
         let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
             .map_err(|e| Error::init(format!("eventfd: {e}")).with_source(e.into()))?;
         let stop = Arc::new(stop);
         let told = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("hcomm-watch".into())
-            .spawn(move || watch(&shared, &told, timing))
+            .spawn(move || watch(&shared, &told, ends, timing))
             .map_err(|e| {
                 Error::init(format!("cannot start the watcher thread: {e}")).with_source(e)
             })?;
@@ -108,8 +134,7 @@ struct Seen {
     since: Instant,
 }
 
-fn watch(sh: &Shared, stop: &OwnedFd, timing: Timing) {
-    let mut ends: Vec<(usize, TcpStream)> = Vec::new();
+fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, End)>, timing: Timing) {
     let mut seen: HashMap<usize, Seen> = HashMap::default();
     let mut last_turn = Instant::now();
     let mut next_turn = last_turn;
@@ -127,7 +152,7 @@ fn watch(sh: &Shared, stop: &OwnedFd, timing: Timing) {
             PollFd::new(&sh.io.ends_kick, PollFlags::IN),
         ]
         .into_iter()
-        .chain(ends.iter().map(|(_, s)| PollFd::new(s, PollFlags::RDHUP)))
+        .chain(ends.iter().map(|(_, e)| e.poll_fd()))
         .collect();
         match poll_fds(&mut fds, Some(&timespec(wait))) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -148,8 +173,16 @@ fn watch(sh: &Shared, stop: &OwnedFd, timing: Timing) {
         drop(fds);
         if !ended.is_empty() {
             for &i in ended.iter().rev() {
-                let (peer, _) = ends.swap_remove(i);
-                tracing::debug!("the connection of local world rank {peer} ended");
+                match ends.swap_remove(i) {
+                    (peer, End::Stream(_)) => {
+                        tracing::debug!("the connection of local world rank {peer} ended");
+                    }
+                    // Nobody reads the end of a process: fail the peer here.
+                    (peer, End::Process(_)) => {
+                        tracing::debug!("the process of local world rank {peer} ended");
+                        lock(&sh.state).fail_peer(peer, "its process ended".into());
+                    }
+                }
             }
             sh.io.alarm();
         }
