@@ -314,3 +314,41 @@ fn an_inbox_takes_memory_for_the_peers_that_send_to_it() {
         );
     }
 }
+
+/// A local pair that cannot do without a connection keeps one, beside pairs that do: a
+/// stranger holds rank 1's wake-socket name, so rank 1 publishes that its local peers cannot
+/// reach it without a connection. Ranks 0 and 2 then keep a TCP connection with rank 1 and
+/// none between them (each says so with HCOMM_DEBUG=1), the job runs, and when rank 1 is
+/// SIGKILLed the others still fail fast naming it (they learn it from the connection's end).
+#[test]
+fn a_pair_that_cannot_go_without_a_connection_keeps_one() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let root = local_root();
+    let secret = format!("squat-{}", std::process::id());
+    let id = hcomm::internal::shm::job_id(secret.as_bytes(), &root, 0);
+    let name = SocketAddr::from_abstract_name(format!("hcomm-{id}-1-wake")).unwrap();
+    let _squatter = UnixDatagram::bind_addr(&name).unwrap();
+    let t0 = Instant::now();
+    let children = spawn_ranks(3, &root, |_| {
+        let mut c = Command::new(CHECK);
+        c.arg("kill")
+            .env("HCOMM_JOB_SECRET", &secret)
+            .env("HCOMM_TIMEOUT", "100")
+            .env("HCOMM_DEBUG", "1");
+        c
+    });
+    let outputs = collect_outputs(children, Duration::from_secs(60));
+    let all: String = outputs.iter().map(text).collect();
+    assert!(t0.elapsed() < Duration::from_secs(30), "{all}");
+    for (r, beside) in [(0, "[1]"), (1, "[0, 2]"), (2, "[1]")] {
+        let t = text(&outputs[r]);
+        let line = format!("a TCP connection beside it with {beside})");
+        assert!(t.contains(&line), "rank {r}: {t}");
+    }
+    let named = [0, 2]
+        .iter()
+        .filter(|&&r| text(&outputs[r]).contains("world rank 1"))
+        .count();
+    assert!(named > 0, "no survivor named rank 1:\n{all}");
+}
