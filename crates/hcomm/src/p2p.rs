@@ -249,9 +249,26 @@ pub(crate) struct Target {
     /// Signature of the operation (zero for plain point-to-point): a receive only matches a
     /// message with the same signature; any other is a mismatch.
     pub sig: [u64; 2],
+    /// The point-to-point call's number on its communicator at this rank, which its errors
+    /// name (`Operation::seq`): sends and receives are numbered apart, from 1; 0 for the
+    /// messages of collectives and of the library's own exchanges, which are not numbered.
+    pub seq: u64,
 }
 
 impl Target {
+    /// The operation `kind` with this target, for errors: named, and numbered when its call
+    /// is.
+    fn operation(&self, kind: OpKind) -> Operation {
+        let name = match kind {
+            OpKind::Send => "send",
+            OpKind::Recv => "recv",
+        };
+        match self.seq {
+            0 => Operation::new(name),
+            n => Operation::seq(name, n),
+        }
+    }
+
     /// The matching key of its messages.
     fn key(&self) -> MatchKey {
         MatchKey {
@@ -307,10 +324,7 @@ fn rank_name(comm_rank: usize) -> String {
 impl Op {
     /// The operation, for errors.
     fn operation(&self) -> Operation {
-        match self.kind {
-            OpKind::Send => Operation::new("send"),
-            OpKind::Recv => Operation::new("recv"),
-        }
+        self.target.operation(self.kind)
     }
 
     fn describe(&self) -> String {

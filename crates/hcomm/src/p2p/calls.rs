@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::matching::Stranger;
 use super::progress::tell_launcher;
-use super::{Engine, OpId, OutFrame, State, Target};
+use super::{Engine, OpId, OpKind, OutFrame, State, Target};
 
 /// Recent calls remembered for mismatch detection.
 const CALL_MEMORY: usize = 4096;
@@ -312,7 +312,7 @@ impl Engine {
         };
         let mut told: Vec<usize> = Vec::new();
         for t in targets {
-            if !told.contains(&t.peer) && st.live_peer(t).is_ok() {
+            if !told.contains(&t.peer) && st.live_peer(t, OpKind::Send).is_ok() {
                 told.push(t.peer);
                 st.send_abort(*t, mismatch, lost);
             }
@@ -397,6 +397,7 @@ impl State {
             comm_rank: peer,
             tag: hdr.tag,
             sig: ours,
+            seq: 0,
         };
         self.send_abort(t, true, None);
     }
@@ -459,6 +460,7 @@ impl State {
                 comm_rank: peer,
                 tag,
                 sig,
+                seq: 0,
             },
             true,
             None,

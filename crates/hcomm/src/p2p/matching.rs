@@ -554,7 +554,7 @@ impl State {
     ) -> Result<OpId> {
         let key = t.key();
         if !self.matching.has_unexpected(&key) || self.calls.is_aborted(t.comm, t.tag) {
-            self.live_peer(&t)?;
+            self.live_peer(&t, OpKind::Recv)?;
         }
         let id = self.new_op(OpKind::Recv, t, buf, cap, asynchronous);
         let r = Recv {
@@ -592,6 +592,11 @@ impl State {
     /// complete: its communicator or call was aborted, a member was lost (it may have been
     /// the sender: ULFM's rule), or every other member has finalized.
     pub(super) fn live_any(&self, t: &Target, members: &[usize]) -> Result<()> {
+        self.any_ready(t, members)
+            .map_err(|e| e.with_operation(t.operation(OpKind::Recv)))
+    }
+
+    fn any_ready(&self, t: &Target, members: &[usize]) -> Result<()> {
         self.calls.check(t)?;
         let mut others = 0;
         let mut gone = 0;

@@ -271,7 +271,14 @@ impl State {
         id
     }
 
-    pub(super) fn live_peer(&self, t: &Target) -> Result<()> {
+    /// Whether operation `kind` with `t` may start: its call and communicator were not
+    /// aborted and its peer is reachable. The error names the operation.
+    pub(super) fn live_peer(&self, t: &Target, kind: OpKind) -> Result<()> {
+        self.peer_ready(t)
+            .map_err(|e| e.with_operation(t.operation(kind)))
+    }
+
+    fn peer_ready(&self, t: &Target) -> Result<()> {
         self.calls.check(t)?;
         if t.peer == self.cfg.rank {
             return Ok(());

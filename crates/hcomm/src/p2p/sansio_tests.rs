@@ -58,6 +58,7 @@ fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
         comm_rank: peer,
         tag,
         sig,
+        seq: 0,
     }
 }
 

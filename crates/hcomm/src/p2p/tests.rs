@@ -47,6 +47,7 @@ pub(super) fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
         comm_rank: peer,
         tag,
         sig,
+        seq: 0,
     }
 }
 
