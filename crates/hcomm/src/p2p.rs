@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{epoll, eventfd, EventfdFlags};
 
 mod calls;
+mod dispatch;
 mod inline;
 pub(crate) mod lease;
 mod link;
@@ -56,6 +57,7 @@ mod requests;
 mod sansio_tests;
 #[cfg(test)]
 mod tests;
+mod timers;
 pub(crate) mod wait;
 mod watch;
 
@@ -73,6 +75,7 @@ use link::{AnyLink, Link, Links};
 use matching::Matching;
 use progress::progress_thread;
 use rendezvous::Rendezvous;
+use timers::Timers;
 use wait::{poll, timespec};
 
 /// Identifies an operation inside the engine.
@@ -468,6 +471,8 @@ struct State {
     rndv: Rendezvous,
     /// Collective calls, mismatches and aborts.
     calls: Calls,
+    /// The deadlines of the operations being waited for.
+    timers: Timers,
     /// Operations completed since the last look (to wake other waiters).
     completions: usize,
     /// A failing peer's links are being read to their end.
@@ -617,6 +622,7 @@ impl Engine {
                 sources: HashMap::default(),
                 rndv,
                 calls: Calls::new(describe, Arc::clone(&late_news)),
+                timers: Timers::default(),
                 completions: 0,
                 sent: Vec::new(),
                 draining: false,

@@ -7,12 +7,13 @@
 
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
-use crate::transport::wire::{FrameHeader, FrameKind, FLAG_COMM_ABORT, FLAG_MISMATCH};
+use crate::transport::wire::{FrameHeader, FrameKind, FLAG_COMM_ABORT};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::dispatch::abort_frame;
 use super::matching::Stranger;
 use super::progress::tell_launcher;
 use super::{Engine, OpId, OpKind, OutFrame, State, Target};
@@ -369,14 +370,7 @@ impl State {
         if t.peer == self.cfg.rank {
             return;
         }
-        let mut hdr = FrameHeader::new(FrameKind::Abort);
-        if mismatch {
-            hdr.flags = FLAG_MISMATCH;
-        }
-        hdr.msg_id = lost.map_or(0, |l| l as u64 + 1);
-        hdr.comm = t.comm;
-        hdr.tag = t.tag;
-        hdr.sig = t.sig;
+        let hdr = abort_frame(t.comm, t.tag, t.sig, mismatch, lost);
         self.queue(t.peer, OutFrame::control(hdr));
     }
 

@@ -19,7 +19,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use super::requests::{op_slice, truncated};
-use super::{BufPtr, Dest, MatchKey, OpId, OpKind, State, Target, ANY_PEER};
+use super::{BufPtr, MatchKey, OpId, OpKind, State, Target, ANY_PEER};
 
 /// A posted receive, as matching sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -576,7 +576,7 @@ impl State {
     }
 
     /// Binds receive-from-any-source `id` to world rank `peer`, its message's sender.
-    fn bind(&mut self, id: OpId, peer: usize) {
+    pub(super) fn bind(&mut self, id: OpId, peer: usize) {
         let Some(op) = self.ops.get_mut(&id) else {
             return;
         };
@@ -686,29 +686,26 @@ impl State {
         }
     }
 
-    /// Carries out what matching decided; returns where an arriving payload goes (`None`:
-    /// nowhere, or nothing arrives).
-    pub(super) fn matched(&mut self, m: Matched) -> Option<Dest> {
+    /// Carries out what matching decided (where an arriving payload goes is
+    /// `dispatch::payload_dest`'s answer).
+    pub(super) fn matched(&mut self, m: Matched) {
         match m {
-            Matched::Queued | Matched::Claimed { .. } => None,
-            Matched::Held { uid } => Some(Dest::Unexpected(uid)),
-            Matched::Foreign => Some(Dest::Discard),
-            Matched::Eager { id, .. } => Some(Dest::Op { op: id, base: 0 }),
+            Matched::Queued
+            | Matched::Claimed { .. }
+            | Matched::Held { .. }
+            | Matched::Foreign
+            | Matched::Eager { .. } => {}
             Matched::Rts {
                 id,
                 msg_id,
                 len,
                 pull,
-            } => {
-                self.match_rts(id, msg_id, len, pull);
-                None
-            }
+            } => self.match_rts(id, msg_id, len, pull),
             Matched::Truncated { id, len } => {
                 if let Some(op) = self.ops.get(&id) {
                     let err = truncated(op, len);
                     self.complete(id, Err(err));
                 }
-                Some(Dest::Discard)
             }
             Matched::Mismatch { id, theirs, refuse } => {
                 if let (Some(msg_id), Some(op)) = (refuse, self.ops.get(&id)) {
@@ -716,7 +713,6 @@ impl State {
                     self.refuse_rts(peer, msg_id);
                 }
                 self.mismatch(id, theirs);
-                Some(Dest::Discard)
             }
             Matched::Deliver { id, data } => {
                 if let Some(op) = self.ops.get_mut(&id) {
@@ -725,7 +721,6 @@ impl State {
                     }
                     self.complete(id, Ok(data.len()));
                 }
-                None
             }
         }
     }

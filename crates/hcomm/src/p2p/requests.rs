@@ -309,6 +309,7 @@ impl State {
                 tracing::warn!("the {} of a dropped request failed: {e}", op.describe());
             }
             self.ops.remove(&id);
+            self.timers.disarm(id);
             return;
         }
         op.result = Some(result);
@@ -318,6 +319,7 @@ impl State {
     pub(super) fn take(&mut self, id: OpId) -> Option<Result<usize>> {
         self.ops.get(&id)?.result.as_ref()?;
         let op = self.ops.remove(&id)?;
+        self.timers.disarm(id);
         if op.asynchronous {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
         }
@@ -373,6 +375,7 @@ impl State {
             r => err.with_peer(PeerRank::ranks(r, t.peer)),
         };
         self.disentangle(id);
+        self.timers.disarm(id);
         if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
         }
