@@ -7,13 +7,13 @@
 
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
-use crate::transport::wire::{FrameHeader, FrameKind, FLAG_COMM_ABORT};
+use crate::transport::wire::FrameHeader;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::dispatch::abort_frame;
+use super::dispatch::{abort_frame, comm_abort_frame};
 use super::matching::Stranger;
 use super::progress::tell_launcher;
 use super::{Engine, OpId, OpKind, OutFrame, State, Target};
@@ -337,11 +337,7 @@ impl Engine {
                 if peer == st.cfg.rank {
                     continue;
                 }
-                let mut hdr = FrameHeader::new(FrameKind::Abort);
-                hdr.flags = FLAG_COMM_ABORT;
-                hdr.comm = comms[0];
-                hdr.sig = [comms[1], comms[2]];
-                st.queue(peer, OutFrame::control(hdr));
+                st.queue(peer, OutFrame::control(comm_abort_frame(comms)));
             }
         }
         // Threads of this rank waiting on the communicator, in the engine or outside it.

@@ -128,6 +128,16 @@ pub(super) fn abort_frame(
     hdr
 }
 
+/// The frame that tells a peer this rank aborted the communicators `comms` (an id and the
+/// ids of its host and leader tiers, 0 for none).
+pub(super) fn comm_abort_frame(comms: [u64; 3]) -> FrameHeader {
+    let mut hdr = FrameHeader::new(FrameKind::Abort);
+    hdr.flags = FLAG_COMM_ABORT;
+    hdr.comm = comms[0];
+    hdr.sig = [comms[1], comms[2]];
+    hdr
+}
+
 impl Protocol<'_> {
     /// Dispatches the header of a frame from world rank `peer`; an error when the peer broke
     /// the protocol (the engine then drops it).

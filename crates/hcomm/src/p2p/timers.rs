@@ -50,11 +50,9 @@ impl Timers {
         if self.next.is_none_or(|next| now < next) {
             return None;
         }
-        ids.iter().copied().find(|id| {
-            self.due
-                .iter()
-                .any(|&(o, at)| o == *id && now >= at)
-        })
+        ids.iter()
+            .copied()
+            .find(|id| self.due.iter().any(|&(o, at)| o == *id && now >= at))
     }
 
     /// Every armed operation whose deadline passed at `now`, earliest deadline first (for
