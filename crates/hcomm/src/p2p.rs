@@ -24,6 +24,7 @@
 //!
 //! The engine by concern: `matching` (posted receives and unexpected messages),
 //! `rendezvous` (eager or rendezvous per message), `calls` (signatures, mismatches, aborts),
+//! `dispatch` (what each arriving frame means, sans I/O), `timers` (deadlines, sans I/O),
 //! `requests` (operations), `lease` (the memory they use), `progress` (one turn over the links, the
 //! background thread, lost peers), `wait` (how waiters spin, yield and sleep), `watch` (dead
 //! and hung peers), `inline` (the short cuts of small messages), and `link`: the [`Link`]
