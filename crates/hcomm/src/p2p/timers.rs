@@ -8,6 +8,7 @@
 //! timers when it leaves the engine. [`Timers`] reads no clock: its unit tests, and the test
 //! `Pair` of `sansio_tests.rs`, pass instants of their own.
 
+use rustc_hash::FxHashMap as HashMap;
 use std::time::Instant;
 
 use super::OpId;
@@ -15,44 +16,46 @@ use super::OpId;
 /// The armed deadlines of operations.
 #[derive(Debug, Default)]
 pub(super) struct Timers {
-    /// Each armed operation with its deadline (few: the operations of the waits under way).
-    due: Vec<(OpId, Instant)>,
-    /// The earliest deadline: a look before it costs one comparison.
+    /// Each armed operation's deadline (the operations of the waits under way: a collective's
+    /// wait arms every operation of its schedule).
+    due: HashMap<OpId, Instant>,
+    /// No deadline is earlier: a look before it costs one comparison. It may be earlier than
+    /// every deadline left (after a disarm or a later re-arm); the next look past it finds
+    /// none expired and moves it up.
     next: Option<Instant>,
 }
 
 impl Timers {
     /// Operation `id` gives up at `at` (replacing a deadline it had).
+    #[inline]
     pub(super) fn arm(&mut self, id: OpId, at: Instant) {
-        match self.due.iter_mut().find(|(o, _)| *o == id) {
-            Some(d) => d.1 = at,
-            None => self.due.push((id, at)),
-        }
-        self.next = self.due.iter().map(|d| d.1).min();
+        self.due.insert(id, at);
+        self.next = Some(self.next.map_or(at, |n| n.min(at)));
     }
 
     /// Operation `id` waits no more (it completed, was taken back, or left the engine).
     #[inline]
     pub(super) fn disarm(&mut self, id: OpId) {
-        if self.due.is_empty() {
-            return;
-        }
-        let before = self.due.len();
-        self.due.retain(|(o, _)| *o != id);
-        if self.due.len() != before {
-            self.next = self.due.iter().map(|d| d.1).min();
+        if !self.due.is_empty() && self.due.remove(&id).is_some() && self.due.is_empty() {
+            self.next = None;
         }
     }
 
     /// The first of `ids` whose deadline passed at `now`.
     #[inline]
-    pub(super) fn expired(&self, now: Instant, ids: &[OpId]) -> Option<OpId> {
+    pub(super) fn expired(&mut self, now: Instant, ids: &[OpId]) -> Option<OpId> {
         if self.next.is_none_or(|next| now < next) {
             return None;
         }
-        ids.iter()
+        let late = ids
+            .iter()
             .copied()
-            .find(|id| self.due.iter().any(|&(o, at)| o == *id && now >= at))
+            .find(|id| self.due.get(id).is_some_and(|&at| now >= at));
+        if late.is_none() && self.due.values().all(|&at| now < at) {
+            // Only deadlines still to come: the next look past the earliest of them.
+            self.next = self.due.values().copied().min();
+        }
+        late
     }
 
     /// Every armed operation whose deadline passed at `now`, earliest deadline first (for
@@ -62,7 +65,7 @@ impl Timers {
         let mut due: Vec<(OpId, Instant)> = self
             .due
             .iter()
-            .copied()
+            .map(|(&o, &at)| (o, at))
             .filter(|&(_, at)| now >= at)
             .collect();
         due.sort_by_key(|&(o, at)| (at, o));
