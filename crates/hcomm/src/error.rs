@@ -110,7 +110,8 @@ pub struct Operation {
     /// (the same on every rank); a point-to-point call's counts this rank's calls of its
     /// direction on the communicator from 1, sends (send, isend, the send of a sendrecv) and
     /// receives (recv, recv_any, irecv, the receive of a sendrecv) apart, in the order they
-    /// were started (a call refused for its arguments takes no number). `None` for the
+    /// were started (a call refused for its arguments takes no number; calls started at the
+    /// same time by several threads on one communicator may share one). `None` for the
     /// messages the library exchanges itself.
     pub seq: Option<u64>,
 }
