@@ -99,14 +99,20 @@ impl PeerRank {
     }
 }
 
-/// The operation an error concerns: its name (`send`, `recv`, `allreduce`, ...) and, for a
-/// collective, its sequence number on the communicator where known.
+/// The operation an error concerns: its name (`send`, `recv`, `allreduce`, ...) and its
+/// sequence number on the communicator where known (a collective's; a point-to-point call's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Operation {
     /// The operation's name: `send`, `recv`, or a collective's name (`allreduce`, ...).
     pub name: &'static str,
-    /// The collective's sequence number on its communicator (the tag of its messages).
+    /// The sequence number on its communicator: a collective's is the tag of its messages
+    /// (the same on every rank); a point-to-point call's counts this rank's calls of its
+    /// direction on the communicator from 1, sends (send, isend, the send of a sendrecv) and
+    /// receives (recv, recv_any, irecv, the receive of a sendrecv) apart, in the order they
+    /// were started (a call refused for its arguments takes no number; calls started at the
+    /// same time by several threads on one communicator may share one). `None` for the
+    /// messages the library exchanges itself.
     pub seq: Option<u64>,
 }
 
@@ -116,7 +122,7 @@ impl Operation {
         Operation { name, seq: None }
     }
 
-    /// The collective `name` with sequence number `seq` on its communicator.
+    /// The operation `name` with sequence number `seq` on its communicator.
     pub fn seq(name: &'static str, seq: u64) -> Operation {
         Operation {
             name,

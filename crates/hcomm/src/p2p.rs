@@ -24,6 +24,7 @@
 //!
 //! The engine by concern: `matching` (posted receives and unexpected messages),
 //! `rendezvous` (eager or rendezvous per message), `calls` (signatures, mismatches, aborts),
+//! `dispatch` (what each arriving frame means, sans I/O), `timers` (deadlines, sans I/O),
 //! `requests` (operations), `lease` (the memory they use), `progress` (one turn over the links, the
 //! background thread, lost peers), `wait` (how waiters spin, yield and sleep), `watch` (dead
 //! and hung peers), `inline` (the short cuts of small messages), and `link`: the [`Link`]
@@ -45,6 +46,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{epoll, eventfd, EventfdFlags};
 
 mod calls;
+mod dispatch;
 mod inline;
 pub(crate) mod lease;
 mod link;
@@ -56,6 +58,7 @@ mod requests;
 mod sansio_tests;
 #[cfg(test)]
 mod tests;
+mod timers;
 pub(crate) mod wait;
 mod watch;
 
@@ -75,6 +78,7 @@ use link::{AnyLink, Link, Links};
 use matching::Matching;
 use progress::progress_thread;
 use rendezvous::Rendezvous;
+use timers::Timers;
 use wait::{poll, timespec};
 
 /// Identifies an operation inside the engine.
@@ -276,9 +280,26 @@ pub(crate) struct Target {
     /// Signature of the operation (zero for plain point-to-point): a receive only matches a
     /// message with the same signature; any other is a mismatch.
     pub sig: [u64; 2],
+    /// The point-to-point call's number on its communicator at this rank, which its errors
+    /// name (`Operation::seq`): sends and receives are numbered apart, from 1; 0 for the
+    /// messages of collectives and of the library's own exchanges, which are not numbered.
+    pub seq: u64,
 }
 
 impl Target {
+    /// The operation `kind` with this target, for errors: named, and numbered when its call
+    /// is.
+    fn operation(&self, kind: OpKind) -> Operation {
+        let name = match kind {
+            OpKind::Send => "send",
+            OpKind::Recv => "recv",
+        };
+        match self.seq {
+            0 => Operation::new(name),
+            n => Operation::seq(name, n),
+        }
+    }
+
     /// The matching key of its messages.
     fn key(&self) -> MatchKey {
         MatchKey {
@@ -334,10 +355,7 @@ fn rank_name(comm_rank: usize) -> String {
 impl Op {
     /// The operation, for errors.
     fn operation(&self) -> Operation {
-        match self.kind {
-            OpKind::Send => Operation::new("send"),
-            OpKind::Recv => Operation::new("recv"),
-        }
+        self.target.operation(self.kind)
     }
 
     fn describe(&self) -> String {
@@ -494,6 +512,8 @@ struct State {
     rndv: Rendezvous,
     /// Collective calls, mismatches and aborts.
     calls: Calls,
+    /// The deadlines of the operations being waited for.
+    timers: Timers,
     /// Operations completed since the last look (to wake other waiters).
     completions: usize,
     /// A failing peer's links are being read to their end.
@@ -689,6 +709,7 @@ impl Engine {
                 sources: HashMap::default(),
                 rndv,
                 calls: Calls::new(describe, Arc::clone(&late_news)),
+                timers: Timers::default(),
                 completions: 0,
                 sent: Vec::new(),
                 draining: false,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use hcomm::{CollKind, Shape, VLayout};
-use hcomm::{Communicator, Config, DataType, Error, ReduceOp};
+use hcomm::{Communicator, Config, DataType, Error, Operation, ReduceOp};
 
 fn world() -> Communicator {
     Communicator::init_with(Config::from_lookup(|_| None).unwrap()).unwrap()
@@ -108,6 +108,39 @@ fn self_messages_and_truncation() {
     let e = comm.recv(&mut buf, 0, 9).unwrap_err();
     assert!(matches!(e, Error::Truncated(_)), "{e}");
     assert_eq!(e.code(), hcomm::ErrorCode::Truncated);
+}
+
+#[test]
+fn a_point_to_point_error_names_its_call_by_direction_and_number() {
+    let comm = Communicator::init_with(
+        Config::from_lookup(|k| (k == "HCOMM_TIMEOUT").then(|| "0.2".to_string())).unwrap(),
+    )
+    .unwrap();
+    let mut buf = [0u8; 4];
+    for _ in 0..4 {
+        comm.send(b"1234", 0, 1).unwrap();
+    }
+    comm.recv(&mut buf, 0, 1).unwrap();
+    let mut exchanged = [0u8; 4];
+    comm.sendrecv(b"5678", 0, 2, &mut exchanged, 0, 2).unwrap();
+    // Sends and receives are numbered apart: after five sends, this is the 3rd receive.
+    let e = comm.recv(&mut [0u8; 2], 0, 1).unwrap_err();
+    assert!(matches!(e, Error::Truncated(_)), "{e}");
+    assert_eq!(e.operation(), Some(Operation::seq("recv", 3)));
+    // A nonblocking receive takes the next number, and its error names it when collected.
+    let e = comm.irecv(vec![0; 2], 0, 1).unwrap().wait().unwrap_err();
+    assert!(matches!(e, Error::Truncated(_)), "{e}");
+    assert_eq!(e.operation(), Some(Operation::seq("recv", 4)));
+    // The 6th receive waits for a message nobody sends.
+    comm.recv(&mut buf, 0, 1).unwrap();
+    let e = comm.recv(&mut buf, 0, 9).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert_eq!(e.operation(), Some(Operation::seq("recv", 6)));
+    // A call refused for its arguments takes no number.
+    assert!(comm.send(b"x", 1, 0).is_err());
+    comm.send(b"1234", 0, 3).unwrap();
+    let e = comm.recv(&mut [0u8; 1], 0, 3).unwrap_err();
+    assert_eq!(e.operation(), Some(Operation::seq("recv", 7)));
 }
 
 #[test]

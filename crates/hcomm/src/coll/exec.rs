@@ -55,6 +55,7 @@ impl Call<'_> {
             comm_rank: peer,
             tag: self.tag,
             sig: self.sig,
+            seq: 0,
         })
     }
 

@@ -7,15 +7,16 @@
 
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
-use crate::transport::wire::{FrameHeader, FrameKind, FLAG_COMM_ABORT, FLAG_MISMATCH};
+use crate::transport::wire::FrameHeader;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::dispatch::{abort_frame, comm_abort_frame};
 use super::matching::Stranger;
 use super::progress::tell_launcher;
-use super::{Engine, OpId, OutFrame, State, Target};
+use super::{Engine, OpId, OpKind, OutFrame, State, Target};
 
 /// Recent calls remembered for mismatch detection.
 const CALL_MEMORY: usize = 4096;
@@ -312,7 +313,7 @@ impl Engine {
         };
         let mut told: Vec<usize> = Vec::new();
         for t in targets {
-            if !told.contains(&t.peer) && st.live_peer(t).is_ok() {
+            if !told.contains(&t.peer) && st.live_peer(t, OpKind::Send).is_ok() {
                 told.push(t.peer);
                 st.send_abort(*t, mismatch, lost);
             }
@@ -336,11 +337,7 @@ impl Engine {
                 if peer == st.cfg.rank {
                     continue;
                 }
-                let mut hdr = FrameHeader::new(FrameKind::Abort);
-                hdr.flags = FLAG_COMM_ABORT;
-                hdr.comm = comms[0];
-                hdr.sig = [comms[1], comms[2]];
-                st.queue(peer, OutFrame::control(hdr));
+                st.queue(peer, OutFrame::control(comm_abort_frame(comms)));
             }
         }
         // Threads of this rank waiting on the communicator, in the engine or outside it.
@@ -369,14 +366,7 @@ impl State {
         if t.peer == self.cfg.rank {
             return;
         }
-        let mut hdr = FrameHeader::new(FrameKind::Abort);
-        if mismatch {
-            hdr.flags = FLAG_MISMATCH;
-        }
-        hdr.msg_id = lost.map_or(0, |l| l as u64 + 1);
-        hdr.comm = t.comm;
-        hdr.tag = t.tag;
-        hdr.sig = t.sig;
+        let hdr = abort_frame(t.comm, t.tag, t.sig, mismatch, lost);
         self.queue(t.peer, OutFrame::control(hdr));
     }
 
@@ -397,6 +387,7 @@ impl State {
             comm_rank: peer,
             tag: hdr.tag,
             sig: ours,
+            seq: 0,
         };
         self.send_abort(t, true, None);
     }
@@ -459,6 +450,7 @@ impl State {
                 comm_rank: peer,
                 tag,
                 sig,
+                seq: 0,
             },
             true,
             None,

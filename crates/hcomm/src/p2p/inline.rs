@@ -15,7 +15,7 @@ impl State {
     /// its link has an inline slot with room and nothing is queued before it; returns
     /// whether it did (then the send is complete). An error when the peer cannot be reached.
     pub(super) fn send_fast(&mut self, t: &Target, data: &[u8]) -> Result<bool> {
-        self.live_peer(t)?;
+        self.live_peer(t, OpKind::Send)?;
         let Some(link) = self.links.primary_mut(t.peer) else {
             return Ok(false);
         };
@@ -64,7 +64,7 @@ impl State {
         if hdr.comm != t.comm || hdr.tag != t.tag || hdr.sig != t.sig || len > cap {
             return None;
         }
-        if self.live_peer(t).is_err() || !self.matching.idle(&t.key()) {
+        if self.live_peer(t, OpKind::Recv).is_err() || !self.matching.idle(&t.key()) {
             return None;
         }
         let peer = self.peers.get_mut(t.peer)?.as_mut()?;

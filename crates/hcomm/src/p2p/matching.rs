@@ -19,7 +19,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use super::requests::{op_slice, truncated};
-use super::{BufPtr, Dest, MatchKey, OpId, OpKind, State, Target, ANY_PEER};
+use super::{BufPtr, MatchKey, OpId, OpKind, State, Target, ANY_PEER};
 
 /// A posted receive, as matching sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -554,7 +554,7 @@ impl State {
     ) -> Result<OpId> {
         let key = t.key();
         if !self.matching.has_unexpected(&key) || self.calls.is_aborted(t.comm, t.tag) {
-            self.live_peer(&t)?;
+            self.live_peer(&t, OpKind::Recv)?;
         }
         let id = self.new_op(OpKind::Recv, t, buf, cap, asynchronous);
         let r = Recv {
@@ -576,7 +576,7 @@ impl State {
     }
 
     /// Binds receive-from-any-source `id` to world rank `peer`, its message's sender.
-    fn bind(&mut self, id: OpId, peer: usize) {
+    pub(super) fn bind(&mut self, id: OpId, peer: usize) {
         let Some(op) = self.ops.get_mut(&id) else {
             return;
         };
@@ -592,6 +592,11 @@ impl State {
     /// complete: its communicator or call was aborted, a member was lost (it may have been
     /// the sender: ULFM's rule), or every other member has finalized.
     pub(super) fn live_any(&self, t: &Target, members: &[usize]) -> Result<()> {
+        self.any_ready(t, members)
+            .map_err(|e| e.with_operation(t.operation(OpKind::Recv)))
+    }
+
+    fn any_ready(&self, t: &Target, members: &[usize]) -> Result<()> {
         self.calls.check(t)?;
         let mut others = 0;
         let mut gone = 0;
@@ -685,29 +690,26 @@ impl State {
         }
     }
 
-    /// Carries out what matching decided; returns where an arriving payload goes (`None`:
-    /// nowhere, or nothing arrives).
-    pub(super) fn matched(&mut self, m: Matched) -> Option<Dest> {
+    /// Carries out what matching decided (where an arriving payload goes is
+    /// `dispatch::payload_dest`'s answer).
+    pub(super) fn matched(&mut self, m: Matched) {
         match m {
-            Matched::Queued | Matched::Claimed { .. } => None,
-            Matched::Held { uid } => Some(Dest::Unexpected(uid)),
-            Matched::Foreign => Some(Dest::Discard),
-            Matched::Eager { id, .. } => Some(Dest::Op { op: id, base: 0 }),
+            Matched::Queued
+            | Matched::Claimed { .. }
+            | Matched::Held { .. }
+            | Matched::Foreign
+            | Matched::Eager { .. } => {}
             Matched::Rts {
                 id,
                 msg_id,
                 len,
                 pull,
-            } => {
-                self.match_rts(id, msg_id, len, pull);
-                None
-            }
+            } => self.match_rts(id, msg_id, len, pull),
             Matched::Truncated { id, len } => {
                 if let Some(op) = self.ops.get(&id) {
                     let err = truncated(op, len);
                     self.complete(id, Err(err));
                 }
-                Some(Dest::Discard)
             }
             Matched::Mismatch { id, theirs, refuse } => {
                 if let (Some(msg_id), Some(op)) = (refuse, self.ops.get(&id)) {
@@ -715,7 +717,6 @@ impl State {
                     self.refuse_rts(peer, msg_id);
                 }
                 self.mismatch(id, theirs);
-                Some(Dest::Discard)
             }
             Matched::Deliver { id, data } => {
                 if let Some(op) = self.ops.get_mut(&id) {
@@ -724,7 +725,6 @@ impl State {
                     }
                     self.complete(id, Ok(data.len()));
                 }
-                None
             }
         }
     }

@@ -4,21 +4,16 @@
 use crate::config::Backoff;
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
-use crate::transport::wire::{
-    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_MISMATCH,
-};
+use crate::transport::wire::{FrameHeader, FrameKind};
 use rustix::event::epoll;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::calls::Abandoned;
+use super::dispatch::{Landed, Protocol, Step};
 use super::link::{untoken, AnyLink, Dests, Link, Rx};
-use super::matching::{Arrival, Matched};
-use super::rendezvous::{Cleared, Landing};
+use super::rendezvous::Cleared;
 use super::wait::poll;
-use super::{
-    Dest, Engine, MatchKey, OpId, Shared, State, GRACE, LISTEN_TOKEN, SHM_WAKE_TOKEN, WAKE_TOKEN,
-};
+use super::{Dest, Engine, OpId, Shared, State, GRACE, LISTEN_TOKEN, SHM_WAKE_TOKEN, WAKE_TOKEN};
 use crate::transport::shm::link::Inbox;
 use crate::transport::tcp::Ready;
 
@@ -442,8 +437,21 @@ impl State {
         }
     }
 
-    /// Dispatches a frame header; returns where the frame's payload goes (`None`: the frame
-    /// is handled), or why the peer must be dropped.
+    /// The protocol state a frame acts on (see `dispatch.rs`).
+    #[inline]
+    fn protocol(&mut self) -> Protocol<'_> {
+        Protocol {
+            matching: &mut self.matching,
+            rndv: &mut self.rndv,
+            calls: &self.calls,
+            me: self.cfg.rank,
+            size: self.peers.len(),
+        }
+    }
+
+    /// Dispatches a frame header (the decision is `Protocol::on_header`'s) and carries out
+    /// its step; returns where the frame's payload goes (`None`: the frame is handled), or
+    /// why the peer must be dropped.
     pub(super) fn on_header(
         &mut self,
         peer: usize,
@@ -452,109 +460,61 @@ impl State {
         if let Some(p) = self.peers[peer].as_mut() {
             p.heard = p.heard.wrapping_add(1);
         }
-        let key = MatchKey {
-            comm: hdr.comm,
-            peer,
-            tag: hdr.tag,
-        };
-        match hdr.kind {
-            FrameKind::Eager | FrameKind::Rts => {
-                let what = if hdr.kind == FrameKind::Eager {
-                    Arrival::Eager {
-                        len: hdr.len as usize,
-                    }
-                } else {
-                    Arrival::Rts {
-                        msg_id: hdr.msg_id,
-                        len: usize::try_from(hdr.len)
-                            .map_err(|_| "it announced a message too large for this host")?,
-                        pull: (hdr.flags & FLAG_CAN_PULL != 0).then_some(hdr.offset),
-                    }
-                };
-                let calls = &self.calls;
-                let matched = self
-                    .matching
-                    .arrive(key, hdr.sig, what, || calls.foreign(&hdr));
-                self.bind_matched();
-                if matched == Matched::Foreign {
-                    if hdr.kind == FrameKind::Rts {
-                        self.refuse_rts(peer, hdr.msg_id);
-                    }
+        let step = self.protocol().on_header(peer, &hdr)?;
+        let dest = step.dest();
+        match step {
+            Step::Message {
+                matched,
+                bound,
+                foreign,
+                refuse,
+                ..
+            } => {
+                if let Some((id, sender)) = bound {
+                    self.bind(id, sender);
+                }
+                if let Some(msg_id) = refuse {
+                    self.refuse_rts(peer, msg_id);
+                }
+                if foreign {
                     self.reject_message(peer, &hdr);
                 }
-                let dest = self.matched(matched);
-                Ok(dest.filter(|_| hdr.kind == FrameKind::Eager))
+                self.matched(matched);
             }
-            FrameKind::Cts => {
-                match self.rndv.on_cts(peer, &hdr)? {
-                    Cleared::Ignored => {}
-                    Cleared::Done { id, len } => self.complete(id, Ok(len)),
-                    Cleared::Send { id, .. } => self.send_data(peer, id, hdr.msg_id),
-                }
-                Ok(None)
-            }
-            FrameKind::Data => Ok(match self.rndv.on_data(peer, &hdr)? {
-                Landing::Into { id, offset } => Some(Dest::Op {
-                    op: id,
-                    base: offset,
-                }),
-                Landing::Discard => Some(Dest::Discard),
-                Landing::Nothing => None,
-            }),
-            FrameKind::Close => {
+            Step::Cleared(Cleared::Ignored) | Step::Data(_) | Step::Woken => {}
+            Step::Cleared(Cleared::Done { id, len }) => self.complete(id, Ok(len)),
+            Step::Cleared(Cleared::Send { id, .. }) => self.send_data(peer, id, hdr.msg_id),
+            Step::Goodbye => {
                 if let Some(p) = self.peers[peer].as_mut() {
                     p.closed = true;
                 }
-                Ok(None)
             }
-            // It only had to wake this rank up.
-            FrameKind::Wake => Ok(None),
-            FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
+            Step::CommAborted(comms) => {
                 let err = Error::aborted(format!(
                     "world rank {peer} aborted the communicator (Communicator::abort, \
                      hcommCommAbort); see that rank's output for why"
                 ))
                 .with_peer(PeerRank::world(peer));
-                for comm in [hdr.comm, hdr.sig[0], hdr.sig[1]] {
+                for comm in comms {
                     self.abort_comm(comm, err.clone());
                 }
-                Ok(None)
             }
-            FrameKind::Abort => {
-                let lost = hdr
-                    .msg_id
-                    .checked_sub(1)
-                    .and_then(|l| usize::try_from(l).ok())
-                    .filter(|&l| l < self.peers.len() && l != self.cfg.rank);
-                let a = Abandoned {
-                    peer,
-                    sig: hdr.sig,
-                    mismatch: hdr.flags & FLAG_MISMATCH != 0,
-                    lost,
-                };
-                self.on_abort(hdr.comm, hdr.tag, a);
-                Ok(None)
-            }
+            Step::Abandoned {
+                comm,
+                tag,
+                abandoned,
+            } => self.on_abort(comm, tag, abandoned),
         }
+        Ok(dest)
     }
 
-    /// A frame's payload has fully arrived.
+    /// A frame's payload has fully arrived (what it completes is `Protocol::on_payload`'s
+    /// answer).
     pub(super) fn on_payload(&mut self, peer: usize, hdr: FrameHeader, dest: Dest) {
-        match dest {
-            Dest::Discard => {}
-            Dest::Unexpected(uid) => {
-                if let Some(m) = self.matching.payload_done(uid) {
-                    self.matched(m);
-                }
-            }
-            Dest::Op { op: id, .. } => match hdr.kind {
-                FrameKind::Data => {
-                    if let Some((id, len)) = self.rndv.landed(peer, hdr.msg_id, hdr.len as usize) {
-                        self.complete(id, Ok(len));
-                    }
-                }
-                _ => self.complete(id, Ok(hdr.len as usize)),
-            },
+        match self.protocol().on_payload(peer, &hdr, dest) {
+            Landed::Nothing => {}
+            Landed::Matched(m) => self.matched(m),
+            Landed::Done { id, len } => self.complete(id, Ok(len)),
         }
     }
 

@@ -342,7 +342,7 @@ impl State {
         len: usize,
         asynchronous: bool,
     ) -> Result<OpId> {
-        self.live_peer(&t)?;
+        self.live_peer(&t, OpKind::Send)?;
         let id = self.new_op(OpKind::Send, t, buf, len, asynchronous);
         if t.peer == self.cfg.rank {
             self.send_to_self(id, t, buf, len);

@@ -275,7 +275,14 @@ impl State {
         id
     }
 
-    pub(super) fn live_peer(&self, t: &Target) -> Result<()> {
+    /// Whether operation `kind` with `t` may start: its call and communicator were not
+    /// aborted and its peer is reachable. The error names the operation.
+    pub(super) fn live_peer(&self, t: &Target, kind: OpKind) -> Result<()> {
+        self.peer_ready(t)
+            .map_err(|e| e.with_operation(t.operation(kind)))
+    }
+
+    fn peer_ready(&self, t: &Target) -> Result<()> {
         self.calls.check(t)?;
         if t.peer == self.cfg.rank {
             return Ok(());
@@ -306,6 +313,7 @@ impl State {
                 tracing::warn!("the {} of a dropped request failed: {e}", op.describe());
             }
             self.ops.remove(&id);
+            self.timers.disarm(id);
             return;
         }
         op.result = Some(result);
@@ -315,6 +323,7 @@ impl State {
     pub(super) fn take(&mut self, id: OpId) -> Option<Result<usize>> {
         self.ops.get(&id)?.result.as_ref()?;
         let op = self.ops.remove(&id)?;
+        self.timers.disarm(id);
         if op.asynchronous {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
         }
@@ -370,6 +379,7 @@ impl State {
             r => err.with_peer(PeerRank::ranks(r, t.peer)),
         };
         self.disentangle(id);
+        self.timers.disarm(id);
         if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
         }

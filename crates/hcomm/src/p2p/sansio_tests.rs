@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::calls::{Abandoned, Calls};
+use super::dispatch::{abort_frame, comm_abort_frame, Landed, Protocol, Step};
 use super::matching::{Arrival, Matched, Matching, Recv};
-use super::rendezvous::{data_frames, Accepted, Cleared, Landing, Limits, Rendezvous, Route};
-use super::{MatchKey, OpId, Target};
+use super::rendezvous::{data_frames, Accepted, Cleared, Limits, Rendezvous, Route};
+use super::timers::Timers;
+use super::{Dest, MatchKey, OpId, Target};
 use crate::error::Error;
 use crate::transport::wire::{FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD};
 
@@ -58,6 +60,7 @@ fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
         comm_rank: peer,
         tag,
         sig,
+        seq: 0,
     }
 }
 
@@ -399,6 +402,9 @@ type Outcome = std::result::Result<usize, &'static str>;
 struct Node {
     matching: Matching,
     rndv: Rendezvous,
+    calls: Calls,
+    /// Deadlines of its receives.
+    timers: Timers,
     /// Send buffers by operation.
     sends: Vec<(OpId, Vec<u8>)>,
     /// Receive buffers by operation, with the target each came from.
@@ -407,6 +413,10 @@ struct Node {
     done: Vec<(OpId, Outcome)>,
     /// The id of the next operation.
     next_op: OpId,
+    /// The peer said goodbye.
+    peer_closed: bool,
+    /// The calls this rank failed over a peer's message or abort, with the error.
+    failed_calls: Vec<((u64, u32), Error)>,
 }
 
 /// Two ranks whose frames travel through in-memory queues, in order, as on one link.
@@ -416,8 +426,6 @@ struct Pair {
     wire: [VecDeque<(FrameHeader, Vec<u8>)>; 2],
     /// Injected time.
     now: Instant,
-    /// Deadlines of receives: `(rank, op, when)`.
-    deadlines: Vec<(usize, OpId, Instant)>,
 }
 
 impl Node {
@@ -425,15 +433,36 @@ impl Node {
         Node {
             matching: Matching::default(),
             rndv: Rendezvous::new(LIMITS, 2),
+            calls: Calls::new(|sig| format!("call {sig:?}"), Arc::default()),
+            timers: Timers::default(),
             sends: Vec::new(),
             recvs: Vec::new(),
             done: Vec::new(),
             next_op: 1,
+            peer_closed: false,
+            failed_calls: Vec::new(),
+        }
+    }
+
+    /// The machines a frame acts on, as the engine lends them (`State::protocol`).
+    fn protocol(&mut self, me: usize) -> Protocol<'_> {
+        Protocol {
+            matching: &mut self.matching,
+            rndv: &mut self.rndv,
+            calls: &self.calls,
+            me,
+            size: 2,
         }
     }
 
     fn outcome(&self, id: OpId) -> Option<Outcome> {
         self.done.iter().find(|(o, _)| *o == id).map(|(_, r)| *r)
+    }
+
+    /// Operation `id` is over: it waits no more.
+    fn finish(&mut self, id: OpId, outcome: Outcome) {
+        self.timers.disarm(id);
+        self.done.push((id, outcome));
     }
 
     fn recv_buf(&mut self, id: OpId) -> Option<&mut Vec<u8>> {
@@ -446,6 +475,23 @@ impl Node {
     fn send_buf(&self, id: OpId) -> &[u8] {
         &self.sends.iter().find(|(o, _)| *o == id).expect("a send").1
     }
+
+    /// Fails call `(comm, tag)` with `err`: its receives not complete yet fail (as
+    /// `State::fail_call`).
+    fn fail_call(&mut self, comm: u64, tag: u32, err: Error) {
+        let pending: Vec<(OpId, Target)> = self
+            .recvs
+            .iter()
+            .filter(|(id, t, _)| t.comm == comm && t.tag == tag && self.outcome(*id).is_none())
+            .map(|(id, t, _)| (*id, *t))
+            .collect();
+        for (id, t) in pending {
+            self.matching.withdraw(&t.key(), id);
+            self.rndv.abandon_recv(id);
+            self.finish(id, Err("aborted"));
+        }
+        self.failed_calls.push(((comm, tag), err));
+    }
 }
 
 impl Pair {
@@ -454,16 +500,27 @@ impl Pair {
             nodes: [Node::new(), Node::new()],
             wire: [VecDeque::new(), VecDeque::new()],
             now: Instant::now(),
-            deadlines: Vec::new(),
         }
     }
 
     /// Rank `from` sends `data` with tag `tag`; returns the operation.
     fn send(&mut self, from: usize, tag: u32, data: Vec<u8>, route: Route) -> OpId {
+        self.send_sig(from, tag, [0; 2], data, route)
+    }
+
+    /// Rank `from` sends `data` with tag `tag` and signature `sig`; returns the operation.
+    fn send_sig(
+        &mut self,
+        from: usize,
+        tag: u32,
+        sig: [u64; 2],
+        data: Vec<u8>,
+        route: Route,
+    ) -> OpId {
         let n = &mut self.nodes[from];
         let id = n.next_op;
         n.next_op += 1;
-        let t = target(1 - from, tag, [0; 2]);
+        let t = target(1 - from, tag, sig);
         let (hdr, eager) = n.rndv.send(id, &t, data.len(), 0, route);
         let payload = if eager { data.clone() } else { Vec::new() };
         if eager {
@@ -476,14 +533,28 @@ impl Pair {
 
     /// Rank `at` posts a receive of `cap` bytes for tag `tag`, due by `deadline` from now.
     fn recv(&mut self, at: usize, tag: u32, cap: usize, deadline: Option<Duration>) -> OpId {
+        self.recv_sig(at, tag, [0; 2], cap, deadline)
+    }
+
+    /// Rank `at` posts a receive of `cap` bytes for tag `tag` and signature `sig`, due by
+    /// `deadline` from now.
+    fn recv_sig(
+        &mut self,
+        at: usize,
+        tag: u32,
+        sig: [u64; 2],
+        cap: usize,
+        deadline: Option<Duration>,
+    ) -> OpId {
+        let now = self.now;
         let n = &mut self.nodes[at];
         let id = n.next_op;
         n.next_op += 1;
-        let t = target(1 - at, tag, [0; 2]);
+        let t = target(1 - at, tag, sig);
         n.recvs.push((id, t, vec![0; cap]));
-        let m = n.matching.post(t.key(), recv(id, cap));
+        let m = n.matching.post(t.key(), Recv { id, sig, cap });
         if let Some(d) = deadline {
-            self.deadlines.push((at, id, self.now + d));
+            n.timers.arm(id, now + d);
         }
         self.matched(at, m, None);
         id
@@ -497,8 +568,13 @@ impl Pair {
             Matched::Queued | Matched::Claimed { .. } | Matched::Foreign => {}
             Matched::Held { uid } => {
                 if let Some(data) = payload {
-                    let m = land(&mut n.matching, uid, data);
-                    if let Some(m) = m {
+                    if let Some(dst) = n.matching.payload(uid, 0, data.len()) {
+                        dst.copy_from_slice(data);
+                    }
+                    let hdr = FrameHeader::new(FrameKind::Eager);
+                    if let Landed::Matched(m) =
+                        n.protocol(at).on_payload(peer, &hdr, Dest::Unexpected(uid))
+                    {
                         self.matched(at, m, None);
                     }
                 }
@@ -506,15 +582,15 @@ impl Pair {
             Matched::Eager { id, len } => {
                 let data = payload.expect("an eager payload");
                 n.recv_buf(id).expect("a receive")[..len].copy_from_slice(data);
-                n.done.push((id, Ok(len)));
+                n.finish(id, Ok(len));
             }
             Matched::Deliver { id, data } => {
                 n.recv_buf(id).expect("a receive")[..data.len()].copy_from_slice(&data);
-                n.done.push((id, Ok(data.len())));
+                n.finish(id, Ok(data.len()));
             }
-            Matched::Truncated { id, .. } => n.done.push((id, Err("truncated"))),
+            Matched::Truncated { id, .. } => n.finish(id, Err("truncated")),
             Matched::Mismatch { id, refuse, .. } => {
-                n.done.push((id, Err("mismatch")));
+                n.finish(id, Err("mismatch"));
                 if let Some(msg_id) = refuse {
                     self.wire[peer].push_back((Rendezvous::refuse(msg_id), Vec::new()));
                 }
@@ -528,7 +604,7 @@ impl Pair {
                 let cap = n.recv_buf(id).expect("a receive").len();
                 match n.rndv.accept(peer, msg_id, id, (cap, len), pull) {
                     Accepted::Truncated { cts } => {
-                        n.done.push((id, Err("truncated")));
+                        n.finish(id, Err("truncated"));
                         self.wire[peer].push_back((cts, Vec::new()));
                     }
                     Accepted::Data { cts } => self.wire[peer].push_back((cts, Vec::new())),
@@ -538,75 +614,91 @@ impl Pair {
         }
     }
 
-    /// Delivers the next frame in flight to rank `at`; whether there was one.
+    /// Delivers the next frame in flight to rank `at` through its protocol's dispatch
+    /// (`Protocol::on_header`), carrying out the step as the engine does; whether there was
+    /// one.
     fn step(&mut self, at: usize) -> std::result::Result<bool, String> {
         let Some((hdr, payload)) = self.wire[at].pop_front() else {
             return Ok(false);
         };
         let peer = 1 - at;
         let n = &mut self.nodes[at];
-        match hdr.kind {
-            FrameKind::Eager | FrameKind::Rts => {
-                let what = if hdr.kind == FrameKind::Eager {
-                    eager(hdr.len as usize)
-                } else {
-                    Arrival::Rts {
-                        msg_id: hdr.msg_id,
-                        len: hdr.len as usize,
-                        pull: None,
-                    }
-                };
-                let k = MatchKey {
-                    comm: hdr.comm,
-                    peer,
-                    tag: hdr.tag,
-                };
-                let m = n.matching.arrive(k, hdr.sig, what, never);
-                self.matched(at, m, Some(&payload));
+        let step = n.protocol(at).on_header(peer, &hdr)?;
+        let dest = step.dest();
+        match step {
+            Step::Message {
+                matched,
+                foreign,
+                refuse,
+                ..
+            } => {
+                if let Some(msg_id) = refuse {
+                    self.wire[peer].push_back((Rendezvous::refuse(msg_id), Vec::new()));
+                }
+                if foreign {
+                    let n = &mut self.nodes[at];
+                    let ours = n.calls.ours(hdr.comm, hdr.tag).expect("a call of ours");
+                    let err = n.calls.mismatch(ours, "the peer", hdr.sig);
+                    n.fail_call(hdr.comm, hdr.tag, err);
+                    let abort = abort_frame(hdr.comm, hdr.tag, ours, true, None);
+                    self.wire[peer].push_back((abort, Vec::new()));
+                }
+                let carried = dest.map(|_| &payload[..]);
+                self.matched(at, matched, carried);
             }
-            FrameKind::Cts => match n.rndv.on_cts(peer, &hdr)? {
-                Cleared::Ignored => {}
-                Cleared::Done { id, len } => n.done.push((id, Ok(len))),
-                Cleared::Send { id, len } => {
-                    for f in data_frames(id, hdr.msg_id, len, CHUNK) {
-                        let h = FrameHeader::decode(&f.hdr).expect("a data header");
-                        let bytes = n.send_buf(id)[f.off..f.off + f.len].to_vec();
-                        self.wire[peer].push_back((h, bytes));
-                    }
-                    // The frames are handed over: the send is done.
-                    n.done.push((id, Ok(len)));
+            Step::Cleared(Cleared::Ignored) | Step::Woken => {}
+            Step::Cleared(Cleared::Done { id, len }) => n.finish(id, Ok(len)),
+            Step::Cleared(Cleared::Send { id, len }) => {
+                for f in data_frames(id, hdr.msg_id, len, CHUNK) {
+                    let h = FrameHeader::decode(&f.hdr).expect("a data header");
+                    let bytes = n.send_buf(id)[f.off..f.off + f.len].to_vec();
+                    self.wire[peer].push_back((h, bytes));
                 }
-            },
-            FrameKind::Data => match n.rndv.on_data(peer, &hdr)? {
-                Landing::Into { id, offset } => {
-                    let buf = n.recv_buf(id).expect("a receive");
-                    buf[offset..offset + payload.len()].copy_from_slice(&payload);
-                    if let Some((id, len)) = n.rndv.landed(peer, hdr.msg_id, payload.len()) {
-                        n.done.push((id, Ok(len)));
+                // The frames are handed over: the send is done.
+                n.finish(id, Ok(len));
+            }
+            Step::Data(_) => {
+                if let Some(Dest::Op { op, base }) = dest {
+                    let buf = n.recv_buf(op).expect("a receive");
+                    buf[base..base + payload.len()].copy_from_slice(&payload);
+                }
+                if let Some(dest) = dest {
+                    if let Landed::Done { id, len } = n.protocol(at).on_payload(peer, &hdr, dest) {
+                        n.finish(id, Ok(len));
                     }
                 }
-                Landing::Discard | Landing::Nothing => {}
-            },
-            other => panic!("these tests send no {other:?} frame"),
+            }
+            Step::Goodbye => n.peer_closed = true,
+            Step::CommAborted(comms) => {
+                for comm in comms {
+                    n.calls.abort_comm(comm, Error::aborted("the peer aborted"));
+                }
+            }
+            Step::Abandoned {
+                comm,
+                tag,
+                abandoned,
+            } => {
+                if let Some(err) = n.calls.on_abort(comm, tag, abandoned) {
+                    n.fail_call(comm, tag, err);
+                }
+            }
         }
         Ok(true)
     }
 
-    /// Time passes: receives past their deadline are taken back, as the engine's wait does.
+    /// Time passes: receives past their deadline are taken back, as the engine's wait does
+    /// when its timers say they expired.
     fn advance(&mut self, by: Duration) {
         self.now += by;
         let now = self.now;
-        let (due, keep): (Vec<_>, Vec<_>) = self.deadlines.drain(..).partition(|d| d.2 <= now);
-        self.deadlines = keep;
-        for (at, id, _) in due {
-            let n = &mut self.nodes[at];
-            if n.outcome(id).is_some() {
-                continue;
+        for n in &mut self.nodes {
+            for id in n.timers.all_expired(now) {
+                let t = n.recvs.iter().find(|r| r.0 == id).expect("a receive").1;
+                n.matching.withdraw(&t.key(), id);
+                n.rndv.abandon_recv(id);
+                n.finish(id, Err("timeout"));
             }
-            let t = n.recvs.iter().find(|r| r.0 == id).expect("a receive").1;
-            n.matching.withdraw(&t.key(), id);
-            n.rndv.abandon_recv(id);
-            n.done.push((id, Err("timeout")));
         }
     }
 
@@ -1091,6 +1183,152 @@ fn a_rendezvous_of_another_call_is_refused_and_fails_the_receive_on_the_other_ma
     // The refusal completes the sender without any data sent.
     assert_eq!(p.nodes[0].outcome(s), Some(Ok(100)));
     assert!(p.wire.iter().all(VecDeque::is_empty));
+}
+
+#[test]
+fn a_message_of_another_call_fails_both_machines_calls_through_the_abort_it_draws() {
+    let (a, b) = ([1, 1], [2, 2]);
+    let mut p = Pair::new();
+    // The two ranks make different calls with tag 4; rank 0 waits for a message of its own.
+    p.nodes[0].calls.begin(COMM, 4, a).expect("rank 0's call");
+    p.nodes[1].calls.begin(COMM, 4, b).expect("rank 1's call");
+    let r0 = p.recv_sig(0, 4, a, 64, None);
+    // Its message reaches rank 1 before rank 1 posts anything: foreign, not kept.
+    let eager = p.send_sig(0, 4, a, bytes(8, 1), Route::Stream);
+    let rndv = p.send_sig(0, 4, a, bytes(100, 2), Route::Stream);
+    p.run();
+    let n1 = &p.nodes[1];
+    assert!(
+        n1.matching.idle(&key(0, 4)),
+        "nothing of the other call is held"
+    );
+    assert_eq!(n1.failed_calls.len(), 2, "each message fails the call");
+    assert!(matches!(
+        n1.failed_calls[0],
+        ((COMM, 4), Error::Mismatch(_))
+    ));
+    // The rendezvous was refused: the sender completes without sending data.
+    assert_eq!(p.nodes[0].outcome(eager), Some(Ok(8)));
+    assert_eq!(p.nodes[0].outcome(rndv), Some(Ok(100)));
+    // Rank 1's aborts reached rank 0: its call fails too, as a mismatch naming rank 1.
+    assert_eq!(p.nodes[0].outcome(r0), Some(Err("aborted")));
+    let (call, err) = &p.nodes[0].failed_calls[0];
+    assert_eq!(*call, (COMM, 4));
+    assert!(matches!(err, Error::Mismatch(_)), "{err:?}");
+    assert_eq!(err.peer().and_then(|r| r.world), Some(1));
+    assert!(p.nodes[0].calls.is_aborted(COMM, 4));
+    assert!(p.wire.iter().all(VecDeque::is_empty));
+}
+
+#[test]
+fn an_abort_naming_a_lost_rank_fails_the_call_there_and_a_communicator_abort_every_call() {
+    let sig = [3, 3];
+    let mut p = Pair::new();
+    p.nodes[1].calls.begin(COMM, 9, sig).expect("rank 1's call");
+    let r = p.recv_sig(1, 9, sig, 16, None);
+    // Rank 0 abandons the call saying it lost world rank 1, the receiver itself, which it
+    // cannot have lost: the call fails as aborted, with no rank named lost.
+    p.wire[1].push_back((abort_frame(COMM, 9, sig, false, Some(1)), Vec::new()));
+    p.run();
+    assert_eq!(p.nodes[1].outcome(r), Some(Err("aborted")));
+    let (_, err) = &p.nodes[1].failed_calls[0];
+    assert!(matches!(err, Error::Aborted(_)), "{err:?}");
+    assert_eq!(p.nodes[1].calls.last_lost(), None);
+    // A communicator abort fails later calls on that communicator before they start.
+    p.wire[1].push_back((comm_abort_frame([COMM, 0, 0]), Vec::new()));
+    p.run();
+    assert!(matches!(
+        p.nodes[1].calls.begin(COMM, 10, sig),
+        Err(Error::Aborted(_))
+    ));
+    p.nodes[1]
+        .calls
+        .begin(COMM + 1, 1, sig)
+        .expect("another communicator");
+}
+
+#[test]
+fn a_goodbye_comes_after_the_data_sent_before_it_and_a_wake_up_does_nothing() {
+    let mut p = Pair::new();
+    let data = bytes(6, 9);
+    p.send(0, 1, data.clone(), Route::Stream);
+    p.wire[1].push_back((FrameHeader::new(FrameKind::Wake), Vec::new()));
+    p.wire[1].push_back((FrameHeader::new(FrameKind::Close), Vec::new()));
+    p.step(1).expect("the message");
+    p.step(1).expect("the wake-up");
+    assert!(!p.nodes[1].peer_closed, "the goodbye is still in flight");
+    assert!(p.nodes[1].matching.has_unexpected(&key(0, 1)));
+    p.step(1).expect("the goodbye");
+    assert!(p.nodes[1].peer_closed);
+    // What came before the goodbye is still received.
+    let r = p.recv(1, 1, 8, None);
+    assert_eq!(p.nodes[1].outcome(r), Some(Ok(6)));
+    assert_eq!(p.nodes[1].recv_buf(r).expect("r")[..6], data[..]);
+}
+
+#[test]
+fn dispatch_answers_each_frame_kind_with_its_step_and_its_payloads_destination() {
+    let mut m = Matching::default();
+    let mut r = Rendezvous::new(LIMITS, 4);
+    let calls = Calls::new(|sig| format!("call {sig:?}"), Arc::default());
+    let mut proto = Protocol {
+        matching: &mut m,
+        rndv: &mut r,
+        calls: &calls,
+        me: 0,
+        size: 4,
+    };
+    let frame = |kind, tag, len| {
+        let mut h = FrameHeader::new(kind);
+        (h.comm, h.tag, h.len) = (COMM, tag, len);
+        h
+    };
+    // An eager message nobody waits for is held, its payload into the held message.
+    let step = proto
+        .on_header(1, &frame(FrameKind::Eager, 1, 5))
+        .expect("eager");
+    let Step::Message {
+        matched: Matched::Held { uid },
+        eager: true,
+        foreign: false,
+        refuse: None,
+        bound: None,
+    } = step
+    else {
+        panic!("held: {step:?}");
+    };
+    assert!(matches!(step.dest(), Some(Dest::Unexpected(u)) if u == uid));
+    // A request to send has no payload.
+    let mut rts = frame(FrameKind::Rts, 2, 500);
+    rts.msg_id = 3;
+    let step = proto.on_header(1, &rts).expect("rts");
+    assert!(matches!(step, Step::Message { eager: false, .. }));
+    assert!(step.dest().is_none());
+    // An abort names the lost rank only if it is another rank of the world.
+    for (lost, named) in [
+        (Some(2), Some(2)),
+        (Some(0), None),
+        (Some(4), None),
+        (None, None),
+    ] {
+        let step = proto
+            .on_header(1, &abort_frame(COMM, 1, [0; 2], true, lost))
+            .expect("abort");
+        let Step::Abandoned { abandoned, .. } = step else {
+            panic!("abandoned: {step:?}");
+        };
+        assert_eq!(
+            (abandoned.peer, abandoned.lost, abandoned.mismatch),
+            (1, named, true)
+        );
+    }
+    assert_eq!(
+        proto.on_header(1, &comm_abort_frame([COMM, 5, 6])),
+        Ok(Step::CommAborted([COMM, 5, 6]))
+    );
+    // Data of no rendezvous, or a CTS of no send, break the protocol.
+    assert!(proto.on_header(1, &frame(FrameKind::Data, 0, 4)).is_err());
+    assert!(proto.on_header(1, &frame(FrameKind::Cts, 0, 0)).is_err());
 }
 
 proptest! {

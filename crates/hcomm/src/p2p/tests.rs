@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use super::{Deadline, Engine, EngineConfig, OpId, Target};
-use crate::error::{Error, PeerRank};
+use crate::error::{Error, Operation, PeerRank};
 use crate::transport::tcp::MeshConfig;
 
 /// Largest eager message of these engines: larger ones take the rendezvous.
@@ -73,6 +73,7 @@ pub(super) fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
         comm_rank: peer,
         tag,
         sig,
+        seq: 0,
     }
 }
 
@@ -129,16 +130,23 @@ fn messages_of_one_tag_match_in_order_and_tags_do_not_block_each_other() {
 #[test]
 fn a_message_longer_than_the_receive_fails_it_eager_or_rendezvous() {
     let (e0, e1) = pair();
-    for len in [EAGER, 4 * EAGER] {
+    for (seq, len) in [(3, EAGER), (4, 4 * EAGER)] {
         let data = bytes(len, 9);
         let s = send(&e0, target(1, 1, [0; 2]), &data);
         let mut small = vec![0u8; len - 1];
-        let r = recv(&e1, target(0, 1, [0; 2]), &mut small);
+        // The receive is its communicator's receive number `seq`: its error says so.
+        let t = Target {
+            seq,
+            ..target(0, 1, [0; 2])
+        };
+        let r = recv(&e1, t, &mut small);
         let got = e1.wait(r, Deadline::After(WAIT));
         assert!(
             matches!(got, Err(Error::Truncated(_))),
             "{len} bytes: {got:?}"
         );
+        let op = got.err().and_then(|e| e.operation());
+        assert_eq!(op, Some(Operation::seq("recv", seq)), "{len} bytes");
         e0.wait(s, Deadline::After(WAIT))
             .expect("the sender completes");
     }
@@ -183,14 +191,18 @@ fn a_receive_of_another_call_fails_with_a_mismatch_on_both_ranks() {
 fn a_wait_for_a_message_nobody_sends_times_out_and_leaves_nothing_behind() {
     let (e0, e1) = pair();
     let mut buf = [0u8; 4];
-    let r = recv(&e1, target(0, 2, [0; 2]), &mut buf);
+    let t = Target {
+        seq: 3,
+        ..target(0, 2, [0; 2])
+    };
+    let r = recv(&e1, t, &mut buf);
     let got = e1.wait(r, Deadline::After(Duration::from_millis(20)));
     let Err(e) = got else {
         panic!("the receive completed: {got:?}")
     };
     assert!(matches!(e, Error::Timeout(_)), "{e:?}");
     assert_eq!(e.peer(), Some(PeerRank::ranks(0, 0)), "{e:?}");
-    assert_eq!(e.operation().map(|o| o.name), Some("recv"), "{e:?}");
+    assert_eq!(e.operation(), Some(Operation::seq("recv", 3)), "{e:?}");
     // The timed-out receive is gone: a later message goes to the next receive.
     let data = bytes(4, 5);
     let s = send(&e0, target(1, 2, [0; 2]), &data);

@@ -286,9 +286,17 @@ impl Engine {
         let mut all_shm;
         let mut stall = StallWatch::new(now);
         let mut blocked = false;
+        let mut armed = false;
         loop {
             {
                 let mut st = lock(&sh.state);
+                if !armed {
+                    // The operations give up at the deadline: the timers say when (below).
+                    for &id in ids {
+                        st.timers.arm(id, deadline);
+                    }
+                    armed = true;
+                }
                 let moved = st.handle(&events, true);
                 // Keep polling while data moves: sleeping between the bursts of a large
                 // transfer costs a wake-up each time.
@@ -306,8 +314,8 @@ impl Engine {
                         return Ok((i, r));
                     }
                 }
-                if now >= deadline {
-                    let op = ids.first().and_then(|id| st.ops.get(id));
+                if let Some(late) = st.timers.expired(now, ids) {
+                    let op = st.ops.get(&late);
                     let what = op.map(Op::describe).unwrap_or_default();
                     let err = Error::timeout(format!(
                         "{what} did not complete within HCOMM_TIMEOUT; the peer may be stuck, slow, \
