@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::{RendezvousStore, StoreClient};
+use crate::bootstrap::{self, RendezvousStore, StoreClient};
 use crate::coll::algos::hier::tiered::Tiers;
 use crate::coll::onesided::OneSided;
 use crate::coll::schedule::Schedule;
@@ -493,12 +493,14 @@ fn setup_shm(
     };
     let inbox = Inbox::create(&cfg, rank, locals.len(), me)?;
     let linked = (|| {
-        client.set(&format!("{ns}/shm/{rank}"), &inbox.published().encode())?;
+        let mine = inbox.published().encode();
+        let all =
+            bootstrap::exchange(client, &format!("{ns}/shm"), rank, &mine, &locals, deadline)?;
         let mut links = Vec::with_capacity(locals.len() - 1);
-        for (i, &r) in locals.iter().enumerate().filter(|&(_, &r)| r != rank) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let published = Published::decode(r, &client.wait(&format!("{ns}/shm/{r}"), left)?)?;
-            links.push((r, inbox.link(i, r, &published)?));
+        for (i, (&r, published)) in locals.iter().zip(&all).enumerate() {
+            if r != rank {
+                links.push((r, inbox.link(i, r, &Published::decode(r, published)?)?));
+            }
         }
         Ok(links)
     })();
@@ -602,27 +604,40 @@ impl Communicator {
                 .local_addr()
                 .map_err(|e| Error::transport("reading the listen address", e))?;
             let ns = format!("hcomm/{generation}");
-            client.set(&format!("{ns}/addr/{rank}"), addr.to_string().as_bytes())?;
-            client.set(&format!("{ns}/info/{rank}"), &me.encode())?;
-            let mut addrs = Vec::with_capacity(size);
-            let mut infos = Vec::with_capacity(size);
-            for r in 0..size {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let a = client.wait(&format!("{ns}/addr/{r}"), left)?;
-                let a: SocketAddr = std::str::from_utf8(&a)
+            let all: Vec<usize> = (0..size).collect();
+            let mine = addr.to_string();
+            let addrs = bootstrap::exchange(
+                &mut client,
+                &format!("{ns}/addr"),
+                rank,
+                mine.as_bytes(),
+                &all,
+                deadline,
+            )?
+            .iter()
+            .enumerate()
+            .map(|(r, a)| {
+                std::str::from_utf8(a)
                     .ok()
-                    .and_then(|s| s.parse().ok())
+                    .and_then(|s| s.parse::<SocketAddr>().ok())
                     .ok_or_else(|| {
                         Error::init(format!("rank {r} published a malformed address"))
                             .with_peer(PeerRank::world(r))
-                    })?;
-                addrs.push(a);
-                let left = deadline.saturating_duration_since(Instant::now());
-                infos.push(RankInfo::decode(
-                    r,
-                    &client.wait(&format!("{ns}/info/{r}"), left)?,
-                )?);
-            }
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+            let infos = bootstrap::exchange(
+                &mut client,
+                &format!("{ns}/info"),
+                rank,
+                &me.encode(),
+                &all,
+                deadline,
+            )?
+            .iter()
+            .enumerate()
+            .map(|(r, info)| RankInfo::decode(r, info))
+            .collect::<Result<Vec<_>>>()?;
             // Shared memory first: local pairs it links alone need no TCP connection.
             let topology = Topology::new(infos);
             let shm = setup_shm(&config, &topology, rank, &mut client, generation, deadline)?;

@@ -62,6 +62,7 @@ mod timers;
 pub(crate) mod wait;
 mod watch;
 
+use crate::config::Backoff;
 use crate::error::{Error, Operation, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
@@ -100,8 +101,12 @@ const LISTEN_TOKEN: u64 = u64::MAX - 2;
 const DIRECT_READS: u32 = 8;
 /// Direct reads only for waits on this many peers or fewer.
 const MAX_DIRECT_PEERS: usize = 4;
-/// How long a finalizing rank waits for its peers to close their side of the links.
+/// How long a finalizing rank keeps reading the links that ask for it after it closed its
+/// side (see [`Engine::close`]).
 const LINGER: Duration = Duration::from_secs(1);
+/// How often a lingering rank looks whether its links still ask for it (a peer's kernel
+/// acknowledging data wakes nobody).
+const LINGER_NAP: Duration = Duration::from_millis(2);
 /// A spinning waiter reads the clock once in this many rounds.
 const CLOCK_ROUNDS: u32 = 16;
 /// A waiter with only shared-memory peers asks epoll once in this many rounds.
@@ -799,9 +804,13 @@ impl Engine {
     }
 
     /// Tells every peer this rank is finishing, delivers what is still queued (until
-    /// `deadline`), closes the sending side of every link and lingers briefly for the peers
-    /// to close theirs, reading what they still send so that closing does not reset a link
-    /// with data in it. Returns the peers whose queued data could not be delivered.
+    /// `deadline`), closes the sending side of every link and lingers briefly, reading what
+    /// the peers still send, while a link says closing it now could cost the peer what was
+    /// sent ([`Link::lingers`](link::Link::lingers): a TCP connection until the peer's kernel
+    /// acknowledged everything, a plug-in's until the peer closes its side; a shared-memory
+    /// ring never). It does not wait for the peers to finish: a finalize costs the same with
+    /// 2 ranks or 256, however late the others come. Returns the peers whose queued data
+    /// could not be delivered.
     pub(crate) fn close(&self, deadline: Instant) -> Vec<usize> {
         let sh = &*self.shared;
         sh.closing.store(true, Ordering::SeqCst);
@@ -816,7 +825,8 @@ impl Engine {
                 st.queue(p, OutFrame::control(FrameHeader::new(FrameKind::Close)));
             }
         }
-        let unflushed = self.progress_until(deadline, State::unflushed_peers);
+        let nap = Backoff::DEFAULT.max_sleep;
+        let unflushed = self.progress_until(deadline, nap, State::unflushed_peers);
         {
             let mut st = lock(&sh.state);
             for p in st.open_peers() {
@@ -824,16 +834,23 @@ impl Engine {
             }
         }
         let linger = deadline.min(Instant::now() + LINGER);
-        self.progress_until(linger, State::open_peers);
+        self.progress_until(linger, LINGER_NAP, State::lingering_peers);
         unflushed
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        drop(self.watcher.take());
+        // Both threads are told first and wind down together: on a loaded host every thread
+        // that must run before this one goes on costs a turn of the scheduler.
+        if let Some(w) = &self.watcher {
+            w.tell_stop();
+        }
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.shared.idle_cv.notify_all();
+        // Out of `epoll_wait` too, rather than at the end of its timeout.
+        self.shared.io.wake_all();
+        drop(self.watcher.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -228,7 +228,7 @@ fn a_crowd_larger_than_the_handshake_slots_gets_in_at_the_first_attempt() {
                     connected.wait();
                     let mut s = s.map_err(|e| e.to_string())?;
                     let deadline = Instant::now() + T;
-                    auth::client_handshake(&mut s, SECRET, b"hcomm-store/1", deadline)
+                    auth::client_handshake(&mut s, SECRET, b"hcomm-store/2", deadline)
                         .map_err(|e| e.to_string())
                 })
                 .unwrap()

@@ -18,6 +18,28 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::error::Result;
+
+/// One step of the init exchange: publishes `mine` as `{prefix}/{rank}`, then returns what
+/// every rank of `ranks` published under `prefix` (in the order of `ranks`, this rank's own
+/// included), waiting until `deadline` for the slow ones.
+///
+/// Two store round trips, whatever the number of ranks: the store waits for the whole set and
+/// answers with all of it ([`StoreClient::wait_all`]). Errors: those of the store client; a
+/// timeout names the ranks that never published.
+pub(crate) fn exchange(
+    client: &mut StoreClient,
+    prefix: &str,
+    rank: usize,
+    mine: &[u8],
+    ranks: &[usize],
+    deadline: Instant,
+) -> Result<Vec<Vec<u8>>> {
+    client.set(&format!("{prefix}/{rank}"), mine)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    client.wait_all(&format!("{prefix}/"), ranks, left)
+}
+
 /// A byte stream whose reads and writes wait at most a given time: a TCP socket, or in tests
 /// an in-memory stream through which the fuzz harnesses feed the decoders their input.
 pub(crate) trait TimedStream {

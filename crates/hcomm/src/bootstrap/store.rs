@@ -3,7 +3,9 @@
 //! One [`RendezvousStore`] serves the job (usually in rank 0 or the launcher); every rank
 //! talks to it through a [`StoreClient`]. Keys are strings of at most [`MAX_KEY`] bytes,
 //! values byte strings of at most [`MAX_VALUE`] bytes; [`StoreClient::wait`] blocks on the
-//! server until a key appears, and [`StoreClient::add`] is an atomic counter.
+//! server until a key appears, [`StoreClient::wait_all`] until every key of a numbered set
+//! does (one round trip for what every rank of a job published), and [`StoreClient::add`] is
+//! an atomic counter.
 //!
 //! The listening port is reachable by anyone on the network, so the server assumes hostile
 //! input until a peer has authenticated with the job secret: each connection is handshaken on
@@ -18,16 +20,22 @@
 //! has been at it for [`STALE_HANDSHAKE`] (a silent intruder's, typically) is dropped to let
 //! the next one in. No legitimate connection is turned away for being one too many.
 //!
-//! Wire format after the [`super::auth`] handshake (hellos `hcomm-store/1` both ways),
-//! integers little-endian, strictly one reply per request:
+//! Wire format after the [`super::auth`] handshake (hellos `hcomm-store/2` both ways; a
+//! peer of another version is refused at the handshake, naming both), integers
+//! little-endian, strictly one reply per request:
 //!
 //! ```text
 //! request:  op u8 | key len u16 | value len u32 | key | value
 //!           op: 1 set (value) | 2 get | 3 wait (value = timeout ms u64)
 //!               4 add (value = delta i64) | 5 delete
+//!               6 wait all (key = prefix; value = timeout ms u64 | index u32 x k, k in
+//!                 1..=MAX_WAIT_ALL, no index twice): waits for the keys prefix + decimal
+//!                 index, all of them
 //! reply:    status u8 | len u32 | payload
 //!           status: 0 ok | 1 not found | 2 timed out | 3 invalid (payload = message)
 //!                   4 store full (payload = message)
+//!           wait all: ok = (len u32 | value) for each index, in request order;
+//!                     timed out = message naming the missing indices
 //! ```
 //!
 //! A counter made by `add` is stored as its 8 little-endian bytes, so `get` on it returns
@@ -72,8 +80,14 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// so no server thread is parked on a request for more than this.
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(30);
 
-/// Hello of both sides, naming the protocol so a transport peer is not mistaken for a store.
-const STORE_HELLO: &[u8] = b"hcomm-store/1";
+/// Most keys one wait-all request names.
+pub(crate) const MAX_WAIT_ALL: usize = 1 << 16;
+
+/// Hello of both sides, naming the protocol and its version so a transport peer is not
+/// mistaken for a store, nor a store of another hcomm version for this one.
+const STORE_HELLO: &[u8] = b"hcomm-store/2";
+/// What every version's hello starts with.
+const STORE_HELLO_FAMILY: &[u8] = b"hcomm-store/";
 /// Time an authenticated client has to finish a request it started, and to take its reply.
 const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the accept loop looks at the shutdown flag.
@@ -93,6 +107,7 @@ const OP_GET: u8 = 2;
 const OP_WAIT: u8 = 3;
 const OP_ADD: u8 = 4;
 const OP_DELETE: u8 = 5;
+const OP_WAIT_ALL: u8 = 6;
 
 const ST_OK: u8 = 0;
 const ST_NOT_FOUND: u8 = 1;
@@ -107,6 +122,7 @@ fn op_name(op: u8) -> &'static str {
         OP_WAIT => "wait",
         OP_ADD => "add",
         OP_DELETE => "delete",
+        OP_WAIT_ALL => "wait all",
         _ => "unknown",
     }
 }
@@ -433,9 +449,7 @@ fn serve_connection(shared: &Shared, id: u64, stream: &Arc<TcpStream>, peer: Soc
         shared.slot_freed.notify_all();
         let refusal = match &hello {
             Err(e) => Some(e.to_string()),
-            Ok(h) if h != STORE_HELLO => {
-                Some("authenticated, but not a rendezvous store client".into())
-            }
+            Ok(h) if h != STORE_HELLO => Some(hello_mismatch(h, "store client")),
             // Evicted or shut down while finishing the handshake: the socket is closed.
             Ok(_) if !still_pending || shared.stopping.load(Ordering::SeqCst) => return,
             Ok(_) if conns.clients.len() >= MAX_CLIENTS => {
@@ -458,6 +472,21 @@ fn serve_connection(shared: &Shared, id: u64, stream: &Arc<TcpStream>, peer: Soc
     let _ = socket2::SockRef::from(&**stream).set_tcp_keepalive(&keepalive);
     serve_requests(shared, stream, peer);
     lock(&shared.conns).clients.remove(&id);
+}
+
+/// Why a peer whose hello is `hello` (not [`STORE_HELLO`]) is refused; `what` it should be
+/// ("store client" or "store").
+fn hello_mismatch(hello: &[u8], what: &str) -> String {
+    if hello.starts_with(STORE_HELLO_FAMILY) {
+        format!(
+            "a rendezvous {what} of protocol {:?}, but this side speaks {:?}: every rank and the \
+             launcher must run the same hcomm version",
+            String::from_utf8_lossy(&hello[..hello.len().min(64)]),
+            String::from_utf8_lossy(STORE_HELLO)
+        )
+    } else {
+        format!("authenticated, but not a rendezvous {what}")
+    }
 }
 
 /// Why a connection stopped being served.
@@ -522,6 +551,9 @@ fn serve_request<S: TimedStream + ?Sized>(
         OP_SET => value_len <= MAX_VALUE,
         OP_GET | OP_DELETE => value_len == 0,
         OP_WAIT | OP_ADD => value_len == 8,
+        OP_WAIT_ALL => {
+            value_len > 8 && (value_len - 8) % 4 == 0 && (value_len - 8) / 4 <= MAX_WAIT_ALL
+        }
         _ => return Err(Stop::Dropped(format!("unknown request type {op}"))),
     };
     if key_len > MAX_KEY || !expected_value {
@@ -540,6 +572,21 @@ fn serve_request<S: TimedStream + ?Sized>(
         OP_WAIT => {
             let ms = u64::from_le_bytes(value.as_slice().try_into().unwrap_or_default());
             wait_for(shared, &key, Duration::from_millis(ms).min(shared.max_wait))?
+        }
+        OP_WAIT_ALL => {
+            let (ms, indices) = value.split_at(8);
+            let ms = u64::from_le_bytes(ms.try_into().unwrap_or_default());
+            let indices: Vec<u32> = indices
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect();
+            if let Some(i) = first_duplicate(&indices) {
+                return Err(Stop::Dropped(format!(
+                    "malformed wait all request: index {i} named twice"
+                )));
+            }
+            let timeout = Duration::from_millis(ms).min(shared.max_wait);
+            wait_for_all(shared, &key, &indices, timeout)?
         }
         OP_ADD => {
             let delta = i64::from_le_bytes(value.as_slice().try_into().unwrap_or_default());
@@ -578,6 +625,67 @@ fn wait_for(
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Ok((ST_TIMED_OUT, Vec::new()));
+        }
+        table = shared
+            .changed
+            .wait_timeout(table, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
+/// An index that `indices` holds more than once.
+fn first_duplicate(indices: &[u32]) -> Option<u32> {
+    let mut sorted = indices.to_vec();
+    sorted.sort_unstable();
+    sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
+/// `prefix` followed by `index` in decimal: the key of one member of a wait-all set.
+fn indexed_key(key: &mut Vec<u8>, prefix: &[u8], index: u32) {
+    use std::io::Write;
+    key.clear();
+    key.extend_from_slice(prefix);
+    // Writing to a vector cannot fail.
+    let _ = write!(key, "{index}");
+}
+
+/// Blocks until every key `prefix` + index of `indices` exists (then replies with their values
+/// in order, each behind its length), `timeout` passes (then names the missing ones) or the
+/// store shuts down.
+fn wait_for_all(
+    shared: &Shared,
+    prefix: &[u8],
+    indices: &[u32],
+    timeout: Duration,
+) -> std::result::Result<(u8, Vec<u8>), Stop> {
+    let deadline = Instant::now() + timeout;
+    let mut key = Vec::with_capacity(prefix.len() + 10);
+    // Every key before `next` was there at the last look: only the rest is looked up again.
+    let mut next = 0;
+    let mut table = lock(&shared.table);
+    loop {
+        while let Some(&i) = indices.get(next) {
+            indexed_key(&mut key, prefix, i);
+            if !table.map.contains_key(&key) {
+                break;
+            }
+            next += 1;
+        }
+        if next == indices.len() {
+            // All seen; one pass under this lock gathers them, or finds one deleted since.
+            match table.gather(prefix, indices, &mut key) {
+                Ok(reply) => return Ok(reply),
+                Err(missing) => next = missing,
+            }
+            continue;
+        }
+        if shared.stopping.load(Ordering::SeqCst) {
+            return Err(Stop::Closed);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok((ST_TIMED_OUT, table.missing(prefix, indices, &mut key)));
         }
         table = shared
             .changed
@@ -653,6 +761,65 @@ impl Table {
             (ST_OK, _) => (ST_OK, sum_bytes),
             failed => failed,
         }
+    }
+
+    /// The reply to a wait-all of `prefix` and `indices` whose keys all exist, or the position
+    /// in `indices` of one that does not. A reply too long for the wire is refused.
+    fn gather(
+        &self,
+        prefix: &[u8],
+        indices: &[u32],
+        key: &mut Vec<u8>,
+    ) -> std::result::Result<(u8, Vec<u8>), usize> {
+        let mut total = 0usize;
+        for (pos, &i) in indices.iter().enumerate() {
+            indexed_key(key, prefix, i);
+            match self.map.get(key.as_slice()) {
+                Some(v) => total += 4 + v.len(),
+                None => return Err(pos),
+            }
+        }
+        if total > MAX_VALUE {
+            let msg = format!(
+                "the {} values under {} total {total} bytes, more than the {MAX_VALUE} bytes of \
+                 one reply: wait for fewer keys at a time",
+                indices.len(),
+                show_key(prefix)
+            );
+            return Ok((ST_INVALID, msg.into_bytes()));
+        }
+        let mut reply = Vec::with_capacity(total);
+        for &i in indices {
+            indexed_key(key, prefix, i);
+            let v = self.map.get(key.as_slice()).map_or(&[][..], Vec::as_slice);
+            reply.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            reply.extend_from_slice(v);
+        }
+        Ok((ST_OK, reply))
+    }
+
+    /// A message naming the indices whose keys `prefix` + index do not exist (the first few).
+    fn missing(&self, prefix: &[u8], indices: &[u32], key: &mut Vec<u8>) -> Vec<u8> {
+        const SHOWN: usize = 32;
+        let mut absent = Vec::new();
+        for &i in indices {
+            indexed_key(key, prefix, i);
+            if !self.map.contains_key(key.as_slice()) {
+                absent.push(i);
+            }
+        }
+        let mut msg = format!(
+            "{} of {} keys {}<index> missing, indices {:?}",
+            absent.len(),
+            indices.len(),
+            show_key(prefix),
+            &absent[..absent.len().min(SHOWN)]
+        );
+        if absent.len() > SHOWN {
+            msg.push_str(" ...");
+        }
+        // At most 32 indices and a 64-character key: well within MAX_MESSAGE.
+        msg.into_bytes()
     }
 
     fn delete(&mut self, key: &[u8]) -> (u8, Vec<u8>) {
@@ -764,6 +931,58 @@ impl StoreClient {
                 }
                 (ST_TIMED_OUT, _) => {}
                 other => return Err(self.unexpected(OP_WAIT, key, other)),
+            }
+        }
+    }
+
+    /// Blocks until every key `prefix` + `i` (`i` in decimal) for `i` in `indices` exists and
+    /// returns their values in the order of `indices`, in one request: the store does the
+    /// waiting, so gathering what every rank of a job published costs one round trip, not one
+    /// per rank.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `indices` names an index twice, more than
+    /// [`MAX_WAIT_ALL`] of them, one whose key would exceed the key limit, or the values
+    /// together exceed [`MAX_VALUE`]; [`Error::Timeout`] naming the missing indices when
+    /// `timeout` passes first.
+    pub fn wait_all(
+        &mut self,
+        prefix: &str,
+        indices: &[usize],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        let request = wait_all_request(prefix, indices)?;
+        if indices.is_empty() {
+            return Ok(Vec::new());
+        }
+        let deadline = deadline_after(timeout);
+        let mut value = request;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = left.min(MAX_WAIT);
+            // Round up so a sub-millisecond rest does not become a busy loop of zero waits.
+            let ms = chunk.as_nanos().div_ceil(1_000_000) as u64;
+            value[..8].copy_from_slice(&ms.to_le_bytes());
+            match self.request(OP_WAIT_ALL, prefix, &value, chunk)? {
+                (ST_OK, payload) => {
+                    return split_values(&payload, indices.len()).map_err(|why| {
+                        self.broken = true;
+                        Error::transport_failed(format!(
+                            "the rendezvous store at {} gave a malformed reply to the wait all \
+                             of {prefix:?}: {why}",
+                            self.addr
+                        ))
+                    })
+                }
+                (ST_TIMED_OUT, missing) if Instant::now() >= deadline => {
+                    return Err(Error::timeout(format!(
+                        "keys {prefix:?}<index> did not all appear in the rendezvous store at \
+                         {} within {timeout:?} ({}): a rank is slow, stuck or missing",
+                        self.addr,
+                        String::from_utf8_lossy(&missing)
+                    )))
+                }
+                (ST_TIMED_OUT, _) => {}
+                other => return Err(self.unexpected(OP_WAIT_ALL, prefix, other)),
             }
         }
     }
@@ -899,6 +1118,65 @@ fn request_head(op: u8, key: &[u8], value_len: usize) -> Vec<u8> {
     head
 }
 
+/// The value of a wait-all request for `prefix` and `indices`, its first 8 bytes (the
+/// timeout) left zero; checks what the store would refuse.
+fn wait_all_request(prefix: &str, indices: &[usize]) -> Result<Vec<u8>> {
+    if indices.len() > MAX_WAIT_ALL {
+        return Err(Error::invalid_argument(format!(
+            "a wait for {} store keys exceeds the limit of {MAX_WAIT_ALL} keys",
+            indices.len()
+        )));
+    }
+    let mut value = vec![0u8; 8];
+    let mut seen = std::collections::HashSet::with_capacity(indices.len());
+    for &i in indices {
+        let index = u32::try_from(i)
+            .ok()
+            .filter(|_| prefix.len() + i.to_string().len() <= MAX_KEY)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "store key {prefix:?}{i} exceeds the limit of {MAX_KEY} bytes"
+                ))
+            })?;
+        if !seen.insert(index) {
+            return Err(Error::invalid_argument(format!(
+                "a wait for store keys {prefix:?}<index> names index {i} twice"
+            )));
+        }
+        value.extend_from_slice(&index.to_le_bytes());
+    }
+    Ok(value)
+}
+
+/// Splits the payload of a successful wait-all reply into its `count` values; says what is
+/// wrong when the lengths do not add up to exactly that.
+fn split_values(payload: &[u8], count: usize) -> std::result::Result<Vec<Vec<u8>>, String> {
+    let mut values = Vec::with_capacity(count.min(payload.len() / 4));
+    let mut rest = payload;
+    for n in 0..count {
+        let Some((len, tail)) = rest.split_first_chunk::<4>() else {
+            return Err(format!(
+                "{} bytes end inside the length of value {n}",
+                rest.len()
+            ));
+        };
+        let len = u32::from_le_bytes(*len) as usize;
+        if len > tail.len() {
+            return Err(format!(
+                "value {n} claims {len} bytes, {} remain",
+                tail.len()
+            ));
+        }
+        let (value, tail) = tail.split_at(len);
+        values.push(value.to_vec());
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return Err(format!("{} bytes after the {count} values", rest.len()));
+    }
+    Ok(values)
+}
+
 /// Reads one reply (status and payload), checking its length before reading the payload.
 fn read_reply<S: TimedStream + ?Sized>(stream: &S, deadline: Instant) -> io::Result<(u8, Vec<u8>)> {
     let mut reply = [0u8; REPLY_HEADER];
@@ -948,6 +1226,12 @@ fn attempt(addr: &str, secret: &[u8], io_timeout: Duration, deadline: Instant) -
         let _ = stream.set_nodelay(true);
         match auth::client_handshake_detailed(&stream, secret, STORE_HELLO, deadline) {
             Ok(hello) if hello == STORE_HELLO => {}
+            Ok(hello) if hello.starts_with(STORE_HELLO_FAMILY) => {
+                return Attempt::Fatal(Error::init(format!(
+                    "{target} is {}",
+                    hello_mismatch(&hello, "store")
+                )))
+            }
             Ok(_) => {
                 return Attempt::Fatal(Error::init(format!(
                     "{target} is an hcomm process of this job but not a rendezvous store: check \
@@ -1164,6 +1448,167 @@ mod tests {
         assert!(waited < Duration::from_secs(2));
     }
 
+    #[test]
+    fn wait_all_returns_every_value_in_order_once_all_exist() {
+        let (_store, addr) = store();
+        let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+        c.set("job/0", b"zero").unwrap();
+        c.set("job/2", b"").unwrap();
+        let setter = {
+            let addr = addr.clone();
+            thread::spawn(move || {
+                let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+                thread::sleep(Duration::from_millis(100));
+                c.set("job/1", b"one").unwrap();
+                thread::sleep(Duration::from_millis(50));
+                c.set("job/10", &[7; 3000]).unwrap();
+            })
+        };
+        let start = Instant::now();
+        let got = c.wait_all("job/", &[10, 2, 0, 1], T).unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(140));
+        assert_eq!(
+            got,
+            vec![vec![7; 3000], vec![], b"zero".to_vec(), b"one".to_vec()]
+        );
+        setter.join().unwrap();
+        assert!(c.wait_all("job/", &[], T).unwrap().is_empty());
+        // The connection serves the next request as usual.
+        assert_eq!(c.get("job/1").unwrap().unwrap(), b"one");
+    }
+
+    #[test]
+    fn wait_all_times_out_naming_the_missing_indices() {
+        let (_store, addr) = store();
+        let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+        c.set("p/0", b"x").unwrap();
+        c.set("p/2", b"x").unwrap();
+        let start = Instant::now();
+        let err = c
+            .wait_all("p/", &[0, 1, 2, 3], Duration::from_millis(200))
+            .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(3));
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("2 of 4 keys") && text.contains("[1, 3]"),
+            "{text}"
+        );
+        c.set("p/1", b"y").unwrap();
+    }
+
+    #[test]
+    fn wait_all_rejects_bad_requests_locally() {
+        let (_store, addr) = store();
+        let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+        for (prefix, indices) in [
+            ("p/", vec![1, 2, 1]),
+            ("p/", vec![0; MAX_WAIT_ALL + 1]),
+            (&*"k".repeat(MAX_KEY - 1), vec![10]),
+            ("p/", vec![u32::MAX as usize + 1]),
+        ] {
+            let err = c.wait_all(prefix, &indices, T).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        }
+        // Nothing was sent: the connection still works.
+        c.set("p/1", b"v").unwrap();
+        assert_eq!(c.wait_all("p/", &[1], T).unwrap(), vec![b"v".to_vec()]);
+    }
+
+    #[test]
+    fn wait_all_larger_than_a_reply_is_an_invalid_argument() {
+        let (_store, addr) = store();
+        let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+        let big = vec![1u8; MAX_VALUE / 2];
+        for i in 0..3 {
+            c.set(&format!("big/{i}"), &big).unwrap();
+        }
+        let err = c.wait_all("big/", &[0, 1, 2], T).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert_eq!(c.wait_all("big/", &[1], T).unwrap()[0].len(), big.len());
+    }
+
+    #[test]
+    fn malformed_wait_all_requests_are_dropped() {
+        let (_store, addr) = store();
+        let frames = [
+            // No index.
+            request(OP_WAIT_ALL, b"p/", &0u64.to_le_bytes()),
+            // A partial index.
+            request(OP_WAIT_ALL, b"p/", &[0u8; 8 + 3]),
+            // An index twice.
+            request(
+                OP_WAIT_ALL,
+                b"p/",
+                &[&[0u8; 8][..], &[5, 0, 0, 0, 5, 0, 0, 0]].concat(),
+            ),
+        ];
+        for frame in frames {
+            let bad = raw_client(&addr);
+            (&bad).write_all(&frame).unwrap();
+            assert_closed_by_server(&bad);
+        }
+        // Too many indices: dropped on the header, before the value is read.
+        let bad = raw_client(&addr);
+        let len = (8 + 4 * (MAX_WAIT_ALL + 1)) as u32;
+        let mut head = vec![OP_WAIT_ALL, 0, 0];
+        head.extend_from_slice(&len.to_le_bytes());
+        (&bad).write_all(&head).unwrap();
+        assert_closed_by_server(&bad);
+    }
+
+    #[test]
+    fn a_client_of_another_protocol_version_is_told_so() {
+        let (_store, addr) = store();
+        let stream = TcpStream::connect(&addr).unwrap();
+        let deadline = Instant::now() + T;
+        let hello = auth::client_handshake_detailed(&stream, SECRET, b"hcomm-store/1", deadline);
+        // The store answers with its own version, then drops the connection.
+        assert_eq!(hello.unwrap(), STORE_HELLO);
+        stream.set_read_timeout(Some(T)).unwrap();
+        assert_closed_by_server(&stream);
+        let why = hello_mismatch(STORE_HELLO, "store");
+        assert!(
+            why.contains("hcomm-store/2") && why.contains("same hcomm version"),
+            "{why}"
+        );
+    }
+
+    /// Any payload of a successful wait-all reply: the client's splitter never panics, accepts
+    /// exactly the encodings of `count` values and gives back what was encoded.
+    #[test]
+    fn fuzz_store_wait_all_reply() {
+        let encode = |values: &[&[u8]]| {
+            let mut out = Vec::new();
+            for v in values {
+                out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                out.extend_from_slice(v);
+            }
+            out
+        };
+        let target = crate::fuzz::Target {
+            name: "store wait all reply",
+            default_cases: 50_000,
+            seeds: vec![
+                encode(&[b"a", b"", b"127.0.0.1:5000"]),
+                encode(&[&[3; 300]]),
+                encode(&[]),
+            ],
+            max_len: 2048,
+            dict: vec![MAX_VALUE as u64, 3, 4],
+        };
+        crate::fuzz::run(&target, |input, rng| {
+            let count = rng.below(5);
+            let (result, usage) = crate::fuzz::measure(|| split_values(input, count));
+            assert!(usage.peak <= 4 * input.len() + 1024, "{usage:?}");
+            if let Ok(values) = result {
+                assert_eq!(values.len(), count);
+                let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+                assert_eq!(encode(&refs), input);
+            }
+        });
+    }
+
     /// The server's state for driving `serve_request` in memory: a table of `max_bytes` and
     /// waits that give up at once.
     fn memory_shared(max_bytes: usize) -> Shared {
@@ -1185,6 +1630,15 @@ mod tests {
         let mut r = request_head(op, key, value.len());
         r.extend_from_slice(value);
         r
+    }
+
+    /// The value of a wait-all request for `indices` that gives up at once.
+    fn wait_all_value(indices: &[u32]) -> Vec<u8> {
+        let mut v = 0u64.to_le_bytes().to_vec();
+        for i in indices {
+            v.extend_from_slice(&i.to_le_bytes());
+        }
+        v
     }
 
     /// Table of the fuzzed server: small, so that "store full" happens too.
@@ -1254,6 +1708,13 @@ mod tests {
                 request(OP_SET, b"bigger", &[2; 2500]),
             ]
             .concat(),
+            [
+                request(OP_SET, b"r/0", b"a"),
+                request(OP_SET, b"r/1", &[3; 1000]),
+                request(OP_WAIT_ALL, b"r/", &wait_all_value(&[1, 0])),
+                request(OP_WAIT_ALL, b"r/", &wait_all_value(&[0, 1, 2])),
+            ]
+            .concat(),
         ];
         let target = crate::fuzz::Target {
             name: "store server",
@@ -1268,7 +1729,10 @@ mod tests {
                 OP_WAIT as u64,
                 OP_ADD as u64,
                 OP_DELETE as u64,
+                OP_WAIT_ALL as u64,
+                MAX_WAIT_ALL as u64,
                 8,
+                12,
             ],
         };
         crate::fuzz::run(&target, |input, rng| {
@@ -1289,7 +1753,7 @@ mod tests {
             dict: Vec::new(),
         };
         crate::fuzz::run(&target, |_, rng| {
-            let keys: [&[u8]; 4] = [b"", b"a", b"counter", &[b'k'; MAX_KEY]];
+            let keys: [&[u8]; 7] = [b"", b"a", b"n0", b"n1", b"n3", b"counter", &[b'k'; MAX_KEY]];
             let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
             let mut input = Vec::new();
             let mut want = Vec::new();
@@ -1297,7 +1761,33 @@ mod tests {
                 let key = rng.pick(&keys).to_vec();
                 let used: usize = model.iter().map(|(k, v)| k.len() + v.len()).sum();
                 let old = model.get(&key).map_or(0, |v| key.len() + v.len());
-                match rng.below(5) {
+                match rng.below(6) {
+                    5 => {
+                        // A wait for some of the numbered keys "n0".."n3".
+                        let mut indices: Vec<u32> = (0..4).filter(|_| rng.one_in(2)).collect();
+                        if indices.is_empty() {
+                            indices.push(rng.below(4) as u32);
+                        }
+                        if rng.one_in(2) {
+                            indices.reverse();
+                        }
+                        input.extend(request(OP_WAIT_ALL, b"n", &wait_all_value(&indices)));
+                        let values: Option<Vec<&Vec<u8>>> = indices
+                            .iter()
+                            .map(|i| model.get(format!("n{i}").as_bytes()))
+                            .collect();
+                        want.push(match values {
+                            Some(values) => {
+                                let mut reply = Vec::new();
+                                for v in values {
+                                    reply.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                                    reply.extend_from_slice(v);
+                                }
+                                (ST_OK, Some(reply))
+                            }
+                            None => (ST_TIMED_OUT, None),
+                        });
+                    }
                     0 => {
                         let mut value = vec![0u8; rng.len(1200)];
                         rng.fill(&mut value);

@@ -204,6 +204,14 @@ pub(super) trait Link: Send + std::fmt::Debug {
     /// Closes the sending side: the peer sees the end after what was written.
     fn shutdown(&mut self) {}
 
+    /// After [`Link::shutdown`]: whether closing the link now could still cost the peer what
+    /// was sent on it, so that a finalizing rank keeps reading it a moment longer (see
+    /// `Engine::close`). A ring in shared memory stays readable after its writer is gone: by
+    /// default, no.
+    fn lingers(&self) -> bool {
+        false
+    }
+
     /// The peer is lost or the engine ends: drops what is queued and closes the link.
     fn close(&mut self);
 
@@ -322,6 +330,10 @@ impl Link for AnyLink {
     #[inline]
     fn shutdown(&mut self) {
         each!(self, l => l.shutdown())
+    }
+    #[inline]
+    fn lingers(&self) -> bool {
+        each!(self, l => l.lingers())
     }
     #[inline]
     fn close(&mut self) {
@@ -499,6 +511,14 @@ impl Links {
     /// How many links `peer` has.
     pub(super) fn count(&self, peer: usize) -> usize {
         self.peers.get(peer).map_or(0, Vec::len)
+    }
+
+    /// Whether any link of `peer` asks to be read a while before it is closed
+    /// ([`Link::lingers`]).
+    pub(super) fn lingers(&self, peer: usize) -> bool {
+        self.peers
+            .get(peer)
+            .is_some_and(|links| links.iter().any(|l| l.lingers()))
     }
 
     /// Whether frames to `peer` wait in any of its links.

@@ -1,7 +1,6 @@
 //! Progress: one turn over the links (read what arrived, write what waits, dispatch frames),
 //! the background thread, and what a peer's loss does.
 
-use crate::config::Backoff;
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::wire::{FrameHeader, FrameKind};
@@ -106,11 +105,12 @@ impl Engine {
         st.take(id)
     }
 
-    /// Drives progress until `left` of the state is empty or `deadline` passes; returns what
-    /// is left.
+    /// Drives progress until `left` of the state is empty or `deadline` passes, looking again
+    /// at least every `nap`; returns what is left.
     pub(super) fn progress_until(
         &self,
         deadline: Instant,
+        nap: Duration,
         left: fn(&State) -> Vec<usize>,
     ) -> Vec<usize> {
         let sh = &*self.shared;
@@ -126,13 +126,7 @@ impl Engine {
             if rest.is_empty() || now >= deadline {
                 break rest;
             }
-            if poll(
-                &sh.io,
-                &mut events,
-                (deadline - now).min(Backoff::DEFAULT.max_sleep),
-            )
-            .is_err()
-            {
+            if poll(&sh.io, &mut events, (deadline - now).min(nap)).is_err() {
                 events.clear();
             }
         };
@@ -212,6 +206,16 @@ impl State {
             }
         }
         moved
+    }
+
+    /// Peers still open with a link that must be read a while before it is closed
+    /// ([`Link::lingers`](super::link::Link::lingers)).
+    pub(super) fn lingering_peers(&self) -> Vec<usize> {
+        (0..self.peers.len())
+            .filter(|&p| {
+                self.peers[p].as_ref().is_some_and(|q| q.lost.is_none()) && self.links.lingers(p)
+            })
+            .collect()
     }
 
     /// Writes what link `l` of `peer` takes now; returns whether any frame left.

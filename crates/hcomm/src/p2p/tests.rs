@@ -234,6 +234,32 @@ fn a_peer_that_goes_away_fails_the_operations_waiting_for_it() {
     assert_eq!(lost.peer(), Some(PeerRank::world(1)), "{lost:?}");
 }
 
+/// A finalizing rank does not wait for a peer that is still busy: its TCP link lingers only
+/// until the peer's kernel has taken what was sent (the end included). What it sent before
+/// is still received after it is gone, and the peer's own finalize is as quick.
+#[test]
+fn closing_does_not_wait_for_a_busy_peer_and_what_was_sent_still_arrives() {
+    let (e0, e1) = pair();
+    let data = bytes(EAGER, 9);
+    let s = send(&e0, target(1, 4, [0; 2]), &data);
+    e0.wait(s, Deadline::After(WAIT))
+        .expect("an eager send completes at once");
+    let start = Instant::now();
+    let undelivered = e0.close(Instant::now() + WAIT);
+    let took = start.elapsed();
+    assert!(undelivered.is_empty(), "{undelivered:?}");
+    // Waiting for the peer to close its side would take the whole linger (it never does here).
+    assert!(took < super::LINGER, "closing took {took:?}");
+    drop(e0);
+    let mut buf = vec![0u8; EAGER];
+    let r = recv(&e1, target(0, 4, [0; 2]), &mut buf);
+    assert_eq!(e1.wait(r, Deadline::After(WAIT)).expect("receive"), EAGER);
+    assert_eq!(buf, data);
+    let start = Instant::now();
+    assert!(e1.close(Instant::now() + WAIT).is_empty());
+    assert!(start.elapsed() < super::LINGER, "{:?}", start.elapsed());
+}
+
 /// A receive from any member of the world of two.
 fn recv_any(e: &Engine, tag: u32, buf: &mut [u8]) -> OpId {
     let members: std::sync::Arc<[usize]> = vec![0, 1].into();

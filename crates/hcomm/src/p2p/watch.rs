@@ -118,9 +118,17 @@ impl Watcher {
     }
 }
 
+impl Watcher {
+    /// Tells the thread to stop, without waiting for it (dropping the watcher waits): it can
+    /// wind down while the caller stops other threads.
+    pub(super) fn tell_stop(&self) {
+        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
+    }
+}
+
 impl Drop for Watcher {
     fn drop(&mut self) {
-        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
+        self.tell_stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -110,6 +110,20 @@ pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
     Ok(())
 }
 
+/// Bytes written to `stream` (its end included, once shut down) that the peer's kernel has
+/// not acknowledged yet (`SIOCOUTQ`).
+pub(crate) fn unacknowledged(stream: &TcpStream) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ on a socket) writes one int to the pointer, which points to a
+    // live local; the descriptor is the stream's own, open while it is borrowed.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut bytes) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(bytes).unwrap_or(0))
+}
+
 /// What a rank knows of its connection with one peer.
 #[derive(Debug)]
 enum Pair {

@@ -456,6 +456,12 @@ impl Link for PluginLink {
         self.out.retain(|f| f.op != Some(op));
     }
 
+    /// What the plug-in does with frames in flight when one side goes is its own: the link
+    /// is read until the peer closes its side too.
+    fn lingers(&self) -> bool {
+        !self.closed
+    }
+
     fn close(&mut self) {
         self.closed = true;
         self.out.clear();

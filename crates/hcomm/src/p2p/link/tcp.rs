@@ -22,7 +22,7 @@ use super::{token, Caps, Dests, Kind, Link, Liveness, Ops, Rx};
 use crate::error::{Error, PeerRank, Result};
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, Io, OpId, OutFrame};
-use crate::transport::tcp::Mesh;
+use crate::transport::tcp::{self, Mesh};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 
 /// Bytes buffered per stream for small frames; larger payloads are read in place.
@@ -528,6 +528,18 @@ impl Link for TcpLink {
                 let _ = s.sock.shutdown(Shutdown::Write);
             }
         }
+    }
+
+    /// Until the peer's kernel acknowledged everything written, the end included: closing a
+    /// socket that then receives data resets the connection, and a reset discards what the
+    /// sending kernel still held, but not what the peer's kernel already took. A peer that
+    /// closed its side sends nothing more.
+    fn lingers(&self) -> bool {
+        !self.closed
+            && self
+                .streams
+                .iter()
+                .any(|s| !s.eof && tcp::unacknowledged(&s.sock).is_ok_and(|bytes| bytes > 0))
     }
 
     fn close(&mut self) {
