@@ -170,6 +170,18 @@ enum Scenario {
         /// hcommrun to sweep).
         #[arg(long)]
         pool: bool,
+        /// Bytes of pool memory rank 1 takes with --pool (beyond HCOMM_POOL_BLOCK: a grown
+        /// block).
+        #[arg(long, default_value_t = 1 << 20)]
+        pool_bytes: usize,
+    },
+    /// All-reduce (float32 sum) and broadcast on pool buffers of --bytes bytes each, which
+    /// the pool must serve, with every result checked; then the same again on fresh
+    /// buffers, which must reuse the freed blocks.
+    BigPool {
+        /// Bytes of each buffer.
+        #[arg(long, default_value_t = 256 << 20)]
+        bytes: usize,
     },
 }
 
@@ -333,12 +345,16 @@ fn run(scenario: Scenario) -> Result<()> {
             );
             "wakeups"
         }
-        Scenario::Kill { pool } => {
+        Scenario::BigPool { bytes } => {
+            coll::big_pool(&comm, bytes)?;
+            "big-pool"
+        }
+        Scenario::Kill { pool, pool_bytes } => {
             comm.barrier()?;
             if comm.rank() == 1 {
                 let held = if pool {
-                    let b = comm.alloc::<u8>(1 << 20)?;
-                    ensure!(b.in_pool(), "the pool did not serve 1 MiB");
+                    let b = comm.alloc::<u8>(pool_bytes)?;
+                    ensure!(b.in_pool(), "the pool did not serve {pool_bytes} bytes");
                     Some(b)
                 } else {
                     None

@@ -158,6 +158,12 @@ impl ShmSegment {
     /// clash); in that case the existing segment is left untouched. On any later failure the
     /// new name is removed again.
     pub(crate) fn create(name: &str, len: usize) -> Result<ShmSegment> {
+        Self::create_keeping_fd(name, len).map(|(seg, _)| seg)
+    }
+
+    /// [`ShmSegment::create`], also returning the open file of the segment, for a creator that
+    /// later frees or reserves parts of its memory (`fallocate` on the file).
+    pub(crate) fn create_keeping_fd(name: &str, len: usize) -> Result<(ShmSegment, OwnedFd)> {
         validate_name(name)?;
         let map_len = mapping_len(name, len)?;
         let fd = rustix::shm::open(
@@ -173,12 +179,14 @@ impl ShmSegment {
             .with_source(err.into()),
             err => os_error(name, "cannot create", err),
         })?;
-        let created = Self::init_created(name, &fd, len, map_len);
-        if created.is_err() {
-            // Best effort: the original error is the one worth reporting.
-            let _ = rustix::shm::unlink(name);
+        match Self::init_created(name, &fd, len, map_len) {
+            Ok(seg) => Ok((seg, fd)),
+            Err(err) => {
+                // Best effort: the original error is the one worth reporting.
+                let _ = rustix::shm::unlink(name);
+                Err(err)
+            }
         }
-        created
     }
 
     fn init_created(name: &str, fd: &OwnedFd, len: usize, map_len: usize) -> Result<ShmSegment> {
@@ -191,7 +199,8 @@ impl ShmSegment {
         // then fails here with a message instead of killing a rank with SIGBUS on first touch.
         match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, map_len as u64) {
             Ok(()) | Err(Errno::OPNOTSUPP) => {}
-            Err(Errno::NOSPC) => {
+            // ENOMEM: the pages would exceed the memory limit of the cgroup.
+            Err(Errno::NOSPC | Errno::NOMEM) => {
                 return Err(Error::no_mem(format!(
                     "shared-memory segment {name}: /dev/shm has no room for {map_len} bytes; \
                      enlarge it (e.g. docker run --shm-size) or use smaller buffers"
@@ -229,8 +238,17 @@ impl ShmSegment {
     /// `expected_len` implies, and carry a complete header of this version of hcomm; anything
     /// else fails with [`Error::Transport`] naming the segment and what was wrong.
     pub(crate) fn open(name: &str, expected_len: usize) -> Result<ShmSegment> {
+        Self::open_with(name, Some(expected_len))
+    }
+
+    /// [`ShmSegment::open`] for a segment of any length: the payload's length is taken from
+    /// the segment's size, and its header must agree with it.
+    pub(crate) fn open_any(name: &str) -> Result<ShmSegment> {
+        Self::open_with(name, None)
+    }
+
+    fn open_with(name: &str, expected_len: Option<usize>) -> Result<ShmSegment> {
         validate_name(name)?;
-        let map_len = mapping_len(name, expected_len)?;
         let fd =
             rustix::shm::open(name, rustix::shm::OFlags::RDWR, Mode::empty()).map_err(|err| {
                 match err {
@@ -257,7 +275,10 @@ impl ShmSegment {
                  with mode 0600 and refuses others"
             )));
         }
-        if u64::try_from(stat.st_size).ok() != Some(map_len as u64) {
+        let size = usize::try_from(stat.st_size).unwrap_or(0);
+        let expected_len = expected_len.unwrap_or_else(|| size.saturating_sub(PAYLOAD_OFFSET));
+        let map_len = mapping_len(name, expected_len)?;
+        if size != map_len {
             return Err(Error::transport_failed(format!(
                 "shared-memory segment {name} is {} bytes long, expected {map_len} (a \
                  {PAYLOAD_OFFSET}-byte header and {expected_len} bytes of payload): it belongs \
