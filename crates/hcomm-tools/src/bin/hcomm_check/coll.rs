@@ -157,8 +157,9 @@ pub(super) fn collectives(
 }
 
 /// All-reduce and broadcast on pool buffers of `bytes` bytes, twice (the second round on
-/// fresh buffers must reuse the first round's blocks); every element checked.
-pub(super) fn big_pool(comm: &Communicator, bytes: usize) -> Result<()> {
+/// fresh buffers must reuse the first round's blocks); every element checked. With `heap`
+/// the pool must miss, and the buffers come from the heap.
+pub(super) fn big_pool(comm: &Communicator, bytes: usize, heap: bool) -> Result<()> {
     let (n, r) = (comm.size(), comm.rank());
     let count = bytes / 4;
     // Small integers: every sum is exact in float32.
@@ -168,8 +169,11 @@ pub(super) fn big_pool(comm: &Communicator, bytes: usize) -> Result<()> {
         let mut send = comm.alloc::<f32>(count)?;
         let mut recv = comm.alloc::<f32>(count)?;
         ensure!(
-            send.in_pool() && recv.in_pool(),
-            "round {round}: the pool did not serve {bytes} bytes: {:?}",
+            [send.in_pool(), recv.in_pool()] == [!heap; 2],
+            "round {round}: {bytes} bytes in the pool: {}, {}, expected {}: {:?}",
+            send.in_pool(),
+            recv.in_pool(),
+            !heap,
             comm.pool_stats()
         );
         for (i, v) in send.iter_mut().enumerate() {

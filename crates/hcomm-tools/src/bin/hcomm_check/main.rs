@@ -182,6 +182,9 @@ enum Scenario {
         /// Bytes of each buffer.
         #[arg(long, default_value_t = 256 << 20)]
         bytes: usize,
+        /// The pool must miss instead (a /dev/shm too small): the buffers come from the heap.
+        #[arg(long)]
+        heap: bool,
     },
 }
 
@@ -345,8 +348,8 @@ fn run(scenario: Scenario) -> Result<()> {
             );
             "wakeups"
         }
-        Scenario::BigPool { bytes } => {
-            coll::big_pool(&comm, bytes)?;
+        Scenario::BigPool { bytes, heap } => {
+            coll::big_pool(&comm, bytes, heap)?;
             "big-pool"
         }
         Scenario::Kill { pool, pool_bytes } => {
