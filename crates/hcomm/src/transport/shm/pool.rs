@@ -2,9 +2,14 @@
 //!
 //! A rank's pool is a set of *blocks*, each one [`ShmSegment`] named
 //! `hcomm-<job id>-<rank>-pool<k>` ([`segment_name`]), created lazily when an allocation needs
-//! room, up to a configured total. The other ranks of the host map a block by its name and its
-//! [`ShmPool::block_size`], so a collective on pool memory can read a peer's buffer in place:
+//! room, up to a configured total. *Ordinary* blocks hold [`ShmPool::block_size`] bytes
+//! (`HCOMM_POOL_BLOCK`, 64 MiB by default) and serve every request up to that size; a larger
+//! request gets a *grown* block of its own size (rounded up to [`GROWN_ALIGN`], 2 MiB), so
+//! 256 MiB and 1 GiB tensors are pool memory without tuning. The other ranks of the host map
+//! a block by its name alone ([`ShmSegment::open_any`]: the length comes from the segment),
+//! on first use, so a collective on pool memory can read a peer's buffer in place:
 //! [`ShmPool::locate`] turns a pointer range into *(block, offset)*, which is all a peer needs.
+//! Block indices are never reused, so a peer's mapping of block *k* stays valid.
 //!
 //! ```text
 //! block k (payload of the segment, 128-byte aligned)
@@ -34,21 +39,43 @@
 //!   the start of a live allocation (a double free, an interior pointer, heap memory) is an
 //!   [`Error::InvalidArgument`] that changes nothing.
 //!
+//! * A request is placed first-fit in the blocks of its kind (ordinary blocks for requests
+//!   up to `block_size`, grown blocks for larger ones), else in a new block of its kind,
+//!   else in any block with room; so small allocations do not fragment the grown blocks
+//!   while ordinary ones can be made.
+//!
+//! # Memory: what the pool takes and gives back
+//!
+//! [`PoolConfig::max_total`] bounds the bytes of `/dev/shm` the blocks of one rank hold
+//! (`HCOMM_POOL_MAX`; by default [`default_max_total`]: half of the smaller of `/dev/shm`'s
+//! free space and the physical memory, shared evenly by the local ranks, at least one block).
+//! A block's memory is reserved in full when it is created (`fallocate` in
+//! [`ShmSegment::create`]), so a full `/dev/shm` fails there, never with SIGBUS on first
+//! touch. Ordinary blocks keep their memory while the pool lives, as a cache for the next
+//! allocations. Grown blocks give freed memory back at once: the whole pages of a free
+//! extent are punched out of the segment's file (`FALLOC_FL_PUNCH_HOLE`, which frees them
+//! for the peers' mappings too) and no longer count against the limit; an allocation that
+//! lands on such pages reserves them again with `fallocate` first, within the limit.
+//!
 //! # Misses
 //!
-//! [`ShmPool::alloc`] returns `None` when the request is larger than a block, when every block
-//! is full and the pool is at its maximum, or when a new block cannot be created (a full
-//! `/dev/shm`, a leftover name); the caller then uses ordinary heap memory, which the
-//! collectives still handle through their staging paths. A failed block creation is logged
-//! once and not retried, so later misses cost no system calls. [`ShmPool::stats`] counts hits
-//! and misses for the profiler.
+//! [`ShmPool::alloc`] returns `None` when the request is larger than the limit, when no block
+//! has room and a new one would pass the limit or the most blocks ([`MAX_BLOCKS`]), or when
+//! `/dev/shm` has no room for a new block or for reserving given-back pages again (checked
+//! with `statvfs` before creating, and by `fallocate` itself); the caller then uses ordinary
+//! heap memory, which the collectives still handle through their staging paths. Want of room
+//! is logged once and tried again by later requests (memory may have been freed); another
+//! failure to create a block (a leftover name) is logged and not retried, so later misses
+//! cost no system calls. [`ShmPool::stats`] counts hits and misses for the profiler.
 //!
 //! # Names
 //!
 //! A block's name must exist until every local rank has mapped it. With
 //! [`PoolConfig::mappers`] local ranks (this one included), the last of them to map a block
 //! removes the name ([`ShmSegment::unlink_if_last`]); with one local rank the creator removes
-//! it at once. Dropping the pool removes whatever names are left and unmaps its blocks.
+//! it at once. Dropping the pool removes whatever names are left and unmaps its blocks. A
+//! rank killed before every local rank mapped its block leaves the name for the launcher to
+//! sweep (hcommrun removes the job's names when the job ends).
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
@@ -95,11 +122,12 @@ fn class_of(size: usize) -> usize {
 /// How a pool is sized and who maps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PoolConfig {
-    /// Payload bytes of each block: a multiple of [`POOL_ALIGN`], at least [`SLAB_SIZE`]. Also
-    /// the largest allocation the pool serves.
+    /// Payload bytes of each ordinary block: a multiple of [`POOL_ALIGN`], at least
+    /// [`SLAB_SIZE`]. A larger allocation gets a grown block of its own size.
     pub block_size: usize,
-    /// Most bytes of blocks this rank creates; at least `block_size`, and at most
-    /// [`MAX_BLOCKS`] blocks.
+    /// Most bytes of `/dev/shm` the blocks of this rank hold together (less what grown blocks
+    /// gave back); at least `block_size`. The number of blocks is at most
+    /// `max_total / block_size` and [`MAX_BLOCKS`].
     pub max_total: usize,
     /// How many processes map each block, this one included: the local ranks. The last of
     /// them to map a block removes its name.
