@@ -1467,63 +1467,92 @@ mod tests {
         ]
     }
 
+    /// Runs `ops` on `pool` against a model: every allocation aligned, inside its block,
+    /// disjoint from every other live one and left intact until freed; the counters follow;
+    /// the allocator's invariants hold after every step (given-back memory only in free
+    /// extents); after freeing everything each block is one free extent again.
+    fn run_model(pool: &ShmPool, ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
+        let mut model: Vec<(PoolPtr, u8)> = Vec::new();
+        let (mut hits, mut misses) = (0, 0);
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Alloc(size) => {
+                    let Some(p) = pool.alloc(size) else {
+                        misses += 1;
+                        continue;
+                    };
+                    hits += 1;
+                    let start = p.as_ptr() as usize;
+                    let end = start + p.capacity();
+                    prop_assert_eq!(start % POOL_ALIGN, 0);
+                    let rounded = size.max(1).next_multiple_of(POOL_ALIGN);
+                    prop_assert!(p.capacity() >= rounded && p.capacity() <= rounded * 3 / 2);
+                    let located = pool.locate(p.as_ptr(), p.capacity());
+                    prop_assert_eq!(located, Some((p.block(), p.offset())));
+                    for (q, _) in &model {
+                        let (s, e) = (q.as_ptr() as usize, q.as_ptr() as usize + q.capacity());
+                        prop_assert!(end <= s || e <= start, "{:?} overlaps {:?}", p, q);
+                    }
+                    fill(&p, step as u8);
+                    model.push((p, step as u8));
+                }
+                Op::Free(pick) => {
+                    if model.is_empty() {
+                        continue;
+                    }
+                    let (p, byte) = model.swap_remove(pick % model.len());
+                    prop_assert!(holds(&p, byte), "{:?} was overwritten", p);
+                    free(&pool, p.as_ptr()).unwrap();
+                    prop_assert!(free(&pool, p.as_ptr()).is_err());
+                }
+            }
+            pool.check();
+            let stats = pool.stats();
+            let in_use: usize = model.iter().map(|(p, _)| p.capacity()).sum();
+            prop_assert_eq!((stats.hits, stats.misses), (hits, misses));
+            prop_assert_eq!(stats.bytes_in_use, in_use as u64);
+            prop_assert!(stats.high_water >= stats.bytes_in_use);
+        }
+        for (p, byte) in model.drain(..) {
+            prop_assert!(holds(&p, byte));
+            free(&pool, p.as_ptr()).unwrap();
+        }
+        pool.check();
+        prop_assert!(pool.all_free());
+        prop_assert_eq!(pool.stats().bytes_in_use, 0);
+        Ok(())
+    }
+
+    /// Sizes that need grown blocks too (ordinary blocks of 64 KiB; up to 3 MiB).
+    fn op_grown() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => (0usize..=SMALL_MAX).prop_map(Op::Alloc),
+            1 => (SMALL_MAX..=64 * KIB).prop_map(Op::Alloc),
+            2 => (64 * KIB..=3 << 20).prop_map(Op::Alloc),
+            3 => any::<usize>().prop_map(Op::Free),
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
-        /// Random allocations and frees against a model: every allocation aligned, inside its
-        /// block, disjoint from every other live one and left intact until freed; the
-        /// counters follow; after freeing everything each block is one free extent again.
+        /// Random allocations and frees in ordinary blocks against a model.
         #[test]
         fn random_sequences_match_a_model(ops in proptest::collection::vec(op(), 1..300)) {
-            let pool = pool(128 * KIB, 3, 1);
-            let mut model: Vec<(PoolPtr, u8)> = Vec::new();
-            let (mut hits, mut misses) = (0, 0);
-            for (step, op) in ops.into_iter().enumerate() {
-                match op {
-                    Op::Alloc(size) => {
-                        let Some(p) = pool.alloc(size) else {
-                            misses += 1;
-                            continue;
-                        };
-                        hits += 1;
-                        let start = p.as_ptr() as usize;
-                        let end = start + p.capacity();
-                        prop_assert_eq!(start % POOL_ALIGN, 0);
-                        let rounded = size.max(1).next_multiple_of(POOL_ALIGN);
-                        prop_assert!(p.capacity() >= rounded && p.capacity() <= rounded * 3 / 2);
-                        let located = pool.locate(p.as_ptr(), p.capacity());
-                        prop_assert_eq!(located, Some((p.block(), p.offset())));
-                        for (q, _) in &model {
-                            let (s, e) = (q.as_ptr() as usize, q.as_ptr() as usize + q.capacity());
-                            prop_assert!(end <= s || e <= start, "{:?} overlaps {:?}", p, q);
-                        }
-                        fill(&p, step as u8);
-                        model.push((p, step as u8));
-                    }
-                    Op::Free(pick) => {
-                        if model.is_empty() {
-                            continue;
-                        }
-                        let (p, byte) = model.swap_remove(pick % model.len());
-                        prop_assert!(holds(&p, byte), "{:?} was overwritten", p);
-                        free(&pool, p.as_ptr()).unwrap();
-                        prop_assert!(free(&pool, p.as_ptr()).is_err());
-                    }
-                }
-                pool.check();
-                let stats = pool.stats();
-                let in_use: usize = model.iter().map(|(p, _)| p.capacity()).sum();
-                prop_assert_eq!((stats.hits, stats.misses), (hits, misses));
-                prop_assert_eq!(stats.bytes_in_use, in_use as u64);
-                prop_assert!(stats.high_water >= stats.bytes_in_use);
-            }
-            for (p, byte) in model.drain(..) {
-                prop_assert!(holds(&p, byte));
-                free(&pool, p.as_ptr()).unwrap();
-            }
-            pool.check();
-            prop_assert!(pool.all_free());
-            prop_assert_eq!(pool.stats().bytes_in_use, 0);
+            run_model(&pool(128 * KIB, 3, 1), ops)?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// The same with grown blocks, whose freed memory is given back and reserved again,
+        /// within a limit of 12 MiB.
+        #[test]
+        fn random_sequences_with_grown_blocks_match_a_model(
+            ops in proptest::collection::vec(op_grown(), 1..200)
+        ) {
+            run_model(&pool(64 * KIB, 192, 1), ops)?;
         }
     }
 
