@@ -516,6 +516,33 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn open_any_takes_the_length_from_the_segment() {
+        let name = unique_name("any");
+        let a = ShmSegment::create(&name, 8192).unwrap();
+        let b = ShmSegment::open_any(&name).unwrap();
+        assert_eq!((b.len(), a.mapped_count()), (8192, 2));
+        // The header must agree with the size of the file.
+        // SAFETY: the header is mapped and nothing else uses the segment.
+        unsafe { ptr::addr_of_mut!((*a.header_ptr()).len).write(4096) };
+        let msg = transport_message(ShmSegment::open_any(&name));
+        assert!(msg.contains("4096 bytes of payload"), "{msg}");
+        ShmSegment::unlink(&name).unwrap();
+
+        let short = unique_name("anyshort");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dev_shm(&short))
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let msg = transport_message(ShmSegment::open_any(&short));
+        ShmSegment::unlink(&short).unwrap();
+        assert!(msg.contains("10 bytes long"), "{msg}");
+    }
+
+    #[test]
     fn the_last_mapper_unlinks() {
         let name = unique_name("last");
         let creator = ShmSegment::create(&name, 64).unwrap();
