@@ -156,8 +156,8 @@ def empty(
     communicator of the last :func:`init`), 64-byte aligned; collectives between ranks of
     one host read such arrays in place; arrays larger than an ordinary block
     (``HCOMM_POOL_BLOCK``) get a block of their own size. Falls back to the heap when the
-    pool cannot serve the size (over ``HCOMM_POOL_MAX``, ``/dev/shm`` full). The memory is freed when the array
-    and every view of it are. Its contents are zero (like :func:`zeros`).
+    pool cannot serve the size (over ``HCOMM_POOL_MAX``, ``/dev/shm`` full). The memory is
+    freed when the array and every view of it are. Its contents are zero (like :func:`zeros`).
     """
     c = _default(comm)
     dt = np.dtype(dtype)

@@ -1502,8 +1502,8 @@ mod tests {
                     }
                     let (p, byte) = model.swap_remove(pick % model.len());
                     prop_assert!(holds(&p, byte), "{:?} was overwritten", p);
-                    free(&pool, p.as_ptr()).unwrap();
-                    prop_assert!(free(&pool, p.as_ptr()).is_err());
+                    free(pool, p.as_ptr()).unwrap();
+                    prop_assert!(free(pool, p.as_ptr()).is_err());
                 }
             }
             pool.check();
@@ -1515,7 +1515,7 @@ mod tests {
         }
         for (p, byte) in model.drain(..) {
             prop_assert!(holds(&p, byte));
-            free(&pool, p.as_ptr()).unwrap();
+            free(pool, p.as_ptr()).unwrap();
         }
         pool.check();
         prop_assert!(pool.all_free());
