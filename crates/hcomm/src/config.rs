@@ -149,8 +149,8 @@ pub struct Config {
     /// allocation gets a block of its own size).
     pub pool_block: usize,
     /// `HCOMM_POOL_MAX`: most bytes of `/dev/shm` the pool blocks of one rank hold; `0` turns
-    /// the pool off; unset (`None`): half of the smaller of `/dev/shm`'s free space and the
-    /// physical memory, divided by the ranks on the host.
+    /// the pool off; unset (`None`): half of the smallest of `/dev/shm`'s free space, the
+    /// physical memory and the control group's memory limit, divided by the ranks on the host.
     pub pool_max: Option<usize>,
     /// `HCOMM_CMA`: `auto` (use cross-memory attach where the kernel allows it) or `off`.
     pub cma: crate::transport::shm::cma::CmaMode,

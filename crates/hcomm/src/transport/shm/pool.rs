@@ -47,8 +47,9 @@
 //! # Memory: what the pool takes and gives back
 //!
 //! [`PoolConfig::max_total`] bounds the bytes of `/dev/shm` the blocks of one rank hold
-//! (`HCOMM_POOL_MAX`; by default [`default_max_total`]: half of the smaller of `/dev/shm`'s
-//! free space and the physical memory, shared evenly by the local ranks, at least one block).
+//! (`HCOMM_POOL_MAX`; by default [`default_max_total`]: half of the smallest of `/dev/shm`'s
+//! free space, the physical memory and the control group's memory limit, shared evenly by
+//! the local ranks, at least one block).
 //! A block's memory is reserved in full when it is created (`fallocate` in
 //! [`ShmSegment::create`]), so a full `/dev/shm` fails there, never with SIGBUS on first
 //! touch. Ordinary blocks keep their memory while the pool lives, as a cache for the next
@@ -559,16 +560,37 @@ fn dev_shm_room() -> Option<usize> {
         .then(|| usize::try_from(fs.f_bavail.saturating_mul(fs.f_frsize)).unwrap_or(usize::MAX))
 }
 
+/// The memory limit of this process's control group (shared memory is charged to it), if
+/// one is set: cgroup v2's `memory.max` or v1's `memory.limit_in_bytes`, as seen from inside
+/// a container.
+fn cgroup_memory_limit() -> Option<usize> {
+    [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    })
+    .filter_map(|limit| usize::try_from(limit).ok())
+    .min()
+}
+
 /// The default limit on one rank's pool when `local_ranks` ranks share this host: half of
-/// the smaller of `/dev/shm`'s free space and the physical memory, shared evenly by the
-/// local ranks, and at least one block of `block_size` bytes. [`DEFAULT_MAX_TOTAL`] stands
-/// in for what cannot be read.
+/// the smallest of `/dev/shm`'s free space, the physical memory and the control group's
+/// memory limit, shared evenly by the local ranks, and at least one block of `block_size`
+/// bytes. [`DEFAULT_MAX_TOTAL`] stands in for what cannot be read.
 pub(crate) fn default_max_total(local_ranks: usize, block_size: usize) -> usize {
     let memory = rustix::system::sysinfo();
     let physical =
         usize::try_from(u64::from(memory.mem_unit).saturating_mul(memory.totalram as u64))
             .ok()
-            .filter(|&m| m > 0);
+            .filter(|&m| m > 0)
+            .map(|m| cgroup_memory_limit().map_or(m, |limit| limit.min(m)));
     let room = match (dev_shm_room(), physical) {
         (Some(shm), Some(mem)) => shm.min(mem),
         (one, other) => one
