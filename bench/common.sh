@@ -71,6 +71,7 @@ bench_setup() {
   export HCOMM_TIMEOUT=${HCOMM_TIMEOUT:-30}
   RUN_TIMEOUT=${RUN_TIMEOUT:-300}
   PERF=${HCOMM_PERF:-${CARGO_TARGET_DIR:-$ROOT/target}/release/hcomm_perf}
+  HCOMMRUN=${HCOMMRUN:-$(dirname "$PERF")/hcommrun}
   MPIBIN=$HERE/build/mpi_bench_ompi
   NP=2 PIN=1
   PIDS=()
@@ -145,7 +146,9 @@ ns_up() {
 # hcomm_ranks OUTNAME "VAR=VALUE ..." ARGS...: hcomm_perf ARGS --time-target TARGET on NP
 # ranks (default 2) with a fresh port and secret each run; rank 0 hosts the store at IPA.
 # PIN=1 (default; NP must be 2): rank 0 in A, rank 1 in B (ANS, BNS: namespace and CPU);
-# PIN=0: every rank on this host, unpinned. Rank 0's table goes to RAW.OUTNAME.tmp and its
+# on one host (LOCAL=1) hcommrun starts them instead, pinned with --bind-to core (rank 0 on
+# the first allowed core, rank 1 on the second; hcommrun's store on 127.0.0.1 and a fresh
+# secret). PIN=0: every rank on this host, unpinned. Rank 0's table goes to RAW.OUTNAME.tmp and its
 # JSON to RAW.OUTNAME.json.tmp, rank r's stderr to RAW.OUTNAME.err<r>.tmp; the variables are
 # added to every rank's environment. Sets RUN_RC0 (rank 0's exit code), RUN_RC1 (the first
 # non-zero one of the other ranks, else 0) and RUN_MS (milliseconds); the caller logs them
@@ -158,6 +161,20 @@ hcomm_ranks() {
   secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
   [ $PIN = 0 ] || [ $NP = 2 ] || { echo "$NAME: pinned runs have 2 ranks, not $NP" >&2; exit 1; }
   local t0=$(date +%s%N)
+  if [ $PIN = 1 ] && [ $LOCAL = 1 ]; then
+    RUN_RC0=0 RUN_RC1=0
+    # Rank 0's table and JSON to the raw files, the other rank's output dropped; each rank's
+    # stderr to its own file, hcommrun's to err_run.
+    J="$RAW.$name.json.tmp" OUT="$RAW.$name.tmp" E="$RAW.$name" \
+      env -u HCOMM_ROOT_ADDR -u HCOMM_JOB_SECRET $vars timeout "$RUN_TIMEOUT" \
+      "$HCOMMRUN" -n 2 --bind-to core -- sh -c 'if [ "$HCOMM_RANK" = 0 ]; then
+          exec "$@" -J "$J" >"$OUT" 2>"$E.err0.tmp"
+        else
+          exec "$@" >/dev/null 2>"$E.err$HCOMM_RANK.tmp"
+        fi' sh "$PERF" "$@" --time-target "$TARGET" 2>"$RAW.$name.err_run.tmp" || RUN_RC0=$?
+    RUN_MS=$((($(date +%s%N) - t0) / 1000000))
+    return
+  fi
   for ((r = 0; r < NP; r++)); do
     wrap=
     [ $PIN = 1 ] && { [ $r = 0 ] && wrap=$ANS || wrap=$BNS; }

@@ -3,9 +3,9 @@
 #
 # Part 1, 2 ranks, one per core (rank 0 on CPU 0, rank 1 on CPU 1):
 #   * hcomm:    hcomm_perf pingpong, allreduce (float32, sum), broadcast and allgather,
-#               8 B..--max, plus one allreduce at --big (default 256M); ranks started by hand
-#               with taskset (hcommrun cannot pin), 127.0.0.1:<random port> for the store, a
-#               random HCOMM_JOB_SECRET; every result checked (-c 1). HCOMM_TRANSPORT is left
+#               8 B..--max, plus one allreduce at --big (default 256M); ranks started by
+#               hcommrun --bind-to core (rank 0 on the first core, rank 1 on the second; its
+#               store on 127.0.0.1, a fresh HCOMM_JOB_SECRET); every result checked (-c 1). HCOMM_TRANSPORT is left
 #               unset (the engine picks the transport). The collectives get `--mem pool`
 #               (buffers in hcomm's shared-memory pool) when `hcomm_perf OP --help` lists
 #               --mem, else they run on heap buffers.
@@ -106,10 +106,8 @@ for ((i = 0; i < REPS; i++)); do
   both "lat_ar$i" allreduce "allreduce -b 8 -e 8 -d float32 -o sum $MEM" "-b 8 -e 8"
 done
 if [ $DOBIG = 1 ]; then
-  # The pool serves allocations up to one block (HCOMM_POOL_BLOCK, 64 MiB by default): the
-  # big buffers get a block that holds both.
-  hcomm_job allreduce_big "${MEM:+HCOMM_POOL_BLOCK=$((4 * BIGB))}" \
-    allreduce -b $BIGB -e $BIGB -d float32 -o sum $MEM
+  # Default pool settings: buffers beyond an ordinary block get a pool block of their own.
+  hcomm_job allreduce_big "" allreduce -b $BIGB -e $BIGB -d float32 -o sum $MEM
   if [ $MPI = 1 ]; then ompi_job allreduce_big_ompi -o allreduce -s $BIGB; fi
 fi
 if [ $TCPREF = 1 ]; then
@@ -178,7 +176,7 @@ bw_row() {
   echo "# time target ${TARGET} s per size, sizes 8..$MAXB B (x2), float32; time = median of the"
   echo "# slowest rank (both tools); busbw = size/time x 2(n-1)/n (allreduce), x 1 (broadcast,"
   echo "# pingpong), x (n-1)/n (allgather); GB/s = 1e9 B/s; allgather size = the whole output"
-  echo "# hcomm: ranks started by hand, rank 0 on CPU 0, rank 1 on CPU 1 (taskset); collectives'"
+  echo "# hcomm: hcommrun -n 2 --bind-to core (rank 0 on the first core, rank 1 on the second); collectives'"
   echo "# buffers: ${BUFS:-heap}; transport: $(if [ -n "${HCOMM_TRANSPORT:-}" ]; then echo "HCOMM_TRANSPORT=$HCOMM_TRANSPORT"; else echo "the engine's choice (HCOMM_TRANSPORT unset; hcomm_perf does not report it)"; fi)"
   [ $MPI = 1 ] && echo "# Open MPI: OMPI_MCA_btl_vader_single_copy_mechanism=cma mpirun.openmpi -np 2 --bind-to core --mca btl vader,self"
   summary_runs

@@ -154,9 +154,10 @@ def empty(
 ) -> npt.NDArray[Any]:
     """A C-contiguous numpy array in the shared-memory pool of ``comm``'s rank (default: the
     communicator of the last :func:`init`), 64-byte aligned; collectives between ranks of
-    one host read such arrays in place. Falls back to the heap when the pool cannot serve
-    the size (``HCOMM_POOL_BLOCK``, ``HCOMM_POOL_MAX``). The memory is freed when the array
-    and every view of it are. Its contents are zero (like :func:`zeros`).
+    one host read such arrays in place; arrays larger than an ordinary block
+    (``HCOMM_POOL_BLOCK``) get a block of their own size. Falls back to the heap when the
+    pool cannot serve the size (over ``HCOMM_POOL_MAX``, ``/dev/shm`` full). The memory is
+    freed when the array and every view of it are. Its contents are zero (like :func:`zeros`).
     """
     c = _default(comm)
     dt = np.dtype(dtype)

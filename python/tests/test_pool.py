@@ -39,3 +39,29 @@ def test_pool_arrays() -> None:
         comm.destroy()
         """,
     )
+
+
+@pytest.mark.timeout(120)
+def test_large_pool_arrays_with_default_settings() -> None:
+    # 256 MiB, beyond the 64 MiB ordinary block: still pool memory (a block of its own),
+    # and the all-reduce on it is right (the job's environment has no HCOMM_* settings).
+    job(
+        2,
+        """
+        import gc
+        a = hcomm.empty(64 << 20, np.float32)
+        base = a
+        while not isinstance(base, hcomm.PoolMemory):
+            base = base.obj if isinstance(base, memoryview) else base.base
+        assert base.in_pool, comm._info()["pool"]
+        a[:] = rank + 1
+        a[::4096] = 7 * (rank + 1)
+        comm.allreduce(a)
+        assert (a[1::4096] == 3).all() and (a[::4096] == 21).all()
+        del a, base
+        gc.collect()
+        assert comm._info()["pool"]["bytes_in_use"] == 0, comm._info()["pool"]
+        comm.destroy()
+        """,
+        timeout=100,
+    )

@@ -4,6 +4,7 @@
 
 use std::io::{self, BufRead, Write};
 
+pub mod bind;
 pub mod pattern;
 pub mod plot;
 

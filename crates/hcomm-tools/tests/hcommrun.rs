@@ -491,3 +491,83 @@ fn help_documents_the_variables() {
         assert!(help.contains(var), "--help lacks {var}");
     }
 }
+
+/// The CPUs of a kernel CPU list such as `0-2,5`.
+fn parse_cpu_list(list: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(lo.parse::<usize>().unwrap()..=hi.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+/// Runs `n` ranks with `flags`; each reports HCOMM_BIND_TO, HCOMM_BIND_CPUS and the CPUs its
+/// shell may run on (from the kernel). Returns them by rank.
+fn affinities(n: usize, flags: &[&str]) -> Vec<(String, String, Vec<usize>)> {
+    let script = "echo \"$HCOMM_BIND_TO;${HCOMM_BIND_CPUS-unset};\
+                  $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/$$/status)\"";
+    let n_text = n.to_string();
+    let mut args = vec!["-n", &n_text];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    let f = run(hcommrun(&args));
+    assert!(f.status.success(), "{}", f.stderr);
+    let mut by_rank = vec![None; n];
+    for (rank, rest) in prefixed_lines(&f.stdout_text()) {
+        let fields: Vec<&str> = rest.split(';').collect();
+        let cpus = parse_cpu_list(fields[2]);
+        by_rank[rank] = Some((fields[0].to_owned(), fields[1].to_owned(), cpus));
+    }
+    by_rank
+        .into_iter()
+        .map(|r| r.expect("a rank reported nothing"))
+        .collect()
+}
+
+#[test]
+fn ranks_that_fit_are_pinned_to_distinct_cores_within_the_mask() {
+    let cores = hcomm_tools::bind::allowed_cores().unwrap();
+    let mine: Vec<usize> = cores.iter().flatten().copied().collect();
+    if cores.len() < 2 {
+        // One allowed core: two ranks do not fit, so they are left alone.
+        for (bind, _, cpus) in affinities(2, &[]) {
+            assert_eq!((bind.as_str(), cpus), ("none", mine.clone()));
+        }
+        return;
+    }
+    for flags in [&[][..], &["--bind-to", "core"][..]] {
+        let got = affinities(2, flags);
+        for (rank, (bind, listed, cpus)) in got.iter().enumerate() {
+            assert_eq!(bind, "core", "{flags:?}");
+            assert_eq!(cpus, &cores[rank], "rank {rank} {flags:?}");
+            assert_eq!(listed, &hcomm_tools::bind::cpu_list(&cores[rank]));
+        }
+        assert!(got[0].2.iter().all(|c| !got[1].2.contains(c)), "{got:?}");
+    }
+}
+
+#[test]
+fn bind_to_none_and_oversubscription_leave_the_mask() {
+    let cores = hcomm_tools::bind::allowed_cores().unwrap();
+    let mine: Vec<usize> = cores.iter().flatten().copied().collect();
+    let over = cores.len() + 1;
+    for (n, flags) in [(2, &["--bind-to", "none"][..]), (over, &[][..])] {
+        for (bind, listed, cpus) in affinities(n, flags) {
+            assert_eq!((bind.as_str(), listed.as_str()), ("none", "unset"));
+            assert_eq!(cpus, mine, "-n {n} {flags:?}");
+        }
+    }
+    // Asking for a core each when the ranks do not fit is refused, as mpirun does.
+    let f = run(hcommrun(&[
+        "-n",
+        &over.to_string(),
+        "--bind-to",
+        "core",
+        "true",
+    ]));
+    assert_eq!(f.status.code(), Some(2), "{}", f.stderr);
+    assert!(f.stderr.contains("--bind-to none"), "{}", f.stderr);
+    let f = run(hcommrun(&["-n", "1", "--bind-to", "socket", "true"]));
+    assert_eq!(f.status.code(), Some(2), "{}", f.stderr);
+}

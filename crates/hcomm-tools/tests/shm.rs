@@ -168,6 +168,96 @@ fn every_protocol_wakes_a_sleeping_receiver() {
     );
 }
 
+/// Runs `hcomm_check big-pool ARGS` on 2 ranks with default pool settings and
+/// `HCOMM_DEBUG=1`, wrapped in `wrap` (a command that runs hcommrun and its arguments);
+/// asserts that both ranks finished and that the job left nothing in /dev/shm.
+fn big_pool(wrap: &[&str], args: &[&str], limit: Duration) -> String {
+    let mut c = Command::new(wrap.first().copied().unwrap_or(HCOMMRUN));
+    c.args(wrap.iter().skip(1))
+        .args(if wrap.is_empty() {
+            &[][..]
+        } else {
+            &[HCOMMRUN][..]
+        })
+        .args(["-n", "2", "--timeout", &limit.as_secs().to_string(), "--"])
+        .args([CHECK, "big-pool"])
+        .args(args)
+        .env("HCOMM_TIMEOUT", "60")
+        .env("HCOMM_DEBUG", "1")
+        .env_remove("HCOMM_POOL_BLOCK")
+        .env_remove("HCOMM_POOL_MAX");
+    let (o, _) = run_bounded(&mut c, limit + Duration::from_secs(30));
+    let t = text(&o);
+    assert!(o.status.success(), "big-pool {args:?} failed:\n{t}");
+    assert!(
+        t.contains("[0] OK big-pool") && t.contains("[1] OK big-pool"),
+        "{t}"
+    );
+    t
+}
+
+#[test]
+fn the_pool_serves_256_mib_collectives_with_default_settings() {
+    // Four 256 MiB buffers per rank, beyond the 64 MiB ordinary block: each gets a grown
+    // block, which the peer maps; all-reduce and broadcast results are checked, the second
+    // round reuses the blocks, and nothing is left in /dev/shm.
+    let t = big_pool(&[], &[], Duration::from_secs(150));
+    let left = left_in_dev_shm(&t);
+    assert!(left.is_empty(), "left behind: {left:?}\n{t}");
+}
+
+/// 1 GiB buffers: 4 GiB of /dev/shm for the job and about a minute on a loaded 2-core
+/// machine, so not run by default (`cargo nextest run --run-ignored all pool_serves_1`).
+#[test]
+#[ignore]
+fn the_pool_serves_1_gib_collectives_with_default_settings() {
+    let t = big_pool(&[], &["--bytes", "1073741824"], Duration::from_secs(300));
+    let left = left_in_dev_shm(&t);
+    assert!(left.is_empty(), "left behind: {left:?}\n{t}");
+}
+
+#[test]
+fn a_full_dev_shm_sends_large_buffers_to_the_heap() {
+    // A private /dev/shm of 160 MiB (a mount namespace of this test's own): the rings and an
+    // ordinary block fit, 256 MiB buffers do not, so the pool misses and the collectives run
+    // on heap memory, with correct results and no SIGBUS.
+    let probe = Command::new("unshare")
+        .args([
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=1m tmpfs /dev/shm",
+        ])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!(
+            "skipped: cannot mount a private /dev/shm here (needs unshare and CAP_SYS_ADMIN)"
+        );
+        return;
+    }
+    let script = "mount -t tmpfs -o size=160m tmpfs /dev/shm && exec \"$0\" \"$@\"";
+    big_pool(
+        &["unshare", "--mount", "sh", "-c", script],
+        &["--heap"],
+        Duration::from_secs(150),
+    );
+}
+
+#[test]
+fn hcommrun_sweeps_a_grown_pool_block_of_a_killed_rank() {
+    // As above, with 256 MiB held: a grown block of its own, nobody mapped it.
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "3", "--timeout", "60", "--", CHECK, "kill", "--pool"])
+        .args(["--pool-bytes", "268435456"])
+        .env("HCOMM_TIMEOUT", "30")
+        .env("HCOMM_DEBUG", "1");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(90));
+    let t = text(&o);
+    assert!(t.contains("rank 1 was killed by signal SIGKILL"), "{t}");
+    let left = left_in_dev_shm(&t);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// Runs `hcomm_check all-pairs` on 4 ranks under hcommrun, each rank's host id from
 /// `host_of` (a shell expression of `HCOMM_RANK`), with `env`; returns each rank's counts of
 /// connected TCP sockets once init is done and once every pair exchanged messages.

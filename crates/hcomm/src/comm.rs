@@ -35,7 +35,7 @@ use crate::rng::mix;
 use crate::topology::{RankInfo, Topology};
 use crate::transport::plugin;
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
-use crate::transport::shm::pool::{PoolConfig, ShmPool};
+use crate::transport::shm::pool::{default_max_total, PoolConfig, ShmPool};
 use crate::transport::tcp;
 
 /// Communicator ids with this bit carry hcomm's own traffic (split, barrier), never a
@@ -441,9 +441,11 @@ fn make_pool(
     local_size: usize,
     generation: u64,
 ) -> Result<Option<Arc<ShmPool>>> {
-    if config.pool_max == 0 {
-        return Ok(None);
-    }
+    let max_total = match config.pool_max {
+        Some(0) => return Ok(None),
+        Some(max) => max,
+        None => default_max_total(local_size, config.pool_block),
+    };
     let job_id = match engine.shm_job_id() {
         Some(id) => id.to_owned(),
         None => format!(
@@ -454,7 +456,7 @@ fn make_pool(
     };
     let pool_config = PoolConfig {
         block_size: config.pool_block,
-        max_total: config.pool_max.max(config.pool_block),
+        max_total: max_total.max(config.pool_block),
         mappers: local_size as u32,
     };
     ShmPool::new(&job_id, rank as u32, pool_config).map(|p| Some(Arc::new(p)))
@@ -700,10 +702,11 @@ impl Communicator {
             // HCOMM_DEBUG=1 asks for exactly this on the terminal.
             match &pool {
                 Some(p) => eprintln!(
-                    "hcomm: rank {rank}: shared-memory pool: blocks of {} B, at most {} B \
-                     (HCOMM_POOL_BLOCK, HCOMM_POOL_MAX); larger allocations use the heap",
+                    "hcomm: rank {rank}: shared-memory pool: blocks of {} B (larger \
+                     allocations get a block of their size), at most {} B in all \
+                     (HCOMM_POOL_BLOCK, HCOMM_POOL_MAX); what does not fit uses the heap",
                     p.block_size(),
-                    p.block_size() * p.max_blocks()
+                    p.max_total()
                 ),
                 None => eprintln!("hcomm: rank {rank}: shared-memory pool off (HCOMM_POOL_MAX=0)"),
             }

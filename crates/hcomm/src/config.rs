@@ -74,8 +74,6 @@ pub(crate) const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
 pub(crate) const DEFAULT_SHM_RING: usize = 1 << 20;
 /// Default bytes of each shared-memory pool block (`HCOMM_POOL_BLOCK`).
 pub(crate) const DEFAULT_POOL_BLOCK: usize = 64 << 20;
-/// Default most bytes of pool blocks per rank (`HCOMM_POOL_MAX`).
-pub(crate) const DEFAULT_POOL_MAX: usize = 1 << 30;
 /// Default seconds a wait blocks before it is logged as a stall (`HCOMM_STALL_WARN`).
 pub(crate) const DEFAULT_STALL_WARN_SECS: f64 = 10.0;
 
@@ -147,11 +145,13 @@ pub struct Config {
     /// `HCOMM_SHM_RING`: bytes of each shared-memory ring (one per ordered pair of local
     /// ranks).
     pub shm_ring: usize,
-    /// `HCOMM_POOL_BLOCK`: bytes of each shared-memory pool block (the largest pool
-    /// allocation; larger ones come from the heap).
+    /// `HCOMM_POOL_BLOCK`: bytes of each ordinary shared-memory pool block (a larger
+    /// allocation gets a block of its own size).
     pub pool_block: usize,
-    /// `HCOMM_POOL_MAX`: most bytes of pool blocks per rank; `0` turns the pool off.
-    pub pool_max: usize,
+    /// `HCOMM_POOL_MAX`: most bytes of `/dev/shm` the pool blocks of one rank hold; `0` turns
+    /// the pool off; unset (`None`): half of the smallest of `/dev/shm`'s free space, the
+    /// physical memory and the control group's memory limit, divided by the ranks on the host.
+    pub pool_max: Option<usize>,
     /// `HCOMM_CMA`: `auto` (use cross-memory attach where the kernel allows it) or `off`.
     pub cma: crate::transport::shm::cma::CmaMode,
     /// `HCOMM_ALGO`: per-collective algorithm overrides, as written.
@@ -272,7 +272,10 @@ impl Config {
         let shm_chunk = size("HCOMM_SHM_CHUNK", DEFAULT_SHM_CHUNK, 4096, 32 << 20)?;
         let shm_ring = size("HCOMM_SHM_RING", DEFAULT_SHM_RING, 128 << 10, 64 << 20)?;
         let pool_block = size("HCOMM_POOL_BLOCK", DEFAULT_POOL_BLOCK, 64 << 10, 1 << 40)?;
-        let pool_max = size("HCOMM_POOL_MAX", DEFAULT_POOL_MAX, 0, 1 << 44)?;
+        let pool_max = match get("HCOMM_POOL_MAX") {
+            Some(_) => Some(size("HCOMM_POOL_MAX", 0, 0, 1 << 44)?),
+            None => None,
+        };
         let cma = match get(crate::transport::shm::cma::CmaMode::ENV_VAR) {
             Some(v) => crate::transport::shm::cma::CmaMode::from_env_value(&v)?,
             None => crate::transport::shm::cma::CmaMode::Auto,
@@ -784,7 +787,7 @@ mod tests {
         assert!((4096..=32 << 20).contains(&c.shm_chunk));
         assert!((128 << 10..=64 << 20).contains(&c.shm_ring));
         assert!((64 << 10..=1 << 40).contains(&c.pool_block) && c.pool_block % 64 == 0);
-        assert!(c.pool_max <= 1 << 44);
+        assert!(c.pool_max.is_none_or(|m| m <= 1 << 44));
         assert!(c.spin_us.is_none_or(|us| us <= 1_000_000));
         // `tcp`, `shm` or a plug-in's name: a well-formed one.
         assert!(c

@@ -17,10 +17,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 use clap::Parser;
+use hcomm_tools::bind::{self, BindTo, Core};
 use hcomm_tools::{copy_prefixed_lines, generate_job_secret, signal_name, write_line_locked};
 use rustix::io::FdFlags;
 use rustix::pipe::{self, PipeFlags};
 use rustix::process::{self, Pid, Resource, Rlimit, Signal};
+#[cfg(target_os = "linux")]
+use rustix::thread::CpuSet;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 /// Most ranks one hcommrun starts.
@@ -72,6 +75,13 @@ const EXIT_TIMEOUT: i32 = 124;
 /// job the same way. Each rank runs in its own process group, so its children get the
 /// signals too, and a rank is killed if hcommrun dies.
 ///
+/// --bind-to core pins rank r to the r-th core hcommrun may run on (all of that core's
+/// hardware threads that hcommrun's own CPU mask allows), as `mpirun --bind-to core` does;
+/// --bind-to none leaves every rank with hcommrun's mask. Without --bind-to, ranks are pinned
+/// when they fit (no more ranks than allowed cores) and left unpinned when oversubscribed.
+/// Each rank sees the choice in HCOMM_BIND_TO (core or none) and, when pinned, its CPUs in
+/// HCOMM_BIND_CPUS (a comma list).
+///
 /// Exit status: 0 when every rank exited 0; the failed rank's status; 128+N after signal N;
 /// 124 when --timeout ran out; 2 for bad arguments or a program that cannot be started.
 #[derive(Debug, Parser)]
@@ -79,7 +89,7 @@ const EXIT_TIMEOUT: i32 = 124;
     name = "hcommrun",
     version,
     verbatim_doc_comment,
-    override_usage = "hcommrun -n N [--timeout SECS] [--] PROG [ARGS]..."
+    override_usage = "hcommrun -n N [--timeout SECS] [--bind-to core|none] [--] PROG [ARGS]..."
 )]
 struct Args {
     /// Number of ranks to start (1..=1024).
@@ -90,6 +100,11 @@ struct Args {
     /// Stop the whole job after SECS seconds of wall time (exit status 124).
     #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
     timeout: Option<Duration>,
+
+    /// Pin each rank to a core of its own (`core`) or leave the CPU mask alone (`none`).
+    /// Default: `core` when the ranks fit the allowed cores, `none` when they do not.
+    #[arg(long = "bind-to", value_name = "core|none")]
+    bind_to: Option<BindTo>,
 
     /// The program each rank runs, and its arguments.
     #[arg(value_name = "PROG", required = true, trailing_var_arg = true,
@@ -180,6 +195,8 @@ fn run(args: &Args) -> anyhow::Result<i32> {
         }
     };
 
+    let cores = bind::allowed_cores().context("cannot read this process's CPU mask")?;
+    let (bind_to, pins) = bind::plan(args.bind_to, args.ranks, &cores).map_err(|e| anyhow!(e))?;
     let nofile = raise_nofile_limit(args.ranks);
     let start = Instant::now();
     let deadline = args.timeout.map(|t| start + t);
@@ -197,6 +214,8 @@ fn run(args: &Args) -> anyhow::Result<i32> {
             root_addr: &root_addr,
             secret: &secret,
             losses: &losses.env,
+            bind_to,
+            cpus: pins[rank as usize].as_ref(),
         };
         if let Err(e) = start_rank(args, rank, &env, nofile, &tx, &mut job) {
             // Ranks already started would wait for the missing one forever.
@@ -291,6 +310,10 @@ struct RankEnv<'a> {
     secret: &'a OsStr,
     /// `HCOMM_RUN_FD`.
     losses: &'a str,
+    /// `HCOMM_BIND_TO`.
+    bind_to: BindTo,
+    /// The CPUs the rank is pinned to; `None`: hcommrun's mask.
+    cpus: Option<&'a Core>,
 }
 
 /// Starts one rank and the threads that watch it, and adds it to `job`.
@@ -328,6 +351,7 @@ fn spawn_rank(
         .env("HCOMM_ROOT_ADDR", env.root_addr)
         .env("HCOMM_JOB_SECRET", env.secret)
         .env("HCOMM_RUN_FD", env.losses)
+        .env("HCOMM_BIND_TO", env.bind_to.name())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Own group: signals to the group reach the rank's children too, and a Ctrl-C on
@@ -339,8 +363,12 @@ fn spawn_rank(
     } else {
         cmd.stdin(Stdio::null());
     }
+    match env.cpus {
+        Some(cpus) => cmd.env("HCOMM_BIND_CPUS", bind::cpu_list(cpus)),
+        None => cmd.env_remove("HCOMM_BIND_CPUS"),
+    };
     #[cfg(target_os = "linux")]
-    set_parent_death_signal(&mut cmd, nofile);
+    set_parent_death_signal(&mut cmd, nofile, env.cpus.map(|c| bind::set_of(c)));
     #[cfg(not(target_os = "linux"))]
     let _ = nofile;
 
@@ -358,10 +386,10 @@ fn spawn_rank(
     })
 }
 
-/// Makes the rank die with SIGKILL when hcommrun dies, whatever killed hcommrun, and gives
-/// the rank back the open-file limit hcommrun started with.
+/// Makes the rank die with SIGKILL when hcommrun dies, whatever killed hcommrun, gives the
+/// rank back the open-file limit hcommrun started with, and pins it to `cpus` when given.
 #[cfg(target_os = "linux")]
-fn set_parent_death_signal(cmd: &mut Command, nofile: Option<Rlimit>) {
+fn set_parent_death_signal(cmd: &mut Command, nofile: Option<Rlimit>, cpus: Option<CpuSet>) {
     let parent = std::process::id();
     let hook = move || -> io::Result<()> {
         process::set_parent_process_death_signal(Some(Signal::KILL))?;
@@ -373,11 +401,15 @@ fn set_parent_death_signal(cmd: &mut Command, nofile: Option<Rlimit>) {
             // Failure only leaves the raised limit in place, which is harmless.
             let _ = process::setrlimit(Resource::Nofile, limit);
         }
+        if let Some(cpus) = &cpus {
+            // The mask is a subset of hcommrun's own, so the kernel accepts it.
+            rustix::thread::sched_setaffinity(None, cpus)?;
+        }
         Ok(())
     };
     // SAFETY: the hook runs between fork and exec; it makes only system calls that are
-    // async-signal-safe (prctl, getppid, setrlimit, through rustix, which does not allocate
-    // for them), allocates nothing itself and touches no lock.
+    // async-signal-safe (prctl, getppid, setrlimit, sched_setaffinity, through rustix, which
+    // does not allocate for them), allocates nothing itself and touches no lock.
     unsafe {
         cmd.pre_exec(hook);
     }

@@ -57,7 +57,6 @@ pub(crate) use crate::transport::shm::board::SLOT;
 use crate::transport::shm::board::{
     pool_loc, Board, BoardSetup, Ctr, Header, Side, Signals, SEG_LEN, TINY_MAX,
 };
-use crate::transport::shm::pool::ShmPool;
 use crate::transport::shm::segment::{segment_name, ShmSegment};
 
 /// Calls whose buffers all lie in pools read larger contributions than this in place, even
@@ -200,7 +199,6 @@ impl OneSided {
             world: members.to_vec(),
             pids,
             job: job.to_owned(),
-            block_size: comm.pool().map_or(0, ShmPool::block_size),
             local_ranks: engine.shm_peer_count() as u32 + 1,
         })?;
         Ok(Some(OneSided {

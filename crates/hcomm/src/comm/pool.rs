@@ -42,8 +42,9 @@ impl<T: Element + bytemuck::Pod> std::ops::DerefMut for PoolBuf<T> {
 
 impl Communicator {
     /// `count` zeroed elements of `T`, 64-byte aligned, from the shared-memory pool (or the
-    /// heap when the pool cannot serve them: larger than `HCOMM_POOL_BLOCK`, the pool full at
-    /// `HCOMM_POOL_MAX`, or no pool). See [`PoolBuf`].
+    /// heap when the pool cannot serve them: the pool's blocks would pass `HCOMM_POOL_MAX`,
+    /// `/dev/shm` is full, or no pool). Sizes beyond `HCOMM_POOL_BLOCK` get a pool block of
+    /// their own, whose memory goes back to the system when freed. See [`PoolBuf`].
     pub fn alloc<T: Element + bytemuck::Pod>(&self, count: usize) -> Result<PoolBuf<T>> {
         let bytes = count.checked_mul(size_of::<T>()).ok_or_else(|| {
             Error::invalid_argument(format!(

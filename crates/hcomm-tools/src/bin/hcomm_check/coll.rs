@@ -156,6 +156,69 @@ pub(super) fn collectives(
     Ok(())
 }
 
+/// All-reduce and broadcast on pool buffers of `bytes` bytes, twice (the second round on
+/// fresh buffers must reuse the first round's blocks); every element checked. With `heap`
+/// the pool must miss, and the buffers come from the heap.
+pub(super) fn big_pool(comm: &Communicator, bytes: usize, heap: bool) -> Result<()> {
+    let (n, r) = (comm.size(), comm.rank());
+    let count = bytes / 4;
+    // Small integers: every sum is exact in float32.
+    let value = |rank: usize, i: usize| ((i * 7 + rank * 3) % 1000) as f32;
+    let mut blocks = 0;
+    for round in 0..2 {
+        let mut send = comm.alloc::<f32>(count)?;
+        let mut recv = comm.alloc::<f32>(count)?;
+        ensure!(
+            [send.in_pool(), recv.in_pool()] == [!heap; 2],
+            "round {round}: {bytes} bytes in the pool: {}, {}, expected {}: {:?}",
+            send.in_pool(),
+            recv.in_pool(),
+            !heap,
+            comm.pool_stats()
+        );
+        for (i, v) in send.iter_mut().enumerate() {
+            *v = value(r, i);
+        }
+        comm.allreduce(&send, &mut recv, ReduceOp::Sum)
+            .context("allreduce")?;
+        let wrong = (0..count).find(|&i| recv[i] != (0..n).map(|p| value(p, i)).sum::<f32>());
+        ensure!(
+            wrong.is_none(),
+            "round {round}: allreduce wrong at {wrong:?}"
+        );
+        let root = round % n;
+        for (i, v) in recv.iter_mut().enumerate() {
+            *v = if r == root {
+                value(root, i) + 1.0
+            } else {
+                -1.0
+            };
+        }
+        comm.broadcast(&mut recv, root).context("broadcast")?;
+        let wrong = (0..count).find(|&i| recv[i] != value(root, i) + 1.0);
+        ensure!(
+            wrong.is_none(),
+            "round {round}: broadcast wrong at {wrong:?}"
+        );
+        comm.barrier()?;
+        let stats = comm.pool_stats();
+        if round == 0 {
+            blocks = stats.blocks;
+        } else {
+            ensure!(
+                stats.blocks == blocks,
+                "the second round made new blocks: {blocks} then {}",
+                stats.blocks
+            );
+        }
+        println!(
+            "round {round}: pool hits {} misses {} blocks {} high water {}",
+            stats.hits, stats.misses, stats.blocks, stats.high_water
+        );
+    }
+    Ok(())
+}
+
 /// Checks that this rank learns of a mismatch in the call itself (`res`) or, when its part
 /// of the call only sent, at its next call on the communicator (a barrier of every rank;
 /// with `HCOMM_ALGO=barrier:direct` every rank hears directly from every detecting rank).

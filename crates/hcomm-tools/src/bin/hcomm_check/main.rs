@@ -188,6 +188,21 @@ enum Scenario {
         /// hcommrun to sweep).
         #[arg(long)]
         pool: bool,
+        /// Bytes of pool memory rank 1 takes with --pool (beyond HCOMM_POOL_BLOCK: a grown
+        /// block).
+        #[arg(long, default_value_t = 1 << 20)]
+        pool_bytes: usize,
+    },
+    /// All-reduce (float32 sum) and broadcast on pool buffers of --bytes bytes each, which
+    /// the pool must serve, with every result checked; then the same again on fresh
+    /// buffers, which must reuse the freed blocks.
+    BigPool {
+        /// Bytes of each buffer.
+        #[arg(long, default_value_t = 256 << 20)]
+        bytes: usize,
+        /// The pool must miss instead (a /dev/shm too small): the buffers come from the heap.
+        #[arg(long)]
+        heap: bool,
     },
 }
 
@@ -358,6 +373,10 @@ fn run(scenario: Scenario) -> Result<()> {
             );
             "wakeups"
         }
+        Scenario::BigPool { bytes, heap } => {
+            coll::big_pool(&comm, bytes, heap)?;
+            "big-pool"
+        }
         Scenario::InboxUse { traffic } => {
             resources::traffic(&comm, traffic)?;
             let (resident, size) = resources::inbox_use(comm.rank())?;
@@ -366,12 +385,12 @@ fn run(scenario: Scenario) -> Result<()> {
             comm.barrier()?;
             "inbox-use"
         }
-        Scenario::Kill { pool } => {
+        Scenario::Kill { pool, pool_bytes } => {
             comm.barrier()?;
             if comm.rank() == 1 {
                 let held = if pool {
-                    let b = comm.alloc::<u8>(1 << 20)?;
-                    ensure!(b.in_pool(), "the pool did not serve 1 MiB");
+                    let b = comm.alloc::<u8>(pool_bytes)?;
+                    ensure!(b.in_pool(), "the pool did not serve {pool_bytes} bytes");
                     Some(b)
                 } else {
                     None

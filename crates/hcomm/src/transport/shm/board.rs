@@ -213,8 +213,6 @@ pub(crate) struct Board {
     pids: Vec<u32>,
     /// The job id of the segment names.
     job: String,
-    /// Bytes of a pool block (the same on every rank).
-    block_size: usize,
     /// Ranks of the world on this host: the processes that map each pool block.
     local_ranks: u32,
     /// The peers' pool blocks mapped so far, by (rank, block); `None`: it cannot be mapped.
@@ -234,8 +232,6 @@ pub(crate) struct BoardSetup {
     pub pids: Vec<u32>,
     /// The job id of the segment names.
     pub job: String,
-    /// Bytes of a pool block.
-    pub block_size: usize,
     /// Ranks of the world on this host.
     pub local_ranks: u32,
 }
@@ -268,7 +264,6 @@ impl Board {
             world: setup.world,
             pids: setup.pids,
             job: setup.job,
-            block_size: setup.block_size,
             local_ranks: setup.local_ranks,
             blocks: Mutex::new(HashMap::default()),
         };
@@ -408,13 +403,11 @@ impl Board {
         }
         let block = (loc >> 40) as usize - 1;
         let start = (loc & ((1 << 40) - 1)) as usize + pos;
-        if start.checked_add(len)? > self.block_size {
-            return None;
-        }
+        let end = start.checked_add(len)?;
         let mut blocks = lock(&self.blocks);
         let seg = blocks.entry((p, block)).or_insert_with(|| {
             let opened = segment_name(&self.job, self.world[p] as u32, &format!("pool{block}"))
-                .and_then(|name| ShmSegment::open(&name, self.block_size));
+                .and_then(|name| ShmSegment::open_any(&name));
             match opened {
                 Ok(seg) => {
                     let _ = seg.unlink_if_last(self.local_ranks);
@@ -427,7 +420,7 @@ impl Board {
             }
         });
         seg.as_ref()
-            .filter(|s| start + len <= s.len())
+            .filter(|s| end <= s.len())
             .map(|s| s.as_ptr().wrapping_add(start))
     }
 

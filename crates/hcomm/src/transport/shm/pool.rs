@@ -2,9 +2,14 @@
 //!
 //! A rank's pool is a set of *blocks*, each one [`ShmSegment`] named
 //! `hcomm-<job id>-<rank>-pool<k>` ([`segment_name`]), created lazily when an allocation needs
-//! room, up to a configured total. The other ranks of the host map a block by its name and its
-//! [`ShmPool::block_size`], so a collective on pool memory can read a peer's buffer in place:
+//! room, up to a configured total. *Ordinary* blocks hold [`ShmPool::block_size`] bytes
+//! (`HCOMM_POOL_BLOCK`, 64 MiB by default) and serve every request up to that size; a larger
+//! request gets a *grown* block of its own size (rounded up to [`GROWN_ALIGN`], 2 MiB), so
+//! 256 MiB and 1 GiB tensors are pool memory without tuning. The other ranks of the host map
+//! a block by its name alone ([`ShmSegment::open_any`]: the length comes from the segment),
+//! on first use, so a collective on pool memory can read a peer's buffer in place:
 //! [`ShmPool::locate`] turns a pointer range into *(block, offset)*, which is all a peer needs.
+//! Block indices are never reused, so a peer's mapping of block *k* stays valid.
 //!
 //! ```text
 //! block k (payload of the segment, 128-byte aligned)
@@ -34,21 +39,44 @@
 //!   the start of a live allocation (a double free, an interior pointer, heap memory) is an
 //!   [`Error::InvalidArgument`] that changes nothing.
 //!
+//! * A request is placed first-fit in the blocks of its kind (ordinary blocks for requests
+//!   up to `block_size`, grown blocks for larger ones), else in a new block of its kind,
+//!   else in any block with room; so small allocations do not fragment the grown blocks
+//!   while ordinary ones can be made.
+//!
+//! # Memory: what the pool takes and gives back
+//!
+//! [`PoolConfig::max_total`] bounds the bytes of `/dev/shm` the blocks of one rank hold
+//! (`HCOMM_POOL_MAX`; by default [`default_max_total`]: half of the smallest of `/dev/shm`'s
+//! free space, the physical memory and the control group's memory limit, shared evenly by
+//! the local ranks, at least one block).
+//! A block's memory is reserved in full when it is created (`fallocate` in
+//! [`ShmSegment::create`]), so a full `/dev/shm` fails there, never with SIGBUS on first
+//! touch. Ordinary blocks keep their memory while the pool lives, as a cache for the next
+//! allocations. Grown blocks give freed memory back at once: the whole pages of a free
+//! extent are punched out of the segment's file (`FALLOC_FL_PUNCH_HOLE`, which frees them
+//! for the peers' mappings too) and no longer count against the limit; an allocation that
+//! lands on such pages reserves them again with `fallocate` first, within the limit.
+//!
 //! # Misses
 //!
-//! [`ShmPool::alloc`] returns `None` when the request is larger than a block, when every block
-//! is full and the pool is at its maximum, or when a new block cannot be created (a full
-//! `/dev/shm`, a leftover name); the caller then uses ordinary heap memory, which the
-//! collectives still handle through their staging paths. A failed block creation is logged
-//! once and not retried, so later misses cost no system calls. [`ShmPool::stats`] counts hits
-//! and misses for the profiler.
+//! [`ShmPool::alloc`] returns `None` when the request is larger than the limit, when no block
+//! has room and a new one would pass the limit or the most blocks ([`MAX_BLOCKS`]), or when
+//! `/dev/shm` has no room for a new block or for reserving given-back pages again (checked
+//! with `statvfs` before creating, and by `fallocate` itself); the caller then uses ordinary
+//! heap memory, which the collectives still handle through their staging paths. Want of room
+//! is logged once and tried again by later requests (memory may have been freed); another
+//! failure to create a block (a leftover name) is logged and not retried, so later misses
+//! cost no system calls. [`ShmPool::stats`] counts hits and misses for the profiler.
 //!
 //! # Names
 //!
 //! A block's name must exist until every local rank has mapped it. With
 //! [`PoolConfig::mappers`] local ranks (this one included), the last of them to map a block
 //! removes the name ([`ShmSegment::unlink_if_last`]); with one local rank the creator removes
-//! it at once. Dropping the pool removes whatever names are left and unmaps its blocks.
+//! it at once. Dropping the pool removes whatever names are left and unmaps its blocks. A
+//! rank killed before every local rank mapped its block leaves the name for the launcher to
+//! sweep (hcommrun removes the job's names when the job ends).
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
@@ -57,16 +85,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rustc_hash::FxHashMap;
+use rustix::fd::OwnedFd;
 
-use super::segment::{segment_name, ShmSegment};
+use super::segment::{segment_name, ShmSegment, PAYLOAD_OFFSET};
 use crate::error::{Error, Result};
 
 /// Alignment of every pool allocation, in bytes.
 pub(crate) const POOL_ALIGN: usize = 64;
 /// Default size of one block: 64 MiB.
 pub(crate) const DEFAULT_BLOCK_SIZE: usize = 64 << 20;
-/// Default limit on the blocks of one rank together: 1 GiB.
+/// Limit on the blocks of one rank together where the system's memory cannot be read: 1 GiB.
 pub(crate) const DEFAULT_MAX_TOTAL: usize = 1 << 30;
+/// A grown block (for an allocation larger than an ordinary block) is the allocation's size
+/// rounded up to a multiple of this: 2 MiB, a huge page.
+pub(crate) const GROWN_ALIGN: usize = 2 << 20;
 /// Largest request served from the size classes; larger ones use the first-fit free list.
 pub(crate) const SMALL_MAX: usize = 4096;
 /// Size of a slab, the unit the size classes take from the large allocator; also the smallest
@@ -91,11 +123,12 @@ fn class_of(size: usize) -> usize {
 /// How a pool is sized and who maps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PoolConfig {
-    /// Payload bytes of each block: a multiple of [`POOL_ALIGN`], at least [`SLAB_SIZE`]. Also
-    /// the largest allocation the pool serves.
+    /// Payload bytes of each ordinary block: a multiple of [`POOL_ALIGN`], at least
+    /// [`SLAB_SIZE`]. A larger allocation gets a grown block of its own size.
     pub block_size: usize,
-    /// Most bytes of blocks this rank creates; at least `block_size`, and at most
-    /// [`MAX_BLOCKS`] blocks.
+    /// Most bytes of `/dev/shm` the blocks of this rank hold together (less what grown blocks
+    /// gave back); at least `block_size`. The number of blocks is at most
+    /// `max_total / block_size` and [`MAX_BLOCKS`].
     pub max_total: usize,
     /// How many processes map each block, this one included: the local ranks. The last of
     /// them to map a block removes its name.
@@ -301,6 +334,13 @@ impl Slab {
 struct State {
     /// Per created block: free extents, offset to length, maximal (never two adjacent).
     free: Vec<BTreeMap<usize, usize>>,
+    /// Per created block: payload bytes.
+    lens: Vec<usize>,
+    /// Per created block: the ranges of the segment's file whose memory was given back
+    /// (punched), file offset to length, page aligned, disjoint and never adjacent.
+    holes: Vec<BTreeMap<usize, usize>>,
+    /// Bytes of `/dev/shm` the blocks hold: their sizes less their holes.
+    backed: usize,
     /// Slabs, active or spare.
     slabs: Vec<Slab>,
     /// Indices of released slabs, for reuse.
@@ -311,8 +351,10 @@ struct State {
     live: FxHashMap<usize, Live>,
     /// Sum of the sizes of the live allocations.
     in_use: usize,
-    /// A block creation failed: do not try again.
+    /// A block creation failed for a reason that will not go away: do not try again.
     grow_failed: bool,
+    /// A block creation was refused for want of room in `/dev/shm` (logged once).
+    found_full: bool,
 }
 
 impl State {
@@ -327,9 +369,21 @@ impl State {
         Some(offset)
     }
 
-    /// Takes `size` bytes first-fit from the existing blocks, in block order.
-    fn carve(&mut self, size: usize) -> Option<(usize, usize)> {
-        (0..self.free.len()).find_map(|block| Some((block, self.carve_in(block, size)?)))
+    /// Takes `size` bytes first-fit from the existing blocks whose length `fits`, in block
+    /// order.
+    fn carve(&mut self, size: usize, fits: impl Fn(usize) -> bool) -> Option<(usize, usize)> {
+        (0..self.free.len()).find_map(|block| {
+            if !fits(self.lens[block]) {
+                return None;
+            }
+            Some((block, self.carve_in(block, size)?))
+        })
+    }
+
+    /// The free extent of `block` that holds `offset`, if it is free.
+    fn free_extent_at(&self, block: usize, offset: usize) -> Option<(usize, usize)> {
+        let (&start, &len) = self.free[block].range(..=offset).next_back()?;
+        (start + len > offset).then_some((start, len))
     }
 
     /// Gives `[offset, offset + size)` of `block` back, merged with free neighbours.
@@ -418,6 +472,134 @@ impl State {
     }
 }
 
+/// One block: its mapping and the open file behind it (to give memory back and reserve it
+/// again).
+#[derive(Debug)]
+struct Block {
+    seg: ShmSegment,
+    fd: OwnedFd,
+}
+
+/// The parts of `[a, b)` inside the `ranges` (start to length, disjoint), in order.
+fn covered(ranges: &BTreeMap<usize, usize>, a: usize, b: usize) -> Vec<(usize, usize)> {
+    let before = ranges.range(..a).next_back();
+    before
+        .into_iter()
+        .chain(ranges.range(a..b))
+        .map(|(&start, &len)| (start.max(a), (start + len).min(b)))
+        .filter(|(s, e)| s < e)
+        .collect()
+}
+
+/// The parts of `[a, b)` outside the `ranges`, in order.
+fn uncovered(ranges: &BTreeMap<usize, usize>, a: usize, b: usize) -> Vec<(usize, usize)> {
+    let mut gaps = Vec::new();
+    let mut at = a;
+    for (s, e) in covered(ranges, a, b) {
+        if at < s {
+            gaps.push((at, s));
+        }
+        at = e;
+    }
+    if at < b {
+        gaps.push((at, b));
+    }
+    gaps
+}
+
+/// Adds `[a, b)` to the `ranges`, merged with those it overlaps or touches.
+fn add_range(ranges: &mut BTreeMap<usize, usize>, a: usize, b: usize) {
+    let touching: Vec<(usize, usize)> = ranges
+        .range(..=b)
+        .rev()
+        .take_while(|&(&start, &len)| start + len >= a)
+        .map(|(&start, &len)| (start, len))
+        .collect();
+    let (mut lo, mut hi) = (a, b);
+    for (start, len) in touching {
+        ranges.remove(&start);
+        lo = lo.min(start);
+        hi = hi.max(start + len);
+    }
+    ranges.insert(lo, hi - lo);
+}
+
+/// Removes `[a, b)` from the `ranges`.
+fn remove_range(ranges: &mut BTreeMap<usize, usize>, a: usize, b: usize) {
+    let overlapping: Vec<(usize, usize)> = ranges
+        .range(..b)
+        .rev()
+        .take_while(|&(&start, &len)| start + len > a)
+        .map(|(&start, &len)| (start, len))
+        .collect();
+    for (start, len) in overlapping {
+        ranges.remove(&start);
+        if start < a {
+            ranges.insert(start, a - start);
+        }
+        if start + len > b {
+            ranges.insert(b, start + len - b);
+        }
+    }
+}
+
+/// Bytes of a page of memory.
+fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf reads a constant of the system; it has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(page).unwrap_or(4096).max(1)
+    })
+}
+
+/// Bytes free in `/dev/shm` for this user; `None` when unknown or unlimited.
+fn dev_shm_room() -> Option<usize> {
+    let fs = rustix::fs::statvfs("/dev/shm").ok()?;
+    (fs.f_blocks > 0)
+        .then(|| usize::try_from(fs.f_bavail.saturating_mul(fs.f_frsize)).unwrap_or(usize::MAX))
+}
+
+/// The memory limit of this process's control group (shared memory is charged to it), if
+/// one is set: cgroup v2's `memory.max` or v1's `memory.limit_in_bytes`, as seen from inside
+/// a container.
+fn cgroup_memory_limit() -> Option<usize> {
+    [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    })
+    .filter_map(|limit| usize::try_from(limit).ok())
+    .min()
+}
+
+/// The default limit on one rank's pool when `local_ranks` ranks share this host: half of
+/// the smallest of `/dev/shm`'s free space, the physical memory and the control group's
+/// memory limit, shared evenly by the local ranks, and at least one block of `block_size`
+/// bytes. [`DEFAULT_MAX_TOTAL`] stands in for what cannot be read.
+pub(crate) fn default_max_total(local_ranks: usize, block_size: usize) -> usize {
+    let memory = rustix::system::sysinfo();
+    let physical =
+        usize::try_from(u64::from(memory.mem_unit).saturating_mul(memory.totalram as u64))
+            .ok()
+            .filter(|&m| m > 0)
+            .map(|m| cgroup_memory_limit().map_or(m, |limit| limit.min(m)));
+    let room = match (dev_shm_room(), physical) {
+        (Some(shm), Some(mem)) => shm.min(mem),
+        (one, other) => one
+            .or(other)
+            .unwrap_or(DEFAULT_MAX_TOTAL * 2 * local_ranks.max(1)),
+    };
+    (room / 2 / local_ranks.max(1)).max(block_size)
+}
+
 /// A rank's pool of shared memory: lazily created blocks and a thread-safe allocator in them.
 ///
 /// See the [module documentation](self) for the design.
@@ -426,10 +608,11 @@ pub(crate) struct ShmPool {
     job_id: String,
     rank: u32,
     block_size: usize,
+    max_total: usize,
     mappers: u32,
     /// One slot per block the pool may create, filled in order under the `state` lock and
     /// read without it.
-    blocks: Box<[OnceLock<ShmSegment>]>,
+    blocks: Box<[OnceLock<Block>]>,
     state: Mutex<State>,
     counters: Counters,
 }
@@ -451,11 +634,12 @@ impl ShmPool {
                  {POOL_ALIGN} bytes and at least {SLAB_SIZE}"
             )));
         }
-        let max_blocks = max_total / block_size;
-        if max_blocks == 0 || max_blocks > MAX_BLOCKS {
+        // Every block holds at least `block_size` bytes.
+        let max_blocks = (max_total / block_size).min(MAX_BLOCKS);
+        if max_blocks == 0 {
             return Err(Error::invalid_argument(format!(
-                "shared-memory pool limit {max_total} bytes: must hold between one and \
-                 {MAX_BLOCKS} blocks of {block_size} bytes"
+                "shared-memory pool limit {max_total} bytes: must hold at least one block of \
+                 {block_size} bytes"
             )));
         }
         if mappers == 0 {
@@ -469,6 +653,7 @@ impl ShmPool {
             job_id: job_id.to_owned(),
             rank,
             block_size,
+            max_total,
             mappers,
             blocks: (0..max_blocks).map(|_| OnceLock::new()).collect(),
             state: Mutex::new(State::default()),
@@ -491,7 +676,7 @@ impl ShmPool {
 
     fn try_alloc(&self, bytes: usize) -> Option<PoolPtr> {
         let size = bytes.max(1).checked_next_multiple_of(POOL_ALIGN)?;
-        if size > self.block_size {
+        if size > self.max_total {
             return None;
         }
         let mut st = self.lock().ok()?;
@@ -500,7 +685,7 @@ impl ShmPool {
         } else {
             self.alloc_large(&mut st, size)?
         };
-        let at = |seg: &ShmSegment| NonNull::new(seg.as_ptr().wrapping_add(live.offset));
+        let at = |b: &Block| NonNull::new(b.seg.as_ptr().wrapping_add(live.offset));
         let Some(ptr) = self.blocks[live.block].get().and_then(at) else {
             // Unreachable: a block has free extents only once its segment is in place. Undo
             // rather than hand out memory that is not mapped.
@@ -527,33 +712,12 @@ impl ShmPool {
         if let Some(live) = st.take_chunk(class) {
             return Some(live);
         }
-        if let Some((block, offset)) = st.carve(SLAB_SIZE) {
+        if let Some((block, offset)) = self.place(st, SLAB_SIZE) {
             st.new_slab(class, block, offset);
             return st.take_chunk(class);
         }
         let size = CLASSES[class];
-        if let Some((block, offset)) = st.carve(size) {
-            return Some(Live {
-                block,
-                offset,
-                size,
-                slab: None,
-            });
-        }
-        let block = self.grow(st)?;
-        let offset = st.carve_in(block, SLAB_SIZE)?;
-        st.new_slab(class, block, offset);
-        st.take_chunk(class)
-    }
-
-    fn alloc_large(&self, st: &mut State, size: usize) -> Option<Live> {
-        let (block, offset) = match st.carve(size) {
-            Some(found) => found,
-            None => {
-                let block = self.grow(st)?;
-                (block, st.carve_in(block, size)?)
-            }
-        };
+        let (block, offset) = self.place(st, size)?;
         Some(Live {
             block,
             offset,
@@ -562,16 +726,64 @@ impl ShmPool {
         })
     }
 
-    /// Creates the next block, if the limit allows; returns its index.
-    fn grow(&self, st: &mut State) -> Option<usize> {
+    fn alloc_large(&self, st: &mut State, size: usize) -> Option<Live> {
+        let (block, offset) = self.place(st, size)?;
+        Some(Live {
+            block,
+            offset,
+            size,
+            slab: None,
+        })
+    }
+
+    /// Finds `size` bytes: first-fit in the blocks of its kind (the ordinary blocks for a
+    /// request that fits one, the grown blocks for a larger one), else in a new block, else
+    /// in any block; the memory is reserved in `/dev/shm` where it had been given back.
+    fn place(&self, st: &mut State, size: usize) -> Option<(usize, usize)> {
+        let ordinary = size <= self.block_size;
+        let own_kind = |len: usize| (len == self.block_size) == ordinary;
+        let (block, offset) = st
+            .carve(size, own_kind)
+            .or_else(|| {
+                let len = if ordinary {
+                    self.block_size
+                } else {
+                    size.checked_next_multiple_of(GROWN_ALIGN)?
+                };
+                let block = self.grow(st, len)?;
+                Some((block, st.carve_in(block, size)?))
+            })
+            .or_else(|| st.carve(size, |_| true))?;
+        if self.reserve(st, block, offset, size) {
+            Some((block, offset))
+        } else {
+            st.release(block, offset, size);
+            None
+        }
+    }
+
+    /// Creates the next block, of `len` payload bytes, if the limit and `/dev/shm` allow;
+    /// returns its index.
+    fn grow(&self, st: &mut State, len: usize) -> Option<usize> {
         let index = st.free.len();
-        if st.grow_failed || index >= self.blocks.len() {
+        if st.grow_failed
+            || index >= self.blocks.len()
+            || st.backed.checked_add(len)? > self.max_total
+        {
+            return None;
+        }
+        if dev_shm_room().is_some_and(|room| room < len.saturating_add(PAYLOAD_OFFSET)) {
+            self.note_full(st, index, len, "/dev/shm has too little room left");
             return None;
         }
         let created = segment_name(&self.job_id, self.rank, &format!("pool{index}"))
-            .and_then(|name| ShmSegment::create(&name, self.block_size));
-        let seg = match created {
-            Ok(seg) => seg,
+            .and_then(|name| ShmSegment::create_keeping_fd(&name, len));
+        let (seg, fd) = match created {
+            Ok(created) => created,
+            Err(err @ Error::NoMem(_)) => {
+                self.note_full(st, index, len, &err.to_string());
+                return None;
+            }
             Err(err) => {
                 tracing::warn!(
                     %err,
@@ -585,7 +797,7 @@ impl ShmPool {
         if let Err(err) = seg.unlink_if_last(self.mappers) {
             tracing::warn!(segment = %seg.name(), %err, "shared-memory pool: cannot unlink");
         }
-        if self.blocks[index].set(seg).is_err() {
+        if self.blocks[index].set(Block { seg, fd }).is_err() {
             // Unreachable: slots are filled in order under the lock.
             tracing::error!(
                 block = index,
@@ -594,11 +806,105 @@ impl ShmPool {
             st.grow_failed = true;
             return None;
         }
-        st.free.push(BTreeMap::from([(0, self.block_size)]));
+        st.free.push(BTreeMap::from([(0, len)]));
+        st.lens.push(len);
+        st.holes.push(BTreeMap::new());
+        st.backed += len;
         self.counters
             .blocks
             .store(st.free.len() as u64, Ordering::Relaxed);
         Some(index)
+    }
+
+    /// A block of `len` bytes could not be had for want of room: a miss, logged once; later
+    /// requests try again (memory may have been freed meanwhile).
+    fn note_full(&self, st: &mut State, index: usize, len: usize, why: &str) {
+        if std::mem::replace(&mut st.found_full, true) {
+            tracing::debug!(block = index, len, "shared-memory pool: no room: {why}");
+        } else {
+            tracing::warn!(
+                "shared-memory pool: no room for block {index} of {len} bytes ({why}); \
+                 allocations that do not fit the existing blocks use heap memory"
+            );
+        }
+    }
+
+    /// Makes sure the memory of `[offset, offset + size)` of `block` is in place where it
+    /// had been given back: reserved again with `fallocate`, so that touching it cannot
+    /// fail (no SIGBUS on a full `/dev/shm`), within the pool's limit. Returns false when it
+    /// cannot (the caller then misses); what was reserved stays reserved.
+    fn reserve(&self, st: &mut State, block: usize, offset: usize, size: usize) -> bool {
+        // Holes are whole pages: the pages the range touches.
+        let page = page_size();
+        let start = (PAYLOAD_OFFSET + offset) / page * page;
+        let end = (PAYLOAD_OFFSET + offset + size).next_multiple_of(page);
+        let needed = covered(&st.holes[block], start, end);
+        if needed.is_empty() {
+            return true;
+        }
+        let bytes: usize = needed.iter().map(|(a, b)| b - a).sum();
+        let Some(blk) = self.blocks[block].get() else {
+            return false;
+        };
+        if st.backed + bytes > self.max_total {
+            return false;
+        }
+        for (a, b) in needed {
+            let reserved = rustix::fs::fallocate(
+                &blk.fd,
+                rustix::fs::FallocateFlags::empty(),
+                a as u64,
+                (b - a) as u64,
+            );
+            if let Err(err) = reserved {
+                let why = format!("cannot reserve {} bytes again: {err}", b - a);
+                self.note_full(st, block, self.block_len(st, block), &why);
+                return false;
+            }
+            remove_range(&mut st.holes[block], a, b);
+            st.backed += b - a;
+        }
+        true
+    }
+
+    /// Gives the memory of the free extent `[start, start + len)` of a grown `block` back to
+    /// the system (punching it out of the segment's file), except the pages it shares with
+    /// allocations. Ordinary blocks keep their memory while the pool lives.
+    fn give_back(&self, st: &mut State, block: usize, start: usize, len: usize) {
+        if st.lens[block] == self.block_size {
+            return;
+        }
+        let Some(blk) = self.blocks[block].get() else {
+            return;
+        };
+        let page = page_size();
+        let a = (PAYLOAD_OFFSET + start).next_multiple_of(page);
+        let b = (PAYLOAD_OFFSET + start + len) / page * page;
+        if a >= b {
+            return;
+        }
+        for (a, b) in uncovered(&st.holes[block], a, b) {
+            let punched = rustix::fs::fallocate(
+                &blk.fd,
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                a as u64,
+                (b - a) as u64,
+            );
+            if let Err(err) = punched {
+                tracing::warn!(
+                    segment = %blk.seg.name(),
+                    %err,
+                    "shared-memory pool: cannot give freed memory back"
+                );
+                return;
+            }
+            add_range(&mut st.holes[block], a, b);
+            st.backed -= b - a;
+        }
+    }
+
+    fn block_len(&self, st: &State, block: usize) -> usize {
+        st.lens.get(block).copied().unwrap_or(self.block_size)
     }
 
     /// Gives back the memory of an allocation that is not (or no longer) in `st.live`.
@@ -606,6 +912,9 @@ impl ShmPool {
         match live.slab {
             Some(id) => st.put_chunk(id, live),
             None => st.release(live.block, live.offset, live.size),
+        }
+        if let Some((start, len)) = st.free_extent_at(live.block, live.offset) {
+            self.give_back(st, live.block, start, len);
         }
     }
 
@@ -646,11 +955,11 @@ impl ShmPool {
     pub(crate) fn locate(&self, ptr: *const u8, len: usize) -> Option<(usize, usize)> {
         let addr = ptr as usize;
         for (block, slot) in self.blocks.iter().enumerate() {
-            let seg = slot.get()?;
+            let seg = &slot.get()?.seg;
             let base = seg.as_ptr() as usize;
             let offset = addr.wrapping_sub(base);
-            if addr >= base && offset < self.block_size {
-                return (len <= self.block_size - offset).then_some((block, offset));
+            if addr >= base && offset < seg.len() {
+                return (len <= seg.len() - offset).then_some((block, offset));
             }
         }
         None
@@ -669,12 +978,19 @@ impl ShmPool {
         }
     }
 
-    /// Payload bytes of every block: the length a peer passes to [`ShmSegment::open`].
+    /// Payload bytes of an ordinary block; an allocation larger than this gets a grown
+    /// block of its own size.
     pub(crate) fn block_size(&self) -> usize {
         self.block_size
     }
 
+    /// The most bytes of `/dev/shm` the pool's blocks may hold together.
+    pub(crate) fn max_total(&self) -> usize {
+        self.max_total
+    }
+
     /// The most blocks this pool creates.
+    #[cfg(test)]
     pub(crate) fn max_blocks(&self) -> usize {
         self.blocks.len()
     }
@@ -689,7 +1005,7 @@ impl ShmPool {
     /// unlinked (see the [module documentation](self)).
     #[cfg(test)]
     pub(crate) fn block_name(&self, block: usize) -> Option<&str> {
-        Some(self.blocks.get(block)?.get()?.name())
+        Some(self.blocks.get(block)?.get()?.seg.name())
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, State>> {
@@ -713,7 +1029,7 @@ impl ShmPool {
 impl Drop for ShmPool {
     fn drop(&mut self) {
         // The segments unmap themselves when `blocks` drops, after this.
-        for seg in self.blocks.iter().map_while(OnceLock::get) {
+        for seg in self.blocks.iter().map_while(OnceLock::get).map(|b| &b.seg) {
             if let Err(err) = ShmSegment::unlink(seg.name()) {
                 tracing::warn!(segment = %seg.name(), %err, "shared-memory pool: cannot unlink");
             }
@@ -796,7 +1112,7 @@ mod tests {
             let mut in_use = 0;
             let mut per_slab = vec![0u32; st.slabs.len()];
             for (&addr, live) in &st.live {
-                let base = self.blocks[live.block].get().unwrap().as_ptr() as usize;
+                let base = self.blocks[live.block].get().unwrap().seg.as_ptr() as usize;
                 assert_eq!(addr, base + live.offset);
                 assert_eq!(addr % POOL_ALIGN, 0);
                 in_use += live.size;
@@ -806,6 +1122,17 @@ mod tests {
                 }
             }
             assert_eq!(in_use, st.in_use);
+            let holes: usize = st.holes.iter().flat_map(|h| h.values()).sum();
+            assert_eq!(st.backed + holes, st.lens.iter().sum::<usize>());
+            for (block, holes) in st.holes.iter().enumerate() {
+                // Only free memory of grown blocks is given back.
+                for (&a, &len) in holes {
+                    assert!(st.lens[block] != self.block_size);
+                    let (start, end) = (a - PAYLOAD_OFFSET, a + len - PAYLOAD_OFFSET);
+                    let free = st.free_extent_at(block, start);
+                    assert!(free.is_some_and(|(s, l)| s + l >= end), "hole {a} not free");
+                }
+            }
             for (id, slab) in st.slabs.iter().enumerate() {
                 let listed = st.partial[slab.class].iter().filter(|&&s| s == id).count();
                 if !slab.active {
@@ -829,7 +1156,7 @@ mod tests {
                     end = offset + len;
                     last_free = what == "free";
                 }
-                assert_eq!(end, self.block_size, "block {block}");
+                assert_eq!(end, st.lens[block], "block {block}");
             }
         }
 
@@ -838,7 +1165,8 @@ mod tests {
             let st = self.state.lock().unwrap();
             st.free
                 .iter()
-                .all(|f| f.len() == 1 && f.get(&0) == Some(&self.block_size))
+                .zip(&st.lens)
+                .all(|(f, len)| f.len() == 1 && f.get(&0) == Some(len))
         }
     }
 
@@ -869,7 +1197,8 @@ mod tests {
         assert!(bad(SLAB_SIZE - 64, SLAB_SIZE * 4, 1));
         assert!(bad(SLAB_SIZE + 1, SLAB_SIZE * 4, 1));
         assert!(bad(SLAB_SIZE, SLAB_SIZE - 1, 1));
-        assert!(bad(SLAB_SIZE, SLAB_SIZE * (MAX_BLOCKS + 1), 1));
+        // A limit beyond MAX_BLOCKS ordinary blocks is fine: the number of blocks is capped.
+        assert!(!bad(SLAB_SIZE, SLAB_SIZE * (MAX_BLOCKS + 1), 1));
         assert!(bad(SLAB_SIZE, SLAB_SIZE, 0));
         assert!(!bad(SLAB_SIZE, SLAB_SIZE * MAX_BLOCKS, 1));
         assert!(matches!(
@@ -1160,63 +1489,238 @@ mod tests {
         ]
     }
 
+    /// Runs `ops` on `pool` against a model: every allocation aligned, inside its block,
+    /// disjoint from every other live one and left intact until freed; the counters follow;
+    /// the allocator's invariants hold after every step (given-back memory only in free
+    /// extents); after freeing everything each block is one free extent again.
+    fn run_model(pool: &ShmPool, ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
+        let mut model: Vec<(PoolPtr, u8)> = Vec::new();
+        let (mut hits, mut misses) = (0, 0);
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Alloc(size) => {
+                    let Some(p) = pool.alloc(size) else {
+                        misses += 1;
+                        continue;
+                    };
+                    hits += 1;
+                    let start = p.as_ptr() as usize;
+                    let end = start + p.capacity();
+                    prop_assert_eq!(start % POOL_ALIGN, 0);
+                    let rounded = size.max(1).next_multiple_of(POOL_ALIGN);
+                    prop_assert!(p.capacity() >= rounded && p.capacity() <= rounded * 3 / 2);
+                    let located = pool.locate(p.as_ptr(), p.capacity());
+                    prop_assert_eq!(located, Some((p.block(), p.offset())));
+                    for (q, _) in &model {
+                        let (s, e) = (q.as_ptr() as usize, q.as_ptr() as usize + q.capacity());
+                        prop_assert!(end <= s || e <= start, "{:?} overlaps {:?}", p, q);
+                    }
+                    fill(&p, step as u8);
+                    model.push((p, step as u8));
+                }
+                Op::Free(pick) => {
+                    if model.is_empty() {
+                        continue;
+                    }
+                    let (p, byte) = model.swap_remove(pick % model.len());
+                    prop_assert!(holds(&p, byte), "{:?} was overwritten", p);
+                    free(pool, p.as_ptr()).unwrap();
+                    prop_assert!(free(pool, p.as_ptr()).is_err());
+                }
+            }
+            pool.check();
+            let stats = pool.stats();
+            let in_use: usize = model.iter().map(|(p, _)| p.capacity()).sum();
+            prop_assert_eq!((stats.hits, stats.misses), (hits, misses));
+            prop_assert_eq!(stats.bytes_in_use, in_use as u64);
+            prop_assert!(stats.high_water >= stats.bytes_in_use);
+        }
+        for (p, byte) in model.drain(..) {
+            prop_assert!(holds(&p, byte));
+            free(pool, p.as_ptr()).unwrap();
+        }
+        pool.check();
+        prop_assert!(pool.all_free());
+        prop_assert_eq!(pool.stats().bytes_in_use, 0);
+        Ok(())
+    }
+
+    /// Sizes that need grown blocks too (ordinary blocks of 64 KiB; up to 3 MiB).
+    fn op_grown() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => (0usize..=SMALL_MAX).prop_map(Op::Alloc),
+            1 => (SMALL_MAX..=64 * KIB).prop_map(Op::Alloc),
+            2 => (64 * KIB..=3 << 20).prop_map(Op::Alloc),
+            3 => any::<usize>().prop_map(Op::Free),
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
-        /// Random allocations and frees against a model: every allocation aligned, inside its
-        /// block, disjoint from every other live one and left intact until freed; the
-        /// counters follow; after freeing everything each block is one free extent again.
+        /// Random allocations and frees in ordinary blocks against a model.
         #[test]
         fn random_sequences_match_a_model(ops in proptest::collection::vec(op(), 1..300)) {
-            let pool = pool(128 * KIB, 3, 1);
-            let mut model: Vec<(PoolPtr, u8)> = Vec::new();
-            let (mut hits, mut misses) = (0, 0);
-            for (step, op) in ops.into_iter().enumerate() {
-                match op {
-                    Op::Alloc(size) => {
-                        let Some(p) = pool.alloc(size) else {
-                            misses += 1;
-                            continue;
-                        };
-                        hits += 1;
-                        let start = p.as_ptr() as usize;
-                        let end = start + p.capacity();
-                        prop_assert_eq!(start % POOL_ALIGN, 0);
-                        let rounded = size.max(1).next_multiple_of(POOL_ALIGN);
-                        prop_assert!(p.capacity() >= rounded && p.capacity() <= rounded * 3 / 2);
-                        let located = pool.locate(p.as_ptr(), p.capacity());
-                        prop_assert_eq!(located, Some((p.block(), p.offset())));
-                        for (q, _) in &model {
-                            let (s, e) = (q.as_ptr() as usize, q.as_ptr() as usize + q.capacity());
-                            prop_assert!(end <= s || e <= start, "{:?} overlaps {:?}", p, q);
-                        }
-                        fill(&p, step as u8);
-                        model.push((p, step as u8));
-                    }
-                    Op::Free(pick) => {
-                        if model.is_empty() {
-                            continue;
-                        }
-                        let (p, byte) = model.swap_remove(pick % model.len());
-                        prop_assert!(holds(&p, byte), "{:?} was overwritten", p);
-                        free(&pool, p.as_ptr()).unwrap();
-                        prop_assert!(free(&pool, p.as_ptr()).is_err());
-                    }
-                }
-                pool.check();
-                let stats = pool.stats();
-                let in_use: usize = model.iter().map(|(p, _)| p.capacity()).sum();
-                prop_assert_eq!((stats.hits, stats.misses), (hits, misses));
-                prop_assert_eq!(stats.bytes_in_use, in_use as u64);
-                prop_assert!(stats.high_water >= stats.bytes_in_use);
-            }
-            for (p, byte) in model.drain(..) {
-                prop_assert!(holds(&p, byte));
-                free(&pool, p.as_ptr()).unwrap();
-            }
-            pool.check();
-            prop_assert!(pool.all_free());
-            prop_assert_eq!(pool.stats().bytes_in_use, 0);
+            run_model(&pool(128 * KIB, 3, 1), ops)?;
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// The same with grown blocks, whose freed memory is given back and reserved again,
+        /// within a limit of 12 MiB.
+        #[test]
+        fn random_sequences_with_grown_blocks_match_a_model(
+            ops in proptest::collection::vec(op_grown(), 1..200)
+        ) {
+            run_model(&pool(64 * KIB, 192, 1), ops)?;
+        }
+    }
+
+    /// Bytes of memory the file of `block` holds (st_blocks is in 512-byte units).
+    fn resident(pool: &ShmPool, block: usize) -> u64 {
+        let fd = &pool.blocks[block].get().unwrap().fd;
+        rustix::fs::fstat(fd).unwrap().st_blocks as u64 * 512
+    }
+
+    #[test]
+    fn ranges_cover_merge_and_split() {
+        let mut r = BTreeMap::new();
+        add_range(&mut r, 10, 20);
+        add_range(&mut r, 30, 40);
+        assert_eq!(covered(&r, 0, 100), [(10, 20), (30, 40)]);
+        assert_eq!(covered(&r, 15, 35), [(15, 20), (30, 35)]);
+        assert_eq!(uncovered(&r, 5, 45), [(5, 10), (20, 30), (40, 45)]);
+        assert_eq!(uncovered(&r, 12, 18), []);
+        add_range(&mut r, 20, 30);
+        assert_eq!(r, BTreeMap::from([(10, 30)]));
+        remove_range(&mut r, 15, 25);
+        assert_eq!(r, BTreeMap::from([(10, 5), (25, 15)]));
+        remove_range(&mut r, 0, 100);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_large_allocation_gets_a_grown_block_that_gives_its_memory_back() {
+        let mib = 1 << 20;
+        // Ordinary blocks of 64 KiB; room for 40 MiB in all.
+        let pool = ShmPool::new(
+            &unique_job(),
+            0,
+            PoolConfig {
+                block_size: 64 * KIB,
+                max_total: 40 * mib,
+                mappers: 2,
+            },
+        )
+        .unwrap();
+        let small = pool.alloc(100).unwrap();
+        let big = pool.alloc(5 * mib + 1).unwrap();
+        assert_eq!((small.block(), big.block(), big.offset()), (0, 1, 0));
+        let name = pool.block_name(1).unwrap().to_owned();
+        // Rounded up to GROWN_ALIGN; reserved in full at creation.
+        assert_eq!(pool.blocks[1].get().unwrap().seg.len(), 6 * mib);
+        assert!(resident(&pool, 1) >= 6 * mib as u64);
+        fill(&big, 0x3c);
+        assert_eq!(pool.locate(big.as_ptr(), big.len()), Some((1, 0)));
+        // A peer maps it by name alone and sees the data.
+        let peer = ShmSegment::open_any(&name).unwrap();
+        assert_eq!(peer.len(), 6 * mib);
+        // SAFETY: the peer's mapping holds the block's 6 MiB; nothing writes it meanwhile.
+        assert_eq!(unsafe { peer.as_ptr().add(5 * mib).read() }, 0x3c);
+        assert!(peer.unlink_if_last(2).unwrap());
+        pool.check();
+
+        // Freeing gives the memory back, but for the first page (with the header) and the
+        // last (partly beyond the payload's last whole page).
+        free(&pool, big.as_ptr()).unwrap();
+        pool.check();
+        assert!(resident(&pool, 1) <= 2 * 4096, "{}", resident(&pool, 1));
+
+        // The same size again reuses the grown block, reserved anew and writable.
+        let again = pool.alloc(5 * mib).unwrap();
+        assert_eq!((again.block(), again.offset()), (1, 0));
+        assert!(resident(&pool, 1) >= 5 * mib as u64);
+        fill(&again, 0x5d);
+        assert!(holds(&again, 0x5d));
+        // A larger one needs a block of its own, within the 40 MiB limit on what the blocks
+        // hold (about 5 MiB now).
+        assert!(pool.alloc(36 * mib).is_none());
+        let third = pool.alloc(20 * mib).unwrap();
+        assert_eq!(third.block(), 2);
+        pool.check();
+        for p in [small, again, third] {
+            free(&pool, p.as_ptr()).unwrap();
+        }
+        pool.check();
+        assert!(pool.all_free());
+        let st = pool.state.lock().unwrap();
+        // Only the ordinary block (64 KiB) and two pages of each grown block are still held.
+        assert!(st.backed <= 64 * KIB + 4 * 4096, "{}", st.backed);
+    }
+
+    #[test]
+    fn small_allocations_in_a_grown_block_are_reserved_before_use() {
+        let mib = 1 << 20;
+        let pool = pool(64 * KIB, 40, 1);
+        let big = pool.alloc(2 * mib).unwrap();
+        assert_eq!(big.block(), 0);
+        free(&pool, big.as_ptr()).unwrap();
+        // The only block is a grown one, given back; requests larger than an ordinary block
+        // go there, and the pages they take are reserved again.
+        let pieces: Vec<PoolPtr> = (0..10)
+            .map(|i| pool.alloc(65 * KIB + i * 10_000).unwrap())
+            .collect();
+        assert!(pieces.iter().all(|p| p.block() == 0));
+        for (i, p) in pieces.iter().enumerate() {
+            fill(p, i as u8);
+        }
+        pool.check();
+        for (i, p) in pieces.iter().enumerate() {
+            assert!(holds(p, i as u8));
+            free(&pool, p.as_ptr()).unwrap();
+        }
+        pool.check();
+        assert!(pool.all_free());
+    }
+
+    #[test]
+    fn a_full_dev_shm_is_a_miss_not_a_crash() {
+        let Some(room) = dev_shm_room() else {
+            return; // an unlimited /dev/shm cannot be filled
+        };
+        // More than /dev/shm holds, within the limit: refused before anything is created.
+        let pool = ShmPool::new(
+            &unique_job(),
+            0,
+            PoolConfig {
+                block_size: 64 << 20,
+                max_total: usize::MAX / 2,
+                mappers: 1,
+            },
+        )
+        .unwrap();
+        let too_big = room + (1 << 30);
+        assert!(pool.alloc(too_big).is_none());
+        assert_eq!(pool.stats().blocks, 0);
+        assert!(names_of(&pool).is_empty());
+        assert_eq!(pool.stats().misses, 1);
+        // The miss is not final: what fits is served.
+        let p = pool.alloc(1 << 20).unwrap();
+        assert_eq!(pool.stats().blocks, 1);
+        free(&pool, p.as_ptr()).unwrap();
+    }
+
+    #[test]
+    fn the_default_limit_follows_memory_and_ranks() {
+        let one = default_max_total(1, DEFAULT_BLOCK_SIZE);
+        let eight = default_max_total(8, DEFAULT_BLOCK_SIZE);
+        assert!(one >= DEFAULT_BLOCK_SIZE && eight >= DEFAULT_BLOCK_SIZE);
+        assert!(eight <= one / 8 + DEFAULT_BLOCK_SIZE);
+        if let Some(room) = dev_shm_room() {
+            assert!(one <= (room / 2).max(DEFAULT_BLOCK_SIZE));
+        }
+        assert_eq!(default_max_total(1 << 40, 1 << 20), 1 << 20);
     }
 }

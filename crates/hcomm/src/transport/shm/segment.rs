@@ -158,6 +158,12 @@ impl ShmSegment {
     /// clash); in that case the existing segment is left untouched. On any later failure the
     /// new name is removed again.
     pub(crate) fn create(name: &str, len: usize) -> Result<ShmSegment> {
+        Self::create_with(name, len, len).map(|(seg, _)| seg)
+    }
+
+    /// [`ShmSegment::create`], also returning the open file of the segment, for a creator that
+    /// later frees or reserves parts of its memory (`fallocate` on the file).
+    pub(crate) fn create_keeping_fd(name: &str, len: usize) -> Result<(ShmSegment, OwnedFd)> {
         Self::create_with(name, len, len)
     }
 
@@ -166,10 +172,10 @@ impl ShmSegment {
     /// touched, and its users reserve a range before they write it ([`ShmSegment::reserve`]),
     /// so that a full `/dev/shm` is an error rather than a SIGBUS.
     pub(crate) fn create_sparse(name: &str, len: usize, head: usize) -> Result<ShmSegment> {
-        Self::create_with(name, len, head.min(len))
+        Self::create_with(name, len, head.min(len)).map(|(seg, _)| seg)
     }
 
-    fn create_with(name: &str, len: usize, head: usize) -> Result<ShmSegment> {
+    fn create_with(name: &str, len: usize, head: usize) -> Result<(ShmSegment, OwnedFd)> {
         validate_name(name)?;
         let map_len = mapping_len(name, len)?;
         let fd = rustix::shm::open(
@@ -185,12 +191,14 @@ impl ShmSegment {
             .with_source(err.into()),
             err => os_error(name, "cannot create", err),
         })?;
-        let created = Self::init_created(name, &fd, len, map_len, PAYLOAD_OFFSET + head);
-        if created.is_err() {
-            // Best effort: the original error is the one worth reporting.
-            let _ = rustix::shm::unlink(name);
+        match Self::init_created(name, &fd, len, map_len, PAYLOAD_OFFSET + head) {
+            Ok(seg) => Ok((seg, fd)),
+            Err(err) => {
+                // Best effort: the original error is the one worth reporting.
+                let _ = rustix::shm::unlink(name);
+                Err(err)
+            }
         }
-        created
     }
 
     fn init_created(
@@ -209,7 +217,8 @@ impl ShmSegment {
         // then fails here with a message instead of killing a rank with SIGBUS on first touch.
         match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, reserved as u64) {
             Ok(()) | Err(Errno::OPNOTSUPP) => {}
-            Err(Errno::NOSPC) => {
+            // ENOMEM: the pages would exceed the memory limit of the cgroup.
+            Err(Errno::NOSPC | Errno::NOMEM) => {
                 return Err(Error::no_mem(format!(
                     "shared-memory segment {name}: /dev/shm has no room for {reserved} bytes; \
                      enlarge it (e.g. docker run --shm-size) or use smaller buffers"
@@ -247,8 +256,17 @@ impl ShmSegment {
     /// `expected_len` implies, and carry a complete header of this version of hcomm; anything
     /// else fails with [`Error::Transport`] naming the segment and what was wrong.
     pub(crate) fn open(name: &str, expected_len: usize) -> Result<ShmSegment> {
+        Self::open_with(name, Some(expected_len))
+    }
+
+    /// [`ShmSegment::open`] for a segment of any length: the payload's length is taken from
+    /// the segment's size, and its header must agree with it.
+    pub(crate) fn open_any(name: &str) -> Result<ShmSegment> {
+        Self::open_with(name, None)
+    }
+
+    fn open_with(name: &str, expected_len: Option<usize>) -> Result<ShmSegment> {
         validate_name(name)?;
-        let map_len = mapping_len(name, expected_len)?;
         let fd =
             rustix::shm::open(name, rustix::shm::OFlags::RDWR, Mode::empty()).map_err(|err| {
                 match err {
@@ -275,7 +293,10 @@ impl ShmSegment {
                  with mode 0600 and refuses others"
             )));
         }
-        if u64::try_from(stat.st_size).ok() != Some(map_len as u64) {
+        let size = usize::try_from(stat.st_size).unwrap_or(0);
+        let expected_len = expected_len.unwrap_or_else(|| size.saturating_sub(PAYLOAD_OFFSET));
+        let map_len = mapping_len(name, expected_len)?;
+        if size != map_len {
             return Err(Error::transport_failed(format!(
                 "shared-memory segment {name} is {} bytes long, expected {map_len} (a \
                  {PAYLOAD_OFFSET}-byte header and {expected_len} bytes of payload): it belongs \
@@ -548,6 +569,33 @@ pub(crate) mod tests {
             msg.contains(&name) && msg.contains("does not exist"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn open_any_takes_the_length_from_the_segment() {
+        let name = unique_name("any");
+        let a = ShmSegment::create(&name, 8192).unwrap();
+        let b = ShmSegment::open_any(&name).unwrap();
+        assert_eq!((b.len(), a.mapped_count()), (8192, 2));
+        // The header must agree with the size of the file.
+        // SAFETY: the header is mapped and nothing else uses the segment.
+        unsafe { ptr::addr_of_mut!((*a.header_ptr()).len).write(4096) };
+        let msg = transport_message(ShmSegment::open_any(&name));
+        assert!(msg.contains("4096 bytes of payload"), "{msg}");
+        ShmSegment::unlink(&name).unwrap();
+
+        let short = unique_name("anyshort");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dev_shm(&short))
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let msg = transport_message(ShmSegment::open_any(&short));
+        ShmSegment::unlink(&short).unwrap();
+        assert!(msg.contains("10 bytes long"), "{msg}");
     }
 
     #[test]
