@@ -357,13 +357,16 @@ impl OneSided {
         // This rank's own contribution comes from its buffer, which stays in its cache, rather
         // than from its line, which the peers are fetching; not when it lies in the receive
         // buffer (in place).
-        let lens: Vec<usize> = (0..n).map(|p| contribution_len(shape, p)).collect();
         let Buffers { send, out } = bufs;
         let own = match own {
             Own::Send => send.and_then(|s| s.get(..len)),
             Own::Recv(_) => None,
         };
-        board.with_contributions(true, slot, &lens, own, |c| compute(shape, self.me, out, c))?
+        let me = self.me;
+        compute(shape, me, out, |p| match own {
+            Some(own) if p == me => Ok(own),
+            _ => board.contribution(true, slot, p, contribution_len(shape, p)),
+        })
     }
 
     /// Publishes `value` in this rank's counter `which` and rings every peer.
@@ -420,10 +423,9 @@ impl OneSided {
                 _ => false,
             };
         if inline && !direct {
-            let lens: Vec<usize> = (0..n).map(|p| contribution_len(shape, p)).collect();
-            board.with_contributions(false, slot, &lens, None, |c| {
-                compute(shape, self.me, bufs.out, c)
-            })?
+            compute(shape, self.me, bufs.out, |p| {
+                board.contribution(false, slot, p, contribution_len(shape, p))
+            })
         } else {
             self.large(waiter, board, shape, j, bufs)
         }
@@ -669,14 +671,20 @@ fn put(dst: &mut [u8], src: &[u8], stream: bool) -> Result<()> {
     }
 }
 
-/// This rank's result of a call of `shape` from every rank's contribution `c[p]`, into `out`.
-fn compute(shape: &Shape, me: usize, out: &mut [u8], c: &[&[u8]]) -> Result<()> {
-    let n = c.len();
+/// This rank's result of a call of `shape` from every rank's contribution `c(p)` (of
+/// `contribution_len(shape, p)` bytes), into `out`.
+fn compute<'c>(
+    shape: &Shape,
+    me: usize,
+    out: &mut [u8],
+    c: impl Fn(usize) -> Result<&'c [u8]>,
+) -> Result<()> {
+    let n = shape.size;
     let block = shape.count * shape.elem();
     let fold = |dst: &mut [u8], at: usize| -> Result<()> {
-        dst.copy_from_slice(&c[0][at..at + dst.len()]);
-        for src in &c[1..] {
-            reduce::reduce_into(shape.dtype, shape.op, dst, &src[at..at + dst.len()])?;
+        dst.copy_from_slice(&c(0)?[at..at + dst.len()]);
+        for p in 1..n {
+            reduce::reduce_into(shape.dtype, shape.op, dst, &c(p)?[at..at + dst.len()])?;
         }
         if shape.op == ReduceOp::Avg {
             reduce::finish_avg(shape.dtype, dst, n)?;
@@ -690,24 +698,24 @@ fn compute(shape: &Shape, me: usize, out: &mut [u8], c: &[&[u8]]) -> Result<()> 
             let at = if shape.in_place { me * block } else { 0 };
             fold(&mut out[at..at + block], me * block)?;
         }
-        CollKind::Broadcast if me != shape.root => out[..block].copy_from_slice(c[shape.root]),
+        CollKind::Broadcast if me != shape.root => out[..block].copy_from_slice(c(shape.root)?),
         CollKind::AllGather => {
             for p in 0..n {
-                out[p * block..(p + 1) * block].copy_from_slice(c[p]);
+                out[p * block..(p + 1) * block].copy_from_slice(c(p)?);
             }
         }
         CollKind::Gather if me == shape.root => {
             for p in 0..n {
-                out[p * block..(p + 1) * block].copy_from_slice(c[p]);
+                out[p * block..(p + 1) * block].copy_from_slice(c(p)?);
             }
         }
         CollKind::Scatter if !(me == shape.root && shape.in_place) => {
-            out[..block].copy_from_slice(&c[shape.root][me * block..(me + 1) * block]);
+            out[..block].copy_from_slice(&c(shape.root)?[me * block..(me + 1) * block]);
         }
         CollKind::AllToAll => {
             for p in 0..n {
                 out[p * block..(p + 1) * block]
-                    .copy_from_slice(&c[p][me * block..(me + 1) * block]);
+                    .copy_from_slice(&c(p)?[me * block..(me + 1) * block]);
             }
         }
         _ => {}
