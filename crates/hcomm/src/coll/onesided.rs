@@ -276,7 +276,10 @@ impl OneSided {
         let (own, len) = contribution(shape, self.me, &bufs);
         let slot = (j % 2) as usize;
         let board = &mut calls.board;
-        if max_contribution(shape) <= TINY_MAX {
+        // The largest contribution decides the way of the call (looked up once: it visits
+        // every rank).
+        let most = max_contribution(shape);
+        if most <= TINY_MAX {
             return self.tiny(
                 &waiter,
                 board,
@@ -287,7 +290,7 @@ impl OneSided {
                 &mut calls.known,
             );
         }
-        let inline = max_contribution(shape) <= SLOT;
+        let inline = most <= SLOT;
         let pool = comm.pool();
         let input = bufs.own(own, len)?;
         let out_at = bufs.out.as_ptr();
@@ -310,7 +313,7 @@ impl OneSided {
             board,
             shape,
             (j, slot),
-            inline,
+            most,
             &mut bufs,
             &mut calls.known,
         );
@@ -379,8 +382,8 @@ impl OneSided {
         }
     }
 
-    /// The rest of call `j` once this rank published it: check the peers' signatures, then
-    /// compute the result.
+    /// The rest of call `j` (whose largest contribution is `most` bytes) once this rank
+    /// published it: check the peers' signatures, then compute the result.
     #[allow(clippy::too_many_arguments)]
     fn complete(
         &self,
@@ -388,7 +391,7 @@ impl OneSided {
         board: &mut Board,
         shape: &Shape,
         (j, slot): (u64, usize),
-        inline: bool,
+        most: usize,
         bufs: &mut Buffers<'_>,
         known: &mut [u64],
     ) -> Result<()> {
@@ -413,7 +416,7 @@ impl OneSided {
                 h.input_loc != 0 && h.output_loc != 0
             })
         };
-        let most = max_contribution(shape);
+        let inline = most <= SLOT;
         let direct = self.cma
             && match shape.kind {
                 CollKind::AllReduce => most > DIRECT_FROM && in_pools(),
