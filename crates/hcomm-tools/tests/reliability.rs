@@ -147,8 +147,9 @@ fn survivors_of_a_killed_rank_fail_fast() {
 }
 
 /// A receiver asleep on its doorbell's futex learns of a killed shared-memory peer from the
-/// watcher, which sees the peer's TCP connection end, rather than when its nap of up to 100 ms
-/// ends. Counted from the killed rank's death (a loaded machine may take long to end it),
+/// watcher, which sees the pidfd of the peer's process become readable (the ranks of one host
+/// have no TCP connection between them: `tests/shm.rs`), rather than when its nap of up to
+/// 100 ms ends. Counted from the killed rank's death (a loaded machine may take long to end it),
 /// 4 of 6 latencies must be below 30 ms (about 1 ms when the cores are not taken by other
 /// work: nextest runs this test alone); with naps of random phase that would happen in
 /// about one run of fourteen.

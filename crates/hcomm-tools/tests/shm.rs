@@ -119,6 +119,12 @@ fn a_sigkilled_rank_leaves_no_segment_and_its_peers_fail_fast() {
         .map(|w| w.trim_end_matches(';'))
         .collect();
     assert_eq!(names.len(), 3, "every rank names its inbox:\n{all}");
+    // Shared memory alone links them: the death is noticed without a TCP connection.
+    assert_eq!(
+        all.matches("a TCP connection beside it with []").count(),
+        3,
+        "{all}"
+    );
     for name in names {
         let path = format!("/dev/shm/{name}");
         assert!(
@@ -160,4 +166,141 @@ fn every_protocol_wakes_a_sleeping_receiver() {
         t.contains("[0] OK wakeups") && t.contains("[1] OK wakeups"),
         "{t}"
     );
+}
+
+/// Runs `hcomm_check all-pairs` on 4 ranks under hcommrun, each rank's host id from
+/// `host_of` (a shell expression of `HCOMM_RANK`), with `env`; returns each rank's count of
+/// connected TCP sockets once init is done.
+fn tcp_after_init(host_of: &str, env: &[(&str, &str)]) -> Vec<usize> {
+    let mut c = Command::new(HCOMMRUN);
+    let script = format!("HCOMM_HOST_ID={host_of} exec {CHECK} all-pairs --max-size 65536");
+    c.args(["-n", "4", "--timeout", "100", "--", "sh", "-c", &script])
+        .env("HCOMM_TIMEOUT", "60")
+        .env("HCOMM_TCP_STREAMS", "2");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{env:?}:\n{t}");
+    (0..4)
+        .map(|r| {
+            let prefix = format!("[{r}] listening ");
+            t.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|l| l.split(" tcp ").nth(1))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("rank {r} printed no count:\n{t}"))
+        })
+        .collect()
+}
+
+/// Ranks of one host are linked by shared memory alone: besides its connection to the store
+/// (hcommrun's), a rank opens TCP connections only to ranks of other hosts (2 streams each),
+/// and none at all in a job on one host; `HCOMM_TRANSPORT=tcp` still connects every pair.
+#[test]
+fn local_ranks_open_no_tcp_connection_between_them() {
+    assert_eq!(tcp_after_init("one", &[]), [1; 4], "one host");
+    // Hosts {0, 1} and {2, 3}: two remote peers each.
+    assert_eq!(
+        tcp_after_init("host$((HCOMM_RANK / 2))", &[]),
+        [1 + 2 * 2; 4],
+        "two hosts"
+    );
+    // Every pair connected (a rank may also hold a connection a peer is still closing).
+    let want = 1 + 3 * 2;
+    let tcp = tcp_after_init("one", &[("HCOMM_TRANSPORT", "tcp")]);
+    assert!(tcp.iter().all(|&n| n >= want), "TCP only: {tcp:?}");
+}
+
+/// A rank with local and remote peers sleeps in `epoll_wait` (not on its doorbell's futex):
+/// its local peer, which has no TCP connection to it, wakes it through its wake socket. Ranks
+/// 0 and 1 share a host, 2 and 3 another; 0 and 1 ping-pong 150 times with no spinning, each
+/// pausing 2 ms before it sends so that the other's wait sleeps. A lost wake-up makes a sleep
+/// run its whole time (100 ms): were the wake-ups lost, every wait would end so, a third of
+/// the sleeps or more. A few do under load (a peer kept from running for 100 ms after its
+/// pause; the futex sleepers of a one-host job show the same), so at most a tenth may.
+#[test]
+fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
+    let mut c = Command::new(HCOMMRUN);
+    let script =
+        format!("HCOMM_HOST_ID=host$((HCOMM_RANK / 2)) exec {CHECK} wakeups --pause-us 2000");
+    c.args(["-n", "4", "--timeout", "100", "--", "sh", "-c", &script])
+        .env("HCOMM_TIMEOUT", "60")
+        .env("HCOMM_SPIN_US", "0");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for r in 0..2 {
+        let naps: u64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[{r}] wakeups naps=")))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("rank {r} printed no naps:\n{t}"));
+        let full: u64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[{r}] wakeups naps={naps} full_naps=")))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("rank {r} printed no full naps:\n{t}"));
+        assert!(
+            naps >= 150,
+            "rank {r} slept {naps} times in epoll_wait:\n{t}"
+        );
+        assert!(10 * full <= naps, "rank {r}: {full} lost wake-ups:\n{t}");
+        assert!(t.contains(&format!("[{r}] OK wakeups")), "{t}");
+    }
+}
+
+/// Each rank's inbox use (kB) after `traffic` on 8 ranks of one host, and the inbox's size.
+fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
+    let mut c = Command::new(HCOMMRUN);
+    c.args([
+        "-n",
+        "8",
+        "--timeout",
+        "100",
+        "--",
+        CHECK,
+        "inbox-use",
+        "--traffic",
+        traffic,
+    ])
+    .env("HCOMM_TIMEOUT", "60");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{traffic}:\n{t}");
+    (0..8)
+        .map(|r| {
+            let line = t
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("[{r}] inbox ")))
+                .unwrap_or_else(|| panic!("rank {r} printed no use:\n{t}"));
+            let n: Vec<usize> = line
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            assert_eq!(n.len(), 2, "{line}");
+            (n[0], n[1])
+        })
+        .collect()
+}
+
+/// An inbox takes memory for the peers that send to it, 64 KiB of ring at a time, not for
+/// every local rank: after init and a barrier (each rank hears from 3 of its 7 peers) a rank's
+/// inbox holds its first page and at most 4 rings' first 64 KiB; after all-to-alls of 4 KiB
+/// per pair, the first 64 KiB of all 7. The inbox's size (7 rings of 1 MiB) is never reached.
+#[test]
+fn an_inbox_takes_memory_for_the_peers_that_send_to_it() {
+    for (r, (used, size)) in inbox_use("none").into_iter().enumerate() {
+        assert!(size >= 7 << 10, "rank {r}: an inbox of {size} kB");
+        assert!(used <= 16 + 4 * 64, "rank {r}: {used} kB in use");
+    }
+    for (r, (used, size)) in inbox_use("alltoall").into_iter().enumerate() {
+        assert!(used >= 7 * 64, "rank {r}: {used} kB in use");
+        assert!(
+            used <= 16 + 8 * 64 && used < size / 8,
+            "rank {r}: {used} kB in use"
+        );
+    }
 }

@@ -32,7 +32,6 @@ use crate::observe::OpKind;
 use crate::p2p::lease::{Lease, Loan, Part};
 use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target, ANY_PEER};
 use crate::rng::mix;
-use crate::sync::lock;
 use crate::topology::{RankInfo, Topology};
 use crate::transport::plugin;
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
@@ -493,7 +492,7 @@ fn setup_shm(
         for (i, &r) in locals.iter().enumerate().filter(|&(_, &r)| r != rank) {
             let left = deadline.saturating_duration_since(Instant::now());
             let published = Published::decode(r, &client.wait(&format!("{ns}/shm/{r}"), left)?)?;
-            links.push((r, inbox.link(i, &published)?));
+            links.push((r, inbox.link(i, r, &published)?));
         }
         Ok(links)
     })();
@@ -504,10 +503,16 @@ fn setup_shm(
                 .filter(|(_, l)| l.cma)
                 .map(|(r, _)| *r)
                 .collect();
+            let tcp_too: Vec<_> = links
+                .iter()
+                .filter(|(_, l)| l.end.is_none())
+                .map(|(r, _)| *r)
+                .collect();
             let line = format!(
                 "hcomm: rank {rank}: shared memory with world ranks {:?} (inbox {}; \
-                 cross-memory attach with {cma:?}); inline <= {} B, receiver pull <= {} B, \
-                 sender push above in {} B chunks; TCP with the others",
+                 cross-memory attach with {cma:?}; a TCP connection beside it with \
+                 {tcp_too:?}); inline <= {} B, receiver pull <= {} B, sender push above in {} B \
+                 chunks; TCP with the others",
                 links.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
                 inbox.published().name,
                 config.shm_eager_limit,
@@ -553,8 +558,8 @@ impl Communicator {
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
         let me = RankInfo::current(config.host_id.as_deref());
-        let (links, infos, store, client) = if size == 1 {
-            (vec![Vec::new()], vec![me], None, None)
+        let (links, topology, shm, store, client) = if size == 1 {
+            (vec![Vec::new()], Topology::new(vec![me]), None, None, None)
         } else {
             let secret = config.job_secret.clone().ok_or_else(|| {
                 Error::init(
@@ -612,27 +617,34 @@ impl Communicator {
                     &client.wait(&format!("{ns}/info/{r}"), left)?,
                 )?);
             }
-            let links = tcp::connect_mesh(listener, rank, &addrs, tcp_streams, &secret, deadline)?;
-            (links, infos, store, Some(Mutex::new(client)))
+            // Shared memory first: local pairs it links alone need no TCP connection.
+            let topology = Topology::new(infos);
+            let shm = setup_shm(&config, &topology, rank, &mut client, generation, deadline)?;
+            let tcp_pairs: Vec<bool> = (0..size)
+                .map(|p| shm.as_ref().is_none_or(|s| !s.socketless(p)))
+                .collect();
+            let links = tcp::connect_mesh(
+                listener,
+                rank,
+                &addrs,
+                &tcp_pairs,
+                tcp_streams,
+                &secret,
+                deadline,
+            )
+            .inspect_err(|_| {
+                if let Some(s) = &shm {
+                    s.inbox.abandon();
+                }
+            })?;
+            (links, topology, shm, store, Some(Mutex::new(client)))
         };
-        let topology = Topology::new(infos);
         let local_size = topology.local_size(rank);
         let cores = crate::topology::online_cores();
         let spin = match config.spin_us {
             Some(us) => Duration::from_micros(us),
             None if local_size <= cores => DEFAULT_SPIN,
             None => Duration::ZERO,
-        };
-        let shm = match &client {
-            Some(client) => setup_shm(
-                &config,
-                &topology,
-                rank,
-                &mut lock(client),
-                generation,
-                deadline,
-            )?,
-            None => None,
         };
         if let Some(lease) = &lease {
             let line = format!(

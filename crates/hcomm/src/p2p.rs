@@ -63,6 +63,7 @@ use crate::error::{Error, Operation, PeerRank, Result};
 use crate::sync::lock;
 use crate::transport::plugin::Lease;
 use crate::transport::shm::link::{Doorbell, Inbox, PeerInbox, ShmLink};
+use crate::transport::shm::wake::PeerEnd;
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use calls::Calls;
 use lease::BufPtr;
@@ -84,6 +85,9 @@ pub(crate) const ANY_PEER: usize = usize::MAX;
 
 /// epoll token of the wake-up eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
+/// epoll token of the shared-memory wake socket (local peers' wake-ups, see
+/// `transport::shm::wake`).
+const SHM_WAKE_TOKEN: u64 = u64::MAX - 1;
 /// While spinning, every this many rounds the waiter asks epoll instead of reading the
 /// awaited peers' sockets directly.
 const DIRECT_READS: u32 = 8;
@@ -116,7 +120,8 @@ pub(crate) struct ProtocolCounts {
     pub plugin_eager: AtomicU64,
     /// Rendezvous through a transport plug-in.
     pub plugin_rendezvous: AtomicU64,
-    /// Sleeps of waiters on their shared-memory doorbell.
+    /// Sleeps of waiters on their shared-memory doorbell, or in `epoll_wait` while they have
+    /// shared-memory peers.
     pub naps: AtomicU64,
     /// Of those, sleeps that lasted their whole time, woken by nobody.
     pub full_naps: AtomicU64,
@@ -139,10 +144,11 @@ pub struct ProtocolStats {
     pub plugin_eager: u64,
     /// Rendezvous messages through a transport plug-in.
     pub plugin_rendezvous: u64,
-    /// Times a waiter slept on its shared-memory doorbell.
+    /// Times a waiter slept on its shared-memory doorbell, or in `epoll_wait` while it has
+    /// shared-memory peers (it also has peers over other transports).
     pub naps: u64,
     /// Of those, sleeps that lasted their whole time (at most 100 ms), woken by nobody:
-    /// only a peer that stays silent that long causes them, or a lost wake-up.
+    /// only peers that stay silent that long cause them, or a lost wake-up.
     pub full_naps: u64,
 }
 
@@ -173,6 +179,15 @@ pub(crate) struct ShmSetup {
     pub inbox: Inbox,
     /// `(world rank, link)` for every other local rank.
     pub links: Vec<(usize, ShmLink)>,
+}
+
+impl ShmSetup {
+    /// Whether world rank `peer` is linked by shared memory alone, with no TCP connection.
+    pub(crate) fn socketless(&self, peer: usize) -> bool {
+        self.links
+            .iter()
+            .any(|(p, l)| *p == peer && l.end.is_some())
+    }
 }
 
 /// Engine settings, fixed at creation.
@@ -510,10 +525,19 @@ impl Engine {
             epoll::EventFlags::IN,
         )
         .map_err(|e| sys("epoll_ctl", e))?;
-        let (inbox, shm_links) = match shm {
+        let (inbox, mut shm_links) = match shm {
             Some(ShmSetup { inbox, links }) => (Some(inbox), links),
             None => (None, Vec::new()),
         };
+        if let Some(w) = inbox.as_ref().and_then(Inbox::wake_socket) {
+            epoll::add(
+                &epoll,
+                w,
+                epoll::EventData::new_u64(SHM_WAKE_TOKEN),
+                epoll::EventFlags::IN,
+            )
+            .map_err(|e| sys("epoll_ctl", e))?;
+        }
         let peer_inboxes: HashMap<usize, (PeerInbox, u32, bool)> = shm_links
             .iter()
             .map(|(p, link)| (*p, (link.peer_inbox(), link.pid, link.cma)))
@@ -531,30 +555,39 @@ impl Engine {
             any_aborted: AtomicBool::new(false),
         });
         let size = links.len();
-        // Every peer's first link is its TCP connection; a shared-memory link or the plug-in
+        // A peer's first link is its TCP connection, when the pair has one (every pair but
+        // the local ones linked by shared memory alone); a shared-memory link or the plug-in
         // then carries its traffic.
         let mut all = Links::new(size);
-        let mut peers = Vec::with_capacity(size);
-        // Duplicates of the local peers' stream 0, whose end the watcher waits for.
+        let peers: Vec<Option<Peer>> = (0..size)
+            .map(|p| {
+                (p != cfg.rank).then_some(Peer {
+                    closed: false,
+                    lost: None,
+                    heard: 0,
+                })
+            })
+            .collect();
+        // What the watcher waits on for the end of each local peer: a pidfd of its process,
+        // or a duplicate of its stream 0.
         let mut ends = Vec::with_capacity(shm_links.len());
+        for (p, link) in &mut shm_links {
+            if let Some(pidfd) = link.end.as_mut().and_then(PeerEnd::take_pidfd) {
+                ends.push((*p, watch::End::Process(pidfd)));
+            }
+        }
         for (p, socks) in links.into_iter().enumerate() {
             if socks.is_empty() {
-                peers.push(None);
                 continue;
             }
             let tcp = TcpLink::new(p, all.next_index(p), socks, &io)?;
-            if io.peer_inboxes.contains_key(&p) {
-                ends.push((p, tcp.end_watch()?));
+            if io.peer_inboxes.contains_key(&p) && !ends.iter().any(|(q, _)| *q == p) {
+                ends.push((p, watch::End::Stream(tcp.end_watch()?)));
             }
             all.add(p, AnyLink::Tcp(tcp));
-            peers.push(Some(Peer {
-                closed: false,
-                lost: None,
-                heard: 0,
-            }));
         }
         for (p, link) in shm_links {
-            if peers.get(p).is_none_or(Option::is_none) {
+            if p >= size || p == cfg.rank {
                 return Err(Error::internal(format!(
                     "shared-memory link to world rank {p} has no peer"
                 ))
@@ -590,6 +623,10 @@ impl Engine {
             }
             None => None,
         };
+        if let Some(p) = (0..size).find(|&p| p != cfg.rank && all.count(p) == 0) {
+            return Err(Error::internal(format!("world rank {p} has no link"))
+                .with_peer(PeerRank::world(p)));
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 cfg,

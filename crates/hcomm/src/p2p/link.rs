@@ -20,8 +20,8 @@
 //!   messages), fields of the engine's state apart from the links.
 //!
 //! A peer may hold several links, in the order they were added: the first is the connection
-//! the job was started with (TCP), whose end tells that the peer is gone; the last carries the
-//! peer's traffic; a frame that the last cannot carry (a goodbye that must precede the end of
+//! the job was started with (TCP; a local pair linked by shared memory alone has none), whose
+//! end tells that the peer is gone; the last carries the peer's traffic; a frame that the last cannot carry (a goodbye that must precede the end of
 //! the connection, a wake-up for a peer sleeping in `epoll_wait`) takes the first link that
 //! can ([`Links::route`], by the links' [`Caps`]). A link made later (on a peer's first use,
 //! or a second rail) is one more [`Links::add`]; the epoll tokens of a link's descriptors

@@ -16,7 +16,8 @@ use super::link::{untoken, AnyLink, Dests, Link, Rx};
 use super::matching::{Arrival, Matched};
 use super::rendezvous::{Cleared, Landing};
 use super::wait::poll;
-use super::{Dest, Engine, MatchKey, OpId, Shared, State, GRACE, WAKE_TOKEN};
+use super::{Dest, Engine, MatchKey, OpId, Shared, State, GRACE, SHM_WAKE_TOKEN, WAKE_TOKEN};
+use crate::transport::shm::link::Inbox;
 
 /// Tells the launcher on its pipe (`HCOMM_RUN_FD`: descriptor and inode) that world rank
 /// `rank` lost world rank `peer`: one line `lost RANK PEER`, in one write (atomic on a
@@ -274,9 +275,19 @@ impl State {
     /// `by_waiter`: the caller is itself one of the waiting threads.
     pub(super) fn handle(&mut self, events: &[epoll::Event], by_waiter: bool) -> bool {
         // The wake-up first: one that comes while the links are read below stays pending.
-        if events.iter().any(|ev| ev.data.u64() == WAKE_TOKEN) {
-            let mut b = [0u8; 8];
-            let _ = rustix::io::read(&self.io.wake, &mut b);
+        for ev in events {
+            match ev.data.u64() {
+                WAKE_TOKEN => {
+                    let mut b = [0u8; 8];
+                    let _ = rustix::io::read(&self.io.wake, &mut b);
+                }
+                SHM_WAKE_TOKEN => {
+                    if let Some(w) = self.io.inbox.as_ref().and_then(Inbox::wake_socket) {
+                        w.drain();
+                    }
+                }
+                _ => {}
+            }
         }
         let mut moved = false;
         for i in 0..self.links.polled.len() {
@@ -291,7 +302,7 @@ impl State {
         }
         for ev in events {
             let tok = ev.data.u64();
-            if tok == WAKE_TOKEN {
+            if tok == WAKE_TOKEN || tok == SHM_WAKE_TOKEN {
                 continue;
             }
             let (peer, l, lane) = untoken(tok);

@@ -462,7 +462,13 @@ impl Engine {
         let result = if lock(&sh.state).shm_ready() {
             poll(&sh.io, events, Duration::ZERO)
         } else {
-            poll(&sh.io, events, sleep)
+            let start = Instant::now();
+            let result = poll(&sh.io, events, sleep);
+            ProtocolCounts::bump(&sh.counts.naps);
+            if events.is_empty() && start.elapsed() >= sleep {
+                ProtocolCounts::bump(&sh.counts.full_naps);
+            }
+            result
         };
         bell.leave_epoll();
         result

@@ -2,13 +2,16 @@
 //! at their sockets.
 //!
 //! * **Dead local peers.** A waiter whose peers all share the host sleeps on its doorbell's
-//!   futex, which a dying process cannot ring. But the TCP connection kept beside each
-//!   shared-memory link ends when its process does (the kernel closes a dead process's
-//!   sockets, SIGKILL included), so the watcher polls a duplicate of each local peer's
-//!   stream 0 for its end only (`POLLRDHUP`, not for data, which the engine reads) and then
-//!   wakes the engine's sleepers, which read the end and fail the peer as usual (or, after its
-//!   `Close`, let it go in order). No process ids are involved: ranks in other pid namespaces
-//!   (containers sharing a host) are watched the same way.
+//!   futex, which a dying process cannot ring. So the watcher polls, for each local peer, a
+//!   pidfd of its process (`pidfd_open`; readable once the process ended, SIGKILL included):
+//!   it then fails the peer itself (after reading what the peer left in shared memory, its
+//!   goodbye included: a peer that said goodbye is let go in order) and wakes the engine's
+//!   sleepers. A pair that cannot use a pidfd (another pid or network namespace, a kernel
+//!   without `pidfd_open`: see `transport::shm::wake`) keeps a TCP connection beside its
+//!   shared memory, which ends when the process does (the kernel closes a dead process's
+//!   sockets); the watcher polls a duplicate of its stream 0 for its end only (`POLLRDHUP`,
+//!   not for data, which the engine reads) and wakes the sleepers, which read the end and
+//!   fail the peer as usual.
 //! * **Hung or stopped peers.** A process that hangs (stopped by a signal, frozen, a host that
 //!   vanished without closing its connections) keeps its sockets open. Every `interval` each
 //!   watcher shows that its process runs: it bumps the heartbeat in its inbox's doorbell, which
@@ -62,6 +65,24 @@ impl Timing {
     }
 }
 
+/// What the watcher waits on for the end of a local peer.
+#[derive(Debug)]
+pub(super) enum End {
+    /// A pidfd of its process: readable once the process ended.
+    Process(OwnedFd),
+    /// A duplicate of stream 0 of its TCP connection: hung up once the process ended.
+    Stream(TcpStream),
+}
+
+impl End {
+    fn poll_fd(&self) -> PollFd<'_> {
+        match self {
+            End::Process(fd) => PollFd::new(fd, PollFlags::IN),
+            End::Stream(s) => PollFd::new(s, PollFlags::RDHUP),
+        }
+    }
+}
+
 /// The running watcher; dropping it stops the thread.
 pub(super) struct Watcher {
     stop: Arc<OwnedFd>,
@@ -69,10 +90,10 @@ pub(super) struct Watcher {
 }
 
 impl Watcher {
-    /// Starts watching: `ends` are duplicates of the local peers' stream 0, by world rank.
+    /// Starts watching: `ends` say when each local peer ended, by world rank.
     pub(super) fn start(
         shared: Arc<Shared>,
-        ends: Vec<(usize, TcpStream)>,
+        ends: Vec<(usize, End)>,
         timing: Timing,
     ) -> Result<Watcher> {
         let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
@@ -108,7 +129,7 @@ struct Seen {
     since: Instant,
 }
 
-fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, TcpStream)>, timing: Timing) {
+fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, End)>, timing: Timing) {
     let mut seen: HashMap<usize, Seen> = HashMap::default();
     let mut last_turn = Instant::now();
     let mut next_turn = last_turn;
@@ -122,7 +143,7 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, TcpStream)>, timing:
         }
         let wait = next_turn.saturating_duration_since(Instant::now());
         let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(stop, PollFlags::IN))
-            .chain(ends.iter().map(|(_, s)| PollFd::new(s, PollFlags::RDHUP)))
+            .chain(ends.iter().map(|(_, e)| e.poll_fd()))
             .collect();
         match poll_fds(&mut fds, Some(&timespec(wait))) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -142,8 +163,16 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, TcpStream)>, timing:
         drop(fds);
         if !ended.is_empty() {
             for &i in ended.iter().rev() {
-                let (peer, _) = ends.swap_remove(i);
-                tracing::debug!("the connection of local world rank {peer} ended");
+                match ends.swap_remove(i) {
+                    (peer, End::Stream(_)) => {
+                        tracing::debug!("the connection of local world rank {peer} ended");
+                    }
+                    // Nobody reads the end of a process: fail the peer here.
+                    (peer, End::Process(_)) => {
+                        tracing::debug!("the process of local world rank {peer} ended");
+                        lock(&sh.state).fail_peer(peer, "its process ended".into());
+                    }
+                }
             }
             sh.io.alarm();
         }

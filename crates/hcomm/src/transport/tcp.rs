@@ -83,14 +83,17 @@ pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Establishes `streams` authenticated connections to every other rank.
+/// Establishes `streams` authenticated connections to every other rank `r` with `pairs[r]`
+/// (both ranks of a pair must agree on it).
 ///
 /// `addrs[r]` is where rank `r` listens; `listener` is this rank's own. Returns, for each
-/// rank, its connections in stream order (empty for this rank). Bounded by `deadline`.
+/// rank, its connections in stream order (empty for this rank and the ranks without a
+/// connection). Bounded by `deadline`.
 pub(crate) fn connect_mesh(
     listener: TcpListener,
     rank: usize,
     addrs: &[SocketAddr],
+    pairs: &[bool],
     streams: usize,
     secret: &[u8],
     deadline: Instant,
@@ -98,14 +101,14 @@ pub(crate) fn connect_mesh(
     let size = addrs.len();
     let mut links: Vec<Vec<Option<TcpStream>>> = (0..size)
         .map(|r| {
-            if r == rank {
+            if r == rank || !pairs.get(r).copied().unwrap_or(false) {
                 Vec::new()
             } else {
                 (0..streams).map(|_| None).collect()
             }
         })
         .collect();
-    let expected_in = (size - rank - 1) * streams;
+    let expected_in = expected_in(&links, rank);
     let secret: Arc<[u8]> = Arc::from(secret);
     let (tx, rx) = mpsc::channel();
     let done = Arc::new(AtomicBool::new(false));
@@ -152,7 +155,7 @@ fn collect_links(
     deadline: Instant,
 ) -> Result<()> {
     let size = addrs.len();
-    let expected_in = (size - rank - 1) * streams;
+    let expected_in = expected_in(links, rank);
     for (peer, addr) in addrs.iter().enumerate().take(rank) {
         for (s, link) in links[peer].iter_mut().enumerate() {
             *link = Some(connect_one(
@@ -165,8 +168,9 @@ fn collect_links(
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok((peer, s, stream)) => {
-                if links[peer][s].is_none() {
-                    links[peer][s] = Some(stream);
+                // A connection of a pair that has none is dropped.
+                if let Some(slot @ None) = links[peer].get_mut(s) {
+                    *slot = Some(stream);
                     got += 1;
                 }
             }
@@ -182,6 +186,11 @@ fn collect_links(
         }
     }
     Ok(())
+}
+
+/// How many connections the higher ranks open to this one (the slots of `links` above it).
+fn expected_in(links: &[Vec<Option<TcpStream>>], rank: usize) -> usize {
+    links.iter().skip(rank + 1).map(Vec::len).sum()
 }
 
 #[allow(clippy::too_many_arguments)]

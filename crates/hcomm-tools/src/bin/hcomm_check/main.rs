@@ -39,9 +39,11 @@ enum Scenario {
         max_size: usize,
     },
     /// Every rank sends to and receives from every other rank at once (nonblocking). First
-    /// every rank prints `listening N threads T`: its TCP sockets in the listening state once
-    /// init is done (the mesh listener closes once every peer connected; rank 0 of a job
-    /// without a launcher's store keeps the store's) and its threads.
+    /// every rank prints `listening N threads T tcp C`: its TCP sockets in the listening state
+    /// once init is done (the mesh listener closes once every peer connected; rank 0 of a job
+    /// without a launcher's store keeps the store's), its threads, and its connected TCP
+    /// sockets (the store's and the links to ranks that are not linked by shared memory
+    /// alone).
     AllPairs {
         /// Largest message, in bytes.
         #[arg(long, default_value_t = 4 << 20)]
@@ -90,7 +92,13 @@ enum Scenario {
     Protocols,
     /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
     /// every wait sleeps); then the count of sleeps nobody woke, which must be zero.
-    Wakeups,
+    Wakeups {
+        /// Each rank pauses this long before it sends, so that its peer's wait surely sleeps;
+        /// the counts are then only printed (a peer that the machine's load keeps from running
+        /// for 100 ms after its pause also makes a sleep run its whole time).
+        #[arg(long, default_value_t = 0)]
+        pause_us: u64,
+    },
     /// Random collectives (kinds, types, ops, counts, roots, in place or not, heap or pool
     /// memory) on the world and on communicators made by split and dup, each checked against
     /// the sequential reference; every rank draws the same calls from --seed.
@@ -163,6 +171,15 @@ enum Scenario {
         #[arg(long, value_enum, default_value_t = failure::Pending::Recv)]
         pending: failure::Pending,
     },
+    /// One kind of traffic, then each rank prints `inbox K of M kB`: how much of its
+    /// shared-memory inbox has memory (its pages resident in /dev/shm, by `mincore`) and how
+    /// large the inbox is; then a barrier. The rings of an inbox take memory only once their
+    /// peer sends (the barrier's frames of peers that measured first are counted too).
+    InboxUse {
+        /// What the ranks do between init and the measurement.
+        #[arg(long, value_enum)]
+        traffic: resources::Traffic,
+    },
     /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
     /// fail fast with PeerLost naming it.
     Kill {
@@ -195,10 +212,8 @@ fn run(scenario: Scenario) -> Result<()> {
         }
         Scenario::AllPairs { max_size } => {
             let threads = std::fs::read_dir("/proc/self/task")?.count();
-            println!(
-                "listening {} threads {threads}",
-                resources::listening_sockets()?
-            );
+            let (listening, connected) = resources::tcp_sockets()?;
+            println!("listening {listening} threads {threads} tcp {connected}");
             p2p::all_pairs(&comm, max_size)?;
             "all-pairs"
         }
@@ -301,7 +316,8 @@ fn run(scenario: Scenario) -> Result<()> {
             );
             "protocols"
         }
-        Scenario::Wakeups => {
+        Scenario::Wakeups { pause_us } => {
+            let pause = || std::thread::sleep(Duration::from_micros(pause_us));
             let c = comm.config();
             let sizes = [8, c.shm_eager_limit + 1, c.shm_push_threshold + 1];
             let me = comm.rank();
@@ -310,6 +326,7 @@ fn run(scenario: Scenario) -> Result<()> {
                     let mut got = vec![0u8; len];
                     match me {
                         0 => {
+                            pause();
                             comm.send(&p2p::fill(0, 1, round, len), 1, 9)?;
                             comm.recv(&mut got, 1, 9)?;
                             p2p::verify(&got, 1, 0, round)?;
@@ -317,6 +334,7 @@ fn run(scenario: Scenario) -> Result<()> {
                         1 => {
                             comm.recv(&mut got, 0, 9)?;
                             p2p::verify(&got, 0, 1, round)?;
+                            pause();
                             comm.send(&p2p::fill(1, 0, round, len), 0, 9)?;
                         }
                         _ => {}
@@ -326,12 +344,20 @@ fn run(scenario: Scenario) -> Result<()> {
             let s = comm.protocol_stats();
             println!("wakeups naps={} full_naps={}", s.naps, s.full_naps);
             ensure!(
-                s.full_naps == 0,
+                s.full_naps == 0 || pause_us > 0,
                 "{} of {} sleeps were never woken: a lost wake-up",
                 s.full_naps,
                 s.naps
             );
             "wakeups"
+        }
+        Scenario::InboxUse { traffic } => {
+            resources::traffic(&comm, traffic)?;
+            let (resident, size) = resources::inbox_use(comm.rank())?;
+            println!("inbox {} of {} kB", resident >> 10, size >> 10);
+            // Nobody says goodbye (a frame to every peer) before every rank has measured.
+            comm.barrier()?;
+            "inbox-use"
         }
         Scenario::Kill { pool } => {
             comm.barrier()?;

@@ -68,8 +68,8 @@ pub(super) fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result
     Ok(())
 }
 
-/// This process's TCP sockets in the listening state.
-pub(super) fn listening_sockets() -> Result<usize> {
+/// This process's TCP sockets: in the listening state, and connected (established).
+pub(super) fn tcp_sockets() -> Result<(usize, usize)> {
     // Sockets of this process by inode, from /proc/self/fd ("socket:[INODE]").
     let mut mine = std::collections::HashSet::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
@@ -83,20 +83,95 @@ pub(super) fn listening_sockets() -> Result<usize> {
             }
         }
     }
-    // The namespace's TCP sockets: column 4 is the state (0A: listening), column 10 the inode.
-    let mut count = 0;
+    // The namespace's TCP sockets: column 4 is the state (0A: listening, 01: established),
+    // column 10 the inode.
+    let (mut listening, mut established) = (0, 0);
     for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(table) else {
             continue;
         };
         for line in text.lines().skip(1) {
             let cols: Vec<&str> = line.split_whitespace().collect();
-            if cols.len() > 9 && cols[3] == "0A" && mine.contains(cols[9]) {
-                count += 1;
+            if cols.len() > 9 && mine.contains(cols[9]) {
+                match cols[3] {
+                    "0A" => listening += 1,
+                    "01" => established += 1,
+                    _ => {}
+                }
             }
         }
     }
-    Ok(count)
+    Ok((listening, established))
+}
+
+/// Traffic of the `inbox-use` scenario.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(super) enum Traffic {
+    /// None after init.
+    None,
+    /// All-reduces of 256 KiB (run with `HCOMM_ALGO=allreduce:ring`: each rank then talks to
+    /// its two ring neighbours).
+    Allreduce,
+    /// All-to-alls of 4 KiB per pair: each rank talks to every other.
+    Alltoall,
+}
+
+/// Runs `traffic` on `comm` (ten calls).
+pub(super) fn traffic(comm: &Communicator, traffic: Traffic) -> Result<()> {
+    let n = comm.size();
+    for _ in 0..10 {
+        match traffic {
+            Traffic::None => {}
+            Traffic::Allreduce => {
+                let mut buf = vec![1.0f32; 64 << 10];
+                comm.allreduce_in_place(&mut buf, hcomm::ReduceOp::Sum)?;
+                ensure!(buf.iter().all(|&x| x == n as f32), "wrong all-reduce");
+            }
+            Traffic::Alltoall => {
+                let send: Vec<u32> = (0..n * 1024).map(|i| (i / 1024) as u32).collect();
+                let mut recv = vec![0u32; n * 1024];
+                comm.alltoall(&send, &mut recv)?;
+                ensure!(
+                    recv.iter().all(|&x| x as usize == comm.rank()),
+                    "wrong all-to-all"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How many bytes of this rank's shared-memory inbox have memory (their pages are resident in
+/// /dev/shm, whoever touched them), and the inbox's size; (0, 0) without one.
+pub(super) fn inbox_use(rank: usize) -> Result<(usize, usize)> {
+    let suffix = format!("-{rank}-inbox");
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let Some(line) = maps.lines().find(|l| {
+        l.split_whitespace()
+            .nth(5)
+            .is_some_and(|path| path.starts_with("/dev/shm/hcomm-") && path.ends_with(&suffix))
+    }) else {
+        return Ok((0, 0));
+    };
+    let range = line
+        .split_whitespace()
+        .next()
+        .context("a line of /proc/self/maps")?;
+    let (start, end) = range
+        .split_once('-')
+        .context("a range in /proc/self/maps")?;
+    let start = usize::from_str_radix(start, 16)?;
+    let len = usize::from_str_radix(end, 16)? - start;
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })?;
+    let mut resident = vec![0u8; len.div_ceil(page)];
+    // SAFETY: `start..start + len` is a mapping of this process (it was listed above and
+    // hcomm keeps its inbox mapped while the communicator lives); `resident` has a byte per
+    // page of it. mincore only reads the page tables and the page cache.
+    let r = unsafe { libc::mincore(start as *mut libc::c_void, len, resident.as_mut_ptr()) };
+    ensure!(r == 0, "mincore: {}", std::io::Error::last_os_error());
+    let pages = resident.iter().filter(|&&b| b & 1 != 0).count();
+    Ok((pages * page, len))
 }
 
 /// Open file descriptors and threads of this process.

@@ -5,8 +5,14 @@
 //! Frames are numbered: the next frame to read is in the fast box or at the front of the
 //! ring, whichever holds its number (a ring message carries its number as metadata, a fast
 //! box message its number plus one as stamp), so that the two stay in order. A frame is
-//! written whole or not at all. The goodbye and wake-ups take the TCP connection beside the
-//! link (its end follows the goodbye; a sleeper in `epoll_wait` hears it).
+//! written whole or not at all.
+//!
+//! A pair that needs no connection (see `transport::shm::wake`) says goodbye through the ring
+//! (the goodbye is the peer's last frame: the link ends when it is read), wakes a peer
+//! sleeping in `epoll_wait` with a datagram to the peer's wake socket, and learns of the
+//! peer's death from the watcher, which polls a pidfd of the peer's process. Any other pair
+//! keeps a TCP connection beside the link for the goodbye and the wake-ups (its end follows
+//! the goodbye; a sleeper in `epoll_wait` hears it).
 
 use std::collections::VecDeque;
 
@@ -14,7 +20,7 @@ use super::{Caps, Dests, Kind, Link, Liveness, Ops, Rx};
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, OpId, OutFrame};
 use crate::transport::shm::link::{Inbox, ShmLink, Watch};
-use crate::transport::wire::{FrameHeader, FAST_PAYLOAD, HEADER_LEN};
+use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD, HEADER_LEN};
 
 /// Frames read from the ring per turn, so one busy peer cannot starve the others.
 const SHM_ROUNDS: usize = 64;
@@ -44,6 +50,12 @@ pub(in crate::p2p) struct ShmPeerLink {
     held: Option<Held>,
     /// The peer must be woken out of `epoll_wait`.
     wake: bool,
+    /// The peer's goodbye came through the ring (a link without a connection beside it).
+    ended: bool,
+    /// This rank's goodbye went into the ring.
+    said_goodbye: bool,
+    /// The peer has started sending (`ShmLink::started`, which stays true once it is).
+    started: bool,
     closed: bool,
     caps: Caps,
 }
@@ -51,12 +63,14 @@ pub(in crate::p2p) struct ShmPeerLink {
 impl ShmPeerLink {
     /// The engine's side of `link`.
     pub(in crate::p2p) fn new(link: ShmLink) -> ShmPeerLink {
+        // Without a connection beside it, the link carries the goodbye and the wake-ups.
+        let alone = link.end.is_some();
         let caps = Caps {
             kind: Kind::Shm,
             read_remote: link.cma.then_some(link.pid),
             max_payload: link.producer.layout().max_payload() - HEADER_LEN,
-            ordered_end: false,
-            wakes_epoll: false,
+            ordered_end: alone,
+            wakes_epoll: alone,
             polled: true,
             doorbell: true,
             drain_on_loss: true,
@@ -70,9 +84,40 @@ impl ShmPeerLink {
             reads: 0,
             held: None,
             wake: false,
+            ended: false,
+            said_goodbye: false,
+            started: false,
             closed: false,
             caps,
         }
+    }
+
+    /// Answers the peer's goodbye with this rank's, as the link closes (it sends nothing more
+    /// to the peer): a peer that finalizes lingers for it, and would otherwise count this rank
+    /// as lost once its process ends. Frames still queued are dropped; a full ring leaves the
+    /// peer without it.
+    fn answer_goodbye(&mut self) {
+        let hdr = FrameHeader::new(FrameKind::Close).encode();
+        let m = &mut self.link;
+        if m.prepare(Some(HEADER_LEN)).is_ok()
+            && m.producer.try_push_parts(self.out_seq, [&hdr, &[]]) == Ok(true)
+        {
+            self.out_seq += 1;
+            self.said_goodbye = true;
+            if m.peer_bell().ring() {
+                if let Some(end) = &m.end {
+                    end.wake();
+                }
+            }
+        }
+    }
+
+    /// Whether the peer has started sending to this rank (until then its fast box and ring
+    /// are not read).
+    #[inline]
+    fn peer_started(&mut self) -> bool {
+        self.started = self.started || self.link.started();
+        self.started
     }
 
     /// The end of a turn of reads: the peer may wait for room in this ring.
@@ -94,6 +139,13 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn push(&mut self, frame: OutFrame) -> bool {
+        if frame.kind == FrameKind::Wake {
+            // A wake-up is a datagram to the peer's wake socket, not a frame.
+            if let Some(end) = &self.link.end {
+                end.wake();
+            }
+            return false;
+        }
         self.out.push_back(frame);
         self.out.len() == 1
     }
@@ -107,8 +159,12 @@ impl Link for ShmPeerLink {
         let mut pushed = 0;
         while let Some(f) = self.out.front() {
             let payload = frame_payload(f, ops);
-            // A small eager frame goes through the fast box when it has room.
             let m = &mut self.link;
+            if let Err(e) = m.prepare(Some(HEADER_LEN + f.len)) {
+                failure = Some(format!("its shared-memory ring got no memory: {e}"));
+                break;
+            }
+            // A small eager frame goes through the fast box when it has room.
             let fast = (f.len <= FAST_PAYLOAD)
                 .then(|| FrameHeader::decode(&f.hdr).ok())
                 .flatten()
@@ -121,6 +177,7 @@ impl Link for ShmPeerLink {
             };
             match pushed_one {
                 Ok(true) => {
+                    self.said_goodbye |= f.kind == FrameKind::Close;
                     self.out_seq += 1;
                     if let Some(id) = f.op {
                         sent.push(id);
@@ -154,11 +211,17 @@ impl Link for ShmPeerLink {
         if self.closed {
             return false;
         }
-        let m = &mut self.link;
-        if m.fast_in.ready(self.in_seq + 1) || !m.consumer.is_empty().unwrap_or(true) {
-            return true;
+        if self.peer_started() {
+            let m = &mut self.link;
+            if m.fast_in.ready(self.in_seq + 1) || !m.consumer.is_empty().unwrap_or(true) {
+                return true;
+            }
         }
+        let m = &mut self.link;
         self.out.front().is_some_and(|f| {
+            if !m.is_started() {
+                return true;
+            }
             let need = m.producer.layout().slots_for(HEADER_LEN + f.len);
             let free = m.producer.free_slots().unwrap_or(usize::MAX);
             need.is_none_or(|n| free >= n)
@@ -170,7 +233,10 @@ impl Link for ShmPeerLink {
         if self.closed || self.held.is_some() {
             return Rx::Idle;
         }
-        if self.reads >= SHM_ROUNDS {
+        if self.ended {
+            return Rx::Closed { goodbye: true };
+        }
+        if self.reads >= SHM_ROUNDS || !self.peer_started() {
             return self.end_turn();
         }
         let seq = self.in_seq;
@@ -255,6 +321,8 @@ impl Link for ShmPeerLink {
         }
         self.in_seq += 1;
         self.reads += 1;
+        // The goodbye is the last frame of a peer that has no connection to end.
+        self.ended |= hdr.kind == FrameKind::Close && self.caps.ordered_end;
         Ok(true)
     }
 
@@ -269,6 +337,9 @@ impl Link for ShmPeerLink {
     }
 
     fn close(&mut self) {
+        if self.ended && !self.said_goodbye && !self.closed {
+            self.answer_goodbye();
+        }
         self.closed = true;
         self.out.clear();
     }
@@ -279,7 +350,7 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn send_inline(&mut self, hdr: &FrameHeader, data: &[u8]) -> Option<bool> {
-        if self.closed || !self.out.is_empty() {
+        if self.closed || !self.out.is_empty() || self.link.prepare(None).is_err() {
             return None;
         }
         let body = hdr.encode_fast(data)?;
@@ -292,6 +363,9 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
+        if !self.link.started() {
+            return None;
+        }
         let body = self.link.fast_in.peek(self.in_seq + 1)?;
         FrameHeader::decode_fast(&body).ok()
     }
@@ -303,6 +377,7 @@ impl Link for ShmPeerLink {
     }
 
     fn watch<'a>(&self, inbox: &'a Inbox) -> Option<Watch<'a>> {
-        (!self.closed && self.out.is_empty()).then(|| inbox.watch(&self.link, self.in_seq))
+        (!self.closed && self.out.is_empty() && self.link.started())
+            .then(|| inbox.watch(&self.link, self.in_seq))
     }
 }

@@ -81,11 +81,13 @@ pub(crate) struct FastBox {
 unsafe impl Send for FastBox {}
 
 impl FastBox {
-    /// Initialises an empty fast box at `base`.
+    /// Initialises an empty fast box at `base` (the tests' boxes: an inbox's memory is zero,
+    /// which is an empty box already).
     ///
     /// # Safety
     /// `base` must be valid for [`REGION_LEN`] bytes, aligned to 128, and not in use by
     /// anyone else until the box is published.
+    #[cfg(test)]
     pub(crate) unsafe fn init(base: *mut u8) -> FastBox {
         let region = base.cast::<Region>();
         // SAFETY: the caller's promise: the memory is ours, large and aligned enough; a

@@ -8,25 +8,42 @@
 //! ```text
 //! payload offset 0    Doorbell (128 bytes): event count + epoll sleepers
 //!                128  probe pattern (PROBE_LEN bytes, padded to 128)
-//!                256  fast box and ring of local rank 0 | of local rank 1 | ...
+//!                256  started: one bit per local rank (a word per 64), up to RINGS_OFFSET
+//!               4096  fast box and ring of local rank 0 | of local rank 1 | ...
 //!                     (fastbox::REGION_LEN + ring_bytes each)
 //! ```
 //!
 //! The fast box and ring of local rank `i` in the inbox of rank `r` carry `i`'s frames to `r`
 //! (single-line frames through the box, the others through the ring; see
-//! [`super::fastbox`]); the place of `r` itself is unused. A rank publishes the name, its process id and the address of its
-//! probe pattern in the rendezvous store, maps its peers' inboxes, and the last mapper of each
-//! inbox removes its name, so after start-up nothing of the job is left under `/dev/shm`
-//! whatever happens to its processes.
+//! [`super::fastbox`]); the place of `r` itself is unused. A rank publishes the name, its
+//! process id and the address of its probe pattern in the rendezvous store, maps its peers'
+//! inboxes, and the last mapper of each inbox removes its name, so after start-up nothing of
+//! the job is left under `/dev/shm` whatever happens to its processes.
+//!
+//! # Memory that grows with use
+//!
+//! An inbox reserves memory for its first page only (doorbell, probe, started bits): the
+//! fast boxes and rings are valid when zero (an empty box, a ring whose counters are zero and
+//! whose layout both ends compute from `HCOMM_SHM_RING`), so nobody writes them at creation and
+//! their pages take no memory until the pair exchanges frames. Before a rank writes a frame to
+//! a peer, it gives the pages the frame may reach in its fast box and ring in the peer's inbox
+//! their memory, 64 KiB at a time as the ring fills for the first time
+//! ([`ShmSegment::reserve`]: a full `/dev/shm` fails the link with a message, not a SIGBUS),
+//! and before its first frame sets its started bit there; the peer reads that box and ring
+//! only once the bit is set. A rank's shared memory thus grows with the peers that send to
+//! it and with how much of their rings they used: a goodbye or a barrier costs 64 KiB, a ring
+//! that carried large messages its whole `HCOMM_SHM_RING`.
 //!
 //! # Waking
 //!
 //! A producer rings the consumer's doorbell after pushing frames: a fence and a load when the
 //! consumer is awake, a futex wake when it sleeps on the doorbell's shared futex. A consumer
 //! that must also watch sockets sleeps in `epoll_wait` instead and counts itself in
-//! `epoll_sleepers`; a producer that sees that count asks the engine to send a wake-up frame
-//! over the pair's TCP connection (the same store-buffering handshake as the futex; see
-//! [`super::futex`]).
+//! `epoll_sleepers`; a producer that sees that count asks the engine to wake it (the same
+//! store-buffering handshake as the futex; see [`super::futex`]): a datagram to the
+//! consumer's wake socket, or a wake-up frame over the pair's TCP connection for a pair that
+//! keeps one (see [`super::wake`]). The entry a rank publishes also says whether its peers can
+//! reach it without a connection ([`Reach`]).
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,14 +54,21 @@ use super::fastbox::{self, FastBox, FastReader, FastWriter};
 use super::futex::EventCount;
 use super::ring::{Consumer, Producer, ShmRing, RING_ALIGN, TAIL_OFFSET};
 use super::segment::{segment_name, ShmSegment};
+use super::wake::{PeerEnd, Reach, WakeSocket};
 use crate::error::{Error, PeerRank, Result};
 
 /// Bytes of the probe pattern.
 const PROBE_LEN: usize = 64;
 /// Offset of the probe pattern in the inbox payload.
 const PROBE_OFFSET: usize = 128;
+/// Offset of the started bits in the inbox payload.
+const STARTED_OFFSET: usize = 256;
 /// Offset of the first ring in the inbox payload.
-const RINGS_OFFSET: usize = 256;
+const RINGS_OFFSET: usize = 4096;
+/// The most local ranks an inbox has started bits for.
+const MAX_LOCALS: usize = (RINGS_OFFSET - STARTED_OFFSET) * 8;
+/// Bytes of a ring given memory at a time as the ring fills for the first time.
+const RESERVE_STEP: usize = 64 << 10;
 /// Slot size of the rings: one cache line.
 const SLOT_SIZE: usize = 64;
 
@@ -122,12 +146,24 @@ pub(crate) struct Published {
     pub pid: u32,
     /// Address of its probe pattern in its own address space.
     pub probe_addr: usize,
+    /// Whether a peer can reach it without a connection (see [`super::wake`]).
+    pub reach: Reach,
 }
 
 impl Published {
     /// Encodes for the rendezvous store.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        format!("{} {} {}", self.name, self.pid, self.probe_addr).into_bytes()
+        let r = &self.reach;
+        format!(
+            "{} {} {} {} {} {}",
+            self.name,
+            self.pid,
+            self.probe_addr,
+            r.pid_ns,
+            r.net_ns,
+            u8::from(r.able)
+        )
+        .into_bytes()
     }
 
     /// Decodes what [`Published::encode`] wrote; anything else is an error naming `rank`.
@@ -140,9 +176,15 @@ impl Published {
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         let mut it = text.split(' ');
-        let (Some(name), Some(pid), Some(addr), None) =
-            (it.next(), it.next(), it.next(), it.next())
-        else {
+        let (Some(name), Some(pid), Some(addr), Some(pid_ns), Some(net_ns), Some(able), None) = (
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+        ) else {
             return Err(bad());
         };
         super::segment::validate_name(name)?;
@@ -150,6 +192,15 @@ impl Published {
             name: name.to_owned(),
             pid: pid.parse().map_err(|_| bad())?,
             probe_addr: addr.parse().map_err(|_| bad())?,
+            reach: Reach {
+                pid_ns: pid_ns.parse().map_err(|_| bad())?,
+                net_ns: net_ns.parse().map_err(|_| bad())?,
+                able: match able {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(bad()),
+                },
+            },
         })
     }
 }
@@ -161,6 +212,10 @@ pub(crate) struct Inbox {
     me: usize,
     ring_bytes: usize,
     cfg: LinkConfig,
+    /// This rank's wake socket, when it could bind it (see [`super::wake`]).
+    wake: Option<Arc<WakeSocket>>,
+    /// What this rank publishes about reaching it without a connection.
+    reach: Reach,
 }
 
 /// The link with one local peer.
@@ -177,8 +232,20 @@ pub(crate) struct ShmLink {
     pub pid: u32,
     /// Whether this rank may read and write the peer's memory with cross-memory attach.
     pub cma: bool,
+    /// How to wake the peer and notice its end without a connection; `None`: the pair keeps
+    /// a TCP connection for both.
+    pub end: Option<PeerEnd>,
     /// The peer's local rank (the place of its fast box and ring in this rank's inbox).
     local: usize,
+    /// This rank's local rank (the place of its fast box and ring in the peer's inbox).
+    me: usize,
+    /// Where this rank's fast box and ring lie in the peer's inbox, and their length.
+    out_at: usize,
+    region_len: usize,
+    /// The bytes of that region, from its start, that have their memory.
+    reserved: usize,
+    /// The peer was told to read them (its started bit for this rank is set).
+    told: bool,
     /// The peer's inbox, which holds its doorbell (and the producer's ring).
     peer_inbox: Arc<ShmSegment>,
     /// This rank's inbox, which holds the consumer's ring.
@@ -191,6 +258,7 @@ impl std::fmt::Debug for ShmLink {
             .field("pid", &self.pid)
             .field("cma", &self.cma)
             .field("peer_inbox", &self.peer_inbox.name())
+            .field("end", &self.end)
             .finish()
     }
 }
@@ -204,6 +272,58 @@ impl ShmLink {
     /// A handle on the peer's inbox, to ring its doorbell without the link.
     pub(crate) fn peer_inbox(&self) -> PeerInbox {
         PeerInbox(Arc::clone(&self.peer_inbox))
+    }
+
+    /// Whether the peer has started sending to this rank: until then its fast box and ring in
+    /// this rank's inbox are not read (their pages may have no memory).
+    #[inline]
+    pub(crate) fn started(&self) -> bool {
+        let (word, bit) = started_bit(&self._own_inbox, self.local);
+        word.load(Ordering::Acquire) & bit != 0
+    }
+
+    /// Whether this rank has started sending to the peer ([`ShmLink::prepare`]).
+    #[inline]
+    pub(crate) fn is_started(&self) -> bool {
+        self.told
+    }
+
+    /// Before this rank writes a frame to the peer, through the fast box (`None`) or of
+    /// `Some(len)` bytes through the ring: gives the pages it may write in the peer's inbox
+    /// their memory, a [`RESERVE_STEP`] at a time as the ring's first lap advances, and, before
+    /// the first frame, tells the peer to read this rank's fast box and ring. An error when
+    /// `/dev/shm` has no room for them.
+    #[inline]
+    pub(crate) fn prepare(&mut self, ring_len: Option<usize>) -> Result<()> {
+        // The first call reserved the fast box; then the ring only while its first lap lasts.
+        if self.told {
+            match ring_len {
+                None => return Ok(()),
+                Some(_) if self.reserved == self.region_len => return Ok(()),
+                Some(len) if fastbox::REGION_LEN + self.producer.reach(len) <= self.reserved => {
+                    return Ok(())
+                }
+                Some(_) => {}
+            }
+        }
+        self.grow(ring_len.unwrap_or(0))
+    }
+
+    #[cold]
+    fn grow(&mut self, len: usize) -> Result<()> {
+        let upto = fastbox::REGION_LEN + self.producer.reach(len);
+        if upto > self.reserved {
+            let to = upto.next_multiple_of(RESERVE_STEP).min(self.region_len);
+            self.peer_inbox
+                .reserve(self.out_at + self.reserved, to - self.reserved)?;
+            self.reserved = to;
+        }
+        if !self.told {
+            let (word, bit) = started_bit(&self.peer_inbox, self.me);
+            word.fetch_or(bit, Ordering::Release);
+            self.told = true;
+        }
+        Ok(())
     }
 }
 
@@ -251,6 +371,21 @@ fn place(i: usize, ring_bytes: usize) -> usize {
     RINGS_OFFSET + i * (fastbox::REGION_LEN + ring_bytes)
 }
 
+/// The started bit of local rank `i` in `inbox`: its word and mask.
+fn started_bit(inbox: &ShmSegment, i: usize) -> (&AtomicU64, u64) {
+    debug_assert!(i < MAX_LOCALS);
+    // SAFETY: the word lies in the inbox's first page, below RINGS_OFFSET (`i < MAX_LOCALS`,
+    // checked when the inbox was made), 8-byte aligned; the mapping lives as long as `inbox`,
+    // and the word is an atomic shared with the peers.
+    let word = unsafe {
+        &*inbox
+            .as_ptr()
+            .add(STARTED_OFFSET + 8 * (i / 64))
+            .cast::<AtomicU64>()
+    };
+    (word, 1 << (i % 64))
+}
+
 fn pattern(me: usize) -> [u8; PROBE_LEN] {
     let mut p = [0u8; PROBE_LEN];
     for (i, b) in p.iter_mut().enumerate() {
@@ -263,12 +398,18 @@ impl Inbox {
     /// Creates this rank's inbox for `locals` local ranks, of which it is local rank `me`.
     pub(crate) fn create(cfg: &LinkConfig, rank: usize, locals: usize, me: usize) -> Result<Inbox> {
         let ring_bytes = cfg.ring_bytes / RING_ALIGN * RING_ALIGN;
+        if locals > MAX_LOCALS {
+            return Err(Error::invalid_argument(format!(
+                "{locals} ranks on one host: shared memory links at most {MAX_LOCALS}"
+            )));
+        }
         let len = locals
             .checked_mul(fastbox::REGION_LEN + ring_bytes)
             .and_then(|n| n.checked_add(RINGS_OFFSET))
             .ok_or_else(|| Error::invalid_argument("shared-memory rings too large"))?;
         let name = segment_name(&cfg.job_id, rank as u32, "inbox")?;
-        let seg = ShmSegment::create(&name, len)?;
+        // The fast boxes and rings are zero, valid as they are: their pages stay untouched.
+        let seg = ShmSegment::create_sparse(&name, len, RINGS_OFFSET)?;
         let base = seg.as_ptr();
         // SAFETY: the payload is ours alone until the name is published, 128-byte aligned and
         // at least RINGS_OFFSET bytes long; a zeroed Doorbell is a valid one, and the probe
@@ -278,21 +419,24 @@ impl Inbox {
             base.add(PROBE_OFFSET)
                 .copy_from_nonoverlapping(pattern(me).as_ptr(), PROBE_LEN);
         }
-        for i in (0..locals).filter(|&i| i != me) {
-            let at = place(i, ring_bytes);
-            // SAFETY: the fast box and ring of `i` lie within the payload, aligned to 128, and
-            // nobody else touches them before the name is published.
-            unsafe {
-                FastBox::init(base.add(at));
-                ShmRing::init(base.add(at + fastbox::REGION_LEN), ring_bytes, SLOT_SIZE)?
-            };
-        }
+        let wake = match WakeSocket::bind(&cfg.job_id, rank) {
+            Ok(w) => Some(Arc::new(w)),
+            Err(e) => {
+                tracing::info!(
+                    "rank {rank}: no wake socket ({e}); local peers keep a TCP connection"
+                );
+                None
+            }
+        };
+        let reach = Reach::own(wake.is_some());
         Ok(Inbox {
             seg: Arc::new(seg),
             locals,
             me,
             ring_bytes,
             cfg: cfg.clone(),
+            wake,
+            reach,
         })
     }
 
@@ -302,7 +446,19 @@ impl Inbox {
             name: self.seg.name().to_owned(),
             pid: std::process::id(),
             probe_addr: self.seg.as_ptr() as usize + PROBE_OFFSET,
+            reach: self.reach,
         }
+    }
+
+    /// This rank's wake socket, for the engine's epoll set.
+    pub(crate) fn wake_socket(&self) -> Option<&WakeSocket> {
+        self.wake.as_deref()
+    }
+
+    /// Whether this rank and the rank that published `peer` are linked by shared memory
+    /// alone, with no TCP connection (both decide alike; see [`super::wake`]).
+    pub(crate) fn socketless(&self, peer: &Published) -> bool {
+        self.reach.socketless(&peer.reach)
     }
 
     /// This rank's doorbell.
@@ -315,29 +471,47 @@ impl Inbox {
         &self.cfg.job_id
     }
 
-    /// Maps the inbox of local rank `peer_local` (published as `peer`) and joins the two rings
-    /// between them. Every rank links with every other local rank once.
-    pub(crate) fn link(&self, peer_local: usize, peer: &Published) -> Result<ShmLink> {
+    /// Maps the inbox of local rank `peer_local` (world rank `peer_rank`, published as `peer`)
+    /// and joins the two rings between them. Every rank links with every other local rank
+    /// once.
+    pub(crate) fn link(
+        &self,
+        peer_local: usize,
+        peer_rank: usize,
+        peer: &Published,
+    ) -> Result<ShmLink> {
+        let end = match &self.wake {
+            Some(w) if self.socketless(peer) => Some(PeerEnd::open(
+                Arc::clone(w),
+                &self.cfg.job_id,
+                peer_rank,
+                peer.pid,
+            )?),
+            _ => None,
+        };
         let len = place(self.locals, self.ring_bytes);
         let theirs = Arc::new(ShmSegment::open(&peer.name, len)?);
         theirs.unlink_if_last(self.locals as u32)?;
         let out_at = place(self.me, self.ring_bytes);
         let in_at = place(peer_local, self.ring_bytes);
-        // SAFETY: the peer initialised our fast box and ring in its inbox before publishing
-        // its name; they lie within the mapping, 128-byte aligned. We are their only writer.
+        // SAFETY: our fast box and ring in the peer's inbox lie within the mapping, 128-byte
+        // aligned, zero until we write them (a new segment's bytes; nobody else writes them)
+        // and laid out by both ends from the same `ring_bytes`. We are their only writer.
         let (producer, fast_out) = unsafe {
             let base = theirs.as_ptr().add(out_at);
             (
-                ShmRing::attach(base.add(fastbox::REGION_LEN), self.ring_bytes)?.into_producer(),
+                ShmRing::zeroed(base.add(fastbox::REGION_LEN), self.ring_bytes, SLOT_SIZE)?
+                    .into_producer(),
                 FastBox::attach(base).into_writer(),
             )
         };
-        // SAFETY: we initialised the peer's fast box and ring in our inbox in `create`; we are
-        // their only reader.
+        // SAFETY: the peer's fast box and ring in our inbox, likewise; we are their only
+        // reader, and read them only once the peer set its started bit (`ShmLink::started`).
         let (consumer, fast_in) = unsafe {
             let base = self.seg.as_ptr().add(in_at);
             (
-                ShmRing::attach(base.add(fastbox::REGION_LEN), self.ring_bytes)?.into_consumer(),
+                ShmRing::zeroed(base.add(fastbox::REGION_LEN), self.ring_bytes, SLOT_SIZE)?
+                    .into_consumer(),
                 FastBox::attach(base).into_reader(),
             )
         };
@@ -354,7 +528,13 @@ impl Inbox {
             fast_in,
             pid: peer.pid,
             cma: matches!(support, CmaSupport::Available),
+            end,
             local: peer_local,
+            me: self.me,
+            out_at,
+            region_len: fastbox::REGION_LEN + self.ring_bytes,
+            reserved: 0,
+            told: false,
             peer_inbox: theirs,
             _own_inbox: Arc::clone(&self.seg),
         })
@@ -422,6 +602,11 @@ mod tests {
             name: segment_name(&job, rank, "inbox").unwrap(),
             pid: rng.next_u64() as u32,
             probe_addr: rng.next_u64() as usize,
+            reach: Reach {
+                pid_ns: rng.next_u64(),
+                net_ns: rng.next_u64(),
+                able: rng.below(2) == 1,
+            },
         }
     }
 
@@ -438,7 +623,7 @@ mod tests {
             seeds: (0..16)
                 .map(|_| random_published(&mut rng).encode())
                 .collect(),
-            max_len: 2 * MAX_NAME_LEN + 64,
+            max_len: 2 * MAX_NAME_LEN + 128,
             dict: vec![u32::MAX as u64, MAX_NAME_LEN as u64, u64::from(b' ')],
         };
         crate::fuzz::run(&target, |input, rng| {

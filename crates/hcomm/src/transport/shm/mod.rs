@@ -15,3 +15,4 @@ pub(crate) mod link;
 pub(crate) mod pool;
 pub(crate) mod ring;
 pub(crate) mod segment;
+pub(crate) mod wake;

@@ -10,7 +10,9 @@
 //! The region must be aligned to [`RING_ALIGN`] (128) bytes; offsets are from its start:
 //!
 //! ```text
-//!   0  header   magic "HCOMRING", version, slot_size, slot_count     (128 bytes, read-only)
+//!   0  header   magic "HCOMRING", version, slot_size, slot_count     (128 bytes, read-only;
+//!               written by `init` and checked by `attach`, in the tests; the rings of the
+//!               inboxes are `zeroed`: both ends know the layout, and the header stays zero)
 //! 128  tail     AtomicU64: slots published, written by the producer  (128 bytes of its own)
 //! 256  head     AtomicU64: slots released, written by the consumer   (128 bytes of its own)
 //! 384  slot 0 | slot 1 | ... | slot slot_count-1                     (slot_size bytes each)
@@ -69,7 +71,11 @@ pub(crate) const MESSAGE_HEADER_LEN: usize = size_of::<MessageHeader>();
 /// Offset of the tail counter in a ring's region (see the layout above).
 pub(crate) const TAIL_OFFSET: usize = 128;
 
+// The header that `init` writes and `attach` checks (the tests' rings; the inboxes' rings
+// are `zeroed`).
+#[cfg(test)]
 const MAGIC: u64 = u64::from_le_bytes(*b"HCOMRING");
+#[cfg(test)]
 const VERSION: u32 = 1;
 
 /// Where the ring's atomics come from: `std`, or loom's model checker under `--cfg loom`.
@@ -174,6 +180,7 @@ impl RingLayout {
     }
 
     /// Bytes of the region the ring occupies, from its start.
+    #[cfg(test)]
     pub(crate) fn region_len(&self) -> usize {
         // `new` checked that this does not overflow.
         CONTROL_LEN + self.slot_count * (self.slot_size + tracking::BYTES_PER_SLOT)
@@ -264,6 +271,7 @@ impl ShmRing {
     /// longer be used. The peer must learn that the ring is ready through something that
     /// synchronises (the bootstrap handshake, a flag stored with `Release` and loaded with
     /// `Acquire`), so that `init` happens before its [`attach`](Self::attach).
+    #[cfg(test)]
     pub(crate) unsafe fn init(mem: *mut u8, len: usize, slot_size: usize) -> Result<RingLayout> {
         let base = check_region(mem)?;
         let layout = RingLayout::fit(len, slot_size)?;
@@ -287,6 +295,24 @@ impl ShmRing {
         Ok(layout)
     }
 
+    /// The empty ring that [`init`](Self::init) would lay out for `slot_size` in the `len`
+    /// bytes at `mem`, in memory nobody has written: its header is neither written nor read
+    /// (the counters start at zero), so a ring that no message went through leaves its pages
+    /// untouched. Both ends must be given the same `len` and `slot_size`.
+    ///
+    /// # Safety
+    ///
+    /// `mem` must be valid for reads and writes of `len` bytes for as long as the returned ring
+    /// or a handle made from it is used, those bytes must be accessed only through ring
+    /// handles, and they must be zero before the first handle uses them (a new segment's are).
+    pub(crate) unsafe fn zeroed(mem: *mut u8, len: usize, slot_size: usize) -> Result<ShmRing> {
+        let base = check_region(mem)?;
+        let layout = RingLayout::fit(len, slot_size)?;
+        let ring = ShmRing { base, layout };
+        tracking::init(&ring);
+        Ok(ring)
+    }
+
     /// Validates the ring that [`init`](Self::init) laid out in the `len` bytes at `mem`.
     ///
     /// Fails with [`Error::Transport`] when the header's magic, version, slot size or slot count
@@ -298,6 +324,7 @@ impl ShmRing {
     /// or a handle made from it is used, and those bytes must be accessed only through ring
     /// handles. If the memory holds a ring, its `init` must happen before this call (see
     /// [`init`](Self::init)); otherwise no other thread or process may write it concurrently.
+    #[cfg(test)]
     pub(crate) unsafe fn attach(mem: *mut u8, len: usize) -> Result<ShmRing> {
         let base = check_region(mem)?;
         if len < CONTROL_LEN {
@@ -513,6 +540,21 @@ impl Producer {
             .0
             .store(self.tail, Ordering::Release);
         Ok(true)
+    }
+
+    /// How far from the start of the ring's region the next push of a `payload_len`-byte
+    /// message may write: the end of its slots while the ring has not wrapped yet, else the
+    /// end of the region (so that its pages can be given memory just before they are first
+    /// written).
+    pub(crate) fn reach(&self, payload_len: usize) -> usize {
+        let layout = self.ring.layout;
+        let end = CONTROL_LEN + layout.data_len();
+        match layout.slots_for(payload_len).map(|n| self.tail + n as u64) {
+            Some(upto) if upto <= layout.slot_count as u64 => {
+                CONTROL_LEN + upto as usize * layout.slot_size
+            }
+            _ => end,
+        }
     }
 
     /// The slots free now; a message of `n` payload bytes needs [`RingLayout::slots_for`]`(n)`.

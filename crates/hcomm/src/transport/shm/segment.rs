@@ -158,6 +158,18 @@ impl ShmSegment {
     /// clash); in that case the existing segment is left untouched. On any later failure the
     /// new name is removed again.
     pub(crate) fn create(name: &str, len: usize) -> Result<ShmSegment> {
+        Self::create_with(name, len, len)
+    }
+
+    /// Creates the segment `name` like [`ShmSegment::create`], but reserves memory for the
+    /// first `head` bytes of its payload only: the other pages take memory when they are first
+    /// touched, and its users reserve a range before they write it ([`ShmSegment::reserve`]),
+    /// so that a full `/dev/shm` is an error rather than a SIGBUS.
+    pub(crate) fn create_sparse(name: &str, len: usize, head: usize) -> Result<ShmSegment> {
+        Self::create_with(name, len, head.min(len))
+    }
+
+    fn create_with(name: &str, len: usize, head: usize) -> Result<ShmSegment> {
         validate_name(name)?;
         let map_len = mapping_len(name, len)?;
         let fd = rustix::shm::open(
@@ -173,7 +185,7 @@ impl ShmSegment {
             .with_source(err.into()),
             err => os_error(name, "cannot create", err),
         })?;
-        let created = Self::init_created(name, &fd, len, map_len);
+        let created = Self::init_created(name, &fd, len, map_len, PAYLOAD_OFFSET + head);
         if created.is_err() {
             // Best effort: the original error is the one worth reporting.
             let _ = rustix::shm::unlink(name);
@@ -181,7 +193,13 @@ impl ShmSegment {
         created
     }
 
-    fn init_created(name: &str, fd: &OwnedFd, len: usize, map_len: usize) -> Result<ShmSegment> {
+    fn init_created(
+        name: &str,
+        fd: &OwnedFd,
+        len: usize,
+        map_len: usize,
+        reserved: usize,
+    ) -> Result<ShmSegment> {
         // The umask may have cleared the owner's write bit; the other ranks need it.
         rustix::fs::fchmod(fd, Mode::RUSR | Mode::WUSR)
             .map_err(|err| os_error(name, "cannot set mode 0600", err))?;
@@ -189,11 +207,11 @@ impl ShmSegment {
             .map_err(|err| os_error(name, &format!("cannot size to {map_len} bytes"), err))?;
         // Reserve the pages now: a /dev/shm too small for them (64 MiB in a default container)
         // then fails here with a message instead of killing a rank with SIGBUS on first touch.
-        match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, map_len as u64) {
+        match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, reserved as u64) {
             Ok(()) | Err(Errno::OPNOTSUPP) => {}
             Err(Errno::NOSPC) => {
                 return Err(Error::no_mem(format!(
-                    "shared-memory segment {name}: /dev/shm has no room for {map_len} bytes; \
+                    "shared-memory segment {name}: /dev/shm has no room for {reserved} bytes; \
                      enlarge it (e.g. docker run --shm-size) or use smaller buffers"
                 )))
             }
@@ -302,6 +320,44 @@ impl ShmSegment {
     /// maps the segment. Valid until this value is dropped.
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.base.as_ptr().wrapping_add(PAYLOAD_OFFSET)
+    }
+
+    /// Gives the payload bytes `offset..offset + len` memory now (the pages that hold them),
+    /// for a segment made by [`ShmSegment::create_sparse`]: a full `/dev/shm` is then an
+    /// error here, not a SIGBUS at the first write. A kernel without `MADV_POPULATE_WRITE`
+    /// (before 5.14) leaves the pages to be given on first touch, as before this call.
+    pub(crate) fn reserve(&self, offset: usize, len: usize) -> Result<()> {
+        // SAFETY: sysconf reads a constant of the system and has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .ok()
+            .filter(|&p| p.is_power_of_two())
+            .unwrap_or(4096);
+        let start = (PAYLOAD_OFFSET + offset) / page * page;
+        let end = (PAYLOAD_OFFSET + offset + len)
+            .div_ceil(page)
+            .saturating_mul(page)
+            .min(self.map_len);
+        if end <= start {
+            return Ok(());
+        }
+        // SAFETY: `start..end` lies within this mapping (page aligned, `end` clamped to its
+        // length), which lives as long as `self`; populating pages changes no byte of them.
+        let populated = unsafe {
+            rustix::mm::madvise(
+                self.base.as_ptr().add(start).cast(),
+                end - start,
+                rustix::mm::Advice::LinuxPopulateWrite,
+            )
+        };
+        match populated {
+            Ok(()) | Err(Errno::INVAL) => Ok(()),
+            Err(err) => Err(Error::no_mem(format!(
+                "shared-memory segment {}: /dev/shm has no room for {} more bytes ({err}); \
+                 enlarge it (e.g. docker run --shm-size) or lower HCOMM_SHM_RING",
+                self.name,
+                end - start
+            ))),
+        }
     }
 
     /// Length of the payload in bytes.
