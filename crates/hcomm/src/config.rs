@@ -32,8 +32,19 @@ pub(crate) struct Backoff {
     /// then runs within microseconds instead of after the whole spin, which would make every
     /// hand-off between two ranks cost a spin (measured: 8-byte all-reduce of 2 ranks on a
     /// 2-core host at load 14, 410-510 µs, against 2 µs without spinning); a rank with a core
-    /// to itself pays a `sched_yield` call (about 0.2 µs) per this many looks. 0: never.
+    /// to itself pays a `sched_yield` call (about 0.2 µs) per this many looks, until its
+    /// yields find the core idle (`idle_yield_every`). 0: never.
     pub yield_every: u32,
+    /// Most looks between two such yields on a thread whose yields come back at once (no
+    /// other thread wanted the core, so each was a wasted system call: measured, a pinned
+    /// 2-rank 4 KiB all-reduce yielded in 40% of its calls at every 256 looks). The interval
+    /// doubles from `yield_every` after each yield that came back within `yield_turn`, up to
+    /// this, and is `yield_every` again after one that let another thread run.
+    pub idle_yield_every: u32,
+    /// A yield that took at least this many ticks of the statistics clock
+    /// (`observe::clock::ticks`: the TSC, 1.5 µs at 2.6 GHz; else nanoseconds) let another
+    /// thread run; a `sched_yield` that finds nobody else takes 0.1-0.5 µs.
+    pub yield_turn: u64,
     /// Most times a thread's waits halve their spinning (never below `eager_polls` looks)
     /// and their yields: one halving more after each wait of the thread that had to sleep,
     /// one fewer after each that spinning or yielding served. On a host with more busy
@@ -55,6 +66,8 @@ impl Backoff {
         polls: 20_000,
         eager_polls: 256,
         yield_every: 256,
+        idle_yield_every: 4096,
+        yield_turn: 4000,
         max_halvings: 8,
         yields: 64,
         max_sleep: Duration::from_millis(100),

@@ -274,7 +274,10 @@ impl OneSided {
         let (own, len) = contribution(shape, self.me, &bufs);
         let slot = (j % 2) as usize;
         let board = &mut calls.board;
-        if max_contribution(shape) <= TINY_MAX {
+        // The largest contribution decides the way of the call (looked up once: it visits
+        // every rank).
+        let most = max_contribution(shape);
+        if most <= TINY_MAX {
             return self.tiny(
                 &waiter,
                 board,
@@ -285,7 +288,7 @@ impl OneSided {
                 &mut calls.known,
             );
         }
-        let inline = max_contribution(shape) <= SLOT;
+        let inline = most <= SLOT;
         let pool = comm.pool();
         let input = bufs.own(own, len)?;
         let out_at = bufs.out.as_ptr();
@@ -308,7 +311,7 @@ impl OneSided {
             board,
             shape,
             (j, slot),
-            inline,
+            most,
             &mut bufs,
             &mut calls.known,
         );
@@ -355,13 +358,16 @@ impl OneSided {
         // This rank's own contribution comes from its buffer, which stays in its cache, rather
         // than from its line, which the peers are fetching; not when it lies in the receive
         // buffer (in place).
-        let lens: Vec<usize> = (0..n).map(|p| contribution_len(shape, p)).collect();
         let Buffers { send, out } = bufs;
         let own = match own {
             Own::Send => send.and_then(|s| s.get(..len)),
             Own::Recv(_) => None,
         };
-        board.with_contributions(true, slot, &lens, own, |c| compute(shape, self.me, out, c))?
+        let me = self.me;
+        compute(shape, me, out, |p| match own {
+            Some(own) if p == me => Ok(own),
+            _ => board.contribution(true, slot, p, contribution_len(shape, p)),
+        })
     }
 
     /// Publishes `value` in this rank's counter `which` and rings every peer.
@@ -374,8 +380,8 @@ impl OneSided {
         }
     }
 
-    /// The rest of call `j` once this rank published it: check the peers' signatures, then
-    /// compute the result.
+    /// The rest of call `j` (whose largest contribution is `most` bytes) once this rank
+    /// published it: check the peers' signatures, then compute the result.
     #[allow(clippy::too_many_arguments)]
     fn complete(
         &self,
@@ -383,7 +389,7 @@ impl OneSided {
         board: &mut Board,
         shape: &Shape,
         (j, slot): (u64, usize),
-        inline: bool,
+        most: usize,
         bufs: &mut Buffers<'_>,
         known: &mut [u64],
     ) -> Result<()> {
@@ -408,7 +414,7 @@ impl OneSided {
                 h.input_loc != 0 && h.output_loc != 0
             })
         };
-        let most = max_contribution(shape);
+        let inline = most <= SLOT;
         let direct = self.cma
             && match shape.kind {
                 CollKind::AllReduce => most > DIRECT_FROM && in_pools(),
@@ -418,10 +424,9 @@ impl OneSided {
                 _ => false,
             };
         if inline && !direct {
-            let lens: Vec<usize> = (0..n).map(|p| contribution_len(shape, p)).collect();
-            board.with_contributions(false, slot, &lens, None, |c| {
-                compute(shape, self.me, bufs.out, c)
-            })?
+            compute(shape, self.me, bufs.out, |p| {
+                board.contribution(false, slot, p, contribution_len(shape, p))
+            })
         } else {
             self.large(waiter, board, shape, j, bufs)
         }
@@ -667,14 +672,20 @@ fn put(dst: &mut [u8], src: &[u8], stream: bool) -> Result<()> {
     }
 }
 
-/// This rank's result of a call of `shape` from every rank's contribution `c[p]`, into `out`.
-fn compute(shape: &Shape, me: usize, out: &mut [u8], c: &[&[u8]]) -> Result<()> {
-    let n = c.len();
+/// This rank's result of a call of `shape` from every rank's contribution `c(p)` (of
+/// `contribution_len(shape, p)` bytes), into `out`.
+fn compute<'c>(
+    shape: &Shape,
+    me: usize,
+    out: &mut [u8],
+    c: impl Fn(usize) -> Result<&'c [u8]>,
+) -> Result<()> {
+    let n = shape.size;
     let block = shape.count * shape.elem();
     let fold = |dst: &mut [u8], at: usize| -> Result<()> {
-        dst.copy_from_slice(&c[0][at..at + dst.len()]);
-        for src in &c[1..] {
-            reduce::reduce_into(shape.dtype, shape.op, dst, &src[at..at + dst.len()])?;
+        dst.copy_from_slice(&c(0)?[at..at + dst.len()]);
+        for p in 1..n {
+            reduce::reduce_into(shape.dtype, shape.op, dst, &c(p)?[at..at + dst.len()])?;
         }
         if shape.op == ReduceOp::Avg {
             reduce::finish_avg(shape.dtype, dst, n)?;
@@ -688,24 +699,24 @@ fn compute(shape: &Shape, me: usize, out: &mut [u8], c: &[&[u8]]) -> Result<()> 
             let at = if shape.in_place { me * block } else { 0 };
             fold(&mut out[at..at + block], me * block)?;
         }
-        CollKind::Broadcast if me != shape.root => out[..block].copy_from_slice(c[shape.root]),
+        CollKind::Broadcast if me != shape.root => out[..block].copy_from_slice(c(shape.root)?),
         CollKind::AllGather => {
             for p in 0..n {
-                out[p * block..(p + 1) * block].copy_from_slice(c[p]);
+                out[p * block..(p + 1) * block].copy_from_slice(c(p)?);
             }
         }
         CollKind::Gather if me == shape.root => {
             for p in 0..n {
-                out[p * block..(p + 1) * block].copy_from_slice(c[p]);
+                out[p * block..(p + 1) * block].copy_from_slice(c(p)?);
             }
         }
         CollKind::Scatter if !(me == shape.root && shape.in_place) => {
-            out[..block].copy_from_slice(&c[shape.root][me * block..(me + 1) * block]);
+            out[..block].copy_from_slice(&c(shape.root)?[me * block..(me + 1) * block]);
         }
         CollKind::AllToAll => {
             for p in 0..n {
                 out[p * block..(p + 1) * block]
-                    .copy_from_slice(&c[p][me * block..(me + 1) * block]);
+                    .copy_from_slice(&c(p)?[me * block..(me + 1) * block]);
             }
         }
         _ => {}

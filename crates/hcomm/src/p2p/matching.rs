@@ -139,6 +139,9 @@ pub(super) struct Matching {
     /// specific and a wildcard queue is the receive posted first.
     posted_any: HashMap<(u64, u32), VecDeque<Recv>>,
     unexpected: HashMap<MatchKey, VecDeque<u64>>,
+    /// Emptied queues of receives and of unexpected messages, for reuse.
+    spare_recvs: Vec<VecDeque<Recv>>,
+    spare_uids: Vec<VecDeque<u64>>,
     umsgs: HashMap<u64, Unexpected>,
     /// The id of the next unexpected message: ids count arrivals across all peers, so a
     /// receive from any source takes the held message with the lowest.
@@ -153,6 +156,8 @@ impl Default for Matching {
             posted: HashMap::default(),
             posted_any: HashMap::default(),
             unexpected: HashMap::default(),
+            spare_recvs: Vec::new(),
+            spare_uids: Vec::new(),
             umsgs: HashMap::default(),
             next_umsg: 1,
             bound: None,
@@ -160,38 +165,68 @@ impl Default for Matching {
     }
 }
 
+/// Emptied matching queues kept for reuse, per kind of queue: a message whose receive waits
+/// (or the reverse) would otherwise allocate a queue and free it again.
+const SPARE_QUEUES: usize = 8;
+/// Largest capacity of a queue kept for reuse (a queue that once held many entries is freed).
+const SPARE_CAPACITY: usize = 64;
+
 /// Takes the first entry of a matching queue, dropping the queue when it empties (the maps
-/// would otherwise keep a key for every tag ever used).
-fn pop_key<K: Hash + Eq, V>(map: &mut HashMap<K, VecDeque<V>>, key: &K) -> Option<V> {
+/// would otherwise keep a key for every tag ever used) into `spare`.
+fn pop_key<K: Hash + Eq, V>(
+    map: &mut HashMap<K, VecDeque<V>>,
+    spare: &mut Vec<VecDeque<V>>,
+    key: &K,
+) -> Option<V> {
     let q = map.get_mut(key)?;
     let v = q.pop_front();
     if q.is_empty() {
-        map.remove(key);
+        retire(map.remove(key), spare);
     }
     v
 }
 
 /// Removes the entries `gone` selects from a matching queue, dropping the queue when it
-/// empties.
+/// empties into `spare`.
 fn remove_from<K: Hash + Eq, V>(
     map: &mut HashMap<K, VecDeque<V>>,
+    spare: &mut Vec<VecDeque<V>>,
     key: &K,
     gone: impl Fn(&V) -> bool,
 ) {
     if let Some(q) = map.get_mut(key) {
         q.retain(|x| !gone(x));
         if q.is_empty() {
-            map.remove(key);
+            retire(map.remove(key), spare);
         }
     }
+}
+
+/// Keeps an emptied queue for reuse (a few small ones).
+fn retire<V>(q: Option<VecDeque<V>>, spare: &mut Vec<VecDeque<V>>) {
+    if let Some(q) = q.filter(|q| spare.len() < SPARE_QUEUES && q.capacity() <= SPARE_CAPACITY) {
+        spare.push(q);
+    }
+}
+
+/// Appends `v` to the matching queue of `key`, made from a spare one when it has none.
+fn push_key<K: Hash + Eq, V>(
+    map: &mut HashMap<K, VecDeque<V>>,
+    spare: &mut Vec<VecDeque<V>>,
+    key: K,
+    v: V,
+) {
+    map.entry(key)
+        .or_insert_with(|| spare.pop().unwrap_or_default())
+        .push_back(v);
 }
 
 impl Matching {
     /// Posts receive `r` for `key`: it takes the oldest message held for `key`, or waits.
     pub(super) fn post(&mut self, key: MatchKey, r: Recv) -> Matched {
-        match pop_key(&mut self.unexpected, &key) {
+        match pop_key(&mut self.unexpected, &mut self.spare_uids, &key) {
             None => {
-                self.posted.entry(key).or_default().push_back(r);
+                push_key(&mut self.posted, &mut self.spare_recvs, key, r);
                 Matched::Queued
             }
             Some(uid) => self.claim(uid, r),
@@ -217,7 +252,7 @@ impl Matching {
     fn take_posted(&mut self, key: &MatchKey) -> Option<Recv> {
         // Most programs never post a wildcard: one emptiness test for them.
         if self.posted_any.is_empty() {
-            return pop_key(&mut self.posted, key);
+            return pop_key(&mut self.posted, &mut self.spare_recvs, key);
         }
         let any_key = (key.comm, key.tag);
         let specific = self.posted.get(key).and_then(|q| q.front().map(|r| r.id));
@@ -226,13 +261,13 @@ impl Matching {
             .get(&any_key)
             .and_then(|q| q.front().map(|r| r.id));
         match (specific, wild) {
-            (Some(s), Some(w)) if s < w => pop_key(&mut self.posted, key),
+            (Some(s), Some(w)) if s < w => pop_key(&mut self.posted, &mut self.spare_recvs, key),
             (_, Some(_)) => {
-                let r = pop_key(&mut self.posted_any, &any_key)?;
+                let r = pop_key(&mut self.posted_any, &mut self.spare_recvs, &any_key)?;
                 self.bound = Some((r.id, key.peer));
                 Some(r)
             }
-            (_, None) => pop_key(&mut self.posted, key),
+            (_, None) => pop_key(&mut self.posted, &mut self.spare_recvs, key),
         }
     }
 
@@ -265,11 +300,13 @@ impl Matching {
     pub(super) fn post_any(&mut self, comm: u64, tag: u32, members: &[usize], r: Recv) -> Matched {
         match self.first_held(comm, tag, members) {
             None => {
-                self.posted_any.entry((comm, tag)).or_default().push_back(r);
+                push_key(&mut self.posted_any, &mut self.spare_recvs, (comm, tag), r);
                 Matched::Queued
             }
             Some((key, uid)) => {
-                remove_from(&mut self.unexpected, &key, |&u| u == uid);
+                remove_from(&mut self.unexpected, &mut self.spare_uids, &key, |&u| {
+                    u == uid
+                });
                 self.bound = Some((r.id, key.peer));
                 self.claim(uid, r)
             }
@@ -337,7 +374,9 @@ impl Matching {
         let uid = self.hold(key, sig, len, held);
         match self.take_posted(&key) {
             Some(r) => {
-                remove_from(&mut self.unexpected, &key, |&u| u == uid);
+                remove_from(&mut self.unexpected, &mut self.spare_uids, &key, |&u| {
+                    u == uid
+                });
                 self.claim(uid, r)
             }
             None => Matched::Held { uid },
@@ -356,7 +395,7 @@ impl Matching {
             claim: Claim::Open,
         };
         self.umsgs.insert(uid, u);
-        self.unexpected.entry(key).or_default().push_back(uid);
+        push_key(&mut self.unexpected, &mut self.spare_uids, key, uid);
         uid
     }
 
@@ -451,8 +490,13 @@ impl Matching {
     /// Takes receive `id` back (timed out, cancelled, failed): it leaves its queue, and the
     /// payload of a message it claimed is dropped as it arrives.
     pub(super) fn withdraw(&mut self, key: &MatchKey, id: OpId) {
-        remove_from(&mut self.posted, key, |r| r.id == id);
-        remove_from(&mut self.posted_any, &(key.comm, key.tag), |r| r.id == id);
+        remove_from(&mut self.posted, &mut self.spare_recvs, key, |r| r.id == id);
+        remove_from(
+            &mut self.posted_any,
+            &mut self.spare_recvs,
+            &(key.comm, key.tag),
+            |r| r.id == id,
+        );
         for u in self.umsgs.values_mut() {
             if matches!(u.claim, Claim::By(r) if r.id == id) {
                 u.claim = Claim::Discard;
@@ -511,7 +555,9 @@ impl Matching {
                 .filter(|uid| umsgs.get(uid).is_some_and(|u| u.sig != sig))
                 .collect();
             for uid in theirs {
-                remove_from(&mut self.unexpected, &key, |&u| u == uid);
+                remove_from(&mut self.unexpected, &mut self.spare_uids, &key, |&u| {
+                    u == uid
+                });
                 if let Some(u) = self.umsgs.remove(&uid) {
                     let rts = match u.held {
                         Held::Rts { msg_id, .. } => Some(msg_id),

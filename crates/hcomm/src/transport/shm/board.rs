@@ -344,42 +344,32 @@ impl Board {
         }
     }
 
-    /// Runs `f` on every rank's contribution in slot `slot`: `lens[p]` bytes of rank `p`'s
-    /// tiny line (`tiny`) or slot data; `own`, when given, stands for this rank's.
-    pub(crate) fn with_contributions<R>(
+    /// Rank `rank`'s contribution of `len` bytes in slot `slot`: its tiny line (`tiny`) or
+    /// its slot data. Lent while the board is borrowed; the caller looks each rank up once per
+    /// call, with no allocation.
+    #[inline]
+    pub(crate) fn contribution(
         &self,
         tiny: bool,
         slot: usize,
-        lens: &[usize],
-        own: Option<&[u8]>,
-        f: impl FnOnce(&[&[u8]]) -> R,
-    ) -> Result<R> {
+        rank: usize,
+        len: usize,
+    ) -> Result<&[u8]> {
         let cap = if tiny { TINY_MAX } else { SLOT };
-        if lens.len() != self.segs.len() || lens.iter().any(|&l| l > cap) {
-            return Err(Error::internal(
-                "one-sided contributions larger than their slots",
-            ));
-        }
-        let slices: Vec<&[u8]> = (0..lens.len())
-            .map(|p| match own {
-                Some(own) if p == self.me => own,
-                _ => {
-                    let seg = &self.segs[p];
-                    let at = match tiny {
-                        true => tiny_line(seg, slot)
-                            .cast::<u8>()
-                            .wrapping_add(offset_of!(Tiny, data))
-                            .cast_const(),
-                        false => data_ptr(seg, slot).cast_const(),
-                    };
-                    // SAFETY: `lens[p] <= cap` bytes of a slot inside a mapped segment
-                    // (checked length), which lives as long as `self`; this process writes
-                    // slots only through `&mut self`, which this borrow rules out.
-                    unsafe { std::slice::from_raw_parts(at, lens[p]) }
-                }
-            })
-            .collect();
-        Ok(f(&slices))
+        let Some(seg) = self.segs.get(rank).filter(|_| len <= cap) else {
+            return Err(beyond_slot(rank, len));
+        };
+        let at = match tiny {
+            true => tiny_line(seg, slot)
+                .cast::<u8>()
+                .wrapping_add(offset_of!(Tiny, data))
+                .cast_const(),
+            false => data_ptr(seg, slot).cast_const(),
+        };
+        // SAFETY: `len <= cap` bytes of a slot inside a mapped segment (checked length), which
+        // lives as long as `self`; this process writes slots only through `&mut self`, which
+        // this borrow rules out.
+        Ok(unsafe { std::slice::from_raw_parts(at, len) })
     }
 
     /// Where `len` bytes at `pos` of peer `p`'s buffer `side`, published in slot `slot`, are
@@ -552,6 +542,16 @@ fn put(dst: &mut [u8], src: &[u8], stream: bool) -> Result<()> {
     }
 }
 
+#[cold]
+#[inline(never)]
+fn beyond_slot(rank: usize, len: usize) -> Error {
+    Error::internal(format!(
+        "a one-sided contribution of {len} bytes of rank {rank} beyond its slot or the board"
+    ))
+}
+
+#[cold]
+#[inline(never)]
 fn bad_range(p: usize) -> Error {
     Error::internal(format!(
         "a one-sided access beyond the buffer rank {p} published"
