@@ -668,6 +668,14 @@ impl Engine {
             }
             all.add(p, AnyLink::Shm(ShmPeerLink::new(link)));
         }
+        // A local pair that keeps its TCP connection needs it from the start, not on first
+        // use: its end is how the watcher learns of the peer's death (no pidfd), and it
+        // carries the wake-up frames for a sleeper in epoll.
+        for &p in io.peer_inboxes.keys() {
+            if !socketless[p] {
+                all.want(p);
+            }
+        }
         let spin = cfg.spin;
         let timing = watch::Timing::for_timeout(cfg.timeout);
         let counts = Arc::new(ProtocolCounts::default());

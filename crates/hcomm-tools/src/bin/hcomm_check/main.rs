@@ -233,6 +233,8 @@ fn run(scenario: Scenario) -> Result<()> {
             p2p::all_pairs(&comm, max_size)?;
             let (_, connected) = resources::tcp_sockets()?;
             println!("after all-pairs tcp {connected}");
+            // No rank finalizes (and closes its connections) before every rank counted.
+            comm.barrier()?;
             "all-pairs"
         }
         Scenario::Tags => {
