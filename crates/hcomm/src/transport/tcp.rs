@@ -135,8 +135,9 @@ enum Pair {
     /// awaited.
     Awaiting,
     /// The peer's stream 0 was taken; its other streams follow (since `since`). `wanted`:
-    /// the engine asked for the peer meanwhile (should the peer give up half-way, this rank
-    /// dials it).
+    /// the engine asked for the peer, before (this rank was dialing or awaiting it when the
+    /// stream came: [`accepting`]) or meanwhile; should the peer give up half-way, this rank
+    /// dials it.
     Accepting {
         socks: Vec<Option<TcpStream>>,
         since: Instant,
@@ -163,6 +164,34 @@ fn takes(me: usize, peer: usize, pair: &Pair) -> bool {
         Pair::Accepting { since, .. } => since.elapsed() >= HANDSHAKE_LIMIT,
         Pair::Up | Pair::Failed => false,
     }
+}
+
+/// The state of a pair, in state `pair`, once the peer's stream 0 was taken at `since`.
+///
+/// A rank that was itself dialing or awaiting the peer (the peer's dial won the tie) still
+/// wants it: its dialing thread ends on seeing the pair accepted, so should the peer give up
+/// half-way, only `wanted` makes this rank dial it again (and find it lost), instead of
+/// leaving the pair idle with the engine's link waiting for a connection nobody makes.
+fn accepting(pair: &Pair, streams: usize, since: Instant) -> Pair {
+    let wanted = match pair {
+        Pair::Dialing | Pair::Awaiting => true,
+        Pair::Accepting { wanted, .. } => *wanted,
+        Pair::Idle | Pair::Up | Pair::Failed => false,
+    };
+    Pair::Accepting {
+        socks: (0..streams).map(|_| None).collect(),
+        since,
+        wanted,
+    }
+}
+
+/// Drops the half set of an accepting pair whose dialer gave up half-way: the pair is dialed
+/// from this side if this rank wants the peer (the dial then fails naming it if it is gone),
+/// else idle. Returns whether to dial.
+fn give_up(pair: &mut Pair) -> bool {
+    let wanted = matches!(pair, Pair::Accepting { wanted: true, .. });
+    *pair = if wanted { Pair::Dialing } else { Pair::Idle };
+    wanted
 }
 
 /// A pair that came up or failed, for the engine ([`Mesh::take_ready`]).
@@ -673,11 +702,7 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
     let mut first = None;
     if s == 0 {
         let since = Instant::now();
-        *pair = Pair::Accepting {
-            socks: (0..streams).map(|_| None).collect(),
-            since,
-            wanted: false,
-        };
+        *pair = accepting(pair, streams, since);
         if streams > 1 {
             let watch = conn
                 .try_clone()
@@ -741,17 +766,10 @@ fn await_streams(
         }
     }
     let mut pairs = lock(&sh.pairs);
-    let Pair::Accepting {
-        since: s, wanted, ..
-    } = &pairs[peer]
-    else {
-        return Ok(());
-    };
-    if *s != since {
+    if !matches!(&pairs[peer], Pair::Accepting { since: s, .. } if *s == since) {
         return Ok(());
     }
-    let wanted = *wanted;
-    pairs[peer] = if wanted { Pair::Dialing } else { Pair::Idle };
+    let wanted = give_up(&mut pairs[peer]);
     drop(pairs);
     if wanted {
         start_dial(sh, peer);
@@ -859,6 +877,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A rank that dials or awaits the peer and takes the peer's stream 0 still wants it: when
+    /// the peer gives up half-way (its process died between its streams), the pair is dialed
+    /// again from this side, so it fails (or comes up) instead of staying idle forever. A
+    /// rank that never asked for the peer goes back to idle, unless it asked meanwhile.
+    #[test]
+    fn a_pair_taken_while_dialing_is_dialed_again_when_the_peer_gives_up_half_way() {
+        let since = Instant::now();
+        for (before, dials_again) in [
+            (Pair::Dialing, true),
+            (Pair::Awaiting, true),
+            (Pair::Idle, false),
+        ] {
+            let mut pair = accepting(&before, 2, since);
+            assert!(
+                matches!(&pair, Pair::Accepting { socks, .. } if socks.len() == 2),
+                "{before:?}: {pair:?}"
+            );
+            assert_eq!(give_up(&mut pair), dials_again, "{before:?}");
+            if dials_again {
+                assert!(matches!(pair, Pair::Dialing), "{before:?}: {pair:?}");
+            } else {
+                assert!(matches!(pair, Pair::Idle), "{before:?}: {pair:?}");
+            }
+        }
+        // Wanted after the stream 0 was taken (`Mesh::want` sets the flag), and kept by a
+        // stale half set taken afresh.
+        let mut pair = accepting(&Pair::Idle, 2, since);
+        if let Pair::Accepting { wanted, .. } = &mut pair {
+            *wanted = true;
+        }
+        let mut afresh = accepting(&pair, 2, Instant::now());
+        assert!(give_up(&mut afresh));
+        assert!(matches!(afresh, Pair::Dialing));
     }
 
     /// The rule on its own: a rank that dials refuses a higher peer and takes a lower one;
