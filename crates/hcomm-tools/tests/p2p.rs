@@ -540,24 +540,40 @@ fn bad_environment_is_a_clear_error() {
 
 #[test]
 fn a_wrong_secret_cannot_join() {
-    let port = free_port();
-    let good = spawn_by_hand(2, port, &["hello"], "5");
+    let root = format!("127.0.0.1:{}", free_port());
+    let secret = format!("the-job-{}", std::process::id());
+    let good = |r: usize| {
+        spawn_ranks(1, &root, |_| {
+            let mut c = Command::new(CHECK);
+            c.arg("hello")
+                .env("HCOMM_RANK", r.to_string())
+                .env("HCOMM_SIZE", "2")
+                .env("HCOMM_JOB_SECRET", &secret)
+                .env("HCOMM_TIMEOUT", "60");
+            c
+        })
+        .remove(0)
+    };
+    // Rank 0 hosts the store and waits in init for rank 1 while the intruder tries (started
+    // together, the job could end before the intruder knocks).
+    let rank0 = good(0);
     let intruder = Command::new(CHECK)
         .arg("hello")
         .env("HCOMM_RANK", "1")
         .env("HCOMM_SIZE", "2")
-        .env("HCOMM_ROOT_ADDR", format!("127.0.0.1:{port}"))
+        .env("HCOMM_ROOT_ADDR", &root)
         .env("HCOMM_JOB_SECRET", "guessed")
         .env("HCOMM_TIMEOUT", "5")
         .output()
         .unwrap();
+    let rank1 = good(1);
     assert!(!intruder.status.success());
     assert!(
         text(&intruder).contains("HCOMM_JOB_SECRET"),
         "{}",
         text(&intruder)
     );
-    let [rank0, rank1]: [_; 2] = collect_outputs(good, Duration::from_secs(60))
+    let [rank0, rank1]: [_; 2] = collect_outputs(vec![rank0, rank1], Duration::from_secs(60))
         .try_into()
         .unwrap();
     assert!(
