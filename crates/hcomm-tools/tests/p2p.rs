@@ -186,13 +186,8 @@ fn a_killed_rank_stops_the_job_quickly() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
 
-/// Starts `n` ranks by hand, as a launcher without a store would, rank 0 serving the store
-/// on `port`.
-fn spawn_by_hand(n: usize, port: u16, args: &[&str], timeout: &str) -> Vec<Child> {
-    spawn_by_hand_with(n, port, args, timeout, &[])
-}
-
-/// [`spawn_by_hand`] with more environment variables.
+/// Starts `n` ranks of `hcomm_check args` by hand (store on 127.0.0.1:`port`) with
+/// `HCOMM_TIMEOUT` = `timeout` and the variables `env`.
 fn spawn_by_hand_with(
     n: usize,
     port: u16,
