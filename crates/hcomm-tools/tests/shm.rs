@@ -289,8 +289,8 @@ fn tcp_after_all_pairs(host_of: &str, env: &[(&str, &str)]) -> Vec<(usize, usize
 /// Ranks of one host are linked by shared memory alone: besides its connection to the store
 /// (hcommrun's), a rank opens TCP connections only to ranks of other hosts (2 streams each),
 /// and none at all in a job on one host; `HCOMM_TRANSPORT=tcp` still connects every pair.
-/// Init connects no pair at all (links are made on first use): every rank holds only the
-/// store's connection until the exchange.
+/// Init connects no pair at all (links are made on first use): every rank has dialed only the
+/// store's connection until the exchange (a faster peer may already have dialed it).
 #[test]
 fn local_ranks_open_no_tcp_connection_between_them() {
     let after = |counts: &[(usize, usize)]| -> Vec<usize> {

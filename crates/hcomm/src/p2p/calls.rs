@@ -339,6 +339,9 @@ impl Engine {
                 }
                 st.queue(peer, OutFrame::control(comm_abort_frame(comms)));
             }
+            // Out now, not at this rank's next call: a member that learns of the abort first
+            // may leave at once, and its goodbye must not reach the others before the abort.
+            st.handle(&[], false);
         }
         // Threads of this rank waiting on the communicator, in the engine or outside it.
         self.shared.io.wake_all();

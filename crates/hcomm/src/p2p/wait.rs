@@ -350,7 +350,10 @@ impl Engine {
                     now = Instant::now();
                 }
                 if moved || (polled && !events.is_empty()) {
-                    spin_until = now + spin;
+                    // Data that moved is this rank's own work too (a large transfer goes out a
+                    // piece per turn): the whole spin then, however recent waits ended, or the
+                    // rank would sleep between its own pieces with nobody to wake it.
+                    spin_until = now + if moved { sh.spin } else { spin };
                     waiting.reset();
                 }
                 for (i, &id) in ids.iter().enumerate() {

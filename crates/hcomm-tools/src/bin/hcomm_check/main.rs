@@ -42,7 +42,8 @@ enum Scenario {
     /// every rank prints `listening N threads T tcp C`: its TCP sockets in the listening state
     /// once init is done (its own listener, where peers connect on first use, open for the
     /// whole job; rank 0 of a job without a launcher's store also the store's), its threads,
-    /// and its connected TCP sockets (the store's: links are made on first use); after the
+    /// and the TCP connections it dialed (the store's: links are made on first use; a faster
+    /// peer may already have dialed this rank, which is not counted); after the
     /// exchange, `after all-pairs tcp C`: its connected TCP sockets then.
     AllPairs {
         /// Largest message, in bytes.
@@ -228,10 +229,11 @@ fn run(scenario: Scenario) -> Result<()> {
         }
         Scenario::AllPairs { max_size } => {
             let threads = std::fs::read_dir("/proc/self/task")?.count();
-            let (listening, connected) = resources::tcp_sockets()?;
-            println!("listening {listening} threads {threads} tcp {connected}");
+            // Dialed only: a faster peer may already have connected to this rank.
+            let (listening, _, dialed) = resources::tcp_sockets()?;
+            println!("listening {listening} threads {threads} tcp {dialed}");
             p2p::all_pairs(&comm, max_size)?;
-            let (_, connected) = resources::tcp_sockets()?;
+            let (_, connected, _) = resources::tcp_sockets()?;
             println!("after all-pairs tcp {connected}");
             // No rank finalizes (and closes its connections) before every rank counted.
             comm.barrier()?;

@@ -68,8 +68,10 @@ pub(super) fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result
     Ok(())
 }
 
-/// This process's TCP sockets: in the listening state, and connected (established).
-pub(super) fn tcp_sockets() -> Result<(usize, usize)> {
+/// This process's TCP sockets: in the listening state, connected (established), and of
+/// those the ones this process dialed (its local port is none of its listening ports; a
+/// connection a peer dialed to this process's listener has the listener's port).
+pub(super) fn tcp_sockets() -> Result<(usize, usize, usize)> {
     // Sockets of this process by inode, from /proc/self/fd ("socket:[INODE]").
     let mut mine = std::collections::HashSet::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
@@ -83,9 +85,11 @@ pub(super) fn tcp_sockets() -> Result<(usize, usize)> {
             }
         }
     }
-    // The namespace's TCP sockets: column 4 is the state (0A: listening, 01: established),
-    // column 10 the inode.
-    let (mut listening, mut established) = (0, 0);
+    // The namespace's TCP sockets: column 2 the local address (HEXIP:HEXPORT), column 4 the
+    // state (0A: listening, 01: established), column 10 the inode.
+    let port = |addr: &str| addr.rsplit(':').next().map(str::to_owned);
+    let mut listening_ports = Vec::new();
+    let mut connected_ports = Vec::new();
     for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(table) else {
             continue;
@@ -94,14 +98,18 @@ pub(super) fn tcp_sockets() -> Result<(usize, usize)> {
             let cols: Vec<&str> = line.split_whitespace().collect();
             if cols.len() > 9 && mine.contains(cols[9]) {
                 match cols[3] {
-                    "0A" => listening += 1,
-                    "01" => established += 1,
+                    "0A" => listening_ports.push(port(cols[1])),
+                    "01" => connected_ports.push(port(cols[1])),
                     _ => {}
                 }
             }
         }
     }
-    Ok((listening, established))
+    let dialed = connected_ports
+        .iter()
+        .filter(|p| !listening_ports.contains(p))
+        .count();
+    Ok((listening_ports.len(), connected_ports.len(), dialed))
 }
 
 /// Traffic of the `inbox-use` scenario.
