@@ -15,6 +15,7 @@ use super::calls::{Abandoned, Calls};
 use super::dispatch::{abort_frame, comm_abort_frame, Landed, Protocol, Step};
 use super::matching::{Arrival, Matched, Matching, Recv};
 use super::rendezvous::{data_frames, Accepted, Cleared, Limits, Rendezvous, Route};
+use super::tests::target;
 use super::timers::Timers;
 use super::{Dest, MatchKey, OpId, Target};
 use crate::error::Error;
@@ -51,17 +52,6 @@ fn eager(len: usize) -> Arrival {
 
 fn never() -> bool {
     false
-}
-
-fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
-    Target {
-        comm: COMM,
-        peer,
-        comm_rank: peer,
-        tag,
-        sig,
-        seq: 0,
-    }
 }
 
 fn bytes(len: usize, seed: u8) -> Vec<u8> {

@@ -591,7 +591,18 @@ pub(crate) fn default_max_total(local_ranks: usize, block_size: usize) -> usize 
             .ok()
             .filter(|&m| m > 0)
             .map(|m| cgroup_memory_limit().map_or(m, |limit| limit.min(m)));
-    let room = match (dev_shm_room(), physical) {
+    max_total_of(dev_shm_room(), physical, local_ranks, block_size)
+}
+
+/// [`default_max_total`] for /dev/shm's free space `shm` and the memory `physical` (either
+/// unknown: `None`).
+fn max_total_of(
+    shm: Option<usize>,
+    physical: Option<usize>,
+    local_ranks: usize,
+    block_size: usize,
+) -> usize {
+    let room = match (shm, physical) {
         (Some(shm), Some(mem)) => shm.min(mem),
         (one, other) => one
             .or(other)
@@ -716,14 +727,7 @@ impl ShmPool {
             st.new_slab(class, block, offset);
             return st.take_chunk(class);
         }
-        let size = CLASSES[class];
-        let (block, offset) = self.place(st, size)?;
-        Some(Live {
-            block,
-            offset,
-            size,
-            slab: None,
-        })
+        self.alloc_large(st, CLASSES[class])
     }
 
     fn alloc_large(&self, st: &mut State, size: usize) -> Option<Live> {
@@ -1714,11 +1718,15 @@ mod tests {
 
     #[test]
     fn the_default_limit_follows_memory_and_ranks() {
-        let one = default_max_total(1, DEFAULT_BLOCK_SIZE);
-        let eight = default_max_total(8, DEFAULT_BLOCK_SIZE);
+        assert!(default_max_total(1, DEFAULT_BLOCK_SIZE) >= DEFAULT_BLOCK_SIZE);
+        // One reading of /dev/shm for every figure: other tests fill and empty it meanwhile.
+        let shm = dev_shm_room();
+        let physical = Some(24 << 30);
+        let one = max_total_of(shm, physical, 1, DEFAULT_BLOCK_SIZE);
+        let eight = max_total_of(shm, physical, 8, DEFAULT_BLOCK_SIZE);
         assert!(one >= DEFAULT_BLOCK_SIZE && eight >= DEFAULT_BLOCK_SIZE);
         assert!(eight <= one / 8 + DEFAULT_BLOCK_SIZE);
-        if let Some(room) = dev_shm_room() {
+        if let Some(room) = shm {
             assert!(one <= (room / 2).max(DEFAULT_BLOCK_SIZE));
         }
         assert_eq!(default_max_total(1 << 40, 1 << 20), 1 << 20);
