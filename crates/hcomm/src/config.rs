@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::transport::iface::IfSpec;
 
 /// Default bound on every wait, in seconds (`HCOMM_TIMEOUT`).
 pub(crate) const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
@@ -187,6 +188,10 @@ pub struct Config {
     /// `HCOMM_IFADDR`: IP address this rank listens on and announces (default: the address
     /// its connection to the store leaves from).
     pub if_addr: Option<String>,
+    /// `HCOMM_SOCKET_IFNAME`: the interfaces (rails) to listen on and announce, NCCL's syntax
+    /// (checked when read; default: every interface that is up but loopback and virtual
+    /// bridges).
+    pub socket_ifname: Option<String>,
     /// `HCOMM_HOST_ID`: the host identity to announce instead of hostname and boot id
     /// (containers that share a host, tests that lay out several hosts on one machine).
     pub host_id: Option<String>,
@@ -338,6 +343,10 @@ impl Config {
             tcp_chunk,
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
+            socket_ifname: match get("HCOMM_SOCKET_IFNAME") {
+                Some(v) => IfSpec::parse(&v)?.map(|_| v),
+                None => None,
+            },
             host_id: get("HCOMM_HOST_ID"),
             launch: detect_launch(&get)?,
         })
@@ -579,7 +588,7 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 23] = [
+    const SETTINGS: [&str; 24] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -602,6 +611,7 @@ mod tests {
         "HCOMM_DETERMINISTIC",
         "HCOMM_MISMATCH_CHECK",
         "HCOMM_IFADDR",
+        "HCOMM_SOCKET_IFNAME",
         "HCOMM_HOST_ID",
     ];
 

@@ -39,7 +39,7 @@ pub(super) fn world(n: usize, streams: usize) -> Vec<Engine> {
         .collect();
     let addrs: Vec<_> = listeners
         .iter()
-        .map(|l| l.local_addr().expect("listener address"))
+        .map(|l| vec![l.local_addr().expect("listener address")])
         .collect();
     listeners
         .into_iter()

@@ -1,0 +1,184 @@
+//! Rails: two hosts (network namespaces) joined by two veth pairs, `r0` (10.91.0.0/24) and
+//! `r1` (10.91.1.0/24), one rank in each. By default a rank listens on both rails and
+//! announces both addresses, and a pair's streams go round them, so a large all-reduce
+//! crosses both; `HCOMM_SOCKET_IFNAME` narrows the choice (NCCL's syntax), and a choice that
+//! matches nothing fails init with a message naming what is up.
+//!
+//! Namespaces need root and `ip`; without them each test says it is skipped and passes.
+
+use std::process::Command;
+use std::time::Duration;
+
+use hcomm_testkit::netns::{self, ip};
+use hcomm_testkit::Ranks;
+
+const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
+/// Where rank 0, in host 0, serves the rendezvous store (on rail 0).
+const STORE_PORT: u16 = 29410;
+/// The rails between the two hosts.
+const RAILS: [&str; 2] = ["r0", "r1"];
+
+/// Two namespaces joined by one veth pair per rail, removed on drop.
+struct TwoHosts {
+    names: [String; 2],
+}
+
+impl TwoHosts {
+    /// `None`, after saying why, where this process cannot make namespaces.
+    fn create(test: &str) -> Option<TwoHosts> {
+        if !netns::can_make_namespaces(test) {
+            return None;
+        }
+        let job = netns::unique_prefix();
+        let names = [format!("{job}-a"), format!("{job}-b")];
+        let hosts = TwoHosts { names };
+        hosts.wire().unwrap_or_else(|e| panic!("{e}"));
+        Some(hosts)
+    }
+
+    fn wire(&self) -> Result<(), String> {
+        let [a, b] = &self.names;
+        for ns in [a, b] {
+            ip(&["netns", "add", ns])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        for (i, rail) in RAILS.iter().enumerate() {
+            ip(&[
+                "-n", a, "link", "add", rail, "type", "veth", "peer", "name", rail, "netns", b,
+            ])?;
+            for (h, ns) in [a, b].into_iter().enumerate() {
+                let addr = format!("{}/24", Self::addr(h, i));
+                ip(&["-n", ns, "addr", "add", &addr, "dev", rail])?;
+                ip(&["-n", ns, "link", "set", rail, "up"])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The address of host `h` on rail `i`.
+    fn addr(h: usize, i: usize) -> String {
+        format!("10.91.{i}.{}", h + 1)
+    }
+
+    /// Bytes host 0 sent on rail `i` so far.
+    fn tx_bytes(&self, i: usize) -> u64 {
+        netns::counter(&self.names[0], RAILS[i], "tx_bytes")
+    }
+
+    /// `program args` with one rank in each host, the store on host 0's rail 0.
+    fn start(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Ranks {
+        let root = format!("{}:{STORE_PORT}", Self::addr(0, 0));
+        Ranks::start(2, Some(&root), args, |r| {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &self.names[r], program])
+                .env("HCOMM_HOST_ID", &self.names[r])
+                .env("HCOMM_TIMEOUT", "60")
+                .env("HCOMM_DEBUG", "1");
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c
+        })
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        // Deleting a namespace removes its ends of the veth pairs, and so the pairs.
+        for name in &self.names {
+            if let Err(e) = ip(&["netns", "del", name]) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+    }
+}
+
+/// A 16 MiB all-reduce, checked by hcomm_perf (its wrong-element column must be 0).
+const ALLREDUCE: [&str; 11] = [
+    "allreduce",
+    "-b",
+    "16M",
+    "-e",
+    "16M",
+    "-n",
+    "4",
+    "-w",
+    "1",
+    "-f",
+    "2",
+];
+
+/// Runs the all-reduce between the hosts; the bytes host 0 sent on each rail meanwhile, and
+/// the job's output.
+fn allreduce(hosts: &TwoHosts, env: &[(&str, &str)]) -> ([u64; 2], String) {
+    let before = [hosts.tx_bytes(0), hosts.tx_bytes(1)];
+    let mut job = hosts.start(PERF, &ALLREDUCE, env);
+    let status = job.finish(Duration::from_secs(120));
+    let text = job.text();
+    for (r, s) in status.iter().enumerate() {
+        assert!(s.success(), "rank {r}: {s}\n{text}");
+    }
+    let rows: Vec<Vec<&str>> = job.output[0]
+        .iter()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        // The table's rows (HCOMM_DEBUG's topology has rows of numbers too, fewer columns).
+        .filter(|cols| cols.len() == 10)
+        .collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    assert_eq!(rows[0][8], "0", "wrong elements: {text}");
+    let sent = [0, 1].map(|i| hosts.tx_bytes(i) - before[i]);
+    (sent, text)
+}
+
+#[test]
+fn by_default_every_rail_carries_the_traffic() {
+    let Some(hosts) = TwoHosts::create("rails default") else {
+        return;
+    };
+    let (sent, text) = allreduce(&hosts, &[]);
+    println!("default: host 0 sent {sent:?} bytes on {RAILS:?}");
+    // Each rank's rails, the store's first, and both streams of the link, one per rail.
+    assert!(text.contains("rails r0 10.91.0.1, r1 10.91.1.1"), "{text}");
+    assert!(text.contains("10.91.0.1 -> 10.91.0.2"), "{text}");
+    assert!(text.contains("10.91.1.1 -> 10.91.1.2"), "{text}");
+    // 5 all-reduces of 16 MiB: each sends about 16 MiB from host 0; half of it per rail.
+    for (i, bytes) in sent.iter().enumerate() {
+        assert!(*bytes > 16 << 20, "rail {i} carried {bytes} bytes:\n{text}");
+    }
+}
+
+#[test]
+fn socket_ifname_selects_the_rails() {
+    let Some(hosts) = TwoHosts::create("rails ifname") else {
+        return;
+    };
+    // `=r1`: only rail 1 carries data (rail 0 only the store's few bytes).
+    let (sent, text) = allreduce(&hosts, &[("HCOMM_SOCKET_IFNAME", "=r1")]);
+    println!("=r1: host 0 sent {sent:?} bytes on {RAILS:?}");
+    assert!(text.contains("rails r1 10.91.1.1\n"), "{text}");
+    assert!(
+        sent[1] > 64 << 20,
+        "rail 1 carried {} bytes:\n{text}",
+        sent[1]
+    );
+    assert!(
+        sent[0] < 1 << 20,
+        "rail 0 carried {} bytes:\n{text}",
+        sent[0]
+    );
+    // `^lo,r1`: everything but loopback and rail 1, so rail 0 alone.
+    let (_, text) = allreduce(&hosts, &[("HCOMM_SOCKET_IFNAME", "^lo,r1")]);
+    assert!(text.contains("rails r0 10.91.0.1\n"), "{text}");
+    // No match: init fails, naming the interfaces that are up.
+    let mut job = hosts.start(PERF, &ALLREDUCE, &[("HCOMM_SOCKET_IFNAME", "eth")]);
+    let status = job.finish(Duration::from_secs(60));
+    let text = job.text();
+    assert!(status.iter().all(|s| !s.success()), "{text}");
+    assert!(
+        text.contains("HCOMM_SOCKET_IFNAME matches no interface")
+            && text.contains("r0 (10.91.0.1)")
+            && text.contains("r1 (10.91.1.1)"),
+        "{text}"
+    );
+}
