@@ -4,15 +4,21 @@
 //! crosses both; `HCOMM_SOCKET_IFNAME` narrows the choice (NCCL's syntax), and a choice that
 //! matches nothing fails init with a message naming what is up.
 //!
+//! Failover: rail 0 taken down (`ip link set down`) or turned into a black hole (a blackhole
+//! route to the peer's address: everything sent there vanishes) in the middle of a loop of
+//! checked all-reduces; the loop finishes with exact results, a failover counted, no peer
+//! lost. Both rails down: the peer is lost, "all links lost", within the link timeout.
+//!
 //! Namespaces need root and `ip`; without them each test says it is skipped and passes.
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hcomm_testkit::netns::{self, ip};
 use hcomm_testkit::Ranks;
 
 const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
+const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
 /// Where rank 0, in host 0, serves the rendezvous store (on rail 0).
 const STORE_PORT: u16 = 29410;
 /// The rails between the two hosts.
@@ -58,6 +64,13 @@ impl TwoHosts {
     /// The address of host `h` on rail `i`.
     fn addr(h: usize, i: usize) -> String {
         format!("10.91.{i}.{}", h + 1)
+    }
+
+    /// Runs `ip args` in host `h`.
+    fn ip_in(&self, h: usize, args: &[&str]) {
+        let mut all = vec!["-n", self.names[h].as_str()];
+        all.extend_from_slice(args);
+        ip(&all).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Bytes host 0 sent on rail `i` so far.
@@ -181,4 +194,113 @@ fn socket_ifname_selects_the_rails() {
             && text.contains("r1 (10.91.1.1)"),
         "{text}"
     );
+}
+
+/// The link timeout of the failover tests: a dead rail is given up after this long.
+const LINK_TIMEOUT: &str = "1";
+
+/// A loop of checked 64 MiB all-reduces; `cut` breaks rail 0 once the ranks report step 2.
+/// Returns the job's output and each rank's failover count.
+fn allreduce_loop_with(hosts: &TwoHosts, cut: impl FnOnce(&TwoHosts)) -> (String, Vec<u64>) {
+    let args = [
+        "rails",
+        "--traffic",
+        "allreduce",
+        "--count",
+        "8",
+        "--bytes",
+        "67108864",
+    ];
+    let env = [
+        ("HCOMM_LINK_TIMEOUT", LINK_TIMEOUT),
+        ("HCOMM_TIMEOUT", "30"),
+    ];
+    let mut job = hosts.start(CHECK, &args, &env);
+    job.wait_for_lines(&[0, 1], "step 2", Duration::from_secs(60));
+    cut(hosts);
+    let status = job.finish(Duration::from_secs(90));
+    let text = job.text();
+    for (r, s) in status.iter().enumerate() {
+        assert!(s.success(), "rank {r}: {s}\n{text}");
+    }
+    let failovers = (0..2)
+        .map(|r| {
+            job.output[r]
+                .iter()
+                .find_map(|l| l.strip_prefix("failovers "))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("rank {r} printed no failover count:\n{text}"))
+        })
+        .collect();
+    (text, failovers)
+}
+
+/// Each rank counted at most one failover (its own side of rail 0's stream), and some rank
+/// did; the warning names the rail.
+fn one_failover(text: &str, failovers: &[u64]) {
+    assert!(failovers.iter().all(|&n| n <= 1), "{failovers:?}\n{text}");
+    assert!(failovers.contains(&1), "{failovers:?}\n{text}");
+    assert!(text.contains("on rail 10.91.0."), "{text}");
+}
+
+#[test]
+fn a_rail_taken_down_mid_run_fails_over_without_loss() {
+    let Some(hosts) = TwoHosts::create("rails link down") else {
+        return;
+    };
+    let (text, failovers) =
+        allreduce_loop_with(&hosts, |h| h.ip_in(0, &["link", "set", "r0", "down"]));
+    println!("link down: failovers {failovers:?}");
+    one_failover(&text, &failovers);
+}
+
+#[test]
+fn a_black_hole_on_a_rail_fails_over_without_loss() {
+    let Some(hosts) = TwoHosts::create("rails black hole") else {
+        return;
+    };
+    let (text, failovers) = allreduce_loop_with(&hosts, |h| {
+        // Everything host 0 sends on rail 0 vanishes, its acknowledgements included.
+        h.ip_in(0, &["route", "add", "blackhole", &TwoHosts::addr(1, 0)]);
+    });
+    println!("black hole: failovers {failovers:?}");
+    one_failover(&text, &failovers);
+}
+
+#[test]
+fn both_rails_down_lose_the_peer_within_the_link_timeout() {
+    let Some(hosts) = TwoHosts::create("rails all down") else {
+        return;
+    };
+    let args = [
+        "rails",
+        "--traffic",
+        "allreduce",
+        "--count",
+        "1000",
+        "--bytes",
+        "4194304",
+    ];
+    let env = [
+        ("HCOMM_LINK_TIMEOUT", LINK_TIMEOUT),
+        ("HCOMM_TIMEOUT", "60"),
+    ];
+    let mut job = hosts.start(CHECK, &args, &env);
+    job.wait_for_lines(&[0, 1], "step 2", Duration::from_secs(60));
+    let t0 = Instant::now();
+    for rail in RAILS {
+        hosts.ip_in(0, &["link", "set", rail, "down"]);
+    }
+    let status = job.finish(Duration::from_secs(30));
+    let took = t0.elapsed();
+    let text = job.text();
+    println!("both rails down: the ranks ended {took:?} later");
+    for (r, s) in status.iter().enumerate() {
+        assert!(!s.success(), "rank {r} did not fail:\n{text}");
+    }
+    assert!(text.contains("all links lost"), "{text}");
+    assert!(text.contains("peer lost"), "{text}");
+    // The link timeout (1 s) per stream, the second stream's after the first's: far below
+    // HCOMM_TIMEOUT (60 s).
+    assert!(took < Duration::from_secs(15), "{took:?}\n{text}");
 }

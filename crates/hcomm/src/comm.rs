@@ -644,6 +644,8 @@ impl Communicator {
                 streams: tcp_streams,
                 secret,
                 timeout: config.timeout,
+                failover: config.failover,
+                link_timeout: config.link_timeout,
             };
             (Some(mesh), topology, shm, store, Some(Mutex::new(client)))
         };

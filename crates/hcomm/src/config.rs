@@ -12,6 +12,9 @@ use crate::transport::iface::IfSpec;
 pub(crate) const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
 /// Default largest message sent eagerly over TCP (`HCOMM_TCP_EAGER_LIMIT`).
 pub(crate) const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
+/// Default time data may stay unacknowledged on a stream that can fail over
+/// (`HCOMM_LINK_TIMEOUT`), in seconds.
+const DEFAULT_LINK_TIMEOUT_SECS: f64 = 5.0;
 /// Default number of TCP streams per peer (`HCOMM_TCP_STREAMS`).
 pub(crate) const DEFAULT_TCP_STREAMS: usize = 2;
 /// Default chunk of a large message on one stream (`HCOMM_TCP_CHUNK`).
@@ -192,6 +195,13 @@ pub struct Config {
     /// (checked when read; default: every interface that is up but loopback and virtual
     /// bridges).
     pub socket_ifname: Option<String>,
+    /// `HCOMM_FAILOVER`: `None` (`auto`, the default): a TCP pair that shares two rails or
+    /// more can move a dead stream's frames to another; `Some(true)` (`1`): every pair with two
+    /// streams or more can; `Some(false)` (`0`): none (a stream that fails loses the peer).
+    pub failover: Option<bool>,
+    /// `HCOMM_LINK_TIMEOUT` (seconds): how long data sent on a stream that can fail over may
+    /// stay unacknowledged before the stream is judged dead (`TCP_USER_TIMEOUT`).
+    pub link_timeout: Duration,
     /// `HCOMM_HOST_ID`: the host identity to announce instead of hostname and boot id
     /// (containers that share a host, tests that lay out several hosts on one machine).
     pub host_id: Option<String>,
@@ -343,6 +353,26 @@ impl Config {
             tcp_chunk,
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
+            failover: match get("HCOMM_FAILOVER").as_deref().map(str::trim) {
+                None | Some("auto") => None,
+                Some("1") => Some(true),
+                Some("0") => Some(false),
+                Some(v) => return Err(invalid("HCOMM_FAILOVER", v, "auto, 1 or 0")),
+            },
+            link_timeout: {
+                let secs = match get("HCOMM_LINK_TIMEOUT") {
+                    Some(v) => parse_num::<f64>("HCOMM_LINK_TIMEOUT", &v)?,
+                    None => DEFAULT_LINK_TIMEOUT_SECS,
+                };
+                if !(0.01..=3600.0).contains(&secs) {
+                    return Err(invalid(
+                        "HCOMM_LINK_TIMEOUT",
+                        &secs.to_string(),
+                        "0.01 <= seconds <= 3600",
+                    ));
+                }
+                Duration::from_secs_f64(secs)
+            },
             socket_ifname: match get("HCOMM_SOCKET_IFNAME") {
                 Some(v) => IfSpec::parse(&v)?.map(|_| v),
                 None => None,
@@ -588,7 +618,7 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 24] = [
+    const SETTINGS: [&str; 26] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -612,6 +642,8 @@ mod tests {
         "HCOMM_MISMATCH_CHECK",
         "HCOMM_IFADDR",
         "HCOMM_SOCKET_IFNAME",
+        "HCOMM_FAILOVER",
+        "HCOMM_LINK_TIMEOUT",
         "HCOMM_HOST_ID",
     ];
 

@@ -167,6 +167,9 @@ pub struct ProtocolStats {
     pub tcp_opened: u64,
     /// TCP connections this rank accepted from its peers.
     pub tcp_accepted: u64,
+    /// Failovers: TCP streams that died with others to the same peer left, whose frames
+    /// went out on another (`HCOMM_FAILOVER`).
+    pub tcp_failovers: u64,
 }
 
 impl ProtocolCounts {
@@ -188,6 +191,7 @@ impl ProtocolCounts {
             full_naps: get(&self.full_naps),
             tcp_opened: 0,
             tcp_accepted: 0,
+            tcp_failovers: 0,
         }
     }
 }
@@ -759,6 +763,7 @@ impl Engine {
         let mut stats = self.shared.counts.snapshot();
         if let Some(mesh) = &self.shared.mesh {
             (stats.tcp_opened, stats.tcp_accepted) = mesh.counts();
+            stats.tcp_failovers = mesh.failovers();
         }
         stats
     }

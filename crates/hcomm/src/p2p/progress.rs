@@ -208,6 +208,20 @@ impl State {
                     self.flush_link(peer, 0);
                     self.drive(peer, 0);
                 }
+                Ready::Rail { peer, stream, sock } => {
+                    if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
+                        continue;
+                    }
+                    let Some(link) = self.links.tcp_mut(peer) else {
+                        continue;
+                    };
+                    if let Err(why) = link.replace(stream, sock) {
+                        self.fail_peer(peer, why);
+                        continue;
+                    }
+                    self.flush_link(peer, 0);
+                    self.drive(peer, 0);
+                }
                 Ready::Failed { peer, error } => {
                     self.fail_peer(peer, error.detail().to_string());
                 }

@@ -53,6 +53,8 @@ const HELLO_MAGIC: &[u8; 4] = b"HCMT";
 /// The acceptor's verdicts on a connection, sent after the handshake.
 const TAKEN: u8 = 1;
 const REFUSED: u8 = 0;
+/// In a hello's stream number: the connection replaces that stream of a pair that is up.
+const REPLACES: u16 = 0x8000;
 /// Which connection of which rank a hello announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Hello {
@@ -238,6 +240,16 @@ pub(crate) enum Ready {
         /// This rank dialed them (else it accepted them).
         dialed: bool,
     },
+    /// A new connection for stream `stream` of a pair that is up, whose earlier connection
+    /// died (its rail came back: [`Mesh::redial`]).
+    Rail {
+        /// The peer's world rank.
+        peer: usize,
+        /// The stream it replaces.
+        stream: usize,
+        /// The connection.
+        sock: TcpStream,
+    },
     /// Connecting to the peer failed: it is lost.
     Failed {
         /// The peer's world rank.
@@ -264,6 +276,12 @@ pub(crate) struct MeshConfig {
     pub secret: Vec<u8>,
     /// `HCOMM_TIMEOUT`: how long a dial may take.
     pub timeout: Duration,
+    /// `HCOMM_FAILOVER`: `None` for pairs that share two rails or more, `Some(true)` for
+    /// every pair of several streams, `Some(false)` for none.
+    pub failover: Option<bool>,
+    /// `HCOMM_LINK_TIMEOUT`: how long a stream that can fail over may leave data
+    /// unacknowledged.
+    pub link_timeout: Duration,
 }
 
 impl MeshConfig {
@@ -277,6 +295,17 @@ impl MeshConfig {
     /// share if that is more (both ends compute the same from the published addresses).
     pub(crate) fn streams_with(&self, peer: usize) -> usize {
         self.streams.max(self.rails_with(peer))
+    }
+
+    /// Whether the pair with `peer` moves the frames of a stream that died to another
+    /// (`HCOMM_FAILOVER`; it needs two streams or more): the link timeout if so. Both ends
+    /// decide the same from the same settings and the published addresses.
+    pub(crate) fn failover_with(&self, peer: usize) -> Option<Duration> {
+        let on = match self.failover {
+            None => self.rails_with(peer) >= 2,
+            Some(on) => on,
+        };
+        (on && self.streams_with(peer) >= 2).then_some(self.link_timeout)
     }
 
     /// The address of `peer` that stream `stream` dials: stream `s` takes rail `s % rails`.
@@ -307,6 +336,7 @@ struct MeshShared {
     next_live: AtomicU64,
     opened: AtomicU64,
     accepted: AtomicU64,
+    failovers: AtomicU64,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -348,6 +378,7 @@ impl Mesh {
                 next_live: AtomicU64::new(0),
                 opened: AtomicU64::new(0),
                 accepted: AtomicU64::new(0),
+                failovers: AtomicU64::new(0),
             }),
         })
     }
@@ -434,6 +465,49 @@ impl Mesh {
             self.sh.opened.load(Ordering::Relaxed),
             self.sh.accepted.load(Ordering::Relaxed),
         )
+    }
+
+    /// The settings the mesh was started with.
+    pub(crate) fn config(&self) -> &MeshConfig {
+        &self.sh.cfg
+    }
+
+    /// Dials stream `stream` of the pair with `peer` again, its earlier connection having
+    /// died: a try every link timeout, each bounded by it, until one is taken (the new
+    /// connection comes as [`Ready::Rail`]), the mesh stops, or `HCOMM_TIMEOUT` passed.
+    pub(crate) fn redial(&self, peer: usize, stream: usize) {
+        let sh = Arc::clone(&self.sh);
+        let _ = spawn(&self.sh, "hcomm-redial", move || {
+            let every = sh.cfg.link_timeout;
+            let until = Instant::now() + sh.cfg.timeout;
+            while !sh.stop.load(Ordering::SeqCst) && Instant::now() < until {
+                let tried = Instant::now();
+                let deadline = tried + every;
+                let hello = stream as u16 | REPLACES;
+                if let Ok(Some(sock)) = connect_one(&sh, peer, usize::from(hello), deadline) {
+                    sh.opened.fetch_add(1, Ordering::Relaxed);
+                    deliver(&sh, Ready::Rail { peer, stream, sock });
+                    return;
+                }
+                let left = every.saturating_sub(tried.elapsed());
+                let step = Duration::from_millis(20);
+                let mut slept = Duration::ZERO;
+                while slept < left && !sh.stop.load(Ordering::SeqCst) {
+                    thread::sleep(step);
+                    slept += step;
+                }
+            }
+        });
+    }
+
+    /// Counts a failover: a stream's frames moved to another after it died.
+    pub(crate) fn count_failover(&self) {
+        self.sh.failovers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Failovers so far ([`Mesh::count_failover`]).
+    pub(crate) fn failovers(&self) -> u64 {
+        self.sh.failovers.load(Ordering::Relaxed)
     }
 
     /// Stops dialing and accepting: cuts the connections still in their handshake and joins
@@ -627,8 +701,14 @@ fn connect_one(
     deadline: Instant,
 ) -> Result<Option<TcpStream>> {
     let (rank, streams, size) = (sh.cfg.rank, sh.cfg.streams_with(peer), sh.cfg.addrs.len());
-    let mut addr = sh.cfg.addr_of(peer, stream);
-    let first = sh.cfg.addr_of(peer, 0);
+    let replaces = stream & usize::from(REPLACES) != 0;
+    let mut addr = sh.cfg.addr_of(peer, stream & !usize::from(REPLACES));
+    // A replacement probes its own rail: no falling back to the first.
+    let first = if replaces {
+        addr
+    } else {
+        sh.cfg.addr_of(peer, 0)
+    };
     let fail = |addr: SocketAddr, what: String| {
         Error::init(format!(
             "rank {rank} connecting to rank {peer} at {addr}: {what}"
@@ -675,7 +755,7 @@ fn connect_one(
                 addr = first;
                 continue;
             }
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && !replaces => continue,
             Err(e) => return Err(fail(addr, e.to_string())),
         };
         tune(&conn).map_err(|e| fail(addr, e.to_string()))?;
@@ -742,7 +822,8 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
     let theirs = auth::server_handshake(&mut conn, &sh.cfg.secret, &sh.hello, deadline)?;
     let h = Hello::decode(&theirs)
         .ok_or_else(|| Error::init("malformed hello from an authenticated peer"))?;
-    let (peer, s) = (h.rank as usize, h.stream as usize);
+    let replaces = h.stream & REPLACES != 0;
+    let (peer, s) = (h.rank as usize, usize::from(h.stream & !REPLACES));
     let streams = if peer < size {
         sh.cfg.streams_with(peer)
     } else {
@@ -764,7 +845,9 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
     drop(live);
     let mut pairs = lock(&sh.pairs);
     let pair = &mut pairs[peer];
-    let take = if s == 0 {
+    let take = if replaces {
+        matches!(pair, Pair::Up)
+    } else if s == 0 {
         takes(rank, peer, pair)
     } else {
         matches!(pair, Pair::Accepting { socks, .. } if socks[s].is_none())
@@ -775,6 +858,19 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
         .map_err(|e| Error::transport("sending the verdict on a connection", e))?;
     let _ = conn.set_write_timeout(None);
     if !take {
+        return Ok(());
+    }
+    if replaces {
+        drop(pairs);
+        sh.accepted.fetch_add(1, Ordering::Relaxed);
+        deliver(
+            sh,
+            Ready::Rail {
+                peer,
+                stream: s,
+                sock: conn,
+            },
+        );
         return Ok(());
     }
     // Stream 0 of a pair of several: watched until the others came (see `await_streams`).
@@ -1048,6 +1144,8 @@ mod tests {
             streams: 1,
             secret: Vec::new(),
             timeout: Duration::from_secs(1),
+            failover: None,
+            link_timeout: Duration::from_secs(1),
         };
         assert_eq!(cfg.streams_with(1), 2);
         assert_eq!(cfg.streams_with(2), 1);
@@ -1057,8 +1155,21 @@ mod tests {
             ["10.0.0.2:2", "10.0.1.2:2", "10.0.0.2:2", "10.0.1.2:2"]
         );
         assert_eq!(cfg.addr_of(2, 1).to_string(), "[fd00::3]:3");
+        // Failover by default where two rails are shared; forced, where two streams are.
+        assert!(cfg.failover_with(1).is_some() && cfg.failover_with(2).is_none());
         let more = MeshConfig { streams: 4, ..cfg };
         assert_eq!(more.streams_with(1), 4);
+        assert!(more.failover_with(2).is_none());
+        let forced = MeshConfig {
+            failover: Some(true),
+            ..more
+        };
+        assert!(forced.failover_with(2).is_some());
+        let off = MeshConfig {
+            failover: Some(false),
+            ..forced
+        };
+        assert!(off.failover_with(1).is_none());
     }
 
     /// Whatever an authenticated peer says in its hello: decoding never panics or allocates,

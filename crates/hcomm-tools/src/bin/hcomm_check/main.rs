@@ -12,6 +12,7 @@
 mod coll;
 mod failure;
 mod p2p;
+mod rails;
 mod resources;
 mod soak;
 
@@ -194,6 +195,22 @@ enum Scenario {
         #[arg(long, default_value_t = 1 << 20)]
         pool_bytes: usize,
     },
+    /// Checked traffic in a loop for the failover tests (see `rails.rs`): every rank prints
+    /// `step K` every --every steps, then `failovers N` (its `tcp_failovers`) and `took MS`.
+    Rails {
+        /// What the ranks exchange.
+        #[arg(long, value_enum)]
+        traffic: rails::Traffic,
+        /// Exchanges.
+        #[arg(long, default_value_t = 100)]
+        count: usize,
+        /// Bytes of an all-reduce, or of every fourth ordered message.
+        #[arg(long, default_value_t = 1 << 20)]
+        bytes: usize,
+        /// Steps between progress lines.
+        #[arg(long, default_value_t = 1)]
+        every: usize,
+    },
     /// All-reduce (float32 sum) and broadcast on pool buffers of --bytes bytes each, which
     /// the pool must serve, with every result checked; then the same again on fresh
     /// buffers, which must reuse the freed blocks.
@@ -318,6 +335,15 @@ fn run(scenario: Scenario) -> Result<()> {
         }
         Scenario::Abort { aborter, pending } => {
             return failure::abort(comm, aborter, pending, before).map(|()| println!("OK abort"));
+        }
+        Scenario::Rails {
+            traffic,
+            count,
+            bytes,
+            every,
+        } => {
+            rails::rails(&comm, traffic, count, bytes, every)?;
+            "rails"
         }
         Scenario::Protocols => {
             let c = comm.config();
