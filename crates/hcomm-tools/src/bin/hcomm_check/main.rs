@@ -210,6 +210,9 @@ enum Scenario {
         /// Steps between progress lines.
         #[arg(long, default_value_t = 1)]
         every: usize,
+        /// Microseconds each rank pauses after each step.
+        #[arg(long, default_value_t = 0)]
+        pause_us: u64,
     },
     /// All-reduce (float32 sum) and broadcast on pool buffers of --bytes bytes each, which
     /// the pool must serve, with every result checked; then the same again on fresh
@@ -341,8 +344,10 @@ fn run(scenario: Scenario) -> Result<()> {
             count,
             bytes,
             every,
+            pause_us,
         } => {
-            rails::rails(&comm, traffic, count, bytes, every)?;
+            let pause = Duration::from_micros(pause_us);
+            rails::rails(&comm, traffic, count, bytes, every, pause)?;
             "rails"
         }
         Scenario::Protocols => {

@@ -2,7 +2,7 @@
 //! progress lines the test paces its link changes by, and the failovers counted at the end.
 
 use std::io::Write as _;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
 use hcomm::{Communicator, ReduceOp};
@@ -17,14 +17,15 @@ pub(crate) enum Traffic {
     Ordered,
 }
 
-/// Runs `count` exchanges of `traffic`, printing `step K` every `every` steps (flushed), then
-/// `failovers N` (this rank's `tcp_failovers`) and `took MS`.
+/// Runs `count` exchanges of `traffic`, `pause` apart, printing `step K` every `every` steps
+/// (flushed), then `failovers N` (this rank's `tcp_failovers`) and `took MS`.
 pub(crate) fn rails(
     comm: &Communicator,
     traffic: Traffic,
     count: usize,
     bytes: usize,
     every: usize,
+    pause: Duration,
 ) -> Result<()> {
     let (rank, size) = (comm.rank(), comm.size());
     let t0 = Instant::now();
@@ -33,6 +34,7 @@ pub(crate) fn rails(
             println!("step {k}");
             let _ = std::io::stdout().flush();
         }
+        std::thread::sleep(pause);
     };
     match traffic {
         Traffic::Allreduce => {

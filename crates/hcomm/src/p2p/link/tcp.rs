@@ -613,10 +613,11 @@ impl TcpLink {
                         // anything else as a copy (its send completes now).
                         if q.f.kind == FrameKind::Data && q.f.op.is_some() && q.f.owned.is_none() {
                             s.held_ops += 1;
-                        } else if let Some(id) = q.f.op.take() {
+                        } else if let Some(id) = q.f.op {
                             if q.f.owned.is_none() && q.f.len > 0 {
                                 q.f.owned = Some(frame_payload(&q.f, ops).to_vec());
                             }
+                            q.f.op = None;
                             sent.push(id);
                         }
                         q.f.hdr_done = 0;
