@@ -304,3 +304,94 @@ fn both_rails_down_lose_the_peer_within_the_link_timeout() {
     // HCOMM_TIMEOUT (60 s).
     assert!(took < Duration::from_secs(15), "{took:?}\n{text}");
 }
+
+/// Whether `tc qdisc ... netem` works in host `h` (the kernel may lack `sch_netem`).
+fn netem(hosts: &TwoHosts, h: usize, rail: &str, args: &[&str]) -> bool {
+    let mut all = vec![
+        "-n",
+        hosts.names[h].as_str(),
+        "qdisc",
+        "add",
+        "dev",
+        rail,
+        "root",
+        "netem",
+    ];
+    all.extend_from_slice(args);
+    Command::new("tc")
+        .args(&all)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn a_flapping_rail_loses_reorders_and_duplicates_nothing_and_is_used_again() {
+    let Some(hosts) = TwoHosts::create("rails flapping") else {
+        return;
+    };
+    // 10,000 numbered messages (every fourth of 256 KiB, striped), each checked in order;
+    // a link timeout below the flaps' half period, so that each flap fails the stream over
+    // and its return is probed and taken back.
+    let args = [
+        "rails",
+        "--traffic",
+        "ordered",
+        "--count",
+        "10000",
+        "--bytes",
+        "262144",
+        "--every",
+        "100",
+        "--pause-us",
+        "800",
+    ];
+    let env = [("HCOMM_LINK_TIMEOUT", "0.25"), ("HCOMM_TIMEOUT", "60")];
+    let mut job = hosts.start(CHECK, &args, &env);
+    job.wait_for_lines(&[0, 1], "step 100", Duration::from_secs(60));
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        hosts.ip_in(0, &["link", "set", "r0", "down"]);
+        std::thread::sleep(Duration::from_millis(500));
+        hosts.ip_in(0, &["link", "set", "r0", "up"]);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Rail 0 stays up now: its stream comes back within a probe (the link timeout) and
+    // carries its share of the large messages again.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = hosts.tx_bytes(0);
+    std::thread::sleep(Duration::from_secs(2));
+    let after_flaps = hosts.tx_bytes(0) - before;
+    let status = job.finish(Duration::from_secs(120));
+    let text = job.text();
+    for (r, s) in status.iter().enumerate() {
+        assert!(s.success(), "rank {r}: {s}\n{text}");
+    }
+    let failovers: u64 = job.output[0]
+        .iter()
+        .find_map(|l| l.strip_prefix("failovers "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no failover count:\n{text}"));
+    println!(
+        "flapping: rank 0 counted {failovers} failovers; rail 0 sent {after_flaps} B in 2 s after"
+    );
+    assert!(failovers >= 1, "{text}");
+    assert!(text.contains("has its stream 0 back"), "{text}");
+    assert!(
+        after_flaps > 1 << 20,
+        "rail 0 sent {after_flaps} bytes after the flaps:\n{text}"
+    );
+}
+
+#[test]
+fn a_slow_rail_is_not_failed_over() {
+    let Some(hosts) = TwoHosts::create("rails delay") else {
+        return;
+    };
+    // 50 ms each way on rail 0: a round trip of 100 ms, well within the link timeout.
+    if !netem(&hosts, 0, "r0", &["delay", "50ms"]) || !netem(&hosts, 1, "r0", &["delay", "50ms"]) {
+        println!("rails delay: skipped: no netem qdisc in this kernel (sch_netem)");
+        return;
+    }
+    let (text, failovers) = allreduce_loop_with(&hosts, |_| {});
+    assert_eq!(failovers, [0, 0], "{text}");
+}
