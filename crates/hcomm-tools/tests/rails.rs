@@ -216,7 +216,7 @@ fn allreduce_loop_with(hosts: &TwoHosts, cut: impl FnOnce(&TwoHosts)) -> (String
         ("HCOMM_TIMEOUT", "30"),
     ];
     let mut job = hosts.start(CHECK, &args, &env);
-    job.wait_for_lines(&[0, 1], "step 2", Duration::from_secs(60));
+    job.wait_for_lines(&[0, 1], "step 2 ", Duration::from_secs(60));
     cut(hosts);
     let status = job.finish(Duration::from_secs(90));
     let text = job.text();
@@ -286,7 +286,7 @@ fn both_rails_down_lose_the_peer_within_the_link_timeout() {
         ("HCOMM_TIMEOUT", "60"),
     ];
     let mut job = hosts.start(CHECK, &args, &env);
-    job.wait_for_lines(&[0, 1], "step 2", Duration::from_secs(60));
+    job.wait_for_lines(&[0, 1], "step 2 ", Duration::from_secs(60));
     let t0 = Instant::now();
     for rail in RAILS {
         hosts.ip_in(0, &["link", "set", rail, "down"]);
@@ -347,7 +347,7 @@ fn a_flapping_rail_loses_reorders_and_duplicates_nothing_and_is_used_again() {
     ];
     let env = [("HCOMM_LINK_TIMEOUT", "0.25"), ("HCOMM_TIMEOUT", "60")];
     let mut job = hosts.start(CHECK, &args, &env);
-    job.wait_for_lines(&[0, 1], "step 100", Duration::from_secs(60));
+    job.wait_for_lines(&[0, 1], "step 100 ", Duration::from_secs(60));
     let end = Instant::now() + Duration::from_secs(10);
     while Instant::now() < end {
         hosts.ip_in(0, &["link", "set", "r0", "down"]);

@@ -196,7 +196,8 @@ enum Scenario {
         pool_bytes: usize,
     },
     /// Checked traffic in a loop for the failover tests (see `rails.rs`): every rank prints
-    /// `step K` every --every steps, then `failovers N` (its `tcp_failovers`) and `took MS`.
+    /// `step K US` every --every steps (US: microseconds since the start), then `failovers N`
+    /// (its `tcp_failovers`) and `took MS`.
     Rails {
         /// What the ranks exchange.
         #[arg(long, value_enum)]

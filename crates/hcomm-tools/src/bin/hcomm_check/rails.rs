@@ -17,8 +17,9 @@ pub(crate) enum Traffic {
     Ordered,
 }
 
-/// Runs `count` exchanges of `traffic`, `pause` apart, printing `step K` every `every` steps
-/// (flushed), then `failovers N` (this rank's `tcp_failovers`) and `took MS`.
+/// Runs `count` exchanges of `traffic`, `pause` apart, printing `step K US` (microseconds
+/// since the start) every `every` steps (flushed), then `failovers N` (this rank's
+/// `tcp_failovers`) and `took MS`.
 pub(crate) fn rails(
     comm: &Communicator,
     traffic: Traffic,
@@ -31,7 +32,7 @@ pub(crate) fn rails(
     let t0 = Instant::now();
     let step = |k: usize| {
         if k % every.max(1) == 0 {
-            println!("step {k}");
+            println!("step {k} {}", t0.elapsed().as_micros());
             let _ = std::io::stdout().flush();
         }
         std::thread::sleep(pause);
