@@ -85,7 +85,7 @@ run_prog() {
   wait $a || rc=$?
   wait $b || rc=$?
   {
-    echo "## $name (HCOMM_SOCKET_IFNAME=$ifname): hcomm_perf $* (rc $rc, $((SECONDS - t0)) s)"
+    echo "## $name (HCOMM_SOCKET_IFNAME=$ifname${FAILOVER:+ HCOMM_FAILOVER=$FAILOVER}): $(basename "$prog") $* (rc $rc, $((SECONDS - t0)) s)"
     cat "$HERE/results/rails_$name.tmp"
     echo
   } >>"$OUT"
