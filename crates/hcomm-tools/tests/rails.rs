@@ -19,6 +19,7 @@ use hcomm_testkit::Ranks;
 
 const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
+const TEST: &str = env!("CARGO_BIN_EXE_hcomm_test");
 /// Where rank 0, in host 0, serves the rendezvous store (on rail 0).
 const STORE_PORT: u16 = 29410;
 /// The rails between the two hosts.
@@ -158,6 +159,23 @@ fn by_default_every_rail_carries_the_traffic() {
     // 5 all-reduces of 16 MiB: each sends about 16 MiB from host 0; half of it per rail.
     for (i, bytes) in sent.iter().enumerate() {
         assert!(*bytes > 16 << 20, "rail {i} carried {bytes} bytes:\n{text}");
+    }
+}
+
+#[test]
+fn hcomm_test_shows_every_rail_of_every_link() {
+    let Some(hosts) = TwoHosts::create("rails hcomm_test") else {
+        return;
+    };
+    let mut job = hosts.start(TEST, &["--all"], &[]);
+    let status = job.finish(Duration::from_secs(120));
+    let text = job.text();
+    assert!(status.iter().all(|s| s.success()), "{text}");
+    for line in [
+        "rails 0->1: 10.91.0.1 -> 10.91.0.2, 10.91.1.1 -> 10.91.1.2",
+        "rails 1->0: 10.91.0.2 -> 10.91.0.1, 10.91.1.2 -> 10.91.1.1",
+    ] {
+        assert!(text.contains(line), "{line}:\n{text}");
     }
 }
 

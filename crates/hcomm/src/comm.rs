@@ -780,6 +780,15 @@ impl Communicator {
             .is_some_and(|&w| self.world.engine.is_shm_peer(w))
     }
 
+    /// The TCP streams to `rank` (its rails, `HCOMM_SOCKET_IFNAME`), each as
+    /// `local-ip -> remote-ip`, ` (lost)` after one that failed and is not back; empty when
+    /// no TCP connection to it was made (shared memory, or not used yet).
+    pub fn tcp_rails(&self, rank: usize) -> Vec<String> {
+        self.members
+            .get(rank)
+            .map_or_else(Vec::new, |&w| self.world.engine.tcp_rails(w))
+    }
+
     fn deadline(&self) -> Instant {
         Instant::now() + self.world.config.timeout
     }

@@ -768,6 +768,15 @@ impl Engine {
         stats
     }
 
+    /// The TCP streams to world rank `peer`, each as `local -> remote`, ` (lost)` after a
+    /// stream that failed and was not connected again; empty while it has none.
+    pub(crate) fn tcp_rails(&self, peer: usize) -> Vec<String> {
+        lock(&self.shared.state)
+            .links
+            .tcp_mut(peer)
+            .map_or_else(Vec::new, |l| l.rails())
+    }
+
     /// Whether world rank `peer` is reached through shared memory.
     pub(crate) fn is_shm_peer(&self, peer: usize) -> bool {
         self.shared.io.peer_inboxes.contains_key(&peer)

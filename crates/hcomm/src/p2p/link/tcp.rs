@@ -462,6 +462,20 @@ impl TcpLink {
         Ok(())
     }
 
+    /// Each stream's rail, `local -> remote`, ` (lost)` after one that failed.
+    pub(in crate::p2p) fn rails(&self) -> Vec<String> {
+        self.streams
+            .iter()
+            .map(|s| {
+                if s.dead {
+                    format!("{} (lost)", s.rail)
+                } else {
+                    s.rail.clone()
+                }
+            })
+            .collect()
+    }
+
     /// Whether the connection is up.
     pub(in crate::p2p) fn connected(&self) -> bool {
         self.conn == Conn::Up
