@@ -645,7 +645,9 @@ impl Communicator {
                 secret,
                 timeout: config.timeout,
                 failover: config.failover,
-                link_timeout: config.link_timeout,
+                // A rail must be given up before the heartbeats (HCOMM_TIMEOUT / 2) give up
+                // the peer.
+                link_timeout: config.link_timeout.min(config.timeout / 4),
             };
             (Some(mesh), topology, shm, store, Some(Mutex::new(client)))
         };
