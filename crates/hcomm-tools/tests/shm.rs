@@ -33,8 +33,16 @@ fn protocols(env: &[(&str, &str)]) -> Vec<String> {
 
 #[test]
 fn messages_take_the_protocol_of_their_size() {
-    // Sizes 0, 1, 4096 | 4097, 1 MiB | 1 MiB + 1, 3 MiB + 5 in a ring of 3.
+    // Sizes 0, 1, 4096 | 4097, 1 MiB, 1 MiB + 1, 3 MiB + 5 in a ring of 3: every size above
+    // the eager limit is pulled (in pieces of HCOMM_SHM_CHUNK: 1, 4, 5 and 13 of them here).
     for line in protocols(&[]) {
+        assert_eq!(
+            line,
+            "shm=true shm_eager=3 shm_pull=4 shm_push=0 tcp_eager=0 tcp_rendezvous=0"
+        );
+    }
+    // A push threshold: sizes 0, 1, 4096 | 4097, 1 MiB | 1 MiB + 1, 3 MiB + 5.
+    for line in protocols(&[("HCOMM_SHM_PUSH_THRESHOLD", "1048576")]) {
         assert_eq!(
             line,
             "shm=true shm_eager=3 shm_pull=2 shm_push=2 tcp_eager=0 tcp_rendezvous=0"

@@ -52,6 +52,7 @@ pub(crate) mod lease;
 mod link;
 mod matching;
 mod progress;
+mod pull;
 mod rendezvous;
 mod requests;
 #[cfg(test)]
@@ -525,6 +526,10 @@ struct State {
     draining: bool,
     /// The operations whose frames one flush of a link wrote (kept to reuse its allocation).
     sent: Vec<OpId>,
+    /// Receives copying their message out of a local sender's buffer, a piece per turn.
+    pulls: Vec<pull::Pull>,
+    /// Per world rank: the kernel refused a pull from it, so its messages are pushed.
+    pull_refused: Vec<bool>,
 }
 
 struct Shared {
@@ -725,6 +730,8 @@ impl Engine {
                 timers: Timers::default(),
                 completions: 0,
                 sent: Vec::new(),
+                pulls: Vec::new(),
+                pull_refused: vec![false; size],
                 draining: false,
             }),
             io,

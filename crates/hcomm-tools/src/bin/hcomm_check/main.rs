@@ -322,7 +322,10 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::Protocols => {
             let c = comm.config();
             let (eager, push) = (c.shm_eager_limit, c.shm_push_threshold);
-            let mut sizes = vec![0, 1, eager, eager + 1, push, push + 1, 3 * push + 5];
+            // Past the push threshold when there is one below 64 MiB, else 1 MiB: pulls in
+            // several pieces.
+            let big = if push < 64 << 20 { push } else { 1 << 20 };
+            let mut sizes = vec![0, 1, eager, eager + 1, big, big + 1, 3 * big + 5];
             sizes.retain(|&s| s <= 64 << 20);
             p2p::ring_sizes(&comm, sizes)?;
             let s = comm.protocol_stats();
@@ -345,7 +348,11 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::Wakeups { pause_us } => {
             let pause = || std::thread::sleep(Duration::from_micros(pause_us));
             let c = comm.config();
-            let sizes = [8, c.shm_eager_limit + 1, c.shm_push_threshold + 1];
+            let sizes = [
+                8,
+                c.shm_eager_limit + 1,
+                c.shm_push_threshold.min(1 << 20) + 1,
+            ];
             let me = comm.rank();
             for (round, &len) in sizes.iter().enumerate() {
                 for _ in 0..50 {
