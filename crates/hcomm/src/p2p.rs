@@ -23,7 +23,8 @@
 //! borrowed until then.
 //!
 //! The engine by concern: `matching` (posted receives and unexpected messages),
-//! `rendezvous` (eager or rendezvous per message), `calls` (signatures, mismatches, aborts),
+//! `rendezvous` (eager or rendezvous per message), `pull` (a local message copied out of the
+//! sender's buffer a piece per turn), `calls` (signatures, mismatches, aborts),
 //! `dispatch` (what each arriving frame means, sans I/O), `timers` (deadlines, sans I/O),
 //! `requests` (operations), `lease` (the memory they use), `progress` (one turn over the links, the
 //! background thread, lost peers), `wait` (how waiters spin, yield and sleep), `watch` (dead

@@ -56,7 +56,6 @@ impl State {
         (peer, pid): (usize, u32),
         (msg_id, addr, len): (u64, u64, usize),
     ) {
-        ProtocolCounts::bump(&self.counts.shm_pull);
         tracing::debug!(
             peer,
             len,
@@ -131,6 +130,7 @@ impl State {
                 Step::More
             }
             Ok(()) => {
+                ProtocolCounts::bump(&self.counts.shm_pull);
                 self.complete(p.id, Ok(p.len));
                 self.queue(
                     p.peer,
@@ -164,6 +164,7 @@ impl State {
                 Step::Over
             }
             Err(err) => {
+                ProtocolCounts::bump(&self.counts.shm_pull);
                 self.complete(p.id, Err(err));
                 self.queue(
                     p.peer,
