@@ -25,10 +25,11 @@
 //!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache), publishes
 //!   `ready`, then copies the
 //!   other slices from the peers' results; large all-gather and broadcast read the sources
-//!   directly. When every rank's receive buffer lies in a pool, results are pushed instead:
-//!   each rank writes its reduced slice (all-reduce) or its block (all-gather) into every
-//!   rank's receive buffer, and a broadcast's root writes the last n-th of the buffer into
-//!   the non-roots while they copy the rest; nobody copies results out of a peer afterwards.
+//!   directly. With cross-memory attach (heap buffers: `process_vm_writev`) or when every
+//!   rank's receive buffer lies in a pool, results are pushed instead: each rank writes its
+//!   reduced slice (all-reduce) or its block (all-gather) into every rank's receive buffer,
+//!   and a broadcast's root writes the last n-th of the buffer into the non-roots while they
+//!   copy the rest; nobody copies results out of a peer afterwards.
 //!   Each rank then publishes `done` and waits for its peers' before returning, so no buffer
 //!   is released while a peer still reads or writes it.
 //!
@@ -449,11 +450,13 @@ impl OneSided {
         let block = shape.count * shape.elem();
         let stream = block >= STREAM_FROM;
         let signals = &self.signals;
-        // Every receive buffer in a pool: each rank writes its results into its peers'
-        // receive buffers itself (through their mapped blocks, else cross-memory attach), so
-        // nobody copies them out of the peers' memory afterwards. Every rank sees the same
-        // headers, so all decide alike.
-        let push = (0..n).all(|p| board.header(p, slot).output_loc != 0);
+        // Each rank writes its results into its peers' receive buffers itself (through their
+        // mapped pool blocks, else cross-memory attach: `process_vm_writev` into heap
+        // buffers; a large call runs only where cross-memory attach reaches every peer), so
+        // nobody copies them out of the peers' memory afterwards, and a broadcast's copying
+        // is split between the root and the others. A heap all-reduce of 2 ranks then moves
+        // what the pool path moves: each reads its own half and the peer's, reduces them in
+        // cache-sized chunks and writes each reduced chunk into its own result and the peer's.
         // Writes `src`, this rank's bytes at `pos` of the result, into every peer's receive
         // buffer, a cache-sized chunk to all peers at a time.
         let fan_out = |board: &mut Board, pos: usize, src: &[u8]| -> Result<()> {
@@ -521,12 +524,10 @@ impl OneSided {
                         } else {
                             &out[pos..pos + m]
                         };
-                        if push {
-                            for p in peers() {
-                                board
-                                    .write_peer_output(signals, j, p, pos, dst, stream)
-                                    .map_err(|e| waiter.read_failed(p, e))?;
-                            }
+                        for p in peers() {
+                            board
+                                .write_peer_output(signals, j, p, pos, dst, stream)
+                                .map_err(|e| waiter.read_failed(p, e))?;
                         }
                         at += m;
                         continue;
@@ -579,27 +580,15 @@ impl OneSided {
                     } else {
                         out[pos..pos + m].copy_from_slice(acc);
                     }
-                    if push {
-                        for p in peers() {
-                            board
-                                .write_peer_output(signals, j, p, pos, acc, stream)
-                                .map_err(|e| waiter.read_failed(p, e))?;
-                        }
+                    for p in peers() {
+                        board
+                            .write_peer_output(signals, j, p, pos, acc, stream)
+                            .map_err(|e| waiter.read_failed(p, e))?;
                     }
                     at += m;
                 }
-                if !push {
-                    self.publish(waiter.engine, Ctr::Ready, j);
-                }
-                for p in peers().filter(|_| !push) {
-                    waiter.wait(p, Ctr::Ready, j)?;
-                    let (off, len) = segs[p];
-                    board
-                        .read_peer(p, Side::Output, slot, off, &mut out[off..off + len], stream)
-                        .map_err(|e| waiter.read_failed(p, e))?;
-                }
             }
-            CollKind::AllGather if push => {
+            CollKind::AllGather => {
                 let pos = me * block;
                 let own: &[u8] = if shape.in_place {
                     &out[pos..pos + block]
@@ -612,29 +601,11 @@ impl OneSided {
                 };
                 fan_out(board, pos, own)?;
             }
-            CollKind::AllGather => {
-                if !shape.in_place {
-                    let own = send.and_then(|s| s.get(..block)).ok_or_else(|| {
-                        Error::internal("a one-sided contribution outside its buffer")
-                    })?;
-                    put(&mut out[me * block..(me + 1) * block], own, stream)?;
-                }
-                for p in peers() {
-                    let dst = &mut out[p * block..(p + 1) * block];
-                    board
-                        .read_peer(p, Side::Input, slot, 0, dst, stream)
-                        .map_err(|e| waiter.read_failed(p, e))?;
-                }
-            }
             CollKind::Broadcast => {
-                // With every receive buffer in a pool, the root does not idle: it writes the
-                // last n-th of the buffer into every non-root while they copy the rest.
+                // The root does not idle: it writes the last n-th of the buffer into every
+                // non-root while they copy the rest.
                 let e = shape.elem();
-                let cut = if push {
-                    block - block / n / e * e
-                } else {
-                    block
-                };
+                let cut = block - block / n / e * e;
                 if me == shape.root {
                     fan_out(board, cut, &out[cut..block])?;
                 } else {
@@ -655,7 +626,7 @@ impl OneSided {
         // its results into them; a broadcast's non-roots have nothing anyone reads, and only
         // the root writes into them.
         let bcast_leaf = shape.kind == CollKind::Broadcast && me != shape.root;
-        for p in peers().filter(|&p| !bcast_leaf || (push && p == shape.root)) {
+        for p in peers().filter(|&p| !bcast_leaf || p == shape.root) {
             waiter.wait(p, Ctr::Done, j)?;
         }
         Ok(())
