@@ -217,7 +217,8 @@ impl OneSided {
     }
 
     /// Whether a call of `shape` runs one-sided: inline when every contribution fits a slot;
-    /// otherwise only large all-reduce, all-gather and broadcast, with cross-memory attach.
+    /// otherwise only large all-reduce, reduce-scatter, reduce, all-gather and broadcast, with
+    /// cross-memory attach.
     pub(crate) fn fits(&self, shape: &Shape) -> bool {
         if shape.v.is_some() || shape.size != self.signals.len() {
             return false;
@@ -226,7 +227,11 @@ impl OneSided {
             || (self.cma
                 && matches!(
                     shape.kind,
-                    CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast
+                    CollKind::AllReduce
+                        | CollKind::ReduceScatter
+                        | CollKind::Reduce
+                        | CollKind::AllGather
+                        | CollKind::Broadcast
                 ))
     }
 
@@ -418,7 +423,9 @@ impl OneSided {
         let inline = most <= SLOT;
         let direct = self.cma
             && match shape.kind {
-                CollKind::AllReduce => most > DIRECT_FROM && in_pools(),
+                CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
+                    most > DIRECT_FROM && in_pools()
+                }
                 CollKind::AllGather | CollKind::Broadcast => {
                     most > DIRECT_CMA_FROM || (most > DIRECT_FROM && in_pools())
                 }
@@ -469,19 +476,43 @@ impl OneSided {
             }
             Ok(())
         };
+        let own_at = contribution(shape, me, bufs).0;
         let Buffers { send, out } = bufs;
         match shape.kind {
-            CollKind::AllReduce => {
-                let segs = algos::segments(shape.count, n, shape.elem());
-                let (off, len) = segs[me];
-                // Not in place: the contribution is the send buffer, apart from `out`.
-                let input = send.filter(|_| !shape.in_place);
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
+                // This rank reduces bytes `off..off + len` of the contributions (all-reduce
+                // and reduce: its n-th of the block; reduce-scatter: its own block), keeps
+                // the result at `res + (pos - off)` of its receive buffer (`None`: a reduce's
+                // non-root keeps nothing) and writes it at `pos` into `to_peer` peers'.
+                let (off, len) = match shape.kind {
+                    CollKind::ReduceScatter => (me * block, block),
+                    _ => algos::segments(shape.count, n, shape.elem())[me],
+                };
+                let res = match shape.kind {
+                    CollKind::ReduceScatter if shape.in_place => Some(off),
+                    CollKind::ReduceScatter => Some(0),
+                    CollKind::Reduce if me != shape.root => None,
+                    _ => Some(off),
+                };
+                let to_peer = |p: usize| match shape.kind {
+                    CollKind::AllReduce => true,
+                    CollKind::Reduce => p == shape.root,
+                    _ => false,
+                };
+                // The contribution: the send buffer (apart from `out`), else the receive
+                // buffer (in place).
+                let input = match own_at {
+                    Own::Send => *send,
+                    Own::Recv(_) => None,
+                };
                 // Staging for operands that are not readable in place, made on first need.
                 let (mut acc, mut tmp) = (Vec::new(), Vec::new());
                 let mut at = 0;
                 while at < len {
                     let m = CHUNK.min(len - at);
                     let pos = off + at;
+                    // Where the result stays here: the receive buffer, or the staging buffer.
+                    let here = res.map(|r| r + at);
                     let fold = |dst: &mut [u8], ops: &[&[u8]]| -> Result<()> {
                         if n == 1 {
                             dst.copy_from_slice(ops[0]);
@@ -505,26 +536,28 @@ impl OneSided {
                         })?),
                         None => None,
                     };
-                    if stream && acc.is_empty() {
+                    if (stream || here.is_none()) && acc.is_empty() {
                         acc = vec![0u8; CHUNK.min(len)];
                     }
                     let direct = own.and_then(|own| {
-                        board.with_inputs(slot, pos, m, own, |ops| match stream {
-                            true => fold(&mut acc[..m], ops),
-                            false => fold(&mut out[pos..pos + m], ops),
+                        board.with_inputs(slot, pos, m, own, |ops| match here {
+                            Some(h) if !stream => fold(&mut out[h..h + m], ops),
+                            _ => fold(&mut acc[..m], ops),
                         })
                     });
                     if let Some(folded) = direct {
                         folded?;
                         // Results that do not fit the caches are made in a cache-sized staging
                         // buffer and streamed out from there.
-                        let dst: &[u8] = if stream {
-                            reduce::copy_streaming(&mut out[pos..pos + m], &acc[..m])?;
-                            &acc[..m]
-                        } else {
-                            &out[pos..pos + m]
+                        let dst: &[u8] = match here {
+                            Some(h) if stream => {
+                                reduce::copy_streaming(&mut out[h..h + m], &acc[..m])?;
+                                &acc[..m]
+                            }
+                            Some(h) => &out[h..h + m],
+                            None => &acc[..m],
                         };
-                        for p in peers() {
+                        for p in peers().filter(|&p| to_peer(p)) {
                             board
                                 .write_peer_output(signals, j, p, pos, dst, stream)
                                 .map_err(|e| waiter.read_failed(p, e))?;
@@ -575,12 +608,12 @@ impl OneSided {
                     if shape.op == ReduceOp::Avg {
                         reduce::finish_avg(shape.dtype, acc, n)?;
                     }
-                    if stream {
-                        reduce::copy_streaming(&mut out[pos..pos + m], acc)?;
-                    } else {
-                        out[pos..pos + m].copy_from_slice(acc);
+                    match here {
+                        Some(h) if stream => reduce::copy_streaming(&mut out[h..h + m], acc)?,
+                        Some(h) => out[h..h + m].copy_from_slice(acc),
+                        None => {}
                     }
-                    for p in peers() {
+                    for p in peers().filter(|&p| to_peer(p)) {
                         board
                             .write_peer_output(signals, j, p, pos, acc, stream)
                             .map_err(|e| waiter.read_failed(p, e))?;
