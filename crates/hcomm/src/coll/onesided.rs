@@ -21,17 +21,18 @@
 //!   contributions beyond 8 KiB, go the large way instead (decided from the published
 //!   headers, alike on every rank): slots rewritten by every call cross between cores on
 //!   every read, buffers read in place much less.
-//! * **Large** all-reduce: each rank reduces its slice straight out of the peers' buffers
-//!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache), publishes
-//!   `ready`, then copies the
-//!   other slices from the peers' results; large all-gather and broadcast read the sources
-//!   directly. With cross-memory attach (heap buffers: `process_vm_writev`) or when every
-//!   rank's receive buffer lies in a pool, results are pushed instead: each rank writes its
-//!   reduced slice (all-reduce) or its block (all-gather) into every rank's receive buffer,
-//!   and a broadcast's root writes the last n-th of the buffer into the non-roots while they
-//!   copy the rest; nobody copies results out of a peer afterwards.
-//!   Each rank then publishes `done` and waits for its peers' before returning, so no buffer
-//!   is released while a peer still reads or writes it.
+//! * **Large** all-reduce, reduce and reduce-scatter: each rank reduces its slice (its n-th
+//!   of the block; its own block for reduce-scatter) straight out of the peers' buffers
+//!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache) and writes
+//!   each reduced chunk into its own result and into the peers' that need it (every peer for
+//!   all-reduce, the root for reduce; through mapped blocks, else `process_vm_writev`).
+//!   Large all-gather: each rank writes its block into every peer's result; broadcast: the
+//!   root writes the last n-th of the buffer into the non-roots while they read the rest
+//!   from it. Nobody copies results out of a peer afterwards, and the copying is shared by
+//!   all ranks. Each rank then publishes `done` and waits for its peers' before returning,
+//!   so no buffer is released while a peer still reads or writes it: a rank touches a
+//!   peer's buffers only between the peer's publishing the call (its `seq`, with the
+//!   buffers' addresses in its header) and its own `done`, and the peer waits for that.
 //!
 //! A rank overwrites slot `j % 2` only once every peer has started call `j - 1`, which it does
 //! only after finishing call `j - 2`, the slot's previous user (a rank that saw its peers
