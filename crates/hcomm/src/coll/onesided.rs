@@ -26,7 +26,8 @@
 //!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache) and writes
 //!   each reduced chunk into its own result and into the peers' that need it (every peer for
 //!   all-reduce, the root for reduce; through mapped blocks, else `process_vm_writev`).
-//!   Large all-gather: each rank writes its block into every peer's result; broadcast: the
+//!   Large all-gather: each rank writes its block into every peer's result (gather: into the
+//!   root's, and the non-roots wait for nobody); broadcast: the
 //!   root writes the last n-th of the buffer into the non-roots while they read the rest
 //!   from it. Nobody copies results out of a peer afterwards, and the copying is shared by
 //!   all ranks. Each rank then publishes `done` and waits for its peers' before returning,
@@ -218,8 +219,8 @@ impl OneSided {
     }
 
     /// Whether a call of `shape` runs one-sided: inline when every contribution fits a slot;
-    /// otherwise only large all-reduce, reduce-scatter, reduce, all-gather and broadcast, with
-    /// cross-memory attach.
+    /// otherwise only large all-reduce, reduce-scatter, reduce, all-gather, gather and
+    /// broadcast, with cross-memory attach.
     pub(crate) fn fits(&self, shape: &Shape) -> bool {
         if shape.v.is_some() || shape.size != self.signals.len() {
             return false;
@@ -232,6 +233,7 @@ impl OneSided {
                         | CollKind::ReduceScatter
                         | CollKind::Reduce
                         | CollKind::AllGather
+                        | CollKind::Gather
                         | CollKind::Broadcast
                 ))
     }
@@ -427,7 +429,7 @@ impl OneSided {
                 CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
                     most > DIRECT_FROM && in_pools()
                 }
-                CollKind::AllGather | CollKind::Broadcast => {
+                CollKind::AllGather | CollKind::Broadcast | CollKind::Gather => {
                     most > DIRECT_CMA_FROM || (most > DIRECT_FROM && in_pools())
                 }
                 _ => false,
@@ -635,6 +637,37 @@ impl OneSided {
                 };
                 fan_out(board, pos, own)?;
             }
+            CollKind::Gather => {
+                // Each non-root writes its block into the root's result: the copying is
+                // shared by the non-roots instead of done by the root alone.
+                let pos = me * block;
+                let outside = || Error::internal("a one-sided contribution outside its buffer");
+                if me == shape.root {
+                    // In place the root's block is in its result already.
+                    if let Own::Send = own_at {
+                        let own = send.and_then(|s| s.get(..block)).ok_or_else(outside)?;
+                        put(&mut out[pos..pos + block], own, stream)?;
+                    }
+                } else {
+                    let own = match own_at {
+                        Own::Send => send.and_then(|s| s.get(..block)),
+                        Own::Recv(at) => out.get(at..at + block),
+                    }
+                    .ok_or_else(outside)?;
+                    for (i, chunk) in own.chunks(CHUNK).enumerate() {
+                        board
+                            .write_peer_output(
+                                signals,
+                                j,
+                                shape.root,
+                                pos + i * CHUNK,
+                                chunk,
+                                stream,
+                            )
+                            .map_err(|e| waiter.read_failed(shape.root, e))?;
+                    }
+                }
+            }
             CollKind::Broadcast => {
                 // The root does not idle: it writes the last n-th of the buffer into every
                 // non-root while they copy the rest.
@@ -657,10 +690,14 @@ impl OneSided {
         }
         self.publish(waiter.engine, Ctr::Done, j);
         // Nobody returns (and releases its buffers) while a peer may still read them or write
-        // its results into them; a broadcast's non-roots have nothing anyone reads, and only
-        // the root writes into them.
-        let bcast_leaf = shape.kind == CollKind::Broadcast && me != shape.root;
-        for p in peers().filter(|&p| !bcast_leaf || p == shape.root) {
+        // its results into them. A broadcast's non-roots have nothing anyone reads, and only
+        // the root writes into them; a gather's non-roots have nothing anyone reads or writes.
+        let waits_for = |p: usize| match shape.kind {
+            CollKind::Broadcast if me != shape.root => p == shape.root,
+            CollKind::Gather => me == shape.root,
+            _ => true,
+        };
+        for p in peers().filter(|&p| waits_for(p)) {
             waiter.wait(p, Ctr::Done, j)?;
         }
         Ok(())
