@@ -1004,6 +1004,32 @@ mod tests {
         }
     }
 
+    /// Only the kernel refusing cross-memory attach altogether (`EPERM`, `ENOSYS`) is a
+    /// refusal that another path can serve; a bad address, a dead peer or bad arguments are
+    /// not.
+    #[test]
+    fn refusals_are_told_from_failed_transfers() {
+        let me = process::id();
+        let failure = |errno| Failure {
+            errno: Some(errno),
+            done: 0,
+        };
+        for errno in [libc::EPERM, libc::ENOSYS] {
+            let err = failure(errno).into_error(Op::Read, me, 8, 64);
+            assert!(refused(&err), "{err}");
+        }
+        for errno in [libc::EFAULT, libc::ESRCH, libc::EINVAL] {
+            let err = failure(errno).into_error(Op::Write, me, 8, 64);
+            assert!(!refused(&err), "{err}");
+        }
+        let silent = Failure {
+            errno: None,
+            done: 0,
+        };
+        assert!(!refused(&silent.into_error(Op::Read, me, 8, 64)));
+        assert!(!refused(&Error::invalid_argument("EPERM")));
+    }
+
     /// A transfer that fails because its peer is dying is `PeerLost`, whatever the kernel
     /// said (found by the kill-to-error test: a rank killed during a one-sided all-reduce
     /// made a peer's read fail with `EFAULT`, reported as a transport error); the same
