@@ -49,6 +49,7 @@ impl Communicator {
             members: Arc::clone(&self.members),
             topology: Arc::clone(&self.topology),
             state: Arc::clone(&self.state),
+            epoch: self.epoch,
         }
     }
 
@@ -414,6 +415,7 @@ impl Communicator {
             comm: self.id | COLL,
             tag: seq,
             sig,
+            epoch: self.epoch,
             members: &self.members,
             dtype: shape.dtype,
             op: shape.op,
