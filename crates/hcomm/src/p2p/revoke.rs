@@ -143,7 +143,8 @@ impl Engine {
             .stale(comm, epoch)
     }
 
-    /// Which of `members` (world ranks) this rank knows to be lost, by their index.
+    /// Which of `members` (world ranks) this rank knows to be lost, by their index (a peer
+    /// that finalized and said goodbye is gone, not failed).
     pub(crate) fn lost_among(&self, members: &[usize]) -> Vec<usize> {
         let st = lock(&self.shared.state);
         members
@@ -153,7 +154,7 @@ impl Engine {
                 st.peers
                     .get(w)
                     .and_then(Option::as_ref)
-                    .is_some_and(|p| p.lost.is_some())
+                    .is_some_and(|p| p.lost.is_some() && !p.closed)
             })
             .map(|(i, _)| i)
             .collect()
