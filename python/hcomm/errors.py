@@ -19,6 +19,8 @@ __all__ = [
     "NoMem",
     "NotSupported",
     "PeerLost",
+    "Quorum",
+    "Revoked",
     "Timeout",
     "Transport",
     "Truncated",
@@ -118,6 +120,18 @@ class Internal(Error):
     code = 11
 
 
+class Revoked(Error):
+    """The communicator was revoked (code 12): agree on the failed ranks and shrink it."""
+
+    code = 12
+
+
+class Quorum(Error):
+    """This side of a partition holds no strict majority of the communicator (code 13)."""
+
+    code = 13
+
+
 _BY_CODE: dict[int, type[Error]] = {
     c.code: c
     for c in (
@@ -132,6 +146,8 @@ _BY_CODE: dict[int, type[Error]] = {
         NotSupported,
         Aborted,
         Internal,
+        Revoked,
+        Quorum,
     )
 }
 
