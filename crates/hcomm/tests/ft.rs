@@ -71,7 +71,9 @@ fn recover(world: &Communicator, err: &Error) {
     println!("ERROR {:?}", err.code());
     world.revoke().expect("revoke");
     println!("SHRINKING");
+    let t = Instant::now();
     let comm = world.shrink().expect("shrink");
+    let shrink_us = t.elapsed().as_micros();
     assert_eq!(comm.epoch(), world.epoch() + 1);
     let failed = world.failed();
     // The agreement's flag and failed set: every survivor prints the same.
@@ -84,7 +86,8 @@ fn recover(world: &Communicator, err: &Error) {
     }
     let (fds, threads) = fds_and_threads();
     println!(
-        "RECOVERED failed {failed:?} size {} rank {} flag {flag} fds {fds} threads {threads}",
+        "RECOVERED failed {failed:?} size {} rank {} flag {flag} fds {fds} threads {threads} \
+         shrink_us {shrink_us}",
         comm.size(),
         comm.rank()
     );
@@ -290,6 +293,7 @@ fn kill_and_recover(env: &[(&str, &str)], second: bool) {
             "rank {r}: {rec}\n{}",
             job.text()
         );
+        println!("{scenario}: rank {r}: {rec}");
         let before = line(&job, r, "LOOPING ");
         for what in ["fds", "threads"] {
             assert!(
@@ -336,6 +340,7 @@ fn revoke_reaches_blocked_ranks(scenario: &str, env: &[(&str, &str)]) {
         if !revokers.contains(&r) {
             let at = number_after(line(&job, r, "REVOKED "), "AT");
             let late = at.saturating_sub(first);
+            println!("{scenario}: rank {r} failed with Revoked {late} ns after the first revoke");
             assert!(
                 late < 200_000_000,
                 "rank {r} saw the revoke {late} ns after it:\n{}",
