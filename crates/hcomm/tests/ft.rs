@@ -204,6 +204,27 @@ fn stopped(world: &Communicator) {
     println!("RECOVERED size {}", comm.size());
 }
 
+/// Ranks 1 and 2 of 3 are killed: rank 0 alone is no majority and may not shrink (it cannot
+/// tell dead ranks from a partition), but it may leave them out on purpose.
+fn alone(world: &Communicator) {
+    let err = loop_until_failure(world);
+    println!("ERROR {:?}", err.code());
+    world.revoke().expect("revoke");
+    // Both losses are known before the shrink (it agrees on what it knows).
+    let until = Instant::now() + LOOP_LIMIT;
+    while world.failed().len() < 2 {
+        assert!(Instant::now() < until, "the losses were not seen");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match world.shrink() {
+        Err(Error::Quorum(e)) => println!("QUORUM {}", e.message),
+        other => panic!("expected Quorum, got {:?}", other.map(|c| c.size())),
+    }
+    let comm = world.shrink_excluding(&[1, 2]).expect("shrink_excluding");
+    exact_allreduce(&comm, 7).expect("an all-reduce of one");
+    println!("RECOVERED size {}", comm.size());
+}
+
 #[test]
 #[ignore = "a rank of a job started by the tests below"]
 fn rank_of_a_job() {
@@ -214,6 +235,7 @@ fn rank_of_a_job() {
         Ok("revoke-blocked") => revoke_blocked(&world, false),
         Ok("revoke-twice") => revoke_blocked(&world, true),
         Ok("stopped") => stopped(&world),
+        Ok("alone") => alone(&world),
         other => panic!("no scenario {other:?}"),
     }
 }
@@ -396,4 +418,18 @@ fn a_stopped_rank_shrunk_out_and_resumed_is_revoked_and_its_late_frames_are_drop
         let stale: u64 = line(&job, 0, "STALE ").parse().expect("a count");
         assert!(stale >= 1, "rank 0 counted no stale frame:\n{}", job.text());
     }
+}
+
+#[test]
+fn a_lone_survivor_is_no_quorum_but_may_leave_the_dead_out_on_purpose() {
+    let mut job = start("alone", 3, &[]);
+    job.wait_for_lines(&[0, 1, 2], "LOOPING", Duration::from_secs(60));
+    job.kill(1);
+    job.kill(2);
+    job.wait_for_lines(&[0], "RECOVERED", Duration::from_secs(60));
+    let statuses = job.finish(Duration::from_secs(30));
+    assert!(statuses[0].success(), "{}", job.text());
+    let q = line(&job, 0, "QUORUM ");
+    assert!(q.contains("only 1 of the 3 members are reachable"), "{q}");
+    assert_eq!(line(&job, 0, "RECOVERED "), "size 1");
 }

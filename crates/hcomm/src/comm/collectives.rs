@@ -140,6 +140,12 @@ impl Communicator {
             return Ok(Arc::clone(t));
         }
         let made = Arc::new(Tiers::create(self)?);
+        // They run parts of this communicator's calls: revoking it revokes them.
+        for tier in made.each() {
+            self.world
+                .engine
+                .add_part(self.id, tier.channel_ids(), tier.epoch);
+        }
         *slot = Some(Arc::clone(&made));
         Ok(made)
     }

@@ -119,7 +119,7 @@ impl Knowledge {
 
 impl Communicator {
     /// The ids this communicator's frames carry: point-to-point, collectives, internal.
-    fn channel_ids(&self) -> [u64; 3] {
+    pub(super) fn channel_ids(&self) -> [u64; 3] {
         [self.id, self.id | COLL, self.id | INTERNAL]
     }
 

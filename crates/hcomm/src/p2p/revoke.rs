@@ -28,6 +28,10 @@ use super::{Engine, OutFrame, State};
 pub(super) struct Revocations {
     /// The epoch below which a message frame of each communicator id is stale.
     floors: HashMap<u64, u32>,
+    /// Communicators that run parts of another's calls (the tiers of the hierarchical
+    /// all-reduce), by the other's id, with their ids and epoch: revoked with it, by each
+    /// member for itself.
+    parts: HashMap<u64, Vec<([u64; 3], u32)>>,
 }
 
 impl Revocations {
@@ -89,11 +93,17 @@ impl State {
             ))
             .with_peer(PeerRank::world(origin))
         };
-        for &comm in &comms[1..] {
-            self.calls.revocations.revoke(comm, epoch);
-        }
-        for comm in comms {
-            self.abort_comm(comm, err.clone());
+        let parts = self
+            .calls
+            .revocations
+            .parts
+            .remove(&comms[0])
+            .unwrap_or_default();
+        for (ids, e) in std::iter::once((comms, epoch)).chain(parts) {
+            for comm in ids {
+                self.calls.revocations.revoke(comm, e);
+                self.abort_comm(comm, err.clone());
+            }
         }
         let members = self
             .members
@@ -116,6 +126,18 @@ impl Engine {
         let mut st = lock(&self.shared.state);
         st.members.retain(|_, m| m.strong_count() > 0);
         st.members.insert(id, Arc::downgrade(members));
+    }
+
+    /// Communicator `part` (its ids, at `epoch`) runs parts of the calls of communicator
+    /// `whole`: revoking `whole` revokes it too, on every member (each revokes its own parts).
+    pub(crate) fn add_part(&self, whole: u64, part: [u64; 3], epoch: u32) {
+        let mut st = lock(&self.shared.state);
+        st.calls
+            .revocations
+            .parts
+            .entry(whole)
+            .or_default()
+            .push((part, epoch));
     }
 
     /// Revokes the communicator whose frames carry the ids `comms` (at `epoch`): its pending
