@@ -79,9 +79,14 @@ class InvalidArgument(Error, ValueError):
 
 
 class PeerLost(Error):
-    """A peer rank died or closed its connection (code 5); ``peer`` is its world rank."""
+    """A peer rank died or closed its connection (code 5); ``peer`` is its world rank.
+
+    Raised by ``Communicator.agree`` while the agreed failed set holds unacknowledged ranks:
+    ``flag`` is then the agreed flag (None for every other call).
+    """
 
     code = 5
+    flag: bool | None = None
 
 
 class Mismatch(Error):
