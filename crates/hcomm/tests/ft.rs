@@ -225,6 +225,33 @@ fn alone(world: &Communicator) {
     println!("RECOVERED size {}", comm.size());
 }
 
+/// The test kills the highest rank after every 20 all-reduces, until one rank is left: each
+/// time the survivors revoke and shrink; the last one, alone, is no majority of the two and
+/// leaves the dead rank out on purpose.
+fn serial(world: &Communicator) {
+    let mut comm = world.dup().expect("dup");
+    for round in 0.. {
+        for k in 0..20 {
+            exact_allreduce(&comm, k).expect("all-reduce of a round");
+        }
+        println!("ROUND {round} size {}", comm.size());
+        if comm.size() == 1 {
+            return;
+        }
+        let err = loop_until_failure(&comm);
+        comm.revoke().expect("revoke");
+        comm = match comm.shrink() {
+            Ok(c) => c,
+            Err(Error::Quorum(_)) => {
+                let dead = comm.failed();
+                comm.shrink_excluding(&dead).expect("shrink_excluding")
+            }
+            Err(e) => panic!("shrink after {err:?}: {e:?}"),
+        };
+        assert_eq!(comm.epoch(), round + 1);
+    }
+}
+
 #[test]
 #[ignore = "a rank of a job started by the tests below"]
 fn rank_of_a_job() {
@@ -236,6 +263,7 @@ fn rank_of_a_job() {
         Ok("revoke-twice") => revoke_blocked(&world, true),
         Ok("stopped") => stopped(&world),
         Ok("alone") => alone(&world),
+        Ok("serial") => serial(&world),
         other => panic!("no scenario {other:?}"),
     }
 }
@@ -432,4 +460,23 @@ fn a_lone_survivor_is_no_quorum_but_may_leave_the_dead_out_on_purpose() {
     let q = line(&job, 0, "QUORUM ");
     assert!(q.contains("only 1 of the 3 members are reachable"), "{q}");
     assert_eq!(line(&job, 0, "RECOVERED "), "size 1");
+}
+
+#[test]
+fn one_rank_killed_every_20_iterations_until_one_is_left() {
+    let n = 6;
+    let mut job = start("serial", n, &[]);
+    for victim in (1..n).rev() {
+        let round = n - 1 - victim;
+        let survivors: Vec<usize> = (0..=victim).collect();
+        job.wait_for_lines(
+            &survivors,
+            &format!("ROUND {round} "),
+            Duration::from_secs(60),
+        );
+        job.kill(victim);
+    }
+    job.wait_for_lines(&[0], "ROUND 5 size 1", Duration::from_secs(60));
+    let statuses = job.finish(Duration::from_secs(30));
+    assert!(statuses[0].success(), "{}", job.text());
 }
