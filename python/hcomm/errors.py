@@ -19,6 +19,8 @@ __all__ = [
     "NoMem",
     "NotSupported",
     "PeerLost",
+    "Quorum",
+    "Revoked",
     "Timeout",
     "Transport",
     "Truncated",
@@ -77,9 +79,14 @@ class InvalidArgument(Error, ValueError):
 
 
 class PeerLost(Error):
-    """A peer rank died or closed its connection (code 5); ``peer`` is its world rank."""
+    """A peer rank died or closed its connection (code 5); ``peer`` is its world rank.
+
+    Raised by ``Communicator.agree`` while the agreed failed set holds unacknowledged ranks:
+    ``flag`` is then the agreed flag (None for every other call).
+    """
 
     code = 5
+    flag: bool | None = None
 
 
 class Mismatch(Error):
@@ -118,6 +125,18 @@ class Internal(Error):
     code = 11
 
 
+class Revoked(Error):
+    """The communicator was revoked (code 12): agree on the failed ranks and shrink it."""
+
+    code = 12
+
+
+class Quorum(Error):
+    """This side of a partition holds no strict majority of the communicator (code 13)."""
+
+    code = 13
+
+
 _BY_CODE: dict[int, type[Error]] = {
     c.code: c
     for c in (
@@ -132,6 +151,8 @@ _BY_CODE: dict[int, type[Error]] = {
         NotSupported,
         Aborted,
         Internal,
+        Revoked,
+        Quorum,
     )
 }
 

@@ -1086,6 +1086,71 @@ impl Communicator {
         py.detach(|| c.abort()).map_err(to_py)
     }
 
+    /// Revokes the communicator on every member: pending and later calls on it raise
+    /// `hcomm.Revoked`, except `agree`, `shrink`, `failed` and `ack_failed`.
+    fn revoke(&self, py: Python<'_>) -> PyResult<()> {
+        let c = self.core()?;
+        py.detach(|| c.revoke()).map_err(to_py)
+    }
+
+    /// Whether the communicator was revoked (here, or by a member whose notice came).
+    #[getter]
+    fn revoked(&self) -> PyResult<bool> {
+        Ok(self.core()?.is_revoked())
+    }
+
+    /// Shrinks that led to this communicator (0 for one no shrink made).
+    #[getter]
+    fn epoch(&self) -> PyResult<u32> {
+        Ok(self.core()?.epoch())
+    }
+
+    /// The ranks this rank knows to have failed, ascending.
+    fn failed(&self) -> PyResult<Vec<usize>> {
+        Ok(self.core()?.failed())
+    }
+
+    /// Acknowledges the failures `failed()` returns now; returns how many are acknowledged.
+    fn ack_failed(&self) -> PyResult<usize> {
+        Ok(self.core()?.ack_failed())
+    }
+
+    /// Fault-tolerant agreement: the AND of the surviving members' flags, the same at every
+    /// survivor. Raises `hcomm.PeerLost` while the agreed failed set holds ranks not
+    /// acknowledged (`ack_failed`); the exception's `flag` is the agreed flag all the same.
+    fn agree(&self, py: Python<'_>, flag: bool) -> PyResult<bool> {
+        let c = self.core()?;
+        let mut f = flag;
+        match call(py, &c, |c| c.agree(&mut f)) {
+            Ok(()) => Ok(f),
+            Err(e) => {
+                e.value(py).setattr("flag", f)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// A communicator of the surviving members, in their old order, at the next epoch.
+    /// Raises `hcomm.Quorum` on the smaller side of a partition, `hcomm.Revoked` on a rank
+    /// the others found failed.
+    fn shrink(&self, py: Python<'_>) -> PyResult<Communicator> {
+        let c = self.core()?;
+        Ok(Communicator::wrap(call(py, &c, |c| c.shrink())?))
+    }
+
+    /// `shrink` that also leaves out `ranks` (live members removed on purpose; they do not
+    /// call it).
+    fn shrink_excluding(&self, py: Python<'_>, ranks: Vec<i64>) -> PyResult<Communicator> {
+        let c = self.core()?;
+        let ranks = ranks
+            .into_iter()
+            .map(|r| index(r, "rank"))
+            .collect::<PyResult<Vec<usize>>>()?;
+        Ok(Communicator::wrap(call(py, &c, |c| {
+            c.shrink_excluding(&ranks)
+        })?))
+    }
+
     /// Releases the communicator (the world's last one closes the connections once what is
     /// queued is delivered); later calls raise `hcomm.InvalidArgument`. Idempotent.
     fn destroy(&self, py: Python<'_>) -> PyResult<()> {

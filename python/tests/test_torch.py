@@ -152,6 +152,17 @@ def test_killed_peer_is_named() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_shrink_group_leaves_a_killed_rank_out_and_training_goes_on() -> None:
+    """SIGKILL of rank 3 of 4: the survivors shrink the default group and all-reduce on."""
+    results = spawn(4, "fault_shrink", 100, JOB_TIMEOUT="10")
+    assert results[3].returncode == -9
+    for r in range(3):
+        out = results[r].stdout
+        assert results[r].returncode == 0, out[-4000:]
+        assert f"SHRUNK rank {r} of 3" in out, out[-4000:]
+
+
+@pytest.mark.timeout(120)
 def test_skipped_collective_is_named() -> None:
     """The last of 3 ranks skips an all-reduce: the others raise, naming all_reduce, its
     sequence number and the missing rank."""

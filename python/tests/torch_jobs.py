@@ -554,6 +554,38 @@ def fault_kill() -> None:
     fail("no error after the peer was killed")
 
 
+def fault_shrink() -> None:
+    """The last rank dies by SIGKILL after a few all-reduces; the survivors catch the error,
+    shrink the default group without it (dist.shrink_group, revoking first) and go on with
+    exact sums on the new group."""
+    import signal
+
+    import hcomm.torch
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for k in range(5):
+        t = torch.full((16,), float(rank + k), dtype=torch.float64)
+        dist.all_reduce(t)
+        same(t, torch.full((16,), float(sum(range(n)) + n * k), dtype=torch.float64), "before")
+    if rank == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(100000):
+            dist.all_reduce(t)
+        fail("no error after the peer was killed")
+    except Exception as e:
+        print(f"RAISED rank {rank}: {type(e).__name__}", flush=True)
+    dist.distributed_c10d.shrink_group([n - 1], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    m = dist.get_world_size()
+    assert m == n - 1, m
+    assert hcomm.torch.failed_ranks() == [], hcomm.torch.failed_ranks()
+    for k in range(20):
+        t = torch.full((16,), float(dist.get_rank() + k), dtype=torch.float64)
+        dist.all_reduce(t)
+        same(t, torch.full((16,), float(sum(range(m)) + m * k), dtype=torch.float64), "after")
+    print(f"SHRUNK rank {dist.get_rank()} of {m}", flush=True)
+
+
 def fault_skip() -> None:
     """The last rank skips the second all-reduce: the others raise naming the op, its
     sequence number and the missing rank."""

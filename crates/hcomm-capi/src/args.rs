@@ -146,6 +146,22 @@ pub(crate) unsafe fn sizes(ptr: *const usize, n: usize, what: &str) -> Result<Ve
     Ok(unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec())
 }
 
+/// A copy of the caller's array of `n` ints at `ptr` (ranks).
+///
+/// # Safety
+/// Unless `ptr` is NULL, `ptr..ptr+n` must be readable `int` values.
+pub(crate) unsafe fn ints(ptr: *const c_int, n: usize, what: &str) -> Result<Vec<c_int>> {
+    if ptr.is_null() || !ptr.is_aligned() {
+        return Err(Error::invalid_argument(format!(
+            "{what} at {ptr:p} is NULL or not aligned for int: pass an array of {n} ranks"
+        )));
+    }
+    buffer(ptr.cast(), n.saturating_mul(size_of::<c_int>()), what)?;
+    // SAFETY: not NULL, aligned, within the address space (checked), readable (the caller's
+    // promise).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec())
+}
+
 /// Checks an output pointer.
 pub(crate) fn out<T>(ptr: *mut T, what: &str) -> Result<()> {
     if ptr.is_null() {

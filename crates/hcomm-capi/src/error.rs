@@ -35,9 +35,13 @@ pub const HCOMM_ERR_NOT_SUPPORTED: c_int = 9;
 pub const HCOMM_ERR_ABORTED: c_int = 10;
 /// A bug in hcomm: please report it.
 pub const HCOMM_ERR_INTERNAL: c_int = 11;
+/// The communicator was revoked (`hcommCommRevoke`): shrink it to go on.
+pub const HCOMM_ERR_REVOKED: c_int = 12;
+/// This side of a partition holds no strict majority of the communicator: it may not shrink.
+pub const HCOMM_ERR_QUORUM: c_int = 13;
 
 /// Every code with its C name, in numeric order.
-const CODES: [(ErrorCode, &str); 12] = [
+const CODES: [(ErrorCode, &str); 14] = [
     (ErrorCode::Success, "HCOMM_SUCCESS"),
     (ErrorCode::Init, "HCOMM_ERR_INIT"),
     (ErrorCode::NoMem, "HCOMM_ERR_NO_MEM"),
@@ -50,6 +54,8 @@ const CODES: [(ErrorCode, &str); 12] = [
     (ErrorCode::NotSupported, "HCOMM_ERR_NOT_SUPPORTED"),
     (ErrorCode::Aborted, "HCOMM_ERR_ABORTED"),
     (ErrorCode::Internal, "HCOMM_ERR_INTERNAL"),
+    (ErrorCode::Revoked, "HCOMM_ERR_REVOKED"),
+    (ErrorCode::Quorum, "HCOMM_ERR_QUORUM"),
 ];
 
 static UNKNOWN_CODE: &CStr = c"unknown hcomm error code: not one of the HCOMM_* codes of \
@@ -175,6 +181,8 @@ mod tests {
             HCOMM_ERR_NOT_SUPPORTED,
             HCOMM_ERR_ABORTED,
             HCOMM_ERR_INTERNAL,
+            HCOMM_ERR_REVOKED,
+            HCOMM_ERR_QUORUM,
         ];
         for (i, (code, _)) in CODES.iter().enumerate() {
             assert_eq!(*code as c_int, i as c_int);
@@ -193,7 +201,7 @@ mod tests {
             let entry = format!(" (see {ERRORS_DOC}#{})", code.doc_entry());
             assert!(m.ends_with(&entry), "{m}");
         }
-        for bad in [-1, 12, c_int::MAX, c_int::MIN] {
+        for bad in [-1, CODES.len() as c_int, c_int::MAX, c_int::MIN] {
             assert_eq!(hcommGetErrorString(bad), UNKNOWN_CODE.as_ptr());
         }
     }

@@ -25,6 +25,8 @@ pub mod coll;
 
 pub mod group;
 
+pub mod ft;
+
 pub mod transport;
 
 mod args;

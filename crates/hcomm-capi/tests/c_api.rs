@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{compile, compile_with, job, job_with_env, root, run, Finished, TempDir};
+use common::{compile, compile_with, hcommrun, job, job_with_env, root, run, Finished, TempDir};
 use hcomm_testkit::free_port;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -439,4 +439,30 @@ fn comm_abort_fails_every_waiting_rank_with_aborted_and_hcommrun_names_the_abort
         assert!(ms < 5000.0, "rank {r} waited {ms} ms:\n{all}");
     }
     assert!(took < Duration::from_secs(30), "took {took:?}:\n{all}");
+}
+
+#[test]
+fn a_rank_that_dies_is_revoked_agreed_and_shrunk_out_under_keep_going() {
+    let dir = TempDir::new("ft");
+    let program = compile(&dir, "ft", "crates/hcomm-capi/tests/c/ft.c");
+    let mut cmd = Command::new(hcommrun());
+    cmd.env("HCOMM_TIMEOUT", "60")
+        .args(["-n", "4", "--keep-going", "--"])
+        .arg(&program);
+    let finished = run(&dir, &mut cmd, LIMIT);
+    let all = format!("{}{}", finished.stdout, finished.stderr);
+    assert!(
+        all.contains("rank 3 exited with status 9; the others go on (--keep-going)"),
+        "{all}"
+    );
+    for r in 0..3 {
+        assert!(
+            finished
+                .stdout
+                .contains(&format!("[{r}] PASS ft on rank {r}:")),
+            "rank {r} did not pass:\n{all}"
+        );
+    }
+    // hcommrun exits with the first failure's status once every rank has exited.
+    assert!(!finished.success, "{all}");
 }

@@ -242,3 +242,36 @@ fn the_others_fail_fast_when_one_hosts_ranks_are_killed() {
         "took {elapsed:?}:\n{text}"
     );
 }
+
+#[test]
+fn a_partition_leaves_the_majority_to_shrink_and_the_minority_without_quorum() {
+    let Some(hosts) = Hosts::create("netns partition", 3) else {
+        return;
+    };
+    // Heartbeats lose the other side after HCOMM_TIMEOUT / 2.
+    let mut job = hosts.start(CHECK, &["shrink"], &[("HCOMM_TIMEOUT", "4")]);
+    let all = [0, 1, 2, 3, 4, 5];
+    job.wait_for_lines(&all, "ready ", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    // Cut host 2 (ranks 4 and 5) off the bridge; both sides stay alive.
+    let first = hosts.names[0].clone();
+    ip(&["-n", &first, "link", "set", "h2", "down"]).unwrap_or_else(|e| panic!("{e}"));
+    let status = job.finish(Duration::from_secs(60));
+    let text = job.text();
+    for r in all {
+        assert!(status[r].success(), "rank {r}: {}\n{text}", status[r]);
+    }
+    for r in [0, 1, 2, 3] {
+        let shrunk = job.output[r]
+            .iter()
+            .find_map(|l| l.strip_prefix("shrunk "))
+            .unwrap_or_else(|| panic!("rank {r} of the majority did not shrink:\n{text}"));
+        assert_eq!(shrunk, "4 failed [4, 5]", "rank {r}:\n{text}");
+    }
+    for r in [4, 5] {
+        assert!(
+            job.output[r].iter().any(|l| l == "OK quorum"),
+            "rank {r} of the minority did not get Quorum:\n{text}"
+        );
+    }
+}

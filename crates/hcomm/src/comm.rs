@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod collectives;
+mod ft;
 mod group;
 mod pool;
 mod raw;
@@ -176,6 +177,8 @@ pub struct Communicator {
     members: Arc<[usize]>,
     topology: Arc<Topology>,
     state: Arc<CommState>,
+    /// Shrinks that led to this communicator: its message frames carry it (`comm/ft.rs`).
+    epoch: u32,
 }
 
 /// What the handles of one communicator share (nonblocking collectives run on a handle).
@@ -201,6 +204,8 @@ struct CommState {
     /// The host and host-leader sub-communicators of the tiered all-reduce, made at its first
     /// call.
     tiers: Mutex<Option<Arc<Tiers<Communicator>>>>,
+    /// Failures known and acknowledged, and the fault-tolerance calls made (`comm/ft.rs`).
+    ft: Mutex<ft::FtState>,
 }
 
 /// A cached choice of algorithm and its schedule for one call shape.
@@ -732,13 +737,16 @@ impl Communicator {
             _store: store,
             _client: client,
         });
+        let members: Arc<[usize]> = (0..size).collect();
+        world.engine.register_comm(WORLD_ID, &members);
         Ok(Communicator {
             world,
             id: WORLD_ID,
             rank,
-            members: (0..size).collect(),
+            members,
             topology: Arc::new(topology),
             state: Arc::default(),
+            epoch: 0,
         })
     }
 
@@ -807,6 +815,7 @@ impl Communicator {
                 tag,
                 sig: [0; 2],
                 seq: 0,
+                epoch: self.epoch,
             }),
             None => Err(Error::invalid_argument(format!(
                 "{what} rank {peer} does not exist: the communicator has {} ranks",
@@ -890,6 +899,7 @@ impl Communicator {
             tag,
             sig: [0; 2],
             seq: 0,
+            epoch: self.epoch,
         }
     }
 
@@ -1068,14 +1078,16 @@ impl Communicator {
     }
 
     fn derive(&self, id: u64, members: Vec<usize>, rank: usize) -> Communicator {
-        let world_members: Vec<usize> = members.iter().map(|&r| self.members[r]).collect();
+        let world_members: Arc<[usize]> = members.iter().map(|&r| self.members[r]).collect();
+        self.world.engine.register_comm(id, &world_members);
         Communicator {
             world: Arc::clone(&self.world),
             id,
             rank,
             topology: Arc::new(self.topology.subset(&members)),
-            members: world_members.into(),
+            members: world_members,
             state: Arc::default(),
+            epoch: self.epoch,
         }
     }
 

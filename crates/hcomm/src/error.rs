@@ -44,6 +44,12 @@ pub enum Error {
     Aborted(ErrorInfo),
     /// A bug in hcomm: please report it.
     Internal(ErrorInfo),
+    /// The communicator was revoked (`Communicator::revoke`, by this rank or another member):
+    /// only the fault-tolerance calls (agree, shrink) still work on it.
+    Revoked(ErrorInfo),
+    /// Too few members are reachable to go on: only a side holding a strict majority of the
+    /// communicator may shrink it.
+    Quorum(ErrorInfo),
 }
 
 /// What an [`Error`] says beyond its code.
@@ -161,6 +167,8 @@ impl fmt::Display for Error {
             Error::NotSupported(_) => "not supported",
             Error::Aborted(_) => "aborted",
             Error::Internal(_) => "internal error (please report)",
+            Error::Revoked(_) => "revoked",
+            Error::Quorum(_) => "no quorum",
         };
         write!(
             f,
@@ -212,11 +220,15 @@ pub enum ErrorCode {
     Aborted = 10,
     /// See [`Error::Internal`].
     Internal = 11,
+    /// See [`Error::Revoked`].
+    Revoked = 12,
+    /// See [`Error::Quorum`].
+    Quorum = 13,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::Success,
         ErrorCode::Init,
         ErrorCode::NoMem,
@@ -229,6 +241,8 @@ impl ErrorCode {
         ErrorCode::NotSupported,
         ErrorCode::Aborted,
         ErrorCode::Internal,
+        ErrorCode::Revoked,
+        ErrorCode::Quorum,
     ];
 
     /// The name of this code's entry in `docs/errors.md`: the entry's heading and its anchor
@@ -247,6 +261,8 @@ impl ErrorCode {
             ErrorCode::NotSupported => "not-supported",
             ErrorCode::Aborted => "aborted",
             ErrorCode::Internal => "internal",
+            ErrorCode::Revoked => "revoked",
+            ErrorCode::Quorum => "quorum",
         }
     }
 
@@ -288,6 +304,14 @@ impl ErrorCode {
                 "the communicator was aborted: it cannot be used any more; restart the job"
             }
             ErrorCode::Internal => "internal error in hcomm: please report it with the log",
+            ErrorCode::Revoked => {
+                "the communicator was revoked: agree on the failed ranks and shrink it \
+                 (Communicator::shrink, hcommCommShrink) to go on"
+            }
+            ErrorCode::Quorum => {
+                "this side of a partition holds no strict majority of the communicator: it \
+                 may not shrink it; the majority goes on without it"
+            }
         }
     }
 }
@@ -355,6 +379,16 @@ impl Error {
         Error::Internal(ErrorInfo::new(message))
     }
 
+    /// An [`Error::Revoked`] saying `message`.
+    pub fn revoked(message: impl Into<String>) -> Error {
+        Error::Revoked(ErrorInfo::new(message))
+    }
+
+    /// An [`Error::Quorum`] saying `message`.
+    pub fn quorum(message: impl Into<String>) -> Error {
+        Error::Quorum(ErrorInfo::new(message))
+    }
+
     /// This error, about `peer`.
     #[must_use]
     pub fn with_peer(mut self, peer: PeerRank) -> Error {
@@ -405,6 +439,8 @@ impl Error {
             Error::NotSupported(_) => ErrorCode::NotSupported,
             Error::Aborted(_) => ErrorCode::Aborted,
             Error::Internal(_) => ErrorCode::Internal,
+            Error::Revoked(_) => ErrorCode::Revoked,
+            Error::Quorum(_) => ErrorCode::Quorum,
         }
     }
 
@@ -421,7 +457,9 @@ impl Error {
             | Error::Transport(i)
             | Error::NotSupported(i)
             | Error::Aborted(i)
-            | Error::Internal(i) => i,
+            | Error::Internal(i)
+            | Error::Revoked(i)
+            | Error::Quorum(i) => i,
         }
     }
 
@@ -437,7 +475,9 @@ impl Error {
             | Error::Transport(i)
             | Error::NotSupported(i)
             | Error::Aborted(i)
-            | Error::Internal(i) => i,
+            | Error::Internal(i)
+            | Error::Revoked(i)
+            | Error::Quorum(i) => i,
         }
     }
 
@@ -561,6 +601,8 @@ mod tests {
             (Error::not_supported(m), ErrorCode::NotSupported),
             (Error::aborted(m), ErrorCode::Aborted),
             (Error::internal(m), ErrorCode::Internal),
+            (Error::revoked(m), ErrorCode::Revoked),
+            (Error::quorum(m), ErrorCode::Quorum),
         ];
         for (e, code) in made {
             assert_eq!(e.code(), code);

@@ -56,6 +56,7 @@ mod progress;
 mod pull;
 mod rendezvous;
 mod requests;
+mod revoke;
 #[cfg(test)]
 mod sansio_tests;
 #[cfg(test)]
@@ -139,6 +140,8 @@ pub(crate) struct ProtocolCounts {
     pub naps: AtomicU64,
     /// Of those, sleeps that lasted their whole time, woken by nobody.
     pub full_naps: AtomicU64,
+    /// Message frames dropped as stale: of a revoked communicator's epoch.
+    pub stale_frames: AtomicU64,
 }
 
 /// How many messages took each protocol so far, and how waiters slept.
@@ -172,6 +175,9 @@ pub struct ProtocolStats {
     /// Failovers: TCP streams that died with others to the same peer left, whose frames
     /// went out on another (`HCOMM_FAILOVER`).
     pub tcp_failovers: u64,
+    /// Message frames dropped because their communicator was revoked at their epoch (a
+    /// member stopped and resumed after the others shrank it sends them).
+    pub stale_frames: u64,
 }
 
 impl ProtocolCounts {
@@ -191,6 +197,7 @@ impl ProtocolCounts {
             plugin_rendezvous: get(&self.plugin_rendezvous),
             naps: get(&self.naps),
             full_naps: get(&self.full_naps),
+            stale_frames: get(&self.stale_frames),
             tcp_opened: 0,
             tcp_accepted: 0,
             tcp_failovers: 0,
@@ -295,6 +302,8 @@ pub(crate) struct Target {
     /// name (`Operation::seq`): sends and receives are numbered apart, from 1; 0 for the
     /// messages of collectives and of the library's own exchanges, which are not numbered.
     pub seq: u64,
+    /// The communicator's epoch, which its message frames carry (see `Calls::stale`).
+    pub epoch: u32,
 }
 
 impl Target {
@@ -531,6 +540,9 @@ struct State {
     draining: bool,
     /// The operations whose frames one flush of a link wrote (kept to reuse its allocation).
     sent: Vec<OpId>,
+    /// The world ranks of each communicator's members, by id, for forwarding revokes
+    /// (`revoke.rs`).
+    members: HashMap<u64, std::sync::Weak<[usize]>>,
     /// Receives copying their message out of a local sender's buffer, a piece per turn.
     pulls: Vec<pull::Pull>,
     /// Per world rank: the kernel refused a pull from it, so its messages are pushed.
@@ -735,6 +747,7 @@ impl Engine {
                 timers: Timers::default(),
                 completions: 0,
                 sent: Vec::new(),
+                members: HashMap::default(),
                 pulls: Vec::new(),
                 pull_refused: vec![false; size],
                 draining: false,

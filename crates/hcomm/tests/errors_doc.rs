@@ -38,6 +38,8 @@ fn one_of_each() -> Vec<Error> {
         Error::NotSupported(ErrorInfo::new(m())),
         Error::Aborted(ErrorInfo::new(m())),
         Error::Internal(ErrorInfo::new(m())),
+        Error::Revoked(ErrorInfo::new(m())),
+        Error::Quorum(ErrorInfo::new(m())),
     ]
 }
 

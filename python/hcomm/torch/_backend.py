@@ -497,10 +497,12 @@ def _create(opts: Any, backend_options: Any) -> HcommBackend:
 
 
 def failed_ranks(group: Any = None) -> list[int]:
-    """The ranks of `group` (torch group ranks) that this rank has seen fail."""
+    """The ranks of `group` (torch group ranks) that this rank knows to have failed: found
+    lost, or decided by an agreement (``dist.shrink_group`` agrees on them)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(torch.device("cpu"))
-    return sorted(getattr(backend, "failed", set()))
+    comm = getattr(backend, "comm", None)
+    return comm.failed() if comm is not None else []
 
 
 # ---------------------------------------------------------------------------------------
@@ -557,7 +559,7 @@ class HcommBackend(c10d.Backend):
 
     @property
     def supports_shrinking(self) -> bool:
-        return False
+        return True
 
     @property
     def supports_reconfigure(self) -> bool:
@@ -570,6 +572,35 @@ class HcommBackend(c10d.Backend):
     @property
     def _supports_time_estimate(self) -> bool:
         return False
+
+    def shrink(
+        self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts: Any = None
+    ) -> HcommBackend:
+        """``dist.shrink_group``: a backend of this group's ranks but `ranks_to_exclude`
+        (group ranks: the failed ones, which do not call it). With ``SHRINK_ABORT`` (1) the
+        group is revoked first, so that every member leaves its pending operations; then
+        the survivors agree on the failed set and shrink (docs/fault-tolerance.md). Raises
+        ``hcomm.PeerLost`` when the agreement finds a failed rank beyond `ranks_to_exclude`."""
+        global _default_world
+        comm = self.comm
+        if shrink_flags & 1:
+            comm.revoke()
+        excluded = sorted(set(ranks_to_exclude))
+        new = comm.shrink_excluding(excluded)
+        keep = [r for r in range(comm.size) if r not in excluded]
+        if new.size != len(keep):
+            more = sorted(set(comm.failed()) - set(excluded))
+            new.destroy()
+            raise hcomm.PeerLost(
+                f"hcomm: shrink_group: ranks {more} failed too; shrink again excluding them"
+            )
+        globals_ = self._world.global_ranks or list(range(comm.size))
+        world = _World(new, None, [globals_[r] for r in keep])
+        backend = HcommBackend(new.rank, new.size, world, self._timeout, f"{self._group}.s")
+        if self._world is _default_world:
+            _default_world = world
+        _live.add(backend)
+        return backend
 
     def _get_sequence_number_for_group(self) -> int:
         return self._seq

@@ -83,6 +83,16 @@
 #define HCOMM_ERR_INTERNAL 11
 
 /**
+ * The communicator was revoked (`hcommCommRevoke`): shrink it to go on.
+ */
+#define HCOMM_ERR_REVOKED 12
+
+/**
+ * This side of a partition holds no strict majority of the communicator: it may not shrink.
+ */
+#define HCOMM_ERR_QUORUM 13
+
+/**
  * Alignment of every block (a cache line; what DMA engines and vector loads like).
  */
 #define HCOMM_MALLOC_ALIGNMENT 64
@@ -874,6 +884,68 @@ int hcommGroupStart(void);
  * group).
  */
 int hcommGroupEnd(void);
+
+/**
+ * Revokes `comm` on every member: each call pending on it — on this rank's other threads and
+ * on the other members — and every later one returns `HCOMM_ERR_REVOKED`, within moments;
+ * the notice is forwarded by every member that gets it, so it reaches every live member even
+ * if this rank dies right after. Only `hcommCommAgree`, `hcommCommShrink`,
+ * `hcommCommShrinkExcluding`, `hcommCommGetFailed` and `hcommCommAckFailed` still work on
+ * it. Revoking twice succeeds and does nothing more.
+ */
+int hcommCommRevoke(hcommComm_t comm);
+
+/**
+ * The ranks of `comm` this rank knows to have failed, ascending: `*count` becomes how many
+ * there are, and the first `min(count, capacity)` of them are written to `ranks` (which may
+ * be NULL when `capacity` is 0, to ask for the count).
+ *
+ * # Safety
+ * `ranks` is NULL or points to `capacity` writable `int`s; `count` is NULL or points to a
+ * writable `int`.
+ */
+int hcommCommGetFailed(hcommComm_t comm, int *ranks, int capacity, int *count);
+
+/**
+ * Acknowledges the failures `hcommCommGetFailed` returns now: a later `hcommCommAgree` no
+ * longer reports them with `HCOMM_ERR_PEER_LOST`.
+ */
+int hcommCommAckFailed(hcommComm_t comm);
+
+/**
+ * Fault-tolerant agreement: every surviving member of `comm` calls it with its `*flag`, and
+ * each returns with `*flag` set to the AND of the flags of the members that took part (0 or
+ * 1), the same at every survivor, also when members die during the call. Works on a revoked
+ * communicator. Returns `HCOMM_ERR_PEER_LOST` when the agreed failed set holds ranks this
+ * rank has not acknowledged (`hcommCommAckFailed`), with `*flag` agreed all the same.
+ *
+ * # Safety
+ * `flag` is NULL or points to a readable and writable `int`.
+ */
+int hcommCommAgree(hcommComm_t comm, int *flag);
+
+/**
+ * A communicator of the surviving members of `comm`, ranks in the old order, into
+ * `*newcomm`: the survivors agree on the failed set (again while members die during it),
+ * then each makes it without further messages. Every surviving member calls it; it works on
+ * a revoked communicator. `HCOMM_ERR_QUORUM` when the survivors are no strict majority (the
+ * smaller side of a partition), `HCOMM_ERR_REVOKED` on a rank the others decided had failed.
+ * Release the result with `hcommCommDestroy`.
+ *
+ * # Safety
+ * `newcomm` is NULL or points to a writable `hcommComm_t`.
+ */
+int hcommCommShrink(hcommComm_t comm, hcommComm_t *newcomm);
+
+/**
+ * `hcommCommShrink` that also leaves out the `n` ranks at `ranks` (live members removed on
+ * purpose; they do not call it). The majority rule counts only the other members.
+ *
+ * # Safety
+ * `ranks` is NULL (with `n` = 0) or points to `n` readable `int`s; `newcomm` is NULL or
+ * points to a writable `hcommComm_t`.
+ */
+int hcommCommShrinkExcluding(hcommComm_t comm, const int *ranks, int n, hcommComm_t *newcomm);
 
 /**
  * Registers the transport plug-in `ops` as `name`: with `HCOMM_TRANSPORT=<name>`, `hcommInit`

@@ -20,7 +20,8 @@ static const char *const code_names[] = {
     "HCOMM_SUCCESS",       "HCOMM_ERR_INIT",      "HCOMM_ERR_NO_MEM",
     "HCOMM_ERR_TIMEOUT",   "HCOMM_ERR_INVALID_ARGUMENT", "HCOMM_ERR_PEER_LOST",
     "HCOMM_ERR_MISMATCH",  "HCOMM_ERR_TRUNCATED", "HCOMM_ERR_TRANSPORT",
-    "HCOMM_ERR_NOT_SUPPORTED", "HCOMM_ERR_ABORTED", "HCOMM_ERR_INTERNAL"};
+    "HCOMM_ERR_NOT_SUPPORTED", "HCOMM_ERR_ABORTED", "HCOMM_ERR_INTERNAL",
+    "HCOMM_ERR_REVOKED",   "HCOMM_ERR_QUORUM"};
 
 static void last_error_mentions(int code, const char *a, const char *b) {
     const char *m = hcommGetLastErrorMessage();
@@ -73,12 +74,12 @@ static void not_initialized(void) {
 }
 
 static void error_strings(void) {
-    for (int c = 0; c <= HCOMM_ERR_INTERNAL; c++) {
+    for (int c = 0; c <= HCOMM_ERR_QUORUM; c++) {
         const char *m = hcommGetErrorString(c);
         ASSERT(m != NULL && strstr(m, code_names[c]) == m && strlen(m) > strlen(code_names[c]) + 20);
         for (int d = 0; d < c; d++) ASSERT(strcmp(m, hcommGetErrorString(d)) != 0);
     }
-    const int unknown[] = {-1, HCOMM_ERR_INTERNAL + 1, 1000, INT_MIN, INT_MAX};
+    const int unknown[] = {-1, HCOMM_ERR_QUORUM + 1, 1000, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         const char *m = hcommGetErrorString(unknown[i]);
         ASSERT(m != NULL && strstr(m, "unknown") != NULL);

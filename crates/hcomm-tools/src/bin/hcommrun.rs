@@ -75,6 +75,11 @@ const EXIT_TIMEOUT: i32 = 124;
 /// job the same way. Each rank runs in its own process group, so its children get the
 /// signals too, and a rank is killed if hcommrun dies.
 ///
+/// --keep-going: a failed rank does not stop the others (for fault-tolerant programs, whose
+/// survivors revoke, agree and shrink: docs/fault-tolerance.md); each failure is reported as
+/// it happens, the job ends when every rank has exited, and hcommrun exits with the first
+/// failed rank's status (0 when none failed).
+///
 /// --bind-to core pins rank r to the r-th core hcommrun may run on (all of that core's
 /// hardware threads that hcommrun's own CPU mask allows), as `mpirun --bind-to core` does;
 /// --bind-to none leaves every rank with hcommrun's mask. Without --bind-to, ranks are pinned
@@ -89,7 +94,8 @@ const EXIT_TIMEOUT: i32 = 124;
     name = "hcommrun",
     version,
     verbatim_doc_comment,
-    override_usage = "hcommrun -n N [--timeout SECS] [--bind-to core|none] [--] PROG [ARGS]..."
+    override_usage = "hcommrun -n N [--timeout SECS] [--bind-to core|none] [--keep-going] [--] \
+                      PROG [ARGS]..."
 )]
 struct Args {
     /// Number of ranks to start (1..=1024).
@@ -105,6 +111,11 @@ struct Args {
     /// Default: `core` when the ranks fit the allowed cores, `none` when they do not.
     #[arg(long = "bind-to", value_name = "core|none")]
     bind_to: Option<BindTo>,
+
+    /// A failed rank does not stop the others; exit with the first failure's status once
+    /// every rank has exited.
+    #[arg(long = "keep-going")]
+    keep_going: bool,
 
     /// The program each rank runs, and its arguments.
     #[arg(value_name = "PROG", required = true, trailing_var_arg = true,
@@ -208,6 +219,8 @@ fn run(args: &Args) -> anyhow::Result<i32> {
         exited: vec![false; args.ranks as usize],
         rx: &rx,
         losses: &losses,
+        keep_going: args.keep_going,
+        first_failure: None,
     };
     for rank in 0..args.ranks {
         let env = RankEnv {
@@ -505,6 +518,10 @@ struct Job<'a> {
     rx: &'a Receiver<Event>,
     /// Where ranks report the peers they lost.
     losses: &'a LossPipe,
+    /// `--keep-going`: a failed rank does not stop the others.
+    keep_going: bool,
+    /// With `--keep-going`, the exit status for the first rank that failed.
+    first_failure: Option<i32>,
 }
 
 impl Job<'_> {
@@ -520,9 +537,12 @@ impl Job<'_> {
             match event {
                 Ok(Event::Exited { rank, status, at }) => {
                     self.exit_of(rank);
-                    if failed(&status) {
+                    if failed(&status) && self.keep_going {
+                        let code = report_failure(rank, &status, "the others go on (--keep-going)");
+                        self.first_failure.get_or_insert(code);
+                    } else if failed(&status) {
                         let (rank, status) = self.first_failure(rank, status, at);
-                        let code = report_failure(rank, &status);
+                        let code = report_failure(rank, &status, "stopping the other ranks");
                         self.stop(Signal::TERM);
                         return code;
                     }
@@ -551,7 +571,7 @@ impl Job<'_> {
                 }
             }
         }
-        0
+        self.first_failure.unwrap_or(0)
     }
 
     /// Sends `sig` to every rank's process group, gives them [`GRACE`] to exit, then kills
@@ -653,26 +673,25 @@ fn failed(status: &io::Result<ExitStatus>) -> bool {
     !matches!(status, Ok(s) if s.success())
 }
 
-/// Reports a failed rank and returns hcommrun's exit status for it.
-fn report_failure(rank: u32, status: &io::Result<ExitStatus>) -> i32 {
+/// Reports a failed rank, and `then` what hcommrun does; returns hcommrun's exit status for
+/// it.
+fn report_failure(rank: u32, status: &io::Result<ExitStatus>, then: &str) -> i32 {
     match status {
         Ok(s) => {
             if let Some(sig) = s.signal() {
                 eprintln!(
-                    "hcommrun: rank {rank} was killed by signal {} ({sig}); stopping the other ranks",
+                    "hcommrun: rank {rank} was killed by signal {} ({sig}); {then}",
                     signal_name(sig)
                 );
                 128 + sig
             } else {
                 let code = s.code().unwrap_or(1);
-                eprintln!(
-                    "hcommrun: rank {rank} exited with status {code}; stopping the other ranks"
-                );
+                eprintln!("hcommrun: rank {rank} exited with status {code}; {then}");
                 code
             }
         }
         Err(e) => {
-            eprintln!("hcommrun: cannot wait for rank {rank}: {e}; stopping the other ranks");
+            eprintln!("hcommrun: cannot wait for rank {rank}: {e}; {then}");
             1
         }
     }

@@ -30,6 +30,8 @@ pub(crate) struct Call<'a> {
     pub tag: u32,
     /// The call's signature (for mismatch detection).
     pub sig: [u64; 2],
+    /// The communicator's epoch.
+    pub epoch: u32,
     /// World rank of each communicator rank.
     pub members: &'a [usize],
     /// Element type of reductions.
@@ -56,6 +58,7 @@ impl Call<'_> {
             tag: self.tag,
             sig: self.sig,
             seq: 0,
+            epoch: self.epoch,
         })
     }
 

@@ -315,15 +315,17 @@ impl OneSided {
             board.publish_data(slot, input)?;
         }
         self.publish(engine, Ctr::Seq, j);
-        let result = self.complete(
-            &waiter,
-            board,
-            shape,
-            (j, slot),
-            most,
-            &mut bufs,
-            &mut calls.known,
-        );
+        let result = self
+            .complete(
+                &waiter,
+                board,
+                shape,
+                (j, slot),
+                most,
+                &mut bufs,
+                &mut calls.known,
+            )
+            .and_then(|()| waiter.none_abandoned(n));
         if result.is_err() {
             // Peers may wait for this rank's part of the call: tell them it will not come.
             self.publish(engine, Ctr::Failed, j);
@@ -805,6 +807,20 @@ impl Waiter<'_> {
         match self.engine.check_peer(self.os.world[p]) {
             Err(lost) => lost.with_peer(who),
             Ok(()) => err.with_peer(who),
+        }
+    }
+
+    /// Fails if a peer abandoned this call, which it may have done before this rank read its
+    /// buffers (a rank stopped, then resumed after the others gave the call up and freed
+    /// them): the data read may not be the peer's. A peer says so before it frees anything,
+    /// so a call that finds none has read only live buffers.
+    fn none_abandoned(&self, n: usize) -> Result<()> {
+        match (0..n).find(|&p| p != self.os.me && self.abandoned(p)) {
+            None => Ok(()),
+            Some(p) => Err(Error::aborted(format!(
+                "rank {p} abandoned this collective after an error; see that rank's error"
+            ))
+            .with_peer(PeerRank::ranks(p, self.os.world[p]))),
         }
     }
 

@@ -49,6 +49,7 @@ impl Communicator {
             members: Arc::clone(&self.members),
             topology: Arc::clone(&self.topology),
             state: Arc::clone(&self.state),
+            epoch: self.epoch,
         }
     }
 
@@ -139,6 +140,12 @@ impl Communicator {
             return Ok(Arc::clone(t));
         }
         let made = Arc::new(Tiers::create(self)?);
+        // They run parts of this communicator's calls: revoking it revokes them.
+        for tier in made.each() {
+            self.world
+                .engine
+                .add_part(self.id, tier.channel_ids(), tier.epoch);
+        }
         *slot = Some(Arc::clone(&made));
         Ok(made)
     }
@@ -414,6 +421,7 @@ impl Communicator {
             comm: self.id | COLL,
             tag: seq,
             sig,
+            epoch: self.epoch,
             members: &self.members,
             dtype: shape.dtype,
             op: shape.op,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use super::dispatch::{abort_frame, comm_abort_frame};
 use super::matching::Stranger;
 use super::progress::tell_launcher;
+use super::revoke::Revocations;
 use super::{Engine, OpId, OpKind, OutFrame, State, Target};
 
 /// Recent calls remembered for mismatch detection.
@@ -54,6 +55,8 @@ pub(super) struct Calls {
     /// The world rank this rank last learned was lost (found itself, or named by a peer's
     /// notice): named in the notices of calls abandoned over a lost peer.
     last_lost: Option<usize>,
+    /// Revoked communicators and the epochs their frames may no longer have.
+    pub(super) revocations: Revocations,
 }
 
 impl Calls {
@@ -69,6 +72,7 @@ impl Calls {
             late_news,
             comm_aborted: HashMap::default(),
             last_lost: None,
+            revocations: Revocations::default(),
         }
     }
 
@@ -391,6 +395,7 @@ impl State {
             tag: hdr.tag,
             sig: ours,
             seq: 0,
+            epoch: hdr.epoch,
         };
         self.send_abort(t, true, None);
     }
@@ -454,6 +459,7 @@ impl State {
                 tag,
                 sig,
                 seq: 0,
+                epoch: 0,
             },
             true,
             None,

@@ -10,7 +10,7 @@
 //! `sansio_tests.rs` carries them out for two ranks over in-memory queues.
 
 use crate::transport::wire::{
-    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_MISMATCH,
+    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_COMM_ABORT, FLAG_MISMATCH, FLAG_REVOKE,
 };
 
 use super::calls::{Abandoned, Calls};
@@ -56,6 +56,15 @@ pub(super) enum Step {
     Woken,
     /// The peer aborted the communicators these ids name (`Communicator::abort`).
     CommAborted([u64; 3]),
+    /// World rank `origin` revoked the communicator these ids name at `epoch`
+    /// (`Communicator::revoke`); the notice came from the peer, which may be another.
+    Revoked {
+        comms: [u64; 3],
+        epoch: u32,
+        origin: usize,
+    },
+    /// A message of a revoked communicator's epoch: dropped (its payload, `eager`, too).
+    Stale { eager: bool },
     /// The peer abandoned the call `(comm, tag)`.
     Abandoned {
         comm: u64,
@@ -77,7 +86,7 @@ impl Step {
                 op: *id,
                 base: *offset,
             }),
-            Step::Data(Landing::Discard) => Some(Dest::Discard),
+            Step::Data(Landing::Discard) | Step::Stale { eager: true } => Some(Dest::Discard),
             _ => None,
         }
     }
@@ -148,6 +157,13 @@ impl Protocol<'_> {
         hdr: &FrameHeader,
     ) -> std::result::Result<Step, String> {
         Ok(match hdr.kind {
+            FrameKind::Eager | FrameKind::Rts
+                if self.calls.revocations.stale(hdr.comm, hdr.epoch) =>
+            {
+                Step::Stale {
+                    eager: hdr.kind == FrameKind::Eager,
+                }
+            }
             FrameKind::Eager | FrameKind::Rts => {
                 let eager = hdr.kind == FrameKind::Eager;
                 let what = if eager {
@@ -187,6 +203,16 @@ impl Protocol<'_> {
             FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
                 Step::CommAborted([hdr.comm, hdr.sig[0], hdr.sig[1]])
             }
+            FrameKind::Abort if hdr.flags & FLAG_REVOKE != 0 => Step::Revoked {
+                comms: [hdr.comm, hdr.sig[0], hdr.sig[1]],
+                epoch: hdr.epoch,
+                origin: hdr
+                    .msg_id
+                    .checked_sub(1)
+                    .and_then(|o| usize::try_from(o).ok())
+                    .filter(|&o| o < self.size)
+                    .ok_or("it sent a revoke naming no rank of the world")?,
+            },
             FrameKind::Abort => {
                 let lost = hdr
                     .msg_id

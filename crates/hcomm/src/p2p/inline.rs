@@ -25,6 +25,7 @@ impl State {
         hdr.msg_id = self.rndv.peek_msg_id(t.peer);
         hdr.len = data.len() as u64;
         hdr.sig = t.sig;
+        hdr.epoch = t.epoch;
         let Some(wake) = link.send_inline(&hdr, data) else {
             return Ok(false);
         };
@@ -61,7 +62,12 @@ impl State {
         // without a map lookup.
         let (hdr, payload) = self.links.primary(t.peer)?.peek_inline()?;
         let len = hdr.len as usize;
-        if hdr.comm != t.comm || hdr.tag != t.tag || hdr.sig != t.sig || len > cap {
+        if hdr.comm != t.comm
+            || hdr.epoch != t.epoch
+            || hdr.tag != t.tag
+            || hdr.sig != t.sig
+            || len > cap
+        {
             return None;
         }
         if self.live_peer(t, OpKind::Recv).is_err() || !self.matching.idle(&t.key()) {

@@ -508,6 +508,12 @@ impl State {
                 self.matched(matched);
             }
             Step::Cleared(Cleared::Ignored) | Step::Data(_) | Step::Woken => {}
+            Step::Stale { .. } => super::ProtocolCounts::bump(&self.counts.stale_frames),
+            Step::Revoked {
+                comms,
+                epoch,
+                origin,
+            } => self.on_revoke(comms, epoch, origin, Some(peer)),
             Step::Cleared(Cleared::Done { id, len }) => self.complete(id, Ok(len)),
             Step::Cleared(Cleared::Send { id, .. }) => self.send_data(peer, id, hdr.msg_id),
             Step::Goodbye => {

@@ -156,6 +156,7 @@ impl Rendezvous {
         hdr.msg_id = msg_id;
         hdr.len = len as u64;
         hdr.sig = t.sig;
+        hdr.epoch = t.epoch;
         let eager = self.eager(len, route);
         if !eager {
             hdr.kind = FrameKind::Rts;

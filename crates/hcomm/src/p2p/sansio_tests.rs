@@ -405,6 +405,8 @@ struct Node {
     next_op: OpId,
     /// The peer said goodbye.
     peer_closed: bool,
+    /// Message frames dropped as stale (of a revoked communicator's epoch).
+    stale: usize,
     /// The calls this rank failed over a peer's message or abort, with the error.
     failed_calls: Vec<((u64, u32), Error)>,
 }
@@ -430,6 +432,7 @@ impl Node {
             done: Vec::new(),
             next_op: 1,
             peer_closed: false,
+            stale: 0,
             failed_calls: Vec::new(),
         }
     }
@@ -659,6 +662,13 @@ impl Pair {
                 }
             }
             Step::Goodbye => n.peer_closed = true,
+            Step::Stale { .. } => n.stale += 1,
+            Step::Revoked { comms, epoch, .. } => {
+                for comm in comms {
+                    n.calls.revocations.revoke(comm, epoch);
+                    n.calls.abort_comm(comm, Error::revoked("the peer revoked"));
+                }
+            }
             Step::CommAborted(comms) => {
                 for comm in comms {
                     n.calls.abort_comm(comm, Error::aborted("the peer aborted"));
@@ -1254,6 +1264,28 @@ fn a_goodbye_comes_after_the_data_sent_before_it_and_a_wake_up_does_nothing() {
     let r = p.recv(1, 1, 8, None);
     assert_eq!(p.nodes[1].outcome(r), Some(Ok(6)));
     assert_eq!(p.nodes[1].recv_buf(r).expect("r")[..6], data[..]);
+}
+
+#[test]
+fn after_a_revoke_the_communicators_messages_of_its_epoch_are_dropped_and_counted() {
+    let mut p = Pair::new();
+    let r = p.recv(1, 1, 8, None);
+    p.wire[1].push_back((
+        super::revoke::revoke_frame([COMM, COMM + 1, COMM + 2], 0, 0),
+        Vec::new(),
+    ));
+    p.step(1).expect("the revoke");
+    assert!(matches!(
+        p.nodes[1].calls.aborted_comm(COMM),
+        Some(Error::Revoked(_))
+    ));
+    // The receive posted before was failed by the engine's abort of the communicator; a
+    // message sent after (a rank that was stopped) goes nowhere and is counted.
+    p.send(0, 1, bytes(8, 1), Route::Stream);
+    p.step(1).expect("the late message");
+    assert_eq!(p.nodes[1].stale, 1);
+    assert!(!p.nodes[1].matching.has_unexpected(&key(0, 1)));
+    assert_eq!(p.nodes[1].outcome(r), None, "dropped, not delivered");
 }
 
 #[test]

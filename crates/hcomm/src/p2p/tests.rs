@@ -81,6 +81,7 @@ pub(super) fn target(peer: usize, tag: u32, sig: [u64; 2]) -> Target {
         tag,
         sig,
         seq: 0,
+        epoch: 0,
     }
 }
 

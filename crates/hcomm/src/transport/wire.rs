@@ -39,6 +39,10 @@ pub(crate) const FLAG_PULLED: u16 = 8;
 /// tag, now and later), not one operation: the one whose frames carry the ids `comm`, `sig[0]`
 /// and `sig[1]` (its point-to-point, collective and internal messages).
 pub(crate) const FLAG_COMM_ABORT: u16 = 16;
+/// `Abort` flag: the sender revoked a communicator (`Communicator::revoke`): the one whose
+/// frames carry the ids `comm`, `sig[0]` and `sig[1]`, at the frame's epoch. A member forwards
+/// it to every other member the first time it sees it (a reliable broadcast).
+pub(crate) const FLAG_REVOKE: u16 = 32;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +87,9 @@ pub(crate) struct FrameHeader {
     /// Signature of the operation a message belongs to (what a collective was called with),
     /// checked by the receiver's matching layer; zero for plain point-to-point.
     pub sig: [u64; 2],
+    /// The epoch of the communicator the frame belongs to (0 for a communicator no shrink
+    /// made): a receiver drops a frame of an epoch its communicator has left behind.
+    pub epoch: u32,
 }
 
 /// Why a header was refused.
@@ -122,6 +129,7 @@ impl FrameHeader {
             len: 0,
             offset: 0,
             sig: [0; 2],
+            epoch: 0,
         }
     }
 
@@ -146,7 +154,7 @@ impl FrameHeader {
         b[6..8].copy_from_slice(&self.flags.to_le_bytes());
         b[8..16].copy_from_slice(&self.comm.to_le_bytes());
         b[16..20].copy_from_slice(&self.tag.to_le_bytes());
-        // 20..24 reserved, zero
+        b[20..24].copy_from_slice(&self.epoch.to_le_bytes());
         b[24..32].copy_from_slice(&self.msg_id.to_le_bytes());
         b[32..40].copy_from_slice(&self.len.to_le_bytes());
         b[40..48].copy_from_slice(&self.offset.to_le_bytes());
@@ -158,7 +166,7 @@ impl FrameHeader {
     /// The body of a shared-memory fast box message (see
     /// [`crate::transport::shm::fastbox`]) carrying this header and `payload`: only for an
     /// `Eager` frame whose payload fits, [`FAST_PAYLOAD`] bytes, or [`FAST_PAYLOAD_SIG`] with
-    /// a signature.
+    /// a signature, and of epoch 0 (a shrunk communicator's small messages take the ring).
     ///
     /// ```text
     /// word 0  comm
@@ -174,6 +182,7 @@ impl FrameHeader {
             FAST_PAYLOAD
         };
         if self.kind != FrameKind::Eager
+            || self.epoch != 0
             || self.offset != 0
             || self.len != payload.len() as u64
             || payload.len() > room
@@ -246,6 +255,7 @@ impl FrameHeader {
             len,
             offset: 0,
             sig,
+            epoch: 0,
         };
         h.validate()?;
         Ok((h, payload))
@@ -277,9 +287,6 @@ impl FrameHeader {
             7 => FrameKind::Wake,
             k => return Err(WireError::BadKind(k)),
         };
-        if u32_at(20) != 0 {
-            return Err(WireError::BadField("reserved"));
-        }
         let h = FrameHeader {
             kind,
             flags: u16_at(6),
@@ -289,6 +296,7 @@ impl FrameHeader {
             len: u64_at(32),
             offset: u64_at(40),
             sig: [u64_at(48), u64_at(56)],
+            epoch: u32_at(20),
         };
         h.validate()?;
         Ok(h)
@@ -297,7 +305,7 @@ impl FrameHeader {
     fn validate(&self) -> Result<(), WireError> {
         let allowed_flags = match self.kind {
             FrameKind::Cts => FLAG_DISCARD | FLAG_PULLED,
-            FrameKind::Abort => FLAG_MISMATCH | FLAG_COMM_ABORT,
+            FrameKind::Abort => FLAG_MISMATCH | FLAG_COMM_ABORT | FLAG_REVOKE,
             FrameKind::Rts => FLAG_CAN_PULL,
             _ => 0,
         };
@@ -346,6 +354,7 @@ mod tests {
             len: 4096,
             offset: 1 << 30,
             sig: [3, u64::MAX],
+            epoch: 7,
         };
         assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
         let mut cts = FrameHeader::new(FrameKind::Cts);
@@ -368,12 +377,6 @@ mod tests {
         let mut b = good;
         b[5] = 0;
         assert_eq!(FrameHeader::decode(&b), Err(WireError::BadKind(0)));
-        let mut b = good;
-        b[21] = 1;
-        assert_eq!(
-            FrameHeader::decode(&b),
-            Err(WireError::BadField("reserved"))
-        );
         let mut b = good;
         b[6] = 1;
         assert_eq!(FrameHeader::decode(&b), Err(WireError::BadField("flags")));
@@ -411,6 +414,7 @@ mod tests {
         h.tag = rng.next_u64() as u32;
         h.msg_id = rng.next_u64();
         h.sig = [rng.next_u64(), rng.next_u64()];
+        h.epoch = rng.next_u64() as u32;
         let below = |rng: &mut crate::fuzz::Rng, max: u64| rng.next_u64() % (max + 1);
         match kind {
             FrameKind::Eager => h.len = below(rng, MAX_EAGER),
@@ -426,7 +430,9 @@ mod tests {
                 }
             }
             FrameKind::Cts => h.flags = *rng.pick(&[0, FLAG_DISCARD, FLAG_PULLED]),
-            FrameKind::Abort => h.flags = *rng.pick(&[0, FLAG_MISMATCH, FLAG_COMM_ABORT]),
+            FrameKind::Abort => {
+                h.flags = *rng.pick(&[0, FLAG_MISMATCH, FLAG_COMM_ABORT, FLAG_REVOKE]);
+            }
             FrameKind::Close | FrameKind::Wake => {}
         }
         h
@@ -456,6 +462,7 @@ mod tests {
                 FLAG_CAN_PULL as u64,
                 FLAG_PULLED as u64,
                 FLAG_COMM_ABORT as u64,
+                FLAG_REVOKE as u64,
             ],
         };
         crate::fuzz::run(&target, |input, rng| {
@@ -484,6 +491,7 @@ mod tests {
             h.kind = FrameKind::Eager;
             h.flags = 0;
             h.offset = 0;
+            h.epoch = 0;
             if rng.one_in(2) {
                 h.sig = [0; 2];
             }
@@ -550,6 +558,12 @@ mod tests {
         assert!(h.encode_fast(&[1; FAST_PAYLOAD_SIG]).is_some());
         h.len += 1;
         assert!(h.encode_fast(&[1; FAST_PAYLOAD_SIG + 1]).is_none());
+        h.epoch = 1;
+        h.len = FAST_PAYLOAD_SIG as u64;
+        assert!(
+            h.encode_fast(&[1; FAST_PAYLOAD_SIG]).is_none(),
+            "a shrunk communicator's frames carry their epoch: not in a fast box"
+        );
         let mut rts = FrameHeader::new(FrameKind::Rts);
         rts.len = 1 << 20;
         assert!(rts.encode_fast(&[]).is_none());

@@ -91,6 +91,59 @@ pub(super) fn peer_loss(
     nothing_left(comm, before)
 }
 
+/// One checked all-reduce of exact integers: element i of rank r is (i + 1)(r + 1) + k.
+fn exact_allreduce(comm: &Communicator, k: i64) -> hcomm::Result<()> {
+    let (n, r) = (comm.size() as i64, comm.rank() as i64);
+    let send: Vec<i64> = (0..1024).map(|i| (i + 1) * (r + 1) + k).collect();
+    let mut recv = vec![0i64; send.len()];
+    comm.allreduce(&send, &mut recv, ReduceOp::Sum)?;
+    for (i, &got) in recv.iter().enumerate() {
+        let want = (i as i64 + 1) * n * (n + 1) / 2 + n * k;
+        if got != want {
+            return Err(Error::internal(format!(
+                "element {i} of all-reduce {k} is {got}, not {want}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The `shrink` scenario (see its description in main.rs).
+pub(super) fn shrink(world: &Communicator) -> Result<()> {
+    world.barrier()?;
+    println!("ready {}", unix_ns());
+    let until = Instant::now() + world.config().timeout * 4;
+    let mut k = 0;
+    let err = loop {
+        match exact_allreduce(world, k) {
+            Ok(()) => k += 1,
+            Err(e @ Error::Internal(_)) => bail!("{e}"),
+            Err(e) => break e,
+        }
+        ensure!(
+            Instant::now() < until,
+            "no failure came after {k} all-reduces"
+        );
+    };
+    println!("failed {} {:?}: {err}", unix_ns(), err.code());
+    world.revoke()?;
+    match world.shrink() {
+        Ok(comm) => {
+            println!("shrunk {} failed {:?}", comm.size(), world.failed());
+            for k in 0..10 {
+                exact_allreduce(&comm, k).context("an all-reduce after the shrink")?;
+            }
+            println!("OK shrink");
+        }
+        Err(e @ Error::Quorum(_)) => {
+            println!("quorum {e}");
+            println!("OK quorum");
+        }
+        Err(e) => return Err(e).context("shrink"),
+    }
+    Ok(())
+}
+
 pub(super) fn abort(
     comm: Communicator,
     aborter: usize,

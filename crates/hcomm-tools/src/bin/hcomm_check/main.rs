@@ -141,6 +141,13 @@ enum Scenario {
         #[arg(long, value_enum, default_value_t = failure::Pending::Recv)]
         pending: failure::Pending,
     },
+    /// Fault tolerance across a partition or a loss: every rank prints `ready <ns>` after
+    /// the start-up barrier and all-reduces exact integers in a loop until a call fails (the
+    /// test cuts some ranks off, or kills them); then it revokes the world and shrinks it.
+    /// A rank on a side holding a strict majority prints `shrunk <size> failed <ranks>`,
+    /// checks 10 all-reduces on the new communicator and prints `OK shrink`; a rank of the
+    /// minority prints `quorum <error>` and `OK quorum`.
+    Shrink,
     /// All-reduces in a loop, checked, for the profiler, stall and trace tests: every rank
     /// prints `pid <pid>` first; rank --late joins call --late-call only after --late-ms (the
     /// others stall in it), and every rank pauses --pause-ms between calls.
@@ -331,6 +338,7 @@ fn run(scenario: Scenario) -> Result<()> {
             return failure::peer_loss(comm, &victims, kill_after_ms, pending, before)
                 .map(|()| println!("OK peer-loss"));
         }
+        Scenario::Shrink => return failure::shrink(&comm),
         Scenario::Observe {
             calls,
             count,

@@ -50,6 +50,11 @@ impl<C: Tier> Tiers<C> {
         Ok(Tiers { host, leaders })
     }
 
+    /// Each sub-communicator this rank belongs to.
+    pub(crate) fn each(&self) -> impl Iterator<Item = &C> {
+        std::iter::once(&self.host).chain(self.leaders.as_ref())
+    }
+
     /// Aborts the sub-communicators (see [`Communicator::abort`]).
     pub(crate) fn abort(&self) -> Result<()> {
         self.host.abort()?;
