@@ -6,6 +6,7 @@
 //! The progress engine of the point-to-point layer drives the sockets; transports know nothing
 //! about messages, tags or collectives.
 
+pub(crate) mod ofi;
 pub mod plugin;
 pub(crate) mod shm;
 pub(crate) mod tcp;
