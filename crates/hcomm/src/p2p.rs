@@ -132,6 +132,16 @@ pub(crate) struct ProtocolCounts {
     pub plugin_eager: AtomicU64,
     /// Rendezvous through a transport plug-in.
     pub plugin_rendezvous: AtomicU64,
+    /// Frames through libfabric with their payload inline.
+    pub ofi_eager: AtomicU64,
+    /// Frames through libfabric whose payload the receiver read (RDMA read).
+    pub ofi_read: AtomicU64,
+    /// Frames through libfabric whose payload the sender wrote (RDMA write).
+    pub ofi_write: AtomicU64,
+    /// libfabric memory registrations found in the cache.
+    pub ofi_mr_hits: AtomicU64,
+    /// libfabric memory registrations made.
+    pub ofi_mr_misses: AtomicU64,
     /// Sleeps of waiters on their shared-memory doorbell, or in `epoll_wait` while they have
     /// shared-memory peers.
     pub naps: AtomicU64,
@@ -156,6 +166,16 @@ pub struct ProtocolStats {
     pub plugin_eager: u64,
     /// Rendezvous messages through a transport plug-in.
     pub plugin_rendezvous: u64,
+    /// Frames through libfabric with their payload inline (eager).
+    pub ofi_eager: u64,
+    /// Frames through libfabric whose payload the receiver read (RDMA read).
+    pub ofi_read: u64,
+    /// Frames through libfabric whose payload the sender wrote (RDMA write).
+    pub ofi_write: u64,
+    /// libfabric memory registrations found in the registration cache.
+    pub ofi_mr_hits: u64,
+    /// libfabric memory registrations made (cache misses).
+    pub ofi_mr_misses: u64,
     /// Times a waiter slept on its shared-memory doorbell, or in `epoll_wait` while it has
     /// shared-memory peers (it also has peers over other transports).
     pub naps: u64,
@@ -184,6 +204,11 @@ impl ProtocolCounts {
             tcp_rendezvous: get(&self.tcp_rendezvous),
             plugin_eager: get(&self.plugin_eager),
             plugin_rendezvous: get(&self.plugin_rendezvous),
+            ofi_eager: get(&self.ofi_eager),
+            ofi_read: get(&self.ofi_read),
+            ofi_write: get(&self.ofi_write),
+            ofi_mr_hits: get(&self.ofi_mr_hits),
+            ofi_mr_misses: get(&self.ofi_mr_misses),
             naps: get(&self.naps),
             full_naps: get(&self.full_naps),
             tcp_opened: 0,

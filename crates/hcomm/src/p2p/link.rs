@@ -28,6 +28,7 @@
 //! rail) is one more [`Links::add`]; the epoll tokens of a link's descriptors carry its place
 //! among its peer's links ([`token`]).
 
+pub(super) mod ofi;
 pub(super) mod plugin;
 pub(super) mod shm;
 pub(super) mod tcp;
@@ -80,6 +81,8 @@ pub(super) enum Kind {
     Shm,
     /// A transport plug-in.
     Plugin,
+    /// libfabric.
+    Ofi,
 }
 
 impl Kind {
@@ -89,6 +92,7 @@ impl Kind {
             Kind::Tcp => "TCP connection",
             Kind::Shm => "shared-memory link",
             Kind::Plugin => "transport plug-in",
+            Kind::Ofi => "libfabric endpoint",
         }
     }
 }
@@ -259,6 +263,8 @@ pub(super) enum AnyLink {
     Shm(shm::ShmPeerLink),
     /// A transport plug-in.
     Plugin(plugin::PluginLink),
+    /// libfabric.
+    Ofi(ofi::OfiLink),
     /// An in-memory link of the unit tests.
     #[cfg(test)]
     Test(Box<dyn Link>),
@@ -271,6 +277,7 @@ macro_rules! each {
             AnyLink::Tcp($l) => $e,
             AnyLink::Shm($l) => $e,
             AnyLink::Plugin($l) => $e,
+            AnyLink::Ofi($l) => $e,
             #[cfg(test)]
             AnyLink::Test($l) => $e,
         }

@@ -452,6 +452,7 @@ impl Endpoint {
         desc: *mut c_void,
         ctx: *mut c_void,
     ) -> Result<bool> {
+        self.open_ep()?;
         // SAFETY: fi_trecv through the tagged ops, per the caller's promise.
         let ret = unsafe {
             let ep = &*self.ep;
@@ -482,6 +483,7 @@ impl Endpoint {
         tag: u64,
         ctx: *mut c_void,
     ) -> Result<bool> {
+        self.open_ep()?;
         // SAFETY: fi_tsend through the tagged ops, per the caller's promise.
         let ret = unsafe {
             let ep = &*self.ep;
@@ -505,6 +507,7 @@ impl Endpoint {
         key: u64,
         ctx: *mut c_void,
     ) -> Result<bool> {
+        self.open_ep()?;
         // SAFETY: fi_read through the RMA ops, per the caller's promise.
         let ret = unsafe {
             let ep = &*self.ep;
@@ -529,6 +532,7 @@ impl Endpoint {
         key: u64,
         ctx: *mut c_void,
     ) -> Result<bool> {
+        self.open_ep()?;
         let ret = if self.ordered_writes {
             // SAFETY: fi_write through the RMA ops, per the caller's promise.
             unsafe {
@@ -560,6 +564,30 @@ impl Endpoint {
             }
         };
         self.again_or("writing remote memory (fi_write)", ret)
+    }
+
+    /// Closes the endpoint alone: every operation on it ends, nothing more is posted.
+    pub(crate) fn close_endpoint(&mut self) {
+        if self.ep.is_null() {
+            return;
+        }
+        // SAFETY: the endpoint was opened by `open_objects` and is closed once (then null).
+        unsafe {
+            let fid = &mut (*self.ep).fid;
+            ((*fid.ops).close)(fid);
+        }
+        self.ep = null_mut();
+    }
+
+    /// An error once the endpoint is closed.
+    fn open_ep(&self) -> Result<()> {
+        if self.ep.is_null() {
+            return Err(Error::transport_failed(format!(
+                "libfabric ({}): the endpoint was closed",
+                self.provider
+            )));
+        }
+        Ok(())
     }
 
     fn again_or(&self, what: &str, ret: isize) -> Result<bool> {
