@@ -30,9 +30,13 @@ use crate::config::Config;
 use crate::error::{Error, PeerRank, Result};
 use crate::observe::OpKind;
 use crate::p2p::lease::{Lease, Loan, Part};
-use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target, ANY_PEER};
+use crate::p2p::{
+    Blocking, Carrier, Engine, EngineConfig, OfiLimits, OfiSetup, OpId, ProtocolStats, ShmSetup,
+    Target, ANY_PEER,
+};
 use crate::rng::mix;
 use crate::topology::{RankInfo, Topology};
+use crate::transport::ofi;
 use crate::transport::plugin;
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
 use crate::transport::shm::pool::{default_max_total, PoolConfig, ShmPool};
@@ -64,6 +68,8 @@ enum Route {
     Tcp,
     /// A transport plug-in.
     Plugin,
+    /// libfabric.
+    Ofi,
 }
 
 /// What every communicator of one world shares: the engine, the store and the settings.
@@ -96,6 +102,8 @@ impl World {
             None | Some(Route::Own) => 0,
             Some(Route::Plugin) if len <= c.tcp_eager_limit => proto::PLUGIN_EAGER,
             Some(Route::Plugin) => proto::PLUGIN_RENDEZVOUS,
+            // The statistics segment has no bit for libfabric's protocols yet.
+            Some(Route::Ofi) => 0,
             Some(Route::Shm { .. }) if len <= c.shm_eager_limit => proto::SHM_INLINE,
             Some(Route::Shm { cma: true }) if len <= c.shm_push_threshold => proto::SHM_PULL,
             Some(Route::Shm { .. }) => proto::SHM_PUSH,
@@ -543,6 +551,71 @@ fn setup_shm(
     }
 }
 
+/// Opens this rank's libfabric endpoint when the world may use it: always with
+/// `HCOMM_TRANSPORT=ofi` (an error says why it cannot), by default only on a provider with
+/// hardware RMA (none found: `None`, and TCP carries the traffic), never when
+/// `HCOMM_TRANSPORT` names another transport.
+fn open_ofi(config: &Config, rank: usize) -> Result<Option<ofi::Endpoint>> {
+    let forced = match config.transport.as_deref() {
+        Some("ofi") => true,
+        Some(_) => return Ok(None),
+        None => false,
+    };
+    let opts = ofi::Options {
+        lib: config.ofi_lib.clone(),
+        hardware_only: !forced,
+    };
+    match ofi::Endpoint::open(&opts) {
+        Ok(ep) => Ok(Some(ep)),
+        Err(e) if forced => Err(e.prefixed("HCOMM_TRANSPORT=ofi")),
+        Err(e) => {
+            tracing::debug!(rank, "libfabric not used: {}", e.detail());
+            if config.debug {
+                // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+                eprintln!("hcomm: rank {rank}: libfabric not used: {}", e.detail());
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Which peers the libfabric endpoint `ep` carries: every other rank with
+/// `HCOMM_TRANSPORT=ofi` (each must have published an address), by default those on other
+/// hosts that have one; `None` when it carries none.
+fn ofi_carrier(
+    ep: ofi::Endpoint,
+    fabric: Vec<Option<Vec<u8>>>,
+    topology: &Topology,
+    rank: usize,
+    config: &Config,
+) -> Result<Option<Carrier>> {
+    let forced = config.transport.as_deref() == Some("ofi");
+    let mut addrs = fabric;
+    for (p, a) in addrs.iter_mut().enumerate() {
+        if p == rank || (!forced && topology.host_of(p) == topology.host_of(rank)) {
+            *a = None;
+        } else if forced && a.is_none() {
+            return Err(Error::init(format!(
+                "HCOMM_TRANSPORT=ofi: rank {p} published no libfabric endpoint: set \
+                 HCOMM_TRANSPORT=ofi for every rank"
+            ))
+            .with_peer(PeerRank::world(p)));
+        }
+    }
+    if addrs.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let limits = OfiLimits {
+        eager: config.ofi_eager_limit,
+        write: config.ofi_write_threshold,
+    };
+    Ok(Some(Carrier::Ofi(OfiSetup {
+        endpoint: ep,
+        addrs,
+        limits,
+    })))
+}
+
 impl Communicator {
     /// Joins the job this process was launched into (see the README for the launchers and
     /// variables), or makes a world of one rank when there is no launcher.
@@ -560,16 +633,22 @@ impl Communicator {
             Some(name) if !plugin::BUILT_IN.contains(&name) => Some(plugin::Lease::take(name)?),
             _ => None,
         };
-        let tcp_streams = match lease {
-            Some(_) => 1,
-            None => config.tcp_streams,
-        };
         let (rank, size) = (config.launch.rank, config.launch.size);
+        let force_ofi = config.transport.as_deref() == Some("ofi");
+        let ofi = if size > 1 {
+            open_ofi(&config, rank)?
+        } else {
+            None
+        };
+        let tcp_streams = match (&lease, force_ofi) {
+            (Some(_), _) | (None, true) => 1,
+            _ => config.tcp_streams,
+        };
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
         let me = RankInfo::current(config.host_id.as_deref());
-        let (mesh, topology, shm, store, client) = if size == 1 {
-            (None, Topology::new(vec![me]), None, None, None)
+        let (mesh, topology, shm, store, client, fabric) = if size == 1 {
+            (None, Topology::new(vec![me]), None, None, None, Vec::new())
         } else {
             let secret = config.job_secret.clone().ok_or_else(|| {
                 Error::init(
@@ -607,8 +686,12 @@ impl Communicator {
                 .map_err(|e| Error::transport("reading the listen address", e))?;
             let ns = format!("hcomm/{generation}");
             let all: Vec<usize> = (0..size).collect();
-            let mine = addr.to_string();
-            let addrs = bootstrap::exchange(
+            // The libfabric endpoint's address, if any, follows the TCP one.
+            let mine = match &ofi {
+                Some(ep) => format!("{addr} ofi={}", hex::encode(ep.name()?)),
+                None => addr.to_string(),
+            };
+            let published = bootstrap::exchange(
                 &mut client,
                 &format!("{ns}/addr"),
                 rank,
@@ -619,15 +702,23 @@ impl Communicator {
             .iter()
             .enumerate()
             .map(|(r, a)| {
-                std::str::from_utf8(a)
-                    .ok()
-                    .and_then(|s| s.parse::<SocketAddr>().ok())
-                    .ok_or_else(|| {
-                        Error::init(format!("rank {r} published a malformed address"))
-                            .with_peer(PeerRank::world(r))
-                    })
+                let s = std::str::from_utf8(a).unwrap_or("");
+                let mut words = s.split(' ');
+                let tcp = words.next().and_then(|w| w.parse::<SocketAddr>().ok());
+                let fabric = match words.next().map(|w| w.strip_prefix("ofi=").map(hex::decode)) {
+                    None => Some(None),
+                    Some(Some(Ok(a))) => Some(Some(a)),
+                    Some(_) => None,
+                };
+                match (tcp, fabric) {
+                    (Some(t), Some(f)) => Ok((t, f)),
+                    _ => Err(Error::init(format!("rank {r} published a malformed address"))
+                        .with_peer(PeerRank::world(r))),
+                }
             })
             .collect::<Result<Vec<_>>>()?;
+            let (addrs, fabric): (Vec<SocketAddr>, Vec<Option<Vec<u8>>>) =
+                published.into_iter().unzip();
             let infos = bootstrap::exchange(
                 &mut client,
                 &format!("{ns}/info"),
@@ -653,7 +744,7 @@ impl Communicator {
                 secret,
                 timeout: config.timeout,
             };
-            (Some(mesh), topology, shm, store, Some(Mutex::new(client)))
+            (Some(mesh), topology, shm, store, Some(Mutex::new(client)), fabric)
         };
         let local_size = topology.local_size(rank);
         let cores = crate::topology::online_cores();
@@ -674,11 +765,20 @@ impl Communicator {
             tracing::debug!("{line}");
         }
         let via_plugin = lease.is_some();
+        let carrier = match (lease, ofi) {
+            (Some(lease), _) => Some(Carrier::Plugin(lease)),
+            (None, Some(ep)) => ofi_carrier(ep, fabric, &topology, rank, &config)?,
+            (None, None) => None,
+        };
+        let ofi_peers: Vec<bool> = match &carrier {
+            Some(Carrier::Ofi(setup)) => setup.addrs.iter().map(Option::is_some).collect(),
+            _ => vec![false; size],
+        };
         let engine = Engine::new(
             size,
             mesh,
             shm,
-            lease,
+            carrier,
             EngineConfig {
                 rank,
                 eager_limit: config.tcp_eager_limit,
@@ -717,6 +817,7 @@ impl Communicator {
             .map(|p| match engine.shm_peer_pid(p) {
                 _ if p == rank => Route::Own,
                 _ if via_plugin => Route::Plugin,
+                _ if ofi_peers[p] => Route::Ofi,
                 Some((_, cma)) => Route::Shm { cma },
                 None => Route::Tcp,
             })

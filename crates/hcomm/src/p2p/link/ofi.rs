@@ -66,17 +66,17 @@ const CQ_ROUNDS: usize = 4;
 /// Message kinds, in the tag's bits 32..40 (bits 0..32: the sender's world rank).
 mod msg {
     /// A frame with its payload inline.
-    pub const FRAME: u64 = 1;
+    pub(super) const FRAME: u64 = 1;
     /// A frame whose payload the receiver reads: header, address, key, token.
-    pub const READ: u64 = 2;
+    pub(super) const READ: u64 = 2;
     /// The receiver read (or dropped) the payload of token.
-    pub const READ_DONE: u64 = 3;
+    pub(super) const READ_DONE: u64 = 3;
     /// A frame whose payload the sender writes: header, token.
-    pub const WRITE: u64 = 4;
+    pub(super) const WRITE: u64 = 4;
     /// Where to write token's payload: token, address, key (key `u64::MAX`: drop it).
-    pub const WRITE_CTS: u64 = 5;
+    pub(super) const WRITE_CTS: u64 = 5;
     /// Token's payload was written.
-    pub const WRITE_DONE: u64 = 6;
+    pub(super) const WRITE_DONE: u64 = 6;
 }
 
 /// The thresholds of the protocols.
@@ -882,6 +882,13 @@ impl Link for OfiLink {
             return Ok(false);
         }
         st.flush(self.peer, ops, sent)
+    }
+
+    /// Something arrived for the engine, or waits to go out.
+    fn ready(&mut self) -> bool {
+        let st = lock(&self.hub.state);
+        let p = &st.peers[self.peer];
+        !p.closed && (!p.inbox.is_empty() || !p.out.is_empty() || !p.control.is_empty())
     }
 
     fn busy(&self) -> bool {

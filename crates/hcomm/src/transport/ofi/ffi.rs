@@ -14,175 +14,175 @@
 use std::ffi::{c_char, c_int, c_void};
 
 /// `fi_addr_t`.
-pub type fi_addr_t = u64;
+pub(crate) type fi_addr_t = u64;
 
 /// `FI_VERSION(1, 17)`.
-pub const API_VERSION: u32 = (1 << 16) | 17;
+pub(crate) const API_VERSION: u32 = (1 << 16) | 17;
 
-pub const FI_MSG: u64 = 1 << 1;
-pub const FI_RMA: u64 = 1 << 2;
-pub const FI_TAGGED: u64 = 1 << 3;
-pub const FI_READ: u64 = 1 << 8;
-pub const FI_WRITE: u64 = 1 << 9;
-pub const FI_RECV: u64 = 1 << 10;
-pub const FI_SEND: u64 = 1 << 11;
-pub const FI_REMOTE_READ: u64 = 1 << 12;
-pub const FI_REMOTE_WRITE: u64 = 1 << 13;
-pub const FI_COMPLETION: u64 = 1 << 24;
-pub const FI_DELIVERY_COMPLETE: u64 = 1 << 28;
-pub const FI_CONTEXT: u64 = 1 << 59;
-pub const FI_CONTEXT2: u64 = 1 << 52;
-pub const FI_ORDER_SAS: u64 = 1 << 8;
-pub const FI_ORDER_SAW: u64 = 1 << 7;
-pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
+pub(crate) const FI_MSG: u64 = 1 << 1;
+pub(crate) const FI_RMA: u64 = 1 << 2;
+pub(crate) const FI_TAGGED: u64 = 1 << 3;
+pub(crate) const FI_READ: u64 = 1 << 8;
+pub(crate) const FI_WRITE: u64 = 1 << 9;
+pub(crate) const FI_RECV: u64 = 1 << 10;
+pub(crate) const FI_SEND: u64 = 1 << 11;
+pub(crate) const FI_REMOTE_READ: u64 = 1 << 12;
+pub(crate) const FI_REMOTE_WRITE: u64 = 1 << 13;
+pub(crate) const FI_COMPLETION: u64 = 1 << 24;
+pub(crate) const FI_DELIVERY_COMPLETE: u64 = 1 << 28;
+pub(crate) const FI_CONTEXT: u64 = 1 << 59;
+pub(crate) const FI_CONTEXT2: u64 = 1 << 52;
+pub(crate) const FI_ORDER_SAS: u64 = 1 << 8;
+pub(crate) const FI_ORDER_SAW: u64 = 1 << 7;
+pub(crate) const FI_ADDR_UNSPEC: u64 = u64::MAX;
 
-pub const FI_MR_BASIC: c_int = 1;
-pub const FI_MR_SCALABLE: c_int = 2;
-pub const FI_MR_LOCAL: c_int = 1 << 2;
-pub const FI_MR_RAW: c_int = 1 << 3;
-pub const FI_MR_VIRT_ADDR: c_int = 1 << 4;
-pub const FI_MR_ALLOCATED: c_int = 1 << 5;
-pub const FI_MR_PROV_KEY: c_int = 1 << 6;
-pub const FI_MR_MMU_NOTIFY: c_int = 1 << 7;
-pub const FI_MR_RMA_EVENT: c_int = 1 << 8;
-pub const FI_MR_ENDPOINT: c_int = 1 << 9;
-pub const FI_MR_HMEM: c_int = 1 << 10;
+pub(crate) const FI_MR_BASIC: c_int = 1;
+pub(crate) const FI_MR_SCALABLE: c_int = 2;
+pub(crate) const FI_MR_LOCAL: c_int = 1 << 2;
+pub(crate) const FI_MR_RAW: c_int = 1 << 3;
+pub(crate) const FI_MR_VIRT_ADDR: c_int = 1 << 4;
+pub(crate) const FI_MR_ALLOCATED: c_int = 1 << 5;
+pub(crate) const FI_MR_PROV_KEY: c_int = 1 << 6;
+pub(crate) const FI_MR_MMU_NOTIFY: c_int = 1 << 7;
+pub(crate) const FI_MR_RMA_EVENT: c_int = 1 << 8;
+pub(crate) const FI_MR_ENDPOINT: c_int = 1 << 9;
+pub(crate) const FI_MR_HMEM: c_int = 1 << 10;
 
-pub const FI_EP_RDM: c_int = 3;
-pub const FI_AV_TABLE: c_int = 2;
-pub const FI_THREAD_DOMAIN: c_int = 3;
-pub const FI_CQ_FORMAT_TAGGED: c_int = 4;
-pub const FI_WAIT_NONE: c_int = 0;
-pub const FI_WAIT_FD: c_int = 3;
+pub(crate) const FI_EP_RDM: c_int = 3;
+pub(crate) const FI_AV_TABLE: c_int = 2;
+pub(crate) const FI_THREAD_DOMAIN: c_int = 3;
+pub(crate) const FI_CQ_FORMAT_TAGGED: c_int = 4;
+pub(crate) const FI_WAIT_NONE: c_int = 0;
+pub(crate) const FI_WAIT_FD: c_int = 3;
 /// `fi_control` commands.
-pub const FI_GETWAIT: c_int = 5;
-pub const FI_ENABLE: c_int = 6;
+pub(crate) const FI_GETWAIT: c_int = 5;
+pub(crate) const FI_ENABLE: c_int = 6;
 
 /// `-FI_EAGAIN`, `-FI_EAVAIL`.
-pub const FI_EAGAIN: isize = 11;
-pub const FI_EAVAIL: isize = 259;
+pub(crate) const FI_EAGAIN: isize = 11;
+pub(crate) const FI_EAVAIL: isize = 259;
 
 #[repr(C)]
-pub struct fid {
-    pub fclass: usize,
-    pub context: *mut c_void,
-    pub ops: *mut fi_ops,
+pub(crate) struct fid {
+    pub(crate) fclass: usize,
+    pub(crate) context: *mut c_void,
+    pub(crate) ops: *mut fi_ops,
 }
 
 #[repr(C)]
-pub struct fi_ops {
-    pub size: usize,
-    pub close: unsafe extern "C" fn(*mut fid) -> c_int,
-    pub bind: unsafe extern "C" fn(*mut fid, *mut fid, u64) -> c_int,
-    pub control: unsafe extern "C" fn(*mut fid, c_int, *mut c_void) -> c_int,
+pub(crate) struct fi_ops {
+    pub(crate) size: usize,
+    pub(crate) close: unsafe extern "C" fn(*mut fid) -> c_int,
+    pub(crate) bind: unsafe extern "C" fn(*mut fid, *mut fid, u64) -> c_int,
+    pub(crate) control: unsafe extern "C" fn(*mut fid, c_int, *mut c_void) -> c_int,
 }
 
 #[repr(C)]
-pub struct fi_tx_attr {
-    pub caps: u64,
-    pub mode: u64,
-    pub op_flags: u64,
-    pub msg_order: u64,
-    pub comp_order: u64,
-    pub inject_size: usize,
-    pub size: usize,
-    pub iov_limit: usize,
-    pub rma_iov_limit: usize,
-    pub tclass: u32,
+pub(crate) struct fi_tx_attr {
+    pub(crate) caps: u64,
+    pub(crate) mode: u64,
+    pub(crate) op_flags: u64,
+    pub(crate) msg_order: u64,
+    pub(crate) comp_order: u64,
+    pub(crate) inject_size: usize,
+    pub(crate) size: usize,
+    pub(crate) iov_limit: usize,
+    pub(crate) rma_iov_limit: usize,
+    pub(crate) tclass: u32,
 }
 
 #[repr(C)]
-pub struct fi_rx_attr {
-    pub caps: u64,
-    pub mode: u64,
-    pub op_flags: u64,
-    pub msg_order: u64,
-    pub comp_order: u64,
-    pub total_buffered_recv: usize,
-    pub size: usize,
-    pub iov_limit: usize,
+pub(crate) struct fi_rx_attr {
+    pub(crate) caps: u64,
+    pub(crate) mode: u64,
+    pub(crate) op_flags: u64,
+    pub(crate) msg_order: u64,
+    pub(crate) comp_order: u64,
+    pub(crate) total_buffered_recv: usize,
+    pub(crate) size: usize,
+    pub(crate) iov_limit: usize,
 }
 
 #[repr(C)]
-pub struct fi_ep_attr {
-    pub type_: c_int,
-    pub protocol: u32,
-    pub protocol_version: u32,
-    pub max_msg_size: usize,
-    pub msg_prefix_size: usize,
-    pub max_order_raw_size: usize,
-    pub max_order_war_size: usize,
-    pub max_order_waw_size: usize,
-    pub mem_tag_format: u64,
-    pub tx_ctx_cnt: usize,
-    pub rx_ctx_cnt: usize,
-    pub auth_key_size: usize,
-    pub auth_key: *mut u8,
+pub(crate) struct fi_ep_attr {
+    pub(crate) type_: c_int,
+    pub(crate) protocol: u32,
+    pub(crate) protocol_version: u32,
+    pub(crate) max_msg_size: usize,
+    pub(crate) msg_prefix_size: usize,
+    pub(crate) max_order_raw_size: usize,
+    pub(crate) max_order_war_size: usize,
+    pub(crate) max_order_waw_size: usize,
+    pub(crate) mem_tag_format: u64,
+    pub(crate) tx_ctx_cnt: usize,
+    pub(crate) rx_ctx_cnt: usize,
+    pub(crate) auth_key_size: usize,
+    pub(crate) auth_key: *mut u8,
 }
 
 #[repr(C)]
-pub struct fi_domain_attr {
-    pub domain: *mut c_void,
-    pub name: *mut c_char,
-    pub threading: c_int,
-    pub control_progress: c_int,
-    pub data_progress: c_int,
-    pub resource_mgmt: c_int,
-    pub av_type: c_int,
-    pub mr_mode: c_int,
-    pub mr_key_size: usize,
-    pub cq_data_size: usize,
-    pub cq_cnt: usize,
-    pub ep_cnt: usize,
-    pub tx_ctx_cnt: usize,
-    pub rx_ctx_cnt: usize,
-    pub max_ep_tx_ctx: usize,
-    pub max_ep_rx_ctx: usize,
-    pub max_ep_stx_ctx: usize,
-    pub max_ep_srx_ctx: usize,
-    pub cntr_cnt: usize,
-    pub mr_iov_limit: usize,
-    pub caps: u64,
-    pub mode: u64,
-    pub auth_key: *mut u8,
-    pub auth_key_size: usize,
-    pub max_err_data: usize,
-    pub mr_cnt: usize,
-    pub tclass: u32,
+pub(crate) struct fi_domain_attr {
+    pub(crate) domain: *mut c_void,
+    pub(crate) name: *mut c_char,
+    pub(crate) threading: c_int,
+    pub(crate) control_progress: c_int,
+    pub(crate) data_progress: c_int,
+    pub(crate) resource_mgmt: c_int,
+    pub(crate) av_type: c_int,
+    pub(crate) mr_mode: c_int,
+    pub(crate) mr_key_size: usize,
+    pub(crate) cq_data_size: usize,
+    pub(crate) cq_cnt: usize,
+    pub(crate) ep_cnt: usize,
+    pub(crate) tx_ctx_cnt: usize,
+    pub(crate) rx_ctx_cnt: usize,
+    pub(crate) max_ep_tx_ctx: usize,
+    pub(crate) max_ep_rx_ctx: usize,
+    pub(crate) max_ep_stx_ctx: usize,
+    pub(crate) max_ep_srx_ctx: usize,
+    pub(crate) cntr_cnt: usize,
+    pub(crate) mr_iov_limit: usize,
+    pub(crate) caps: u64,
+    pub(crate) mode: u64,
+    pub(crate) auth_key: *mut u8,
+    pub(crate) auth_key_size: usize,
+    pub(crate) max_err_data: usize,
+    pub(crate) mr_cnt: usize,
+    pub(crate) tclass: u32,
 }
 
 #[repr(C)]
-pub struct fi_fabric_attr {
-    pub fabric: *mut c_void,
-    pub name: *mut c_char,
-    pub prov_name: *mut c_char,
-    pub prov_version: u32,
-    pub api_version: u32,
+pub(crate) struct fi_fabric_attr {
+    pub(crate) fabric: *mut c_void,
+    pub(crate) name: *mut c_char,
+    pub(crate) prov_name: *mut c_char,
+    pub(crate) prov_version: u32,
+    pub(crate) api_version: u32,
 }
 
 #[repr(C)]
-pub struct fi_info {
-    pub next: *mut fi_info,
-    pub caps: u64,
-    pub mode: u64,
-    pub addr_format: u32,
-    pub src_addrlen: usize,
-    pub dest_addrlen: usize,
-    pub src_addr: *mut c_void,
-    pub dest_addr: *mut c_void,
-    pub handle: *mut fid,
-    pub tx_attr: *mut fi_tx_attr,
-    pub rx_attr: *mut fi_rx_attr,
-    pub ep_attr: *mut fi_ep_attr,
-    pub domain_attr: *mut fi_domain_attr,
-    pub fabric_attr: *mut fi_fabric_attr,
-    pub nic: *mut c_void,
+pub(crate) struct fi_info {
+    pub(crate) next: *mut fi_info,
+    pub(crate) caps: u64,
+    pub(crate) mode: u64,
+    pub(crate) addr_format: u32,
+    pub(crate) src_addrlen: usize,
+    pub(crate) dest_addrlen: usize,
+    pub(crate) src_addr: *mut c_void,
+    pub(crate) dest_addr: *mut c_void,
+    pub(crate) handle: *mut fid,
+    pub(crate) tx_attr: *mut fi_tx_attr,
+    pub(crate) rx_attr: *mut fi_rx_attr,
+    pub(crate) ep_attr: *mut fi_ep_attr,
+    pub(crate) domain_attr: *mut fi_domain_attr,
+    pub(crate) fabric_attr: *mut fi_fabric_attr,
+    pub(crate) nic: *mut c_void,
 }
 
 #[repr(C)]
-pub struct fi_ops_fabric {
-    pub size: usize,
-    pub domain: unsafe extern "C" fn(
+pub(crate) struct fi_ops_fabric {
+    pub(crate) size: usize,
+    pub(crate) domain: unsafe extern "C" fn(
         *mut fid_fabric,
         *mut fi_info,
         *mut *mut fid_domain,
@@ -191,35 +191,35 @@ pub struct fi_ops_fabric {
 }
 
 #[repr(C)]
-pub struct fid_fabric {
-    pub fid: fid,
-    pub ops: *mut fi_ops_fabric,
-    pub api_version: u32,
+pub(crate) struct fid_fabric {
+    pub(crate) fid: fid,
+    pub(crate) ops: *mut fi_ops_fabric,
+    pub(crate) api_version: u32,
 }
 
 #[repr(C)]
-pub struct fi_ops_domain {
-    pub size: usize,
-    pub av_open: unsafe extern "C" fn(
+pub(crate) struct fi_ops_domain {
+    pub(crate) size: usize,
+    pub(crate) av_open: unsafe extern "C" fn(
         *mut fid_domain,
         *mut fi_av_attr,
         *mut *mut fid_av,
         *mut c_void,
     ) -> c_int,
-    pub cq_open: unsafe extern "C" fn(
+    pub(crate) cq_open: unsafe extern "C" fn(
         *mut fid_domain,
         *mut fi_cq_attr,
         *mut *mut fid_cq,
         *mut c_void,
     ) -> c_int,
-    pub endpoint:
+    pub(crate) endpoint:
         unsafe extern "C" fn(*mut fid_domain, *mut fi_info, *mut *mut fid_ep, *mut c_void) -> c_int,
 }
 
 #[repr(C)]
-pub struct fi_ops_mr {
-    pub size: usize,
-    pub reg: unsafe extern "C" fn(
+pub(crate) struct fi_ops_mr {
+    pub(crate) size: usize,
+    pub(crate) reg: unsafe extern "C" fn(
         *mut fid,
         *const c_void,
         usize,
@@ -233,34 +233,34 @@ pub struct fi_ops_mr {
 }
 
 #[repr(C)]
-pub struct fid_domain {
-    pub fid: fid,
-    pub ops: *mut fi_ops_domain,
-    pub mr: *mut fi_ops_mr,
+pub(crate) struct fid_domain {
+    pub(crate) fid: fid,
+    pub(crate) ops: *mut fi_ops_domain,
+    pub(crate) mr: *mut fi_ops_mr,
 }
 
 #[repr(C)]
-pub struct fid_mr {
-    pub fid: fid,
-    pub mem_desc: *mut c_void,
-    pub key: u64,
+pub(crate) struct fid_mr {
+    pub(crate) fid: fid,
+    pub(crate) mem_desc: *mut c_void,
+    pub(crate) key: u64,
 }
 
 #[repr(C)]
-pub struct fi_av_attr {
-    pub type_: c_int,
-    pub rx_ctx_bits: c_int,
-    pub count: usize,
-    pub ep_per_node: usize,
-    pub name: *const c_char,
-    pub map_addr: *mut c_void,
-    pub flags: u64,
+pub(crate) struct fi_av_attr {
+    pub(crate) type_: c_int,
+    pub(crate) rx_ctx_bits: c_int,
+    pub(crate) count: usize,
+    pub(crate) ep_per_node: usize,
+    pub(crate) name: *const c_char,
+    pub(crate) map_addr: *mut c_void,
+    pub(crate) flags: u64,
 }
 
 #[repr(C)]
-pub struct fi_ops_av {
-    pub size: usize,
-    pub insert: unsafe extern "C" fn(
+pub(crate) struct fi_ops_av {
+    pub(crate) size: usize,
+    pub(crate) insert: unsafe extern "C" fn(
         *mut fid_av,
         *const c_void,
         usize,
@@ -271,58 +271,58 @@ pub struct fi_ops_av {
 }
 
 #[repr(C)]
-pub struct fid_av {
-    pub fid: fid,
-    pub ops: *mut fi_ops_av,
+pub(crate) struct fid_av {
+    pub(crate) fid: fid,
+    pub(crate) ops: *mut fi_ops_av,
 }
 
 #[repr(C)]
-pub struct fi_cq_attr {
-    pub size: usize,
-    pub flags: u64,
-    pub format: c_int,
-    pub wait_obj: c_int,
-    pub signaling_vector: c_int,
-    pub wait_cond: c_int,
-    pub wait_set: *mut c_void,
+pub(crate) struct fi_cq_attr {
+    pub(crate) size: usize,
+    pub(crate) flags: u64,
+    pub(crate) format: c_int,
+    pub(crate) wait_obj: c_int,
+    pub(crate) signaling_vector: c_int,
+    pub(crate) wait_cond: c_int,
+    pub(crate) wait_set: *mut c_void,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct fi_cq_tagged_entry {
-    pub op_context: *mut c_void,
-    pub flags: u64,
-    pub len: usize,
-    pub buf: *mut c_void,
-    pub data: u64,
-    pub tag: u64,
+pub(crate) struct fi_cq_tagged_entry {
+    pub(crate) op_context: *mut c_void,
+    pub(crate) flags: u64,
+    pub(crate) len: usize,
+    pub(crate) buf: *mut c_void,
+    pub(crate) data: u64,
+    pub(crate) tag: u64,
 }
 
 #[repr(C)]
-pub struct fi_cq_err_entry {
-    pub op_context: *mut c_void,
-    pub flags: u64,
-    pub len: usize,
-    pub buf: *mut c_void,
-    pub data: u64,
-    pub tag: u64,
-    pub olen: usize,
-    pub err: c_int,
-    pub prov_errno: c_int,
-    pub err_data: *mut c_void,
-    pub err_data_size: usize,
+pub(crate) struct fi_cq_err_entry {
+    pub(crate) op_context: *mut c_void,
+    pub(crate) flags: u64,
+    pub(crate) len: usize,
+    pub(crate) buf: *mut c_void,
+    pub(crate) data: u64,
+    pub(crate) tag: u64,
+    pub(crate) olen: usize,
+    pub(crate) err: c_int,
+    pub(crate) prov_errno: c_int,
+    pub(crate) err_data: *mut c_void,
+    pub(crate) err_data_size: usize,
 }
 
 #[repr(C)]
-pub struct fi_ops_cq {
-    pub size: usize,
-    pub read: unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize) -> isize,
-    pub readfrom: unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize, *mut u64) -> isize,
-    pub readerr: unsafe extern "C" fn(*mut fid_cq, *mut fi_cq_err_entry, u64) -> isize,
-    pub sread: *const c_void,
-    pub sreadfrom: *const c_void,
-    pub signal: *const c_void,
-    pub strerror: unsafe extern "C" fn(
+pub(crate) struct fi_ops_cq {
+    pub(crate) size: usize,
+    pub(crate) read: unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize) -> isize,
+    pub(crate) readfrom: unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize, *mut u64) -> isize,
+    pub(crate) readerr: unsafe extern "C" fn(*mut fid_cq, *mut fi_cq_err_entry, u64) -> isize,
+    pub(crate) sread: *const c_void,
+    pub(crate) sreadfrom: *const c_void,
+    pub(crate) signal: *const c_void,
+    pub(crate) strerror: unsafe extern "C" fn(
         *mut fid_cq,
         c_int,
         *const c_void,
@@ -332,22 +332,22 @@ pub struct fi_ops_cq {
 }
 
 #[repr(C)]
-pub struct fid_cq {
-    pub fid: fid,
-    pub ops: *mut fi_ops_cq,
+pub(crate) struct fid_cq {
+    pub(crate) fid: fid,
+    pub(crate) ops: *mut fi_ops_cq,
 }
 
 #[repr(C)]
-pub struct fi_ops_cm {
-    pub size: usize,
-    pub setname: *const c_void,
-    pub getname: unsafe extern "C" fn(*mut fid, *mut c_void, *mut usize) -> c_int,
+pub(crate) struct fi_ops_cm {
+    pub(crate) size: usize,
+    pub(crate) setname: *const c_void,
+    pub(crate) getname: unsafe extern "C" fn(*mut fid, *mut c_void, *mut usize) -> c_int,
 }
 
 #[repr(C)]
-pub struct fi_ops_rma {
-    pub size: usize,
-    pub read: unsafe extern "C" fn(
+pub(crate) struct fi_ops_rma {
+    pub(crate) size: usize,
+    pub(crate) read: unsafe extern "C" fn(
         *mut fid_ep,
         *mut c_void,
         usize,
@@ -357,86 +357,86 @@ pub struct fi_ops_rma {
         u64,
         *mut c_void,
     ) -> isize,
-    pub readv: *const c_void,
-    pub readmsg: *const c_void,
-    pub write: unsafe extern "C" fn(
-        *mut fid_ep,
-        *const c_void,
-        usize,
-        *mut c_void,
-        u64,
-        u64,
-        u64,
-        *mut c_void,
-    ) -> isize,
-    pub writev: *const c_void,
-    pub writemsg: unsafe extern "C" fn(*mut fid_ep, *const fi_msg_rma, u64) -> isize,
-}
-
-#[repr(C)]
-pub struct fi_ops_tagged {
-    pub size: usize,
-    pub recv: unsafe extern "C" fn(
-        *mut fid_ep,
-        *mut c_void,
-        usize,
-        *mut c_void,
-        u64,
-        u64,
-        u64,
-        *mut c_void,
-    ) -> isize,
-    pub recvv: *const c_void,
-    pub recvmsg: *const c_void,
-    pub send: unsafe extern "C" fn(
+    pub(crate) readv: *const c_void,
+    pub(crate) readmsg: *const c_void,
+    pub(crate) write: unsafe extern "C" fn(
         *mut fid_ep,
         *const c_void,
         usize,
         *mut c_void,
         u64,
         u64,
+        u64,
+        *mut c_void,
+    ) -> isize,
+    pub(crate) writev: *const c_void,
+    pub(crate) writemsg: unsafe extern "C" fn(*mut fid_ep, *const fi_msg_rma, u64) -> isize,
+}
+
+#[repr(C)]
+pub(crate) struct fi_ops_tagged {
+    pub(crate) size: usize,
+    pub(crate) recv: unsafe extern "C" fn(
+        *mut fid_ep,
+        *mut c_void,
+        usize,
+        *mut c_void,
+        u64,
+        u64,
+        u64,
+        *mut c_void,
+    ) -> isize,
+    pub(crate) recvv: *const c_void,
+    pub(crate) recvmsg: *const c_void,
+    pub(crate) send: unsafe extern "C" fn(
+        *mut fid_ep,
+        *const c_void,
+        usize,
+        *mut c_void,
+        u64,
+        u64,
         *mut c_void,
     ) -> isize,
 }
 
 #[repr(C)]
-pub struct fid_ep {
-    pub fid: fid,
-    pub ops: *mut c_void,
-    pub cm: *mut fi_ops_cm,
-    pub msg: *mut c_void,
-    pub rma: *mut fi_ops_rma,
-    pub tagged: *mut fi_ops_tagged,
+pub(crate) struct fid_ep {
+    pub(crate) fid: fid,
+    pub(crate) ops: *mut c_void,
+    pub(crate) cm: *mut fi_ops_cm,
+    pub(crate) msg: *mut c_void,
+    pub(crate) rma: *mut fi_ops_rma,
+    pub(crate) tagged: *mut fi_ops_tagged,
 }
 
 #[repr(C)]
-pub struct iovec {
-    pub base: *mut c_void,
-    pub len: usize,
+pub(crate) struct iovec {
+    pub(crate) base: *mut c_void,
+    pub(crate) len: usize,
 }
 
 #[repr(C)]
-pub struct fi_rma_iov {
-    pub addr: u64,
-    pub len: usize,
-    pub key: u64,
+pub(crate) struct fi_rma_iov {
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+    pub(crate) key: u64,
 }
 
 #[repr(C)]
-pub struct fi_msg_rma {
-    pub msg_iov: *const iovec,
-    pub desc: *mut *mut c_void,
-    pub iov_count: usize,
-    pub addr: u64,
-    pub rma_iov: *const fi_rma_iov,
-    pub rma_iov_count: usize,
-    pub context: *mut c_void,
-    pub data: u64,
+pub(crate) struct fi_msg_rma {
+    pub(crate) msg_iov: *const iovec,
+    pub(crate) desc: *mut *mut c_void,
+    pub(crate) iov_count: usize,
+    pub(crate) addr: u64,
+    pub(crate) rma_iov: *const fi_rma_iov,
+    pub(crate) rma_iov_count: usize,
+    pub(crate) context: *mut c_void,
+    pub(crate) data: u64,
 }
 
 /// The functions `libfabric.so.1` exports that hcomm calls.
-pub struct Api {
-    pub getinfo: unsafe extern "C" fn(
+pub(crate) struct Api {
+    pub(crate) getinfo: unsafe extern "C" fn(
         u32,
         *const c_char,
         *const c_char,
@@ -444,19 +444,19 @@ pub struct Api {
         *const fi_info,
         *mut *mut fi_info,
     ) -> c_int,
-    pub freeinfo: unsafe extern "C" fn(*mut fi_info),
-    pub dupinfo: unsafe extern "C" fn(*const fi_info) -> *mut fi_info,
-    pub fabric:
+    pub(crate) freeinfo: unsafe extern "C" fn(*mut fi_info),
+    pub(crate) dupinfo: unsafe extern "C" fn(*const fi_info) -> *mut fi_info,
+    pub(crate) fabric:
         unsafe extern "C" fn(*mut fi_fabric_attr, *mut *mut fid_fabric, *mut c_void) -> c_int,
-    pub strerror: unsafe extern "C" fn(c_int) -> *const c_char,
+    pub(crate) strerror: unsafe extern "C" fn(c_int) -> *const c_char,
     /// Keeps the library mapped while the pointers above are used.
-    pub _lib: libloading::Library,
+    pub(crate) _lib: libloading::Library,
 }
 
 impl Api {
     /// Loads `name` (a file name the dynamic loader looks up, or a path) and finds the
     /// functions. An error says why, in words.
-    pub fn load(name: &str) -> Result<Api, String> {
+    pub(crate) fn load(name: &str) -> Result<Api, String> {
         // SAFETY: loading libfabric runs its constructors, which only initialise its own state.
         let lib = unsafe { libloading::Library::new(name) }.map_err(|e| e.to_string())?;
         macro_rules! sym {
@@ -477,7 +477,7 @@ impl Api {
     }
 
     /// `fi_strerror(-ret)` of a negative return code.
-    pub fn error(&self, ret: isize) -> String {
+    pub(crate) fn error(&self, ret: isize) -> String {
         let code = c_int::try_from(ret.unsigned_abs()).unwrap_or(c_int::MAX);
         // SAFETY: fi_strerror returns a static string for any code.
         let s = unsafe { (self.strerror)(code) };

@@ -361,11 +361,6 @@ impl Endpoint {
         self.wait_fd
     }
 
-    /// Whether a send posted after an RMA write reaches the peer after the write's data.
-    pub(crate) fn ordered_writes(&self) -> bool {
-        self.ordered_writes
-    }
-
     /// Whether local buffers must be registered too (`FI_MR_LOCAL`).
     pub(crate) fn local_mr(&self) -> bool {
         self.mr_mode & FI_MR_LOCAL != 0
