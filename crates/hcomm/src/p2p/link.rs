@@ -178,6 +178,13 @@ pub(super) trait Link: Send + std::fmt::Debug {
         false
     }
 
+    /// A polled link whose transport moves data only while it is polled (libfabric with
+    /// manual progress): whether a transfer is under way, so that a waiter keeps polling
+    /// rather than sleeping.
+    fn streaming(&self) -> bool {
+        false
+    }
+
     /// An epoll event for the link's descriptor `lane` (see [`token`]).
     fn event(&mut self, _lane: usize, _flags: epoll::EventFlags) {}
 
@@ -308,6 +315,10 @@ impl Link for AnyLink {
     #[inline]
     fn ready(&mut self) -> bool {
         each!(self, l => l.ready())
+    }
+    #[inline]
+    fn streaming(&self) -> bool {
+        each!(self, l => l.streaming())
     }
     #[inline]
     fn event(&mut self, lane: usize, flags: epoll::EventFlags) {

@@ -315,8 +315,17 @@ impl Hub {
     pub(in crate::p2p) fn describe(&self) -> String {
         let st = lock(&self.state);
         format!(
-            "provider {}, fabric {}, domain {} (eager up to {} B, RDMA read up to {} B, RDMA write above)",
-            st.ep.provider, st.ep.fabric_name, st.ep.domain_name, st.limits.eager, st.limits.write
+            "provider {}, fabric {}, domain {} (eager up to {} B, RDMA read up to {} B, RDMA \
+             write above; completions {})",
+            st.ep.provider,
+            st.ep.fabric_name,
+            st.ep.domain_name,
+            st.limits.eager,
+            st.limits.write,
+            match st.ep.wait_fd() {
+                Some(_) => "wake epoll",
+                None => "polled",
+            }
         )
     }
 
@@ -889,6 +898,16 @@ impl Link for OfiLink {
         let st = lock(&self.hub.state);
         let p = &st.peers[self.peer];
         !p.closed && (!p.inbox.is_empty() || !p.out.is_empty() || !p.control.is_empty())
+    }
+
+    /// RMA in flight: posted reads and writes, payloads offered to the peer's reads or
+    /// being written here (the provider moves their bytes only while it is polled).
+    fn streaming(&self) -> bool {
+        let st = lock(&self.hub.state);
+        let p = &st.peers[self.peer];
+        !p.closed
+            && (!p.sending.is_empty()
+                || p.landing.values().any(|l| l.posted && !l.arrived))
     }
 
     fn busy(&self) -> bool {
