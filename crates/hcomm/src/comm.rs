@@ -553,9 +553,11 @@ fn setup_shm(
 
 /// Opens this rank's libfabric endpoint when the world may use it: always with
 /// `HCOMM_TRANSPORT=ofi` (an error says why it cannot), by default only on a provider with
+/// hardware RMA (preferably on the interface of `ip`, the address this rank announces), by
+/// default only on a provider with
 /// hardware RMA (none found: `None`, and TCP carries the traffic), never when
 /// `HCOMM_TRANSPORT` names another transport.
-fn open_ofi(config: &Config, rank: usize) -> Result<Option<ofi::Endpoint>> {
+fn open_ofi(config: &Config, rank: usize, ip: std::net::IpAddr) -> Result<Option<ofi::Endpoint>> {
     let forced = match config.transport.as_deref() {
         Some("ofi") => true,
         Some(_) => return Ok(None),
@@ -564,6 +566,7 @@ fn open_ofi(config: &Config, rank: usize) -> Result<Option<ofi::Endpoint>> {
     let opts = ofi::Options {
         lib: config.ofi_lib.clone(),
         hardware_only: !forced,
+        node: Some(ip.to_string()),
     };
     match ofi::Endpoint::open(&opts) {
         Ok(ep) => Ok(Some(ep)),
@@ -635,11 +638,6 @@ impl Communicator {
         };
         let (rank, size) = (config.launch.rank, config.launch.size);
         let force_ofi = config.transport.as_deref() == Some("ofi");
-        let ofi = if size > 1 {
-            open_ofi(&config, rank)?
-        } else {
-            None
-        };
         let tcp_streams = match (&lease, force_ofi) {
             (Some(_), _) | (None, true) => 1,
             _ => config.tcp_streams,
@@ -647,8 +645,16 @@ impl Communicator {
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
         let me = RankInfo::current(config.host_id.as_deref());
-        let (mesh, topology, shm, store, client, fabric) = if size == 1 {
-            (None, Topology::new(vec![me]), None, None, None, Vec::new())
+        let (mesh, topology, shm, store, client, ofi, fabric) = if size == 1 {
+            (
+                None,
+                Topology::new(vec![me]),
+                None,
+                None,
+                None,
+                None,
+                Vec::new(),
+            )
         } else {
             let secret = config.job_secret.clone().ok_or_else(|| {
                 Error::init(
@@ -681,6 +687,7 @@ impl Communicator {
                 None => client.local_addr().ip(),
             };
             let listener = tcp::listen(ip)?;
+            let ofi = open_ofi(&config, rank, ip)?;
             let addr = listener
                 .local_addr()
                 .map_err(|e| Error::transport("reading the listen address", e))?;
@@ -705,15 +712,20 @@ impl Communicator {
                 let s = std::str::from_utf8(a).unwrap_or("");
                 let mut words = s.split(' ');
                 let tcp = words.next().and_then(|w| w.parse::<SocketAddr>().ok());
-                let fabric = match words.next().map(|w| w.strip_prefix("ofi=").map(hex::decode)) {
+                let fabric = match words
+                    .next()
+                    .map(|w| w.strip_prefix("ofi=").map(hex::decode))
+                {
                     None => Some(None),
                     Some(Some(Ok(a))) => Some(Some(a)),
                     Some(_) => None,
                 };
                 match (tcp, fabric) {
                     (Some(t), Some(f)) => Ok((t, f)),
-                    _ => Err(Error::init(format!("rank {r} published a malformed address"))
-                        .with_peer(PeerRank::world(r))),
+                    _ => Err(
+                        Error::init(format!("rank {r} published a malformed address"))
+                            .with_peer(PeerRank::world(r)),
+                    ),
                 }
             })
             .collect::<Result<Vec<_>>>()?;
@@ -744,7 +756,15 @@ impl Communicator {
                 secret,
                 timeout: config.timeout,
             };
-            (Some(mesh), topology, shm, store, Some(Mutex::new(client)), fabric)
+            (
+                Some(mesh),
+                topology,
+                shm,
+                store,
+                Some(Mutex::new(client)),
+                ofi,
+                fabric,
+            )
         };
         let local_size = topology.local_size(rank);
         let cores = crate::topology::online_cores();

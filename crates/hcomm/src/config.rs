@@ -283,7 +283,12 @@ impl Config {
             16 << 20,
         )?;
         let tcp_chunk = size("HCOMM_TCP_CHUNK", DEFAULT_TCP_CHUNK, 4096, 64 << 20)?;
-        let ofi_eager_limit = size("HCOMM_OFI_EAGER_LIMIT", DEFAULT_OFI_EAGER_LIMIT, 0, 64 << 10)?;
+        let ofi_eager_limit = size(
+            "HCOMM_OFI_EAGER_LIMIT",
+            DEFAULT_OFI_EAGER_LIMIT,
+            0,
+            64 << 10,
+        )?;
         let ofi_write_threshold = size(
             "HCOMM_OFI_WRITE_THRESHOLD",
             DEFAULT_OFI_WRITE_THRESHOLD.max(ofi_eager_limit),

@@ -48,7 +48,9 @@ use crate::error::Result;
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, OpId, OutFrame, ProtocolCounts};
 use crate::sync::lock;
-use crate::transport::ofi::ffi::{FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_SEND, FI_WRITE};
+use crate::transport::ofi::ffi::{
+    FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_SEND, FI_WRITE,
+};
 use crate::transport::ofi::{Completion, Endpoint, Region};
 use crate::transport::wire::{FrameHeader, HEADER_LEN};
 
@@ -331,7 +333,10 @@ impl Hub {
 
     /// Whether world rank `peer` is reached through the endpoint.
     pub(in crate::p2p) fn reaches(&self, peer: usize) -> bool {
-        lock(&self.state).addrs.get(peer).is_some_and(Option::is_some)
+        lock(&self.state)
+            .addrs
+            .get(peer)
+            .is_some_and(Option::is_some)
     }
 }
 
@@ -382,7 +387,12 @@ impl HubState {
     ///
     /// # Safety
     /// The memory stays valid until the matching [`HubState::unregister`].
-    unsafe fn register(&mut self, ptr: *const u8, len: usize, access: u64) -> std::result::Result<(MrKey, u64, u64, *mut c_void), String> {
+    unsafe fn register(
+        &mut self,
+        ptr: *const u8,
+        len: usize,
+        access: u64,
+    ) -> std::result::Result<(MrKey, u64, u64, *mut c_void), String> {
         let key = (ptr as usize, len, access);
         if let Some(e) = self.cache.entries.get_mut(&key) {
             e.users += 1;
@@ -390,7 +400,8 @@ impl HubState {
             return Ok((key, e.region.remote_base, e.region.key, e.region.desc));
         }
         // SAFETY: per this function's contract.
-        let region = unsafe { self.ep.register(ptr, len, access) }.map_err(|e| e.detail().to_owned())?;
+        let region =
+            unsafe { self.ep.register(ptr, len, access) }.map_err(|e| e.detail().to_owned())?;
         ProtocolCounts::bump(&self.counts.ofi_mr_misses);
         let out = (key, region.remote_base, region.key, region.desc);
         self.cache.entries.insert(key, MrEntry { region, users: 1 });
@@ -414,7 +425,12 @@ impl HubState {
     ///
     /// # Safety
     /// As [`HubState::register`].
-    unsafe fn local(&mut self, ptr: *const u8, len: usize, access: u64) -> std::result::Result<(Option<MrKey>, *mut c_void), String> {
+    unsafe fn local(
+        &mut self,
+        ptr: *const u8,
+        len: usize,
+        access: u64,
+    ) -> std::result::Result<(Option<MrKey>, *mut c_void), String> {
         if !self.ep.local_mr() {
             return Ok((None, null_mut()));
         }
@@ -432,7 +448,12 @@ impl HubState {
 
     /// Sends `body` (whose first bytes may be a frame header) as a message of `kind` to
     /// `peer` from a bounce buffer; `Ok(false)`: no room now.
-    fn send_msg(&mut self, peer: usize, kind: u64, parts: &[&[u8]]) -> std::result::Result<bool, String> {
+    fn send_msg(
+        &mut self,
+        peer: usize,
+        kind: u64,
+        parts: &[&[u8]],
+    ) -> std::result::Result<bool, String> {
         let Some(dest) = self.addrs.get(peer).copied().flatten() else {
             return Err(format!("world rank {peer} has no libfabric address"));
         };
@@ -451,7 +472,14 @@ impl HubState {
         // SAFETY: the bounce slot stays reserved (off the free list) and the context in
         // `live` until the send completes.
         let posted = unsafe {
-            self.ep.post_send(self.send_buf.as_ptr().add(start), len, desc, dest, tag(kind, self.rank), ctx)
+            self.ep.post_send(
+                self.send_buf.as_ptr().add(start),
+                len,
+                desc,
+                dest,
+                tag(kind, self.rank),
+                ctx,
+            )
         };
         match posted {
             Ok(true) => Ok(true),
@@ -601,12 +629,18 @@ impl HubState {
                 .get(..HEADER_LEN)
                 .and_then(|h| h.try_into().ok())
                 .ok_or("it sent a message shorter than a frame header through libfabric")?;
-            FrameHeader::decode(raw).map_err(|e| format!("it sent a malformed frame through libfabric ({e})"))
+            FrameHeader::decode(raw)
+                .map_err(|e| format!("it sent a malformed frame through libfabric ({e})"))
         };
         let item = match kind {
             msg::FRAME => hdr(&body).map(|h| In::Frame(h, body[HEADER_LEN..].to_vec())),
             msg::READ => hdr(&body).map(|h| {
-                In::Read(h, u64_at(&body, HEADER_LEN), u64_at(&body, HEADER_LEN + 8), u64_at(&body, HEADER_LEN + 16))
+                In::Read(
+                    h,
+                    u64_at(&body, HEADER_LEN),
+                    u64_at(&body, HEADER_LEN + 8),
+                    u64_at(&body, HEADER_LEN + 16),
+                )
             }),
             msg::WRITE => hdr(&body).map(|h| In::Write(h, u64_at(&body, HEADER_LEN))),
             msg::READ_DONE => {
@@ -619,7 +653,12 @@ impl HubState {
                 return;
             }
             msg::WRITE_CTS => {
-                let (token, addr, key, theirs) = (u64_at(&body, 0), u64_at(&body, 8), u64_at(&body, 16), u64_at(&body, 24));
+                let (token, addr, key, theirs) = (
+                    u64_at(&body, 0),
+                    u64_at(&body, 8),
+                    u64_at(&body, 16),
+                    u64_at(&body, 24),
+                );
                 let p = &mut self.peers[src];
                 if key == u64::MAX {
                     // The peer drops the payload: the frame is sent.
@@ -643,7 +682,9 @@ impl HubState {
                 }
                 return;
             }
-            _ => Err(format!("it sent a message of unknown kind {kind} through libfabric")),
+            _ => Err(format!(
+                "it sent a message of unknown kind {kind} through libfabric"
+            )),
         };
         let item = item.unwrap_or_else(In::Failed);
         self.peers[src].inbox.push_back(item);
@@ -681,7 +722,11 @@ impl HubState {
         };
         let (ptr, len, (addr, key, _)) = (l.ptr, l.len, l.remote);
         let desc = match l.mr {
-            Some(k) => self.cache.entries.get(&k).map_or(null_mut(), |e| e.region.desc),
+            Some(k) => self
+                .cache
+                .entries
+                .get(&k)
+                .map_or(null_mut(), |e| e.region.desc),
             None => null_mut(),
         };
         let ctx = self.new_ctx(What::Read { peer, token });
@@ -722,7 +767,11 @@ impl HubState {
             None => (s.ptr, s.len),
         };
         let desc = match s.mr {
-            Some(k) => self.cache.entries.get(&k).map_or(null_mut(), |e| e.region.desc),
+            Some(k) => self
+                .cache
+                .entries
+                .get(&k)
+                .map_or(null_mut(), |e| e.region.desc),
             None => null_mut(),
         };
         let ctx = self.new_ctx(What::Write { peer, token });
@@ -749,7 +798,12 @@ impl HubState {
     }
 
     /// Hands `peer`'s queued frames to the provider while it takes them.
-    fn flush(&mut self, peer: usize, ops: &Ops, sent: &mut Vec<OpId>) -> std::result::Result<bool, String> {
+    fn flush(
+        &mut self,
+        peer: usize,
+        ops: &Ops,
+        sent: &mut Vec<OpId>,
+    ) -> std::result::Result<bool, String> {
         let mut moved = false;
         self.push_peer(peer)?;
         while let Some(f) = self.peers[peer].out.front() {
@@ -796,13 +850,26 @@ impl HubState {
                         break;
                     }
                 }
-                let c = if read { &self.counts.ofi_read } else { &self.counts.ofi_write };
+                let c = if read {
+                    &self.counts.ofi_read
+                } else {
+                    &self.counts.ofi_write
+                };
                 ProtocolCounts::bump(c);
                 let p = &mut self.peers[peer];
                 p.next_token += 1;
                 p.sending.insert(
                     token,
-                    Sending { op, ptr, len, mr, owned: None, target: None, read, posted: false },
+                    Sending {
+                        op,
+                        ptr,
+                        len,
+                        mr,
+                        owned: None,
+                        target: None,
+                        read,
+                        posted: false,
+                    },
                 );
             }
             self.peers[peer].out.pop_front();
@@ -905,9 +972,7 @@ impl Link for OfiLink {
     fn streaming(&self) -> bool {
         let st = lock(&self.hub.state);
         let p = &st.peers[self.peer];
-        !p.closed
-            && (!p.sending.is_empty()
-                || p.landing.values().any(|l| l.posted && !l.arrived))
+        !p.closed && (!p.sending.is_empty() || p.landing.values().any(|l| l.posted && !l.arrived))
     }
 
     fn busy(&self) -> bool {
@@ -955,7 +1020,10 @@ impl Link for OfiLink {
         dest: Option<Dest>,
         dests: &mut Dests<'_>,
     ) -> std::result::Result<bool, String> {
-        let item = self.held.take().ok_or("a frame was placed that was never read")?;
+        let item = self
+            .held
+            .take()
+            .ok_or("a frame was placed that was never read")?;
         let mut st = lock(&self.hub.state);
         let peer = self.peer;
         match item {
@@ -969,7 +1037,9 @@ impl Link for OfiLink {
             In::Read(_, addr, key, theirs) => {
                 let target = dests.whole(hdr, dest).map(|d| (d.as_mut_ptr(), d.len()));
                 let (Some((ptr, len)), Some(dest)) = (target, dest) else {
-                    st.peers[peer].control.push_back((msg::READ_DONE, words(&[theirs])));
+                    st.peers[peer]
+                        .control
+                        .push_back((msg::READ_DONE, words(&[theirs])));
                     return Ok(true);
                 };
                 // SAFETY: the destination stays valid until the payload lands or the
@@ -980,7 +1050,17 @@ impl Link for OfiLink {
                 p.next_token += 1;
                 p.landing.insert(
                     token,
-                    Landing { hdr: *hdr, dest, ptr, len, mr, remote: (addr, key, theirs), read: true, posted: false, arrived: false },
+                    Landing {
+                        hdr: *hdr,
+                        dest,
+                        ptr,
+                        len,
+                        mr,
+                        remote: (addr, key, theirs),
+                        read: true,
+                        posted: false,
+                        arrived: false,
+                    },
                 );
                 p.reads.push_back(token);
                 st.push_peer(peer)?;
@@ -989,7 +1069,9 @@ impl Link for OfiLink {
             In::Write(_, theirs) => {
                 let target = dests.whole(hdr, dest).map(|d| (d.as_mut_ptr(), d.len()));
                 let (Some((ptr, len)), Some(dest)) = (target, dest) else {
-                    st.peers[peer].control.push_back((msg::WRITE_CTS, words(&[theirs, 0, u64::MAX, 0])));
+                    st.peers[peer]
+                        .control
+                        .push_back((msg::WRITE_CTS, words(&[theirs, 0, u64::MAX, 0])));
                     return Ok(true);
                 };
                 // SAFETY: the destination stays valid until the payload lands or the
@@ -1000,9 +1082,20 @@ impl Link for OfiLink {
                 p.next_token += 1;
                 p.landing.insert(
                     token,
-                    Landing { hdr: *hdr, dest, ptr, len, mr: Some(mr), remote: (0, 0, theirs), read: false, posted: true, arrived: false },
+                    Landing {
+                        hdr: *hdr,
+                        dest,
+                        ptr,
+                        len,
+                        mr: Some(mr),
+                        remote: (0, 0, theirs),
+                        read: false,
+                        posted: true,
+                        arrived: false,
+                    },
                 );
-                p.control.push_back((msg::WRITE_CTS, words(&[theirs, base, key, token])));
+                p.control
+                    .push_back((msg::WRITE_CTS, words(&[theirs, base, key, token])));
                 st.push_peer(peer)?;
                 Ok(false)
             }
@@ -1055,8 +1148,14 @@ impl Link for OfiLink {
         let mine = move |l: &Landing| matches!(l.dest, Dest::Op { op: o, .. } if o == op);
         let busy = move |st: &HubState| {
             let p = &st.peers[peer];
-            let writing = p.sending.values().any(|s| s.posted && s.owned.is_none() && s.op.is_none() && !s.read);
-            let landing = p.landing.values().any(|l| mine(l) && !l.arrived && (l.posted || !l.read));
+            let writing = p
+                .sending
+                .values()
+                .any(|s| s.posted && s.owned.is_none() && s.op.is_none() && !s.read);
+            let landing = p
+                .landing
+                .values()
+                .any(|l| mine(l) && !l.arrived && (l.posted || !l.read));
             writing || landing
         };
         st.drain(|st| !busy(st));
@@ -1071,7 +1170,9 @@ impl Link for OfiLink {
                 if l.read && !l.posted {
                     // Never read: the sender still waits to hear it may let its buffer go.
                     let theirs = l.remote.2;
-                    st.peers[peer].control.push_back((msg::READ_DONE, words(&[theirs])));
+                    st.peers[peer]
+                        .control
+                        .push_back((msg::READ_DONE, words(&[theirs])));
                 }
                 let mr = l.mr.take();
                 st.unregister(mr);

@@ -34,6 +34,7 @@ pub(crate) const FI_CONTEXT: u64 = 1 << 59;
 pub(crate) const FI_CONTEXT2: u64 = 1 << 52;
 pub(crate) const FI_ORDER_SAS: u64 = 1 << 8;
 pub(crate) const FI_ORDER_SAW: u64 = 1 << 7;
+pub(crate) const FI_SOURCE: u64 = 1 << 57;
 pub(crate) const FI_ADDR_UNSPEC: u64 = u64::MAX;
 
 pub(crate) const FI_MR_BASIC: c_int = 1;

@@ -38,6 +38,9 @@ pub(crate) struct Options {
     pub lib: String,
     /// Only providers of [`HARDWARE`] (the default choice); else any (forced).
     pub hardware_only: bool,
+    /// The address to open the endpoint on (`fi_getinfo`'s node with `FI_SOURCE`): tried
+    /// first, then any address, since a provider may not name its devices by it.
+    pub node: Option<String>,
 }
 
 /// Registered memory: its key, its descriptor for local operations, and what remote peers
@@ -169,17 +172,38 @@ impl Endpoint {
             (*h.rx_attr).msg_order = FI_ORDER_SAS;
         }
         let mut list: *mut fi_info = null_mut();
-        // SAFETY: valid hints; `list` receives a list to free with fi_freeinfo.
-        let ret = unsafe {
-            (api.getinfo)(
-                API_VERSION,
-                std::ptr::null(),
-                std::ptr::null(),
-                0,
-                hints,
-                &mut list,
-            )
-        };
+        let node = opts
+            .node
+            .as_deref()
+            .and_then(|n| std::ffi::CString::new(n).ok());
+        let mut ret = -1;
+        if let Some(node) = &node {
+            // SAFETY: valid hints and node string; `list` receives a list to free with
+            // fi_freeinfo.
+            ret = unsafe {
+                (api.getinfo)(
+                    API_VERSION,
+                    node.as_ptr(),
+                    std::ptr::null(),
+                    FI_SOURCE,
+                    hints,
+                    &mut list,
+                )
+            };
+        }
+        if ret != 0 || list.is_null() {
+            // SAFETY: as above, without a node.
+            ret = unsafe {
+                (api.getinfo)(
+                    API_VERSION,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    0,
+                    hints,
+                    &mut list,
+                )
+            };
+        }
         // SAFETY: the hints are ours to free.
         unsafe { (api.freeinfo)(hints) };
         if ret != 0 || list.is_null() {
@@ -695,6 +719,7 @@ mod tests {
         let opts = Options {
             lib: "libfabric.so.1".into(),
             hardware_only: false,
+            node: None,
         };
         Endpoint::open(&opts).expect("libfabric with its tcp provider")
     }
