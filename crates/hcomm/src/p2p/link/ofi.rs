@@ -223,6 +223,9 @@ struct HubState {
     counts: Arc<ProtocolCounts>,
     /// The endpoint failed, or was closed: why.
     dead: Option<String>,
+    /// Completions were read since a link last asked: what they brought may wait in the
+    /// queue of a peer whose link was already polled this turn.
+    fresh: bool,
 }
 
 // SAFETY: the contexts' and regions' raw pointers are only used under the hub's lock.
@@ -299,6 +302,7 @@ impl Hub {
             cache: MrCache::default(),
             counts,
             dead: None,
+            fresh: false,
         };
         for s in 0..RECVS {
             st.post_recv(s)?;
@@ -514,6 +518,7 @@ impl HubState {
             if done.is_empty() {
                 break;
             }
+            self.fresh = true;
             for c in &done {
                 self.completed(c);
             }
@@ -967,10 +972,16 @@ impl Link for OfiLink {
         !p.closed && (!p.inbox.is_empty() || !p.out.is_empty() || !p.control.is_empty())
     }
 
-    /// RMA in flight: posted reads and writes, payloads offered to the peer's reads or
-    /// being written here (the provider moves their bytes only while it is polled).
+    /// Completions read since a link last asked (they may be waiting for a link polled
+    /// earlier in the turn), work the provider holds that its wait descriptor would not
+    /// announce (`fi_trywait`), or RMA in flight: posted reads and writes, payloads offered to
+    /// the peer's reads or being written here (the provider moves their bytes only while it
+    /// is polled).
     fn streaming(&self) -> bool {
-        let st = lock(&self.hub.state);
+        let mut st = lock(&self.hub.state);
+        if std::mem::take(&mut st.fresh) || !st.ep.may_sleep() {
+            return true;
+        }
         let p = &st.peers[self.peer];
         !p.closed && (!p.sending.is_empty() || p.landing.values().any(|l| l.posted && !l.arrived))
     }

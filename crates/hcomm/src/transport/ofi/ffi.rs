@@ -189,6 +189,10 @@ pub(crate) struct fi_ops_fabric {
         *mut *mut fid_domain,
         *mut c_void,
     ) -> c_int,
+    pub(crate) passive_ep: *const c_void,
+    pub(crate) eq_open: *const c_void,
+    pub(crate) wait_open: *const c_void,
+    pub(crate) trywait: unsafe extern "C" fn(*mut fid_fabric, *mut *mut fid, c_int) -> c_int,
 }
 
 #[repr(C)]

@@ -385,6 +385,18 @@ impl Endpoint {
         self.wait_fd
     }
 
+    /// Whether the engine may sleep on the wait descriptor now (`fi_trywait`): false while
+    /// the provider holds work that only polling moves, or completions to read.
+    pub(crate) fn may_sleep(&self) -> bool {
+        if self.wait_fd.is_none() || self.ep.is_null() {
+            return true;
+        }
+        let mut cq = self.cq.cast::<fid>();
+        // SAFETY: fi_trywait on the fabric's ops with the one completion queue it opened.
+        let ret = unsafe { ((*(*self.fabric).ops).trywait)(self.fabric, &mut cq, 1) };
+        ret == 0
+    }
+
     /// Whether local buffers must be registered too (`FI_MR_LOCAL`).
     pub(crate) fn local_mr(&self) -> bool {
         self.mr_mode & FI_MR_LOCAL != 0
