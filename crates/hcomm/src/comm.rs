@@ -638,6 +638,9 @@ impl Communicator {
         };
         let (rank, size) = (config.launch.rank, config.launch.size);
         let force_ofi = config.transport.as_deref() == Some("ofi");
+        if force_ofi {
+            ofi::preflight(&config.ofi_lib).map_err(|e| e.prefixed("HCOMM_TRANSPORT=ofi"))?;
+        }
         let tcp_streams = match (&lease, force_ofi) {
             (Some(_), _) | (None, true) => 1,
             _ => config.tcp_streams,

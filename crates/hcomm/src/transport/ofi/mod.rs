@@ -127,6 +127,22 @@ fn cstr(p: *const std::ffi::c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
+/// Loads the library `lib`; `Error::NotSupported` saying why it cannot.
+fn load(lib: &str) -> Result<Api> {
+    Api::load(lib).map_err(|e| {
+        Error::not_supported(format!(
+            "the libfabric transport is unavailable: cannot load {lib:?} ({e}); install \
+             libfabric (e.g. libfabric1) or point HCOMM_OFI_LIB at it"
+        ))
+    })
+}
+
+/// Checks that the library `lib` loads (a rank forced onto libfabric fails before it joins
+/// the job, so that its peers do not wait for it).
+pub(crate) fn preflight(lib: &str) -> Result<()> {
+    load(lib).map(drop)
+}
+
 /// Whether the provider named `prov` (`verbs;ofi_rxm`) does RMA in hardware.
 pub(crate) fn is_hardware(prov: &str) -> bool {
     prov.split(';').any(|p| HARDWARE.contains(&p))
@@ -137,13 +153,7 @@ impl Endpoint {
     /// docs). An error says why none could be opened (`Error::NotSupported` when the library
     /// or a fitting provider is missing).
     pub(crate) fn open(opts: &Options) -> Result<Endpoint> {
-        let api = Api::load(&opts.lib).map_err(|e| {
-            Error::not_supported(format!(
-                "the libfabric transport is unavailable: cannot load {:?} ({e}); install \
-                 libfabric (e.g. libfabric1) or point HCOMM_OFI_LIB at it",
-                opts.lib
-            ))
-        })?;
+        let api = load(&opts.lib)?;
         // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with its attribute structs.
         let hints = unsafe { (api.dupinfo)(std::ptr::null()) };
         if hints.is_null() {
