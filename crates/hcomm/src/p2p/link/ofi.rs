@@ -833,10 +833,10 @@ impl HubState {
                 let token = self.peers[peer].next_token;
                 let read = n <= self.limits.write;
                 let access = if read { FI_REMOTE_READ } else { FI_WRITE };
-                // SAFETY: the payload is the live operation's buffer; its registration is
-                // released when the send ends (read done, written, or dropped by the peer),
-                // and an abandoned operation's write goes from a copy (`forget`).
                 let (mr, base, key) = if read || self.ep.local_mr() {
+                    // SAFETY: the payload is the live operation's buffer; its registration
+                    // is released when the send ends (read done, written, or dropped by the
+                    // peer), and an abandoned operation's write goes from a copy (`forget`).
                     let (k, base, key, _) = unsafe { self.register(ptr, len, access) }?;
                     (Some(k), base, key)
                 } else {
