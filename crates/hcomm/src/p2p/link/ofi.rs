@@ -3,7 +3,7 @@
 //!
 //! Each engine frame travels as one tagged message whose tag names the sender's world rank
 //! and the message's kind; the receive side posts a ring of buffers that take any tag. A
-//! frame's payload goes by one of three protocols, chosen by its size (SPEC F4):
+//! frame's payload goes by one of three protocols, chosen by its size:
 //!
 //! * **eager** (up to `HCOMM_OFI_EAGER_LIMIT`, 4 KiB): header and payload are copied into a
 //!   registered bounce buffer and sent as one message; the receiver copies the payload into
