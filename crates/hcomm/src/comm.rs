@@ -551,12 +551,10 @@ fn setup_shm(
     }
 }
 
-/// Opens this rank's libfabric endpoint when the world may use it: always with
-/// `HCOMM_TRANSPORT=ofi` (an error says why it cannot), by default only on a provider with
-/// hardware RMA (preferably on the interface of `ip`, the address this rank announces), by
-/// default only on a provider with
-/// hardware RMA (none found: `None`, and TCP carries the traffic), never when
-/// `HCOMM_TRANSPORT` names another transport.
+/// Opens this rank's libfabric endpoint, preferably on the interface of `ip` (the address
+/// this rank announces): with `HCOMM_TRANSPORT=ofi` on any provider (an error says why it
+/// cannot), by default only on a provider with hardware RMA (none found: `None`, and TCP
+/// carries the traffic), never when `HCOMM_TRANSPORT` names another transport.
 fn open_ofi(config: &Config, rank: usize, ip: std::net::IpAddr) -> Result<Option<ofi::Endpoint>> {
     let forced = match config.transport.as_deref() {
         Some("ofi") => true,
@@ -690,18 +688,13 @@ impl Communicator {
                 None => client.local_addr().ip(),
             };
             let listener = tcp::listen(ip)?;
-            let ofi = open_ofi(&config, rank, ip)?;
             let addr = listener
                 .local_addr()
                 .map_err(|e| Error::transport("reading the listen address", e))?;
             let ns = format!("hcomm/{generation}");
             let all: Vec<usize> = (0..size).collect();
-            // The libfabric endpoint's address, if any, follows the TCP one.
-            let mine = match &ofi {
-                Some(ep) => format!("{addr} ofi={}", hex::encode(ep.name()?)),
-                None => addr.to_string(),
-            };
-            let published = bootstrap::exchange(
+            let mine = addr.to_string();
+            let addrs = bootstrap::exchange(
                 &mut client,
                 &format!("{ns}/addr"),
                 rank,
@@ -712,28 +705,15 @@ impl Communicator {
             .iter()
             .enumerate()
             .map(|(r, a)| {
-                let s = std::str::from_utf8(a).unwrap_or("");
-                let mut words = s.split(' ');
-                let tcp = words.next().and_then(|w| w.parse::<SocketAddr>().ok());
-                let fabric = match words
-                    .next()
-                    .map(|w| w.strip_prefix("ofi=").map(hex::decode))
-                {
-                    None => Some(None),
-                    Some(Some(Ok(a))) => Some(Some(a)),
-                    Some(_) => None,
-                };
-                match (tcp, fabric) {
-                    (Some(t), Some(f)) => Ok((t, f)),
-                    _ => Err(
+                std::str::from_utf8(a)
+                    .ok()
+                    .and_then(|s| s.parse::<SocketAddr>().ok())
+                    .ok_or_else(|| {
                         Error::init(format!("rank {r} published a malformed address"))
-                            .with_peer(PeerRank::world(r)),
-                    ),
-                }
+                            .with_peer(PeerRank::world(r))
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
-            let (addrs, fabric): (Vec<SocketAddr>, Vec<Option<Vec<u8>>>) =
-                published.into_iter().unzip();
             let infos = bootstrap::exchange(
                 &mut client,
                 &format!("{ns}/info"),
@@ -749,6 +729,31 @@ impl Communicator {
             // Shared memory first: local pairs it links alone need no TCP connection.
             let topology = Topology::new(infos);
             let shm = setup_shm(&config, &topology, rank, &mut client, generation, deadline)?;
+            // libfabric only where the world may use it: forced, or by default between hosts.
+            // Every rank sees the same topology, so all agree on exchanging the endpoints'
+            // addresses (an empty one: none).
+            let hosts = (0..size).any(|p| topology.host_of(p) != topology.host_of(0));
+            let (ofi, fabric) = if force_ofi || (config.transport.is_none() && hosts) {
+                let opened = open_ofi(&config, rank, ip);
+                let name = match &opened {
+                    Ok(Some(ep)) => ep.name()?,
+                    _ => Vec::new(),
+                };
+                let fabric = bootstrap::exchange(
+                    &mut client,
+                    &format!("{ns}/ofi"),
+                    rank,
+                    &name,
+                    &all,
+                    deadline,
+                )?
+                .into_iter()
+                .map(|a| (!a.is_empty()).then_some(a))
+                .collect();
+                (opened?, fabric)
+            } else {
+                (None, Vec::new())
+            };
             // No TCP connection yet: each is made on its pair's first use, and never for a
             // pair that shared memory links alone (the engine knows them from `shm`).
             let mesh = tcp::MeshConfig {
