@@ -746,6 +746,28 @@ mod tests {
         Endpoint::open(&opts).expect("libfabric with its tcp provider")
     }
 
+    /// By default only providers with hardware RMA are taken: the tcp provider never is.
+    #[test]
+    fn the_default_choice_skips_providers_without_hardware_rma() {
+        assert!(is_hardware("verbs;ofi_rxm") && is_hardware("efa") && is_hardware("cxi"));
+        assert!(!is_hardware("tcp;ofi_rxm") && !is_hardware("sockets") && !is_hardware("shm"));
+        std::env::set_var("FI_PROVIDER", "tcp");
+        let opts = Options {
+            lib: "libfabric.so.1".into(),
+            hardware_only: true,
+            node: None,
+        };
+        let e = Endpoint::open(&opts).expect_err("tcp is no hardware provider");
+        assert!(matches!(e, Error::NotSupported(_)), "{e}");
+        assert!(e.to_string().contains("hardware RMA"), "{e}");
+        let missing = Options {
+            lib: "libfabric-missing-for-hcomm-tests.so.1".into(),
+            ..opts
+        };
+        let e = Endpoint::open(&missing).expect_err("no such library");
+        assert!(e.to_string().contains("cannot load"), "{e}");
+    }
+
     /// Drives both endpoints until `want` completions came from `b`.
     fn complete(a: &Endpoint, b: &Endpoint, want: usize) -> Vec<Completion> {
         let (mut got, mut scratch) = (Vec::new(), Vec::new());
