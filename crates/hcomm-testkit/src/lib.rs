@@ -1,10 +1,11 @@
 //! What hcomm's tests share (a dev-dependency only): free ports, jobs of ranks started by hand
 //! or under a launcher with every wait bounded, the seeded generator and the shapes of calls
 //! with uneven v-collective layouts (re-exported from hcomm, whose own tests and tools draw
-//! theirs there), the check for shared memory a job left in /dev/shm, and the launcher
-//! variables of an outer job.
+//! theirs there), the check for shared memory a job left in /dev/shm, the launcher
+//! variables of an outer job, and network namespaces as hosts ([`netns`]).
 
 mod jobs;
+pub mod netns;
 mod ranks;
 mod run;
 mod shm;

@@ -9,9 +9,9 @@
 //! and the namespaces (with their links) are removed when a test ends, failed or not.
 
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use hcomm_testkit::netns::{self, ip};
 use hcomm_testkit::{unix_ns, Ranks};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
@@ -26,44 +26,15 @@ struct Hosts {
     names: Vec<String>,
 }
 
-/// Runs `ip args`; the error output when it fails.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 impl Hosts {
     /// Creates `n` namespaces: the first holds a bridge with 10.77.0.1/24, host `i` a veth
     /// end with 10.77.0.`i + 1` plugged into it. `None`, after saying why, where this process
     /// cannot make namespaces (not root, or no `ip`); where it can, a failure panics.
     fn create(test: &str, n: usize) -> Option<Hosts> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            println!("{test}: skipped: network namespaces need root");
+        if !netns::can_make_namespaces(test) {
             return None;
         }
-        if Command::new("ip").arg("-V").output().is_err() {
-            println!("{test}: skipped: no `ip` command (iproute2)");
-            return None;
-        }
-        sweep_stale();
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let job = format!(
-            "hct{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let job = netns::unique_prefix();
         let mut hosts = Hosts { names: Vec::new() };
         for i in 0..n {
             let name = format!("{job}-h{i}");
@@ -132,34 +103,7 @@ impl Hosts {
     /// Bytes host `i`'s interface received so far.
     fn rx_bytes(&self, i: usize) -> u64 {
         let dev = if i == 0 { "br0" } else { "eth0" };
-        let path = format!("/sys/class/net/{dev}/statistics/rx_bytes");
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.names[i], "cat", &path])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(0)
-    }
-}
-
-/// Removes the namespaces of test processes that are gone (killed before they could clean
-/// up, by a test timeout say): names `hct<pid>-...` whose process no longer exists.
-fn sweep_stale() {
-    let Ok(entries) = std::fs::read_dir("/run/netns") else {
-        return;
-    };
-    for name in entries
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-    {
-        let pid = name
-            .strip_prefix("hct")
-            .and_then(|rest| rest.split('-').next());
-        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
-            let _ = ip(&["netns", "del", &name]);
-        }
+        netns::counter(&self.names[i], dev, "rx_bytes")
     }
 }
 

@@ -15,7 +15,7 @@ pub use pool::PoolBuf;
 pub use collectives::Batch;
 
 use rustc_hash::FxHashMap as HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
@@ -36,6 +36,7 @@ use crate::p2p::{
 };
 use crate::rng::mix;
 use crate::topology::{RankInfo, Topology};
+use crate::transport::iface::{self, IfSpec};
 use crate::transport::ofi;
 use crate::transport::plugin;
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
@@ -669,6 +670,7 @@ impl Communicator {
             let root = config.launch.root_addr.clone().ok_or_else(|| {
                 Error::init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other")
             })?;
+            let rails = rail_addrs(&config)?;
             let (store, bind_err) = if rank == 0 {
                 host_store(&root, &secret)
             } else {
@@ -684,19 +686,9 @@ impl Communicator {
                         None => e,
                     },
                 )?;
-            let ip = match &config.if_addr {
-                Some(a) => a.parse().map_err(|_| {
-                    Error::invalid_argument(format!("HCOMM_IFADDR={a:?} is not an IP address"))
-                })?,
-                None => client.local_addr().ip(),
-            };
-            let listener = tcp::listen(ip)?;
-            let addr = listener
-                .local_addr()
-                .map_err(|e| Error::transport("reading the listen address", e))?;
+            let (listener, mine) = listen_on_rails(&config, rails, client.local_addr().ip())?;
             let ns = format!("hcomm/{generation}");
             let all: Vec<usize> = (0..size).collect();
-            let mine = addr.to_string();
             let addrs = bootstrap::exchange(
                 &mut client,
                 &format!("{ns}/addr"),
@@ -710,7 +702,7 @@ impl Communicator {
             .map(|(r, a)| {
                 std::str::from_utf8(a)
                     .ok()
-                    .and_then(|s| s.parse::<SocketAddr>().ok())
+                    .and_then(tcp::parse_addrs)
                     .ok_or_else(|| {
                         Error::init(format!("rank {r} published a malformed address"))
                             .with_peer(PeerRank::world(r))
@@ -737,6 +729,11 @@ impl Communicator {
             // addresses (an empty one: none).
             let hosts = (0..size).any(|p| topology.host_of(p) != topology.host_of(0));
             let (ofi, fabric) = if force_ofi || (config.transport.is_none() && hosts) {
+                // On the interface of the first address this rank announces (its first rail).
+                let ip = match addrs.get(rank).and_then(|a| a.first()) {
+                    Some(a) => a.ip(),
+                    None => client.local_addr().ip(),
+                };
                 let opened = open_ofi(&config, rank, ip);
                 let name = match &opened {
                     Ok(Some(ep)) => ep.name()?,
@@ -766,6 +763,10 @@ impl Communicator {
                 streams: tcp_streams,
                 secret,
                 timeout: config.timeout,
+                failover: config.failover,
+                // A rail must be given up before the heartbeats (HCOMM_TIMEOUT / 2) give up
+                // the peer.
+                link_timeout: config.link_timeout.min(config.timeout / 4),
             };
             (
                 Some(mesh),
@@ -916,6 +917,15 @@ impl Communicator {
         self.members
             .get(rank)
             .is_some_and(|&w| self.world.engine.is_shm_peer(w))
+    }
+
+    /// The TCP streams to `rank` (its rails, `HCOMM_SOCKET_IFNAME`), each as
+    /// `local-ip -> remote-ip`, ` (lost)` after one that failed and is not back; empty when
+    /// no TCP connection to it was made (shared memory, or not used yet).
+    pub fn tcp_rails(&self, rank: usize) -> Vec<String> {
+        self.members
+            .get(rank)
+            .map_or_else(Vec::new, |&w| self.world.engine.tcp_rails(w))
     }
 
     fn deadline(&self) -> Instant {
@@ -1281,6 +1291,57 @@ impl Communicator {
         drop(self);
         Ok(())
     }
+}
+
+/// The addresses this rank listens on and announces, one per rail: `HCOMM_IFADDR` alone
+/// when that is set, else those of the interfaces `HCOMM_SOCKET_IFNAME` selects (or the
+/// default ones). Chosen before the store is reached, so that a choice that matches nothing
+/// fails every rank at once.
+fn rail_addrs(config: &Config) -> Result<Vec<(String, IpAddr)>> {
+    if let Some(a) = &config.if_addr {
+        let ip = a.parse().map_err(|_| {
+            Error::invalid_argument(format!("HCOMM_IFADDR={a:?} is not an IP address"))
+        })?;
+        return Ok(vec![("HCOMM_IFADDR".to_string(), ip)]);
+    }
+    let spec = match &config.socket_ifname {
+        Some(v) => IfSpec::parse(v)?,
+        None => None,
+    };
+    let up = iface::up_interfaces()?;
+    Ok(iface::select(spec.as_ref(), &up)?
+        .into_iter()
+        .map(|i| (i.name, i.addr))
+        .collect())
+}
+
+/// Binds this rank's listener on its rails (the one that reaches the store at `to_store`
+/// first) and says what it publishes: its address on each.
+fn listen_on_rails(
+    config: &Config,
+    mut rails: Vec<(String, IpAddr)>,
+    to_store: IpAddr,
+) -> Result<(TcpListener, String)> {
+    if let Some(pos) = rails.iter().position(|(_, ip)| *ip == to_store) {
+        let lead = rails.remove(pos);
+        rails.insert(0, lead);
+    }
+    if config.debug {
+        let names: Vec<String> = rails.iter().map(|(n, ip)| format!("{n} {ip}")).collect();
+        // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+        eprintln!(
+            "hcomm: rank {}: rails {}",
+            config.launch.rank,
+            names.join(", ")
+        );
+    }
+    let ips: Vec<IpAddr> = rails.into_iter().map(|(_, ip)| ip).collect();
+    let listener = tcp::listen_all(&ips)?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| Error::transport("reading the listen address", e))?
+        .port();
+    Ok((listener, tcp::format_addrs(&ips, port)))
 }
 
 /// Rank 0 hosts the store at `HCOMM_ROOT_ADDR` unless something (hcommrun's store) already

@@ -6,11 +6,15 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::transport::iface::IfSpec;
 
 /// Default bound on every wait, in seconds (`HCOMM_TIMEOUT`).
 pub(crate) const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
 /// Default largest message sent eagerly over TCP (`HCOMM_TCP_EAGER_LIMIT`).
 pub(crate) const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
+/// Default time data may stay unacknowledged on a stream that can fail over
+/// (`HCOMM_LINK_TIMEOUT`), in seconds.
+const DEFAULT_LINK_TIMEOUT_SECS: f64 = 5.0;
 /// Default number of TCP streams per peer (`HCOMM_TCP_STREAMS`).
 pub(crate) const DEFAULT_TCP_STREAMS: usize = 2;
 /// The library the `ofi` transport loads (`HCOMM_OFI_LIB`).
@@ -203,6 +207,17 @@ pub struct Config {
     /// `HCOMM_IFADDR`: IP address this rank listens on and announces (default: the address
     /// its connection to the store leaves from).
     pub if_addr: Option<String>,
+    /// `HCOMM_SOCKET_IFNAME`: the interfaces (rails) to listen on and announce, NCCL's syntax
+    /// (checked when read; default: every interface that is up but loopback and virtual
+    /// bridges).
+    pub socket_ifname: Option<String>,
+    /// `HCOMM_FAILOVER`: `None` (`auto`, the default): a TCP pair that shares two rails or
+    /// more can move a dead stream's frames to another; `Some(true)` (`1`): every pair with two
+    /// streams or more can; `Some(false)` (`0`): none (a stream that fails loses the peer).
+    pub failover: Option<bool>,
+    /// `HCOMM_LINK_TIMEOUT` (seconds): how long data sent on a stream that can fail over may
+    /// stay unacknowledged before the stream is judged dead (`TCP_USER_TIMEOUT`).
+    pub link_timeout: Duration,
     /// `HCOMM_HOST_ID`: the host identity to announce instead of hostname and boot id
     /// (containers that share a host, tests that lay out several hosts on one machine).
     pub host_id: Option<String>,
@@ -369,6 +384,30 @@ impl Config {
             ofi_write_threshold,
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
+            failover: match get("HCOMM_FAILOVER").as_deref().map(str::trim) {
+                None | Some("auto") => None,
+                Some("1") => Some(true),
+                Some("0") => Some(false),
+                Some(v) => return Err(invalid("HCOMM_FAILOVER", v, "auto, 1 or 0")),
+            },
+            link_timeout: {
+                let secs = match get("HCOMM_LINK_TIMEOUT") {
+                    Some(v) => parse_num::<f64>("HCOMM_LINK_TIMEOUT", &v)?,
+                    None => DEFAULT_LINK_TIMEOUT_SECS,
+                };
+                if !(0.01..=3600.0).contains(&secs) {
+                    return Err(invalid(
+                        "HCOMM_LINK_TIMEOUT",
+                        &secs.to_string(),
+                        "0.01 <= seconds <= 3600",
+                    ));
+                }
+                Duration::from_secs_f64(secs)
+            },
+            socket_ifname: match get("HCOMM_SOCKET_IFNAME") {
+                Some(v) => IfSpec::parse(&v)?.map(|_| v),
+                None => None,
+            },
             host_id: get("HCOMM_HOST_ID"),
             launch: detect_launch(&get)?,
         })
@@ -636,6 +675,9 @@ mod tests {
         "HCOMM_DETERMINISTIC",
         "HCOMM_MISMATCH_CHECK",
         "HCOMM_IFADDR",
+        "HCOMM_SOCKET_IFNAME",
+        "HCOMM_FAILOVER",
+        "HCOMM_LINK_TIMEOUT",
         "HCOMM_HOST_ID",
     ];
 

@@ -191,6 +191,9 @@ pub struct ProtocolStats {
     pub tcp_opened: u64,
     /// TCP connections this rank accepted from its peers.
     pub tcp_accepted: u64,
+    /// Failovers: TCP streams that died with others to the same peer left, whose frames
+    /// went out on another (`HCOMM_FAILOVER`).
+    pub tcp_failovers: u64,
 }
 
 impl ProtocolCounts {
@@ -217,6 +220,7 @@ impl ProtocolCounts {
             full_naps: get(&self.full_naps),
             tcp_opened: 0,
             tcp_accepted: 0,
+            tcp_failovers: 0,
         }
     }
 }
@@ -854,8 +858,18 @@ impl Engine {
         let mut stats = self.shared.counts.snapshot();
         if let Some(mesh) = &self.shared.mesh {
             (stats.tcp_opened, stats.tcp_accepted) = mesh.counts();
+            stats.tcp_failovers = mesh.failovers();
         }
         stats
+    }
+
+    /// The TCP streams to world rank `peer`, each as `local -> remote`, ` (lost)` after a
+    /// stream that failed and was not connected again; empty while it has none.
+    pub(crate) fn tcp_rails(&self, peer: usize) -> Vec<String> {
+        lock(&self.shared.state)
+            .links
+            .tcp_mut(peer)
+            .map_or_else(Vec::new, |l| l.rails())
     }
 
     /// Whether world rank `peer` is reached through shared memory.

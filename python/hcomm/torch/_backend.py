@@ -446,7 +446,8 @@ def _join(store: Any, rank: int, size: int, timeout: timedelta) -> _World:
             secret = secrets.token_hex(32)
             store.set(secret_key, secret)
         host_store = _hcomm.RendezvousStore(secret.encode())
-        addr = f"{_advertised_ip(store)}:{host_store.port}"
+        ip = _advertised_ip(store)
+        addr = f"[{ip}]:{host_store.port}" if ":" in ip else f"{ip}:{host_store.port}"
         store.set(addr_key, addr)
     else:
         store.wait([addr_key] + ([secret_key] if fresh else []), timeout)

@@ -35,8 +35,10 @@ use hcomm_tools::{alloc_zeroed as alloc, parse_size, pattern};
 ///
 /// A link passes when every integrity message arrived whole and right. Rank 0 prints one line
 /// per link (transport shm or tcp, latency, bandwidth, integrity, PASS/FAIL), then with --all
-/// the matrices (row = sender, column = receiver). An hcomm error (a peer lost, a timeout)
-/// stops the test on that rank with the error, naming the link.
+/// the matrices (row = sender, column = receiver), then every TCP stream of every link with
+/// the addresses of its rail (` (lost)` after one that failed over and is not back). An
+/// hcomm error (a peer lost, a timeout) stops the test on that rank with the error, naming
+/// the link.
 ///
 /// Exit status: 0 when every link passed, 1 when a link failed or an hcomm call failed,
 /// 2 for bad arguments.
@@ -412,6 +414,7 @@ fn run(cli: &Cli) -> anyhow::Result<bool> {
     if rank == 0 {
         print_results(&links, &results, n, cli.all);
     }
+    print_rails(&comm).context("collecting the rails")?;
     // Every rank leaves with the verdict, but only once rank 0 has printed: a launcher stops
     // the other ranks as soon as one exits with a failure.
     comm.barrier().context("the barrier after the report")?;
@@ -452,6 +455,44 @@ fn print_header(cli: &Cli, comm: &Communicator, links: usize) {
              checksum (self-test: that link must FAIL)"
         );
     }
+}
+
+/// Every rank's TCP streams (rails) to each peer, printed by rank 0 after the results: one
+/// line per ordered pair with TCP streams, `rails rank->peer: local -> remote, ...`.
+fn print_rails(comm: &Communicator) -> anyhow::Result<()> {
+    const TAG_RAILS: u32 = 0x7261;
+    let (n, rank) = (comm.size(), comm.rank());
+    let mine: Vec<String> = (0..n)
+        .filter(|&p| p != rank)
+        .filter_map(|p| {
+            let rails = comm.tcp_rails(p);
+            (!rails.is_empty()).then(|| format!("  rails {rank}->{p}: {}", rails.join(", ")))
+        })
+        .collect();
+    let text = mine.join("\n");
+    if rank != 0 {
+        let len = (text.len() as u64).to_le_bytes();
+        comm.send(&len, 0, TAG_RAILS)?;
+        comm.send(text.as_bytes(), 0, TAG_RAILS)?;
+        return Ok(());
+    }
+    let mut lines = mine;
+    for r in 1..n {
+        let mut len = [0u8; 8];
+        comm.recv(&mut len, r, TAG_RAILS)?;
+        let mut buf = vec![0u8; usize::try_from(u64::from_le_bytes(len))?];
+        comm.recv(&mut buf, r, TAG_RAILS)?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        lines.extend(text.lines().map(str::to_string));
+    }
+    if !lines.is_empty() {
+        println!("#");
+        println!("# TCP streams (rails) of each link, by sender, local -> remote:");
+        for l in &lines {
+            println!("{l}");
+        }
+    }
+    Ok(())
 }
 
 /// Rank 0's report: one line per link, the matrices (`--all`), the count of failures.

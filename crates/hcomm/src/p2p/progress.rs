@@ -172,7 +172,13 @@ impl State {
                     if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
                         continue;
                     }
-                    let streams = socks.len();
+                    let rails: Vec<String> = socks
+                        .iter()
+                        .map(|s| match (s.local_addr(), s.peer_addr()) {
+                            (Ok(l), Ok(p)) => format!("{} -> {}", l.ip(), p.ip()),
+                            _ => "?".to_string(),
+                        })
+                        .collect();
                     let Some(link) = self.links.tcp_mut(peer) else {
                         continue;
                     };
@@ -188,15 +194,31 @@ impl State {
                     }
                     let how = if dialed { "opened" } else { "accepted" };
                     let line = format!(
-                        "hcomm: rank {}: TCP link to world rank {peer} up ({how}, {streams} \
-                         streams)",
-                        self.cfg.rank
+                        "hcomm: rank {}: TCP link to world rank {peer} up ({how}, {} streams: \
+                         {})",
+                        self.cfg.rank,
+                        rails.len(),
+                        rails.join(", ")
                     );
                     if self.cfg.debug {
                         // HCOMM_DEBUG=1 asks for exactly this on the terminal.
                         eprintln!("{line}");
                     }
                     tracing::debug!("{line}");
+                    self.flush_link(peer, 0);
+                    self.drive(peer, 0);
+                }
+                Ready::Rail { peer, stream, sock } => {
+                    if self.peers[peer].as_ref().is_none_or(|p| p.lost.is_some()) {
+                        continue;
+                    }
+                    let Some(link) = self.links.tcp_mut(peer) else {
+                        continue;
+                    };
+                    if let Err(why) = link.replace(stream, sock) {
+                        self.fail_peer(peer, why);
+                        continue;
+                    }
                     self.flush_link(peer, 0);
                     self.drive(peer, 0);
                 }

@@ -34,12 +34,17 @@ fn config(rank: usize) -> EngineConfig {
 /// The engines of a world of `n` ranks in this process, each listening on loopback, with
 /// `streams` connections per pair once a pair is used.
 pub(super) fn world(n: usize, streams: usize) -> Vec<Engine> {
+    world_with(n, streams, None)
+}
+
+/// [`world`] with `HCOMM_FAILOVER` set to `failover`.
+fn world_with(n: usize, streams: usize, failover: Option<bool>) -> Vec<Engine> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("listen on loopback"))
         .collect();
     let addrs: Vec<_> = listeners
         .iter()
-        .map(|l| l.local_addr().expect("listener address"))
+        .map(|l| vec![l.local_addr().expect("listener address")])
         .collect();
     listeners
         .into_iter()
@@ -52,6 +57,8 @@ pub(super) fn world(n: usize, streams: usize) -> Vec<Engine> {
                 streams,
                 secret: b"engine tests".to_vec(),
                 timeout: WAIT,
+                failover,
+                link_timeout: WAIT,
             };
             Engine::new(n, Some(mesh), None, None, config(rank)).expect("an engine")
         })
@@ -124,6 +131,43 @@ fn messages_of_one_tag_match_in_order_and_tags_do_not_block_each_other() {
     }
     for id in sends {
         e0.wait(id, Deadline::After(WAIT)).expect("send");
+    }
+}
+
+/// A pair that can fail over (records, acknowledgements, frames kept until acknowledged)
+/// delivers messages of every protocol both ways, in order per tag, and every send
+/// completes: data sends only once acknowledged, so a window of them finishing proves the
+/// acknowledgements flow.
+#[test]
+fn a_pair_ready_to_fail_over_delivers_everything_in_order_both_ways() {
+    let mut w = world_with(2, 3, Some(true));
+    let e1 = w.pop().expect("two engines");
+    let e0 = w.pop().expect("two engines");
+    let sizes = [0, 1, 100, EAGER, EAGER + 1, 3 * EAGER + 17, 1 << 20, 5];
+    for round in 0..3u8 {
+        let msgs: Vec<Vec<u8>> = sizes.iter().map(|&n| bytes(n, round)).collect();
+        let mut sends = Vec::new();
+        for m in &msgs {
+            sends.push((&e0, send(&e0, target(1, 7, [0; 2]), m)));
+            sends.push((&e1, send(&e1, target(0, 7, [0; 2]), m)));
+        }
+        for (e, peer) in [(&e1, 0), (&e0, 1)] {
+            let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|m| vec![0u8; m.len()]).collect();
+            let ids: Vec<OpId> = bufs
+                .iter_mut()
+                .map(|b| recv(e, target(peer, 7, [0; 2]), b))
+                .collect();
+            for (id, m) in ids.into_iter().zip(&msgs) {
+                assert_eq!(e.wait(id, Deadline::After(WAIT)).expect("receive"), m.len());
+            }
+            assert_eq!(bufs, msgs, "round {round}");
+        }
+        for (e, id) in sends {
+            e.wait(id, Deadline::After(WAIT)).expect("send");
+        }
+    }
+    for e in [&e0, &e1] {
+        assert_eq!(e.protocol_stats().tcp_failovers, 0);
     }
 }
 

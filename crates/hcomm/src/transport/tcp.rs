@@ -22,7 +22,7 @@
 //! pairs that came up ([`Mesh::take_ready`]) after the mesh's `notify` woke it.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -53,6 +53,8 @@ const HELLO_MAGIC: &[u8; 4] = b"HCMT";
 /// The acceptor's verdicts on a connection, sent after the handshake.
 const TAKEN: u8 = 1;
 const REFUSED: u8 = 0;
+/// In a hello's stream number: the connection replaces that stream of a pair that is up.
+const REPLACES: u16 = 0x8000;
 /// Which connection of which rank a hello announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Hello {
@@ -100,6 +102,38 @@ pub(crate) fn listen(ip: IpAddr) -> Result<TcpListener> {
         .listen(1024)
         .map_err(|e| Error::transport("listening", e))?;
     Ok(socket.into())
+}
+
+/// Binds one listener that every address of `ips` (a rank's rails) reaches, on a free port:
+/// on that address itself when there is one, else on the unspecified address of their family
+/// (`::`, which takes IPv4 too, when they mix families).
+pub(crate) fn listen_all(ips: &[IpAddr]) -> Result<TcpListener> {
+    match ips {
+        [] => Err(Error::internal("no address to listen on")),
+        [one] => listen(*one),
+        many if many.iter().all(IpAddr::is_ipv4) => listen(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        _ => listen(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    }
+}
+
+/// What a rank publishes: its address on every rail, `ip:port` or `[ip]:port`, joined by
+/// commas.
+pub(crate) fn format_addrs(ips: &[IpAddr], port: u16) -> String {
+    let addrs: Vec<String> = ips
+        .iter()
+        .map(|ip| SocketAddr::new(*ip, port).to_string())
+        .collect();
+    addrs.join(",")
+}
+
+/// Reads what a rank published ([`format_addrs`]): `None` unless every address parses and
+/// there is at least one.
+pub(crate) fn parse_addrs(text: &str) -> Option<Vec<SocketAddr>> {
+    let addrs = text
+        .split(',')
+        .map(|a| a.trim().parse::<SocketAddr>().ok())
+        .collect::<Option<Vec<_>>>()?;
+    (!addrs.is_empty()).then_some(addrs)
 }
 
 /// Sets the options of a data-path socket.
@@ -206,6 +240,16 @@ pub(crate) enum Ready {
         /// This rank dialed them (else it accepted them).
         dialed: bool,
     },
+    /// A new connection for stream `stream` of a pair that is up, whose earlier connection
+    /// died (its rail came back: [`Mesh::redial`]).
+    Rail {
+        /// The peer's world rank.
+        peer: usize,
+        /// The stream it replaces.
+        stream: usize,
+        /// The connection.
+        sock: TcpStream,
+    },
     /// Connecting to the peer failed: it is lost.
     Failed {
         /// The peer's world rank.
@@ -222,14 +266,53 @@ pub(crate) struct MeshConfig {
     pub listener: TcpListener,
     /// This rank.
     pub rank: usize,
-    /// Where every rank listens, by world rank.
-    pub addrs: Vec<SocketAddr>,
-    /// Connections per pair (`HCOMM_TCP_STREAMS`).
+    /// Where every rank listens, by world rank: one address per rail (interface), its first
+    /// rail first.
+    pub addrs: Vec<Vec<SocketAddr>>,
+    /// Connections per pair (`HCOMM_TCP_STREAMS`), at least one per rail the pair shares
+    /// ([`MeshConfig::streams_with`]).
     pub streams: usize,
     /// The job secret.
     pub secret: Vec<u8>,
     /// `HCOMM_TIMEOUT`: how long a dial may take.
     pub timeout: Duration,
+    /// `HCOMM_FAILOVER`: `None` for pairs that share two rails or more, `Some(true)` for
+    /// every pair of several streams, `Some(false)` for none.
+    pub failover: Option<bool>,
+    /// `HCOMM_LINK_TIMEOUT`: how long a stream that can fail over may leave data
+    /// unacknowledged.
+    pub link_timeout: Duration,
+}
+
+impl MeshConfig {
+    /// The rails this rank shares with `peer`: the fewer of their interfaces.
+    pub(crate) fn rails_with(&self, peer: usize) -> usize {
+        let rails = |r: usize| self.addrs.get(r).map_or(1, |a| a.len().max(1));
+        rails(self.rank).min(rails(peer))
+    }
+
+    /// The connections of the pair with `peer`: `HCOMM_TCP_STREAMS`, or one per rail they
+    /// share if that is more (both ends compute the same from the published addresses).
+    pub(crate) fn streams_with(&self, peer: usize) -> usize {
+        self.streams.max(self.rails_with(peer))
+    }
+
+    /// Whether the pair with `peer` moves the frames of a stream that died to another
+    /// (`HCOMM_FAILOVER`; it needs two streams or more): the link timeout if so. Both ends
+    /// decide the same from the same settings and the published addresses.
+    pub(crate) fn failover_with(&self, peer: usize) -> Option<Duration> {
+        let on = match self.failover {
+            None => self.rails_with(peer) >= 2,
+            Some(on) => on,
+        };
+        (on && self.streams_with(peer) >= 2).then_some(self.link_timeout)
+    }
+
+    /// The address of `peer` that stream `stream` dials: stream `s` takes rail `s % rails`.
+    pub(crate) fn addr_of(&self, peer: usize, stream: usize) -> SocketAddr {
+        let addrs = &self.addrs[peer];
+        addrs[stream % self.rails_with(peer) % addrs.len()]
+    }
 }
 
 /// The connections of one rank with its peers, made on demand (see the module docs).
@@ -253,6 +336,7 @@ struct MeshShared {
     next_live: AtomicU64,
     opened: AtomicU64,
     accepted: AtomicU64,
+    failovers: AtomicU64,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -294,6 +378,7 @@ impl Mesh {
                 next_live: AtomicU64::new(0),
                 opened: AtomicU64::new(0),
                 accepted: AtomicU64::new(0),
+                failovers: AtomicU64::new(0),
             }),
         })
     }
@@ -380,6 +465,49 @@ impl Mesh {
             self.sh.opened.load(Ordering::Relaxed),
             self.sh.accepted.load(Ordering::Relaxed),
         )
+    }
+
+    /// The settings the mesh was started with.
+    pub(crate) fn config(&self) -> &MeshConfig {
+        &self.sh.cfg
+    }
+
+    /// Dials stream `stream` of the pair with `peer` again, its earlier connection having
+    /// died: a try every link timeout, each bounded by it, until one is taken (the new
+    /// connection comes as [`Ready::Rail`]), the mesh stops, or `HCOMM_TIMEOUT` passed.
+    pub(crate) fn redial(&self, peer: usize, stream: usize) {
+        let sh = Arc::clone(&self.sh);
+        let _ = spawn(&self.sh, "hcomm-redial", move || {
+            let every = sh.cfg.link_timeout;
+            let until = Instant::now() + sh.cfg.timeout;
+            while !sh.stop.load(Ordering::SeqCst) && Instant::now() < until {
+                let tried = Instant::now();
+                let deadline = tried + every;
+                let hello = stream as u16 | REPLACES;
+                if let Ok(Some(sock)) = connect_one(&sh, peer, usize::from(hello), deadline) {
+                    sh.opened.fetch_add(1, Ordering::Relaxed);
+                    deliver(&sh, Ready::Rail { peer, stream, sock });
+                    return;
+                }
+                let left = every.saturating_sub(tried.elapsed());
+                let step = Duration::from_millis(20);
+                let mut slept = Duration::ZERO;
+                while slept < left && !sh.stop.load(Ordering::SeqCst) {
+                    thread::sleep(step);
+                    slept += step;
+                }
+            }
+        });
+    }
+
+    /// Counts a failover: a stream's frames moved to another after it died.
+    pub(crate) fn count_failover(&self) {
+        self.sh.failovers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Failovers so far ([`Mesh::count_failover`]).
+    pub(crate) fn failovers(&self) -> u64 {
+        self.sh.failovers.load(Ordering::Relaxed)
     }
 
     /// Stops dialing and accepting: cuts the connections still in their handshake and joins
@@ -545,8 +673,9 @@ fn await_peer(sh: &MeshShared, peer: usize, deadline: Instant) -> bool {
 /// Dials every stream of the pair in order: `None` when the peer refused stream 0 (its own
 /// dial won the tie).
 fn dial_streams(sh: &MeshShared, peer: usize, deadline: Instant) -> Result<Option<Vec<TcpStream>>> {
-    let mut socks = Vec::with_capacity(sh.cfg.streams);
-    for s in 0..sh.cfg.streams {
+    let streams = sh.cfg.streams_with(peer);
+    let mut socks = Vec::with_capacity(streams);
+    for s in 0..streams {
         match connect_one(sh, peer, s, deadline)? {
             Some(conn) => socks.push(conn),
             None if s == 0 => return Ok(None),
@@ -571,9 +700,16 @@ fn connect_one(
     stream: usize,
     deadline: Instant,
 ) -> Result<Option<TcpStream>> {
-    let (rank, streams, size) = (sh.cfg.rank, sh.cfg.streams, sh.cfg.addrs.len());
-    let addr = sh.cfg.addrs[peer];
-    let fail = |what: String| {
+    let (rank, streams, size) = (sh.cfg.rank, sh.cfg.streams_with(peer), sh.cfg.addrs.len());
+    let replaces = stream & usize::from(REPLACES) != 0;
+    let mut addr = sh.cfg.addr_of(peer, stream & !usize::from(REPLACES));
+    // A replacement probes its own rail: no falling back to the first.
+    let first = if replaces {
+        addr
+    } else {
+        sh.cfg.addr_of(peer, 0)
+    };
+    let fail = |addr: SocketAddr, what: String| {
         Error::init(format!(
             "rank {rank} connecting to rank {peer} at {addr}: {what}"
         ))
@@ -589,7 +725,7 @@ fn connect_one(
     let mut backoff = Duration::from_millis(10);
     loop {
         if sh.stop.load(Ordering::SeqCst) {
-            return Err(fail("this rank is finalizing".into()));
+            return Err(fail(addr, "this rank is finalizing".into()));
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -603,16 +739,27 @@ fn connect_one(
             Ok(c) => c,
             // A rank listens from before its address is published until it ends (a full
             // backlog drops connections, it does not refuse them): its process is gone.
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                return Err(fail(format!(
-                    "{e}: nothing listens there any more, so its process has ended"
-                )));
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused && addr == first => {
+                return Err(fail(
+                    addr,
+                    format!("{e}: nothing listens there any more, so its process has ended"),
+                ));
             }
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
-            Err(e) => return Err(fail(e.to_string())),
+            // A rail that does not reach the peer: this stream takes its first rail (the one
+            // its address was published from reaches the store, and so, likely, the peer).
+            Err(e) if addr != first => {
+                tracing::warn!(
+                    "rank {rank}: rank {peer}'s rail at {addr} cannot be reached ({e}); stream \
+                     {stream} takes its rail at {first}"
+                );
+                addr = first;
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && !replaces => continue,
+            Err(e) => return Err(fail(addr, e.to_string())),
         };
-        tune(&conn).map_err(|e| fail(e.to_string()))?;
-        let _live = Live::track(sh, &conn).map_err(|e| fail(e.to_string()))?;
+        tune(&conn).map_err(|e| fail(addr, e.to_string()))?;
+        let _live = Live::track(sh, &conn).map_err(|e| fail(addr, e.to_string()))?;
         let theirs =
             match auth::client_handshake_detailed(&conn, &sh.cfg.secret, &hello.encode(), deadline)
             {
@@ -629,18 +776,25 @@ fn connect_one(
             Some(h)
                 if h.rank as usize == peer
                     && h.size as usize == size
-                    && h.streams as usize == streams => {}
+                    && h.streams as usize == sh.cfg.streams => {}
             _ => {
-                return Err(fail(format!(
-                    "the process there is not rank {peer} of this job with {streams} streams \
-                     per peer (different HCOMM_SIZE or HCOMM_TCP_STREAMS?)"
-                )))
+                return Err(fail(
+                    addr,
+                    format!(
+                        "the process there is not rank {peer} of this job with {} streams per \
+                         peer (different HCOMM_SIZE or HCOMM_TCP_STREAMS?)",
+                        sh.cfg.streams
+                    ),
+                ))
             }
         }
         return match read_verdict(&conn, deadline) {
             Ok(TAKEN) => Ok(Some(conn)),
             Ok(_) => Ok(None),
-            Err(e) => Err(fail(format!("reading its verdict on the connection: {e}"))),
+            Err(e) => Err(fail(
+                addr,
+                format!("reading its verdict on the connection: {e}"),
+            )),
         };
     }
 }
@@ -659,7 +813,7 @@ fn read_verdict(mut conn: &TcpStream, deadline: Instant) -> io::Result<u8> {
 /// whether to take it, tells the dialer, and hands the pair to the engine once all of its
 /// streams came.
 fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
-    let (rank, streams, size) = (sh.cfg.rank, sh.cfg.streams, sh.cfg.addrs.len());
+    let (rank, size) = (sh.cfg.rank, sh.cfg.addrs.len());
     let deadline = Instant::now() + HANDSHAKE_LIMIT;
     conn.set_nonblocking(false)
         .map_err(|e| Error::transport("configuring a connection", e))?;
@@ -668,7 +822,13 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
     let theirs = auth::server_handshake(&mut conn, &sh.cfg.secret, &sh.hello, deadline)?;
     let h = Hello::decode(&theirs)
         .ok_or_else(|| Error::init("malformed hello from an authenticated peer"))?;
-    let (peer, s) = (h.rank as usize, h.stream as usize);
+    let replaces = h.stream & REPLACES != 0;
+    let (peer, s) = (h.rank as usize, usize::from(h.stream & !REPLACES));
+    let streams = if peer < size {
+        sh.cfg.streams_with(peer)
+    } else {
+        0
+    };
     if h.size as usize != size
         || h.streams as usize != streams
         || peer == rank
@@ -685,7 +845,9 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
     drop(live);
     let mut pairs = lock(&sh.pairs);
     let pair = &mut pairs[peer];
-    let take = if s == 0 {
+    let take = if replaces {
+        matches!(pair, Pair::Up)
+    } else if s == 0 {
         takes(rank, peer, pair)
     } else {
         matches!(pair, Pair::Accepting { socks, .. } if socks[s].is_none())
@@ -696,6 +858,19 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
         .map_err(|e| Error::transport("sending the verdict on a connection", e))?;
     let _ = conn.set_write_timeout(None);
     if !take {
+        return Ok(());
+    }
+    if replaces {
+        drop(pairs);
+        sh.accepted.fetch_add(1, Ordering::Relaxed);
+        deliver(
+            sh,
+            Ready::Rail {
+                peer,
+                stream: s,
+                sock: conn,
+            },
+        );
         return Ok(());
     }
     // Stream 0 of a pair of several: watched until the others came (see `await_streams`).
@@ -938,6 +1113,63 @@ mod tests {
             wanted: true,
         };
         assert!(takes(0, 1, &stale));
+    }
+
+    /// Published addresses round-trip, IPv6 bracketed; a malformed list is refused whole.
+    #[test]
+    fn rails_publish_every_address_bracketing_ipv6() {
+        let ips: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "fd00::2".parse().unwrap()];
+        let text = format_addrs(&ips, 4242);
+        assert_eq!(text, "10.0.0.1:4242,[fd00::2]:4242");
+        let back = parse_addrs(&text).unwrap();
+        assert_eq!(back.iter().map(|a| a.ip()).collect::<Vec<_>>(), ips);
+        assert!(back.iter().all(|a| a.port() == 4242));
+        for bad in ["", "10.0.0.1", "fd00::2:4242", "10.0.0.1:1,", "x:1"] {
+            assert_eq!(parse_addrs(bad), None, "{bad}");
+        }
+    }
+
+    /// Streams go round the rails the pair shares; at least one stream per shared rail.
+    #[test]
+    fn streams_take_the_rails_in_turn() {
+        let a = |s: &str| parse_addrs(s).unwrap();
+        let cfg = MeshConfig {
+            listener: TcpListener::bind("127.0.0.1:0").unwrap(),
+            rank: 0,
+            addrs: vec![
+                a("10.0.0.1:1,10.0.1.1:1"),
+                a("10.0.0.2:2,10.0.1.2:2"),
+                a("[fd00::3]:3"),
+            ],
+            streams: 1,
+            secret: Vec::new(),
+            timeout: Duration::from_secs(1),
+            failover: None,
+            link_timeout: Duration::from_secs(1),
+        };
+        assert_eq!(cfg.streams_with(1), 2);
+        assert_eq!(cfg.streams_with(2), 1);
+        let dialed: Vec<String> = (0..4).map(|s| cfg.addr_of(1, s).to_string()).collect();
+        assert_eq!(
+            dialed,
+            ["10.0.0.2:2", "10.0.1.2:2", "10.0.0.2:2", "10.0.1.2:2"]
+        );
+        assert_eq!(cfg.addr_of(2, 1).to_string(), "[fd00::3]:3");
+        // Failover by default where two rails are shared; forced, where two streams are.
+        assert!(cfg.failover_with(1).is_some() && cfg.failover_with(2).is_none());
+        let more = MeshConfig { streams: 4, ..cfg };
+        assert_eq!(more.streams_with(1), 4);
+        assert!(more.failover_with(2).is_none());
+        let forced = MeshConfig {
+            failover: Some(true),
+            ..more
+        };
+        assert!(forced.failover_with(2).is_some());
+        let off = MeshConfig {
+            failover: Some(false),
+            ..forced
+        };
+        assert!(off.failover_with(1).is_none());
     }
 
     /// Whatever an authenticated peer says in its hello: decoding never panics or allocates,

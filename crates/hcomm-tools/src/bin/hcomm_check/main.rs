@@ -12,6 +12,7 @@
 mod coll;
 mod failure;
 mod p2p;
+mod rails;
 mod resources;
 mod soak;
 
@@ -200,6 +201,26 @@ enum Scenario {
         #[arg(long, default_value_t = 1 << 20)]
         pool_bytes: usize,
     },
+    /// Checked traffic in a loop for the failover tests (see `rails.rs`): every rank prints
+    /// `step K US` every --every steps (US: microseconds since the start), then `failovers N`
+    /// (its `tcp_failovers`) and `took MS`.
+    Rails {
+        /// What the ranks exchange.
+        #[arg(long, value_enum)]
+        traffic: rails::Traffic,
+        /// Exchanges.
+        #[arg(long, default_value_t = 100)]
+        count: usize,
+        /// Bytes of an all-reduce, or of every fourth ordered message.
+        #[arg(long, default_value_t = 1 << 20)]
+        bytes: usize,
+        /// Steps between progress lines.
+        #[arg(long, default_value_t = 1)]
+        every: usize,
+        /// Microseconds each rank pauses after each step.
+        #[arg(long, default_value_t = 0)]
+        pause_us: u64,
+    },
     /// All-reduce (float32 sum) and broadcast on pool buffers of --bytes bytes each, which
     /// the pool must serve, with every result checked; then the same again on fresh
     /// buffers, which must reuse the freed blocks.
@@ -324,6 +345,17 @@ fn run(scenario: Scenario) -> Result<()> {
         }
         Scenario::Abort { aborter, pending } => {
             return failure::abort(comm, aborter, pending, before).map(|()| println!("OK abort"));
+        }
+        Scenario::Rails {
+            traffic,
+            count,
+            bytes,
+            every,
+            pause_us,
+        } => {
+            let pause = Duration::from_micros(pause_us);
+            rails::rails(&comm, traffic, count, bytes, every, pause)?;
+            "rails"
         }
         Scenario::Protocols { nodump } => {
             if nodump == Some(comm.rank()) {

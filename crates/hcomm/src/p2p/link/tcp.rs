@@ -6,6 +6,20 @@
 //! takes stream 0 too: after it, the end of stream 0 is orderly, and data may still arrive on
 //! the others until they end too.
 //!
+//! **Failover** (`HCOMM_FAILOVER`; by default on pairs that share two rails or more): every
+//! frame on a stream is preceded by a record ([`Record`]) naming its origin (the stream it was
+//! first written on, and its number there) and acknowledging the frames read so far on the
+//! same stream the other way. A sender keeps each frame it wrote until the peer acknowledged
+//! it: control and eager frames as a copy (their sends complete when written, as without
+//! failover), data frames in place, their sends completing when acknowledged (a stream that
+//! goes quiet asks for an acknowledgement with its last frame). A stream that fails (an
+//! error, an end without goodbye, or data unacknowledged for `HCOMM_LINK_TIMEOUT`, which the
+//! kernel enforces with `TCP_USER_TIMEOUT`) is dropped, and what it held and queued goes out
+//! on another, in order, with its origin: the receiver takes each origin's frames in order
+//! once, skips those it already had, and resumes a payload it was reading on the dead stream.
+//! The ordered frames move with it. Nothing is lost, duplicated or reordered; only when the
+//! last stream fails is the peer lost ("all links lost").
+//!
 //! The link exists from init but its connection does not: it is made on the link's first use
 //! ([`Link::want`], or the first frame pushed), by the world's [`Mesh`], and handed to the
 //! link when it is up ([`TcpLink::attach`]); frames pushed meanwhile wait, in order, and go
@@ -15,6 +29,9 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
+use std::time::Duration;
 
 use rustix::event::epoll;
 
@@ -29,6 +46,93 @@ use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 const RX_BUF: usize = 64 * 1024;
 /// Read and write rounds per stream per event, so one busy peer cannot starve the others.
 const MAX_ROUNDS: usize = 64;
+/// A receiver acknowledges at least every this many frames read on a stream.
+const ACK_EVERY: u64 = 32;
+
+/// Bytes of a failover record.
+const REC_LEN: usize = 24;
+/// "RA": a failover record.
+const REC_MAGIC: u16 = 0x4152;
+/// Record flag: no frame follows (an acknowledgement alone).
+const REC_ACK_ONLY: u16 = 1;
+/// Record flag: the receiver should acknowledge at once (the sender's stream goes quiet).
+const REC_ACK_WANTED: u16 = 2;
+/// Record flag (with [`REC_ACK_ONLY`]): the sender gave up the stream the origin names; the
+/// receiver gives it up too, and sends what it held there on another.
+const REC_DROPPED: u16 = 4;
+
+/// The record before each frame on a stream that can fail over (little-endian: magic u16,
+/// flags u16, origin stream u16, its generation u16, origin number u64, acknowledged u64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    flags: u16,
+    /// The stream the frame was first written on, and its number among that stream's frames.
+    origin: Origin,
+    /// Frames this side has read in full on this stream.
+    ack: u64,
+}
+
+/// Where a frame was first written: stream, the stream's generation (how many times its
+/// connection was made again after it died), and number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Origin {
+    stream: u16,
+    gen: u16,
+    seq: u64,
+}
+
+impl Origin {
+    /// The stream and generation alone (whose frames are numbered from 0).
+    fn key(&self) -> (u16, u16) {
+        (self.stream, self.gen)
+    }
+}
+
+impl Record {
+    fn encode(&self) -> [u8; REC_LEN] {
+        let mut b = [0u8; REC_LEN];
+        b[0..2].copy_from_slice(&REC_MAGIC.to_le_bytes());
+        b[2..4].copy_from_slice(&self.flags.to_le_bytes());
+        b[4..6].copy_from_slice(&self.origin.stream.to_le_bytes());
+        b[6..8].copy_from_slice(&self.origin.gen.to_le_bytes());
+        b[8..16].copy_from_slice(&self.origin.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.ack.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Record> {
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        if b.len() != REC_LEN || u16_at(0) != REC_MAGIC {
+            return None;
+        }
+        let flags = u16_at(2);
+        if flags & !(REC_ACK_ONLY | REC_ACK_WANTED | REC_DROPPED) != 0 {
+            return None;
+        }
+        Some(Record {
+            flags,
+            origin: Origin {
+                stream: u16_at(4),
+                gen: u16_at(6),
+                seq: u64_at(8),
+            },
+            ack: u64_at(16),
+        })
+    }
+}
+
+/// A frame in a stream's queue: its origin once it was given one (when first written, or
+/// before, for a frame moved from a stream that died).
+#[derive(Debug)]
+struct Queued {
+    f: OutFrame,
+    origin: Option<Origin>,
+}
 
 #[derive(Debug)]
 enum RxState {
@@ -40,12 +144,18 @@ enum RxState {
         dest: Dest,
         done: usize,
     },
+    /// The payload of a frame this side already had (sent again after a failover), dropped.
+    Skip {
+        left: usize,
+    },
 }
 
 #[derive(Debug)]
 struct Stream {
     sock: TcpStream,
-    out: VecDeque<OutFrame>,
+    /// The local and remote addresses, for messages.
+    rail: String,
+    out: VecDeque<Queued>,
     /// Registered for `EPOLLOUT` (frames wait for room).
     want_out: bool,
     rx_buf: Box<[u8]>,
@@ -61,6 +171,84 @@ struct Stream {
     /// Reads since the stream became ready, and whether the last one emptied the socket.
     reads: usize,
     short_read: bool,
+    /// Failover only: the stream died and its frames went to another.
+    dead: bool,
+    /// The record being written (`rec_len` 0: none), and whether it is the front frame's
+    /// (else an acknowledgement alone); whether the front frame's record was composed.
+    rec: [u8; REC_LEN],
+    rec_len: usize,
+    rec_done: usize,
+    rec_frame: bool,
+    front_rec: bool,
+    /// Frames written in full, and those of them the peer acknowledged; the unacknowledged
+    /// ones, kept to be sent again should the stream die, and how many of them are data
+    /// frames whose sends complete when acknowledged.
+    written: u64,
+    acked: u64,
+    unacked: VecDeque<Queued>,
+    held_ops: usize,
+    /// Frames read in full, the count last acknowledged, whether an acknowledgement is due,
+    /// and whether the frame being read asked for one.
+    read: u64,
+    ack_sent: u64,
+    ack_due: bool,
+    ack_wanted: bool,
+    /// The origin of the frame being read.
+    reading: Option<Origin>,
+    /// Streams this side gave up (and their generations), to tell the peer on this one.
+    notices: VecDeque<(u16, u16)>,
+    /// How many times this stream's connection was made again.
+    gen: u16,
+}
+
+impl Stream {
+    fn new(sock: TcpStream) -> Stream {
+        let rail = match (sock.local_addr(), sock.peer_addr()) {
+            (Ok(l), Ok(p)) => format!("{} -> {}", l.ip(), p.ip()),
+            _ => "?".to_string(),
+        };
+        Stream {
+            sock,
+            rail,
+            out: VecDeque::new(),
+            want_out: false,
+            rx_buf: vec![0u8; RX_BUF].into_boxed_slice(),
+            rx_start: 0,
+            rx_end: 0,
+            rx: RxState::Header,
+            eof: false,
+            // Anything the peer sent before the registration is read on the next poll.
+            ready_in: true,
+            ready_out: false,
+            reads: 0,
+            short_read: false,
+            dead: false,
+            rec: [0; REC_LEN],
+            rec_len: 0,
+            rec_done: 0,
+            rec_frame: false,
+            front_rec: false,
+            written: 0,
+            acked: 0,
+            unacked: VecDeque::new(),
+            held_ops: 0,
+            read: 0,
+            ack_sent: 0,
+            ack_due: false,
+            ack_wanted: false,
+            reading: None,
+            notices: VecDeque::new(),
+            gen: 0,
+        }
+    }
+
+    /// Whether the stream has something to write (a frame, a record, an acknowledgement due).
+    fn has_output(&self) -> bool {
+        !self.out.is_empty()
+            || self.rec_len > 0
+            || !self.notices.is_empty()
+            || (self.ack_due && self.read > self.ack_sent)
+    }
 }
 
 /// What reading a stream ended with.
@@ -71,6 +259,28 @@ enum ReadEnd {
     Eof,
     /// The stream failed: the reason.
     Failed(String),
+}
+
+/// What reading a stream found.
+enum Got {
+    /// A frame's header, with its record on a stream that can fail over.
+    Header(FrameHeader, Option<Record>),
+    /// An acknowledgement alone.
+    Ack(Record),
+    /// A payload placed earlier has fully arrived.
+    Payload(FrameHeader, Dest),
+    /// A payload this side already had was dropped to its end.
+    Skipped,
+}
+
+/// A warning operators must see: through the logger when one is installed, else on stderr
+/// (as the stall warnings).
+fn warn(msg: &str) {
+    if tracing::dispatcher::has_been_set() {
+        tracing::warn!("{msg}");
+    } else {
+        eprintln!("hcomm: {msg}");
+    }
 }
 
 /// One nonblocking read: `Some(n)` bytes, `None` when nothing is there now.
@@ -113,7 +323,19 @@ pub(in crate::p2p) struct TcpLink {
     next_data: usize,
     /// The stream being read.
     cur: usize,
-    /// The peer's goodbye came on stream 0.
+    /// The stream of the ordered frames (0 until it dies).
+    lane: usize,
+    /// The link timeout when the pair can fail over (`HCOMM_FAILOVER`).
+    failover: Option<Duration>,
+    /// Failover: the next number of each stream's frames; the next number expected from
+    /// each origin stream; a payload whose stream died while it was being read (the header
+    /// was dispatched), by origin stream, resumed when the frame comes again.
+    next_seq: Vec<u64>,
+    rseq: HashMap<(u16, u16), u64>,
+    partial: HashMap<(u16, u16), (FrameHeader, Dest)>,
+    /// Sends whose data frames were all acknowledged, reported by `poll`.
+    acked_ops: VecDeque<OpId>,
+    /// The peer's goodbye came on the ordered stream.
     goodbye: bool,
     closed: bool,
     caps: Caps,
@@ -137,6 +359,12 @@ impl TcpLink {
             streams: Vec::new(),
             next_data: 0,
             cur: 0,
+            lane: 0,
+            failover: None,
+            next_seq: Vec::new(),
+            rseq: HashMap::default(),
+            partial: HashMap::default(),
+            acked_ops: VecDeque::new(),
             goodbye: false,
             closed: false,
             caps: Caps {
@@ -163,9 +391,20 @@ impl TcpLink {
             ))
             .with_peer(PeerRank::world(self.peer)));
         }
+        self.failover = self
+            .mesh
+            .config()
+            .failover_with(self.peer)
+            .filter(|_| socks.len() >= 2);
         for (s, sock) in socks.into_iter().enumerate() {
             sock.set_nonblocking(true)
                 .map_err(|e| Error::transport("configuring a link", e))?;
+            if let Some(limit) = self.failover {
+                // Data unacknowledged this long fails the stream (link down, black hole).
+                socket2::SockRef::from(&sock)
+                    .set_tcp_user_timeout(Some(limit))
+                    .map_err(|e| Error::transport("configuring a link", e))?;
+            }
             epoll::add(
                 &self.io.epoll,
                 &sock,
@@ -173,27 +412,68 @@ impl TcpLink {
                 epoll::EventFlags::IN,
             )
             .map_err(|e| Error::init(format!("epoll_ctl: {e}")).with_source(e.into()))?;
-            self.streams.push(Stream {
-                sock,
-                out: VecDeque::new(),
-                want_out: false,
-                rx_buf: vec![0u8; RX_BUF].into_boxed_slice(),
-                rx_start: 0,
-                rx_end: 0,
-                rx: RxState::Header,
-                eof: false,
-                // Anything the peer sent before the registration is read on the next poll.
-                ready_in: true,
-                ready_out: false,
-                reads: 0,
-                short_read: false,
-            });
+            self.streams.push(Stream::new(sock));
         }
+        self.next_seq = vec![0; self.streams.len()];
         self.conn = Conn::Up;
         for frame in std::mem::take(&mut self.waiting) {
             self.push(frame);
         }
         Ok(())
+    }
+
+    /// A new connection for stream `i`, whose earlier one died (its rail came back): the
+    /// stream carries frames again, as the next generation of its origin numbers. A stream
+    /// this side still used is given up first (the peer found it dead).
+    pub(in crate::p2p) fn replace(&mut self, i: usize, sock: TcpStream) -> Result<(), String> {
+        let (Some(limit), Some(old)) = (self.failover, self.streams.get(i)) else {
+            return Ok(());
+        };
+        if self.closed {
+            return Ok(());
+        }
+        if !old.dead {
+            self.fail_stream(i, "the peer connected it again")?;
+        }
+        let gen = self.streams[i].gen.wrapping_add(1);
+        let setup = sock
+            .set_nonblocking(true)
+            .and_then(|()| socket2::SockRef::from(&sock).set_tcp_user_timeout(Some(limit)));
+        if let Err(e) = setup {
+            return Err(format!("configuring a stream connected again: {e}"));
+        }
+        epoll::add(
+            &self.io.epoll,
+            &sock,
+            epoll::EventData::new_u64(token(self.peer, self.index, i)),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| format!("epoll_ctl: {e}"))?;
+        let mut stream = Stream::new(sock);
+        stream.gen = gen;
+        warn(&format!(
+            "rank {}: the link to world rank {} has its stream {i} back, on rail {}",
+            self.mesh.config().rank,
+            self.peer,
+            stream.rail
+        ));
+        self.streams[i] = stream;
+        self.next_seq[i] = 0;
+        Ok(())
+    }
+
+    /// Each stream's rail, `local -> remote`, ` (lost)` after one that failed.
+    pub(in crate::p2p) fn rails(&self) -> Vec<String> {
+        self.streams
+            .iter()
+            .map(|s| {
+                if s.dead {
+                    format!("{} (lost)", s.rail)
+                } else {
+                    s.rail.clone()
+                }
+            })
+            .collect()
     }
 
     /// Whether the connection is up.
@@ -218,16 +498,98 @@ impl TcpLink {
             .map_err(|e| Error::transport("duplicating a link for the watcher", e))
     }
 
+    /// Composes the next record of stream `i` (failover): the front frame's, else an
+    /// acknowledgement alone when one is due.
+    fn compose_record(&mut self, i: usize) {
+        let s = &mut self.streams[i];
+        if s.rec_len > 0 {
+            return;
+        }
+        let last = s.out.len() == 1;
+        let notice = if s.front_rec {
+            None
+        } else {
+            s.notices.pop_front()
+        };
+        let (flags, origin) = match s.out.front_mut() {
+            _ if notice.is_some() => {
+                s.rec_frame = false;
+                let (stream, gen) = notice.unwrap_or_default();
+                let origin = Origin {
+                    stream,
+                    gen,
+                    seq: 0,
+                };
+                (REC_ACK_ONLY | REC_DROPPED, origin)
+            }
+            Some(q) if !s.front_rec => {
+                let origin = *q.origin.get_or_insert_with(|| {
+                    let seq = self.next_seq[i];
+                    self.next_seq[i] += 1;
+                    Origin {
+                        stream: i as u16,
+                        gen: s.gen,
+                        seq,
+                    }
+                });
+                // The stream goes quiet after this frame while sends wait for their
+                // acknowledgement: ask for it at once.
+                let wanted = last && (q.f.kind == FrameKind::Data || s.held_ops > 0);
+                s.front_rec = true;
+                s.rec_frame = true;
+                (if wanted { REC_ACK_WANTED } else { 0 }, origin)
+            }
+            None if s.ack_due && s.read > s.ack_sent => {
+                s.rec_frame = false;
+                let origin = Origin {
+                    stream: 0,
+                    gen: 0,
+                    seq: 0,
+                };
+                (REC_ACK_ONLY, origin)
+            }
+            _ => return,
+        };
+        s.ack_due = false;
+        s.ack_sent = s.read;
+        s.rec = Record {
+            flags,
+            origin,
+            ack: s.read,
+        }
+        .encode();
+        s.rec_len = REC_LEN;
+        s.rec_done = 0;
+    }
+
     /// Writes queued frames of stream `i` until the socket is full or the queue empty.
     fn flush_stream(&mut self, i: usize, ops: &Ops, sent: &mut Vec<OpId>) -> Result<bool, String> {
-        let s = &mut self.streams[i];
-        s.ready_out = false;
+        let reliable = self.failover.is_some();
+        self.streams[i].ready_out = false;
         let mut moved = false;
         let mut outcome = Ok(());
         for _ in 0..MAX_ROUNDS {
-            let Some(f) = s.out.front_mut() else { break };
-            let payload = frame_payload(f, ops).get(f.done..).unwrap_or_default();
-            let bufs = [IoSlice::new(&f.hdr[f.hdr_done..]), IoSlice::new(payload)];
+            if reliable {
+                self.compose_record(i);
+            }
+            let s = &mut self.streams[i];
+            let rec = &s.rec[s.rec_done..s.rec_len];
+            let front = if s.rec_len > 0 && !s.rec_frame {
+                None
+            } else {
+                s.out.front_mut()
+            };
+            if front.is_none() && rec.is_empty() {
+                break;
+            }
+            let (hdr, payload) = match &front {
+                Some(q) => (
+                    &q.f.hdr[q.f.hdr_done..],
+                    frame_payload(&q.f, ops).get(q.f.done..).unwrap_or_default(),
+                ),
+                None => (&[][..], &[][..]),
+            };
+            let bufs = [IoSlice::new(rec), IoSlice::new(hdr), IoSlice::new(payload)];
             match s.sock.write_vectored(&bufs) {
                 Ok(0) => {
                     outcome = Err("the connection accepts no more data".to_string());
@@ -235,14 +597,46 @@ impl TcpLink {
                 }
                 Ok(n) => {
                     moved = true;
-                    let h = n.min(HEADER_LEN - f.hdr_done);
-                    f.hdr_done += h;
-                    f.done += n - h;
-                    if f.hdr_done == HEADER_LEN && f.done == f.len {
-                        if let Some(id) = f.op {
+                    let r = n.min(s.rec_len - s.rec_done);
+                    s.rec_done += r;
+                    if s.rec_done == s.rec_len {
+                        s.rec_len = 0;
+                        s.rec_done = 0;
+                    }
+                    let n = n - r;
+                    let Some(q) = s.out.front_mut().filter(|_| s.rec_frame || !reliable) else {
+                        continue;
+                    };
+                    let h = n.min(HEADER_LEN - q.f.hdr_done);
+                    q.f.hdr_done += h;
+                    q.f.done += n - h;
+                    if q.f.hdr_done == HEADER_LEN && q.f.done == q.f.len && s.rec_len == 0 {
+                        let Some(mut q) = s.out.pop_front() else {
+                            break;
+                        };
+                        s.front_rec = false;
+                        s.rec_frame = false;
+                        s.written += 1;
+                        if !reliable {
+                            if let Some(id) = q.f.op {
+                                sent.push(id);
+                            }
+                            continue;
+                        }
+                        // Kept until acknowledged: data in place (its send completes then),
+                        // anything else as a copy (its send completes now).
+                        if q.f.kind == FrameKind::Data && q.f.op.is_some() && q.f.owned.is_none() {
+                            s.held_ops += 1;
+                        } else if let Some(id) = q.f.op {
+                            if q.f.owned.is_none() && q.f.len > 0 {
+                                q.f.owned = Some(frame_payload(&q.f, ops).to_vec());
+                            }
+                            q.f.op = None;
                             sent.push(id);
                         }
-                        s.out.pop_front();
+                        q.f.hdr_done = 0;
+                        q.f.done = 0;
+                        s.unacked.push_back(q);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -253,11 +647,12 @@ impl TcpLink {
                 }
             }
         }
-        let want = !s.out.is_empty();
-        if outcome.is_ok() && want && s.eof {
+        let s = &mut self.streams[i];
+        let want = s.has_output();
+        if outcome.is_ok() && !s.out.is_empty() && s.eof {
             // Its streams are out of the poll set: the rest could never be written.
             outcome = Err("it finalized with messages to it still queued".to_string());
-        } else if outcome.is_ok() && want != s.want_out {
+        } else if outcome.is_ok() && want != s.want_out && !s.eof {
             let mut flags = epoll::EventFlags::IN;
             if want {
                 flags |= epoll::EventFlags::OUT;
@@ -275,29 +670,150 @@ impl TcpLink {
         outcome.map(|()| moved)
     }
 
-    /// Reads stream `i` until a frame's header or payload is complete (`Ok(rx)`), or it has
-    /// nothing more now, within a bounded number of reads since it became ready.
-    fn read(&mut self, i: usize, dests: &mut Dests<'_>) -> std::result::Result<Rx, ReadEnd> {
+    /// The peer acknowledged `ack` frames of stream `i`: they are dropped, and the sends
+    /// whose data frames they were complete (reported by `poll`).
+    fn on_ack(&mut self, i: usize, ack: u64) -> Result<(), String> {
+        let s = &mut self.streams[i];
+        if ack > s.written {
+            return Err(format!(
+                "it acknowledged {ack} frames on rail {} where {} were sent",
+                s.rail, s.written
+            ));
+        }
+        while s.acked < ack {
+            s.acked += 1;
+            if let Some(id) = s.unacked.pop_front().and_then(|q| q.f.op) {
+                s.held_ops -= 1;
+                self.acked_ops.push_back(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// A frame of stream `i` was read in full (failover): counted, and acknowledged at once
+    /// when the sender asked or enough went unacknowledged.
+    fn frame_read(&mut self, i: usize) {
+        let s = &mut self.streams[i];
+        s.read += 1;
+        if std::mem::take(&mut s.ack_wanted) || s.read - s.ack_sent >= ACK_EVERY {
+            s.ack_due = true;
+            if s.out.is_empty() && s.rec_len == 0 && !s.dead && !s.eof {
+                // Written now if the socket takes it, else on its next event.
+                let _ = self.flush_stream(i, &Ops::default(), &mut Vec::new());
+            }
+        }
+    }
+
+    /// Stream `i` failed (`why`): with failover and another stream left, it is dropped and
+    /// what it held or queued goes out on another, in order, the ordered frames included;
+    /// else the peer is lost (the error).
+    fn fail_stream(&mut self, i: usize, why: &str) -> Result<(), String> {
+        if self.failover.is_none() {
+            return Err(why.to_string());
+        }
+        let n = self.streams.len();
+        let Some(t) = (1..n)
+            .map(|k| (i + k) % n)
+            .find(|&k| !self.streams[k].dead && !self.streams[k].eof)
+        else {
+            return Err(format!(
+                "all links lost (the last, rail {}: {why})",
+                self.streams[i].rail
+            ));
+        };
+        let s = &mut self.streams[i];
+        s.dead = true;
+        s.ready_in = false;
+        s.ready_out = false;
+        let _ = epoll::delete(&self.io.epoll, &s.sock);
+        let _ = s.sock.shutdown(Shutdown::Both);
+        if let (RxState::Payload { hdr, dest, .. }, Some(o)) = (&s.rx, s.reading) {
+            self.partial.insert(o.key(), (*hdr, *dest));
+        }
+        s.rx = RxState::Header;
+        s.rec_len = 0;
+        s.front_rec = false;
+        s.held_ops = 0;
+        let mut moved: Vec<Queued> = s.unacked.drain(..).chain(s.out.drain(..)).collect();
+        for q in &mut moved {
+            q.f.hdr_done = 0;
+            q.f.done = 0;
+        }
+        let from = s.rail.clone();
+        let gen = s.gen;
+        let count = moved.len();
+        let to = &mut self.streams[t];
+        to.out.extend(moved);
+        to.notices.push_back((i as u16, gen));
+        to.ready_out = true;
+        // Found while reading, maybe: the engine learns of the frames to write from the
+        // socket's room.
+        if !to.want_out {
+            let flags = epoll::EventFlags::IN | epoll::EventFlags::OUT;
+            let data = epoll::EventData::new_u64(token(self.peer, self.index, t));
+            if epoll::modify(&self.io.epoll, &to.sock, data, flags).is_ok() {
+                to.want_out = true;
+            }
+        }
+        if self.lane == i {
+            self.lane = t;
+        }
+        self.mesh.count_failover();
+        if self.mesh.config().rank < self.peer {
+            // The lower rank probes the rail for its return.
+            self.mesh.redial(self.peer, i);
+        }
+        warn(&format!(
+            "rank {}: failover: the link to world rank {} lost its stream {i} on rail {from} \
+             ({why}); its {count} frames not acknowledged go out on stream {t} (rail {})",
+            self.mesh.config().rank,
+            self.peer,
+            self.streams[t].rail
+        ));
+        Ok(())
+    }
+
+    /// Reads stream `i` until a frame's header or payload is complete, or a record alone
+    /// came, or it has nothing more now, within a bounded number of reads since it became
+    /// ready.
+    fn read(&mut self, i: usize, dests: &mut Dests<'_>) -> std::result::Result<Got, ReadEnd> {
         // A read that returned less than asked for emptied the socket: the next read would
         // only say so. Stopping before the socket is empty (short read, or MAX_ROUNDS reads
         // for fairness) never misses data, since epoll is level-triggered; but everything
         // already buffered is dispatched first, since no event would announce it again.
+        let reliable = self.failover.is_some();
         let s = &mut self.streams[i];
         loop {
             match s.rx {
                 RxState::Placing => return Err(ReadEnd::Drained),
                 RxState::Header => {
-                    if s.rx_end - s.rx_start >= HEADER_LEN {
+                    let buffered = s.rx_end - s.rx_start;
+                    let at = s.rx_start;
+                    let rec = if reliable && buffered >= REC_LEN {
+                        match Record::decode(&s.rx_buf[at..at + REC_LEN]) {
+                            Some(r) => Some(r),
+                            None => {
+                                return Err(ReadEnd::Failed(
+                                    "it sent a malformed failover record".to_string(),
+                                ))
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    if let Some(r) = rec.filter(|r| r.flags & REC_ACK_ONLY != 0) {
+                        s.rx_start += REC_LEN;
+                        return Ok(Got::Ack(r));
+                    }
+                    let need = if reliable { REC_LEN } else { 0 } + HEADER_LEN;
+                    if buffered >= need {
                         let mut raw = [0u8; HEADER_LEN];
-                        raw.copy_from_slice(&s.rx_buf[s.rx_start..s.rx_start + HEADER_LEN]);
-                        s.rx_start += HEADER_LEN;
+                        raw.copy_from_slice(&s.rx_buf[at + need - HEADER_LEN..at + need]);
+                        s.rx_start += need;
                         return match FrameHeader::decode(&raw) {
                             Ok(hdr) => {
-                                if i == 0 && hdr.kind == FrameKind::Close {
-                                    self.goodbye = true;
-                                }
                                 s.rx = RxState::Placing;
-                                Ok(Rx::Header(hdr))
+                                Ok(Got::Header(hdr, rec))
                             }
                             Err(e) => {
                                 Err(ReadEnd::Failed(format!("it sent a malformed frame ({e})")))
@@ -318,6 +834,33 @@ impl TcpLink {
                         Ok(Some(n)) => {
                             s.rx_end += n;
                             s.short_read = n < space;
+                        }
+                        Ok(None) => return Err(ReadEnd::Drained),
+                        Err(end) => return Err(end),
+                    }
+                }
+                RxState::Skip { left } => {
+                    let buffered = s.rx_end - s.rx_start;
+                    if buffered > 0 {
+                        let n = left.min(buffered);
+                        s.rx_start += n;
+                        if n == left {
+                            s.rx = RxState::Header;
+                            return Ok(Got::Skipped);
+                        }
+                        s.rx = RxState::Skip { left: left - n };
+                        continue;
+                    }
+                    if s.short_read || s.reads == MAX_ROUNDS {
+                        return Err(ReadEnd::Drained);
+                    }
+                    s.reads += 1;
+                    s.rx_start = 0;
+                    s.rx_end = 0;
+                    match read_some(&mut s.sock, &mut s.rx_buf[..]) {
+                        Ok(Some(n)) => {
+                            s.rx_end = n;
+                            s.short_read = n < RX_BUF;
                         }
                         Ok(None) => return Err(ReadEnd::Drained),
                         Err(end) => return Err(end),
@@ -370,7 +913,7 @@ impl TcpLink {
                     let done = done + got;
                     if done == total {
                         s.rx = RxState::Header;
-                        return Ok(Rx::Payload(hdr, dest));
+                        return Ok(Got::Payload(hdr, dest));
                     }
                     s.rx = RxState::Payload { hdr, dest, done };
                 }
@@ -378,14 +921,77 @@ impl TcpLink {
         }
     }
 
-    /// Stream `i` reached its end: the link ends when stream 0 ended without a goodbye
-    /// before it, or when every stream ended.
+    /// A header read on stream `i` with its failover record: the acknowledgement it carries
+    /// is taken, and the frame is new (`Ok(true)`: dispatch it), or one this side already
+    /// had, whose payload is resumed or dropped (`Ok(false)`).
+    fn on_record(&mut self, i: usize, hdr: &FrameHeader, rec: Record) -> Result<bool, String> {
+        self.on_ack(i, rec.ack)?;
+        let o = rec.origin.stream as usize;
+        if o >= self.streams.len() {
+            return Err(format!("it named stream {o} of {}", self.streams.len()));
+        }
+        // The peer sends a stream's frames elsewhere only once it gave the stream up.
+        let current = self.streams[o].gen == rec.origin.gen && !self.streams[o].dead;
+        if o != i && current {
+            self.fail_stream(o, "the peer moved its frames off it")?;
+        }
+        let s = &mut self.streams[i];
+        s.ack_wanted = rec.flags & REC_ACK_WANTED != 0;
+        let next = self.rseq.entry(rec.origin.key()).or_insert(0);
+        let expected = *next;
+        if rec.origin.seq == expected {
+            *next += 1;
+            s.reading = Some(rec.origin);
+            return Ok(true);
+        }
+        if rec.origin.seq > expected {
+            return Err(format!(
+                "frame {} of stream {o} came before frame {expected}",
+                rec.origin.seq
+            ));
+        }
+        let resumed = match self.partial.remove(&rec.origin.key()) {
+            Some((phdr, dest)) if rec.origin.seq + 1 == expected && phdr == *hdr => Some(dest),
+            Some(other) => {
+                self.partial.insert(rec.origin.key(), other);
+                None
+            }
+            None => None,
+        };
+        s.reading = Some(rec.origin);
+        match resumed {
+            Some(dest) => {
+                s.rx = RxState::Payload {
+                    hdr: *hdr,
+                    dest,
+                    done: 0,
+                }
+            }
+            None if hdr.payload_len() > 0 => {
+                s.rx = RxState::Skip {
+                    left: hdr.payload_len() as usize,
+                }
+            }
+            None => {
+                s.rx = RxState::Header;
+                self.frame_read(i);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Stream `i` reached its end: the link ends when the ordered stream ended without a
+    /// goodbye before it, or when every stream ended. With failover, only the end of every
+    /// stream ends it (a peer that gives up one stream says so on another, and its goodbye
+    /// may come after the end of a stream that is not its ordered one).
     fn ended(&mut self, i: usize) -> Option<Rx> {
         let s = &mut self.streams[i];
         s.eof = true;
         s.ready_in = false;
         let _ = epoll::delete(&self.io.epoll, &s.sock);
-        ((i == 0 && !self.goodbye) || self.streams.iter().all(|s| s.eof)).then_some(Rx::Closed {
+        ((i == self.lane && !self.goodbye && self.failover.is_none())
+            || self.streams.iter().all(|s| s.eof || s.dead))
+        .then_some(Rx::Closed {
             goodbye: self.goodbye,
         })
     }
@@ -406,15 +1012,22 @@ impl Link for TcpLink {
             self.waiting.push_back(frame);
             return false;
         }
+        let n = self.streams.len();
         let i = match frame.kind {
-            FrameKind::Data => {
+            FrameKind::Data => loop {
                 self.next_data = self.next_data.wrapping_add(1);
-                (self.next_data - 1) % self.streams.len()
-            }
-            _ => 0,
+                let i = (self.next_data - 1) % n;
+                if !self.streams[i].dead {
+                    break i;
+                }
+            },
+            _ => self.lane,
         };
         let s = &mut self.streams[i];
-        s.out.push_back(frame);
+        s.out.push_back(Queued {
+            f: frame,
+            origin: None,
+        });
         let first = s.out.len() == 1;
         s.ready_out |= first;
         first
@@ -425,9 +1038,24 @@ impl Link for TcpLink {
         if self.closed {
             return Ok(false);
         }
-        for i in 0..self.streams.len() {
-            if self.streams[i].ready_out {
-                moved |= self.flush_stream(i, ops, sent)?;
+        // A stream that fails hands its frames to another, which may come earlier in the
+        // order: one more round writes them.
+        for _ in 0..2 {
+            let mut failed = false;
+            for i in 0..self.streams.len() {
+                let s = &self.streams[i];
+                if s.ready_out && !s.dead {
+                    match self.flush_stream(i, ops, sent) {
+                        Ok(m) => moved |= m,
+                        Err(why) => {
+                            self.fail_stream(i, &why)?;
+                            failed = true;
+                        }
+                    }
+                }
+            }
+            if !failed {
+                break;
             }
         }
         Ok(moved)
@@ -448,6 +1076,9 @@ impl Link for TcpLink {
         let Some(s) = self.streams.get_mut(lane) else {
             return;
         };
+        if s.dead {
+            return;
+        }
         let trouble = epoll::EventFlags::ERR | epoll::EventFlags::HUP;
         if flags.intersects(epoll::EventFlags::OUT | trouble) {
             s.ready_out = true;
@@ -460,23 +1091,82 @@ impl Link for TcpLink {
     }
 
     fn poll(&mut self, dests: &mut Dests<'_>) -> Rx {
+        if let Some(id) = self.acked_ops.pop_front() {
+            return Rx::Sent(id);
+        }
         if self.closed || self.streams.is_empty() {
             return Rx::Idle;
         }
         let n = self.streams.len();
         for _ in 0..=n {
             let i = self.cur;
-            if self.streams[i].ready_in {
-                match self.read(i, dests) {
-                    Ok(rx) => return rx,
-                    Err(ReadEnd::Drained) => self.streams[i].ready_in = false,
+            while self.streams[i].ready_in && !self.streams[i].dead {
+                let failed = match self.read(i, dests) {
+                    Ok(Got::Header(hdr, None)) => {
+                        if i == self.lane && hdr.kind == FrameKind::Close {
+                            self.goodbye = true;
+                        }
+                        return Rx::Header(hdr);
+                    }
+                    Ok(Got::Header(hdr, Some(rec))) => match self.on_record(i, &hdr, rec) {
+                        Ok(true) => {
+                            if hdr.kind == FrameKind::Close {
+                                self.goodbye = true;
+                            }
+                            return Rx::Header(hdr);
+                        }
+                        Ok(false) => None,
+                        Err(why) => Some(why),
+                    },
+                    Ok(Got::Ack(rec)) => match self.on_ack(i, rec.ack).and_then(|()| {
+                        let d = rec.origin.stream as usize;
+                        let live = self
+                            .streams
+                            .get(d)
+                            .is_some_and(|s| !s.dead && s.gen == rec.origin.gen);
+                        if rec.flags & REC_DROPPED != 0 && live {
+                            self.fail_stream(d, "the peer gave it up")?;
+                        }
+                        Ok(())
+                    }) {
+                        Ok(()) => {
+                            if let Some(id) = self.acked_ops.pop_front() {
+                                return Rx::Sent(id);
+                            }
+                            None
+                        }
+                        Err(why) => Some(why),
+                    },
+                    Ok(Got::Payload(hdr, dest)) => {
+                        if self.failover.is_some() {
+                            self.frame_read(i);
+                        }
+                        return Rx::Payload(hdr, dest);
+                    }
+                    Ok(Got::Skipped) => {
+                        self.frame_read(i);
+                        None
+                    }
+                    Err(ReadEnd::Drained) => {
+                        self.streams[i].ready_in = false;
+                        None
+                    }
                     Err(ReadEnd::Eof) => {
                         if let Some(rx) = self.ended(i) {
                             return rx;
                         }
+                        None
                     }
-                    Err(ReadEnd::Failed(why)) => return Rx::Failed(why),
+                    Err(ReadEnd::Failed(why)) => Some(why),
+                };
+                if let Some(why) = failed {
+                    if let Err(why) = self.fail_stream(i, &why) {
+                        return Rx::Failed(why);
+                    }
                 }
+            }
+            if let Some(id) = self.acked_ops.pop_front() {
+                return Rx::Sent(id);
             }
             self.cur = (i + 1) % n;
         }
@@ -489,9 +1179,18 @@ impl Link for TcpLink {
         dest: Option<Dest>,
         _dests: &mut Dests<'_>,
     ) -> Result<bool, String> {
-        let s = &mut self.streams[self.cur];
+        let i = self.cur;
+        let s = &mut self.streams[i];
         match dest {
             Some(dest) if hdr.payload_len() > 0 => {
+                if s.dead {
+                    // The stream failed while the engine dispatched the header: the payload
+                    // comes again on another.
+                    if let Some(o) = s.reading {
+                        self.partial.insert(o.key(), (*hdr, dest));
+                    }
+                    return Ok(false);
+                }
                 s.rx = RxState::Payload {
                     hdr: *hdr,
                     dest,
@@ -500,7 +1199,12 @@ impl Link for TcpLink {
                 Ok(false)
             }
             _ => {
-                s.rx = RxState::Header;
+                if !s.dead {
+                    s.rx = RxState::Header;
+                }
+                if self.failover.is_some() && !self.streams[i].dead {
+                    self.frame_read(i);
+                }
                 Ok(true)
             }
         }
@@ -508,23 +1212,37 @@ impl Link for TcpLink {
 
     fn forget(&mut self, op: OpId, ops: &Ops) {
         self.waiting.retain(|f| f.op != Some(op));
+        self.acked_ops.retain(|&id| id != op);
         for s in &mut self.streams {
-            s.out.retain(|f| f.op != Some(op) || f.hdr_done > 0);
-            for f in s.out.iter_mut().filter(|f| f.op == Some(op)) {
-                f.owned = Some(frame_payload(f, ops).to_vec());
-                f.op = None;
+            // Frames begun, or numbered for failover, stay (as copies): the stream stays
+            // framed and the peer's count of them right.
+            s.out
+                .retain(|q| q.f.op != Some(op) || q.f.hdr_done > 0 || q.origin.is_some());
+            for q in s.out.iter_mut().chain(s.unacked.iter_mut()) {
+                if q.f.op == Some(op) {
+                    if q.f.owned.is_none() {
+                        q.f.owned = Some(frame_payload(&q.f, ops).to_vec());
+                    }
+                    q.f.op = None;
+                }
             }
+            s.held_ops = s.unacked.iter().filter(|q| q.f.op.is_some()).count();
             if let RxState::Payload { dest, .. } = &mut s.rx {
                 if matches!(dest, Dest::Op { op: o, .. } if *o == op) {
                     *dest = Dest::Discard;
                 }
             }
         }
+        for p in self.partial.values_mut() {
+            if matches!(p.1, Dest::Op { op: o, .. } if o == op) {
+                p.1 = Dest::Discard;
+            }
+        }
     }
 
     fn shutdown(&mut self) {
         if !self.closed {
-            for s in &self.streams {
+            for s in self.streams.iter().filter(|s| !s.dead) {
                 let _ = s.sock.shutdown(Shutdown::Write);
             }
         }
@@ -536,10 +1254,9 @@ impl Link for TcpLink {
     /// closed its side sends nothing more.
     fn lingers(&self) -> bool {
         !self.closed
-            && self
-                .streams
-                .iter()
-                .any(|s| !s.eof && tcp::unacknowledged(&s.sock).is_ok_and(|bytes| bytes > 0))
+            && self.streams.iter().any(|s| {
+                !s.eof && !s.dead && tcp::unacknowledged(&s.sock).is_ok_and(|bytes| bytes > 0)
+            })
     }
 
     fn close(&mut self) {
@@ -548,16 +1265,18 @@ impl Link for TcpLink {
         }
         self.closed = true;
         self.waiting.clear();
+        self.acked_ops.clear();
         for s in &mut self.streams {
             let _ = epoll::delete(&self.io.epoll, &s.sock);
             let _ = s.sock.shutdown(Shutdown::Both);
             s.out.clear();
+            s.unacked.clear();
             s.rx = RxState::Header;
         }
     }
 
     fn direct_token(&self) -> Option<u64> {
-        let first = self.streams.first()?;
-        (!self.closed && !first.eof).then(|| token(self.peer, self.index, 0))
+        let lane = self.streams.get(self.lane)?;
+        (!self.closed && !lane.eof && !lane.dead).then(|| token(self.peer, self.index, self.lane))
     }
 }
