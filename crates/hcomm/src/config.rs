@@ -649,7 +649,7 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 26] = [
+    const SETTINGS: [&str; 29] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
