@@ -27,6 +27,8 @@ command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v mpirun.openmpi >/dev/null || need_apt+=(openmpi-bin libopenmpi-dev)
 command -v mpiexec.mpich >/dev/null || need_apt+=(mpich libmpich-dev)
 command -v ip >/dev/null || need_apt+=(iproute2)
+# libfabric (its tcp provider) for the ofi transport tests; fi_info for checking the providers.
+command -v fi_info >/dev/null && [ -e /usr/include/rdma/fabric.h ] || need_apt+=(libfabric1 libfabric-dev libfabric-bin)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 
 if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then

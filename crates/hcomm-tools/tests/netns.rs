@@ -275,3 +275,86 @@ fn a_partition_leaves_the_majority_to_shrink_and_the_minority_without_quorum() {
         );
     }
 }
+
+/// libfabric's tcp provider between the hosts, forced (`HCOMM_TRANSPORT=ofi`).
+const OFI: [(&str, &str); 2] = [("HCOMM_TRANSPORT", "ofi"), ("FI_PROVIDER", "tcp")];
+
+/// Every collective, and point-to-point sizes on both sides of the eager (4 KiB) and RDMA
+/// write (1 MiB) thresholds, right through libfabric between hosts, each rank's endpoint on its
+/// host's interface; every protocol taken.
+#[test]
+fn libfabric_between_hosts_every_collective_and_protocol_right() {
+    let Some(hosts) = Hosts::create("netns ofi", 2) else {
+        return;
+    };
+    let env = [OFI[0], OFI[1], ("HCOMM_DEBUG", "1")];
+    let mut job = hosts.start(CHECK, &["collectives"], &env);
+    let text = succeed(&mut job, Duration::from_secs(300));
+    for r in 0..2 * PER_HOST {
+        let host = hosts.addr(r / PER_HOST);
+        let line = format!("[{r}] hcomm: rank {r}: libfabric: provider tcp;ofi_rxm, fabric ");
+        let fabric = text
+            .lines()
+            .find(|l| l.starts_with(&line))
+            .unwrap_or_else(|| panic!("rank {r} did not use libfabric:\n{text}"));
+        // The endpoint sits on the host's interface (10.77.0.0/24), not on loopback.
+        assert!(fabric.contains("10.77.0."), "rank {r} ({host}): {fabric}");
+        assert!(text.contains(&format!("[{r}] OK collectives")), "{text}");
+    }
+    for args in [&["ring"][..], &["protocols"]] {
+        let mut job = hosts.start(CHECK, args, &OFI);
+        let text = succeed(&mut job, Duration::from_secs(300));
+        for r in 0..2 * PER_HOST {
+            assert!(text.contains(&format!("[{r}] OK {}", args[0])), "{text}");
+        }
+        if args[0] == "protocols" {
+            for r in 0..2 * PER_HOST {
+                let line = job.output[r]
+                    .iter()
+                    .find(|l| l.starts_with("ofi "))
+                    .unwrap_or_else(|| panic!("rank {r} printed no ofi counts:\n{text}"));
+                let count = |k: &str| -> u64 {
+                    let w = line.split(' ').find_map(|w| w.strip_prefix(k)).unwrap();
+                    w.parse().unwrap()
+                };
+                for k in ["eager=", "read=", "write="] {
+                    assert!(count(k) > 0, "rank {r} took no {k} frame: {line}");
+                }
+            }
+        }
+    }
+}
+
+/// Through libfabric, a host whose ranks are killed (SIGKILL) in the middle of an all-reduce:
+/// the others fail with PeerLost naming one of them, fast.
+#[test]
+fn libfabric_peers_killed_mid_transfer_are_lost_fast() {
+    let Some(hosts) = Hosts::create("netns ofi kill", 2) else {
+        return;
+    };
+    let args = ["peer-loss", "--victims", "2,3", "--pending", "allreduce"];
+    let mut job = hosts.start(CHECK, &args, &OFI);
+    job.wait_for_lines(&[0, 1, 2, 3], "ready ", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    job.kill(2);
+    job.kill(3);
+    let status = job.finish(Duration::from_secs(30));
+    let elapsed = t0.elapsed();
+    let text = job.text();
+    for r in [0, 1] {
+        assert!(status[r].success(), "rank {r}: {}\n{text}", status[r]);
+        let lost = job.output[r]
+            .iter()
+            .find_map(|l| l.strip_prefix("lost "))
+            .unwrap_or_else(|| panic!("rank {r} did not notice:\n{text}"));
+        assert!(
+            lost.contains("PeerLost world rank 2:") || lost.contains("PeerLost world rank 3:"),
+            "rank {r}: {lost}\n{text}"
+        );
+    }
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "took {elapsed:?}:\n{text}"
+    );
+}

@@ -31,10 +31,14 @@ use crate::config::Config;
 use crate::error::{Error, PeerRank, Result};
 use crate::observe::OpKind;
 use crate::p2p::lease::{Lease, Loan, Part};
-use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target, ANY_PEER};
+use crate::p2p::{
+    Blocking, Carrier, Engine, EngineConfig, OfiLimits, OfiSetup, OpId, ProtocolStats, ShmSetup,
+    Target, ANY_PEER,
+};
 use crate::rng::mix;
 use crate::topology::{RankInfo, Topology};
 use crate::transport::iface::{self, IfSpec};
+use crate::transport::ofi;
 use crate::transport::plugin;
 use crate::transport::shm::link::{self, Inbox, LinkConfig, Published};
 use crate::transport::shm::pool::{default_max_total, PoolConfig, ShmPool};
@@ -66,6 +70,8 @@ enum Route {
     Tcp,
     /// A transport plug-in.
     Plugin,
+    /// libfabric.
+    Ofi,
 }
 
 /// What every communicator of one world shares: the engine, the store and the settings.
@@ -98,6 +104,8 @@ impl World {
             None | Some(Route::Own) => 0,
             Some(Route::Plugin) if len <= c.tcp_eager_limit => proto::PLUGIN_EAGER,
             Some(Route::Plugin) => proto::PLUGIN_RENDEZVOUS,
+            // The statistics segment has no bit for libfabric's protocols yet.
+            Some(Route::Ofi) => 0,
             Some(Route::Shm { .. }) if len <= c.shm_eager_limit => proto::SHM_INLINE,
             Some(Route::Shm { cma: true }) if len <= c.shm_push_threshold => proto::SHM_PULL,
             Some(Route::Shm { .. }) => proto::SHM_PUSH,
@@ -552,6 +560,72 @@ fn setup_shm(
     }
 }
 
+/// Opens this rank's libfabric endpoint, preferably on the interface of `ip` (the address
+/// this rank announces): with `HCOMM_TRANSPORT=ofi` on any provider (an error says why it
+/// cannot), by default only on a provider with hardware RMA (none found: `None`, and TCP
+/// carries the traffic), never when `HCOMM_TRANSPORT` names another transport.
+fn open_ofi(config: &Config, rank: usize, ip: std::net::IpAddr) -> Result<Option<ofi::Endpoint>> {
+    let forced = match config.transport.as_deref() {
+        Some("ofi") => true,
+        Some(_) => return Ok(None),
+        None => false,
+    };
+    let opts = ofi::Options {
+        lib: config.ofi_lib.clone(),
+        hardware_only: !forced,
+        node: Some(ip.to_string()),
+    };
+    match ofi::Endpoint::open(&opts) {
+        Ok(ep) => Ok(Some(ep)),
+        Err(e) if forced => Err(e.prefixed("HCOMM_TRANSPORT=ofi")),
+        Err(e) => {
+            tracing::debug!(rank, "libfabric not used: {}", e.detail());
+            if config.debug {
+                // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+                eprintln!("hcomm: rank {rank}: libfabric not used: {}", e.detail());
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Which peers the libfabric endpoint `ep` carries: every other rank with
+/// `HCOMM_TRANSPORT=ofi` (each must have published an address), by default those on other
+/// hosts that have one; `None` when it carries none.
+fn ofi_carrier(
+    ep: ofi::Endpoint,
+    fabric: Vec<Option<Vec<u8>>>,
+    topology: &Topology,
+    rank: usize,
+    config: &Config,
+) -> Result<Option<Carrier>> {
+    let forced = config.transport.as_deref() == Some("ofi");
+    let mut addrs = fabric;
+    for (p, a) in addrs.iter_mut().enumerate() {
+        if p == rank || (!forced && topology.host_of(p) == topology.host_of(rank)) {
+            *a = None;
+        } else if forced && a.is_none() {
+            return Err(Error::init(format!(
+                "HCOMM_TRANSPORT=ofi: rank {p} published no libfabric endpoint: set \
+                 HCOMM_TRANSPORT=ofi for every rank"
+            ))
+            .with_peer(PeerRank::world(p)));
+        }
+    }
+    if addrs.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let limits = OfiLimits {
+        eager: config.ofi_eager_limit,
+        write: config.ofi_write_threshold,
+    };
+    Ok(Some(Carrier::Ofi(OfiSetup {
+        endpoint: ep,
+        addrs,
+        limits,
+    })))
+}
+
 impl Communicator {
     /// Joins the job this process was launched into (see the README for the launchers and
     /// variables), or makes a world of one rank when there is no launcher.
@@ -569,16 +643,28 @@ impl Communicator {
             Some(name) if !plugin::BUILT_IN.contains(&name) => Some(plugin::Lease::take(name)?),
             _ => None,
         };
-        let tcp_streams = match lease {
-            Some(_) => 1,
-            None => config.tcp_streams,
-        };
         let (rank, size) = (config.launch.rank, config.launch.size);
+        let force_ofi = config.transport.as_deref() == Some("ofi");
+        if force_ofi {
+            ofi::preflight(&config.ofi_lib).map_err(|e| e.prefixed("HCOMM_TRANSPORT=ofi"))?;
+        }
+        let tcp_streams = match (&lease, force_ofi) {
+            (Some(_), _) | (None, true) => 1,
+            _ => config.tcp_streams,
+        };
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
         let me = RankInfo::current(config.host_id.as_deref());
-        let (mesh, topology, shm, store, client) = if size == 1 {
-            (None, Topology::new(vec![me]), None, None, None)
+        let (mesh, topology, shm, store, client, ofi, fabric) = if size == 1 {
+            (
+                None,
+                Topology::new(vec![me]),
+                None,
+                None,
+                None,
+                None,
+                Vec::new(),
+            )
         } else {
             let secret = config.job_secret.clone().ok_or_else(|| {
                 Error::init(
@@ -643,6 +729,36 @@ impl Communicator {
             // Shared memory first: local pairs it links alone need no TCP connection.
             let topology = Topology::new(infos);
             let shm = setup_shm(&config, &topology, rank, &mut client, generation, deadline)?;
+            // libfabric only where the world may use it: forced, or by default between hosts.
+            // Every rank sees the same topology, so all agree on exchanging the endpoints'
+            // addresses (an empty one: none).
+            let hosts = (0..size).any(|p| topology.host_of(p) != topology.host_of(0));
+            let (ofi, fabric) = if force_ofi || (config.transport.is_none() && hosts) {
+                // On the interface of the first address this rank announces (its first rail).
+                let ip = match addrs.get(rank).and_then(|a| a.first()) {
+                    Some(a) => a.ip(),
+                    None => client.local_addr().ip(),
+                };
+                let opened = open_ofi(&config, rank, ip);
+                let name = match &opened {
+                    Ok(Some(ep)) => ep.name()?,
+                    _ => Vec::new(),
+                };
+                let fabric = bootstrap::exchange(
+                    &mut client,
+                    &format!("{ns}/ofi"),
+                    rank,
+                    &name,
+                    &all,
+                    deadline,
+                )?
+                .into_iter()
+                .map(|a| (!a.is_empty()).then_some(a))
+                .collect();
+                (opened?, fabric)
+            } else {
+                (None, Vec::new())
+            };
             // No TCP connection yet: each is made on its pair's first use, and never for a
             // pair that shared memory links alone (the engine knows them from `shm`).
             let mesh = tcp::MeshConfig {
@@ -657,7 +773,15 @@ impl Communicator {
                 // the peer.
                 link_timeout: config.link_timeout.min(config.timeout / 4),
             };
-            (Some(mesh), topology, shm, store, Some(Mutex::new(client)))
+            (
+                Some(mesh),
+                topology,
+                shm,
+                store,
+                Some(Mutex::new(client)),
+                ofi,
+                fabric,
+            )
         };
         let local_size = topology.local_size(rank);
         let cores = crate::topology::online_cores();
@@ -678,11 +802,20 @@ impl Communicator {
             tracing::debug!("{line}");
         }
         let via_plugin = lease.is_some();
+        let carrier = match (lease, ofi) {
+            (Some(lease), _) => Some(Carrier::Plugin(lease)),
+            (None, Some(ep)) => ofi_carrier(ep, fabric, &topology, rank, &config)?,
+            (None, None) => None,
+        };
+        let ofi_peers: Vec<bool> = match &carrier {
+            Some(Carrier::Ofi(setup)) => setup.addrs.iter().map(Option::is_some).collect(),
+            _ => vec![false; size],
+        };
         let engine = Engine::new(
             size,
             mesh,
             shm,
-            lease,
+            carrier,
             EngineConfig {
                 rank,
                 eager_limit: config.tcp_eager_limit,
@@ -721,6 +854,7 @@ impl Communicator {
             .map(|p| match engine.shm_peer_pid(p) {
                 _ if p == rank => Route::Own,
                 _ if via_plugin => Route::Plugin,
+                _ if ofi_peers[p] => Route::Ofi,
                 Some((_, cma)) => Route::Shm { cma },
                 None => Route::Tcp,
             })

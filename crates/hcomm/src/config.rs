@@ -17,6 +17,12 @@ pub(crate) const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
 const DEFAULT_LINK_TIMEOUT_SECS: f64 = 5.0;
 /// Default number of TCP streams per peer (`HCOMM_TCP_STREAMS`).
 pub(crate) const DEFAULT_TCP_STREAMS: usize = 2;
+/// The library the `ofi` transport loads (`HCOMM_OFI_LIB`).
+pub(crate) const DEFAULT_OFI_LIB: &str = "libfabric.so.1";
+/// Default largest payload inline through libfabric (`HCOMM_OFI_EAGER_LIMIT`).
+pub(crate) const DEFAULT_OFI_EAGER_LIMIT: usize = 4096;
+/// Default threshold above which the sender writes a payload (`HCOMM_OFI_WRITE_THRESHOLD`).
+pub(crate) const DEFAULT_OFI_WRITE_THRESHOLD: usize = 1 << 20;
 /// Default chunk of a large message on one stream (`HCOMM_TCP_CHUNK`).
 pub(crate) const DEFAULT_TCP_CHUNK: usize = 512 * 1024;
 /// How every waiting rank backs off while what it waits for has not happened: the engine's
@@ -188,6 +194,13 @@ pub struct Config {
     pub tcp_eager_limit: usize,
     /// `HCOMM_TCP_CHUNK`: bytes of a large message sent on one stream at a time.
     pub tcp_chunk: usize,
+    /// `HCOMM_OFI_LIB`: the libfabric library the `ofi` transport loads.
+    pub ofi_lib: String,
+    /// `HCOMM_OFI_EAGER_LIMIT`: largest payload sent inline through libfabric.
+    pub ofi_eager_limit: usize,
+    /// `HCOMM_OFI_WRITE_THRESHOLD`: larger payloads through libfabric are written by the
+    /// sender (RDMA write); smaller ones above the eager limit are read by the receiver.
+    pub ofi_write_threshold: usize,
     /// `HCOMM_SPIN_US`: microseconds a waiting rank polls before it sleeps; `None` = automatic
     /// (spin when the host has a core per local rank, otherwise sleep at once).
     pub spin_us: Option<u64>,
@@ -288,6 +301,18 @@ impl Config {
             16 << 20,
         )?;
         let tcp_chunk = size("HCOMM_TCP_CHUNK", DEFAULT_TCP_CHUNK, 4096, 64 << 20)?;
+        let ofi_eager_limit = size(
+            "HCOMM_OFI_EAGER_LIMIT",
+            DEFAULT_OFI_EAGER_LIMIT,
+            0,
+            64 << 10,
+        )?;
+        let ofi_write_threshold = size(
+            "HCOMM_OFI_WRITE_THRESHOLD",
+            DEFAULT_OFI_WRITE_THRESHOLD.max(ofi_eager_limit),
+            ofi_eager_limit,
+            16 << 20,
+        )?;
         let shm_eager_limit = size(
             "HCOMM_SHM_EAGER_LIMIT",
             DEFAULT_SHM_EAGER_LIMIT,
@@ -354,6 +379,9 @@ impl Config {
             tcp_streams,
             tcp_eager_limit,
             tcp_chunk,
+            ofi_lib: get("HCOMM_OFI_LIB").unwrap_or_else(|| DEFAULT_OFI_LIB.to_owned()),
+            ofi_eager_limit,
+            ofi_write_threshold,
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
             failover: match get("HCOMM_FAILOVER").as_deref().map(str::trim) {
@@ -621,7 +649,7 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 26] = [
+    const SETTINGS: [&str; 29] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -630,6 +658,9 @@ mod tests {
         "HCOMM_TCP_STREAMS",
         "HCOMM_TCP_EAGER_LIMIT",
         "HCOMM_TCP_CHUNK",
+        "HCOMM_OFI_LIB",
+        "HCOMM_OFI_EAGER_LIMIT",
+        "HCOMM_OFI_WRITE_THRESHOLD",
         "HCOMM_SHM_EAGER_LIMIT",
         "HCOMM_SHM_PUSH_THRESHOLD",
         "HCOMM_SHM_CHUNK",

@@ -75,6 +75,8 @@ use crate::transport::tcp::{Mesh, MeshConfig};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use calls::Calls;
 use lease::BufPtr;
+pub(crate) use link::ofi::OfiLimits;
+use link::ofi::{Hub, OfiLink};
 use link::plugin::{Channels, PluginLink};
 use link::shm::ShmPeerLink;
 use link::tcp::TcpLink;
@@ -135,6 +137,16 @@ pub(crate) struct ProtocolCounts {
     pub plugin_eager: AtomicU64,
     /// Rendezvous through a transport plug-in.
     pub plugin_rendezvous: AtomicU64,
+    /// Frames through libfabric with their payload inline.
+    pub ofi_eager: AtomicU64,
+    /// Frames through libfabric whose payload the receiver read (RDMA read).
+    pub ofi_read: AtomicU64,
+    /// Frames through libfabric whose payload the sender wrote (RDMA write).
+    pub ofi_write: AtomicU64,
+    /// libfabric memory registrations found in the cache.
+    pub ofi_mr_hits: AtomicU64,
+    /// libfabric memory registrations made.
+    pub ofi_mr_misses: AtomicU64,
     /// Sleeps of waiters on their shared-memory doorbell, or in `epoll_wait` while they have
     /// shared-memory peers.
     pub naps: AtomicU64,
@@ -161,6 +173,16 @@ pub struct ProtocolStats {
     pub plugin_eager: u64,
     /// Rendezvous messages through a transport plug-in.
     pub plugin_rendezvous: u64,
+    /// Frames through libfabric with their payload inline (eager).
+    pub ofi_eager: u64,
+    /// Frames through libfabric whose payload the receiver read (RDMA read).
+    pub ofi_read: u64,
+    /// Frames through libfabric whose payload the sender wrote (RDMA write).
+    pub ofi_write: u64,
+    /// libfabric memory registrations found in the registration cache.
+    pub ofi_mr_hits: u64,
+    /// libfabric memory registrations made (cache misses).
+    pub ofi_mr_misses: u64,
     /// Times a waiter slept on its shared-memory doorbell, or in `epoll_wait` while it has
     /// shared-memory peers (it also has peers over other transports).
     pub naps: u64,
@@ -195,6 +217,11 @@ impl ProtocolCounts {
             tcp_rendezvous: get(&self.tcp_rendezvous),
             plugin_eager: get(&self.plugin_eager),
             plugin_rendezvous: get(&self.plugin_rendezvous),
+            ofi_eager: get(&self.ofi_eager),
+            ofi_read: get(&self.ofi_read),
+            ofi_write: get(&self.ofi_write),
+            ofi_mr_hits: get(&self.ofi_mr_hits),
+            ofi_mr_misses: get(&self.ofi_mr_misses),
             naps: get(&self.naps),
             full_naps: get(&self.full_naps),
             stale_frames: get(&self.stale_frames),
@@ -565,6 +592,24 @@ struct Shared {
     mesh: Option<Arc<Mesh>>,
 }
 
+/// What carries the traffic of the peers instead of TCP and shared memory.
+pub(crate) enum Carrier {
+    /// A transport plug-in, all of it.
+    Plugin(Lease),
+    /// A libfabric endpoint, that of the peers it has an address of.
+    Ofi(OfiSetup),
+}
+
+/// A world's libfabric endpoint and the peers it reaches.
+pub(crate) struct OfiSetup {
+    /// The endpoint, open.
+    pub endpoint: crate::transport::ofi::Endpoint,
+    /// Each world rank's endpoint address; `None`: not reached through libfabric.
+    pub addrs: Vec<Option<Vec<u8>>>,
+    /// The protocols' thresholds.
+    pub limits: OfiLimits,
+}
+
 /// The progress engine of one world.
 pub(crate) struct Engine {
     shared: Arc<Shared>,
@@ -579,13 +624,13 @@ impl Engine {
     /// The engine of a world of `size` ranks. `mesh`: this rank's listener and the peers'
     /// addresses, through which every peer's TCP link connects on its first use (none in a
     /// world of one). `shm`: the shared-memory links of the local peers, which then carry their
-    /// traffic. `plugin`: a transport plug-in, initialized here, which then carries all
-    /// traffic.
+    /// traffic. `carrier`: a transport plug-in, initialized here, which then carries all
+    /// traffic, or a libfabric endpoint, which carries that of the peers it reaches.
     pub(crate) fn new(
         size: usize,
         mesh: Option<MeshConfig>,
         shm: Option<ShmSetup>,
-        plugin: Option<Lease>,
+        carrier: Option<Carrier>,
         cfg: EngineConfig,
     ) -> Result<Engine> {
         let sys = |what: &str, e: rustix::io::Errno| {
@@ -702,13 +747,55 @@ impl Engine {
         let timing = watch::Timing::for_timeout(cfg.timeout);
         let counts = Arc::new(ProtocolCounts::default());
         let late_news = Arc::new(AtomicBool::new(false));
-        let limits = rendezvous::Limits {
+        let mut limits = rendezvous::Limits {
             eager: cfg.eager_limit,
             shm_eager: cfg.shm_eager_limit,
             shm_pull: cfg.shm_push_threshold,
+            rma_eager: cfg.eager_limit,
         };
-        let rndv = Rendezvous::new(limits, size);
         let describe = cfg.describe;
+        let (plugin, ofi) = match carrier {
+            Some(Carrier::Plugin(lease)) => (Some(lease), None),
+            Some(Carrier::Ofi(setup)) => (None, Some(setup)),
+            None => (None, None),
+        };
+        if let Some(setup) = ofi {
+            // Frames up to the write threshold go whole (their payload inline or read by the
+            // receiver); larger messages take the rendezvous, whose data the sender writes.
+            limits.rma_eager = setup.limits.write;
+            let hub = Hub::start(
+                setup.endpoint,
+                cfg.rank,
+                &setup.addrs,
+                setup.limits,
+                Arc::clone(&counts),
+            )?;
+            let hub = Arc::new(hub);
+            let line = format!("hcomm: rank {}: libfabric: {}", cfg.rank, hub.describe());
+            if cfg.debug {
+                // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+                eprintln!("{line}");
+            }
+            tracing::debug!("{line}");
+            let reached: Vec<usize> = (0..size).filter(|&p| hub.reaches(p)).collect();
+            if let (Some(fd), Some(&first)) = (hub.wait_fd(), reached.first()) {
+                // SAFETY: the descriptor is the completion queue's, open as long as the hub,
+                // which the links keep; epoll forgets it when it closes.
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                let tok = link::token(first, all.next_index(first), 0);
+                epoll::add(
+                    &io.epoll,
+                    fd,
+                    epoll::EventData::new_u64(tok),
+                    epoll::EventFlags::IN,
+                )
+                .map_err(|e| sys("epoll_ctl", e))?;
+            }
+            for p in reached {
+                all.add(p, AnyLink::Ofi(OfiLink::new(&hub, p)));
+            }
+        }
+        let rndv = Rendezvous::new(limits, size);
         let plugin = match plugin {
             Some(lease) => {
                 let channels = Channels::start(lease, cfg.rank, size, &io)?;

@@ -28,6 +28,7 @@
 //! rail) is one more [`Links::add`]; the epoll tokens of a link's descriptors carry its place
 //! among its peer's links ([`token`]).
 
+pub(super) mod ofi;
 pub(super) mod plugin;
 pub(super) mod shm;
 pub(super) mod tcp;
@@ -80,6 +81,8 @@ pub(super) enum Kind {
     Shm,
     /// A transport plug-in.
     Plugin,
+    /// libfabric.
+    Ofi,
 }
 
 impl Kind {
@@ -89,6 +92,7 @@ impl Kind {
             Kind::Tcp => "TCP connection",
             Kind::Shm => "shared-memory link",
             Kind::Plugin => "transport plug-in",
+            Kind::Ofi => "libfabric endpoint",
         }
     }
 }
@@ -171,6 +175,13 @@ pub(super) trait Link: Send + std::fmt::Debug {
 
     /// A polled link: whether a frame waits to be read, or room for a queued frame.
     fn ready(&mut self) -> bool {
+        false
+    }
+
+    /// A polled link whose transport moves data only while it is polled (libfabric with
+    /// manual progress): whether a transfer is under way, so that a waiter keeps polling
+    /// rather than sleeping.
+    fn streaming(&self) -> bool {
         false
     }
 
@@ -259,6 +270,8 @@ pub(super) enum AnyLink {
     Shm(shm::ShmPeerLink),
     /// A transport plug-in.
     Plugin(plugin::PluginLink),
+    /// libfabric.
+    Ofi(ofi::OfiLink),
     /// An in-memory link of the unit tests.
     #[cfg(test)]
     Test(Box<dyn Link>),
@@ -271,6 +284,7 @@ macro_rules! each {
             AnyLink::Tcp($l) => $e,
             AnyLink::Shm($l) => $e,
             AnyLink::Plugin($l) => $e,
+            AnyLink::Ofi($l) => $e,
             #[cfg(test)]
             AnyLink::Test($l) => $e,
         }
@@ -301,6 +315,10 @@ impl Link for AnyLink {
     #[inline]
     fn ready(&mut self) -> bool {
         each!(self, l => l.ready())
+    }
+    #[inline]
+    fn streaming(&self) -> bool {
+        each!(self, l => l.streaming())
     }
     #[inline]
     fn event(&mut self, lane: usize, flags: epoll::EventFlags) {

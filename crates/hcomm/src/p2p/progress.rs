@@ -381,6 +381,11 @@ impl State {
                 moved |= self.flush_link(p, l);
             }
             moved |= self.drive(p, l);
+            // Data a transport moves only while polled keeps the waiter polling.
+            moved |= self
+                .links
+                .get_mut(p, l)
+                .is_some_and(|link| link.streaming());
         }
         if !self.links.gone.is_empty() {
             moved |= self.judge_gone();

@@ -24,6 +24,9 @@ pub(super) struct Limits {
     pub shm_eager: usize,
     /// Larger shared-memory messages up to this size may be pulled by the receiver.
     pub shm_pull: usize,
+    /// Messages up to this size go as one frame through libfabric (which sends the payload
+    /// inline or lets the receiver read it).
+    pub rma_eager: usize,
 }
 
 /// What carries a send's frames to its peer.
@@ -33,6 +36,8 @@ pub(super) enum Route {
     Stream,
     /// Shared memory; `cma`: cross-memory attach reaches the peer.
     Shm { cma: bool },
+    /// A libfabric endpoint.
+    Rma,
 }
 
 /// What a CTS means for its send.
@@ -135,6 +140,7 @@ impl Rendezvous {
         match route {
             Route::Shm { .. } => len <= self.limits.shm_eager,
             Route::Stream => len <= self.limits.eager,
+            Route::Rma => len <= self.limits.rma_eager,
         }
     }
 
@@ -354,8 +360,10 @@ impl State {
         };
         let shm = (caps.kind == Kind::Shm).then_some(caps.read_remote.is_some());
         let plugin = caps.kind == Kind::Plugin;
+        let ofi = caps.kind == Kind::Ofi;
         let route = match shm {
             Some(cma) => Route::Shm { cma },
+            None if ofi => Route::Rma,
             None => Route::Stream,
         };
         let (hdr, eager) = self.rndv.send(id, &t, len, buf.0 as u64, route);
@@ -371,7 +379,9 @@ impl State {
         };
         // A shared-memory rendezvous is counted where its protocol is decided.
         let c = &self.counts;
+        // A libfabric link counts its frames by the protocol it picks for each.
         let counter = match (shm.is_some(), plugin, eager) {
+            _ if ofi => None,
             (true, _, true) => Some(&c.shm_eager),
             (true, _, false) => None,
             (false, true, true) => Some(&c.plugin_eager),
@@ -450,10 +460,11 @@ impl State {
             return;
         };
         let shm = caps.kind == Kind::Shm;
-        let chunk = if shm {
-            self.cfg.shm_chunk
-        } else {
-            self.cfg.chunk
+        let chunk = match caps.kind {
+            Kind::Shm => self.cfg.shm_chunk,
+            // One frame per chunk the wire allows: the sender writes each into place.
+            Kind::Ofi => crate::transport::wire::MAX_CHUNK as usize,
+            _ => self.cfg.chunk,
         };
         let (len, chunk) = (op.cap, chunk.min(caps.max_payload).max(1));
         // Counted before any frame leaves: a frame may be written at once.

@@ -26,6 +26,7 @@ const LIMITS: Limits = Limits {
     eager: 32,
     shm_eager: 16,
     shm_pull: 256,
+    rma_eager: 64,
 };
 /// Data chunk of the rendezvous transfers.
 const CHUNK: usize = 10;

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{Error, Result};
 
 /// The transports built into hcomm, which no plug-in may take the name of.
-pub(crate) const BUILT_IN: [&str; 2] = ["tcp", "shm"];
+pub(crate) const BUILT_IN: [&str; 3] = ["tcp", "shm", "ofi"];
 /// The longest plug-in name, in bytes.
 pub const MAX_NAME: usize = 64;
 
@@ -92,7 +92,7 @@ pub(crate) fn check_name(name: &str, what: &str) -> Result<()> {
 
 /// Registers `plugin` under `name`, for worlds created afterwards with
 /// `HCOMM_TRANSPORT=<name>`. Fails for an invalid name, the name of a built-in transport
-/// (`tcp`, `shm`) and a name already registered (a registration is never replaced, so that
+/// (`tcp`, `shm`, `ofi`) and a name already registered (a registration is never replaced, so that
 /// no running world changes transport under its feet).
 pub fn register(name: &str, plugin: Arc<dyn Plugin>) -> Result<()> {
     check_name(name, "the plug-in name")?;

@@ -378,6 +378,8 @@ fn run(scenario: Scenario) -> Result<()> {
             // several pieces.
             let big = if push < 64 << 20 { push } else { 1 << 20 };
             let mut sizes = vec![0, 1, eager, eager + 1, big, big + 1, 3 * big + 5];
+            let (inline, write) = (c.ofi_eager_limit, c.ofi_write_threshold);
+            sizes.extend([inline, inline + 1, write, write + 1, 3 * write + 5]);
             sizes.retain(|&s| s <= 64 << 20);
             p2p::ring_sizes(&comm, sizes)?;
             let s = comm.protocol_stats();
@@ -394,6 +396,10 @@ fn run(scenario: Scenario) -> Result<()> {
             println!(
                 "links tcp_opened={} tcp_accepted={}",
                 s.tcp_opened, s.tcp_accepted
+            );
+            println!(
+                "ofi eager={} read={} write={} mr_hits={} mr_misses={}",
+                s.ofi_eager, s.ofi_read, s.ofi_write, s.ofi_mr_hits, s.ofi_mr_misses
             );
             "protocols"
         }

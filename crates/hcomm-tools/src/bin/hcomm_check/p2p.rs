@@ -34,6 +34,7 @@ pub(super) fn sizes(max: usize) -> Vec<usize> {
         1,
         7,
         4096,
+        4097,
         65536,
         65537,
         1 << 20,

@@ -1,0 +1,1231 @@
+//! Links through libfabric ([`crate::transport::ofi`]): one reliable-datagram endpoint per
+//! world, shared by the links of every peer it reaches (a [`Hub`]).
+//!
+//! Each engine frame travels as one tagged message whose tag names the sender's world rank
+//! and the message's kind; the receive side posts a ring of buffers that take any tag. A
+//! frame's payload goes by one of three protocols, chosen by its size:
+//!
+//! * **eager** (up to `HCOMM_OFI_EAGER_LIMIT`, 4 KiB): header and payload are copied into a
+//!   registered bounce buffer and sent as one message; the receiver copies the payload into
+//!   its destination when the engine places it.
+//! * **RDMA read** (up to `HCOMM_OFI_WRITE_THRESHOLD`, 1 MiB): the sender registers the
+//!   payload where it lies and sends the header with the region's address and key; the
+//!   receiver, told by the engine where the payload goes, `fi_read`s it straight into that
+//!   buffer and answers `ReadDone`, upon which the sender's frame counts as sent.
+//! * **RDMA write** (larger): the sender announces the frame; the receiver registers the
+//!   destination and answers with its address and key; the sender `fi_write`s into it and
+//!   sends a completion notice after it (ordered after the write by `FI_ORDER_SAW`, or the
+//!   write asks for delivery completion first), upon which the payload has landed.
+//!
+//! Frames above the write threshold only come as rendezvous data (the engine treats frames up
+//! to the threshold as eager: see `Route::Rma`), so the receiver's buffer is posted when a
+//! write is announced.
+//!
+//! **Memory the NIC touches.** A registration lives while an operation uses it
+//! ([`MrCache`]: keyed by address, length and access, counted, closed when its last user
+//! ends; a second operation over the same bytes meanwhile finds it), so memory freed by its
+//! owner is never left registered, and an address reused by a new allocation is registered
+//! anew. An operation abandoned while the NIC still writes into its buffer (a read in flight,
+//! a write announced to the peer) is drained first ([`Link::forget`], [`Link::close`]):
+//! completions are read until it ends, at most [`DRAIN`]; should that pass, the endpoint is
+//! closed for every peer, which stops the NIC.
+//!
+//! Completions are read when the engine polls a link (every turn: the links are `polled`, and
+//! the queue's wait descriptor, when the provider has one, sits in the engine's epoll set);
+//! what belongs to another peer waits in that peer's queue. The TCP connection of the mesh
+//! stays beside the link: its end tells the engine that the peer died.
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::ptr::null_mut;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::{Caps, Dests, Kind, Link, Liveness, Ops, Rx};
+use crate::error::Result;
+use crate::p2p::requests::frame_payload;
+use crate::p2p::{Dest, OpId, OutFrame, ProtocolCounts};
+use crate::sync::lock;
+use crate::transport::ofi::ffi::{
+    FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_SEND, FI_WRITE,
+};
+use crate::transport::ofi::{Completion, Endpoint, Region};
+use crate::transport::wire::{FrameHeader, HEADER_LEN};
+
+/// Receive buffers posted at once.
+const RECVS: usize = 64;
+/// Bounce buffers for sends.
+const BOUNCES: usize = 64;
+/// Room after a header for a protocol's fields.
+const EXTRA: usize = 32;
+/// Longest an abandoned operation's RMA is waited for before the endpoint is closed.
+pub(in crate::p2p) const DRAIN: Duration = Duration::from_secs(2);
+/// Completion batches read per poll, so that a busy peer cannot keep the engine here.
+const CQ_ROUNDS: usize = 4;
+
+/// Message kinds, in the tag's bits 32..40 (bits 0..32: the sender's world rank).
+mod msg {
+    /// A frame with its payload inline.
+    pub(super) const FRAME: u64 = 1;
+    /// A frame whose payload the receiver reads: header, address, key, token.
+    pub(super) const READ: u64 = 2;
+    /// The receiver read (or dropped) the payload of token.
+    pub(super) const READ_DONE: u64 = 3;
+    /// A frame whose payload the sender writes: header, token.
+    pub(super) const WRITE: u64 = 4;
+    /// Where to write token's payload: token, address, key (key `u64::MAX`: drop it).
+    pub(super) const WRITE_CTS: u64 = 5;
+    /// Token's payload was written.
+    pub(super) const WRITE_DONE: u64 = 6;
+}
+
+/// The thresholds of the protocols.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OfiLimits {
+    /// Payloads up to this go inline.
+    pub eager: usize,
+    /// Payloads above this are written by the sender; others read by the receiver.
+    pub write: usize,
+}
+
+/// An operation's provider context (`FI_CONTEXT2`: eight words the provider owns while the
+/// operation runs), followed by what the operation is.
+#[repr(C)]
+struct Ctx {
+    fi: [usize; 8],
+    what: What,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum What {
+    /// Receive buffer `slot`.
+    Recv(usize),
+    /// A send from bounce buffer `slot`, to `peer`.
+    Send { slot: usize, peer: usize },
+    /// A read for `peer`'s payload `token` (receiver's token).
+    Read { peer: usize, token: u64 },
+    /// A write of this rank's payload `token` to `peer`.
+    Write { peer: usize, token: u64 },
+}
+
+/// A registration in use, counted.
+#[derive(Debug)]
+struct MrEntry {
+    region: Region,
+    users: usize,
+}
+
+/// Registrations of memory by (address, length, access), each closed when its last user ends.
+#[derive(Debug, Default)]
+struct MrCache {
+    entries: HashMap<(usize, usize, u64), MrEntry>,
+}
+
+/// Key of a registration in the cache.
+type MrKey = (usize, usize, u64);
+
+/// What the threads of the engine see of one peer.
+#[derive(Debug, Default)]
+struct PeerState {
+    /// Frames from the engine not yet handed to the provider, in order.
+    out: VecDeque<OutFrame>,
+    /// Small protocol messages not yet handed to the provider: kind and body.
+    control: VecDeque<(u64, Vec<u8>)>,
+    /// Writes ready to be posted: this rank's tokens.
+    writes: VecDeque<u64>,
+    /// Reads ready to be posted: receiver tokens.
+    reads: VecDeque<u64>,
+    /// What arrived for the engine, in order.
+    inbox: VecDeque<In>,
+    /// Sends whose payload the peer reads or this rank writes, by this rank's token.
+    sending: HashMap<u64, Sending>,
+    /// Payloads landing in this rank's memory, by this rank's token.
+    landing: HashMap<u64, Landing>,
+    next_token: u64,
+    closed: bool,
+}
+
+/// What the engine gets from a peer's link, in order.
+#[derive(Debug)]
+enum In {
+    Frame(FrameHeader, Vec<u8>),
+    /// A payload to read: address, key, the sender's token.
+    Read(FrameHeader, u64, u64, u64),
+    /// A payload the sender will write: its token.
+    Write(FrameHeader, u64),
+    Sent(OpId),
+    /// This rank's payload `token` landed.
+    Landed(u64),
+    Failed(String),
+}
+
+/// A send whose payload stays registered until the peer read it or this rank wrote it.
+#[derive(Debug)]
+struct Sending {
+    op: Option<OpId>,
+    ptr: *const u8,
+    len: usize,
+    mr: Option<MrKey>,
+    /// The payload's own copy, for an operation abandoned before its write.
+    owned: Option<Vec<u8>>,
+    /// The peer's region to write into: address, key, and its token.
+    target: Option<(u64, u64, u64)>,
+    /// The peer reads the payload (else this rank writes it).
+    read: bool,
+    /// The write was posted.
+    posted: bool,
+}
+
+/// A payload landing in this rank's memory.
+#[derive(Debug)]
+struct Landing {
+    hdr: FrameHeader,
+    dest: Dest,
+    ptr: *mut u8,
+    len: usize,
+    mr: Option<MrKey>,
+    /// Read: the sender's address, key and token; write: the sender's token.
+    remote: (u64, u64, u64),
+    read: bool,
+    /// The read was posted, or the write cleared.
+    posted: bool,
+    /// The payload is all there (the read completed, or the writer's notice came).
+    arrived: bool,
+}
+
+// SAFETY: the raw pointers name operation buffers the engine keeps alive while the entries
+// exist; the state is only touched under the hub's lock.
+unsafe impl Send for Sending {}
+// SAFETY: as above.
+unsafe impl Send for Landing {}
+
+/// The endpoint and everything its links share.
+struct HubState {
+    ep: Endpoint,
+    rank: usize,
+    /// `fi_addr_t` of each world rank (`None`: not reached through libfabric).
+    addrs: Vec<Option<u64>>,
+    limits: OfiLimits,
+    peers: Vec<PeerState>,
+    /// Receive buffers: `RECVS` slots of `slot` bytes.
+    recv_buf: Vec<u8>,
+    recv_mr: Option<Region>,
+    /// Bounce buffers: `BOUNCES` slots of `slot` bytes.
+    send_buf: Vec<u8>,
+    send_mr: Option<Region>,
+    free_bounces: Vec<usize>,
+    slot: usize,
+    /// Contexts of operations in flight.
+    live: HashMap<usize, Box<Ctx>>,
+    cache: MrCache,
+    counts: Arc<ProtocolCounts>,
+    /// The endpoint failed, or was closed: why.
+    dead: Option<String>,
+    /// Completions were read since a link last asked: what they brought may wait in the
+    /// queue of a peer whose link was already polled this turn.
+    fresh: bool,
+}
+
+// SAFETY: the contexts' and regions' raw pointers are only used under the hub's lock.
+unsafe impl Send for HubState {}
+
+/// A world's libfabric endpoint, shared by the links of its peers.
+pub(in crate::p2p) struct Hub {
+    state: Mutex<HubState>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").finish_non_exhaustive()
+    }
+}
+
+fn tag(kind: u64, rank: usize) -> u64 {
+    (kind << 32) | rank as u64
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    if let Some(s) = b.get(at..at + 8) {
+        w.copy_from_slice(s);
+    }
+    u64::from_le_bytes(w)
+}
+
+fn words(ws: &[u64]) -> Vec<u8> {
+    ws.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+impl Hub {
+    /// The hub of `ep` for world rank `rank`; `addrs`: each rank's endpoint address
+    /// (`None`: not reached through libfabric). Posts the receive buffers.
+    pub(in crate::p2p) fn start(
+        mut ep: Endpoint,
+        rank: usize,
+        addrs: &[Option<Vec<u8>>],
+        limits: OfiLimits,
+        counts: Arc<ProtocolCounts>,
+    ) -> Result<Hub> {
+        let mut fi = Vec::with_capacity(addrs.len());
+        for (r, a) in addrs.iter().enumerate() {
+            fi.push(match a {
+                Some(a) if r != rank => Some(ep.insert(a)?),
+                _ => None,
+            });
+        }
+        let slot = HEADER_LEN + EXTRA + limits.eager;
+        let recv_buf = vec![0u8; RECVS * slot];
+        let send_buf = vec![0u8; BOUNCES * slot];
+        // SAFETY: both buffers live in the hub, which closes the regions before it drops them
+        // (HubState's Drop).
+        let (recv_mr, send_mr) = unsafe {
+            (
+                ep.register(recv_buf.as_ptr(), recv_buf.len(), FI_RECV)?,
+                ep.register(send_buf.as_ptr(), send_buf.len(), FI_SEND)?,
+            )
+        };
+        let mut st = HubState {
+            ep,
+            rank,
+            addrs: fi,
+            limits,
+            peers: (0..addrs.len()).map(|_| PeerState::default()).collect(),
+            recv_buf,
+            recv_mr: Some(recv_mr),
+            send_buf,
+            send_mr: Some(send_mr),
+            free_bounces: (0..BOUNCES).rev().collect(),
+            slot,
+            live: HashMap::default(),
+            cache: MrCache::default(),
+            counts,
+            dead: None,
+            fresh: false,
+        };
+        for s in 0..RECVS {
+            st.post_recv(s)?;
+        }
+        Ok(Hub {
+            state: Mutex::new(st),
+        })
+    }
+
+    /// The completion queue's wait descriptor, for the engine's epoll set.
+    pub(in crate::p2p) fn wait_fd(&self) -> Option<i32> {
+        lock(&self.state).ep.wait_fd()
+    }
+
+    /// Provider, fabric and domain, for the logs.
+    pub(in crate::p2p) fn describe(&self) -> String {
+        let st = lock(&self.state);
+        format!(
+            "provider {}, fabric {}, domain {} (eager up to {} B, RDMA read up to {} B, RDMA \
+             write above; completions {})",
+            st.ep.provider,
+            st.ep.fabric_name,
+            st.ep.domain_name,
+            st.limits.eager,
+            st.limits.write,
+            match st.ep.wait_fd() {
+                Some(_) => "wake epoll",
+                None => "polled",
+            }
+        )
+    }
+
+    /// Whether world rank `peer` is reached through the endpoint.
+    pub(in crate::p2p) fn reaches(&self, peer: usize) -> bool {
+        lock(&self.state)
+            .addrs
+            .get(peer)
+            .is_some_and(Option::is_some)
+    }
+}
+
+impl Drop for HubState {
+    fn drop(&mut self) {
+        // Registrations first, while the buffers they cover are alive; the endpoint (closed
+        // when `ep` drops, after this) ends every operation still in flight, and only then
+        // are the contexts and buffers freed (fields drop after this body).
+        for (_, e) in self.cache.entries.drain() {
+            self.ep.close_mr(e.region);
+        }
+        if let Some(r) = self.recv_mr.take() {
+            self.ep.close_mr(r);
+        }
+        if let Some(r) = self.send_mr.take() {
+            self.ep.close_mr(r);
+        }
+    }
+}
+
+impl HubState {
+    fn post_recv(&mut self, s: usize) -> Result<()> {
+        let mut ctx = Box::new(Ctx {
+            fi: [0; 8],
+            what: What::Recv(s),
+        });
+        let key = &mut *ctx as *mut Ctx as usize;
+        let desc = self.recv_mr.as_ref().map_or(null_mut(), |r| r.desc);
+        let slot = self.slot;
+        // SAFETY: the slot lies inside `recv_buf`, which lives as long as the endpoint; the
+        // context is kept in `live` until its completion.
+        let posted = unsafe {
+            let buf = self.recv_buf.as_mut_ptr().add(s * slot);
+            self.ep.post_recv(buf, slot, desc, key as *mut c_void)?
+        };
+        if !posted {
+            return Err(crate::error::Error::transport_failed(format!(
+                "libfabric ({}): the endpoint takes fewer than {RECVS} posted receives",
+                self.ep.provider
+            )));
+        }
+        self.live.insert(key, ctx);
+        Ok(())
+    }
+
+    /// Registers `len` bytes at `ptr` for `access`, or counts one more user of the region
+    /// that has them.
+    ///
+    /// # Safety
+    /// The memory stays valid until the matching [`HubState::unregister`].
+    unsafe fn register(
+        &mut self,
+        ptr: *const u8,
+        len: usize,
+        access: u64,
+    ) -> std::result::Result<(MrKey, u64, u64, *mut c_void), String> {
+        let key = (ptr as usize, len, access);
+        if let Some(e) = self.cache.entries.get_mut(&key) {
+            e.users += 1;
+            ProtocolCounts::bump(&self.counts.ofi_mr_hits);
+            return Ok((key, e.region.remote_base, e.region.key, e.region.desc));
+        }
+        // SAFETY: per this function's contract.
+        let region =
+            unsafe { self.ep.register(ptr, len, access) }.map_err(|e| e.detail().to_owned())?;
+        ProtocolCounts::bump(&self.counts.ofi_mr_misses);
+        let out = (key, region.remote_base, region.key, region.desc);
+        self.cache.entries.insert(key, MrEntry { region, users: 1 });
+        Ok(out)
+    }
+
+    /// One user of a registration ended: the last closes it.
+    fn unregister(&mut self, key: Option<MrKey>) {
+        let Some(key) = key else { return };
+        if let Some(e) = self.cache.entries.get_mut(&key) {
+            e.users -= 1;
+            if e.users == 0 {
+                if let Some(e) = self.cache.entries.remove(&key) {
+                    self.ep.close_mr(e.region);
+                }
+            }
+        }
+    }
+
+    /// Local memory an operation uses: registered when the provider wants local regions.
+    ///
+    /// # Safety
+    /// As [`HubState::register`].
+    unsafe fn local(
+        &mut self,
+        ptr: *const u8,
+        len: usize,
+        access: u64,
+    ) -> std::result::Result<(Option<MrKey>, *mut c_void), String> {
+        if !self.ep.local_mr() {
+            return Ok((None, null_mut()));
+        }
+        // SAFETY: per this function's contract.
+        let (k, _, _, desc) = unsafe { self.register(ptr, len, access) }?;
+        Ok((Some(k), desc))
+    }
+
+    fn new_ctx(&mut self, what: What) -> *mut c_void {
+        let mut ctx = Box::new(Ctx { fi: [0; 8], what });
+        let key = &mut *ctx as *mut Ctx as usize;
+        self.live.insert(key, ctx);
+        key as *mut c_void
+    }
+
+    /// Sends `body` (whose first bytes may be a frame header) as a message of `kind` to
+    /// `peer` from a bounce buffer; `Ok(false)`: no room now.
+    fn send_msg(
+        &mut self,
+        peer: usize,
+        kind: u64,
+        parts: &[&[u8]],
+    ) -> std::result::Result<bool, String> {
+        let Some(dest) = self.addrs.get(peer).copied().flatten() else {
+            return Err(format!("world rank {peer} has no libfabric address"));
+        };
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let Some(slot) = self.free_bounces.pop() else {
+            return Ok(false);
+        };
+        let start = slot * self.slot;
+        let mut at = start;
+        for p in parts {
+            self.send_buf[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        let ctx = self.new_ctx(What::Send { slot, peer });
+        let desc = self.send_mr.as_ref().map_or(null_mut(), |r| r.desc);
+        // SAFETY: the bounce slot stays reserved (off the free list) and the context in
+        // `live` until the send completes.
+        let posted = unsafe {
+            self.ep.post_send(
+                self.send_buf.as_ptr().add(start),
+                len,
+                desc,
+                dest,
+                tag(kind, self.rank),
+                ctx,
+            )
+        };
+        match posted {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                self.live.remove(&(ctx as usize));
+                self.free_bounces.push(slot);
+                Ok(false)
+            }
+            Err(e) => {
+                self.live.remove(&(ctx as usize));
+                self.free_bounces.push(slot);
+                Err(e.detail().to_owned())
+            }
+        }
+    }
+
+    /// Reads completions and does what each means, then posts what waited for room.
+    fn progress(&mut self) {
+        if self.dead.is_some() {
+            return;
+        }
+        let mut done: Vec<Completion> = Vec::with_capacity(16);
+        for _ in 0..CQ_ROUNDS {
+            done.clear();
+            match self.ep.read_cq(&mut done) {
+                Ok(()) => {}
+                Err(f) => {
+                    self.failed(f.context, f.why);
+                    continue;
+                }
+            }
+            if done.is_empty() {
+                break;
+            }
+            self.fresh = true;
+            for c in &done {
+                self.completed(c);
+            }
+        }
+        for p in 0..self.peers.len() {
+            if self.peers[p].closed {
+                continue;
+            }
+            if let Err(why) = self.push_peer(p) {
+                self.fail(p, why);
+            }
+        }
+    }
+
+    /// A peer's link failed: everything it has waiting is for the engine to learn.
+    fn fail(&mut self, peer: usize, why: String) {
+        if let Some(p) = self.peers.get_mut(peer) {
+            if !p.closed {
+                p.inbox.push_back(In::Failed(why));
+            }
+        }
+    }
+
+    fn failed(&mut self, context: usize, why: String) {
+        let Some(ctx) = self.live.remove(&context) else {
+            return;
+        };
+        match ctx.what {
+            What::Recv(s) => {
+                // A receive failed (the provider cancelled it, or a peer's message broke it):
+                // post it again; the peer's connection tells whether the peer is gone.
+                tracing::debug!("libfabric receive failed: {why}");
+                if let Err(e) = self.post_recv(s) {
+                    self.kill(format!("{why}; then {e}"));
+                }
+            }
+            What::Send { slot, peer } => {
+                self.free_bounces.push(slot);
+                self.fail(peer, why);
+            }
+            What::Read { peer, token } => {
+                if let Some(l) = self.peers[peer].landing.remove(&token) {
+                    self.unregister(l.mr);
+                }
+                self.fail(peer, why);
+            }
+            What::Write { peer, token } => {
+                if let Some(s) = self.peers[peer].sending.remove(&token) {
+                    self.unregister(s.mr);
+                }
+                self.fail(peer, why);
+            }
+        }
+    }
+
+    /// The endpoint cannot go on: every peer fails.
+    fn kill(&mut self, why: String) {
+        for p in 0..self.peers.len() {
+            self.fail(p, why.clone());
+        }
+        self.dead = Some(why);
+    }
+
+    fn completed(&mut self, c: &Completion) {
+        let Some(ctx) = self.live.remove(&c.context) else {
+            return;
+        };
+        match ctx.what {
+            What::Recv(s) => {
+                let at = s * self.slot;
+                let body = self.recv_buf[at..at + c.len.min(self.slot)].to_vec();
+                if let Err(e) = self.post_recv(s) {
+                    self.kill(e.detail().to_owned());
+                }
+                self.arrived(c.tag, body);
+            }
+            What::Send { slot, .. } => self.free_bounces.push(slot),
+            What::Read { peer, token } => {
+                let Some(l) = self.peers[peer].landing.get_mut(&token) else {
+                    return;
+                };
+                l.arrived = true;
+                let (mr, sender) = (l.mr.take(), l.remote.2);
+                self.unregister(mr);
+                let p = &mut self.peers[peer];
+                p.control.push_back((msg::READ_DONE, words(&[sender])));
+                p.inbox.push_back(In::Landed(token));
+            }
+            What::Write { peer, token } => {
+                let Some(s) = self.peers[peer].sending.remove(&token) else {
+                    return;
+                };
+                self.unregister(s.mr);
+                let p = &mut self.peers[peer];
+                if let Some((_, _, theirs)) = s.target {
+                    p.control.push_back((msg::WRITE_DONE, words(&[theirs])));
+                }
+                if let Some(op) = s.op {
+                    p.inbox.push_back(In::Sent(op));
+                }
+            }
+        }
+    }
+
+    /// A message arrived with `tag`.
+    fn arrived(&mut self, tag: u64, body: Vec<u8>) {
+        let (kind, src) = (tag >> 32, (tag & 0xffff_ffff) as usize);
+        if src >= self.peers.len() || self.peers[src].closed {
+            return;
+        }
+        let hdr = |b: &[u8]| -> std::result::Result<FrameHeader, String> {
+            let raw: &[u8; HEADER_LEN] = b
+                .get(..HEADER_LEN)
+                .and_then(|h| h.try_into().ok())
+                .ok_or("it sent a message shorter than a frame header through libfabric")?;
+            FrameHeader::decode(raw)
+                .map_err(|e| format!("it sent a malformed frame through libfabric ({e})"))
+        };
+        let item = match kind {
+            msg::FRAME => hdr(&body).map(|h| In::Frame(h, body[HEADER_LEN..].to_vec())),
+            msg::READ => hdr(&body).map(|h| {
+                In::Read(
+                    h,
+                    u64_at(&body, HEADER_LEN),
+                    u64_at(&body, HEADER_LEN + 8),
+                    u64_at(&body, HEADER_LEN + 16),
+                )
+            }),
+            msg::WRITE => hdr(&body).map(|h| In::Write(h, u64_at(&body, HEADER_LEN))),
+            msg::READ_DONE => {
+                if let Some(s) = self.peers[src].sending.remove(&u64_at(&body, 0)) {
+                    self.unregister(s.mr);
+                    if let Some(op) = s.op {
+                        self.peers[src].inbox.push_back(In::Sent(op));
+                    }
+                }
+                return;
+            }
+            msg::WRITE_CTS => {
+                let (token, addr, key, theirs) = (
+                    u64_at(&body, 0),
+                    u64_at(&body, 8),
+                    u64_at(&body, 16),
+                    u64_at(&body, 24),
+                );
+                let p = &mut self.peers[src];
+                if key == u64::MAX {
+                    // The peer drops the payload: the frame is sent.
+                    if let Some(s) = p.sending.remove(&token) {
+                        if let Some(op) = s.op {
+                            p.inbox.push_back(In::Sent(op));
+                        }
+                        self.unregister(s.mr);
+                    }
+                } else if let Some(s) = p.sending.get_mut(&token) {
+                    s.target = Some((addr, key, theirs));
+                    p.writes.push_back(token);
+                }
+                return;
+            }
+            msg::WRITE_DONE => {
+                let token = u64_at(&body, 0);
+                if let Some(l) = self.peers[src].landing.get_mut(&token) {
+                    l.arrived = true;
+                    self.peers[src].inbox.push_back(In::Landed(token));
+                }
+                return;
+            }
+            _ => Err(format!(
+                "it sent a message of unknown kind {kind} through libfabric"
+            )),
+        };
+        let item = item.unwrap_or_else(In::Failed);
+        self.peers[src].inbox.push_back(item);
+    }
+
+    /// Posts what `peer` has waiting: protocol messages, reads, writes, then frames.
+    fn push_peer(&mut self, peer: usize) -> std::result::Result<(), String> {
+        while let Some((kind, body)) = self.peers[peer].control.pop_front() {
+            if !self.send_msg(peer, kind, &[&body])? {
+                self.peers[peer].control.push_front((kind, body));
+                return Ok(());
+            }
+        }
+        while let Some(token) = self.peers[peer].reads.pop_front() {
+            if !self.post_read(peer, token)? {
+                self.peers[peer].reads.push_front(token);
+                return Ok(());
+            }
+        }
+        while let Some(token) = self.peers[peer].writes.pop_front() {
+            if !self.post_write(peer, token)? {
+                self.peers[peer].writes.push_front(token);
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    fn post_read(&mut self, peer: usize, token: u64) -> std::result::Result<bool, String> {
+        let Some(src) = self.addrs.get(peer).copied().flatten() else {
+            return Err(format!("world rank {peer} has no libfabric address"));
+        };
+        let Some(l) = self.peers[peer].landing.get(&token) else {
+            return Ok(true);
+        };
+        let (ptr, len, (addr, key, _)) = (l.ptr, l.len, l.remote);
+        let desc = match l.mr {
+            Some(k) => self
+                .cache
+                .entries
+                .get(&k)
+                .map_or(null_mut(), |e| e.region.desc),
+            None => null_mut(),
+        };
+        let ctx = self.new_ctx(What::Read { peer, token });
+        // SAFETY: the destination stays valid while the landing exists (the engine keeps its
+        // operation or unexpected message until the payload lands, and `forget`/`close`
+        // drain a read in flight first); the context stays in `live`.
+        let posted = unsafe { self.ep.post_read(ptr, len, desc, src, addr, key, ctx) };
+        match posted {
+            Ok(true) => {
+                if let Some(l) = self.peers[peer].landing.get_mut(&token) {
+                    l.posted = true;
+                }
+                Ok(true)
+            }
+            Ok(false) => {
+                self.live.remove(&(ctx as usize));
+                Ok(false)
+            }
+            Err(e) => {
+                self.live.remove(&(ctx as usize));
+                Err(e.detail().to_owned())
+            }
+        }
+    }
+
+    fn post_write(&mut self, peer: usize, token: u64) -> std::result::Result<bool, String> {
+        let Some(dest) = self.addrs.get(peer).copied().flatten() else {
+            return Err(format!("world rank {peer} has no libfabric address"));
+        };
+        let Some(s) = self.peers[peer].sending.get(&token) else {
+            return Ok(true);
+        };
+        let Some((addr, key, _)) = s.target else {
+            return Ok(true);
+        };
+        let (ptr, len) = match &s.owned {
+            Some(v) => (v.as_ptr(), v.len()),
+            None => (s.ptr, s.len),
+        };
+        let desc = match s.mr {
+            Some(k) => self
+                .cache
+                .entries
+                .get(&k)
+                .map_or(null_mut(), |e| e.region.desc),
+            None => null_mut(),
+        };
+        let ctx = self.new_ctx(What::Write { peer, token });
+        // SAFETY: the source stays valid while the send exists (its operation is live, or
+        // the payload was copied into `owned` when it was abandoned); the context stays in
+        // `live`.
+        let posted = unsafe { self.ep.post_write(ptr, len, desc, dest, addr, key, ctx) };
+        match posted {
+            Ok(true) => {
+                if let Some(s) = self.peers[peer].sending.get_mut(&token) {
+                    s.posted = true;
+                }
+                Ok(true)
+            }
+            Ok(false) => {
+                self.live.remove(&(ctx as usize));
+                Ok(false)
+            }
+            Err(e) => {
+                self.live.remove(&(ctx as usize));
+                Err(e.detail().to_owned())
+            }
+        }
+    }
+
+    /// Hands `peer`'s queued frames to the provider while it takes them.
+    fn flush(
+        &mut self,
+        peer: usize,
+        ops: &Ops,
+        sent: &mut Vec<OpId>,
+    ) -> std::result::Result<bool, String> {
+        let mut moved = false;
+        self.push_peer(peer)?;
+        while let Some(f) = self.peers[peer].out.front() {
+            let payload = frame_payload(f, ops);
+            let (hdr, op, ptr, n) = (f.hdr, f.op, payload.as_ptr(), payload.len());
+            let len = n;
+            // SAFETY: the bytes `frame_payload` found: the frame's live operation's buffer
+            // (or its own copy, in the queue until it is popped below), valid through this
+            // turn.
+            let payload = unsafe { std::slice::from_raw_parts(ptr, n) };
+            if n <= self.limits.eager {
+                if !self.send_msg(peer, msg::FRAME, &[&hdr, payload])? {
+                    break;
+                }
+                if n > 0 {
+                    ProtocolCounts::bump(&self.counts.ofi_eager);
+                }
+                if let Some(op) = op {
+                    sent.push(op);
+                }
+            } else {
+                let token = self.peers[peer].next_token;
+                let read = n <= self.limits.write;
+                let access = if read { FI_REMOTE_READ } else { FI_WRITE };
+                let (mr, base, key) = if read || self.ep.local_mr() {
+                    // SAFETY: the payload is the live operation's buffer; its registration
+                    // is released when the send ends (read done, written, or dropped by the
+                    // peer), and an abandoned operation's write goes from a copy (`forget`).
+                    let (k, base, key, _) = unsafe { self.register(ptr, len, access) }?;
+                    (Some(k), base, key)
+                } else {
+                    (None, 0, 0)
+                };
+                let sent_now = if read {
+                    self.send_msg(peer, msg::READ, &[&hdr, &words(&[base, key, token])])
+                } else {
+                    self.send_msg(peer, msg::WRITE, &[&hdr, &words(&[token])])
+                };
+                match sent_now {
+                    Ok(true) => {}
+                    other => {
+                        self.unregister(mr);
+                        other?;
+                        break;
+                    }
+                }
+                let c = if read {
+                    &self.counts.ofi_read
+                } else {
+                    &self.counts.ofi_write
+                };
+                ProtocolCounts::bump(c);
+                let p = &mut self.peers[peer];
+                p.next_token += 1;
+                p.sending.insert(
+                    token,
+                    Sending {
+                        op,
+                        ptr,
+                        len,
+                        mr,
+                        owned: None,
+                        target: None,
+                        read,
+                        posted: false,
+                    },
+                );
+            }
+            self.peers[peer].out.pop_front();
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// Waits (reading completions) until `done` says so or [`DRAIN`] passes; then closes the
+    /// endpoint, which stops every operation of the NIC.
+    fn drain(&mut self, done: impl Fn(&HubState) -> bool) {
+        let deadline = Instant::now() + DRAIN;
+        while !done(self) {
+            if self.dead.is_some() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let why = format!(
+                    "libfabric ({}): an abandoned transfer did not end within {DRAIN:?}; the \
+                     endpoint was closed so that nothing writes into its memory any more",
+                    self.ep.provider
+                );
+                tracing::warn!("{why}");
+                self.ep.close_endpoint();
+                self.kill(why);
+                return;
+            }
+            self.progress();
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The link to one peer through the hub.
+#[derive(Debug)]
+pub(in crate::p2p) struct OfiLink {
+    hub: Arc<Hub>,
+    peer: usize,
+    /// The frame whose header the engine has.
+    held: Option<In>,
+    caps: Caps,
+}
+
+impl OfiLink {
+    /// The link to world rank `peer` through `hub`.
+    pub(in crate::p2p) fn new(hub: &Arc<Hub>, peer: usize) -> OfiLink {
+        OfiLink {
+            hub: Arc::clone(hub),
+            peer,
+            held: None,
+            caps: Caps {
+                kind: Kind::Ofi,
+                read_remote: None,
+                max_payload: usize::MAX,
+                // Messages between a pair arrive in order (FI_ORDER_SAS): a goodbye follows
+                // every frame sent before it.
+                ordered_end: true,
+                wakes_epoll: false,
+                polled: true,
+                doorbell: false,
+                drain_on_loss: false,
+                liveness: Liveness::Connection,
+            },
+        }
+    }
+}
+
+impl Link for OfiLink {
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    fn push(&mut self, frame: OutFrame) -> bool {
+        let mut st = lock(&self.hub.state);
+        let out = &mut st.peers[self.peer].out;
+        out.push_back(frame);
+        out.len() == 1
+    }
+
+    fn flush(&mut self, ops: &Ops, sent: &mut Vec<OpId>) -> std::result::Result<bool, String> {
+        let mut st = lock(&self.hub.state);
+        if let Some(why) = &st.dead {
+            return Err(why.clone());
+        }
+        if st.peers[self.peer].closed {
+            return Ok(false);
+        }
+        st.flush(self.peer, ops, sent)
+    }
+
+    /// Something arrived for the engine, or waits to go out.
+    fn ready(&mut self) -> bool {
+        let st = lock(&self.hub.state);
+        let p = &st.peers[self.peer];
+        !p.closed && (!p.inbox.is_empty() || !p.out.is_empty() || !p.control.is_empty())
+    }
+
+    /// Completions read since a link last asked (they may be waiting for a link polled
+    /// earlier in the turn), work the provider holds that its wait descriptor would not
+    /// announce (`fi_trywait`), or RMA in flight: posted reads and writes, payloads offered to
+    /// the peer's reads or being written here (the provider moves their bytes only while it
+    /// is polled).
+    fn streaming(&self) -> bool {
+        let mut st = lock(&self.hub.state);
+        if std::mem::take(&mut st.fresh) || !st.ep.may_sleep() {
+            return true;
+        }
+        let p = &st.peers[self.peer];
+        !p.closed && (!p.sending.is_empty() || p.landing.values().any(|l| l.posted && !l.arrived))
+    }
+
+    fn busy(&self) -> bool {
+        let st = lock(&self.hub.state);
+        let p = &st.peers[self.peer];
+        !p.out.is_empty() || !p.control.is_empty() || !p.sending.is_empty()
+    }
+
+    fn poll(&mut self, _dests: &mut Dests<'_>) -> Rx {
+        if self.held.is_some() {
+            return Rx::Idle;
+        }
+        let mut st = lock(&self.hub.state);
+        if st.peers[self.peer].closed {
+            return Rx::Idle;
+        }
+        st.progress();
+        let p = &mut st.peers[self.peer];
+        match p.inbox.pop_front() {
+            None => Rx::Idle,
+            Some(In::Sent(op)) => Rx::Sent(op),
+            Some(In::Failed(why)) => Rx::Failed(why),
+            Some(In::Landed(token)) => match p.landing.remove(&token) {
+                Some(l) => {
+                    let (hdr, dest, mr) = (l.hdr, l.dest, l.mr);
+                    st.unregister(mr);
+                    Rx::Payload(hdr, dest)
+                }
+                None => Rx::Idle,
+            },
+            Some(item) => {
+                let hdr = match &item {
+                    In::Frame(h, _) | In::Read(h, ..) | In::Write(h, _) => *h,
+                    _ => return Rx::Idle,
+                };
+                self.held = Some(item);
+                Rx::Header(hdr)
+            }
+        }
+    }
+
+    fn place(
+        &mut self,
+        hdr: &FrameHeader,
+        dest: Option<Dest>,
+        dests: &mut Dests<'_>,
+    ) -> std::result::Result<bool, String> {
+        let item = self
+            .held
+            .take()
+            .ok_or("a frame was placed that was never read")?;
+        let mut st = lock(&self.hub.state);
+        let peer = self.peer;
+        match item {
+            In::Frame(_, payload) => {
+                if let Some(dst) = dests.whole(hdr, dest) {
+                    let n = dst.len().min(payload.len());
+                    dst[..n].copy_from_slice(&payload[..n]);
+                }
+                Ok(true)
+            }
+            In::Read(_, addr, key, theirs) => {
+                let target = dests.whole(hdr, dest).map(|d| (d.as_mut_ptr(), d.len()));
+                let (Some((ptr, len)), Some(dest)) = (target, dest) else {
+                    st.peers[peer]
+                        .control
+                        .push_back((msg::READ_DONE, words(&[theirs])));
+                    return Ok(true);
+                };
+                // SAFETY: the destination stays valid until the payload lands or the
+                // operation is forgotten, which drains the read first.
+                let (mr, _) = unsafe { st.local(ptr, len, FI_READ) }?;
+                let p = &mut st.peers[peer];
+                let token = p.next_token;
+                p.next_token += 1;
+                p.landing.insert(
+                    token,
+                    Landing {
+                        hdr: *hdr,
+                        dest,
+                        ptr,
+                        len,
+                        mr,
+                        remote: (addr, key, theirs),
+                        read: true,
+                        posted: false,
+                        arrived: false,
+                    },
+                );
+                p.reads.push_back(token);
+                st.push_peer(peer)?;
+                Ok(false)
+            }
+            In::Write(_, theirs) => {
+                let target = dests.whole(hdr, dest).map(|d| (d.as_mut_ptr(), d.len()));
+                let (Some((ptr, len)), Some(dest)) = (target, dest) else {
+                    st.peers[peer]
+                        .control
+                        .push_back((msg::WRITE_CTS, words(&[theirs, 0, u64::MAX, 0])));
+                    return Ok(true);
+                };
+                // SAFETY: the destination stays valid until the payload lands or the
+                // operation is forgotten, which waits for the write first.
+                let (mr, base, key, _) = unsafe { st.register(ptr, len, FI_REMOTE_WRITE) }?;
+                let p = &mut st.peers[peer];
+                let token = p.next_token;
+                p.next_token += 1;
+                p.landing.insert(
+                    token,
+                    Landing {
+                        hdr: *hdr,
+                        dest,
+                        ptr,
+                        len,
+                        mr: Some(mr),
+                        remote: (0, 0, theirs),
+                        read: false,
+                        posted: true,
+                        arrived: false,
+                    },
+                );
+                p.control
+                    .push_back((msg::WRITE_CTS, words(&[theirs, base, key, token])));
+                st.push_peer(peer)?;
+                Ok(false)
+            }
+            _ => Err("a frame was placed that was never read".into()),
+        }
+    }
+
+    /// Drops the operation's frames not yet sent. A send whose payload the peer reads keeps
+    /// its registration until the peer says it read it (the memory is only read); one the
+    /// peer waits to have written goes from a copy. A payload landing in the operation's
+    /// buffer is waited for (see [`DRAIN`]).
+    fn forget(&mut self, op: OpId, _ops: &Ops) {
+        let mut st = lock(&self.hub.state);
+        let peer = self.peer;
+        st.peers[peer].out.retain(|f| f.op != Some(op));
+        let mut copies = Vec::new();
+        for (t, s) in st.peers[peer].sending.iter_mut() {
+            if s.op == Some(op) {
+                s.op = None;
+                if !s.read && !s.posted && s.owned.is_none() {
+                    copies.push(*t);
+                }
+            }
+        }
+        for t in copies {
+            let Some(s) = st.peers[peer].sending.get(&t) else {
+                continue;
+            };
+            // SAFETY: the operation is still live while it is forgotten: its bytes are valid.
+            let copy = unsafe { std::slice::from_raw_parts(s.ptr, s.len) }.to_vec();
+            let old = s.mr;
+            st.unregister(old);
+            let (ptr, len) = (copy.as_ptr(), copy.len());
+            // SAFETY: the copy lives in the entry until the write ends.
+            let mr = match unsafe { st.local(ptr, len, FI_WRITE) } {
+                Ok((mr, _)) => mr,
+                Err(why) => {
+                    st.fail(peer, why);
+                    None
+                }
+            };
+            if let Some(s) = st.peers[peer].sending.get_mut(&t) {
+                s.owned = Some(copy);
+                s.ptr = ptr;
+                s.mr = mr;
+            }
+        }
+        // A write in flight from the operation's buffer reads it until it completes; a
+        // payload landing in it writes it until it has arrived.
+        let mine = move |l: &Landing| matches!(l.dest, Dest::Op { op: o, .. } if o == op);
+        let busy = move |st: &HubState| {
+            let p = &st.peers[peer];
+            let writing = p
+                .sending
+                .values()
+                .any(|s| s.posted && s.owned.is_none() && s.op.is_none() && !s.read);
+            let landing = p
+                .landing
+                .values()
+                .any(|l| mine(l) && !l.arrived && (l.posted || !l.read));
+            writing || landing
+        };
+        st.drain(|st| !busy(st));
+        let gone: Vec<u64> = st.peers[peer]
+            .landing
+            .iter()
+            .filter(|(_, l)| mine(l))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in gone {
+            if let Some(mut l) = st.peers[peer].landing.remove(&t) {
+                if l.read && !l.posted {
+                    // Never read: the sender still waits to hear it may let its buffer go.
+                    let theirs = l.remote.2;
+                    st.peers[peer]
+                        .control
+                        .push_back((msg::READ_DONE, words(&[theirs])));
+                }
+                let mr = l.mr.take();
+                st.unregister(mr);
+            }
+        }
+    }
+
+    /// What the provider does with messages in flight when one side goes is its own: the
+    /// link is read until the peer closes its side too.
+    fn lingers(&self) -> bool {
+        !lock(&self.hub.state).peers[self.peer].closed
+    }
+
+    /// The peer is lost: RMA into this rank's memory is waited for (see [`DRAIN`]), then
+    /// every registration made for the peer is closed.
+    fn close(&mut self) {
+        let mut st = lock(&self.hub.state);
+        let peer = self.peer;
+        if st.peers[peer].closed {
+            return;
+        }
+        let busy = |st: &HubState| {
+            let p = &st.peers[peer];
+            p.landing.values().any(|l| l.read && l.posted) || p.sending.values().any(|s| s.posted)
+        };
+        st.drain(|st| !busy(st));
+        let p = &mut st.peers[peer];
+        p.closed = true;
+        p.out.clear();
+        p.control.clear();
+        p.reads.clear();
+        p.writes.clear();
+        p.inbox.clear();
+        let keys: Vec<Option<MrKey>> = p
+            .landing
+            .drain()
+            .map(|(_, l)| l.mr)
+            .chain(p.sending.drain().map(|(_, s)| s.mr))
+            .collect();
+        for k in keys {
+            st.unregister(k);
+        }
+        self.held = None;
+    }
+}
