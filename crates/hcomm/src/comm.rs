@@ -656,7 +656,7 @@ impl Communicator {
             (Some(mesh), topology, shm, store, Some(Mutex::new(client)))
         };
         let local_size = topology.local_size(rank);
-        let cores = crate::topology::online_cores();
+        let cores = topology.local_cores(rank);
         let spin = match config.spin_us {
             Some(us) => Duration::from_micros(us),
             None if local_size <= cores => DEFAULT_SPIN,
