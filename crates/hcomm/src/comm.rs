@@ -662,6 +662,19 @@ impl Communicator {
             None if local_size <= cores => DEFAULT_SPIN,
             None => Duration::ZERO,
         };
+        let waits = format!(
+            "hcomm: rank {rank}: {local_size} local ranks on {cores} core(s): waits {}",
+            if spin.is_zero() {
+                "sleep at once (no spinning or yielding), woken by the rank they wait for"
+            } else {
+                "spin, then yield, then sleep"
+            }
+        );
+        if config.debug {
+            // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+            eprintln!("{waits}");
+        }
+        tracing::debug!("{waits}");
         if let Some(lease) = &lease {
             let line = format!(
                 "hcomm: rank {rank}: all traffic through the transport plug-in {:?}",
