@@ -196,7 +196,9 @@ fn hcommrun_sweeps_what_a_killed_rank_left_in_dev_shm() {
 #[test]
 fn every_protocol_wakes_a_sleeping_receiver() {
     // No spinning: every wait sleeps on the doorbell, and every frame (data, RTS, CTS) must
-    // wake it. A lost wake-up shows as a sleep that ran its whole time (100 ms).
+    // wake it. A lost wake-up shows as a sleep that ran its whole time (100 ms), for nearly
+    // every round trip of the size whose frames do not wake (hcomm_check allows fewer than a
+    // fifth per size: the host's load makes a few).
     let mut c = Command::new(HCOMMRUN);
     c.args(["-n", "2", "--timeout", "100", "--", CHECK, "wakeups"])
         .env("HCOMM_TIMEOUT", "60")
@@ -483,4 +485,100 @@ fn a_pair_that_cannot_go_without_a_connection_keeps_one() {
         .filter(|&&r| text(&outputs[r]).contains("world rank 1"))
         .count();
     assert!(named > 0, "no survivor named rank 1:\n{all}");
+}
+
+/// Runs `hcomm_perf ARGS` on `n` ranks under `hcommrun FLAGS` with `HCOMM_DEBUG=1`, confined
+/// to the first `cpus` CPUs this test may use; returns the output, asserting success.
+fn perf_on_cpus(n: usize, cpus: usize, flags: &[&str], args: &[&str]) -> String {
+    let allowed: Vec<usize> = hcomm_tools::bind::allowed_cores()
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    let mask = hcomm_tools::bind::cpu_list(&allowed[..cpus.min(allowed.len())]);
+    let mut c = Command::new("taskset");
+    c.args([
+        "-c",
+        &mask,
+        HCOMMRUN,
+        "-n",
+        &n.to_string(),
+        "--timeout",
+        "100",
+    ])
+    .args(flags)
+    .args(["--", PERF])
+    .args(args)
+    .env("HCOMM_TIMEOUT", "60")
+    .env("HCOMM_DEBUG", "1")
+    .env_remove("HCOMM_SPIN_US");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let t = text(&o);
+    assert!(o.status.success(), "{n} ranks on CPUs {mask}:\n{t}");
+    t
+}
+
+const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
+
+#[test]
+fn eight_ranks_on_two_cores_sleep_instead_of_spinning_and_reduce_right() {
+    // Correctness, not speed: every checked all-reduce from 1 KiB to 1 MiB is right, with
+    // every wait asleep on its futex, and the job ends well within its limit (a waiter that
+    // spun or yielded here would hold a core that 7 other ranks need).
+    let t = perf_on_cpus(
+        8,
+        2,
+        &[],
+        &[
+            "allreduce",
+            "-b",
+            "1K",
+            "-e",
+            "1M",
+            "-f",
+            "32",
+            "-n",
+            "5",
+            "-w",
+            "2",
+            "-c",
+            "2",
+        ],
+    );
+    for r in 0..8 {
+        let line = format!("[{r}] hcomm: rank {r}: 8 local ranks on ");
+        let said = t.lines().find(|l| l.starts_with(&line));
+        assert!(
+            said.is_some_and(|l| l.contains("waits sleep at once")),
+            "rank {r} did not take the oversubscribed waits:\n{t}"
+        );
+    }
+    let rows: Vec<&str> = t
+        .lines()
+        .filter(|l| l.starts_with("[0]") && l.contains(" float32 "))
+        .collect();
+    assert_eq!(rows.len(), 3, "sizes 1K, 32K, 1M:\n{t}");
+    for row in rows {
+        let wrong = row.split_whitespace().nth(9);
+        assert_eq!(wrong, Some("0"), "wrong elements: {row}");
+    }
+}
+
+#[test]
+fn ranks_pinned_one_per_core_still_spin() {
+    // A rank pinned to one core has a mask of one CPU; the ranks together have a core each,
+    // so their waits spin (the fast path of a pinned 2-rank job).
+    if hcomm_tools::bind::allowed_cores().unwrap().len() < 2 {
+        return;
+    }
+    let t = perf_on_cpus(
+        2,
+        usize::MAX,
+        &["--bind-to", "core"],
+        &["allreduce", "-b", "8", "-e", "8", "-n", "5"],
+    );
+    for r in 0..2 {
+        let line = format!("[{r}] hcomm: rank {r}: 2 local ranks on 2 core(s): waits spin");
+        assert!(t.lines().any(|l| l.starts_with(&line)), "rank {r}:\n{t}");
+    }
 }

@@ -784,12 +784,25 @@ impl Communicator {
             )
         };
         let local_size = topology.local_size(rank);
-        let cores = crate::topology::online_cores();
+        let cores = topology.local_cores(rank);
         let spin = match config.spin_us {
             Some(us) => Duration::from_micros(us),
             None if local_size <= cores => DEFAULT_SPIN,
             None => Duration::ZERO,
         };
+        let waits = format!(
+            "hcomm: rank {rank}: {local_size} local ranks on {cores} core(s): waits {}",
+            if spin.is_zero() {
+                "sleep at once (no spinning or yielding), woken by the rank they wait for"
+            } else {
+                "spin, then yield, then sleep"
+            }
+        );
+        if config.debug {
+            // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+            eprintln!("{waits}");
+        }
+        tracing::debug!("{waits}");
         if let Some(lease) = &lease {
             let line = format!(
                 "hcomm: rank {rank}: all traffic through the transport plug-in {:?}",

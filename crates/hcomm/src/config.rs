@@ -56,15 +56,23 @@ pub(crate) struct Backoff {
     /// thread run; a `sched_yield` that finds nobody else takes 0.1-0.5 µs.
     pub yield_turn: u64,
     /// Most times a thread's waits halve their spinning (never below `eager_polls` looks)
-    /// and their yields: one halving more after each wait of the thread that had to sleep,
-    /// one fewer after each that spinning or yielding served. On a host with more busy
+    /// and their yields: one halving more after each wait of the thread that slept longer
+    /// than `short_sleep`, one fewer after each that spinning, yielding or a short sleep
+    /// served. On a host with more busy
     /// threads than cores, spinning and yielding rarely serve, and burn the time slice that
     /// the peer (or the kernel's preference for threads that sleep) would have used: measured
     /// on the 2-core host at load 14-22, torch's 8-byte all-reduce of 2 ranks took 940-1130 µs
     /// with the full spin against 260-340 µs without it.
     pub max_halvings: u32,
-    /// Times a wait yields the CPU after spinning, before it sleeps (with more ranks than
-    /// cores, the rank waited for may need this core).
+    /// A wait that slept no longer than this would have been served by the full spin
+    /// (`HCOMM_SPIN_US`'s default): it counts as served for `max_halvings`. Without it a
+    /// thread whose spin was halved to a fraction of a microsecond, which serves no wait, saw
+    /// every later wait end asleep and kept that spin for good.
+    pub short_sleep: Duration,
+    /// Times a wait yields the CPU after spinning, before it sleeps (a loaded host: the rank
+    /// waited for may need this core). A wait that must not spin (more local ranks than
+    /// cores) does not yield either: it sleeps at once on the futex that the rank it waits
+    /// for rings, and leaves the core to the ranks that have work.
     pub yields: u32,
     /// Longest sleep between a wait's looks at its peers and its deadline.
     pub max_sleep: Duration,
@@ -79,6 +87,7 @@ impl Backoff {
         idle_yield_every: 4096,
         yield_turn: 4000,
         max_halvings: 8,
+        short_sleep: Duration::from_micros(50),
         yields: 64,
         max_sleep: Duration::from_millis(100),
     };

@@ -24,12 +24,20 @@ pub struct RankInfo {
     pub cpu: u32,
 }
 
-/// The host's online cores (at least 1), not this process's affinity mask: ranks pinned one
-/// per core (taskset, mpirun --bind-to core) still have the host's cores to share.
-pub(crate) fn online_cores() -> usize {
+/// The host's online cores (at least 1).
+fn online_cores() -> usize {
     // SAFETY: sysconf has no preconditions; it returns -1 on error.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     usize::try_from(online).unwrap_or(1).max(1)
+}
+
+/// How many CPUs this process may run on (its affinity mask; the host's online cores when
+/// the mask cannot be read).
+fn allowed_cpus() -> usize {
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => set.count().max(1) as usize,
+        Err(_) => online_cores(),
+    }
 }
 
 impl RankInfo {
@@ -173,6 +181,29 @@ impl Topology {
         self.host_size[self.host_of[rank]]
     }
 
+    /// The cores that the ranks on the host of `rank` (the calling process) can run on
+    /// together, at least 1: the CPUs of its own affinity mask, or the distinct CPUs the
+    /// host's ranks ran on at creation if more (ranks pinned one per core, by `taskset` or
+    /// `hcommrun`, each have a mask of one CPU but a core each), never more than the host's
+    /// online cores. Fewer than [`Topology::local_size`] means more runnable ranks than
+    /// cores: the waits then sleep instead of spinning.
+    pub(crate) fn local_cores(&self, rank: usize) -> usize {
+        self.cores_with(rank, allowed_cpus(), online_cores())
+    }
+
+    /// [`Topology::local_cores`] for a process that may run on `allowed` CPUs of a host with
+    /// `online` online.
+    fn cores_with(&self, rank: usize, allowed: usize, online: usize) -> usize {
+        let host = self.host_of[rank];
+        let mut cpus: Vec<u32> = (0..self.size())
+            .filter(|&r| self.host_of[r] == host)
+            .map(|r| self.ranks[r].cpu)
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        allowed.max(cpus.len()).min(online).max(1)
+    }
+
     /// Number of distinct hosts.
     pub fn num_hosts(&self) -> usize {
         self.host_size.len()
@@ -247,6 +278,38 @@ mod tests {
         let s = t.subset(&[3, 1]);
         assert_eq!((s.num_hosts(), s.local_rank(1)), (1, 1));
         assert!(t.table().contains("4 ranks on 2 hosts"));
+    }
+
+    #[test]
+    fn local_cores_tell_pinned_ranks_from_oversubscribed_ones() {
+        let on = |cpus: &[u32]| {
+            Topology::new(
+                cpus.iter()
+                    .enumerate()
+                    .map(|(r, &cpu)| RankInfo {
+                        cpu,
+                        ..info(if r == 3 { "other" } else { "a" }, r as u32)
+                    })
+                    .collect(),
+            )
+        };
+        // Two ranks pinned one per core of a 2-core host: a mask of 1 CPU each, 2 cores.
+        assert_eq!(on(&[0, 1]).cores_with(0, 1, 2), 2);
+        // Both pinned to one CPU: 1 core for 2 ranks.
+        assert_eq!(on(&[1, 1]).cores_with(1, 1, 2), 1);
+        // Eight unpinned ranks on a 2-core host: the mask (2) whatever CPUs they ran on.
+        let eight = on(&[0, 1, 1, 9, 0, 1, 0, 1]);
+        assert_eq!(eight.local_size(0), 7);
+        assert_eq!(eight.cores_with(0, 2, 2), 2);
+        // Never more than the host has online, nor fewer than 1.
+        assert_eq!(on(&[0, 5, 6]).cores_with(0, 1, 2), 2);
+        assert_eq!(on(&[0]).cores_with(0, 0, 0), 1);
+        // Only the ranks of the caller's host count: rank 3 is alone on "other".
+        assert_eq!(eight.cores_with(3, 1, 64), 1);
+        assert_eq!(eight.cores_with(0, 1, 64), 2);
+        // This process's own view: at least one core, at most the online ones.
+        let own = on(&[0]).local_cores(0);
+        assert!((1..=online_cores()).contains(&own));
     }
 
     fn random_info(rng: &mut crate::fuzz::Rng) -> RankInfo {

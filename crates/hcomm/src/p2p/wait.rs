@@ -32,12 +32,22 @@ pub(crate) enum Pause {
 
 thread_local! {
     /// How many times this thread's waits currently halve their spinning and yielding
-    /// (see [`Backoff::max_halvings`]): one more after a wait that had to sleep, one fewer
-    /// after a wait that ended while it spun or yielded.
+    /// (see [`Backoff::max_halvings`]): one more after a wait that slept longer than
+    /// [`Backoff::short_sleep`], one fewer after a wait that ended while it spun or yielded
+    /// or after a short sleep.
     static HALVINGS: Cell<u32> = const { Cell::new(0) };
     /// Looks between two yields of this thread's spinning waits (see
     /// [`Backoff::idle_yield_every`]); 0 until its first such yield.
     static YIELD_EVERY: Cell<u32> = const { Cell::new(0) };
+}
+
+/// How one wait ended, for what it teaches the thread's next waits ([`next_halvings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// It ended while it spun or yielded.
+    Served,
+    /// It slept this long (from its first sleep to its end).
+    Slept(Duration),
 }
 
 /// One wait's place in the [`Backoff`] policy.
@@ -54,8 +64,12 @@ pub(crate) struct Waiting {
     yields: u32,
     /// It spun or yielded at least once.
     paused: bool,
-    /// Spinning and yielding did not suffice: it slept (or gave up spinning).
-    slept: bool,
+    /// When it first had to sleep (spinning and yielding did not suffice).
+    asleep_since: Option<Instant>,
+    /// It handed the rest of the wait to another [`Waiting`], which teaches the thread.
+    handed_on: bool,
+    /// Its lesson was taught already ([`Waiting::finish`]).
+    finished: bool,
     /// Looks between two yields while spinning (0: never).
     yield_every: u32,
     /// Looks left before the next yield while spinning.
@@ -64,14 +78,23 @@ pub(crate) struct Waiting {
 
 impl Waiting {
     /// A wait that spins for `policy.polls` looks (fewer after this thread's recent waits
-    /// had to sleep: [`Backoff::max_halvings`]), or not at all unless `spin`.
+    /// had to sleep: [`Backoff::max_halvings`]), then yields, then sleeps; unless `spin` is
+    /// false (more local ranks than cores, or `HCOMM_SPIN_US=0`): then it sleeps at once,
+    /// without spinning or yielding, and leaves the core to the rank it waits for.
     pub(crate) fn new(policy: Backoff, spin: bool) -> Waiting {
+        let mut waiting = Waiting::by_clock(policy, spin);
+        if spin {
+            waiting.spins =
+                (policy.polls >> waiting.halvings).max(policy.eager_polls.min(policy.polls));
+        }
+        waiting
+    }
+
+    /// A wait whose caller spins by the clock (for [`Waiting::spin_time`]), then yields as
+    /// the policy says, then sleeps; a wait that must not spin (`spin` false) neither spins
+    /// nor yields.
+    pub(crate) fn by_clock(policy: Backoff, spin: bool) -> Waiting {
         let halvings = HALVINGS.with(Cell::get).min(policy.max_halvings);
-        let spins = if spin {
-            (policy.polls >> halvings).max(policy.eager_polls.min(policy.polls))
-        } else {
-            0
-        };
         // Only a thread whose waits spinning serves yields less often: one whose waits end
         // asleep (a loaded host) yields every `yield_every` looks, and a yield is what lets
         // its short waits be served again (a pinned 2-rank 512 B ping-pong whose waits had
@@ -84,12 +107,14 @@ impl Waiting {
         Waiting {
             policy,
             halvings,
-            spins,
-            max_yields: policy.yields >> halvings,
+            spins: 0,
+            max_yields: if spin { policy.yields >> halvings } else { 0 },
             polls: 0,
             yields: 0,
             paused: false,
-            slept: false,
+            asleep_since: None,
+            handed_on: false,
+            finished: false,
             yield_every,
             until_yield: yield_every,
         }
@@ -115,7 +140,7 @@ impl Waiting {
     /// this wait yielded so far. `None` means the wait must sleep now.
     pub(crate) fn try_yield(&mut self) -> Option<u32> {
         if self.yields >= self.max_yields {
-            self.slept = true;
+            self.sleeps();
             return None;
         }
         self.yields += 1;
@@ -157,9 +182,18 @@ impl Waiting {
         YIELD_EVERY.with(|e| e.set(self.yield_every));
     }
 
-    /// The wait stops spinning without what it waited for (it will wait another way).
-    pub(crate) fn gave_up(&mut self) {
-        self.slept = true;
+    /// The wait sleeps now (the first time: the clock starts for what it teaches).
+    #[cold]
+    pub(crate) fn sleeps(&mut self) {
+        if self.asleep_since.is_none() {
+            self.asleep_since = Some(Instant::now());
+        }
+    }
+
+    /// The wait stops spinning without what it waited for, and another wait takes over: the
+    /// lesson is that one's.
+    pub(crate) fn hand_on(&mut self) {
+        self.handed_on = true;
     }
 
     /// Something moved: start over with spinning and yielding.
@@ -172,25 +206,43 @@ impl Waiting {
     pub(crate) fn max_sleep(&self) -> Duration {
         self.policy.max_sleep
     }
+
+    /// Ends the wait, having slept for `asleep` if it slept: teaches this thread's next waits
+    /// (once; [`Drop`] does it with the clock for a wait not finished by hand).
+    fn finish(&mut self, asleep: Option<Duration>) {
+        if std::mem::replace(&mut self.finished, true) || self.handed_on {
+            return;
+        }
+        let outcome = match asleep {
+            Some(d) => Outcome::Slept(d),
+            // A wait that never paused teaches nothing.
+            None if !self.paused => return,
+            None => Outcome::Served,
+        };
+        let policy = self.policy;
+        HALVINGS.with(|h| h.set(next_halvings(policy, h.get(), outcome)));
+    }
 }
 
 impl Drop for Waiting {
-    /// Teaches this thread's next waits: spin and yield less after a wait that had to sleep,
-    /// more after one that spinning or yielding served (waits that never paused teach
-    /// nothing).
+    /// Teaches this thread's next waits: spin and yield less after a wait that slept longer
+    /// than [`Backoff::short_sleep`], more after one that spinning or yielding or a short
+    /// sleep served (waits that never paused teach nothing).
     fn drop(&mut self) {
-        if !self.paused && !self.slept {
-            return;
-        }
-        let max = self.policy.max_halvings;
-        HALVINGS.with(|h| {
-            let v = h.get();
-            h.set(if self.slept {
-                (v + 1).min(max)
-            } else {
-                v.saturating_sub(1)
-            });
-        });
+        let asleep = self.asleep_since.map(|since| since.elapsed());
+        self.finish(asleep);
+    }
+}
+
+/// A thread's halvings after a wait that ended as `outcome`, when they were `halvings`.
+/// A short sleep counts as served: the full spin would have caught what it waited for, and
+/// only a wait that shows this can bring the spin back up once it is halved to nothing (a
+/// spin of a fraction of a microsecond serves no wait, so without it every later wait ended
+/// asleep and the spin stayed at that fraction).
+fn next_halvings(policy: Backoff, halvings: u32, outcome: Outcome) -> u32 {
+    match outcome {
+        Outcome::Slept(d) if d > policy.short_sleep => (halvings + 1).min(policy.max_halvings),
+        Outcome::Served | Outcome::Slept(_) => halvings.saturating_sub(1),
     }
 }
 
@@ -215,7 +267,8 @@ pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
             return true;
         }
     }
-    waiting.gave_up();
+    // The caller's wait goes on, and its end is the lesson.
+    waiting.hand_on();
     false
 }
 
@@ -318,7 +371,7 @@ impl Engine {
         let mut now = Instant::now();
         // Spinning goes by the clock here (`spin_until`, for `sh.spin` as halved by this
         // thread's recent waits): only the yields and sleeps follow the count.
-        let mut waiting = Waiting::new(Backoff::DEFAULT, false);
+        let mut waiting = Waiting::by_clock(Backoff::DEFAULT, !sh.spin.is_zero());
         let spin = waiting.spin_time(sh.spin);
         let mut spin_until = now + spin;
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
@@ -428,7 +481,7 @@ impl Engine {
                 }
                 continue;
             } else {
-                waiting.gave_up();
+                waiting.sleeps();
                 let sleep = (deadline - now).min(waiting.max_sleep());
                 self.sleep(all_shm, &mut events, sleep)?;
             }
@@ -499,6 +552,7 @@ mod tests {
             idle_yield_every: 2,
             yield_turn: 0,
             max_halvings: 3,
+            short_sleep: Duration::from_micros(50),
             yields: 3,
             max_sleep: Duration::from_millis(7),
         };
@@ -511,10 +565,41 @@ mod tests {
         assert_eq!(waiting.max_sleep(), Duration::from_millis(7));
         waiting.reset();
         assert_eq!(waiting.pause(), Pause::Spin);
-        // A wait that must not spin yields at once.
-        let mut still = Waiting::new(policy, false);
-        assert_eq!(still.pause(), Pause::Yield(1));
-        assert_eq!(still.try_yield(), Some(2));
+        // A wait that spins by the clock only yields, then sleeps.
+        let mut clocked = Waiting::by_clock(policy, true);
+        assert_eq!(clocked.pause(), Pause::Yield(1));
+        assert_eq!(clocked.try_yield(), Some(2));
+    }
+
+    #[test]
+    fn an_oversubscribed_wait_neither_spins_nor_yields_but_sleeps_at_once() {
+        let policy = Backoff {
+            yield_every: 1,
+            ..Backoff::DEFAULT
+        };
+        std::thread::spawn(move || {
+            // However its thread's waits went (a fresh thread: no halvings), and however
+            // often it is reset, a wait that must not spin never takes the core from the rank
+            // it waits for.
+            for mut waiting in [
+                Waiting::new(policy, false),
+                Waiting::by_clock(policy, false),
+            ] {
+                for _ in 0..3 {
+                    assert_eq!(waiting.pause(), Pause::Sleep);
+                    assert_eq!(waiting.try_yield(), None);
+                    waiting.reset();
+                }
+                assert_eq!(
+                    (waiting.polls, waiting.yields, waiting.paused),
+                    (0, 0, false)
+                );
+            }
+            // Spinning waits of the same thread still spin.
+            assert_eq!(Waiting::new(policy, true).pause(), Pause::Spin);
+        })
+        .join()
+        .expect("the waits' thread");
     }
 
     #[test]
@@ -563,50 +648,109 @@ mod tests {
         .expect("the waits' thread");
     }
 
-    /// The phases of one wait of `policy` on this thread, until it must sleep.
-    fn phases(policy: Backoff) -> (usize, usize) {
+    /// The phases of one wait of `policy` on this thread until it must sleep, after which it
+    /// sleeps for `asleep` (injected).
+    fn phases(policy: Backoff, asleep: Duration) -> (usize, usize) {
         let mut waiting = Waiting::new(policy, true);
         let (mut spins, mut yields) = (0, 0);
         loop {
             match waiting.pause() {
                 Pause::Spin => spins += 1,
                 Pause::Yield(_) => yields += 1,
-                Pause::Sleep => return (spins, yields),
+                Pause::Sleep => {
+                    waiting.finish(Some(asleep));
+                    return (spins, yields);
+                }
             }
         }
     }
 
+    const TEST_POLICY: Backoff = Backoff {
+        polls: 64,
+        eager_polls: 4,
+        yield_every: 0,
+        idle_yield_every: 0,
+        yield_turn: 0,
+        max_halvings: 3,
+        short_sleep: Duration::from_micros(50),
+        yields: 8,
+        max_sleep: Duration::from_millis(1),
+    };
+    const LONG_SLEEP: Duration = Duration::from_millis(2);
+    const SHORT_SLEEP: Duration = Duration::from_micros(5);
+
     #[test]
-    fn waits_that_sleep_make_the_threads_next_waits_spin_less_and_served_ones_more() {
-        let policy = Backoff {
-            polls: 64,
-            eager_polls: 4,
-            yield_every: 0,
-            idle_yield_every: 0,
-            yield_turn: 0,
-            max_halvings: 3,
-            yields: 8,
-            max_sleep: Duration::from_millis(1),
-        };
+    fn waits_that_sleep_long_make_the_threads_next_waits_spin_less_and_served_ones_more() {
+        let policy = TEST_POLICY;
         std::thread::spawn(move || {
-            // Each wait that had to sleep halves the next one's spinning and yielding, down to
+            // Each wait that slept long halves the next one's spinning and yielding, down to
             // `max_halvings` halvings.
-            let seen: Vec<_> = (0..5).map(|_| phases(policy)).collect();
+            let seen: Vec<_> = (0..5).map(|_| phases(policy, LONG_SLEEP)).collect();
             assert_eq!(seen, [(64, 8), (32, 4), (16, 2), (8, 1), (8, 1)]);
             // A wait that spinning served spins more next time.
             let mut served = Waiting::new(policy, true);
             assert_eq!(served.pause(), Pause::Spin);
             drop(served);
-            assert_eq!(phases(policy), (16, 2));
-            // A wait that did not pause at all teaches nothing.
+            assert_eq!(phases(policy, LONG_SLEEP), (16, 2));
+            // A wait that did not pause at all teaches nothing, nor one that handed the rest
+            // of the wait on (its successor teaches).
             drop(Waiting::new(policy, true));
+            let mut handed = Waiting::new(policy, true);
+            while handed.pause() == Pause::Spin {}
+            handed.hand_on();
+            drop(handed);
             let mut served = Waiting::new(policy, true);
             assert_eq!(served.pause(), Pause::Spin);
             drop(served);
             drop(Waiting::new(policy, true));
-            assert_eq!(phases(policy), (16, 2));
+            assert_eq!(phases(policy, LONG_SLEEP), (16, 2));
         })
         .join()
         .expect("the waits' thread");
+    }
+
+    /// The "bistable" spin: once halved to its least (a fraction of a microsecond with the
+    /// default policy), spinning serves no wait; waits that then sleep only briefly (their
+    /// peer answered soon after the spin ended) must bring the spin back, as served ones do.
+    #[test]
+    fn short_sleeps_bring_a_halved_spin_back_to_full() {
+        let policy = TEST_POLICY;
+        std::thread::spawn(move || {
+            for _ in 0..policy.max_halvings {
+                phases(policy, LONG_SLEEP);
+            }
+            assert_eq!(phases(policy, LONG_SLEEP), (8, 1));
+            // Waits that sleep at most `short_sleep` each take one halving back.
+            let seen: Vec<_> = (0..5).map(|_| phases(policy, SHORT_SLEEP)).collect();
+            assert_eq!(seen, [(8, 1), (16, 2), (32, 4), (64, 8), (64, 8)]);
+            assert_eq!(phases(policy, policy.short_sleep), (64, 8));
+            // A sleep just longer than that halves again.
+            let just_over = policy.short_sleep + Duration::from_nanos(1);
+            assert_eq!(phases(policy, just_over), (64, 8));
+            assert_eq!(phases(policy, SHORT_SLEEP), (32, 4));
+        })
+        .join()
+        .expect("the waits' thread");
+    }
+
+    #[test]
+    fn the_halvings_follow_the_outcomes_within_their_bounds() {
+        let p = Backoff::DEFAULT;
+        let slept = |us| Outcome::Slept(Duration::from_micros(us));
+        assert_eq!(next_halvings(p, 0, Outcome::Served), 0);
+        assert_eq!(next_halvings(p, 3, Outcome::Served), 2);
+        assert_eq!(next_halvings(p, 3, slept(10)), 2);
+        assert_eq!(next_halvings(p, 3, slept(50)), 2);
+        assert_eq!(next_halvings(p, 3, slept(51)), 4);
+        assert_eq!(
+            next_halvings(p, p.max_halvings, slept(100_000)),
+            p.max_halvings
+        );
+        // At the most halvings, the default spin by the clock is a fraction of a microsecond:
+        // the state short sleeps lead out of.
+        let mut least = Waiting::by_clock(p, true);
+        least.halvings = p.max_halvings;
+        assert!(least.spin_time(Duration::from_micros(50)) < Duration::from_micros(1));
+        least.hand_on();
     }
 }

@@ -100,7 +100,10 @@ enum Scenario {
         nodump: Option<usize>,
     },
     /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
-    /// every wait sleeps); then the count of sleeps nobody woke, which must be zero.
+    /// every wait sleeps); then the count of sleeps that ran their whole time. A protocol
+    /// whose frames did not wake the sleeper would make nearly every wait of its size one;
+    /// the load of a shared host makes a few (a rank woken but kept from running for the
+    /// 100 ms of a sleep), so each size may have fewer than a fifth of its round trips so.
     Wakeups {
         /// Each rank pauses this long before it sends, so that its peer's wait surely sleeps;
         /// the counts are then only printed (a peer that the machine's load keeps from running
@@ -412,8 +415,11 @@ fn run(scenario: Scenario) -> Result<()> {
                 c.shm_push_threshold.min(1 << 20) + 1,
             ];
             let me = comm.rank();
+            const ROUND_TRIPS: u64 = 50;
+            let mut full_by_size = Vec::with_capacity(sizes.len());
             for (round, &len) in sizes.iter().enumerate() {
-                for _ in 0..50 {
+                let full_before = comm.protocol_stats().full_naps;
+                for _ in 0..ROUND_TRIPS {
                     let mut got = vec![0u8; len];
                     match me {
                         0 => {
@@ -431,15 +437,17 @@ fn run(scenario: Scenario) -> Result<()> {
                         _ => {}
                     }
                 }
+                full_by_size.push((len, comm.protocol_stats().full_naps - full_before));
             }
             let s = comm.protocol_stats();
             println!("wakeups naps={} full_naps={}", s.naps, s.full_naps);
-            ensure!(
-                s.full_naps == 0 || pause_us > 0,
-                "{} of {} sleeps were never woken: a lost wake-up",
-                s.full_naps,
-                s.naps
-            );
+            for (len, full) in full_by_size {
+                ensure!(
+                    5 * full < ROUND_TRIPS || pause_us > 0,
+                    "{full} sleeps of {ROUND_TRIPS} round trips of {len} B were never woken: \
+                     a lost wake-up"
+                );
+            }
             "wakeups"
         }
         Scenario::BigPool { bytes, heap } => {

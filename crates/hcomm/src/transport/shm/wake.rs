@@ -26,6 +26,8 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::Arc;
 
+use rustix::event::{eventfd, EventfdFlags};
+use rustix::io::Errno;
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
 
 use crate::error::{Error, PeerRank, Result};
@@ -129,8 +131,15 @@ impl PeerEnd {
             .ok()
             .and_then(Pid::from_raw)
             .ok_or_else(|| fail("not a process id".into()))?;
-        let pidfd = pidfd_open(p, PidfdFlags::empty())
-            .map_err(|e| fail(format!("pidfd_open: {e} (did it exit?)")))?;
+        let pidfd = match pidfd_open(p, PidfdFlags::empty()) {
+            Ok(fd) => fd,
+            // The process ended already: the peer did all it had to and finished while this
+            // rank was still setting up (a loaded host). Its end is known at once, as the
+            // pidfd would have told a moment later: an eventfd that is always readable.
+            Err(Errno::SRCH) => eventfd(1, EventfdFlags::CLOEXEC)
+                .map_err(|e| fail(format!("process gone, and eventfd: {e}")))?,
+            Err(e) => return Err(fail(format!("pidfd_open: {e}"))),
+        };
         let to = Box::new(address(job_id, rank).map_err(|e| fail(e.to_string()))?);
         Ok(PeerEnd {
             from,
@@ -179,6 +188,25 @@ mod tests {
         assert!(!readable(&a));
         assert!(Reach::own(true).socketless(&Reach::own(true)));
         assert!(!Reach::own(false).socketless(&Reach::own(true)));
+    }
+
+    /// A peer whose process ended before this rank opened its pidfd is watched all the same:
+    /// its end is readable at once (it finished while this rank was still in init).
+    #[test]
+    fn a_peer_that_ended_before_it_was_watched_reads_as_ended() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let job = format!("gonetest{}", std::process::id());
+        let from = Arc::new(WakeSocket::bind(&job, 0).unwrap());
+        let mut end = PeerEnd::open(from, &job, 1, pid).unwrap();
+        let fd = end.take_pidfd().unwrap();
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        assert_eq!(poll(&mut fds, Some(&zero)).unwrap(), 1);
     }
 
     /// The pidfd of a child becomes readable when the child is killed.
