@@ -12,8 +12,9 @@ use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::dispatch::{abort_frame, comm_abort_frame};
+use super::dispatch::{abort_frame, comm_abort_frame, entered_frame};
 use super::matching::Stranger;
 use super::progress::tell_launcher;
 use super::{Engine, OpId, OpKind, OutFrame, State, Target};
@@ -54,6 +55,11 @@ pub(super) struct Calls {
     /// The world rank this rank last learned was lost (found itself, or named by a peer's
     /// notice): named in the notices of calls abandoned over a lost peer.
     last_lost: Option<usize>,
+    /// Per communicator (its collective channel), how many collectives this rank entered:
+    /// one more than the highest call number begun (what a peer's `Ask` is answered).
+    entered: HashMap<u64, u64>,
+    /// The peers' answers to this rank's asks, by (communicator, world rank).
+    answers: HashMap<(u64, usize), u64>,
 }
 
 impl Calls {
@@ -69,6 +75,8 @@ impl Calls {
             late_news,
             comm_aborted: HashMap::default(),
             last_lost: None,
+            entered: HashMap::default(),
+            answers: HashMap::default(),
         }
     }
 
@@ -86,7 +94,24 @@ impl Calls {
         }
         self.calls.insert((comm, tag), sig);
         self.order.push_back((comm, tag));
+        let n = self.entered.entry(comm).or_insert(0);
+        *n = (*n).max(u64::from(tag) + 1);
         Ok(())
+    }
+
+    /// How many collectives of `comm` this rank entered (see `Calls::begin`).
+    pub(super) fn entered(&self, comm: u64) -> u64 {
+        self.entered.get(&comm).copied().unwrap_or(0)
+    }
+
+    /// World rank `peer` answered that it entered `count` collectives of `comm`.
+    pub(super) fn on_entered(&mut self, comm: u64, peer: usize, count: u64) {
+        self.answers.insert((comm, peer), count);
+    }
+
+    /// Takes `peer`'s answer about `comm`, if it came.
+    pub(super) fn take_answer(&mut self, comm: u64, peer: usize) -> Option<u64> {
+        self.answers.remove(&(comm, peer))
     }
 
     /// This rank's signature of call `(comm, tag)`, while it remembers the call.
@@ -276,6 +301,60 @@ impl Engine {
             return Ok(());
         }
         lock(&self.shared.state).calls.late_error(comm)
+    }
+
+    /// Asks the world ranks `peers` how many collectives of `comm` (a collective channel)
+    /// each entered, and waits for their answers until `deadline`: for each peer its count,
+    /// `None` where no answer came (lost, or too slow). This rank answers itself. A rank
+    /// answers from whichever thread drives its progress, its watcher when none does, so a
+    /// rank that is alive but busy elsewhere answers within a watcher interval.
+    pub(crate) fn ask_entered(
+        &self,
+        comm: u64,
+        peers: &[usize],
+        deadline: Instant,
+    ) -> Vec<Option<u64>> {
+        let mut out: Vec<Option<u64>> = vec![None; peers.len()];
+        {
+            let mut st = lock(&self.shared.state);
+            let me = st.cfg.rank;
+            for (i, &p) in peers.iter().enumerate() {
+                if p == me {
+                    out[i] = Some(st.calls.entered(comm));
+                    continue;
+                }
+                st.calls.take_answer(comm, p);
+                st.links.want(p);
+                st.queue(p, OutFrame::control(entered_frame(comm, true, 0)));
+            }
+            st.handle(&[], false);
+        }
+        let mut events = Vec::with_capacity(64);
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let mut st = super::watch::pump(&self.shared, &mut events);
+            for (i, &p) in peers.iter().enumerate() {
+                if out[i].is_none() {
+                    out[i] = st.calls.take_answer(comm, p);
+                }
+            }
+            let lost = |p: usize| {
+                st.peers
+                    .get(p)
+                    .and_then(Option::as_ref)
+                    .is_none_or(|q| q.lost.is_some())
+            };
+            let pending = peers
+                .iter()
+                .zip(&out)
+                .any(|(&p, o)| o.is_none() && !lost(p));
+            drop(st);
+            if !pending || Instant::now() >= deadline {
+                return out;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
     }
 
     /// Registers the start of this rank's collective call `(comm, tag)` with signature

@@ -34,7 +34,7 @@
 use std::net::TcpStream;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ use rustc_hash::FxHashMap as HashMap;
 use rustix::event::{eventfd, poll as poll_fds, EventfdFlags, PollFd, PollFlags};
 
 use super::link::{Link, Liveness};
-use super::{poll, timespec, FrameHeader, FrameKind, OutFrame, Shared};
+use super::{poll, timespec, FrameHeader, FrameKind, OutFrame, Shared, State};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 
@@ -202,6 +202,24 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, End)>, timing: Timin
     }
 }
 
+/// Reads what arrived when no thread of this rank does (a waiting thread or the polling
+/// progress thread reads the sockets itself, and must not have its wake-up taken from under
+/// it), and returns the locked state.
+pub(super) fn pump<'a>(
+    sh: &'a Shared,
+    events: &mut Vec<rustix::event::epoll::Event>,
+) -> MutexGuard<'a, State> {
+    let idle = sh.io.waiters.load(Ordering::SeqCst) == 0 && !sh.io.polling.load(Ordering::SeqCst);
+    if idle && poll(&sh.io, events, Duration::ZERO).is_err() {
+        events.clear();
+    }
+    let mut st = lock(&sh.state);
+    if idle {
+        st.handle(events, false);
+    }
+    st
+}
+
 /// One turn: beat, send the TCP peers theirs, read what came, and fail the peers silent for
 /// too long (none when this turn is `late`).
 fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, timing: Timing) {
@@ -215,14 +233,7 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
     // thread or the polling progress thread reads the sockets itself (and must not have its
     // wake-up taken from under it).
     let mut events = Vec::with_capacity(64);
-    let idle = sh.io.waiters.load(Ordering::SeqCst) == 0 && !sh.io.polling.load(Ordering::SeqCst);
-    if idle && poll(&sh.io, &mut events, Duration::ZERO).is_err() {
-        events.clear();
-    }
-    let mut st = lock(&sh.state);
-    if idle {
-        st.handle(&events, false);
-    }
+    let mut st = pump(sh, &mut events);
     let mut lost = false;
     for p in 0..st.peers.len() {
         let Some(peer) = st.peers[p].as_ref() else {
