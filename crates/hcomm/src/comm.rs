@@ -28,6 +28,7 @@ use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, PeerRank, Result};
+use crate::observe::flight::{self, Recorder};
 use crate::observe::OpKind;
 use crate::p2p::lease::{Lease, Loan, Part};
 use crate::p2p::{Blocking, Engine, EngineConfig, OpId, ProtocolStats, ShmSetup, Target, ANY_PEER};
@@ -200,6 +201,19 @@ struct CommState {
     /// The host and host-leader sub-communicators of the tiered all-reduce, made at its first
     /// call.
     tiers: Mutex<Option<Arc<Tiers<Communicator>>>>,
+    /// The flight recorder of its collectives (`None` with `HCOMM_TRACE_BUFFER=0`).
+    flight: Option<Arc<Recorder>>,
+}
+
+impl CommState {
+    /// The state of a new communicator `id` where this process is rank `rank` of `members`
+    /// (world ranks).
+    fn new(id: u64, rank: usize, members: &Arc<[usize]>) -> Arc<CommState> {
+        Arc::new(CommState {
+            flight: Recorder::new(id, 0, rank, Arc::clone(members)),
+            ..CommState::default()
+        })
+    }
 }
 
 /// A cached choice of algorithm and its schedule for one call shape.
@@ -733,13 +747,14 @@ impl Communicator {
             _store: store,
             _client: client,
         });
+        let members: Arc<[usize]> = (0..size).collect();
         Ok(Communicator {
             world,
             id: WORLD_ID,
             rank,
-            members: (0..size).collect(),
+            state: CommState::new(WORLD_ID, rank, &members),
+            members,
             topology: Arc::new(topology),
-            state: Arc::default(),
         })
     }
 
@@ -1060,14 +1075,14 @@ impl Communicator {
     }
 
     fn derive(&self, id: u64, members: Vec<usize>, rank: usize) -> Communicator {
-        let world_members: Vec<usize> = members.iter().map(|&r| self.members[r]).collect();
+        let world_members: Arc<[usize]> = members.iter().map(|&r| self.members[r]).collect();
         Communicator {
             world: Arc::clone(&self.world),
             id,
             rank,
             topology: Arc::new(self.topology.subset(&members)),
-            members: world_members.into(),
-            state: Arc::default(),
+            state: CommState::new(id, rank, &world_members),
+            members: world_members,
         }
     }
 
@@ -1130,6 +1145,7 @@ impl Communicator {
     pub fn abort(&self) -> Result<()> {
         let comms = [self.id, self.id | COLL, self.id | INTERNAL];
         self.world.engine.abort_comm(comms, &self.members);
+        flight::dump_on(flight::Reason::Abort);
         // The sub-communicators of the tiered all-reduce run parts of this one's calls. While
         // they are being made (a split over this communicator, which the abort ends) there
         // are none to abort yet.
@@ -1141,6 +1157,20 @@ impl Communicator {
             tiers.abort()?;
         }
         Ok(())
+    }
+
+    /// Writes the flight recorder of every communicator of this process (the last
+    /// `HCOMM_TRACE_BUFFER` collective calls of each) to this rank's dump file in
+    /// `HCOMM_TRACE_DIR`, replacing an earlier dump, and returns the file. Local: the other
+    /// ranks are not involved (`hcomm_trace DIR` merges the dumps of a job). Fails when the
+    /// recorder is off (`HCOMM_TRACE_BUFFER=0`) or the file cannot be written.
+    pub fn dump_trace(&self) -> Result<std::path::PathBuf> {
+        if self.state.flight.is_none() {
+            return Err(Error::invalid_argument(
+                "the flight recorder is off (HCOMM_TRACE_BUFFER=0): there is nothing to dump",
+            ));
+        }
+        flight::dump(flight::Reason::Api)
     }
 
     /// Releases the communicator. For the last communicator of a world this delivers what

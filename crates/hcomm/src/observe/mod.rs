@@ -1,12 +1,14 @@
 //! What operators see of a running rank: the statistics segment `hcomm_profiler` reads
 //! ([`stats`]), warnings about operations that wait too long (`stall`) and Chrome traces
-//! (`trace`, `HCOMM_TRACE`).
+//! (`trace`, `HCOMM_TRACE`) and the flight recorder of each communicator's last calls
+//! ([`flight`], `HCOMM_TRACE_BUFFER`).
 //!
 //! The communicator brackets every operation with an [`OpScope`]; the executor and the wait
 //! loops say which step and which peer they wait for. Everything here is below the engine
 //! and the communicator and knows nothing of them.
 
 pub(crate) mod clock;
+pub(crate) mod flight;
 pub(crate) mod stall;
 pub(crate) mod stats;
 pub(crate) mod trace;
@@ -27,6 +29,7 @@ pub(crate) fn attach(config: &Config, rank: usize, size: usize) -> stats::Regist
         config.launch.root_addr.as_deref().unwrap_or_default(),
         0,
     );
+    flight::configure(config.trace_buffer, &config.trace_dir, &job_id, rank, size);
     stats::register(&job_id, rank, size)
 }
 
@@ -210,6 +213,7 @@ pub(crate) fn waiting_for_step(step: usize, peer: Option<usize>) {
 /// A wait of the current operation starts to block on rank `peer` of the communicator (the
 /// slow path: called once per blocking wait, never for operations that finish at once).
 pub(crate) fn blocked_on(peer: usize) {
+    flight::blocked_on(peer);
     stats::with_flight(|f| {
         use std::sync::atomic::Ordering::Relaxed;
         f.peer.store(peer as u64 + 1, Relaxed);

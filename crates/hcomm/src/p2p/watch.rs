@@ -223,6 +223,8 @@ pub(super) fn pump<'a>(
 /// One turn: beat, send the TCP peers theirs, read what came, and fail the peers silent for
 /// too long (none when this turn is `late`).
 fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, timing: Timing) {
+    // A dump of the flight recorder asked for by SIGUSR1 (whose handler only raised a flag).
+    crate::observe::flight::service();
     if let Some(bell) = sh.io.bell() {
         bell.beat();
     }
