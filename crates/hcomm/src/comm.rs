@@ -183,8 +183,9 @@ pub struct Communicator {
 struct CommState {
     /// Communicators derived from this one so far (all members derive in the same order).
     derived: AtomicU64,
-    /// Collectives called so far: the sequence number tags each call's messages.
-    coll_seq: AtomicU32,
+    /// Collectives called so far: the sequence number tags each call's messages. The engine
+    /// answers the peers' questions about it (`Engine::track_entered`).
+    coll_seq: Arc<AtomicU32>,
     /// Point-to-point sends started so far (send, isend, the send of a sendrecv): each one's
     /// number names it in its errors (`Operation::seq`).
     sends: AtomicU64,
@@ -206,13 +207,15 @@ struct CommState {
 }
 
 impl CommState {
-    /// The state of a new communicator `id` where this process is rank `rank` of `members`
-    /// (world ranks).
-    fn new(id: u64, rank: usize, members: &Arc<[usize]>) -> Arc<CommState> {
-        Arc::new(CommState {
+    /// The state of a new communicator `id` of `engine`'s world where this process is rank
+    /// `rank` of `members` (world ranks).
+    fn new(engine: &Engine, id: u64, rank: usize, members: &Arc<[usize]>) -> Arc<CommState> {
+        let state = CommState {
             flight: Recorder::new(id, 0, rank, Arc::clone(members)),
             ..CommState::default()
-        })
+        };
+        engine.track_entered(id | COLL, &state.coll_seq);
+        Arc::new(state)
     }
 }
 
@@ -749,10 +752,10 @@ impl Communicator {
         });
         let members: Arc<[usize]> = (0..size).collect();
         Ok(Communicator {
+            state: CommState::new(&world.engine, WORLD_ID, rank, &members),
             world,
             id: WORLD_ID,
             rank,
-            state: CommState::new(WORLD_ID, rank, &members),
             members,
             topology: Arc::new(topology),
         })
@@ -1081,7 +1084,7 @@ impl Communicator {
             id,
             rank,
             topology: Arc::new(self.topology.subset(&members)),
-            state: CommState::new(id, rank, &world_members),
+            state: CommState::new(&self.world.engine, id, rank, &world_members),
             members: world_members,
         }
     }

@@ -2,7 +2,7 @@
 //! and schedule, cached per call shape), execution, nonblocking and batched forms.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
 use crate::coll::algos::hier::tiered::Tiers;
@@ -437,18 +437,14 @@ impl Communicator {
     }
 
     /// A call `seq` of `shape` failed with `e`: when it timed out or was abandoned, asks every
-    /// member how many collectives of this communicator it entered (waiting a quarter of
-    /// `HCOMM_TIMEOUT` at most, between 50 ms and 2 s) and names those that never entered it.
+    /// member how many collectives of this communicator it entered (a live member answers
+    /// within a few heartbeat intervals: `Engine::ask_entered`) and names those that never
+    /// entered it.
     fn diagnose(&self, shape: &Shape, seq: u32, e: Error) -> Error {
         if !matches!(e, Error::Timeout(_) | Error::Aborted(_)) {
             return e;
         }
-        let bound = (self.world.config.timeout / 4)
-            .clamp(Duration::from_millis(50), Duration::from_secs(2));
-        let entered =
-            self.world
-                .engine
-                .ask_entered(self.id | COLL, &self.members, Instant::now() + bound);
+        let entered = self.world.engine.ask_entered(self.id | COLL, &self.members);
         let ranks: Vec<PeerRank> = entered
             .iter()
             .enumerate()

@@ -10,13 +10,14 @@ use crate::sync::lock;
 use crate::transport::wire::FrameHeader;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::dispatch::{abort_frame, comm_abort_frame, entered_frame};
 use super::matching::Stranger;
 use super::progress::tell_launcher;
+use super::watch::Timing;
 use super::{Engine, OpId, OpKind, OutFrame, State, Target};
 
 /// Recent calls remembered for mismatch detection.
@@ -55,9 +56,9 @@ pub(super) struct Calls {
     /// The world rank this rank last learned was lost (found itself, or named by a peer's
     /// notice): named in the notices of calls abandoned over a lost peer.
     last_lost: Option<usize>,
-    /// Per communicator (its collective channel), how many collectives this rank entered:
-    /// one more than the highest call number begun (what a peer's `Ask` is answered).
-    entered: HashMap<u64, u64>,
+    /// Per communicator (its collective channel), the counter of the collectives this rank
+    /// entered, which the communicator keeps (what a peer's `Ask` is answered).
+    entered: HashMap<u64, Weak<AtomicU32>>,
     /// The peers' answers to this rank's asks, by (communicator, world rank).
     answers: HashMap<(u64, usize), u64>,
 }
@@ -94,14 +95,23 @@ impl Calls {
         }
         self.calls.insert((comm, tag), sig);
         self.order.push_back((comm, tag));
-        let n = self.entered.entry(comm).or_insert(0);
-        *n = (*n).max(u64::from(tag) + 1);
         Ok(())
     }
 
-    /// How many collectives of `comm` this rank entered (see `Calls::begin`).
+    /// Communicator `comm` (a collective channel) counts the collectives this rank entered
+    /// in `counter`.
+    pub(super) fn track_entered(&mut self, comm: u64, counter: &Arc<AtomicU32>) {
+        self.entered.retain(|_, c| c.strong_count() > 0);
+        self.entered.insert(comm, Arc::downgrade(counter));
+    }
+
+    /// How many collectives of `comm` this rank entered (0 for a communicator it does not
+    /// know, or no longer has).
     pub(super) fn entered(&self, comm: u64) -> u64 {
-        self.entered.get(&comm).copied().unwrap_or(0)
+        self.entered
+            .get(&comm)
+            .and_then(Weak::upgrade)
+            .map_or(0, |c| u64::from(c.load(Ordering::Relaxed)))
     }
 
     /// World rank `peer` answered that it entered `count` collectives of `comm`.
@@ -304,19 +314,18 @@ impl Engine {
     }
 
     /// Asks the world ranks `peers` how many collectives of `comm` (a collective channel)
-    /// each entered, and waits for their answers until `deadline`: for each peer its count,
-    /// `None` where no answer came (lost, or too slow). This rank answers itself. A rank
-    /// answers from whichever thread drives its progress, its watcher when none does, so a
-    /// rank that is alive but busy elsewhere answers within a watcher interval.
-    pub(crate) fn ask_entered(
-        &self,
-        comm: u64,
-        peers: &[usize],
-        deadline: Instant,
-    ) -> Vec<Option<u64>> {
+    /// each entered, and waits for their answers: for each peer its count, `None` where no
+    /// answer came (lost, or too slow). This rank answers itself. A rank answers from
+    /// whichever thread drives its progress, its watcher when none does, so a rank that is
+    /// alive but busy elsewhere answers within a few watcher intervals, which bound the wait
+    /// (`Timing::answer_within`: under a second for `HCOMM_TIMEOUT` up to 2 s, 3.25 s at
+    /// most).
+    pub(crate) fn ask_entered(&self, comm: u64, peers: &[usize]) -> Vec<Option<u64>> {
         let mut out: Vec<Option<u64>> = vec![None; peers.len()];
+        let deadline;
         {
             let mut st = lock(&self.shared.state);
+            deadline = Instant::now() + Timing::for_timeout(st.cfg.timeout).answer_within();
             let me = st.cfg.rank;
             for (i, &p) in peers.iter().enumerate() {
                 if p == me {
@@ -355,6 +364,12 @@ impl Engine {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(5));
         }
+    }
+
+    /// Communicator `comm` (a collective channel) counts the collectives this rank entered
+    /// in `counter`: peers asking are answered from it (see [`Engine::ask_entered`]).
+    pub(crate) fn track_entered(&self, comm: u64, counter: &Arc<AtomicU32>) {
+        lock(&self.shared.state).calls.track_entered(comm, counter);
     }
 
     /// Registers the start of this rank's collective call `(comm, tag)` with signature

@@ -1217,7 +1217,6 @@ fn a_message_of_another_call_fails_both_machines_calls_through_the_abort_it_draw
 
 #[test]
 fn an_ask_is_answered_with_the_number_of_calls_entered() {
-    let sig = [5, 5];
     let mut p = Pair::new();
     // Rank 0 entered calls 0..=4 of COMM (4 last), and none of another communicator.
     for tag in 0..5 {
@@ -1234,6 +1233,9 @@ fn an_ask_is_answered_with_the_number_of_calls_entered() {
     // Taken once.
     assert_eq!(p.nodes[1].calls.take_answer(COMM, 0), None);
     assert!(p.wire.iter().all(VecDeque::is_empty));
+    // A communicator that is gone counts nothing.
+    drop(counter);
+    assert_eq!(p.nodes[0].calls.entered(COMM), 0);
 }
 
 #[test]

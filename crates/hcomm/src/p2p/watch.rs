@@ -59,6 +59,13 @@ pub(super) struct Timing {
 }
 
 impl Timing {
+    /// How long a live peer may take to answer a control frame when nothing but its watcher
+    /// reads its links: a turn to accept the connection (when the pair had none), one to read
+    /// the frame, one more for luck, and the handshake.
+    pub(super) fn answer_within(&self) -> Duration {
+        3 * self.interval + Duration::from_millis(250)
+    }
+
     /// The timing for `HCOMM_TIMEOUT` = `timeout` (see the module docs).
     pub(super) fn for_timeout(timeout: Duration) -> Timing {
         let interval = (timeout / 8).clamp(MIN_INTERVAL, MAX_INTERVAL);
