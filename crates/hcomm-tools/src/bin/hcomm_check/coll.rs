@@ -516,7 +516,11 @@ pub(super) fn stuck(
             "call {at} completed without rank {skip}"
         ),
     }
-    let path = comm.dump_trace()?;
-    println!("dumped {}", path.display());
+    // The others dumped when their call timed out or was abandoned; the skipping rank, and
+    // every rank of a mismatch, dump through the API.
+    if comm.rank() == skip || mismatch {
+        let path = comm.dump_trace()?;
+        println!("dumped {}", path.display());
+    }
     Ok(())
 }

@@ -162,8 +162,9 @@ enum Scenario {
     /// when another rank's failure reaches them first) naming exactly rank --skip as never
     /// having entered it: they print `not-entered <op> <seq> <ranks> <error>`. With
     /// --mismatch, rank --skip calls a broadcast at --at instead and every rank must fail
-    /// (`mismatched <error>`). Every rank then dumps its flight recorder
-    /// (`Communicator::dump_trace`) and prints `dumped <path>`.
+    /// (`mismatched <error>`). Rank --skip (every rank, with --mismatch) then dumps its flight
+    /// recorder (`Communicator::dump_trace`) and prints `dumped <path>`; the others' failed
+    /// calls dumped theirs.
     Stuck {
         /// The rank that skips the call.
         #[arg(long, default_value_t = 1)]
