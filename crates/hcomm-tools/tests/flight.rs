@@ -70,9 +70,10 @@ fn stuck_job(n: usize, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Strin
 }
 
 /// One rank skips collective 5 (3 ranks, shared memory: one-sided calls) or 3 (4 ranks over
-/// TCP) while its watcher keeps it alive: every other rank's error names exactly it, with
-/// the call, and so does `hcomm_trace` from the dumps (the others' written at their failure,
-/// the skipper's through the API), with the skipper's last completed call.
+/// TCP) while its watcher keeps it alive: every other rank's stall warning (at 1 s, then 3 s)
+/// names it, and its error at `HCOMM_TIMEOUT` (4 s) names exactly it, with the call, and so
+/// does `hcomm_trace` from the dumps (the others' written at their failure, the skipper's
+/// through the API), with the skipper's last completed call.
 #[test]
 fn a_rank_that_skips_a_collective_is_named_by_the_errors_and_by_hcomm_trace() {
     for (n, skip, at, transport) in [(3, 1, 5, "shm"), (4, 2, 3, "tcp")] {
@@ -81,10 +82,26 @@ fn a_rank_that_skips_a_collective_is_named_by_the_errors_and_by_hcomm_trace() {
         let out = stuck_job(
             n,
             &dir,
-            &[("HCOMM_TRANSPORT", transport)],
-            &["--skip", &skip_s, "--at", &at_s, "--hold-ms", "4500"],
+            &[
+                ("HCOMM_TRANSPORT", transport),
+                ("HCOMM_TIMEOUT", "4"),
+                ("HCOMM_STALL_WARN", "1"),
+            ],
+            &["--skip", &skip_s, "--at", &at_s, "--hold-ms", "6500"],
         );
         for r in (0..n).filter(|&r| r != skip) {
+            // The members are asked half an interval before each warning; the second
+            // warning has their answers whatever the load.
+            let stall = format!("[{r}] hcomm: rank {r}: stall: allreduce #{at} (");
+            let named = format!(
+                "; not entered #{at} yet: rank {skip} (world rank {skip}; its last entered: #{})",
+                at - 1
+            );
+            assert!(
+                out.lines()
+                    .any(|l| l.starts_with(&stall) && l.contains(&named)),
+                "{transport}: rank {r} warned of no {named:?}:\n{out}"
+            );
             let line = format!("[{r}] not-entered allreduce {at} [{skip}] ");
             assert!(out.contains(&line), "{transport}: no {line:?}:\n{out}");
             let d = dump(&dir, r);

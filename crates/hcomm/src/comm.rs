@@ -214,7 +214,7 @@ impl CommState {
             flight: Recorder::new(id, 0, rank, Arc::clone(members)),
             ..CommState::default()
         };
-        engine.track_entered(id | COLL, &state.coll_seq);
+        engine.track_entered(id | COLL, &state.coll_seq, Arc::clone(members));
         Arc::new(state)
     }
 }

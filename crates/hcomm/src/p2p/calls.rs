@@ -58,7 +58,7 @@ pub(super) struct Calls {
     last_lost: Option<usize>,
     /// Per communicator (its collective channel), the counter of the collectives this rank
     /// entered, which the communicator keeps (what a peer's `Ask` is answered).
-    entered: HashMap<u64, Weak<AtomicU32>>,
+    entered: HashMap<u64, (Weak<AtomicU32>, Arc<[usize]>)>,
     /// The peers' answers to this rank's asks, by (communicator, world rank).
     answers: HashMap<(u64, usize), u64>,
 }
@@ -98,11 +98,17 @@ impl Calls {
         Ok(())
     }
 
-    /// Communicator `comm` (a collective channel) counts the collectives this rank entered
-    /// in `counter`.
-    pub(super) fn track_entered(&mut self, comm: u64, counter: &Arc<AtomicU32>) {
-        self.entered.retain(|_, c| c.strong_count() > 0);
-        self.entered.insert(comm, Arc::downgrade(counter));
+    /// Communicator `comm` (a collective channel) of `members` (world ranks) counts the
+    /// collectives this rank entered in `counter`.
+    pub(super) fn track_entered(
+        &mut self,
+        comm: u64,
+        counter: &Arc<AtomicU32>,
+        members: Arc<[usize]>,
+    ) {
+        self.entered.retain(|_, (c, _)| c.strong_count() > 0);
+        self.entered
+            .insert(comm, (Arc::downgrade(counter), members));
     }
 
     /// How many collectives of `comm` this rank entered (0 for a communicator it does not
@@ -110,8 +116,31 @@ impl Calls {
     pub(super) fn entered(&self, comm: u64) -> u64 {
         self.entered
             .get(&comm)
-            .and_then(Weak::upgrade)
+            .and_then(|(c, _)| c.upgrade())
             .map_or(0, |c| u64::from(c.load(Ordering::Relaxed)))
+    }
+
+    /// The members (world ranks) of communicator `comm`, if it counts its collectives here.
+    pub(super) fn members(&self, comm: u64) -> Option<Arc<[usize]>> {
+        self.entered.get(&comm).map(|(_, m)| Arc::clone(m))
+    }
+
+    /// What the answers that came say of call `seq` of `comm`: the members that had not
+    /// entered it when they answered, for a stall warning; `None` when none is known.
+    pub(super) fn not_entered_report(&self, comm: u64, seq: u32) -> Option<String> {
+        let members = self.members(comm)?;
+        let late: Vec<String> = members
+            .iter()
+            .enumerate()
+            .filter_map(|(r, &w)| {
+                let n = *self.answers.get(&(comm, w))?;
+                (n <= u64::from(seq)).then(|| {
+                    let last = n.checked_sub(1).map_or("none".into(), |l| format!("#{l}"));
+                    format!("rank {r} (world rank {w}; its last entered: {last})")
+                })
+            })
+            .collect();
+        (!late.is_empty()).then(|| format!("; not entered #{seq} yet: {}", late.join(", ")))
     }
 
     /// World rank `peer` answered that it entered `count` collectives of `comm`.
@@ -332,9 +361,7 @@ impl Engine {
                     out[i] = Some(st.calls.entered(comm));
                     continue;
                 }
-                st.calls.take_answer(comm, p);
-                st.links.want(p);
-                st.queue(p, OutFrame::control(entered_frame(comm, true, 0)));
+                st.ask(p, comm);
             }
             st.handle(&[], false);
         }
@@ -366,10 +393,24 @@ impl Engine {
         }
     }
 
-    /// Communicator `comm` (a collective channel) counts the collectives this rank entered
-    /// in `counter`: peers asking are answered from it (see [`Engine::ask_entered`]).
-    pub(crate) fn track_entered(&self, comm: u64, counter: &Arc<AtomicU32>) {
-        lock(&self.shared.state).calls.track_entered(comm, counter);
+    /// Communicator `comm` (a collective channel) of `members` (world ranks) counts the
+    /// collectives this rank entered in `counter`: peers asking are answered from it (see
+    /// [`Engine::ask_entered`]).
+    pub(crate) fn track_entered(&self, comm: u64, counter: &Arc<AtomicU32>, members: Arc<[usize]>) {
+        lock(&self.shared.state)
+            .calls
+            .track_entered(comm, counter, members);
+    }
+
+    /// A call of `comm` stalls: asks its members how many collectives of it they entered; the
+    /// answers come in the background (for [`Engine::not_entered_report`]).
+    pub(crate) fn ask_members(&self, comm: u64) {
+        lock(&self.shared.state).ask_members(comm);
+    }
+
+    /// What the members' answers say of call `seq` of `comm` (see `Calls::not_entered_report`).
+    pub(crate) fn not_entered_report(&self, comm: u64, seq: u32) -> Option<String> {
+        lock(&self.shared.state).calls.not_entered_report(comm, seq)
     }
 
     /// Registers the start of this rank's collective call `(comm, tag)` with signature
@@ -443,6 +484,26 @@ impl Engine {
 }
 
 impl State {
+    /// Asks every other member of `comm` (a collective channel this rank counts) how many
+    /// collectives of it they entered; their answers replace earlier ones as they come.
+    pub(super) fn ask_members(&mut self, comm: u64) {
+        let Some(members) = self.calls.members(comm) else {
+            return;
+        };
+        let me = self.cfg.rank;
+        for &p in members.iter().filter(|&&p| p != me) {
+            self.ask(p, comm);
+        }
+    }
+
+    /// Asks world rank `p` how many collectives of `comm` it entered (forgetting what it
+    /// answered before).
+    fn ask(&mut self, p: usize, comm: u64) {
+        self.calls.take_answer(comm, p);
+        self.links.want(p);
+        self.queue(p, OutFrame::control(entered_frame(comm, true, 0)));
+    }
+
     /// Receive `id` met a message of a different operation (`theirs`): fail it, and tell the
     /// sender this rank abandons the operation.
     pub(super) fn mismatch(&mut self, id: OpId, theirs: [u64; 2]) {

@@ -1220,7 +1220,9 @@ fn an_ask_is_answered_with_the_number_of_calls_entered() {
     let mut p = Pair::new();
     // Rank 0 entered calls 0..=4 of COMM (4 last), and none of another communicator.
     let counter = Arc::new(std::sync::atomic::AtomicU32::new(5));
-    p.nodes[0].calls.track_entered(COMM, &counter);
+    p.nodes[0]
+        .calls
+        .track_entered(COMM, &counter, vec![0, 1].into());
     p.wire[0].push_back((entered_frame(COMM, true, 0), Vec::new()));
     p.wire[0].push_back((entered_frame(COMM + 1, true, 0), Vec::new()));
     p.run();

@@ -376,7 +376,20 @@ impl Engine {
                         None => err,
                     });
                 }
-                stall.check(now, || st.awaited(ids));
+                // A collective call that stalls: its members are asked which calls they
+                // entered, so that the warning can name those that never entered it.
+                let call = ids
+                    .first()
+                    .and_then(|id| st.ops.get(id))
+                    .map(|op| (op.target.comm, op.target.tag));
+                if let Some((comm, _)) = call.filter(|_| stall.ask_due(now)) {
+                    st.ask_members(comm);
+                }
+                stall.check(now, || {
+                    let report =
+                        call.and_then(|(comm, seq)| st.calls.not_entered_report(comm, seq));
+                    st.awaited(ids) + report.as_deref().unwrap_or_default()
+                });
                 if !blocked && now >= spin_until {
                     blocked = true;
                     let first = ids.first().and_then(|id| st.ops.get(id));
