@@ -90,7 +90,7 @@ pub(crate) const DEFAULT_POOL_BLOCK: usize = 64 << 20;
 /// Default seconds a wait blocks before it is logged as a stall (`HCOMM_STALL_WARN`).
 pub(crate) const DEFAULT_STALL_WARN_SECS: f64 = 10.0;
 /// Calls the flight recorder keeps per communicator when `HCOMM_TRACE_BUFFER` is unset.
-pub(crate) const DEFAULT_TRACE_BUFFER: usize = 4096;
+pub(crate) const DEFAULT_TRACE_BUFFER: usize = 2048;
 /// Where the flight recorder writes its dumps when `HCOMM_TRACE_DIR` is unset.
 pub(crate) const DEFAULT_TRACE_DIR: &str = "/tmp/hcomm-trace";
 

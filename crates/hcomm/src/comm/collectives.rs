@@ -356,7 +356,7 @@ impl Communicator {
             Ok(p) => p,
             Err(e) => {
                 if let (Some(r), Some(m)) = (&self.state.flight, mark) {
-                    r.finished(m, Err(&e));
+                    r.finished(m, Err(&e), None);
                 }
                 return Err(e);
             }
@@ -426,7 +426,7 @@ impl Communicator {
             .run_schedule(op, shape, plan, seq, send, recv)
             .map_err(|e| self.diagnose(shape, seq, e));
         if let Some((r, m)) = flight {
-            r.finished(m, result.as_ref().map(|_| ()));
+            r.finished(m, result.as_ref().map(|_| ()), crate::observe::waited_for());
         }
         match &result {
             Err(Error::Timeout(_)) => flight::dump_on(flight::Reason::Timeout),

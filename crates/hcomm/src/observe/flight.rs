@@ -6,8 +6,10 @@
 //! Each record holds the communicator, its epoch, the call's sequence number, collective,
 //! element type, count and root, when it was posted (the call made), started (its sequence
 //! number taken, its schedule begun) and completed, how it ended, and the member its thread
-//! last blocked on. A call costs one uncontended lock and three clock readings on its thread;
-//! nothing else runs (the measured cost is in docs/flight-recorder.md).
+//! last waited for. A call costs an atomic increment, three readings of the statistics clock
+//! and relaxed stores into one cache line of the ring, on its thread, and no lock (a failed
+//! call also keeps its error, under a lock); nothing else runs (the measured cost is in
+//! docs/flight-recorder.md).
 //!
 //! `SIGUSR1`: the handler (installed at the first world, only while the signal has its
 //! default action, which would kill the process) only raises a flag; the engine's watcher
@@ -17,14 +19,14 @@
 //! Below the engine and the communicator: the communicator makes a [`Recorder`] and reports
 //! its calls; the watcher calls [`service`].
 
-use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use serde::{Deserialize, Serialize};
 
-use super::clock::monotonic_ns;
+use super::clock::{monotonic_ns, ticks, TickKind, TICK_KIND};
 use super::OpKind;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -50,6 +52,9 @@ struct Setup {
     job: String,
     rank: usize,
     size: usize,
+    /// A reading of [`ticks`] and of the monotonic clock together, to convert the one into
+    /// the other at a dump.
+    base: (u64, u64),
 }
 
 /// Sets the policy of the process from its latest world: `capacity` records per
@@ -62,6 +67,7 @@ pub(crate) fn configure(capacity: usize, dir: &Path, job: &str, rank: usize, siz
         job: job.to_string(),
         rank,
         size,
+        base: (ticks(), monotonic_ns()),
     });
     if capacity > 0 {
         install_signal();
@@ -130,49 +136,49 @@ impl Reason {
 
 /// How a recorded call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 enum Status {
-    Posted,
-    Started,
-    Completed,
-    Failed,
+    Posted = 0,
+    Started = 1,
+    Completed = 2,
+    Failed = 3,
 }
 
 impl Status {
     fn name(self) -> &'static str {
-        match self {
-            Status::Posted => "posted",
-            Status::Started => "started",
-            Status::Completed => "completed",
-            Status::Failed => "failed",
-        }
+        ["posted", "started", "completed", "failed"][self as usize]
+    }
+
+    fn from_bits(b: u64) -> Status {
+        [
+            Status::Posted,
+            Status::Started,
+            Status::Completed,
+            Status::Failed,
+        ][(b & 3) as usize]
     }
 }
 
-/// One call, as kept in the ring.
-#[derive(Debug, Clone)]
-struct Entry {
-    seq: Option<u64>,
-    kind: OpKind,
-    dtype: DataType,
-    count: u64,
-    root: Option<usize>,
-    bytes: u64,
-    nonblocking: bool,
-    status: Status,
-    posted: u64,
-    started: u64,
-    completed: u64,
-    peer: Option<usize>,
-    error: Option<Arc<str>>,
-}
-
-#[derive(Debug)]
-struct Ring {
-    entries: Vec<Entry>,
-    /// Calls recorded so far; the next one's number (its slot is `next % capacity`).
-    next: u64,
-    /// One more than the highest sequence number started.
-    entered: u64,
+/// One call in the ring: one cache line of atomics, written by the calling thread with
+/// relaxed stores (no lock on the path of a call), read by a dump. A dump that races a call
+/// may see a record half updated; `owner` tells records of different calls apart.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Slot {
+    /// The number of the call that owns the slot, plus one (0: never used).
+    owner: AtomicU64,
+    /// Its sequence number plus one (0: not numbered yet).
+    seq: AtomicU64,
+    /// Collective (bits 0..8), element type (8..16), status (16..18), nonblocking (18).
+    what: AtomicU64,
+    /// Root plus one (bits 0..32, 0: none) and the peer waited for plus one (32..64).
+    ranks: AtomicU64,
+    count: AtomicU64,
+    bytes: AtomicU64,
+    /// Ticks ([`ticks`]) of its posting, start and end (0: not yet).
+    posted: AtomicU64,
+    started: AtomicU64,
+    completed: AtomicU64,
 }
 
 /// The flight recorder of one communicator.
@@ -182,8 +188,14 @@ pub(crate) struct Recorder {
     epoch: u64,
     rank: usize,
     members: Arc<[usize]>,
-    capacity: usize,
-    ring: Mutex<Ring>,
+    slots: Box<[Slot]>,
+    /// Calls recorded so far; the next one's number (its slot is `next % capacity`).
+    next: AtomicU64,
+    /// One more than the highest sequence number started.
+    entered: AtomicU64,
+    /// The errors of the failed calls the ring holds, by call number (failures are rare: a
+    /// lock is fine there).
+    errors: Mutex<VecDeque<(u64, Arc<str>)>>,
 }
 
 /// A recorded call: its number among the recorder's calls.
@@ -203,14 +215,11 @@ pub(crate) struct Call {
     pub root: Option<usize>,
     /// Bytes this rank sends or receives, the larger.
     pub bytes: u64,
-    /// Started in the background (`i`-forms, batches).
+    /// Started in the background (`i`-forms).
     pub nonblocking: bool,
 }
 
-thread_local! {
-    /// The call this thread runs, so that a blocking wait can say whom it waits for.
-    static CURRENT: RefCell<Option<(Arc<Recorder>, Mark)>> = const { RefCell::new(None) };
-}
+const RELAXED: Ordering = Ordering::Relaxed;
 
 impl Recorder {
     /// The recorder of communicator `comm` (epoch `epoch`), where this process is rank `rank`
@@ -225,122 +234,138 @@ impl Recorder {
         if capacity == 0 {
             return None;
         }
-        let r = Arc::new(Recorder {
-            comm,
-            epoch,
-            rank,
-            members,
-            capacity,
-            ring: Mutex::new(Ring {
-                entries: Vec::new(),
-                next: 0,
-                entered: 0,
-            }),
-        });
+        let r = Arc::new(Recorder::with_capacity(
+            comm, epoch, rank, members, capacity,
+        ));
         let mut all = lock(&RECORDERS);
         all.retain(|w| w.strong_count() > 0);
         all.push(Arc::downgrade(&r));
         Some(r)
     }
 
-    /// A call was made (`seq`: its sequence number, when it is taken already).
+    fn with_capacity(
+        comm: u64,
+        epoch: u64,
+        rank: usize,
+        members: Arc<[usize]>,
+        capacity: usize,
+    ) -> Recorder {
+        Recorder {
+            comm,
+            epoch,
+            rank,
+            members,
+            slots: (0..capacity).map(|_| Slot::default()).collect(),
+            next: AtomicU64::new(0),
+            entered: AtomicU64::new(0),
+            errors: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The slot of call `mark`, while it still owns it.
+    #[inline]
+    fn slot(&self, mark: Mark) -> Option<&Slot> {
+        let s = &self.slots[(mark.0 % self.slots.len() as u64) as usize];
+        (s.owner.load(RELAXED) == mark.0 + 1).then_some(s)
+    }
+
+    /// A call was made (`seq`: its sequence number, when it is taken already): one atomic
+    /// increment, a clock reading and relaxed stores.
     #[inline]
     pub(crate) fn post(&self, call: &Call, seq: Option<u64>) -> Mark {
-        let now = monotonic_ns();
-        let e = Entry {
-            seq,
-            kind: call.kind,
-            dtype: call.dtype,
-            count: call.count,
-            root: call.root,
-            bytes: call.bytes,
-            nonblocking: call.nonblocking,
-            status: Status::Posted,
-            posted: now,
-            started: 0,
-            completed: 0,
-            peer: None,
-            error: None,
-        };
-        let mut ring = lock(&self.ring);
-        let n = ring.next;
-        ring.next += 1;
-        let slot = (n % self.capacity as u64) as usize;
-        if slot < ring.entries.len() {
-            ring.entries[slot] = e;
-        } else {
-            ring.entries.push(e);
-        }
+        let n = self.next.fetch_add(1, RELAXED);
+        let s = &self.slots[(n % self.slots.len() as u64) as usize];
+        s.owner.store(n + 1, RELAXED);
+        s.seq.store(seq.map_or(0, |q| q + 1), RELAXED);
+        s.what.store(
+            call.kind as u64 | (call.dtype as u64) << 8 | u64::from(call.nonblocking) << 18,
+            RELAXED,
+        );
+        s.ranks.store(
+            call.root.map_or(0, |r| (r as u64 + 1) & 0xffff_ffff),
+            RELAXED,
+        );
+        s.count.store(call.count, RELAXED);
+        s.bytes.store(call.bytes, RELAXED);
+        s.posted.store(ticks(), RELAXED);
+        s.started.store(0, RELAXED);
+        s.completed.store(0, RELAXED);
         Mark(n)
     }
 
-    /// Runs `f` on the entry of `mark`, while the ring still holds it.
+    /// The call of `mark` took sequence number `seq` and starts.
     #[inline]
-    fn with_entry(&self, mark: Mark, f: impl FnOnce(&mut Entry, &mut u64)) {
-        let mut ring = lock(&self.ring);
-        if mark.0 + (self.capacity as u64) < ring.next {
-            return;
-        }
-        let slot = (mark.0 % self.capacity as u64) as usize;
-        let Ring {
-            entries, entered, ..
-        } = &mut *ring;
-        if let Some(e) = entries.get_mut(slot) {
-            f(e, entered);
+    pub(crate) fn started(&self, mark: Mark, seq: u64) {
+        self.entered.fetch_max(seq + 1, RELAXED);
+        if let Some(s) = self.slot(mark) {
+            s.seq.store(seq + 1, RELAXED);
+            s.started.store(ticks(), RELAXED);
+            s.what.fetch_or((Status::Started as u64) << 16, RELAXED);
         }
     }
 
-    /// The call of `mark` took sequence number `seq` and starts on this thread.
+    /// The call of `mark` ended with `result`; `peer`: the member its thread last waited for.
     #[inline]
-    pub(crate) fn started(self: &Arc<Self>, mark: Mark, seq: u64) {
-        let now = monotonic_ns();
-        self.with_entry(mark, |e, entered| {
-            e.seq = Some(seq);
-            e.started = now;
-            e.status = Status::Started;
-            *entered = (*entered).max(seq + 1);
-        });
-        let _ = CURRENT.try_with(|c| *c.borrow_mut() = Some((Arc::clone(self), mark)));
-    }
-
-    /// The call of `mark` ended with `result`.
-    #[inline]
-    pub(crate) fn finished(&self, mark: Mark, result: std::result::Result<(), &Error>) {
-        let now = monotonic_ns();
-        let _ = CURRENT.try_with(|c| c.borrow_mut().take());
-        self.with_entry(mark, |e, _| {
-            e.completed = now;
-            match result {
-                Ok(()) => e.status = Status::Completed,
-                Err(err) => {
-                    e.status = Status::Failed;
-                    e.error = Some(err.to_string().into());
+    pub(crate) fn finished(
+        &self,
+        mark: Mark,
+        result: std::result::Result<(), &Error>,
+        peer: Option<usize>,
+    ) {
+        let Some(s) = self.slot(mark) else { return };
+        s.completed.store(ticks(), RELAXED);
+        if let Some(p) = peer {
+            let root = s.ranks.load(RELAXED) & 0xffff_ffff;
+            s.ranks.store(root | (p as u64 + 1) << 32, RELAXED);
+        }
+        let status = match result {
+            Ok(()) => Status::Completed,
+            Err(err) => {
+                let mut errors = lock(&self.errors);
+                if errors.len() >= self.slots.len() {
+                    errors.pop_front();
                 }
+                errors.push_back((mark.0, err.to_string().into()));
+                Status::Failed
             }
-        });
+        };
+        let what = s.what.load(RELAXED) & !(3 << 16);
+        s.what.store(what | (status as u64) << 16, RELAXED);
     }
 
-    /// This recorder's part of a dump.
-    fn snapshot(&self) -> CommDump {
-        let ring = lock(&self.ring);
-        let cap = self.capacity as u64;
-        let first = ring.next.saturating_sub(cap);
-        let ops = (first..ring.next)
-            .filter_map(|n| ring.entries.get((n % cap) as usize))
-            .map(|e| OpRecord {
-                seq: e.seq,
-                op: e.kind.name().to_string(),
-                dtype: e.dtype.name().to_string(),
-                count: e.count,
-                root: e.root,
-                bytes: e.bytes,
-                nonblocking: e.nonblocking,
-                state: e.status.name().to_string(),
-                posted_ns: e.posted,
-                started_ns: (e.started != 0).then_some(e.started),
-                completed_ns: (e.completed != 0).then_some(e.completed),
-                peer: e.peer,
-                error: e.error.as_deref().map(str::to_string),
+    /// This recorder's part of a dump; `to_ns` converts ticks to monotonic nanoseconds.
+    fn snapshot(&self, to_ns: &dyn Fn(u64) -> u64) -> CommDump {
+        let cap = self.slots.len() as u64;
+        let next = self.next.load(Ordering::Acquire);
+        let errors = lock(&self.errors).clone();
+        let time = |t: u64| (t != 0).then(|| to_ns(t));
+        let ops = (next.saturating_sub(cap)..next)
+            .filter_map(|n| {
+                let s = self.slot(Mark(n))?;
+                let what = s.what.load(RELAXED);
+                let ranks = s.ranks.load(RELAXED);
+                let kind = OpKind::from_index((what & 0xff) as usize)?;
+                let dtype = DataType::from_u8(((what >> 8) & 0xff) as u8)?;
+                let status = Status::from_bits(what >> 16);
+                let below = |v: u64| v.checked_sub(1).and_then(|v| usize::try_from(v).ok());
+                Some(OpRecord {
+                    seq: s.seq.load(RELAXED).checked_sub(1),
+                    op: kind.name().to_string(),
+                    dtype: dtype.name().to_string(),
+                    count: s.count.load(RELAXED),
+                    root: below(ranks & 0xffff_ffff),
+                    bytes: s.bytes.load(RELAXED),
+                    nonblocking: what & (1 << 18) != 0,
+                    state: status.name().to_string(),
+                    posted_ns: to_ns(s.posted.load(RELAXED)),
+                    started_ns: time(s.started.load(RELAXED)),
+                    completed_ns: time(s.completed.load(RELAXED)),
+                    peer: below(ranks >> 32),
+                    error: errors
+                        .iter()
+                        .find(|(m, _)| *m == n)
+                        .map(|(_, e)| e.to_string()),
+                })
             })
             .collect();
         CommDump {
@@ -349,22 +374,12 @@ impl Recorder {
             rank: self.rank,
             size: self.members.len(),
             members: self.members.to_vec(),
-            capacity: self.capacity,
-            recorded: ring.next,
-            entered: ring.entered,
+            capacity: self.slots.len(),
+            recorded: next,
+            entered: self.entered.load(RELAXED),
             ops,
         }
     }
-}
-
-/// The calling thread's blocking wait waits for rank `peer` of its communicator: noted in the
-/// call it runs (the slow path: once per blocking wait).
-pub(crate) fn blocked_on(peer: usize) {
-    let _ = CURRENT.try_with(|c| {
-        if let Some((r, mark)) = &*c.borrow() {
-            r.with_entry(*mark, |e, _| e.peer = Some(peer));
-        }
-    });
 }
 
 /// A dump: one rank's recorders (version [`VERSION`] of the format).
@@ -448,6 +463,22 @@ pub struct OpRecord {
     pub error: Option<String>,
 }
 
+/// Converts [`ticks`] into monotonic nanoseconds by the two readings of both, `base` and
+/// `now` (the identity where ticks are nanoseconds already).
+fn ticks_to_ns(base: (u64, u64), now: (u64, u64)) -> impl Fn(u64) -> u64 {
+    let dt = now.0.saturating_sub(base.0) as f64;
+    let dns = now.1.saturating_sub(base.1) as f64;
+    let rate = if TICK_KIND == TickKind::MonotonicNs || dt <= 0.0 {
+        1.0
+    } else {
+        dns / dt
+    };
+    move |t: u64| {
+        let ns = now.1 as f64 - (now.0 as f64 - t as f64) * rate;
+        ns.max(0.0) as u64
+    }
+}
+
 /// The dump file of world rank `rank` in `dir`.
 pub fn dump_path(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank{rank}.json"))
@@ -460,7 +491,9 @@ pub(crate) fn dump(reason: Reason) -> Result<PathBuf> {
         .clone()
         .ok_or_else(|| Error::invalid_argument("the flight recorder has no world yet"))?;
     let live: Vec<Arc<Recorder>> = lock(&RECORDERS).iter().filter_map(Weak::upgrade).collect();
-    let communicators = live.iter().map(|r| r.snapshot()).collect();
+    let now = (ticks(), monotonic_ns());
+    let to_ns = ticks_to_ns(setup.base, now);
+    let communicators = live.iter().map(|r| r.snapshot(&to_ns)).collect();
     let unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
@@ -476,7 +509,7 @@ pub(crate) fn dump(reason: Reason) -> Result<PathBuf> {
             .unwrap_or_default(),
         reason: reason.name().into(),
         dumped_unix_ns: unix,
-        dumped_monotonic_ns: monotonic_ns(),
+        dumped_monotonic_ns: now.1,
         communicators,
     };
     let cannot = |what: &str, e: std::io::Error| {
@@ -528,19 +561,12 @@ mod tests {
         }
     }
 
-    fn recorder(capacity: usize) -> Arc<Recorder> {
-        Arc::new(Recorder {
-            comm: 0x1,
-            epoch: 0,
-            rank: 0,
-            members: vec![0, 1].into(),
-            capacity,
-            ring: Mutex::new(Ring {
-                entries: Vec::new(),
-                next: 0,
-                entered: 0,
-            }),
-        })
+    fn recorder(capacity: usize) -> Recorder {
+        Recorder::with_capacity(0x1, 0, 0, vec![0, 1].into(), capacity)
+    }
+
+    fn same(t: u64) -> u64 {
+        t
     }
 
     #[test]
@@ -549,35 +575,50 @@ mod tests {
         for seq in 0..12 {
             let m = r.post(&call(), None);
             r.started(m, seq);
-            r.finished(m, Ok(()));
+            r.finished(m, Ok(()), None);
         }
-        let d = r.snapshot();
+        let d = r.snapshot(&same);
         assert_eq!(d.recorded, 12);
         assert_eq!(d.entered, 12);
         let seqs: Vec<u64> = d.ops.iter().filter_map(|o| o.seq).collect();
         assert_eq!(seqs, [7, 8, 9, 10, 11]);
         assert!(d.ops.iter().all(|o| o.state == "completed"));
         // A call whose record was overwritten changes nothing when it ends.
-        let old = Mark(3);
-        r.finished(old, Err(&Error::timeout("late")));
-        assert!(r.snapshot().ops.iter().all(|o| o.error.is_none()));
+        r.finished(Mark(3), Err(&Error::timeout("late")), Some(1));
+        let d = r.snapshot(&same);
+        assert!(d.ops.iter().all(|o| o.error.is_none() && o.peer.is_none()));
     }
 
     #[test]
     fn a_failed_call_keeps_its_error_and_the_peer_it_waited_for() {
         let r = recorder(8);
-        let m = r.post(&call(), None);
+        let root = Call {
+            kind: OpKind::Broadcast,
+            root: Some(3),
+            ..call()
+        };
+        let m = r.post(&root, None);
+        assert_eq!(r.snapshot(&same).ops[0].state, "posted");
         r.started(m, 0);
-        blocked_on(1);
-        r.finished(m, Err(&Error::timeout("stuck")));
-        let op = &r.snapshot().ops[0];
+        r.finished(m, Err(&Error::timeout("stuck")), Some(1));
+        let op = &r.snapshot(&same).ops[0];
         assert_eq!(op.state, "failed");
-        assert_eq!(op.peer, Some(1));
+        assert_eq!(op.op, "broadcast");
+        assert_eq!(op.dtype, "int32");
+        assert_eq!((op.root, op.peer), (Some(3), Some(1)));
         assert!(op.error.as_deref().is_some_and(|e| e.contains("stuck")));
         assert!(op.started_ns.is_some() && op.completed_ns >= op.started_ns);
-        // The call is over: a later wait of the thread is no longer its.
-        blocked_on(0);
-        assert_eq!(r.snapshot().ops[0].peer, Some(1));
+    }
+
+    #[test]
+    fn ticks_convert_to_the_monotonic_clock() {
+        let base = (ticks(), monotonic_ns());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mid = (ticks(), monotonic_ns());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let to_ns = ticks_to_ns(base, (ticks(), monotonic_ns()));
+        let err = to_ns(mid.0).abs_diff(mid.1);
+        assert!(err < 2_000_000, "{err} ns off");
     }
 
     #[test]
@@ -596,7 +637,7 @@ mod tests {
             reason: Reason::Api.name().into(),
             dumped_unix_ns: 1,
             dumped_monotonic_ns: 2,
-            communicators: vec![r.snapshot()],
+            communicators: vec![r.snapshot(&same)],
         };
         let text = serde_json::to_string(&d).expect("encodes");
         let v: serde_json::Value = serde_json::from_str(&text).expect("parses");

@@ -210,10 +210,21 @@ pub(crate) fn waiting_for_step(step: usize, peer: Option<usize>) {
     });
 }
 
+/// The member (rank in the communicator) the current operation of this thread last waited
+/// for, as the statistics segment has it (`None` without one).
+#[inline]
+pub(crate) fn waited_for() -> Option<usize> {
+    let mut peer = None;
+    stats::with_flight(|f| {
+        let p = f.peer.load(std::sync::atomic::Ordering::Relaxed);
+        peer = p.checked_sub(1).and_then(|p| usize::try_from(p).ok());
+    });
+    peer
+}
+
 /// A wait of the current operation starts to block on rank `peer` of the communicator (the
 /// slow path: called once per blocking wait, never for operations that finish at once).
 pub(crate) fn blocked_on(peer: usize) {
-    flight::blocked_on(peer);
     stats::with_flight(|f| {
         use std::sync::atomic::Ordering::Relaxed;
         f.peer.store(peer as u64 + 1, Relaxed);
