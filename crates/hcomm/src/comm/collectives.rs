@@ -426,7 +426,9 @@ impl Communicator {
             .run_schedule(op, shape, plan, seq, send, recv)
             .map_err(|e| self.diagnose(shape, seq, e));
         if let Some((r, m)) = flight {
-            r.finished(m, result.as_ref().map(|_| ()), crate::observe::waited_for());
+            // The member waited for matters to a failed call (and costs a look-up).
+            let peer = result.is_err().then(crate::observe::waited_for).flatten();
+            r.finished(m, result.as_ref().map(|_| ()), peer);
         }
         match &result {
             Err(Error::Timeout(_)) => flight::dump_on(flight::Reason::Timeout),
