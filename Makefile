@@ -60,14 +60,14 @@ run: build
 		--standalone bench/torch_bench.py --parts ddp --steps 10
 
 test:
-	HCOMM_VENV=$(VENV) HCOMM_PREBUILD=1 scripts/test-env.sh $(MAKE) --no-print-directory test-rust test-python
+	HCOMM_VENV=$(VENV) HCOMM_PREBUILD=1 HCOMM_PY_PROFILE=dev scripts/test-env.sh $(MAKE) --no-print-directory test-rust test-python
 
 test-rust:
 	$(CARGO) nextest run --workspace
 
-# The Python tests launch jobs with the release hcommrun and compare with hcomm_perf.
+# The Python tests launch jobs with the tools of the Rust tests' build (target/debug).
 test-python:
-	$(CARGO) build --release -p hcomm-tools --bins
+	$(CARGO) build -p hcomm-tools --bins
 	$(VENV)/bin/python -m pytest python/tests
 
 lint: fmt-check clippy

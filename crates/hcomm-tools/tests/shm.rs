@@ -11,8 +11,22 @@ const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
 
 /// Runs the `protocols` scenario on 3 ranks with `env`; returns each rank's counts line.
 fn protocols(env: &[(&str, &str)]) -> Vec<String> {
-    let mut c = Command::new(HCOMMRUN);
+    protocols_run(&[], env, &[])
+}
+
+/// [`protocols`] with the launcher started by the program and arguments `prefix` (none: as
+/// it is) and the scenario given `args`.
+fn protocols_run(prefix: &[&str], env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
+    let mut c = match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(HCOMMRUN);
+            c
+        }
+        None => Command::new(HCOMMRUN),
+    };
     c.args(["-n", "3", "--timeout", "100", "--", CHECK, "protocols"])
+        .args(args)
         .env("HCOMM_TIMEOUT", "60");
     for (k, v) in env {
         c.env(k, v);
@@ -33,8 +47,16 @@ fn protocols(env: &[(&str, &str)]) -> Vec<String> {
 
 #[test]
 fn messages_take_the_protocol_of_their_size() {
-    // Sizes 0, 1, 4096 | 4097, 1 MiB | 1 MiB + 1, 3 MiB + 5 in a ring of 3.
+    // Sizes 0, 1, 4096 | 4097, 1 MiB, 1 MiB + 1, 3 MiB + 5 in a ring of 3: every size above
+    // the eager limit is pulled (in pieces of HCOMM_SHM_CHUNK: 1, 4, 5 and 13 of them here).
     for line in protocols(&[]) {
+        assert_eq!(
+            line,
+            "shm=true shm_eager=3 shm_pull=4 shm_push=0 tcp_eager=0 tcp_rendezvous=0"
+        );
+    }
+    // A push threshold: sizes 0, 1, 4096 | 4097, 1 MiB | 1 MiB + 1, 3 MiB + 5.
+    for line in protocols(&[("HCOMM_SHM_PUSH_THRESHOLD", "1048576")]) {
         assert_eq!(
             line,
             "shm=true shm_eager=3 shm_pull=2 shm_push=2 tcp_eager=0 tcp_rendezvous=0"
@@ -50,6 +72,26 @@ fn cma_off_moves_everything_through_the_rings() {
             "shm=true shm_eager=3 shm_pull=0 shm_push=4 tcp_eager=0 tcp_rendezvous=0"
         );
     }
+}
+
+/// World rank 1 makes itself non-dumpable after the start-up probe: rank 2's pulls from it
+/// are refused by the kernel (`EPERM`), so its messages fall back to the push through the
+/// ring, and the others still pull. Root would read it anyway (`CAP_SYS_PTRACE`): the ranks
+/// run without that capability.
+#[test]
+fn a_pull_the_kernel_refuses_falls_back_to_the_push() {
+    let prefix: &[&str] = if rustix::process::geteuid().is_root() {
+        &["setpriv", "--bounding-set=-sys_ptrace"]
+    } else {
+        &[]
+    };
+    let lines = protocols_run(prefix, &[], &["--nodump", "1"]);
+    let want = [
+        "shm=true shm_eager=3 shm_pull=4 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=3 shm_pull=4 shm_push=4 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=3 shm_pull=0 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
+    ];
+    assert_eq!(lines, want);
 }
 
 #[test]

@@ -538,12 +538,15 @@ fn setup_shm(
             let line = format!(
                 "hcomm: rank {rank}: shared memory with world ranks {:?} (inbox {}; \
                  cross-memory attach with {cma:?}; a TCP connection beside it with \
-                 {tcp_too:?}); inline <= {} B, receiver pull <= {} B, sender push above in {} B \
-                 chunks; TCP with the others",
+                 {tcp_too:?}); inline <= {} B, receiver pull {}, in {} B pieces (sender push \
+                 without cross-memory attach); TCP with the others",
                 links.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
                 inbox.published().name,
                 config.shm_eager_limit,
-                config.shm_push_threshold,
+                match config.shm_push_threshold {
+                    usize::MAX => "above it".to_owned(),
+                    t => format!("<= {t} B, sender push above"),
+                },
                 config.shm_chunk,
             );
             if config.debug {

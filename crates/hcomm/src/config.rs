@@ -78,9 +78,10 @@ impl Backoff {
 pub(crate) const MAX_TCP_STREAMS: usize = 16;
 /// Default largest message sent inline through shared memory (`HCOMM_SHM_EAGER_LIMIT`).
 pub(crate) const DEFAULT_SHM_EAGER_LIMIT: usize = 4096;
-/// Default largest message the receiver pulls; larger ones the sender pushes
-/// (`HCOMM_SHM_PUSH_THRESHOLD`).
-pub(crate) const DEFAULT_SHM_PUSH_THRESHOLD: usize = 1 << 20;
+/// Default largest message the receiver pulls where cross-memory attach works; larger ones
+/// the sender pushes (`HCOMM_SHM_PUSH_THRESHOLD`): no limit, every size is pulled (in pieces
+/// of `HCOMM_SHM_CHUNK`).
+pub(crate) const DEFAULT_SHM_PUSH_THRESHOLD: usize = usize::MAX;
 /// Default chunk of a shared-memory push (`HCOMM_SHM_CHUNK`).
 pub(crate) const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
 /// Default bytes of each shared-memory ring (`HCOMM_SHM_RING`).
@@ -159,9 +160,11 @@ pub struct Config {
     /// `HCOMM_SHM_EAGER_LIMIT`: largest message sent inline through a shared-memory ring.
     pub shm_eager_limit: usize,
     /// `HCOMM_SHM_PUSH_THRESHOLD`: larger shared-memory messages are pushed by the sender in
-    /// chunks; smaller ones (above the eager limit) are pulled by the receiver.
+    /// chunks; smaller ones (above the eager limit) are pulled by the receiver where
+    /// cross-memory attach works. Unset: `usize::MAX`, every size is pulled.
     pub shm_push_threshold: usize,
-    /// `HCOMM_SHM_CHUNK`: bytes per chunk of a shared-memory push.
+    /// `HCOMM_SHM_CHUNK`: bytes per chunk of a shared-memory push, and per piece of a pull
+    /// (one piece per turn of the engine).
     pub shm_chunk: usize,
     /// `HCOMM_SHM_RING`: bytes of each shared-memory ring (one per ordered pair of local
     /// ranks).

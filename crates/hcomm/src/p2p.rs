@@ -23,7 +23,8 @@
 //! borrowed until then.
 //!
 //! The engine by concern: `matching` (posted receives and unexpected messages),
-//! `rendezvous` (eager or rendezvous per message), `calls` (signatures, mismatches, aborts),
+//! `rendezvous` (eager or rendezvous per message), `pull` (a local message copied out of the
+//! sender's buffer a piece per turn), `calls` (signatures, mismatches, aborts),
 //! `dispatch` (what each arriving frame means, sans I/O), `timers` (deadlines, sans I/O),
 //! `requests` (operations), `lease` (the memory they use), `progress` (one turn over the links, the
 //! background thread, lost peers), `wait` (how waiters spin, yield and sleep), `watch` (dead
@@ -52,6 +53,7 @@ pub(crate) mod lease;
 mod link;
 mod matching;
 mod progress;
+mod pull;
 mod rendezvous;
 mod requests;
 #[cfg(test)]
@@ -525,6 +527,10 @@ struct State {
     draining: bool,
     /// The operations whose frames one flush of a link wrote (kept to reuse its allocation).
     sent: Vec<OpId>,
+    /// Receives copying their message out of a local sender's buffer, a piece per turn.
+    pulls: Vec<pull::Pull>,
+    /// Per world rank: the kernel refused a pull from it, so its messages are pushed.
+    pull_refused: Vec<bool>,
 }
 
 struct Shared {
@@ -725,6 +731,8 @@ impl Engine {
                 timers: Timers::default(),
                 completions: 0,
                 sent: Vec::new(),
+                pulls: Vec::new(),
+                pull_refused: vec![false; size],
                 draining: false,
             }),
             io,

@@ -200,7 +200,7 @@ fn integrity_sizes(comm: &Communicator, bw_size: usize) -> Vec<usize> {
         1,
         cfg.shm_eager_limit + 1,
         cfg.tcp_eager_limit + 1,
-        cfg.shm_push_threshold + 1,
+        cfg.shm_push_threshold.saturating_add(1),
         bw_size,
     ];
     sizes.retain(|&s| s > 0 && s <= bw_size.max(1));

@@ -21,16 +21,19 @@
 //!   contributions beyond 8 KiB, go the large way instead (decided from the published
 //!   headers, alike on every rank): slots rewritten by every call cross between cores on
 //!   every read, buffers read in place much less.
-//! * **Large** all-reduce: each rank reduces its slice straight out of the peers' buffers
-//!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache), publishes
-//!   `ready`, then copies the
-//!   other slices from the peers' results; large all-gather and broadcast read the sources
-//!   directly. When every rank's receive buffer lies in a pool, results are pushed instead:
-//!   each rank writes its reduced slice (all-reduce) or its block (all-gather) into every
-//!   rank's receive buffer, and a broadcast's root writes the last n-th of the buffer into
-//!   the non-roots while they copy the rest; nobody copies results out of a peer afterwards.
-//!   Each rank then publishes `done` and waits for its peers' before returning, so no buffer
-//!   is released while a peer still reads or writes it.
+//! * **Large** all-reduce, reduce and reduce-scatter: each rank reduces its slice (its n-th
+//!   of the block; its own block for reduce-scatter) straight out of the peers' buffers
+//!   (mapped pool blocks, else cross-memory attach in chunks that stay in cache) and writes
+//!   each reduced chunk into its own result and into the peers' that need it (every peer for
+//!   all-reduce, the root for reduce; through mapped blocks, else `process_vm_writev`).
+//!   Large all-gather: each rank writes its block into every peer's result (gather: into the
+//!   root's, and the non-roots wait for nobody); broadcast: the
+//!   root writes the last n-th of the buffer into the non-roots while they read the rest
+//!   from it. Nobody copies results out of a peer afterwards, and the copying is shared by
+//!   all ranks. Each rank then publishes `done` and waits for its peers' before returning,
+//!   so no buffer is released while a peer still reads or writes it: a rank touches a
+//!   peer's buffers only between the peer's publishing the call (its `seq`, with the
+//!   buffers' addresses in its header) and its own `done`, and the peer waits for that.
 //!
 //! A rank overwrites slot `j % 2` only once every peer has started call `j - 1`, which it does
 //! only after finishing call `j - 2`, the slot's previous user (a rank that saw its peers
@@ -216,7 +219,8 @@ impl OneSided {
     }
 
     /// Whether a call of `shape` runs one-sided: inline when every contribution fits a slot;
-    /// otherwise only large all-reduce, all-gather and broadcast, with cross-memory attach.
+    /// otherwise only large all-reduce, reduce-scatter, reduce, all-gather, gather and
+    /// broadcast, with cross-memory attach.
     pub(crate) fn fits(&self, shape: &Shape) -> bool {
         if shape.v.is_some() || shape.size != self.signals.len() {
             return false;
@@ -225,7 +229,12 @@ impl OneSided {
             || (self.cma
                 && matches!(
                     shape.kind,
-                    CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast
+                    CollKind::AllReduce
+                        | CollKind::ReduceScatter
+                        | CollKind::Reduce
+                        | CollKind::AllGather
+                        | CollKind::Gather
+                        | CollKind::Broadcast
                 ))
     }
 
@@ -417,8 +426,10 @@ impl OneSided {
         let inline = most <= SLOT;
         let direct = self.cma
             && match shape.kind {
-                CollKind::AllReduce => most > DIRECT_FROM && in_pools(),
-                CollKind::AllGather | CollKind::Broadcast => {
+                CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
+                    most > DIRECT_FROM && in_pools()
+                }
+                CollKind::AllGather | CollKind::Broadcast | CollKind::Gather => {
                     most > DIRECT_CMA_FROM || (most > DIRECT_FROM && in_pools())
                 }
                 _ => false,
@@ -449,11 +460,13 @@ impl OneSided {
         let block = shape.count * shape.elem();
         let stream = block >= STREAM_FROM;
         let signals = &self.signals;
-        // Every receive buffer in a pool: each rank writes its results into its peers'
-        // receive buffers itself (through their mapped blocks, else cross-memory attach), so
-        // nobody copies them out of the peers' memory afterwards. Every rank sees the same
-        // headers, so all decide alike.
-        let push = (0..n).all(|p| board.header(p, slot).output_loc != 0);
+        // Each rank writes its results into its peers' receive buffers itself (through their
+        // mapped pool blocks, else cross-memory attach: `process_vm_writev` into heap
+        // buffers; a large call runs only where cross-memory attach reaches every peer), so
+        // nobody copies them out of the peers' memory afterwards, and a broadcast's copying
+        // is split between the root and the others. A heap all-reduce of 2 ranks then moves
+        // what the pool path moves: each reads its own half and the peer's, reduces them in
+        // cache-sized chunks and writes each reduced chunk into its own result and the peer's.
         // Writes `src`, this rank's bytes at `pos` of the result, into every peer's receive
         // buffer, a cache-sized chunk to all peers at a time.
         let fan_out = |board: &mut Board, pos: usize, src: &[u8]| -> Result<()> {
@@ -466,19 +479,43 @@ impl OneSided {
             }
             Ok(())
         };
+        let own_at = contribution(shape, me, bufs).0;
         let Buffers { send, out } = bufs;
         match shape.kind {
-            CollKind::AllReduce => {
-                let segs = algos::segments(shape.count, n, shape.elem());
-                let (off, len) = segs[me];
-                // Not in place: the contribution is the send buffer, apart from `out`.
-                let input = send.filter(|_| !shape.in_place);
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
+                // This rank reduces bytes `off..off + len` of the contributions (all-reduce
+                // and reduce: its n-th of the block; reduce-scatter: its own block), keeps
+                // the result at `res + (pos - off)` of its receive buffer (`None`: a reduce's
+                // non-root keeps nothing) and writes it at `pos` into `to_peer` peers'.
+                let (off, len) = match shape.kind {
+                    CollKind::ReduceScatter => (me * block, block),
+                    _ => algos::segments(shape.count, n, shape.elem())[me],
+                };
+                let res = match shape.kind {
+                    CollKind::ReduceScatter if shape.in_place => Some(off),
+                    CollKind::ReduceScatter => Some(0),
+                    CollKind::Reduce if me != shape.root => None,
+                    _ => Some(off),
+                };
+                let to_peer = |p: usize| match shape.kind {
+                    CollKind::AllReduce => true,
+                    CollKind::Reduce => p == shape.root,
+                    _ => false,
+                };
+                // The contribution: the send buffer (apart from `out`), else the receive
+                // buffer (in place).
+                let input = match own_at {
+                    Own::Send => *send,
+                    Own::Recv(_) => None,
+                };
                 // Staging for operands that are not readable in place, made on first need.
                 let (mut acc, mut tmp) = (Vec::new(), Vec::new());
                 let mut at = 0;
                 while at < len {
                     let m = CHUNK.min(len - at);
                     let pos = off + at;
+                    // Where the result stays here: the receive buffer, or the staging buffer.
+                    let here = res.map(|r| r + at);
                     let fold = |dst: &mut [u8], ops: &[&[u8]]| -> Result<()> {
                         if n == 1 {
                             dst.copy_from_slice(ops[0]);
@@ -502,31 +539,31 @@ impl OneSided {
                         })?),
                         None => None,
                     };
-                    if stream && acc.is_empty() {
+                    if (stream || here.is_none()) && acc.is_empty() {
                         acc = vec![0u8; CHUNK.min(len)];
                     }
                     let direct = own.and_then(|own| {
-                        board.with_inputs(slot, pos, m, own, |ops| match stream {
-                            true => fold(&mut acc[..m], ops),
-                            false => fold(&mut out[pos..pos + m], ops),
+                        board.with_inputs(slot, pos, m, own, |ops| match here {
+                            Some(h) if !stream => fold(&mut out[h..h + m], ops),
+                            _ => fold(&mut acc[..m], ops),
                         })
                     });
                     if let Some(folded) = direct {
                         folded?;
                         // Results that do not fit the caches are made in a cache-sized staging
                         // buffer and streamed out from there.
-                        let dst: &[u8] = if stream {
-                            reduce::copy_streaming(&mut out[pos..pos + m], &acc[..m])?;
-                            &acc[..m]
-                        } else {
-                            &out[pos..pos + m]
-                        };
-                        if push {
-                            for p in peers() {
-                                board
-                                    .write_peer_output(signals, j, p, pos, dst, stream)
-                                    .map_err(|e| waiter.read_failed(p, e))?;
+                        let dst: &[u8] = match here {
+                            Some(h) if stream => {
+                                reduce::copy_streaming(&mut out[h..h + m], &acc[..m])?;
+                                &acc[..m]
                             }
+                            Some(h) => &out[h..h + m],
+                            None => &acc[..m],
+                        };
+                        for p in peers().filter(|&p| to_peer(p)) {
+                            board
+                                .write_peer_output(signals, j, p, pos, dst, stream)
+                                .map_err(|e| waiter.read_failed(p, e))?;
                         }
                         at += m;
                         continue;
@@ -574,32 +611,20 @@ impl OneSided {
                     if shape.op == ReduceOp::Avg {
                         reduce::finish_avg(shape.dtype, acc, n)?;
                     }
-                    if stream {
-                        reduce::copy_streaming(&mut out[pos..pos + m], acc)?;
-                    } else {
-                        out[pos..pos + m].copy_from_slice(acc);
+                    match here {
+                        Some(h) if stream => reduce::copy_streaming(&mut out[h..h + m], acc)?,
+                        Some(h) => out[h..h + m].copy_from_slice(acc),
+                        None => {}
                     }
-                    if push {
-                        for p in peers() {
-                            board
-                                .write_peer_output(signals, j, p, pos, acc, stream)
-                                .map_err(|e| waiter.read_failed(p, e))?;
-                        }
+                    for p in peers().filter(|&p| to_peer(p)) {
+                        board
+                            .write_peer_output(signals, j, p, pos, acc, stream)
+                            .map_err(|e| waiter.read_failed(p, e))?;
                     }
                     at += m;
                 }
-                if !push {
-                    self.publish(waiter.engine, Ctr::Ready, j);
-                }
-                for p in peers().filter(|_| !push) {
-                    waiter.wait(p, Ctr::Ready, j)?;
-                    let (off, len) = segs[p];
-                    board
-                        .read_peer(p, Side::Output, slot, off, &mut out[off..off + len], stream)
-                        .map_err(|e| waiter.read_failed(p, e))?;
-                }
             }
-            CollKind::AllGather if push => {
+            CollKind::AllGather => {
                 let pos = me * block;
                 let own: &[u8] = if shape.in_place {
                     &out[pos..pos + block]
@@ -612,29 +637,42 @@ impl OneSided {
                 };
                 fan_out(board, pos, own)?;
             }
-            CollKind::AllGather => {
-                if !shape.in_place {
-                    let own = send.and_then(|s| s.get(..block)).ok_or_else(|| {
-                        Error::internal("a one-sided contribution outside its buffer")
-                    })?;
-                    put(&mut out[me * block..(me + 1) * block], own, stream)?;
-                }
-                for p in peers() {
-                    let dst = &mut out[p * block..(p + 1) * block];
-                    board
-                        .read_peer(p, Side::Input, slot, 0, dst, stream)
-                        .map_err(|e| waiter.read_failed(p, e))?;
+            CollKind::Gather => {
+                // Each non-root writes its block into the root's result: the copying is
+                // shared by the non-roots instead of done by the root alone.
+                let pos = me * block;
+                let outside = || Error::internal("a one-sided contribution outside its buffer");
+                if me == shape.root {
+                    // In place the root's block is in its result already.
+                    if let Own::Send = own_at {
+                        let own = send.and_then(|s| s.get(..block)).ok_or_else(outside)?;
+                        put(&mut out[pos..pos + block], own, stream)?;
+                    }
+                } else {
+                    let own = match own_at {
+                        Own::Send => send.and_then(|s| s.get(..block)),
+                        Own::Recv(at) => out.get(at..at + block),
+                    }
+                    .ok_or_else(outside)?;
+                    for (i, chunk) in own.chunks(CHUNK).enumerate() {
+                        board
+                            .write_peer_output(
+                                signals,
+                                j,
+                                shape.root,
+                                pos + i * CHUNK,
+                                chunk,
+                                stream,
+                            )
+                            .map_err(|e| waiter.read_failed(shape.root, e))?;
+                    }
                 }
             }
             CollKind::Broadcast => {
-                // With every receive buffer in a pool, the root does not idle: it writes the
-                // last n-th of the buffer into every non-root while they copy the rest.
+                // The root does not idle: it writes the last n-th of the buffer into every
+                // non-root while they copy the rest.
                 let e = shape.elem();
-                let cut = if push {
-                    block - block / n / e * e
-                } else {
-                    block
-                };
+                let cut = block - block / n / e * e;
                 if me == shape.root {
                     fan_out(board, cut, &out[cut..block])?;
                 } else {
@@ -652,10 +690,14 @@ impl OneSided {
         }
         self.publish(waiter.engine, Ctr::Done, j);
         // Nobody returns (and releases its buffers) while a peer may still read them or write
-        // its results into them; a broadcast's non-roots have nothing anyone reads, and only
-        // the root writes into them.
-        let bcast_leaf = shape.kind == CollKind::Broadcast && me != shape.root;
-        for p in peers().filter(|&p| !bcast_leaf || (push && p == shape.root)) {
+        // its results into them. A broadcast's non-roots have nothing anyone reads, and only
+        // the root writes into them; a gather's non-roots have nothing anyone reads or writes.
+        let waits_for = |p: usize| match shape.kind {
+            CollKind::Broadcast if me != shape.root => p == shape.root,
+            CollKind::Gather => me == shape.root,
+            _ => true,
+        };
+        for p in peers().filter(|&p| waits_for(p)) {
             waiter.wait(p, Ctr::Done, j)?;
         }
         Ok(())

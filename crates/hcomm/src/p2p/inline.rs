@@ -104,9 +104,12 @@ impl State {
         self.links.doorbell_only(self.peers.len().saturating_sub(1))
     }
 
-    /// Whether a polled link has something for this rank to do: a frame to read, or room for
-    /// a frame waiting to be written.
+    /// Whether this rank has something to do now: a pull in flight, or a polled link with a
+    /// frame to read or room for a frame waiting to be written.
     pub(super) fn shm_ready(&mut self) -> bool {
+        if self.pulling() {
+            return true;
+        }
         for i in 0..self.links.polled.len() {
             let (p, l) = self.links.polled[i];
             if self.peers[p].as_ref().is_some_and(|q| q.lost.is_none())

@@ -351,7 +351,7 @@ impl State {
                 _ => {}
             }
         }
-        let mut moved = false;
+        let mut moved = self.advance_pulls();
         if self.mesh.as_ref().is_some_and(|m| m.has_ready()) {
             moved |= self.adopt_connections();
         }

@@ -8,12 +8,11 @@
 //! them against each other through in-memory queues.
 
 use crate::error::{Error, PeerRank, Result};
-use crate::transport::shm::cma;
 use crate::transport::wire::{FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 
 use super::link::{Kind, Link};
-use super::requests::{op_slice, truncated};
+use super::requests::truncated;
 use super::{BufPtr, OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
 
 /// The size limits that choose a message's protocol.
@@ -401,7 +400,12 @@ impl State {
             return;
         };
         let peer = op.target.peer;
-        let pid = self.links.caps(peer).and_then(|c| c.read_remote);
+        let refused = self.pull_refused.get(peer).copied().unwrap_or(true);
+        let pid = self
+            .links
+            .caps(peer)
+            .and_then(|c| c.read_remote)
+            .filter(|_| !refused);
         let pull = pull.filter(|_| pid.is_some());
         let cts = match self.rndv.accept(peer, msg_id, id, (op.cap, len), pull) {
             Accepted::Truncated { cts } => {
@@ -411,31 +415,16 @@ impl State {
             }
             Accepted::Data { cts } => cts,
             Accepted::Pull { addr } => {
-                // Receiver pull: one copy, straight from the sender's buffer into this one.
-                let result = match (op_slice(op, 0, len), pid) {
-                    (Some(dst), Some(pid)) => {
-                        // SAFETY: the sender offered this buffer to be pulled (`FLAG_CAN_PULL`)
-                        // and keeps it unchanged until this rank's CTS says it was pulled.
-                        unsafe { cma::read_remote(pid, addr as usize, dst) }.map(|()| len)
+                // Receiver pull: one copy, straight from the sender's buffer into this one, a
+                // piece per turn; the CTS goes when it is over.
+                match (pid, len) {
+                    (Some(pid), 1..) => self.start_pull(id, (peer, pid), (msg_id, addr, len)),
+                    _ => {
+                        self.complete(id, Ok(0));
+                        self.queue(peer, OutFrame::control(Rendezvous::pulled(msg_id, true)));
                     }
-                    _ => Ok(0),
-                };
-                ProtocolCounts::bump(&self.counts.shm_pull);
-                tracing::debug!(
-                    peer,
-                    len,
-                    "shared-memory receive: pulled with cross-memory attach"
-                );
-                if let Err(Error::PeerLost(why)) = result {
-                    // The sender's process is gone: the peer is lost, for every operation with
-                    // it (this one included), not only for this receive; and the call's peers
-                    // are told whom this rank lost when it abandons the call.
-                    self.fail_peer(peer, why.message);
-                    return;
                 }
-                let cts = Rendezvous::pulled(msg_id, result.is_ok());
-                self.complete(id, result);
-                cts
+                return;
             }
         };
         self.queue(peer, OutFrame::control(cts));

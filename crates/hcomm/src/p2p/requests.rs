@@ -399,6 +399,7 @@ impl State {
             OpKind::Recv => {
                 self.matching.withdraw(&t.key(), id);
                 self.rndv.abandon_recv(id);
+                self.abandon_pull(id);
             }
             OpKind::Send => self.rndv.abandon_send(id),
         }

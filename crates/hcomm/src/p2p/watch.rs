@@ -19,9 +19,12 @@
 //!   local peers read, and sends each TCP peer a `Wake` frame, which does nothing else. A peer
 //!   from which nothing came for `limit` (no heartbeat, no frame) is lost. A peer that is only
 //!   busy (computing, blocked in a long call, oversubscribed) keeps beating: the beats come from
-//!   this thread, which needs a few microseconds of CPU per interval. A watcher that ran late
-//!   itself (its turn came more than `limit / 2` after the last) was starved or stopped too,
-//!   so it judges nobody that turn: it restarts its clocks instead.
+//!   this thread, which needs a few microseconds of CPU per interval. Silence is counted in
+//!   the watcher's own time: a turn that came late (more than an interval after the last: the
+//!   watcher was starved or stopped, and its peers likely too) does not count the lateness
+//!   against anyone. (Restarting every clock at each late turn instead, as this did before,
+//!   never judged anyone on a host so loaded that most turns came late, and the operations
+//!   waiting for a stopped peer then timed out instead of losing it.)
 //!
 //! The timing follows `HCOMM_TIMEOUT` (`T`): `interval = T / 8` (between 10 ms and 1 s) and
 //! `limit = T / 2` (at least 4 intervals), so a hung peer is lost within `T / 2 + 2 interval`,
@@ -143,10 +146,37 @@ impl Drop for Watcher {
 }
 
 /// When the watcher last saw a sign of life of a peer.
+#[derive(Debug)]
 struct Seen {
     /// The peer's heartbeat count (local peers) or frames received (TCP peers).
     mark: u64,
+    /// When the mark last moved.
+    moved: Instant,
+    /// The same, moved later by the watcher's lateness since then: `now - since` is how long
+    /// the peer was silent in the watcher's own time.
     since: Instant,
+}
+
+impl Seen {
+    fn new(mark: u64, now: Instant) -> Seen {
+        Seen {
+            mark,
+            moved: now,
+            since: now,
+        }
+    }
+
+    /// Looks at the peer's `mark` at `now`, in a turn that came `gap` after the watcher's
+    /// previous one: how long the peer has been silent (wall time) once that is `limit` or
+    /// more of the watcher's own time.
+    fn look(&mut self, mark: u64, now: Instant, gap: Duration, timing: Timing) -> Option<Duration> {
+        if mark != self.mark {
+            *self = Seen::new(mark, now);
+            return None;
+        }
+        self.since = (self.since + gap.saturating_sub(timing.interval)).min(now);
+        (now - self.since >= timing.limit).then(|| now - self.moved)
+    }
 }
 
 fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, End)>, timing: Timing) {
@@ -156,8 +186,7 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, End)>, timing: Timin
     loop {
         let now = Instant::now();
         if now >= next_turn {
-            let late = now - last_turn > timing.limit / 2;
-            turn(sh, &mut seen, now, late, timing);
+            turn(sh, &mut seen, now, now - last_turn, timing);
             last_turn = now;
             next_turn = now + timing.interval;
         }
@@ -227,9 +256,9 @@ pub(super) fn pump<'a>(
     st
 }
 
-/// One turn: beat, send the TCP peers theirs, read what came, and fail the peers silent for
-/// too long (none when this turn is `late`).
-fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, timing: Timing) {
+/// One turn, `gap` after the last: beat, send the TCP peers theirs, read what came, and fail
+/// the peers silent for too long.
+fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, gap: Duration, timing: Timing) {
     // A dump of the flight recorder asked for by SIGUSR1 (whose handler only raised a flag).
     crate::observe::flight::service();
     if let Some(bell) = sh.io.bell() {
@@ -238,9 +267,7 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
     if sh.closing.load(Ordering::SeqCst) {
         return;
     }
-    // Read what arrived, heartbeats among it, when no thread of this rank does: a waiting
-    // thread or the polling progress thread reads the sockets itself (and must not have its
-    // wake-up taken from under it).
+    // Read what arrived, heartbeats among it, when no thread of this rank does.
     let mut events = Vec::with_capacity(64);
     let mut st = pump(sh, &mut events);
     let mut lost = false;
@@ -269,14 +296,11 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
         if beat {
             st.queue(p, OutFrame::control(FrameHeader::new(FrameKind::Wake)));
         }
-        let last = seen.entry(p).or_insert(Seen { mark, since: now });
-        if late || last.mark != mark {
-            *last = Seen { mark, since: now };
-        } else if now - last.since >= timing.limit {
+        let last = seen.entry(p).or_insert_with(|| Seen::new(mark, now));
+        if let Some(silence) = last.look(mark, now, gap, timing) {
             let why = format!(
-                "nothing came from it for {:.1?} (no heartbeat: its process is hung or stopped, \
-                 or its host is gone)",
-                now - last.since
+                "nothing came from it for {silence:.1?} (no heartbeat: its process is hung or \
+                 stopped, or its host is gone)"
             );
             seen.remove(&p);
             st.fail_peer(p, why);
@@ -292,6 +316,34 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, late: bool, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Silence counts the watcher's own time: turns that come late (a starved watcher) do not
+    /// count their lateness, however many there are, and a mark that moves restarts it.
+    #[test]
+    fn silence_is_counted_in_the_watchers_own_time() {
+        let t = Timing::for_timeout(Duration::from_secs(8));
+        assert_eq!(
+            (t.interval, t.limit),
+            (Duration::from_secs(1), Duration::from_secs(4))
+        );
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut seen = Seen::new(7, t0);
+        // Turns every 3 s (2 s late each): 1 s of own time per turn.
+        let gap = Duration::from_secs(3);
+        for s in [3, 6, 9] {
+            assert_eq!(seen.look(7, at(s), gap, t), None, "{s}: {seen:?}");
+        }
+        assert_eq!(seen.look(7, at(12), gap, t), Some(Duration::from_secs(12)));
+        // A mark that moved restarts the count; turns on time count in full.
+        let mut seen = Seen::new(7, t0);
+        assert_eq!(seen.look(8, at(1), Duration::from_secs(1), t), None);
+        let second = Duration::from_secs(1);
+        for s in 2..5 {
+            assert_eq!(seen.look(8, at(s), second, t), None, "{s}: {seen:?}");
+        }
+        assert_eq!(seen.look(8, at(5), second, t), Some(Duration::from_secs(4)));
+    }
 
     /// A hung peer is lost within 2 x HCOMM_TIMEOUT at most (by `limit` + two intervals: the
     /// last beat seen, then the turn that judges) for every timeout, and a peer gets several

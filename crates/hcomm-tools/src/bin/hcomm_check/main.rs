@@ -91,7 +91,13 @@ enum Scenario {
     Lifecycle,
     /// Ring exchange at sizes around every protocol threshold, then the protocol counts and
     /// the TCP connections the rank opened and accepted (`links ...`).
-    Protocols,
+    Protocols {
+        /// This world rank makes itself non-dumpable after joining, so that peers without
+        /// `CAP_SYS_PTRACE` are refused cross-memory attach on it after the start-up probe
+        /// succeeded (their pulls from it must fall back to the push).
+        #[arg(long)]
+        nodump: Option<usize>,
+    },
     /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
     /// every wait sleeps); then the count of sleeps nobody woke, which must be zero.
     Wakeups {
@@ -350,10 +356,19 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::Abort { aborter, pending } => {
             return failure::abort(comm, aborter, pending, before).map(|()| println!("OK abort"));
         }
-        Scenario::Protocols => {
+        Scenario::Protocols { nodump } => {
+            if nodump == Some(comm.rank()) {
+                rustix::process::set_dumpable_behavior(
+                    rustix::process::DumpableBehavior::NotDumpable,
+                )
+                .context("prctl(PR_SET_DUMPABLE, 0)")?;
+            }
             let c = comm.config();
             let (eager, push) = (c.shm_eager_limit, c.shm_push_threshold);
-            let mut sizes = vec![0, 1, eager, eager + 1, push, push + 1, 3 * push + 5];
+            // Past the push threshold when there is one below 64 MiB, else 1 MiB: pulls in
+            // several pieces.
+            let big = if push < 64 << 20 { push } else { 1 << 20 };
+            let mut sizes = vec![0, 1, eager, eager + 1, big, big + 1, 3 * big + 5];
             sizes.retain(|&s| s <= 64 << 20);
             p2p::ring_sizes(&comm, sizes)?;
             let s = comm.protocol_stats();
@@ -376,7 +391,11 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::Wakeups { pause_us } => {
             let pause = || std::thread::sleep(Duration::from_micros(pause_us));
             let c = comm.config();
-            let sizes = [8, c.shm_eager_limit + 1, c.shm_push_threshold + 1];
+            let sizes = [
+                8,
+                c.shm_eager_limit + 1,
+                c.shm_push_threshold.min(1 << 20) + 1,
+            ];
             let me = comm.rank();
             for (round, &len) in sizes.iter().enumerate() {
                 for _ in 0..50 {

@@ -89,7 +89,7 @@ struct HeaderLine(Header);
 /// ```text
 /// 0    seq    (AtomicU64): number of the last one-sided call this rank started
 /// 64   failed (AtomicU64): last call this rank abandoned after starting it
-/// 128  ready  (AtomicU64): last call whose reduced slice this rank has finished
+/// 128  (unused)
 /// 256  done   (AtomicU64): last call whose peers' buffers this rank has finished reading
 /// 384  header of slot 0 | 448 header of slot 1: signature, lengths, buffer addresses
 /// 512  data of slot 0 (SLOT bytes) | data of slot 1 (SLOT bytes)
@@ -103,10 +103,9 @@ struct HeaderLine(Header);
 struct Segment {
     seq: Counter,
     failed: Counter,
-    ready: Counter,
-    /// Unused: keeps `done` a pair of lines apart from `ready`, at the offsets the calls were
-    /// tuned with.
-    _gap_ready: Counter,
+    /// Unused (the all-reduce's `ready` before every large call pushed its results): keeps
+    /// `done` at the offset the calls were tuned with.
+    _spare: [Counter; 2],
     done: Counter,
     /// Unused: keeps the headers at the offsets the calls were tuned with.
     _gap_done: Counter,
@@ -131,8 +130,6 @@ pub(crate) enum Ctr {
     Seq,
     /// The last call the rank abandoned after starting it (its peers must not wait for it).
     Failed,
-    /// The last call whose reduced slice the rank has finished.
-    Ready,
     /// The last call whose peers' buffers the rank has finished reading.
     Done,
 }
@@ -162,7 +159,6 @@ impl Signals {
         let offset = match which {
             Ctr::Seq => offset_of!(Segment, seq),
             Ctr::Failed => offset_of!(Segment, failed),
-            Ctr::Ready => offset_of!(Segment, ready),
             Ctr::Done => offset_of!(Segment, done),
         };
         let ctr = field::<Counter>(&self.segs[rank], offset);

@@ -171,6 +171,18 @@ pub(crate) unsafe fn write_remote(pid: u32, remote_addr: usize, local: &[u8]) ->
     write_limited(pid, remote_addr, local, MAX_BYTES_PER_CALL)
 }
 
+/// Whether `err`, from [`read_remote`] or [`write_remote`], is the kernel refusing
+/// cross-memory attach altogether (`EPERM`: permissions or a security policy; `ENOSYS`: no
+/// support), as opposed to a failure of that one transfer: then the data can still travel
+/// another way.
+pub(crate) fn refused(err: &Error) -> bool {
+    let source = std::error::Error::source(err);
+    let errno = source
+        .and_then(|s| s.downcast_ref::<io::Error>())
+        .and_then(io::Error::raw_os_error);
+    matches!(err, Error::Transport(_)) && matches!(errno, Some(libc::EPERM | libc::ENOSYS))
+}
+
 /// Finds out whether this process may read process `peer_pid` with cross-memory attach: reads
 /// `expected.len()` bytes at `peer_addr` there and compares them with `expected`, which the
 /// peer published beforehand (a few hundred bytes are enough). Logs the answer at `info`.
@@ -990,6 +1002,32 @@ mod tests {
             Err(err) => eprintln!("dead child, with the system calls blocked: {err}"),
             Ok(()) => panic!("read a dead process"),
         }
+    }
+
+    /// Only the kernel refusing cross-memory attach altogether (`EPERM`, `ENOSYS`) is a
+    /// refusal that another path can serve; a bad address, a dead peer or bad arguments are
+    /// not.
+    #[test]
+    fn refusals_are_told_from_failed_transfers() {
+        let me = process::id();
+        let failure = |errno| Failure {
+            errno: Some(errno),
+            done: 0,
+        };
+        for errno in [libc::EPERM, libc::ENOSYS] {
+            let err = failure(errno).into_error(Op::Read, me, 8, 64);
+            assert!(refused(&err), "{err}");
+        }
+        for errno in [libc::EFAULT, libc::ESRCH, libc::EINVAL] {
+            let err = failure(errno).into_error(Op::Write, me, 8, 64);
+            assert!(!refused(&err), "{err}");
+        }
+        let silent = Failure {
+            errno: None,
+            done: 0,
+        };
+        assert!(!refused(&silent.into_error(Op::Read, me, 8, 64)));
+        assert!(!refused(&Error::invalid_argument("EPERM")));
     }
 
     /// A transfer that fails because its peer is dying is `PeerLost`, whatever the kernel

@@ -1,0 +1,186 @@
+//! Receiver pulls: a local rendezvous message copied straight out of the sender's buffer with
+//! cross-memory attach, one piece per engine turn.
+//!
+//! A pull is one copy (the kernel's, from the sender's pages into the receive buffer) where a
+//! push through the pair's ring is two (the sender's into the ring, the receiver's out of
+//! it) and a hand-off between both ranks every chunk; on a loaded host each hand-off may cost
+//! a scheduling round. The message moves in pieces of `HCOMM_SHM_CHUNK` bytes, one piece of
+//! every pull in flight per turn of the engine, so the engine (and its lock) is never held
+//! for a whole large message: other links are read and written between the pieces, and an
+//! abandoned receive stops at the next piece.
+//!
+//! The sender keeps its buffer unchanged until the CTS that ends the pull (`FLAG_PULLED`,
+//! or `FLAG_DISCARD` for a receive that failed or was abandoned). When the kernel refuses the
+//! pull (`EPERM`, `ENOSYS`: a security policy that the start-up probe did not meet), the
+//! message falls back to the push at once — a plain CTS — and every later message from that
+//! peer is pushed.
+
+use crate::error::Error;
+use crate::transport::shm::cma;
+
+use super::rendezvous::{Accepted, Rendezvous};
+use super::requests::op_slice;
+use super::{OpId, OutFrame, ProtocolCounts, State};
+
+/// A receive pulling its message out of a local sender's buffer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pull {
+    /// The receive.
+    id: OpId,
+    /// The sender (world rank) and its process.
+    peer: usize,
+    pid: u32,
+    /// The sender's message id.
+    msg_id: u64,
+    /// The sender's buffer.
+    addr: u64,
+    /// Bytes of the message, and bytes copied so far.
+    len: usize,
+    done: usize,
+}
+
+/// What one piece of a pull came to.
+enum Step {
+    /// More pieces to go.
+    More,
+    /// The pull is over (complete, failed, abandoned, or fallen back to a push).
+    Over,
+}
+
+impl State {
+    /// Starts pulling message `msg_id` (`len` bytes at `addr` in process `pid` of world rank
+    /// `peer`) into receive `id`, and copies its first piece now.
+    pub(super) fn start_pull(
+        &mut self,
+        id: OpId,
+        (peer, pid): (usize, u32),
+        (msg_id, addr, len): (u64, u64, usize),
+    ) {
+        tracing::debug!(
+            peer,
+            len,
+            "shared-memory receive: pulled with cross-memory attach"
+        );
+        let mut pull = Pull {
+            id,
+            peer,
+            pid,
+            msg_id,
+            addr,
+            len,
+            done: 0,
+        };
+        if let Step::More = self.pull_piece(&mut pull) {
+            self.pulls.push(pull);
+        }
+    }
+
+    /// Whether pulls are in flight (work for the next turn, so waiters must not sleep).
+    pub(super) fn pulling(&self) -> bool {
+        !self.pulls.is_empty()
+    }
+
+    /// Copies one piece of every pull in flight; returns whether any was in flight.
+    pub(super) fn advance_pulls(&mut self) -> bool {
+        if self.pulls.is_empty() {
+            return false;
+        }
+        let mut pulls = std::mem::take(&mut self.pulls);
+        let mut i = 0;
+        while i < pulls.len() {
+            match self.pull_piece(&mut pulls[i]) {
+                Step::More => i += 1,
+                Step::Over => {
+                    pulls.swap_remove(i);
+                }
+            }
+        }
+        pulls.append(&mut self.pulls);
+        self.pulls = pulls;
+        true
+    }
+
+    /// Copies the piece of `p` at `p.done` (at most `HCOMM_SHM_CHUNK` bytes) and, after the
+    /// last one, completes the receive and clears the sender.
+    fn pull_piece(&mut self, p: &mut Pull) -> Step {
+        if self.peers[p.peer].as_ref().is_none_or(|q| q.lost.is_some()) {
+            // The peer's loss failed the receive already.
+            return Step::Over;
+        }
+        let piece = self.cfg.shm_chunk.max(1).min(p.len - p.done);
+        let Some(op) = self.ops.get_mut(&p.id).filter(|op| op.result.is_none()) else {
+            // The receive was abandoned: the sender may reuse its buffer.
+            self.queue(p.peer, OutFrame::control(Rendezvous::refuse(p.msg_id)));
+            return Step::Over;
+        };
+        let result = match op_slice(op, p.done, piece) {
+            Some(dst) => {
+                let at = (p.addr as usize).wrapping_add(p.done);
+                // SAFETY: the sender offered this buffer to be pulled (`FLAG_CAN_PULL`) and
+                // keeps it unchanged until this rank's CTS says the pull is over; the
+                // receive is live, so `dst` is its buffer (checked `len <= cap` when
+                // accepted), which nothing else touches meanwhile.
+                unsafe { cma::read_remote(p.pid, at, dst) }
+            }
+            None => Ok(()),
+        };
+        match result {
+            Ok(()) if p.done + piece < p.len => {
+                p.done += piece;
+                Step::More
+            }
+            Ok(()) => {
+                ProtocolCounts::bump(&self.counts.shm_pull);
+                self.complete(p.id, Ok(p.len));
+                self.queue(
+                    p.peer,
+                    OutFrame::control(Rendezvous::pulled(p.msg_id, true)),
+                );
+                Step::Over
+            }
+            Err(Error::PeerLost(why)) => {
+                // The sender's process is gone: the peer is lost, for every operation with
+                // it (this one included), not only for this receive; and the call's peers
+                // are told whom this rank lost when it abandons the call.
+                self.fail_peer(p.peer, why.message);
+                Step::Over
+            }
+            Err(err) if cma::refused(&err) => {
+                tracing::info!(
+                    peer = p.peer,
+                    "cross-memory attach refused ({err}): this and later messages from world \
+                     rank {} are pushed through shared memory",
+                    p.peer
+                );
+                if let Some(refused) = self.pull_refused.get_mut(p.peer) {
+                    *refused = true;
+                }
+                let cap = self.ops.get(&p.id).map_or(0, |op| op.cap);
+                if let Accepted::Data { cts } =
+                    self.rndv.accept(p.peer, p.msg_id, p.id, (cap, p.len), None)
+                {
+                    self.queue(p.peer, OutFrame::control(cts));
+                }
+                Step::Over
+            }
+            Err(err) => {
+                ProtocolCounts::bump(&self.counts.shm_pull);
+                self.complete(p.id, Err(err));
+                self.queue(
+                    p.peer,
+                    OutFrame::control(Rendezvous::pulled(p.msg_id, false)),
+                );
+                Step::Over
+            }
+        }
+    }
+
+    /// Receive `id` is abandoned: its pull (if any) stops, and the sender is told to reuse
+    /// its buffer.
+    pub(super) fn abandon_pull(&mut self, id: OpId) {
+        if let Some(i) = self.pulls.iter().position(|p| p.id == id) {
+            let p = self.pulls.swap_remove(i);
+            self.queue(p.peer, OutFrame::control(Rendezvous::refuse(p.msg_id)));
+        }
+    }
+}
