@@ -438,12 +438,15 @@ impl Communicator {
         result
     }
 
-    /// A call `seq` of `shape` failed with `e`: when it timed out or was abandoned, asks every
+    /// A call `seq` of `shape` failed with `e`: when it timed out or was abandoned (not when
+    /// its communicator was aborted), asks every
     /// member how many collectives of this communicator it entered (a live member answers
     /// within a few heartbeat intervals: `Engine::ask_entered`) and names those that never
     /// entered it.
     fn diagnose(&self, shape: &Shape, seq: u32, e: Error) -> Error {
-        if !matches!(e, Error::Timeout(_) | Error::Aborted(_)) {
+        // An aborted communicator (here or by a peer) is not a stuck rank: no question.
+        let aborted = || self.world.engine.check_aborted(self.id | COLL).is_err();
+        if !matches!(e, Error::Timeout(_) | Error::Aborted(_)) || aborted() {
             return e;
         }
         let entered = self.world.engine.ask_entered(self.id | COLL, &self.members);
