@@ -3,8 +3,10 @@
 Every exception carries ``code`` (the C API's ``HCOMM_ERR_*`` value), ``peer`` (the world
 rank of the peer the error concerns, when it concerns one: a lost peer, the peer a call timed
 out on, the rank that aborted or called something else), ``comm_peer`` (that peer's rank in
-the communicator of the failed call, when known) and a message ending in its entry of
-``docs/errors.md``. The peer comes from the error's fields, not from its message.
+the communicator of the failed call, when known), ``not_entered`` (for a collective that timed
+out or was abandoned: the ranks of its communicator that never entered it, as they told; see
+docs/flight-recorder.md) and a message ending in its entry of ``docs/errors.md``. The peer
+comes from the error's fields, not from its message.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Error(Exception):
         code: the error code (``HCOMM_ERR_*`` of the C API).
         peer: the world rank of the peer the failure concerns, when known, else None.
         comm_peer: that peer's rank in the communicator of the failed call, when known.
+        not_entered: for a collective that timed out or was abandoned, the ranks of its
+            communicator that never entered it (alive, but elsewhere), when diagnosed.
         message: the message, with its entry of ``docs/errors.md``.
     """
 
@@ -45,6 +49,7 @@ class Error(Exception):
         code: int | None = None,
         peer: int | None = None,
         comm_peer: int | None = None,
+        not_entered: list[int] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -52,6 +57,7 @@ class Error(Exception):
             self.code = code
         self.peer: int | None = peer
         self.comm_peer: int | None = comm_peer
+        self.not_entered: list[int] | None = not_entered
 
 
 class InitError(Error):
@@ -158,7 +164,11 @@ _BY_CODE: dict[int, type[Error]] = {
 
 
 def _from_code(
-    code: int, message: str, peer: int | None = None, comm_peer: int | None = None
+    code: int,
+    message: str,
+    peer: int | None = None,
+    comm_peer: int | None = None,
+    not_entered: list[int] | None = None,
 ) -> Error:
     """The exception of a core error and the peer it concerns (called by the native module)."""
-    return _BY_CODE.get(code, Error)(message, code, peer, comm_peer)
+    return _BY_CODE.get(code, Error)(message, code, peer, comm_peer, not_entered)

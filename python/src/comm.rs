@@ -1151,6 +1151,16 @@ impl Communicator {
         })?))
     }
 
+    /// Writes the flight recorder of every communicator of this process (its last
+    /// `HCOMM_TRACE_BUFFER` collective calls) to this rank's dump in `HCOMM_TRACE_DIR` and
+    /// returns the file's path; `hcomm_trace DIR` merges a job's dumps.
+    fn dump_trace(&self, py: Python<'_>) -> PyResult<String> {
+        let c = self.core()?;
+        py.detach(|| c.dump_trace())
+            .map(|p| p.display().to_string())
+            .map_err(to_py)
+    }
+
     /// Releases the communicator (the world's last one closes the connections once what is
     /// queued is delivered); later calls raise `hcomm.InvalidArgument`. Idempotent.
     fn destroy(&self, py: Python<'_>) -> PyResult<()> {

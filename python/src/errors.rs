@@ -20,8 +20,16 @@ pub fn to_py(e: hcomm::Error) -> PyErr {
             })
             .and_then(|f| {
                 let peer = e.peer().unwrap_or_default();
-                f.bind(py)
-                    .call1((e.code() as i32, e.to_string(), peer.world, peer.comm))
+                let not_entered: Option<Vec<usize>> = e
+                    .not_entered()
+                    .map(|n| n.ranks.iter().filter_map(|r| r.comm).collect());
+                f.bind(py).call1((
+                    e.code() as i32,
+                    e.to_string(),
+                    peer.world,
+                    peer.comm,
+                    not_entered,
+                ))
             });
         match made {
             Ok(exc) => PyErr::from_value(exc),

@@ -1,7 +1,9 @@
 """Errors: invalid arguments refused before anything is sent, mismatches, truncation, a
-killed peer, abort."""
+killed peer, abort, a rank that never enters a collective."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from conftest import job
@@ -157,4 +159,31 @@ def test_timeout_names_the_peer() -> None:
             time.sleep(4)   # alive, but calling nothing
         """,
         env={"T_TIMEOUT": "1.5"},
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_skips_a_collective_is_named_and_dumps_its_trace(tmp_path: Path) -> None:
+    job(
+        3,
+        """
+        import json, time
+        x = np.ones(4, np.int64)
+        comm.allreduce(x)   # call 0, everyone
+        if rank == 1:
+            time.sleep(4.5)   # alive, but never enters call 1
+            d = json.load(open(comm.dump_trace()))
+            assert d["format"] == "hcomm-flight-recorder" and d["version"] == 1, d
+            assert d["reason"] == "api" and d["rank"] == 1, d
+            w = [c for c in d["communicators"] if c["comm"] == "0x1"][0]
+            assert w["entered"] == 1 and w["ops"][-1]["state"] == "completed", w
+        else:
+            try:
+                comm.allreduce(x)
+                raise SystemExit("no error")
+            except (hcomm.Timeout, hcomm.Aborted) as e:
+                assert e.not_entered == [1], (e.not_entered, e)
+                assert "never entered allreduce #1" in str(e), e
+        """,
+        env={"T_TIMEOUT": "2", "HCOMM_TRACE_DIR": str(tmp_path)},
     )

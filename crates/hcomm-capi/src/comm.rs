@@ -141,6 +141,21 @@ pub extern "C" fn hcommCommAbort(comm: hcommComm_t) -> c_int {
     guard("hcommCommAbort", || state::comm(comm)?.abort())
 }
 
+/// Writes the flight recorder of every communicator of this process (the last
+/// `HCOMM_TRACE_BUFFER` collective calls of each) to this rank's dump,
+/// `$HCOMM_TRACE_DIR/rank<N>.json` (`/tmp/hcomm-trace` by default), replacing an earlier
+/// one; `hcomm_trace DIR` merges a job's dumps. Local: the other ranks are not involved.
+/// Returns `HCOMM_SUCCESS`, `HCOMM_ERR_INVALID_ARGUMENT` for a bad handle, with
+/// `HCOMM_TRACE_BUFFER=0` or when the file cannot be written, `HCOMM_ERR_INIT` before
+/// `hcommInit` or after `hcommFinalize`. (Not in the seed or SPEC: added so that C programs can
+/// dump as Rust and Python ones do.)
+#[no_mangle]
+pub extern "C" fn hcommCommDumpTrace(comm: hcommComm_t) -> c_int {
+    guard("hcommCommDumpTrace", || {
+        state::comm(comm)?.dump_trace().map(drop)
+    })
+}
+
 /// Releases a communicator from `hcommCommSplit`; its handle becomes invalid (using it again
 /// gives `HCOMM_ERR_INVALID_ARGUMENT`). `COMM_WORLD` is released by `hcommFinalize` instead.
 /// Calls still running on it on other threads finish first.

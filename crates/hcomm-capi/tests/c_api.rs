@@ -414,7 +414,12 @@ fn hcomm_init_joins_jobs_of_slurm_and_torchrun() {
 fn comm_abort_fails_every_waiting_rank_with_aborted_and_hcommrun_names_the_aborter() {
     let dir = TempDir::new("abort");
     let program = compile(&dir, "abort", "crates/hcomm-capi/tests/c/abort.c");
-    let env = [("HCOMM_TIMEOUT", "60")];
+    let dumps = dir.path().join("dumps");
+    let dumps_dir = dumps.display().to_string();
+    let env = [
+        ("HCOMM_TIMEOUT", "60"),
+        ("HCOMM_TRACE_DIR", dumps_dir.as_str()),
+    ];
     let started = std::time::Instant::now();
     let finished = job_with_env(&dir, 4, &program, &[], &env, LIMIT);
     let took = started.elapsed();
@@ -439,6 +444,9 @@ fn comm_abort_fails_every_waiting_rank_with_aborted_and_hcommrun_names_the_abort
         assert!(ms < 5000.0, "rank {r} waited {ms} ms:\n{all}");
     }
     assert!(took < Duration::from_secs(30), "took {took:?}:\n{all}");
+    // The aborter's dump, last written by hcommCommDumpTrace.
+    let dump = std::fs::read_to_string(dumps.join("rank3.json")).unwrap_or_default();
+    assert!(dump.contains("\"reason\": \"api\""), "{dump}\n{all}");
 }
 
 #[test]

@@ -29,6 +29,7 @@ use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
 use crate::config::Config;
 use crate::error::{Error, PeerRank, Result};
+use crate::observe::flight::{self, Recorder};
 use crate::observe::OpKind;
 use crate::p2p::lease::{Lease, Loan, Part};
 use crate::p2p::{
@@ -194,8 +195,9 @@ pub struct Communicator {
 struct CommState {
     /// Communicators derived from this one so far (all members derive in the same order).
     derived: AtomicU64,
-    /// Collectives called so far: the sequence number tags each call's messages.
-    coll_seq: AtomicU32,
+    /// Collectives called so far: the sequence number tags each call's messages. The engine
+    /// answers the peers' questions about it (`Engine::track_entered`).
+    coll_seq: Arc<AtomicU32>,
     /// Point-to-point sends started so far (send, isend, the send of a sendrecv): each one's
     /// number names it in its errors (`Operation::seq`).
     sends: AtomicU64,
@@ -214,6 +216,26 @@ struct CommState {
     tiers: Mutex<Option<Arc<Tiers<Communicator>>>>,
     /// Failures known and acknowledged, and the fault-tolerance calls made (`comm/ft.rs`).
     ft: Mutex<ft::FtState>,
+    /// The flight recorder of its collectives (`None` with `HCOMM_TRACE_BUFFER=0`).
+    flight: Option<Arc<Recorder>>,
+}
+
+impl CommState {
+    /// The state of a new communicator `id` at `epoch` of `engine`'s world where this process
+    /// is rank `rank` of `members` (world ranks).
+    fn new(
+        engine: &Engine,
+        (id, epoch): (u64, u32),
+        rank: usize,
+        members: &Arc<[usize]>,
+    ) -> Arc<CommState> {
+        let state = CommState {
+            flight: Recorder::new(id, u64::from(epoch), rank, Arc::clone(members)),
+            ..CommState::default()
+        };
+        engine.track_entered(id | COLL, &state.coll_seq, Arc::clone(members));
+        Arc::new(state)
+    }
 }
 
 /// A cached choice of algorithm and its schedule for one call shape.
@@ -887,12 +909,12 @@ impl Communicator {
         let members: Arc<[usize]> = (0..size).collect();
         world.engine.register_comm(WORLD_ID, &members);
         Ok(Communicator {
+            state: CommState::new(&world.engine, (WORLD_ID, 0), rank, &members),
             world,
             id: WORLD_ID,
             rank,
             members,
             topology: Arc::new(topology),
-            state: Arc::default(),
             epoch: 0,
         })
     }
@@ -1225,6 +1247,12 @@ impl Communicator {
     }
 
     fn derive(&self, id: u64, members: Vec<usize>, rank: usize) -> Communicator {
+        self.derive_at(id, members, rank, self.epoch)
+    }
+
+    /// A communicator `id` of the `members` (ranks of this one) at `epoch`, where this
+    /// process is rank `rank`.
+    fn derive_at(&self, id: u64, members: Vec<usize>, rank: usize, epoch: u32) -> Communicator {
         let world_members: Arc<[usize]> = members.iter().map(|&r| self.members[r]).collect();
         self.world.engine.register_comm(id, &world_members);
         Communicator {
@@ -1232,9 +1260,9 @@ impl Communicator {
             id,
             rank,
             topology: Arc::new(self.topology.subset(&members)),
+            state: CommState::new(&self.world.engine, (id, epoch), rank, &world_members),
             members: world_members,
-            state: Arc::default(),
-            epoch: self.epoch,
+            epoch,
         }
     }
 
@@ -1297,6 +1325,7 @@ impl Communicator {
     pub fn abort(&self) -> Result<()> {
         let comms = [self.id, self.id | COLL, self.id | INTERNAL];
         self.world.engine.abort_comm(comms, &self.members);
+        flight::dump_on(flight::Reason::Abort);
         // The sub-communicators of the tiered all-reduce run parts of this one's calls. While
         // they are being made (a split over this communicator, which the abort ends) there
         // are none to abort yet.
@@ -1308,6 +1337,20 @@ impl Communicator {
             tiers.abort()?;
         }
         Ok(())
+    }
+
+    /// Writes the flight recorder of every communicator of this process (the last
+    /// `HCOMM_TRACE_BUFFER` collective calls of each) to this rank's dump file in
+    /// `HCOMM_TRACE_DIR`, replacing an earlier dump, and returns the file. Local: the other
+    /// ranks are not involved (`hcomm_trace DIR` merges the dumps of a job). Fails when the
+    /// recorder is off (`HCOMM_TRACE_BUFFER=0`) or the file cannot be written.
+    pub fn dump_trace(&self) -> Result<std::path::PathBuf> {
+        if self.state.flight.is_none() {
+            return Err(Error::invalid_argument(
+                "the flight recorder is off (HCOMM_TRACE_BUFFER=0): there is nothing to dump",
+            ));
+        }
+        flight::dump(flight::Reason::Api)
     }
 
     /// Releases the communicator. For the last communicator of a world this delivers what

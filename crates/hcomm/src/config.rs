@@ -109,6 +109,10 @@ pub(crate) const DEFAULT_SHM_RING: usize = 1 << 20;
 pub(crate) const DEFAULT_POOL_BLOCK: usize = 64 << 20;
 /// Default seconds a wait blocks before it is logged as a stall (`HCOMM_STALL_WARN`).
 pub(crate) const DEFAULT_STALL_WARN_SECS: f64 = 10.0;
+/// Calls the flight recorder keeps per communicator when `HCOMM_TRACE_BUFFER` is unset.
+pub(crate) const DEFAULT_TRACE_BUFFER: usize = 2048;
+/// Where the flight recorder writes its dumps when `HCOMM_TRACE_DIR` is unset.
+pub(crate) const DEFAULT_TRACE_DIR: &str = "/tmp/hcomm-trace";
 
 /// Which launcher the rank information came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +162,10 @@ pub struct Config {
     /// `HCOMM_TRACE`: where each rank writes a Chrome trace of its operations (see
     /// `observe::trace::rank_path` for the file of each rank).
     pub trace: Option<String>,
+    /// `HCOMM_TRACE_BUFFER`: calls the flight recorder keeps per communicator (0: off).
+    pub trace_buffer: usize,
+    /// `HCOMM_TRACE_DIR`: where the flight recorder writes its dumps.
+    pub trace_dir: std::path::PathBuf,
     /// `HCOMM_RUN_FD=FD:INODE`, set by `hcommrun`: a pipe (descriptor FD, inode INODE) on
     /// which this rank tells the launcher which peers it lost, so that the launcher names the
     /// rank that failed first rather than one that only noticed it. The inode guards against
@@ -372,6 +380,13 @@ impl Config {
             timeout: Duration::from_secs_f64(timeout_secs),
             stall_warn,
             trace: get("HCOMM_TRACE"),
+            trace_buffer: match get("HCOMM_TRACE_BUFFER") {
+                Some(v) => parse_num::<usize>("HCOMM_TRACE_BUFFER", &v)?,
+                None => DEFAULT_TRACE_BUFFER,
+            },
+            trace_dir: get("HCOMM_TRACE_DIR")
+                .unwrap_or_else(|| DEFAULT_TRACE_DIR.into())
+                .into(),
             run_fd,
             transport,
             shm_eager_limit,
@@ -658,10 +673,12 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 29] = [
+    const SETTINGS: [&str; 31] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
+        "HCOMM_TRACE_BUFFER",
+        "HCOMM_TRACE_DIR",
         "HCOMM_RUN_FD",
         "HCOMM_LOG_LEVEL",
         "HCOMM_TCP_STREAMS",

@@ -66,6 +66,28 @@ pub struct ErrorInfo {
     pub cause: Option<Arc<Error>>,
     /// The I/O error underneath, when there is one: [`std::error::Error::source`] returns it.
     pub io: Option<IoSource>,
+    /// For a collective that timed out or was abandoned: the members that never entered it,
+    /// as the members themselves told (see [`NotEntered`]).
+    pub not_entered: Option<Arc<NotEntered>>,
+}
+
+/// The members of a communicator that never entered a collective call: the diagnosis of a
+/// call that timed out or was abandoned, made by asking every member how many collectives of
+/// the communicator it had entered (a member alive but busy elsewhere answers too; see
+/// docs/flight-recorder.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NotEntered {
+    /// The communicator's id (as in the flight recorder's dumps).
+    pub comm: u64,
+    /// The call: its collective and sequence number.
+    pub operation: Operation,
+    /// The members that never entered it (ranks in the communicator and world ranks).
+    pub ranks: Vec<PeerRank>,
+    /// For each member, by rank in the communicator, how many collectives of the communicator
+    /// it had entered (so its last one is this minus one); `None` where no answer came (a lost
+    /// member, or one too slow to answer).
+    pub entered: Vec<Option<u64>>,
 }
 
 /// The rank an error concerns: its world rank (`HCOMM_RANK`, its rank in the job), its rank
@@ -417,6 +439,41 @@ impl Error {
         self
     }
 
+    /// This error with the diagnosis `ne` of its call, which its message then states.
+    #[must_use]
+    pub fn with_not_entered(mut self, ne: NotEntered) -> Error {
+        let info = self.info_mut();
+        let who: Vec<String> = ne
+            .ranks
+            .iter()
+            .map(|p| {
+                let last = p
+                    .comm
+                    .and_then(|r| ne.entered.get(r).copied().flatten())
+                    .and_then(|n| n.checked_sub(1))
+                    .map_or("none".to_string(), |l| format!("#{l}"));
+                match (p.comm, p.world) {
+                    (Some(c), Some(w)) => {
+                        format!("rank {c} (world rank {w}; its last entered: {last})")
+                    }
+                    (Some(c), None) => format!("rank {c} (its last entered: {last})"),
+                    (None, Some(w)) => format!("world rank {w}"),
+                    (None, None) => "a rank".to_string(),
+                }
+            })
+            .collect();
+        let seq = ne.operation.seq.map_or(String::new(), |s| format!(" #{s}"));
+        info.message = format!(
+            "{}; never entered {}{seq} of communicator {:#x}: {} (alive, but not in the call)",
+            info.message,
+            ne.operation.name,
+            ne.comm,
+            who.join(", ")
+        );
+        info.not_entered = Some(Arc::new(ne));
+        self
+    }
+
     /// This error with `what` before its message (`"{what}: {message}"`), the facts kept.
     #[must_use]
     pub fn prefixed(mut self, what: impl fmt::Display) -> Error {
@@ -495,6 +552,12 @@ impl Error {
     /// The operation that failed, when known.
     pub fn operation(&self) -> Option<Operation> {
         self.info().operation
+    }
+
+    /// The members that never entered the collective this error ended, when that was
+    /// diagnosed.
+    pub fn not_entered(&self) -> Option<&NotEntered> {
+        self.info().not_entered.as_deref()
     }
 
     /// The hcomm error that led to this one, when there is one.

@@ -60,7 +60,9 @@ pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, Request};
 pub use comm::{RecvStatus, ANY_SOURCE};
 pub use config::{Config, LaunchInfo, Launcher};
 pub use dtype::{DataType, Element, ReduceOp};
-pub use error::{Error, ErrorCode, ErrorInfo, IoSource, Operation, PeerRank, Result, ERRORS_DOC};
+pub use error::{
+    Error, ErrorCode, ErrorInfo, IoSource, NotEntered, Operation, PeerRank, Result, ERRORS_DOC,
+};
 pub use p2p::lease::Lease;
 pub use p2p::ProtocolStats;
 pub use topology::{RankInfo, Topology};
@@ -138,6 +140,13 @@ pub mod internal {
         /// The statistics' clock.
         pub mod clock {
             pub use crate::observe::clock::{monotonic_ns, ticks, TickKind, TICK_KIND};
+        }
+
+        /// The flight recorder's dump format (what `hcomm_trace` reads).
+        pub mod flight {
+            pub use crate::observe::flight::{
+                dump_path, CommDump, Dump, OpRecord, FORMAT, VERSION,
+            };
         }
 
         /// The statistics segments.

@@ -3,6 +3,7 @@
  * HCOMM_ERR_ABORTED promptly (run with a long HCOMM_TIMEOUT: a timeout fails the test), and
  * every later call on the communicator too. The aborting rank lingers a second, so that the
  * others report before hcommrun stops them, then exits with status 3 for hcommrun to name.
+ * The aborting rank also dumps its flight recorder (hcommCommDumpTrace) into HCOMM_TRACE_DIR.
  * Usage: abort (under hcommrun, 3 ranks or more). */
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
@@ -37,6 +38,9 @@ int main(int argc, char **argv) {
         fflush(stdout);
         CHECK(hcommCommAbort(COMM_WORLD));
         CHECK(hcommCommAbort(COMM_WORLD));
+        /* The abort dumped the flight recorder; the API dumps again, the call aborted or not. */
+        EXPECT(HCOMM_ERR_INVALID_ARGUMENT, hcommCommDumpTrace(HCOMM_COMM_NULL));
+        CHECK(hcommCommDumpTrace(COMM_WORLD));
         EXPECT(HCOMM_ERR_ABORTED, hcommBarrier(COMM_WORLD));
         EXPECT(HCOMM_ERR_ABORTED, hcommSend(buf, 4, 0, 1, COMM_WORLD));
         sleep_ms(1000);

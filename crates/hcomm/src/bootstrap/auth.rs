@@ -73,15 +73,15 @@ pub(crate) struct HandshakeError {
     /// server shedding connections); a new attempt may succeed. A refusal or a bad proof is
     /// never retryable.
     pub(crate) retryable: bool,
-    /// The error for the caller.
-    pub(crate) error: Error,
+    /// The error for the caller (boxed: the result of every handshake step carries it).
+    pub(crate) error: Box<Error>,
 }
 
 impl HandshakeError {
     fn fatal(error: Error) -> HandshakeError {
         HandshakeError {
             retryable: false,
-            error,
+            error: Box::new(error),
         }
     }
 }
@@ -102,7 +102,7 @@ pub fn client_handshake(
     hello: &[u8],
     deadline: Instant,
 ) -> Result<Vec<u8>> {
-    client_handshake_detailed(stream, secret, hello, deadline).map_err(|e| e.error)
+    client_handshake_detailed(stream, secret, hello, deadline).map_err(|e| *e.error)
 }
 
 /// Server side: authenticates the client behind `stream` and proves our own knowledge of
@@ -145,7 +145,7 @@ pub(crate) fn server_handshake_shared(
     with_saved_timeouts(stream, || {
         server_exchange(stream, &peer, secret, hello, deadline)
     })
-    .map_err(|e| e.error)
+    .map_err(|e| *e.error)
 }
 
 fn check_args(secret: &[u8], hello: &[u8]) -> Result<()> {
@@ -418,10 +418,12 @@ fn io_failure(
     };
     HandshakeError {
         retryable: closed,
-        error: Error::init(format!(
-            "authentication with {peer} failed on the {side} side while {step}: {what} ({e})"
-        ))
-        .with_source(e),
+        error: Box::new(
+            Error::init(format!(
+                "authentication with {peer} failed on the {side} side while {step}: {what} ({e})"
+            ))
+            .with_source(e),
+        ),
     }
 }
 
@@ -592,7 +594,7 @@ mod tests {
         drop(s);
         let err = client_handshake_detailed(&c, b"k", b"", soon()).unwrap_err();
         assert!(err.retryable, "{}", err.error);
-        assert!(matches!(err.error, Error::Init(_)));
+        assert!(matches!(*err.error, Error::Init(_)));
         // A hang-up says nothing about the secret: the message must not send the user there.
         assert!(
             !err.error.to_string().contains("HCOMM_JOB_SECRET"),
@@ -659,7 +661,7 @@ mod tests {
                 server_exchange(&stream, "fuzzer", b"k", b"server hi", deadline)
             });
             let err = result.expect_err("a client without the secret was accepted");
-            assert!(matches!(err.error, Error::Init(_)), "{}", err.error);
+            assert!(matches!(*err.error, Error::Init(_)), "{}", err.error);
             assert!(usage.peak <= HANDSHAKE_MEMORY, "{usage:?}");
             assert!(stream.consumed() <= GREETING_LEN + MAX_HELLO + MAC_LEN);
             let out = stream.take_output();
@@ -689,7 +691,7 @@ mod tests {
                 client_exchange(&stream, "fuzzer", b"k", b"client hi", deadline)
             });
             let err = result.expect_err("a server without the secret was accepted");
-            assert!(matches!(err.error, Error::Init(_)), "{}", err.error);
+            assert!(matches!(*err.error, Error::Init(_)), "{}", err.error);
             assert!(usage.peak <= HANDSHAKE_MEMORY, "{usage:?}");
             assert!(stream.consumed() <= GREETING_LEN + MAX_HELLO + 1 + MAC_LEN);
             let out = stream.take_output();
@@ -719,7 +721,7 @@ mod tests {
             let stream = super::super::MemStream::new(&msg, 1 + rng.len(msg.len()));
             let deadline = Instant::now() + Duration::from_secs(60);
             let (n, h) = read_greeting(&stream, Side::Server, "fuzzer", deadline)
-                .map_err(|e| e.error)
+                .map_err(|e| *e.error)
                 .unwrap();
             assert_eq!((n, &h[..]), (nonce, hello));
             assert_eq!(stream.consumed(), msg.len() - 4);

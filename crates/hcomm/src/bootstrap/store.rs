@@ -1242,7 +1242,7 @@ fn attempt(addr: &str, secret: &[u8], io_timeout: Duration, deadline: Instant) -
                 why = e.error.to_string();
                 continue;
             }
-            Err(e) => return Attempt::Fatal(e.error),
+            Err(e) => return Attempt::Fatal(*e.error),
         }
         let local_addr = match stream.local_addr() {
             Ok(a) => a,

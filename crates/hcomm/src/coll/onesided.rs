@@ -862,10 +862,15 @@ impl Waiter<'_> {
         crate::observe::blocked_on(p);
         loop {
             let now = Instant::now();
+            if stall.ask_due(now) {
+                engine.ask_members(self.coll_id);
+            }
             stall.check(now, || {
+                let report = engine.not_entered_report(self.coll_id, self.tag);
                 format!(
-                    "rank {p} (world rank {}) [one-sided call {target}]",
-                    self.os.world[p]
+                    "rank {p} (world rank {}) [one-sided call {target}]{}",
+                    self.os.world[p],
+                    report.as_deref().unwrap_or_default()
                 )
             });
             if now >= deadline {

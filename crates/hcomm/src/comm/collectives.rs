@@ -11,7 +11,8 @@ use crate::coll::onesided::OneSided;
 use crate::coll::schedule::{Schedule, Step};
 use crate::coll::{exec, Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
-use crate::error::{Error, Operation, Result};
+use crate::error::{Error, NotEntered, Operation, PeerRank, Result};
+use crate::observe::flight::{self, Call as FlightCall, Mark};
 use crate::observe::stats::{self, proto};
 use crate::observe::{OpKind, OpScope};
 use crate::p2p::lease::Lease;
@@ -219,14 +220,21 @@ impl Communicator {
             .state
             .coll_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mark = self.flight_post(&shape, Some(seq), true);
         let comm = self.handle();
         let name = shape.kind.name();
         let task = std::thread::Builder::new()
             .name(format!("hcomm-{name}"))
             .spawn(move || {
                 let mut op = comm.record(&shape);
-                let result =
-                    comm.run_planned(&mut op, &shape, &plan, seq, send.as_ref(), &mut recv);
+                let result = comm.run_planned(
+                    &mut op,
+                    &shape,
+                    &plan,
+                    (seq, mark),
+                    send.as_ref(),
+                    &mut recv,
+                );
                 drop(op);
                 comm.world.publish_counters();
                 result.map(|()| Completion {
@@ -350,12 +358,21 @@ impl Communicator {
         // Recorded from before planning: the first call of a shape may wait for the peers
         // while it sets up (the one-sided segments).
         let mut op = self.record(shape);
-        let plan = self.plan(shape)?;
+        let mark = self.flight_post(shape, None, false);
+        let plan = match self.plan(shape) {
+            Ok(p) => p,
+            Err(e) => {
+                if let (Some(r), Some(m)) = (&self.state.flight, mark) {
+                    r.finished(m, Err(&e), None);
+                }
+                return Err(e);
+            }
+        };
         let seq = self
             .state
             .coll_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let result = self.run_planned(&mut op, shape, &plan, seq, send, recv);
+        let result = self.run_planned(&mut op, shape, &plan, (seq, mark), send, recv);
         drop(op);
         self.world.publish_counters();
         result
@@ -381,9 +398,84 @@ impl Communicator {
         )
     }
 
-    /// Runs a planned call with sequence number `seq`, recorded by `op`, on buffers checked
-    /// against `shape`.
+    /// Records a call of `shape` in the flight recorder (`seq`: its sequence number, when
+    /// taken already; `nonblocking`: it runs in the background).
+    fn flight_post(&self, shape: &Shape, seq: Option<u32>, nonblocking: bool) -> Option<Mark> {
+        let r = self.state.flight.as_ref()?;
+        let call = FlightCall {
+            kind: observe_kind(shape.kind),
+            dtype: shape.dtype,
+            count: shape.count as u64,
+            root: shape.kind.rooted().then_some(shape.root),
+            bytes: shape.send_bytes(self.rank).max(shape.recv_bytes(self.rank)) as u64,
+            nonblocking,
+        };
+        Some(r.post(&call, seq.map(u64::from)))
+    }
+
+    /// Runs a planned call with sequence number `seq` (flight recorder entry `mark`),
+    /// recorded by `op`, on buffers checked against `shape`. A call that times out or is
+    /// abandoned names the members that never entered it, and dumps the flight recorder.
     fn run_planned(
+        &self,
+        op: &mut OpScope,
+        shape: &Shape,
+        plan: &Plan,
+        (seq, mark): (u32, Option<Mark>),
+        send: Option<&Lease<'_>>,
+        recv: &mut Lease<'_>,
+    ) -> Result<()> {
+        let flight = self.state.flight.as_ref().zip(mark);
+        if let Some((r, m)) = flight {
+            r.started(m, u64::from(seq));
+        }
+        let result = self
+            .run_schedule(op, shape, plan, seq, send, recv)
+            .map_err(|e| self.diagnose(shape, seq, e));
+        if let Some((r, m)) = flight {
+            // The member waited for matters to a failed call (and costs a look-up).
+            let peer = result.is_err().then(crate::observe::waited_for).flatten();
+            r.finished(m, result.as_ref().map(|_| ()), peer);
+        }
+        match &result {
+            Err(Error::Timeout(_)) => flight::dump_on(flight::Reason::Timeout),
+            Err(Error::Aborted(_)) => flight::dump_on(flight::Reason::Abort),
+            _ => {}
+        }
+        result
+    }
+
+    /// A call `seq` of `shape` failed with `e`: when it timed out or was abandoned (not when
+    /// its communicator was aborted), asks every
+    /// member how many collectives of this communicator it entered (a live member answers
+    /// within a few heartbeat intervals: `Engine::ask_entered`) and names those that never
+    /// entered it.
+    fn diagnose(&self, shape: &Shape, seq: u32, e: Error) -> Error {
+        // An aborted communicator (here or by a peer) is not a stuck rank: no question.
+        let aborted = || self.world.engine.check_aborted(self.id | COLL).is_err();
+        if !matches!(e, Error::Timeout(_) | Error::Aborted(_)) || aborted() {
+            return e;
+        }
+        let entered = self.world.engine.ask_entered(self.id | COLL, &self.members);
+        let ranks: Vec<PeerRank> = entered
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.is_some_and(|n| n <= u64::from(seq)))
+            .map(|(r, _)| PeerRank::ranks(r, self.members[r]))
+            .collect();
+        if ranks.is_empty() {
+            return e;
+        }
+        e.with_not_entered(NotEntered {
+            comm: self.id,
+            operation: Operation::seq(shape.kind.name(), u64::from(seq)),
+            ranks,
+            entered,
+        })
+    }
+
+    /// Runs the schedule (or one-sided or tiered form) of a planned call `seq`.
+    fn run_schedule(
         &self,
         op: &mut OpScope,
         shape: &Shape,

@@ -273,9 +273,7 @@ impl Communicator {
             .iter()
             .position(|&r| r == self.rank)
             .ok_or_else(|| Error::internal("this rank is missing from its own shrink"))?;
-        let mut comm = self.derive(id, survivors, rank);
-        comm.epoch = self.epoch + 1;
-        Ok(comm)
+        Ok(self.derive_at(id, survivors, rank, self.epoch + 1))
     }
 
     /// Posts a message of the fault-tolerance channel to or from `peer`.

@@ -1,12 +1,14 @@
 //! What operators see of a running rank: the statistics segment `hcomm_profiler` reads
 //! ([`stats`]), warnings about operations that wait too long (`stall`) and Chrome traces
-//! (`trace`, `HCOMM_TRACE`).
+//! (`trace`, `HCOMM_TRACE`) and the flight recorder of each communicator's last calls
+//! ([`flight`], `HCOMM_TRACE_BUFFER`).
 //!
 //! The communicator brackets every operation with an [`OpScope`]; the executor and the wait
 //! loops say which step and which peer they wait for. Everything here is below the engine
 //! and the communicator and knows nothing of them.
 
 pub(crate) mod clock;
+pub(crate) mod flight;
 pub(crate) mod stall;
 pub(crate) mod stats;
 pub(crate) mod trace;
@@ -27,6 +29,7 @@ pub(crate) fn attach(config: &Config, rank: usize, size: usize) -> stats::Regist
         config.launch.root_addr.as_deref().unwrap_or_default(),
         0,
     );
+    flight::configure(config.trace_buffer, &config.trace_dir, &job_id, rank, size);
     stats::register(&job_id, rank, size)
 }
 
@@ -205,6 +208,18 @@ pub(crate) fn waiting_for_step(step: usize, peer: Option<usize>) {
             f.peer.store(p as u64 + 1, Relaxed);
         }
     });
+}
+
+/// The member (rank in the communicator) the current operation of this thread last waited
+/// for, as the statistics segment has it (`None` without one).
+#[inline]
+pub(crate) fn waited_for() -> Option<usize> {
+    let mut peer = None;
+    stats::with_flight(|f| {
+        let p = f.peer.load(std::sync::atomic::Ordering::Relaxed);
+        peer = p.checked_sub(1).and_then(|p| usize::try_from(p).ok());
+    });
+    peer
 }
 
 /// A wait of the current operation starts to block on rank `peer` of the communicator (the

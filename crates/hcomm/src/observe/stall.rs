@@ -35,6 +35,10 @@ pub(crate) struct StallWatch {
     /// When to warn next (`None`: never).
     next: Option<Instant>,
     interval: Duration,
+    /// When to ask the members of a stalled collective which calls they entered, half an
+    /// interval before the next warning (so that it can name the members that never entered
+    /// the call); `None`: asked already.
+    ask: Option<Instant>,
 }
 
 impl StallWatch {
@@ -46,6 +50,20 @@ impl StallWatch {
             start,
             next: (ns != 0).then(|| start + interval),
             interval,
+            ask: (ns != 0).then(|| start + interval / 2),
+        }
+    }
+
+    /// Whether it is time to ask the members of a stalled collective which calls they
+    /// entered (once before each warning).
+    #[inline]
+    pub(crate) fn ask_due(&mut self, now: Instant) -> bool {
+        match self.ask {
+            Some(at) if now >= at => {
+                self.ask = None;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -59,6 +77,7 @@ impl StallWatch {
         }
         self.interval = self.interval.saturating_mul(2);
         self.next = now.checked_add(self.interval);
+        self.ask = now.checked_add(self.interval / 2);
         let msg = message(
             RANK.load(Ordering::Relaxed),
             now - self.start,
@@ -154,15 +173,22 @@ mod tests {
             start: t0,
             next: Some(t0 + Duration::from_secs(1)),
             interval: Duration::from_secs(1),
+            ask: Some(t0 + Duration::from_millis(500)),
         };
+        let mut asked = Vec::new();
         let mut fired = Vec::new();
         for ms in (0..20_000).step_by(100) {
             let now = t0 + Duration::from_millis(ms);
+            if w.ask_due(now) {
+                asked.push(ms);
+            }
             w.check(now, || {
                 fired.push(ms);
                 String::new()
             });
         }
         assert_eq!(fired, [1000, 3000, 7000, 15000]);
+        // Half an interval before each warning.
+        assert_eq!(asked, [500, 2000, 5000, 11000]);
     }
 }

@@ -10,13 +10,15 @@ use crate::sync::lock;
 use crate::transport::wire::FrameHeader;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
-use super::dispatch::{abort_frame, comm_abort_frame};
+use super::dispatch::{abort_frame, comm_abort_frame, entered_frame};
 use super::matching::Stranger;
 use super::progress::tell_launcher;
 use super::revoke::Revocations;
+use super::watch::Timing;
 use super::{Engine, OpId, OpKind, OutFrame, State, Target};
 
 /// Recent calls remembered for mismatch detection.
@@ -57,6 +59,11 @@ pub(super) struct Calls {
     last_lost: Option<usize>,
     /// Revoked communicators and the epochs their frames may no longer have.
     pub(super) revocations: Revocations,
+    /// Per communicator (its collective channel), the counter of the collectives this rank
+    /// entered, which the communicator keeps (what a peer's `Ask` is answered).
+    entered: HashMap<u64, (Weak<AtomicU32>, Arc<[usize]>)>,
+    /// The peers' answers to this rank's asks, by (communicator, world rank).
+    answers: HashMap<(u64, usize), u64>,
 }
 
 impl Calls {
@@ -73,6 +80,8 @@ impl Calls {
             comm_aborted: HashMap::default(),
             last_lost: None,
             revocations: Revocations::default(),
+            entered: HashMap::default(),
+            answers: HashMap::default(),
         }
     }
 
@@ -91,6 +100,61 @@ impl Calls {
         self.calls.insert((comm, tag), sig);
         self.order.push_back((comm, tag));
         Ok(())
+    }
+
+    /// Communicator `comm` (a collective channel) of `members` (world ranks) counts the
+    /// collectives this rank entered in `counter`.
+    pub(super) fn track_entered(
+        &mut self,
+        comm: u64,
+        counter: &Arc<AtomicU32>,
+        members: Arc<[usize]>,
+    ) {
+        self.entered.retain(|_, (c, _)| c.strong_count() > 0);
+        self.entered
+            .insert(comm, (Arc::downgrade(counter), members));
+    }
+
+    /// How many collectives of `comm` this rank entered (0 for a communicator it does not
+    /// know, or no longer has).
+    pub(super) fn entered(&self, comm: u64) -> u64 {
+        self.entered
+            .get(&comm)
+            .and_then(|(c, _)| c.upgrade())
+            .map_or(0, |c| u64::from(c.load(Ordering::Relaxed)))
+    }
+
+    /// The members (world ranks) of communicator `comm`, if it counts its collectives here.
+    pub(super) fn members(&self, comm: u64) -> Option<Arc<[usize]>> {
+        self.entered.get(&comm).map(|(_, m)| Arc::clone(m))
+    }
+
+    /// What the answers that came say of call `seq` of `comm`: the members that had not
+    /// entered it when they answered, for a stall warning; `None` when none is known.
+    pub(super) fn not_entered_report(&self, comm: u64, seq: u32) -> Option<String> {
+        let members = self.members(comm)?;
+        let late: Vec<String> = members
+            .iter()
+            .enumerate()
+            .filter_map(|(r, &w)| {
+                let n = *self.answers.get(&(comm, w))?;
+                (n <= u64::from(seq)).then(|| {
+                    let last = n.checked_sub(1).map_or("none".into(), |l| format!("#{l}"));
+                    format!("rank {r} (world rank {w}; its last entered: {last})")
+                })
+            })
+            .collect();
+        (!late.is_empty()).then(|| format!("; not entered #{seq} yet: {}", late.join(", ")))
+    }
+
+    /// World rank `peer` answered that it entered `count` collectives of `comm`.
+    pub(super) fn on_entered(&mut self, comm: u64, peer: usize, count: u64) {
+        self.answers.insert((comm, peer), count);
+    }
+
+    /// Takes `peer`'s answer about `comm`, if it came.
+    pub(super) fn take_answer(&mut self, comm: u64, peer: usize) -> Option<u64> {
+        self.answers.remove(&(comm, peer))
     }
 
     /// This rank's signature of call `(comm, tag)`, while it remembers the call.
@@ -282,6 +346,77 @@ impl Engine {
         lock(&self.shared.state).calls.late_error(comm)
     }
 
+    /// Asks the world ranks `peers` how many collectives of `comm` (a collective channel)
+    /// each entered, and waits for their answers: for each peer its count, `None` where no
+    /// answer came (lost, or too slow). This rank answers itself. A rank answers from
+    /// whichever thread drives its progress, its watcher when none does, so a rank that is
+    /// alive but busy elsewhere answers within a few watcher intervals, which bound the wait
+    /// (`Timing::answer_within`: under a second for `HCOMM_TIMEOUT` up to 2 s, 3.25 s at
+    /// most).
+    pub(crate) fn ask_entered(&self, comm: u64, peers: &[usize]) -> Vec<Option<u64>> {
+        let mut out: Vec<Option<u64>> = vec![None; peers.len()];
+        let deadline;
+        {
+            let mut st = lock(&self.shared.state);
+            deadline = Instant::now() + Timing::for_timeout(st.cfg.timeout).answer_within();
+            let me = st.cfg.rank;
+            for (i, &p) in peers.iter().enumerate() {
+                if p == me {
+                    out[i] = Some(st.calls.entered(comm));
+                    continue;
+                }
+                st.ask(p, comm);
+            }
+            st.handle(&[], false);
+        }
+        let mut events = Vec::with_capacity(64);
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let mut st = super::watch::pump(&self.shared, &mut events);
+            for (i, &p) in peers.iter().enumerate() {
+                if out[i].is_none() {
+                    out[i] = st.calls.take_answer(comm, p);
+                }
+            }
+            let lost = |p: usize| {
+                st.peers
+                    .get(p)
+                    .and_then(Option::as_ref)
+                    .is_none_or(|q| q.lost.is_some())
+            };
+            let pending = peers
+                .iter()
+                .zip(&out)
+                .any(|(&p, o)| o.is_none() && !lost(p));
+            drop(st);
+            if !pending || Instant::now() >= deadline {
+                return out;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// Communicator `comm` (a collective channel) of `members` (world ranks) counts the
+    /// collectives this rank entered in `counter`: peers asking are answered from it (see
+    /// [`Engine::ask_entered`]).
+    pub(crate) fn track_entered(&self, comm: u64, counter: &Arc<AtomicU32>, members: Arc<[usize]>) {
+        lock(&self.shared.state)
+            .calls
+            .track_entered(comm, counter, members);
+    }
+
+    /// A call of `comm` stalls: asks its members how many collectives of it they entered; the
+    /// answers come in the background (for [`Engine::not_entered_report`]).
+    pub(crate) fn ask_members(&self, comm: u64) {
+        lock(&self.shared.state).ask_members(comm);
+    }
+
+    /// What the members' answers say of call `seq` of `comm` (see `Calls::not_entered_report`).
+    pub(crate) fn not_entered_report(&self, comm: u64, seq: u32) -> Option<String> {
+        lock(&self.shared.state).calls.not_entered_report(comm, seq)
+    }
+
     /// Registers the start of this rank's collective call `(comm, tag)` with signature
     /// `sig` (see `State::begin_call`).
     pub(crate) fn begin_call(&self, comm: u64, tag: u32, sig: [u64; 2]) -> Result<()> {
@@ -353,6 +488,26 @@ impl Engine {
 }
 
 impl State {
+    /// Asks every other member of `comm` (a collective channel this rank counts) how many
+    /// collectives of it they entered; their answers replace earlier ones as they come.
+    pub(super) fn ask_members(&mut self, comm: u64) {
+        let Some(members) = self.calls.members(comm) else {
+            return;
+        };
+        let me = self.cfg.rank;
+        for &p in members.iter().filter(|&&p| p != me) {
+            self.ask(p, comm);
+        }
+    }
+
+    /// Asks world rank `p` how many collectives of `comm` it entered (forgetting what it
+    /// answered before).
+    fn ask(&mut self, p: usize, comm: u64) {
+        self.calls.take_answer(comm, p);
+        self.links.want(p);
+        self.queue(p, OutFrame::control(entered_frame(comm, true, 0)));
+    }
+
     /// Receive `id` met a message of a different operation (`theirs`): fail it, and tell the
     /// sender this rank abandons the operation.
     pub(super) fn mismatch(&mut self, id: OpId, theirs: [u64; 2]) {

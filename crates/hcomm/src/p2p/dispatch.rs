@@ -65,6 +65,10 @@ pub(super) enum Step {
     },
     /// A message of a revoked communicator's epoch: dropped (its payload, `eager`, too).
     Stale { eager: bool },
+    /// The peer asks how many collectives of `comm` this rank entered.
+    Asked { comm: u64 },
+    /// The peer had entered `count` collectives of `comm` (the answer to this rank's ask).
+    Entered { comm: u64, count: u64 },
     /// The peer abandoned the call `(comm, tag)`.
     Abandoned {
         comm: u64,
@@ -137,6 +141,19 @@ pub(super) fn abort_frame(
     hdr
 }
 
+/// The frame that asks a peer how many collectives of `comm` it entered (`ask`), or answers
+/// that this rank entered `count` of them.
+pub(super) fn entered_frame(comm: u64, ask: bool, count: u64) -> FrameHeader {
+    let mut hdr = FrameHeader::new(if ask {
+        FrameKind::Ask
+    } else {
+        FrameKind::Entered
+    });
+    hdr.comm = comm;
+    hdr.msg_id = count;
+    hdr
+}
+
 /// The frame that tells a peer this rank aborted the communicators `comms` (an id and the
 /// ids of its host and leader tiers, 0 for none).
 pub(super) fn comm_abort_frame(comms: [u64; 3]) -> FrameHeader {
@@ -200,6 +217,11 @@ impl Protocol<'_> {
             FrameKind::Data => Step::Data(self.rndv.on_data(peer, hdr)?),
             FrameKind::Close => Step::Goodbye,
             FrameKind::Wake => Step::Woken,
+            FrameKind::Ask => Step::Asked { comm: hdr.comm },
+            FrameKind::Entered => Step::Entered {
+                comm: hdr.comm,
+                count: hdr.msg_id,
+            },
             FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
                 Step::CommAborted([hdr.comm, hdr.sig[0], hdr.sig[1]])
             }

@@ -8,11 +8,13 @@ use rustix::event::epoll;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::dispatch::{Landed, Protocol, Step};
+use super::dispatch::{entered_frame, Landed, Protocol, Step};
 use super::link::{untoken, AnyLink, Dests, Link, Rx};
 use super::rendezvous::Cleared;
 use super::wait::poll;
-use super::{Dest, Engine, OpId, Shared, State, GRACE, LISTEN_TOKEN, SHM_WAKE_TOKEN, WAKE_TOKEN};
+use super::{
+    Dest, Engine, OpId, OutFrame, Shared, State, GRACE, LISTEN_TOKEN, SHM_WAKE_TOKEN, WAKE_TOKEN,
+};
 use crate::transport::shm::link::Inbox;
 use crate::transport::tcp::Ready;
 
@@ -541,6 +543,11 @@ impl State {
                 tag,
                 abandoned,
             } => self.on_abort(comm, tag, abandoned),
+            Step::Asked { comm } => {
+                let n = self.calls.entered(comm);
+                self.queue(peer, OutFrame::control(entered_frame(comm, false, n)));
+            }
+            Step::Entered { comm, count } => self.calls.on_entered(comm, peer, count),
         }
         Ok(dest)
     }

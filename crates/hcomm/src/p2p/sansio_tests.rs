@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::calls::{Abandoned, Calls};
-use super::dispatch::{abort_frame, comm_abort_frame, Landed, Protocol, Step};
+use super::dispatch::{abort_frame, comm_abort_frame, entered_frame, Landed, Protocol, Step};
 use super::matching::{Arrival, Matched, Matching, Recv};
 use super::rendezvous::{data_frames, Accepted, Cleared, Limits, Rendezvous, Route};
 use super::tests::target;
@@ -684,6 +684,11 @@ impl Pair {
                     n.fail_call(comm, tag, err);
                 }
             }
+            Step::Asked { comm } => {
+                let answer = entered_frame(comm, false, n.calls.entered(comm));
+                self.wire[peer].push_back((answer, Vec::new()));
+            }
+            Step::Entered { comm, count } => n.calls.on_entered(comm, peer, count),
         }
         Ok(true)
     }
@@ -1219,6 +1224,27 @@ fn a_message_of_another_call_fails_both_machines_calls_through_the_abort_it_draw
     assert_eq!(err.peer().and_then(|r| r.world), Some(1));
     assert!(p.nodes[0].calls.is_aborted(COMM, 4));
     assert!(p.wire.iter().all(VecDeque::is_empty));
+}
+
+#[test]
+fn an_ask_is_answered_with_the_number_of_calls_entered() {
+    let mut p = Pair::new();
+    // Rank 0 entered calls 0..=4 of COMM (4 last), and none of another communicator.
+    let counter = Arc::new(std::sync::atomic::AtomicU32::new(5));
+    p.nodes[0]
+        .calls
+        .track_entered(COMM, &counter, vec![0, 1].into());
+    p.wire[0].push_back((entered_frame(COMM, true, 0), Vec::new()));
+    p.wire[0].push_back((entered_frame(COMM + 1, true, 0), Vec::new()));
+    p.run();
+    assert_eq!(p.nodes[1].calls.take_answer(COMM, 0), Some(5));
+    assert_eq!(p.nodes[1].calls.take_answer(COMM + 1, 0), Some(0));
+    // Taken once.
+    assert_eq!(p.nodes[1].calls.take_answer(COMM, 0), None);
+    assert!(p.wire.iter().all(VecDeque::is_empty));
+    // A communicator that is gone counts nothing.
+    drop(counter);
+    assert_eq!(p.nodes[0].calls.entered(COMM), 0);
 }
 
 #[test]

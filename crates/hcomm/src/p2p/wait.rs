@@ -11,6 +11,7 @@ use crate::transport::shm::link::Watch;
 use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, Timespec};
 use std::cell::Cell;
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -345,10 +346,10 @@ impl Engine {
             st.handle(&[], true);
             for (i, &id) in ids.iter().enumerate() {
                 if let Some(r) = st.take(id) {
-                    return Err((i, r));
+                    return ControlFlow::Break((i, r));
                 }
             }
-            Ok(match (sh.io.inbox.as_ref(), ids) {
+            ControlFlow::Continue(match (sh.io.inbox.as_ref(), ids) {
                 (Some(inbox), &[id]) if !sh.spin.is_zero() => st.watch(inbox, id),
                 _ => None,
             })
@@ -357,15 +358,15 @@ impl Engine {
         // the clock for a while (a small message then lands a cache-line transfer after it
         // was written), then look again; the loop below does the rest.
         match look() {
-            Err(done) => return Ok(done),
-            Ok(Some(watch)) => {
+            ControlFlow::Break(done) => return Ok(done),
+            ControlFlow::Continue(Some(watch)) => {
                 if spin_on(&watch, Backoff::DEFAULT) {
-                    if let Err(done) = look().map(drop) {
+                    if let ControlFlow::Break(done) = look() {
                         return Ok(done);
                     }
                 }
             }
-            Ok(None) => {}
+            ControlFlow::Continue(None) => {}
         }
         let deadline = deadline.resolve();
         let mut now = Instant::now();
@@ -428,7 +429,20 @@ impl Engine {
                         None => err,
                     });
                 }
-                stall.check(now, || st.awaited(ids));
+                // A collective call that stalls: its members are asked which calls they
+                // entered, so that the warning can name those that never entered it.
+                let call = ids
+                    .first()
+                    .and_then(|id| st.ops.get(id))
+                    .map(|op| (op.target.comm, op.target.tag));
+                if let Some((comm, _)) = call.filter(|_| stall.ask_due(now)) {
+                    st.ask_members(comm);
+                }
+                stall.check(now, || {
+                    let report =
+                        call.and_then(|(comm, seq)| st.calls.not_entered_report(comm, seq));
+                    st.awaited(ids) + report.as_deref().unwrap_or_default()
+                });
                 if !blocked && now >= spin_until {
                     blocked = true;
                     let first = ids.first().and_then(|id| st.ops.get(id));

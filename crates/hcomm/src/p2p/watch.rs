@@ -37,7 +37,7 @@
 use std::net::TcpStream;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ use rustc_hash::FxHashMap as HashMap;
 use rustix::event::{eventfd, poll as poll_fds, EventfdFlags, PollFd, PollFlags};
 
 use super::link::{Link, Liveness};
-use super::{poll, timespec, FrameHeader, FrameKind, OutFrame, Shared};
+use super::{poll, timespec, FrameHeader, FrameKind, OutFrame, Shared, State};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 
@@ -62,6 +62,13 @@ pub(super) struct Timing {
 }
 
 impl Timing {
+    /// How long a live peer may take to answer a control frame when nothing but its watcher
+    /// reads its links: a turn to accept the connection (when the pair had none), one to read
+    /// the frame, one more for luck, and the handshake.
+    pub(super) fn answer_within(&self) -> Duration {
+        3 * self.interval + Duration::from_millis(250)
+    }
+
     /// The timing for `HCOMM_TIMEOUT` = `timeout` (see the module docs).
     pub(super) fn for_timeout(timeout: Duration) -> Timing {
         let interval = (timeout / 8).clamp(MIN_INTERVAL, MAX_INTERVAL);
@@ -231,27 +238,38 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, End)>, timing: Timin
     }
 }
 
+/// Reads what arrived when no thread of this rank does (a waiting thread or the polling
+/// progress thread reads the sockets itself, and must not have its wake-up taken from under
+/// it), and returns the locked state.
+pub(super) fn pump<'a>(
+    sh: &'a Shared,
+    events: &mut Vec<rustix::event::epoll::Event>,
+) -> MutexGuard<'a, State> {
+    let idle = sh.io.waiters.load(Ordering::SeqCst) == 0 && !sh.io.polling.load(Ordering::SeqCst);
+    if idle && poll(&sh.io, events, Duration::ZERO).is_err() {
+        events.clear();
+    }
+    let mut st = lock(&sh.state);
+    if idle {
+        st.handle(events, false);
+    }
+    st
+}
+
 /// One turn, `gap` after the last: beat, send the TCP peers theirs, read what came, and fail
 /// the peers silent for too long.
 fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, gap: Duration, timing: Timing) {
+    // A dump of the flight recorder asked for by SIGUSR1 (whose handler only raised a flag).
+    crate::observe::flight::service();
     if let Some(bell) = sh.io.bell() {
         bell.beat();
     }
     if sh.closing.load(Ordering::SeqCst) {
         return;
     }
-    // Read what arrived, heartbeats among it, when no thread of this rank does: a waiting
-    // thread or the polling progress thread reads the sockets itself (and must not have its
-    // wake-up taken from under it).
+    // Read what arrived, heartbeats among it, when no thread of this rank does.
     let mut events = Vec::with_capacity(64);
-    let idle = sh.io.waiters.load(Ordering::SeqCst) == 0 && !sh.io.polling.load(Ordering::SeqCst);
-    if idle && poll(&sh.io, &mut events, Duration::ZERO).is_err() {
-        events.clear();
-    }
-    let mut st = lock(&sh.state);
-    if idle {
-        st.handle(&events, false);
-    }
+    let mut st = pump(sh, &mut events);
     let mut lost = false;
     for p in 0..st.peers.len() {
         let Some(peer) = st.peers[p].as_ref() else {

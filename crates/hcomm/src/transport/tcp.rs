@@ -770,7 +770,7 @@ fn connect_one(
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                     continue;
                 }
-                Err(e) => return Err(e.error),
+                Err(e) => return Err(*e.error),
             };
         match Hello::decode(&theirs) {
             Some(h)

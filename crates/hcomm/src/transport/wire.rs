@@ -64,6 +64,13 @@ pub(crate) enum FrameKind {
     /// Nothing but a wake-up: the sender wrote to this rank's shared-memory ring while this
     /// rank slept in `epoll_wait`; no payload.
     Wake = 7,
+    /// How many collectives of communicator `comm` (its collective channel) has the receiver
+    /// entered? Asked at a collective's timeout and stall warning to name the members that
+    /// never entered it; no payload.
+    Ask = 12,
+    /// The answer to an `Ask` about `comm`: the receiver had entered `msg_id` collectives of
+    /// it (their sequence numbers are `0..msg_id`); no payload.
+    Entered = 13,
 }
 
 /// A decoded, validated frame header.
@@ -141,7 +148,9 @@ impl FrameHeader {
             | FrameKind::Cts
             | FrameKind::Close
             | FrameKind::Abort
-            | FrameKind::Wake => 0,
+            | FrameKind::Wake
+            | FrameKind::Ask
+            | FrameKind::Entered => 0,
         }
     }
 
@@ -285,6 +294,8 @@ impl FrameHeader {
             5 => FrameKind::Close,
             6 => FrameKind::Abort,
             7 => FrameKind::Wake,
+            12 => FrameKind::Ask,
+            13 => FrameKind::Entered,
             k => return Err(WireError::BadKind(k)),
         };
         let h = FrameHeader {
@@ -321,7 +332,12 @@ impl FrameHeader {
             FrameKind::Eager => MAX_EAGER,
             FrameKind::Data => MAX_CHUNK,
             FrameKind::Rts => MAX_MESSAGE,
-            FrameKind::Cts | FrameKind::Close | FrameKind::Abort | FrameKind::Wake => 0,
+            FrameKind::Cts
+            | FrameKind::Close
+            | FrameKind::Abort
+            | FrameKind::Wake
+            | FrameKind::Ask
+            | FrameKind::Entered => 0,
         };
         if self.len > limit {
             return Err(WireError::TooLong {
@@ -408,6 +424,8 @@ mod tests {
             FrameKind::Close,
             FrameKind::Abort,
             FrameKind::Wake,
+            FrameKind::Ask,
+            FrameKind::Entered,
         ]);
         let mut h = FrameHeader::new(kind);
         h.comm = rng.next_u64();
@@ -433,7 +451,7 @@ mod tests {
             FrameKind::Abort => {
                 h.flags = *rng.pick(&[0, FLAG_MISMATCH, FLAG_COMM_ABORT, FLAG_REVOKE]);
             }
-            FrameKind::Close | FrameKind::Wake => {}
+            FrameKind::Close | FrameKind::Wake | FrameKind::Ask | FrameKind::Entered => {}
         }
         h
     }

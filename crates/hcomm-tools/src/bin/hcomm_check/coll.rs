@@ -458,3 +458,69 @@ pub(super) fn observe(
     }
     Ok(())
 }
+
+/// See `Scenario::Stuck`.
+pub(super) fn stuck(
+    comm: &Communicator,
+    skip: usize,
+    at: usize,
+    hold: Duration,
+    mismatch: bool,
+) -> Result<()> {
+    let n = comm.size() as i64;
+    for call in 0..at {
+        let mut buf = vec![comm.rank() as i64 + call as i64; 16];
+        comm.allreduce_in_place(&mut buf, ReduceOp::Sum)?;
+        let want = n * (n - 1) / 2 + n * call as i64;
+        ensure!(
+            buf.iter().all(|&x| x == want),
+            "all-reduce {call}: got {:?}, expected {want}",
+            buf.first()
+        );
+    }
+    let mut buf = vec![1i64; 16];
+    let result = if comm.rank() == skip && mismatch {
+        comm.broadcast(&mut buf, 0)
+    } else if comm.rank() == skip {
+        std::thread::sleep(hold);
+        Ok(())
+    } else {
+        comm.allreduce_in_place(&mut buf, ReduceOp::Sum)
+    };
+    match result {
+        Err(e) if mismatch => {
+            println!("mismatched {e}");
+            ensure!(
+                matches!(e, Error::Mismatch(_)),
+                "expected a mismatch, got {e}"
+            );
+        }
+        Err(e) => {
+            let ne = e
+                .not_entered()
+                .with_context(|| format!("the error names no rank that never entered: {e}"))?;
+            let ranks: Vec<usize> = ne.ranks.iter().filter_map(|p| p.comm).collect();
+            println!(
+                "not-entered {} {} {ranks:?} {e}",
+                ne.operation.name,
+                ne.operation.seq.unwrap_or(u64::MAX)
+            );
+            ensure!(ranks == [skip], "expected rank {skip} alone: {e}");
+            ensure!(
+                ne.operation.seq == Some(at as u64),
+                "expected call {at}: {e}"
+            );
+        }
+        Ok(()) => ensure!(
+            comm.rank() == skip && !mismatch,
+            "call {at} completed without rank {skip}"
+        ),
+    }
+    // The others dumped when their call timed out or was abandoned; the skipping rank, and
+    // every rank of a mismatch, dump through the API.
+    if comm.rank() == skip || mismatch {
+        let path = comm.dump_trace()?;
+        println!("dumped {}", path.display());
+    }
+    Ok(())
+}

@@ -174,6 +174,28 @@ enum Scenario {
         #[arg(long, default_value_t = 0)]
         late_call: usize,
     },
+    /// All-reduces in a loop where rank --skip never enters call --at: it sleeps --hold-ms
+    /// instead (alive, heartbeating). The others' call --at must fail (timeout, or aborted
+    /// when another rank's failure reaches them first) naming exactly rank --skip as never
+    /// having entered it: they print `not-entered <op> <seq> <ranks> <error>`. With
+    /// --mismatch, rank --skip calls a broadcast at --at instead and every rank must fail
+    /// (`mismatched <error>`). Rank --skip (every rank, with --mismatch) then dumps its flight
+    /// recorder (`Communicator::dump_trace`) and prints `dumped <path>`; the others' failed
+    /// calls dumped theirs.
+    Stuck {
+        /// The rank that skips the call.
+        #[arg(long, default_value_t = 1)]
+        skip: usize,
+        /// The call it skips (from 0).
+        #[arg(long, default_value_t = 5)]
+        at: usize,
+        /// How long it sleeps instead, in milliseconds.
+        #[arg(long, default_value_t = 4000)]
+        hold_ms: u64,
+        /// Call a broadcast instead of skipping.
+        #[arg(long)]
+        mismatch: bool,
+    },
     /// Rank --aborter aborts the world (`Communicator::abort`) while the others, and another
     /// thread of its own, wait in a pending operation; they must fail with Aborted naming it,
     /// as must every later call, while a communicator duplicated before still works.
@@ -353,6 +375,15 @@ fn run(scenario: Scenario) -> Result<()> {
             let late = late.map(|rank| (rank, late_call, Duration::from_millis(late_ms)));
             coll::observe(&comm, calls, count, pause_ms, late)?;
             "observe"
+        }
+        Scenario::Stuck {
+            skip,
+            at,
+            hold_ms,
+            mismatch,
+        } => {
+            coll::stuck(&comm, skip, at, Duration::from_millis(hold_ms), mismatch)?;
+            "stuck"
         }
         Scenario::Abort { aborter, pending } => {
             return failure::abort(comm, aborter, pending, before).map(|()| println!("OK abort"));
