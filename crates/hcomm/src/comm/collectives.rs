@@ -231,7 +231,7 @@ impl Communicator {
                     &mut op,
                     &shape,
                     &plan,
-                    (seq, mark),
+                    (seq, mark, true),
                     send.as_ref(),
                     &mut recv,
                 );
@@ -372,7 +372,7 @@ impl Communicator {
             .state
             .coll_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let result = self.run_planned(&mut op, shape, &plan, (seq, mark), send, recv);
+        let result = self.run_planned(&mut op, shape, &plan, (seq, mark, false), send, recv);
         drop(op);
         self.world.publish_counters();
         result
@@ -413,21 +413,21 @@ impl Communicator {
         Some(r.post(&call, seq.map(u64::from)))
     }
 
-    /// Runs a planned call with sequence number `seq` (flight recorder entry `mark`),
-    /// recorded by `op`, on buffers checked against `shape`. A call that times out or is
+    /// Runs a planned call with sequence number `seq` (flight recorder entry `mark`, of a
+    /// call that is `nonblocking`), recorded by `op`, on buffers checked against `shape`. A call that times out or is
     /// abandoned names the members that never entered it, and dumps the flight recorder.
     fn run_planned(
         &self,
         op: &mut OpScope,
         shape: &Shape,
         plan: &Plan,
-        (seq, mark): (u32, Option<Mark>),
+        (seq, mark, nonblocking): (u32, Option<Mark>, bool),
         send: Option<&Lease<'_>>,
         recv: &mut Lease<'_>,
     ) -> Result<()> {
         let flight = self.state.flight.as_ref().zip(mark);
         if let Some((r, m)) = flight {
-            r.started(m, u64::from(seq));
+            r.started(m, u64::from(seq), nonblocking);
         }
         let result = self
             .run_schedule(op, shape, plan, seq, send, recv)
