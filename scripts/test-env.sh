@@ -75,7 +75,7 @@ if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
     pip_pid=$!
   fi
   if [ "${HCOMM_PREBUILD:-0}" = 1 ]; then
-    echo "test-env: building the Rust tests and the release tools" >&2
+    echo "test-env: building the Rust tests and their tools" >&2
     cargo test --workspace --no-run --quiet
   fi
   if [ -n "$pip_pid" ] && ! wait "$pip_pid"; then

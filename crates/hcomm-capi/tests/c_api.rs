@@ -164,7 +164,7 @@ fn the_plugin_example_runs_and_an_unknown_transport_is_refused() {
         LIMIT,
     );
     assert!(!refused.success, "{}", refused.stdout);
-    for text in ["invalid argument", "\"pigeon\"", "tcp, shm, unix"] {
+    for text in ["invalid argument", "\"pigeon\"", "tcp, shm, ofi, unix"] {
         assert!(
             refused.stderr.contains(text) || refused.stdout.contains(text),
             "no {text} in:\n{}",

@@ -74,6 +74,7 @@ use crate::transport::shm::wake::PeerEnd;
 use crate::transport::tcp::{Mesh, MeshConfig};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use calls::Calls;
+use dispatch::comm_abort_frame;
 use lease::BufPtr;
 pub(crate) use link::ofi::OfiLimits;
 use link::ofi::{Hub, OfiLink};
@@ -565,6 +566,10 @@ struct State {
     completions: usize,
     /// A failing peer's links are being read to their end.
     draining: bool,
+    /// The communicator aborts this rank made or learnt of (ids, aborting world rank): sent
+    /// again to every peer before this rank's goodbye, which could otherwise reach a peer
+    /// before the aborter's own notice does.
+    comm_aborts: Vec<([u64; 3], usize)>,
     /// The operations whose frames one flush of a link wrote (kept to reuse its allocation).
     sent: Vec<OpId>,
     /// The world ranks of each communicator's members, by id, for forwarding revokes
@@ -838,6 +843,7 @@ impl Engine {
                 pulls: Vec::new(),
                 pull_refused: vec![false; size],
                 draining: false,
+                comm_aborts: Vec::new(),
             }),
             io,
             counts,
@@ -947,9 +953,14 @@ impl Engine {
         {
             let mut st = lock(&sh.state);
             // Peers never talked to have no connection, and are owed no goodbye.
+            let aborts = std::mem::take(&mut st.comm_aborts);
             for p in 0..st.peers.len() {
                 if !st.links.used(p) {
                     continue;
+                }
+                for &(comms, origin) in aborts.iter().filter(|&&(_, o)| o != p) {
+                    let origin = (origin != st.cfg.rank).then_some(origin);
+                    st.queue(p, OutFrame::control(comm_abort_frame(comms, origin)));
                 }
                 // On the link whose end follows it (see `Links::route`), after the data.
                 st.queue(p, OutFrame::control(FrameHeader::new(FrameKind::Close)));

@@ -357,7 +357,7 @@ fn unknown_and_failing_plugins_are_clear_errors() {
     let m = e.to_string();
     assert!(matches!(e, Error::InvalidArgument(_)), "{m}");
     assert!(
-        m.contains("nowhere") && m.contains("tcp, shm, refuses"),
+        m.contains("nowhere") && m.contains("tcp, shm, ofi, refuses"),
         "{m}"
     );
     let e = alone("refuses").err().unwrap();

@@ -326,8 +326,17 @@ impl OneSided {
                 &mut calls.known,
             )
             .and_then(|()| waiter.none_abandoned(n));
-        if result.is_err() {
-            // Peers may wait for this rank's part of the call: tell them it will not come.
+        if let Err(e) = &result {
+            // Peers may wait for this rank's part of the call: tell them it will not come,
+            // and why when a lost rank is the cause (they may see this rank leave before they
+            // learn of that loss themselves).
+            let cause = match e {
+                Error::PeerLost(_) => e.peer().and_then(|p| p.world).map_or(0, |w| w as u64 + 1),
+                _ => 0,
+            };
+            self.signals
+                .counter(self.me, Ctr::Cause)
+                .store(cause, Ordering::Relaxed);
             self.publish(engine, Ctr::Failed, j);
         }
         result
@@ -817,10 +826,34 @@ impl Waiter<'_> {
     fn none_abandoned(&self, n: usize) -> Result<()> {
         match (0..n).find(|&p| p != self.os.me && self.abandoned(p)) {
             None => Ok(()),
-            Some(p) => Err(Error::aborted(format!(
+            Some(p) => Err(self.abandonment(p)),
+        }
+    }
+
+    /// The error of this call, which rank `p` abandoned: the loss of the rank that made it
+    /// (a peer's abandonment is its consequence), else the abandonment.
+    fn abandonment(&self, p: usize) -> Error {
+        let cause = self
+            .os
+            .signals
+            .counter(p, Ctr::Cause)
+            .load(Ordering::Relaxed);
+        match cause.checked_sub(1).map(|w| w as usize) {
+            Some(w) => Error::peer_lost(
+                match self.os.world.iter().position(|&x| x == w) {
+                    Some(r) => PeerRank::ranks(r, w),
+                    None => PeerRank::world(w),
+                },
+                format!(
+                    "world rank {w} is unreachable: world rank {} abandoned this collective on \
+                     losing it; look at the output of world rank {w} (did it exit or crash?)",
+                    self.os.world[p]
+                ),
+            ),
+            None => Error::aborted(format!(
                 "rank {p} abandoned this collective after an error; see that rank's error"
             ))
-            .with_peer(PeerRank::ranks(p, self.os.world[p]))),
+            .with_peer(PeerRank::ranks(p, self.os.world[p])),
         }
     }
 
@@ -890,16 +923,14 @@ impl Waiter<'_> {
             if let Some(e) = engine.call_failed(self.coll_id, self.tag) {
                 return Err(e);
             }
+            // Before the peer's loss too: a peer that abandoned the call and left says why.
+            if !ready() && self.abandoned(p) {
+                return Err(self.abandonment(p));
+            }
             if let Err(e) = peer {
                 // The peer may have reached the line and then finalized (its goodbye comes
                 // through its ring within microseconds): what it wrote before it left counts.
                 return if ready() { Ok(()) } else { Err(e) };
-            }
-            if self.abandoned(p) {
-                return Err(Error::aborted(format!(
-                    "rank {p} abandoned this collective after an error; see that rank's error"
-                ))
-                .with_peer(PeerRank::ranks(p, self.os.world[p])));
             }
             if ready() {
                 return Ok(());

@@ -476,8 +476,10 @@ impl Engine {
                 if peer == st.cfg.rank {
                     continue;
                 }
-                st.queue(peer, OutFrame::control(comm_abort_frame(comms)));
+                st.queue(peer, OutFrame::control(comm_abort_frame(comms, None)));
             }
+            let me = st.cfg.rank;
+            st.comm_aborts.push((comms, me));
             // Out now, not at this rank's next call: a member that learns of the abort first
             // may leave at once, and its goodbye must not reach the others before the abort.
             st.handle(&[], false);

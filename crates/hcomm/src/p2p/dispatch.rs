@@ -54,8 +54,9 @@ pub(super) enum Step {
     Goodbye,
     /// A wake-up: nothing to do.
     Woken,
-    /// The peer aborted the communicators these ids name (`Communicator::abort`).
-    CommAborted([u64; 3]),
+    /// World rank `origin` (`None`: the peer) aborted the communicators these ids name
+    /// (`Communicator::abort`); a rank that knew of it forwards it before its goodbye.
+    CommAborted([u64; 3], Option<usize>),
     /// World rank `origin` revoked the communicator these ids name at `epoch`
     /// (`Communicator::revoke`); the notice came from the peer, which may be another.
     Revoked {
@@ -154,11 +155,12 @@ pub(super) fn entered_frame(comm: u64, ask: bool, count: u64) -> FrameHeader {
     hdr
 }
 
-/// The frame that tells a peer this rank aborted the communicators `comms` (an id and the
-/// ids of its host and leader tiers, 0 for none).
-pub(super) fn comm_abort_frame(comms: [u64; 3]) -> FrameHeader {
+/// The frame that tells a peer world rank `origin` (`None`: this rank) aborted the
+/// communicators `comms` (an id and the ids of its host and leader tiers, 0 for none).
+pub(super) fn comm_abort_frame(comms: [u64; 3], origin: Option<usize>) -> FrameHeader {
     let mut hdr = FrameHeader::new(FrameKind::Abort);
     hdr.flags = FLAG_COMM_ABORT;
+    hdr.msg_id = origin.map_or(0, |o| o as u64 + 1);
     hdr.comm = comms[0];
     hdr.sig = [comms[1], comms[2]];
     hdr
@@ -223,7 +225,8 @@ impl Protocol<'_> {
                 count: hdr.msg_id,
             },
             FrameKind::Abort if hdr.flags & FLAG_COMM_ABORT != 0 => {
-                Step::CommAborted([hdr.comm, hdr.sig[0], hdr.sig[1]])
+                let origin = hdr.msg_id.checked_sub(1).map(|o| o as usize);
+                Step::CommAborted([hdr.comm, hdr.sig[0], hdr.sig[1]], origin)
             }
             FrameKind::Abort if hdr.flags & FLAG_REVOKE != 0 => Step::Revoked {
                 comms: [hdr.comm, hdr.sig[0], hdr.sig[1]],

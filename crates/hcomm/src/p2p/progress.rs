@@ -528,15 +528,17 @@ impl State {
                     p.closed = true;
                 }
             }
-            Step::CommAborted(comms) => {
+            Step::CommAborted(comms, origin) => {
+                let origin = origin.unwrap_or(peer);
                 let err = Error::aborted(format!(
-                    "world rank {peer} aborted the communicator (Communicator::abort, \
+                    "world rank {origin} aborted the communicator (Communicator::abort, \
                      hcommCommAbort); see that rank's output for why"
                 ))
-                .with_peer(PeerRank::world(peer));
+                .with_peer(PeerRank::world(origin));
                 for comm in comms {
                     self.abort_comm(comm, err.clone());
                 }
+                self.comm_aborts.push((comms, origin));
             }
             Step::Abandoned {
                 comm,

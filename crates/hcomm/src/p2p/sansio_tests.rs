@@ -670,7 +670,7 @@ impl Pair {
                     n.calls.abort_comm(comm, Error::revoked("the peer revoked"));
                 }
             }
-            Step::CommAborted(comms) => {
+            Step::CommAborted(comms, _) => {
                 for comm in comms {
                     n.calls.abort_comm(comm, Error::aborted("the peer aborted"));
                 }
@@ -1262,7 +1262,7 @@ fn an_abort_naming_a_lost_rank_fails_the_call_there_and_a_communicator_abort_eve
     assert!(matches!(err, Error::Aborted(_)), "{err:?}");
     assert_eq!(p.nodes[1].calls.last_lost(), None);
     // A communicator abort fails later calls on that communicator before they start.
-    p.wire[1].push_back((comm_abort_frame([COMM, 0, 0]), Vec::new()));
+    p.wire[1].push_back((comm_abort_frame([COMM, 0, 0], None), Vec::new()));
     p.run();
     assert!(matches!(
         p.nodes[1].calls.begin(COMM, 10, sig),
@@ -1372,8 +1372,12 @@ fn dispatch_answers_each_frame_kind_with_its_step_and_its_payloads_destination()
         );
     }
     assert_eq!(
-        proto.on_header(1, &comm_abort_frame([COMM, 5, 6])),
-        Ok(Step::CommAborted([COMM, 5, 6]))
+        proto.on_header(1, &comm_abort_frame([COMM, 5, 6], None)),
+        Ok(Step::CommAborted([COMM, 5, 6], None))
+    );
+    assert_eq!(
+        proto.on_header(1, &comm_abort_frame([COMM, 5, 6], Some(0))),
+        Ok(Step::CommAborted([COMM, 5, 6], Some(0)))
     );
     // Data of no rendezvous, or a CTS of no send, break the protocol.
     assert!(proto.on_header(1, &frame(FrameKind::Data, 0, 4)).is_err());

@@ -89,7 +89,8 @@ struct HeaderLine(Header);
 /// ```text
 /// 0    seq    (AtomicU64): number of the last one-sided call this rank started
 /// 64   failed (AtomicU64): last call this rank abandoned after starting it
-/// 128  (unused)
+/// 128  cause  (AtomicU64): 1 + the world rank whose loss made it abandon that call, else 0
+/// 192  (unused)
 /// 256  done   (AtomicU64): last call whose peers' buffers this rank has finished reading
 /// 384  header of slot 0 | 448 header of slot 1: signature, lengths, buffer addresses
 /// 512  data of slot 0 (SLOT bytes) | data of slot 1 (SLOT bytes)
@@ -103,9 +104,10 @@ struct HeaderLine(Header);
 struct Segment {
     seq: Counter,
     failed: Counter,
+    cause: Counter,
     /// Unused (the all-reduce's `ready` before every large call pushed its results): keeps
     /// `done` at the offset the calls were tuned with.
-    _spare: [Counter; 2],
+    _spare: Counter,
     done: Counter,
     /// Unused: keeps the headers at the offsets the calls were tuned with.
     _gap_done: Counter,
@@ -130,6 +132,9 @@ pub(crate) enum Ctr {
     Seq,
     /// The last call the rank abandoned after starting it (its peers must not wait for it).
     Failed,
+    /// Why it abandoned that call: 1 + the world rank whose loss made it, else 0 (written
+    /// before `Failed`).
+    Cause,
     /// The last call whose peers' buffers the rank has finished reading.
     Done,
 }
@@ -159,6 +164,7 @@ impl Signals {
         let offset = match which {
             Ctr::Seq => offset_of!(Segment, seq),
             Ctr::Failed => offset_of!(Segment, failed),
+            Ctr::Cause => offset_of!(Segment, cause),
             Ctr::Done => offset_of!(Segment, done),
         };
         let ctr = field::<Counter>(&self.segs[rank], offset);
