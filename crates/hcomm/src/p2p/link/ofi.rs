@@ -443,6 +443,26 @@ impl HubState {
         Ok((Some(k), desc))
     }
 
+    /// The local descriptor of registration `mr` (null without one).
+    fn desc(&self, mr: Option<MrKey>) -> *mut c_void {
+        mr.and_then(|k| self.cache.entries.get(&k))
+            .map_or(null_mut(), |e| e.region.desc)
+    }
+
+    /// What the post of context `ctx` came to: `Ok(true)` posted; otherwise the context
+    /// leaves `live` (`Ok(false)`: no room now).
+    fn settle(
+        &mut self,
+        ctx: *mut c_void,
+        posted: crate::error::Result<bool>,
+    ) -> std::result::Result<bool, String> {
+        if posted.as_ref().is_ok_and(|&p| p) {
+            return Ok(true);
+        }
+        self.live.remove(&(ctx as usize));
+        posted.map_err(|e| e.detail().to_owned())
+    }
+
     fn new_ctx(&mut self, what: What) -> *mut c_void {
         let mut ctx = Box::new(Ctx { fi: [0; 8], what });
         let key = &mut *ctx as *mut Ctx as usize;
@@ -485,19 +505,11 @@ impl HubState {
                 ctx,
             )
         };
-        match posted {
-            Ok(true) => Ok(true),
-            Ok(false) => {
-                self.live.remove(&(ctx as usize));
-                self.free_bounces.push(slot);
-                Ok(false)
-            }
-            Err(e) => {
-                self.live.remove(&(ctx as usize));
-                self.free_bounces.push(slot);
-                Err(e.detail().to_owned())
-            }
+        let settled = self.settle(ctx, posted);
+        if settled != Ok(true) {
+            self.free_bounces.push(slot);
         }
+        settled
     }
 
     /// Reads completions and does what each means, then posts what waited for room.
@@ -726,35 +738,17 @@ impl HubState {
             return Ok(true);
         };
         let (ptr, len, (addr, key, _)) = (l.ptr, l.len, l.remote);
-        let desc = match l.mr {
-            Some(k) => self
-                .cache
-                .entries
-                .get(&k)
-                .map_or(null_mut(), |e| e.region.desc),
-            None => null_mut(),
-        };
+        let desc = self.desc(l.mr);
         let ctx = self.new_ctx(What::Read { peer, token });
         // SAFETY: the destination stays valid while the landing exists (the engine keeps its
         // operation or unexpected message until the payload lands, and `forget`/`close`
         // drain a read in flight first); the context stays in `live`.
         let posted = unsafe { self.ep.post_read(ptr, len, desc, src, addr, key, ctx) };
-        match posted {
-            Ok(true) => {
-                if let Some(l) = self.peers[peer].landing.get_mut(&token) {
-                    l.posted = true;
-                }
-                Ok(true)
-            }
-            Ok(false) => {
-                self.live.remove(&(ctx as usize));
-                Ok(false)
-            }
-            Err(e) => {
-                self.live.remove(&(ctx as usize));
-                Err(e.detail().to_owned())
-            }
+        let posted = self.settle(ctx, posted)?;
+        if let Some(l) = self.peers[peer].landing.get_mut(&token).filter(|_| posted) {
+            l.posted = true;
         }
+        Ok(posted)
     }
 
     fn post_write(&mut self, peer: usize, token: u64) -> std::result::Result<bool, String> {
@@ -771,35 +765,17 @@ impl HubState {
             Some(v) => (v.as_ptr(), v.len()),
             None => (s.ptr, s.len),
         };
-        let desc = match s.mr {
-            Some(k) => self
-                .cache
-                .entries
-                .get(&k)
-                .map_or(null_mut(), |e| e.region.desc),
-            None => null_mut(),
-        };
+        let desc = self.desc(s.mr);
         let ctx = self.new_ctx(What::Write { peer, token });
         // SAFETY: the source stays valid while the send exists (its operation is live, or
         // the payload was copied into `owned` when it was abandoned); the context stays in
         // `live`.
         let posted = unsafe { self.ep.post_write(ptr, len, desc, dest, addr, key, ctx) };
-        match posted {
-            Ok(true) => {
-                if let Some(s) = self.peers[peer].sending.get_mut(&token) {
-                    s.posted = true;
-                }
-                Ok(true)
-            }
-            Ok(false) => {
-                self.live.remove(&(ctx as usize));
-                Ok(false)
-            }
-            Err(e) => {
-                self.live.remove(&(ctx as usize));
-                Err(e.detail().to_owned())
-            }
+        let posted = self.settle(ctx, posted)?;
+        if let Some(s) = self.peers[peer].sending.get_mut(&token).filter(|_| posted) {
+            s.posted = true;
         }
+        Ok(posted)
     }
 
     /// Hands `peer`'s queued frames to the provider while it takes them.
