@@ -202,6 +202,22 @@ struct Stream {
 }
 
 impl Stream {
+    /// Reads what the socket has into the whole receive buffer (it held nothing left to
+    /// read); `Drained` when nothing came.
+    #[inline]
+    fn refill(&mut self) -> std::result::Result<(), ReadEnd> {
+        self.rx_start = 0;
+        self.rx_end = 0;
+        match read_some(&mut self.sock, &mut self.rx_buf[..])? {
+            Some(n) => {
+                self.rx_end = n;
+                self.short_read = n < RX_BUF;
+                Ok(())
+            }
+            None => Err(ReadEnd::Drained),
+        }
+    }
+
     fn new(sock: TcpStream) -> Stream {
         let rail = match (sock.local_addr(), sock.peer_addr()) {
             (Ok(l), Ok(p)) => format!("{} -> {}", l.ip(), p.ip()),
@@ -855,16 +871,7 @@ impl TcpLink {
                         return Err(ReadEnd::Drained);
                     }
                     s.reads += 1;
-                    s.rx_start = 0;
-                    s.rx_end = 0;
-                    match read_some(&mut s.sock, &mut s.rx_buf[..]) {
-                        Ok(Some(n)) => {
-                            s.rx_end = n;
-                            s.short_read = n < RX_BUF;
-                        }
-                        Ok(None) => return Err(ReadEnd::Drained),
-                        Err(end) => return Err(end),
-                    }
+                    s.refill()?;
                 }
                 RxState::Payload { hdr, dest, done } => {
                     let total = hdr.payload_len() as usize;
@@ -896,16 +903,7 @@ impl TcpLink {
                                 Err(end) => return Err(end),
                             },
                             None => {
-                                s.rx_start = 0;
-                                s.rx_end = 0;
-                                match read_some(&mut s.sock, &mut s.rx_buf[..]) {
-                                    Ok(Some(n)) => {
-                                        s.rx_end = n;
-                                        s.short_read = n < RX_BUF;
-                                    }
-                                    Ok(None) => return Err(ReadEnd::Drained),
-                                    Err(end) => return Err(end),
-                                }
+                                s.refill()?;
                                 0
                             }
                         }
