@@ -400,12 +400,23 @@ fn run(scenario: Scenario) -> Result<()> {
             "rails"
         }
         Scenario::Protocols { nodump } => {
-            if nodump == Some(comm.rank()) {
-                rustix::process::set_dumpable_behavior(
-                    rustix::process::DumpableBehavior::NotDumpable,
-                )
-                .context("prctl(PR_SET_DUMPABLE, 0)")?;
-            }
+            // Links are made on first use, and each end probes cross-memory attach then: every
+            // link is made (and probed) before the rank turns non-dumpable, so only the pulls
+            // fail, not the probes; the counts below leave these first messages out.
+            let before = if nodump.is_some() {
+                p2p::open_links(&comm)?;
+                comm.barrier()?;
+                if nodump == Some(comm.rank()) {
+                    rustix::process::set_dumpable_behavior(
+                        rustix::process::DumpableBehavior::NotDumpable,
+                    )
+                    .context("prctl(PR_SET_DUMPABLE, 0)")?;
+                }
+                comm.barrier()?;
+                comm.protocol_stats()
+            } else {
+                hcomm::ProtocolStats::default()
+            };
             let c = comm.config();
             let (eager, push) = (c.shm_eager_limit, c.shm_push_threshold);
             // Past the push threshold when there is one below 64 MiB, else 1 MiB: pulls in
@@ -425,11 +436,11 @@ fn run(scenario: Scenario) -> Result<()> {
             println!(
                 "protocols shm={} shm_eager={} shm_pull={} shm_push={} tcp_eager={} tcp_rendezvous={}",
                 comm.uses_shm(right),
-                s.shm_eager,
-                s.shm_pull,
-                s.shm_push,
-                s.tcp_eager,
-                s.tcp_rendezvous
+                s.shm_eager - before.shm_eager,
+                s.shm_pull - before.shm_pull,
+                s.shm_push - before.shm_push,
+                s.tcp_eager - before.tcp_eager,
+                s.tcp_rendezvous - before.tcp_rendezvous
             );
             println!(
                 "links tcp_opened={} tcp_accepted={}",

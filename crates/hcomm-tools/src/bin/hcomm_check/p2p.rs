@@ -65,6 +65,21 @@ pub(super) fn ring_sizes(comm: &Communicator, sizes: Vec<usize>) -> Result<()> {
     Ok(())
 }
 
+/// Makes this rank's link to every peer: an empty message each way on every pair.
+pub(super) fn open_links(comm: &Communicator) -> Result<()> {
+    let r = comm.rank();
+    let peers = || (0..comm.size()).filter(move |&p| p != r);
+    let reqs = peers()
+        .map(|p| comm.irecv(Vec::new(), p, 8))
+        .collect::<hcomm::Result<Vec<_>>>()?;
+    let sends = peers()
+        .map(|p| comm.isend(Vec::new(), p, 8))
+        .collect::<hcomm::Result<Vec<_>>>()?;
+    hcomm::wait_all(reqs).context("opening the links: receive")?;
+    hcomm::wait_all(sends).context("opening the links: send")?;
+    Ok(())
+}
+
 pub(super) fn all_pairs(comm: &Communicator, max: usize) -> Result<()> {
     let (r, n) = (comm.rank(), comm.size());
     for (round, len) in sizes(max).into_iter().enumerate() {
