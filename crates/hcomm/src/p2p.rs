@@ -76,6 +76,7 @@ use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use calls::Calls;
 use dispatch::comm_abort_frame;
 use lease::BufPtr;
+use link::kept::Handoff;
 pub(crate) use link::ofi::OfiLimits;
 use link::ofi::{Hub, OfiLink};
 use link::plugin::{Channels, PluginLink};
@@ -198,6 +199,9 @@ pub struct ProtocolStats {
     /// Failovers: TCP streams that died with others to the same peer left, whose frames
     /// went out on another (`HCOMM_FAILOVER`).
     pub tcp_failovers: u64,
+    /// Fallbacks: peers whose traffic moved from the transport plug-in to TCP after the
+    /// plug-in failed (or the peer's did), without loss (`HCOMM_FAILOVER`).
+    pub plugin_fallbacks: u64,
     /// Message frames dropped because their communicator was revoked at their epoch (a
     /// member stopped and resumed after the others shrank it sends them).
     pub stale_frames: u64,
@@ -229,6 +233,7 @@ impl ProtocolCounts {
             tcp_opened: 0,
             tcp_accepted: 0,
             tcp_failovers: 0,
+            plugin_fallbacks: 0,
         }
     }
 }
@@ -803,7 +808,11 @@ impl Engine {
         let rndv = Rendezvous::new(limits, size);
         let plugin = match plugin {
             Some(lease) => {
-                let channels = Channels::start(lease, cfg.rank, size, &io)?;
+                // The TCP link of each peer stands behind the plug-in (unless HCOMM_FAILOVER=0).
+                let fallback = mesh
+                    .as_ref()
+                    .is_some_and(|m| m.config().failover != Some(false));
+                let channels = Channels::start(lease, cfg.rank, size, &io, fallback)?;
                 for chan in channels.channels() {
                     let p = chan.peer();
                     if peers.get(p).is_none_or(Option::is_none) {
@@ -812,7 +821,16 @@ impl Engine {
                         ))
                         .with_peer(PeerRank::world(p)));
                     }
-                    all.add(p, AnyLink::Plugin(PluginLink::new(Arc::clone(chan), &io)));
+                    let handoff = match all.tcp_mut(p) {
+                        Some(tcp) if fallback => {
+                            let h = Arc::new(Handoff::default());
+                            tcp.back(Arc::clone(&h));
+                            Some(h)
+                        }
+                        _ => None,
+                    };
+                    let link = PluginLink::new(Arc::clone(chan), &io, handoff);
+                    all.add(p, AnyLink::Plugin(link));
                 }
                 Some(channels)
             }
@@ -878,6 +896,7 @@ impl Engine {
         if let Some(mesh) = &self.shared.mesh {
             (stats.tcp_opened, stats.tcp_accepted) = mesh.counts();
             stats.tcp_failovers = mesh.failovers();
+            stats.plugin_fallbacks = mesh.fallbacks();
         }
         stats
     }

@@ -1,7 +1,9 @@
 //! Transport plug-ins from Rust: a plug-in over Unix domain sockets carries all traffic of
 //! jobs of real processes (this test binary started again as each rank), and the failures a
 //! plug-in can meet (an unknown name, a failing init, a dead peer, a send that blocks) end in
-//! clear errors within `HCOMM_TIMEOUT`, with every thread of the plug-in gone afterwards.
+//! clear errors within `HCOMM_TIMEOUT`, with every thread of the plug-in gone afterwards. A
+//! plug-in that starts failing mid-run (its sends fail, or its links die) falls back to TCP:
+//! the job goes on with exact results, nothing lost, duplicated or reordered.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -34,6 +36,10 @@ struct UnixSockets {
     stall_to: Option<usize>,
     /// A failed `recv` blocks until `finalize` (the plug-in does not notice dead peers).
     deaf: bool,
+    /// Sends fail once this many went through (the plug-in's network went away); `cut`: a
+    /// failing send also shuts its link down, so that the peer's receives fail too.
+    fail_after: Option<usize>,
+    cut: bool,
     finalized: Mutex<bool>,
     finalized_cv: Condvar,
     sends: AtomicUsize,
@@ -105,7 +111,13 @@ impl Plugin for UnixSockets {
                 self.until_finalized();
                 return Err(err("finalized while stalled"));
             }
-            self.sends.fetch_add(1, Ordering::SeqCst);
+            let n = self.sends.fetch_add(1, Ordering::SeqCst);
+            if self.fail_after.is_some_and(|limit| n >= limit) {
+                if self.cut {
+                    let _ = link.shutdown(std::net::Shutdown::Both);
+                }
+                return Err(err("the test network went away"));
+            }
             (&*link).write_all(buf).map_err(err)
         })
     }
@@ -145,11 +157,18 @@ fn link_threads() -> Vec<String> {
 
 /// Registers this rank's plug-in as "unix" and joins the job through it.
 fn join(stall_to: Option<usize>, deaf: bool) -> (Arc<UnixSockets>, Communicator) {
-    let sockets = Arc::new(UnixSockets {
-        dir: PathBuf::from(std::env::var(DIR).unwrap()),
+    join_with(UnixSockets {
         stall_to,
         deaf,
         ..UnixSockets::default()
+    })
+}
+
+/// Registers `sockets` (in the job's directory) as "unix" and joins the job through it.
+fn join_with(sockets: UnixSockets) -> (Arc<UnixSockets>, Communicator) {
+    let sockets = Arc::new(UnixSockets {
+        dir: PathBuf::from(std::env::var(DIR).unwrap()),
+        ..sockets
     });
     plugin::register("unix", sockets.clone()).unwrap();
     let comm = Communicator::init().unwrap();
@@ -266,6 +285,78 @@ fn stuck() {
     println!("OK stuck on rank {rank}");
 }
 
+/// Rank 0's plug-in fails after some hundred sends (`cut`: its links die with it), in the
+/// middle of a loop of checked all-reduces, ring exchanges of every protocol, and numbered
+/// messages from rank 0 to rank 1: the loop finishes with exact results, rank 0 fell back to
+/// TCP once per peer and each peer once with it, and nobody was lost.
+fn fallback(cut: bool) {
+    let rank: usize = std::env::var("HCOMM_RANK").unwrap().parse().unwrap();
+    let (sockets, comm) = join_with(UnixSockets {
+        fail_after: (rank == 0).then_some(300),
+        cut,
+        ..UnixSockets::default()
+    });
+    let size = comm.size();
+    let (right, left) = ((rank + 1) % size, (rank + size - 1) % size);
+    let ranks: usize = (0..size).sum();
+    let mut next = 0u64;
+    for round in 0..40usize {
+        let send: Vec<f32> = (0..100_000)
+            .map(|i| ((i + round) % 13 + rank) as f32)
+            .collect();
+        let mut sum = vec![0f32; send.len()];
+        comm.allreduce(&send, &mut sum, ReduceOp::Sum).unwrap();
+        for (i, &v) in sum.iter().enumerate() {
+            assert_eq!(
+                v,
+                (((i + round) % 13) * size + ranks) as f32,
+                "round {round}"
+            );
+        }
+        for len in [0, 1, 64 << 10, 3 << 20] {
+            let out: Vec<u8> = (0..len).map(|i| (i * 7 + rank + round) as u8).collect();
+            let mut got = vec![0u8; len];
+            let n = comm.sendrecv(&out, right, 5, &mut got, left, 5).unwrap();
+            assert_eq!(n, len);
+            assert!(
+                got.iter()
+                    .enumerate()
+                    .all(|(i, &b)| b == (i * 7 + left + round) as u8),
+                "round {round}, {len} bytes"
+            );
+        }
+        // Numbered messages, small and large, each the next one.
+        for _ in 0..8 {
+            let len = if next % 4 == 3 { 300_000 } else { 8 };
+            if rank == 0 {
+                let msg: Vec<u8> = (0..len).map(|i| (next as usize + i) as u8).collect();
+                comm.send(&msg, 1, 7).unwrap();
+            } else if rank == 1 {
+                let mut msg = vec![0u8; len];
+                assert_eq!(comm.recv(&mut msg, 0, 7).unwrap(), len);
+                assert!(
+                    msg.iter()
+                        .enumerate()
+                        .all(|(i, &b)| b == (next as usize + i) as u8),
+                    "message {next}"
+                );
+            }
+            next += 1;
+        }
+    }
+    comm.barrier().unwrap();
+    let s = comm.protocol_stats();
+    let expected = if rank == 0 { size - 1 } else { 1 };
+    assert_eq!(s.plugin_fallbacks, expected as u64, "{s:?}");
+    assert!(
+        s.plugin_eager > 0 && s.tcp_eager + s.tcp_rendezvous > 0,
+        "{s:?}"
+    );
+    drop(comm);
+    assert_wound_down(&sockets);
+    println!("OK fallback on rank {rank}: {s:?}");
+}
+
 /// The entry of a rank started by [`job`] (ignored in normal runs).
 #[test]
 #[ignore = "a rank of the jobs the other tests start"]
@@ -275,6 +366,8 @@ fn rank_of_a_job() {
         Ok("lost") => lost(false),
         Ok("deaf") => lost(true),
         Ok("stuck") => stuck(),
+        Ok("fails") => fallback(false),
+        Ok("dies") => fallback(true),
         other => panic!("no scenario {other:?}"),
     }
 }
@@ -327,6 +420,15 @@ fn a_blocking_plugin_send_ends_in_timeouts_and_a_clean_close() {
     let started = Instant::now();
     assert_ok(&job("stuck", 2, "2"), "OK stuck on rank");
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn a_plugin_that_starts_failing_falls_back_to_tcp_without_loss() {
+    for scenario in ["fails", "dies"] {
+        for n in [2, 3] {
+            assert_ok(&job(scenario, n, "30"), "OK fallback on rank");
+        }
+    }
 }
 
 /// A plug-in that refuses to start.

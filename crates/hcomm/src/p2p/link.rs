@@ -27,7 +27,13 @@
 //! first link that can ([`Links::route`], by the links' [`Caps`]). A link made later (a second
 //! rail) is one more [`Links::add`]; the epoll tokens of a link's descriptors carry its place
 //! among its peer's links ([`token`]).
+//!
+//! A transport plug-in with TCP behind it falls back to the peer's TCP link when it fails
+//! ([`Links::fall_back`], see `link/plugin.rs`): from then on the TCP link carries the
+//! peer's traffic, and the plug-in link is only read for what the peer still sends through
+//! it.
 
+pub(super) mod kept;
 pub(super) mod ofi;
 pub(super) mod plugin;
 pub(super) mod shm;
@@ -150,6 +156,10 @@ pub(super) enum Rx {
     },
     /// The link failed: why (the peer is lost).
     Failed(String),
+    /// The peer's traffic falls back from its transport plug-in to TCP: the plug-in failed
+    /// (why), or its sender stopped as asked, or the peer fell back (from the TCP link). The
+    /// engine calls [`Links::fall_back`] and reads what the plug-in delivered before.
+    FallBack(String),
 }
 
 /// One link to one peer (see the module docs for how the engine drives it).
@@ -412,6 +422,19 @@ pub(super) struct Links {
     pub(super) gone: Vec<(usize, Instant)>,
     /// Peers whose traffic rings the doorbell.
     doorbell_peers: usize,
+    /// Peers whose traffic fell back from their transport plug-in to their TCP link (their
+    /// first), and whether there is any.
+    fallen: Vec<bool>,
+    any_fallen: bool,
+}
+
+/// What [`Links::fall_back`] did.
+#[derive(Debug)]
+pub(super) enum FellBack {
+    /// The peer has no TCP link behind a plug-in: it is lost (why).
+    Unable(String),
+    /// It fell back, now or before, or will once the plug-in's sender is done with a frame.
+    Yes,
 }
 
 impl Links {
@@ -419,6 +442,7 @@ impl Links {
     pub(super) fn new(size: usize) -> Links {
         Links {
             peers: (0..size).map(|_| Vec::new()).collect(),
+            fallen: vec![false; size],
             ..Links::default()
         }
     }
@@ -453,7 +477,7 @@ impl Links {
     #[inline]
     pub(super) fn route(&self, peer: usize, kind: FrameKind) -> Option<usize> {
         let links = self.peers.get(peer)?;
-        let last = links.len().checked_sub(1)?;
+        let last = self.carrier(peer)?;
         let fits = |l: &AnyLink| match kind {
             FrameKind::Close => l.caps().ordered_end,
             FrameKind::Wake => l.caps().wakes_epoll,
@@ -465,16 +489,57 @@ impl Links {
         links.iter().position(fits)
     }
 
+    /// The place of the link that carries `peer`'s messages: the last, or the first (TCP)
+    /// once a plug-in fell back to it.
+    #[inline]
+    fn carrier(&self, peer: usize) -> Option<usize> {
+        if self.any_fallen && self.fallen.get(peer) == Some(&true) {
+            return Some(0);
+        }
+        self.peers.get(peer)?.len().checked_sub(1)
+    }
+
     /// The link that carries `peer`'s messages.
     #[inline]
     pub(super) fn primary(&self, peer: usize) -> Option<&AnyLink> {
-        self.peers.get(peer)?.last()
+        self.peers.get(peer)?.get(self.carrier(peer)?)
     }
 
     /// The link that carries `peer`'s messages, to change.
     #[inline]
     pub(super) fn primary_mut(&mut self, peer: usize) -> Option<&mut AnyLink> {
-        self.peers.get_mut(peer)?.last_mut()
+        let l = self.carrier(peer)?;
+        self.peers.get_mut(peer)?.get_mut(l)
+    }
+
+    /// The place of `peer`'s transport plug-in link, if it has one.
+    pub(super) fn plugin_of(&self, peer: usize) -> Option<usize> {
+        self.peers
+            .get(peer)?
+            .iter()
+            .position(|l| matches!(l, AnyLink::Plugin(_)))
+    }
+
+    /// Moves `peer`'s traffic from its transport plug-in to the TCP link behind it, without
+    /// loss (see `link/plugin.rs`); `why`: the plug-in's failure, or empty when the sender
+    /// stopped as asked or the peer fell back.
+    pub(super) fn fall_back(&mut self, peer: usize, why: String) -> FellBack {
+        let Some(links) = self.peers.get_mut(peer) else {
+            return FellBack::Unable(why);
+        };
+        let [AnyLink::Tcp(tcp), AnyLink::Plugin(plugin)] = links.as_mut_slice() else {
+            return FellBack::Unable(why);
+        };
+        match plugin.give_up(why) {
+            plugin::GiveUp::Unable(why) => FellBack::Unable(why),
+            plugin::GiveUp::Later | plugin::GiveUp::Done => FellBack::Yes,
+            plugin::GiveUp::Moved { kept, queued, why } => {
+                tcp.take_over(kept, queued, &why);
+                self.fallen[peer] = true;
+                self.any_fallen = true;
+                FellBack::Yes
+            }
+        }
     }
 
     /// What the link that carries `peer`'s messages can do.
@@ -596,6 +661,8 @@ impl Links {
         self.peers.clear();
         self.polled.clear();
         self.doorbell_peers = 0;
+        self.fallen.clear();
+        self.any_fallen = false;
     }
 }
 

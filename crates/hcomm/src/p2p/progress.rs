@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::dispatch::{entered_frame, Landed, Protocol, Step};
-use super::link::{untoken, AnyLink, Dests, Link, Rx};
+use super::link::{untoken, AnyLink, Dests, FellBack, Link, Rx};
 use super::rendezvous::Cleared;
 use super::wait::poll;
 use super::{
@@ -341,6 +341,10 @@ impl State {
                     self.fail_peer(peer, why);
                     break;
                 }
+                Rx::FallBack(why) => {
+                    moved = true;
+                    self.fall_back(peer, why);
+                }
             }
         }
         // A link asks for a wake-up only after it read something.
@@ -575,6 +579,25 @@ impl State {
         } else {
             self.links.mark_gone(peer);
         }
+    }
+
+    /// The traffic to `peer` falls back from its transport plug-in to the TCP link behind it
+    /// (see `link/plugin.rs`; `why`: the plug-in's failure, empty when it is the peer's
+    /// notice or the sender stopped as asked); without a TCP link behind, the peer is lost.
+    /// What the plug-in delivered before is read first: it precedes what the peer sends
+    /// again on TCP.
+    pub(super) fn fall_back(&mut self, peer: usize, why: String) {
+        let Some(pl) = self.links.plugin_of(peer) else {
+            return self.fail_peer(peer, why);
+        };
+        if let FellBack::Unable(why) = self.links.fall_back(peer, why) {
+            return self.fail_peer(peer, why);
+        }
+        self.flush_link(peer, 0);
+        if let Some(AnyLink::Plugin(p)) = self.links.get_mut(peer, pl) {
+            p.catch_up();
+        }
+        self.drive(peer, pl);
     }
 
     /// Marks a peer unreachable: closes its links and fails every operation with it.

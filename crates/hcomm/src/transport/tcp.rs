@@ -337,6 +337,7 @@ struct MeshShared {
     opened: AtomicU64,
     accepted: AtomicU64,
     failovers: AtomicU64,
+    fallbacks: AtomicU64,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -379,6 +380,7 @@ impl Mesh {
                 opened: AtomicU64::new(0),
                 accepted: AtomicU64::new(0),
                 failovers: AtomicU64::new(0),
+                fallbacks: AtomicU64::new(0),
             }),
         })
     }
@@ -508,6 +510,16 @@ impl Mesh {
     /// Failovers so far ([`Mesh::count_failover`]).
     pub(crate) fn failovers(&self) -> u64 {
         self.sh.failovers.load(Ordering::Relaxed)
+    }
+
+    /// Counts a fallback: the traffic to a peer moved from its transport plug-in to TCP.
+    pub(crate) fn count_fallback(&self) {
+        self.sh.fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Fallbacks so far ([`Mesh::count_fallback`]).
+    pub(crate) fn fallbacks(&self) -> u64 {
+        self.sh.fallbacks.load(Ordering::Relaxed)
     }
 
     /// Stops dialing and accepting: cuts the connections still in their handshake and joins

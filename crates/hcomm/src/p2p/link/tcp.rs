@@ -20,6 +20,12 @@
 //! The ordered frames move with it. Nothing is lost, duplicated or reordered; only when the
 //! last stream fails is the peer lost ("all links lost").
 //!
+//! Behind a transport plug-in (its fallback, see `plugin.rs`), the link carries the records
+//! from the start, on one stream too: the plug-in's frames not acknowledged come here with
+//! their plug-in origin ([`PLUGIN`]) after a notice ([`TcpLink::take_over`]), and the
+//! receiver takes them as it takes a dead stream's, counting from what its plug-in link took
+//! ([`Handoff`]).
+//!
 //! The link exists from init but its connection does not: it is made on the link's first use
 //! ([`Link::want`], or the first frame pushed), by the world's [`Mesh`], and handed to the
 //! link when it is up ([`TcpLink::attach`]); frames pushed meanwhile wait, in order, and go
@@ -35,6 +41,7 @@ use std::time::Duration;
 
 use rustix::event::epoll;
 
+use super::kept::{Handoff, Kept, Origin, Queued, PLUGIN};
 use super::{token, Caps, Dests, Kind, Link, Liveness, Ops, Rx};
 use crate::error::{Error, PeerRank, Result};
 use crate::p2p::requests::frame_payload;
@@ -70,22 +77,6 @@ struct Record {
     origin: Origin,
     /// Frames this side has read in full on this stream.
     ack: u64,
-}
-
-/// Where a frame was first written: stream, the stream's generation (how many times its
-/// connection was made again after it died), and number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Origin {
-    stream: u16,
-    gen: u16,
-    seq: u64,
-}
-
-impl Origin {
-    /// The stream and generation alone (whose frames are numbered from 0).
-    fn key(&self) -> (u16, u16) {
-        (self.stream, self.gen)
-    }
 }
 
 impl Record {
@@ -124,14 +115,6 @@ impl Record {
             ack: u64_at(16),
         })
     }
-}
-
-/// A frame in a stream's queue: its origin once it was given one (when first written, or
-/// before, for a frame moved from a stream that died).
-#[derive(Debug)]
-struct Queued {
-    f: OutFrame,
-    origin: Option<Origin>,
 }
 
 #[derive(Debug)]
@@ -180,13 +163,9 @@ struct Stream {
     rec_done: usize,
     rec_frame: bool,
     front_rec: bool,
-    /// Frames written in full, and those of them the peer acknowledged; the unacknowledged
-    /// ones, kept to be sent again should the stream die, and how many of them are data
-    /// frames whose sends complete when acknowledged.
-    written: u64,
-    acked: u64,
-    unacked: VecDeque<Queued>,
-    held_ops: usize,
+    /// The frames written and not acknowledged yet, kept to be sent again should the stream
+    /// die.
+    kept: Kept,
     /// Frames read in full, the count last acknowledged, whether an acknowledgement is due,
     /// and whether the frame being read asked for one.
     read: u64,
@@ -244,10 +223,7 @@ impl Stream {
             rec_done: 0,
             rec_frame: false,
             front_rec: false,
-            written: 0,
-            acked: 0,
-            unacked: VecDeque::new(),
-            held_ops: 0,
+            kept: Kept::default(),
             read: 0,
             ack_sent: 0,
             ack_due: false,
@@ -334,7 +310,16 @@ pub(in crate::p2p) struct TcpLink {
     mesh: Arc<Mesh>,
     conn: Conn,
     /// Frames pushed before the connection was up, in order.
-    waiting: VecDeque<OutFrame>,
+    waiting: VecDeque<Queued>,
+    /// The transport plug-in in front of this link (fallback): what its link and this one
+    /// share.
+    behind: Option<Arc<Handoff>>,
+    /// The plug-in fell back before the connection was up: the peer is told once it is.
+    notice_due: bool,
+    /// Why the plug-in in front gave up, for the message should this link fail too.
+    plugin_failed: Option<String>,
+    /// The peer said it fell back from its plug-in: `poll` tells the engine.
+    peer_fell_back: bool,
     streams: Vec<Stream>,
     next_data: usize,
     /// The stream being read.
@@ -372,6 +357,10 @@ impl TcpLink {
             mesh: Arc::clone(mesh),
             conn: Conn::Idle,
             waiting: VecDeque::new(),
+            behind: None,
+            notice_due: false,
+            plugin_failed: None,
+            peer_fell_back: false,
             streams: Vec::new(),
             next_data: 0,
             cur: 0,
@@ -407,11 +396,11 @@ impl TcpLink {
             ))
             .with_peer(PeerRank::world(self.peer)));
         }
-        self.failover = self
-            .mesh
-            .config()
+        let cfg = self.mesh.config();
+        self.failover = cfg
             .failover_with(self.peer)
-            .filter(|_| socks.len() >= 2);
+            .filter(|_| socks.len() >= 2)
+            .or(self.behind.as_ref().map(|_| cfg.link_timeout));
         for (s, sock) in socks.into_iter().enumerate() {
             sock.set_nonblocking(true)
                 .map_err(|e| Error::transport("configuring a link", e))?;
@@ -432,10 +421,89 @@ impl TcpLink {
         }
         self.next_seq = vec![0; self.streams.len()];
         self.conn = Conn::Up;
-        for frame in std::mem::take(&mut self.waiting) {
-            self.push(frame);
+        if std::mem::take(&mut self.notice_due) {
+            self.streams[self.lane].notices.push_back((PLUGIN, 0));
+        }
+        for q in std::mem::take(&mut self.waiting) {
+            self.enqueue(q);
         }
         Ok(())
+    }
+
+    /// Stands behind a transport plug-in (its fallback), sharing `handoff` with its link.
+    pub(in crate::p2p) fn back(&mut self, handoff: Arc<Handoff>) {
+        self.behind = Some(handoff);
+    }
+
+    /// The plug-in in front gave up (`why`): `kept` (its frames with their plug-in origins)
+    /// and then `queued` (frames never handed to it) go out here, in order, after a notice
+    /// that tells the peer (see `plugin.rs`).
+    pub(super) fn take_over(
+        &mut self,
+        kept: VecDeque<Queued>,
+        queued: VecDeque<OutFrame>,
+        why: &str,
+    ) {
+        let count = kept.len() + queued.len();
+        if self.conn == Conn::Up {
+            let lane = &mut self.streams[self.lane];
+            lane.notices.push_back((PLUGIN, 0));
+            lane.ready_out = true;
+        } else {
+            self.notice_due = true;
+            self.want();
+        }
+        for q in kept {
+            self.enqueue(q);
+        }
+        for f in queued {
+            self.push(f);
+        }
+        self.mesh.count_fallback();
+        let why = if why.is_empty() {
+            "world rank {peer} fell back to TCP".replace("{peer}", &self.peer.to_string())
+        } else {
+            why.to_string()
+        };
+        let rail = self.streams.get(self.lane).map_or_else(
+            || "the one it is connecting".to_string(),
+            |s| s.rail.clone(),
+        );
+        self.plugin_failed = Some(why.clone());
+        warn(&format!(
+            "rank {}: fallback: the transport plug-in to world rank {} is given up ({why}); \
+             its {count} frames not acknowledged or not sent go out on TCP (rail {rail}), and \
+             its traffic from now on",
+            self.mesh.config().rank,
+            self.peer,
+        ));
+    }
+
+    /// Queues `q` on its stream: one with an origin (moved from a path that died) and every
+    /// ordered frame on the lane, data frames round all streams; returns whether nothing was
+    /// queued before it there.
+    fn enqueue(&mut self, q: Queued) -> bool {
+        if self.conn != Conn::Up {
+            self.want();
+            self.waiting.push_back(q);
+            return false;
+        }
+        let n = self.streams.len();
+        let i = match q.f.kind {
+            FrameKind::Data if q.origin.is_none() => loop {
+                self.next_data = self.next_data.wrapping_add(1);
+                let i = (self.next_data - 1) % n;
+                if !self.streams[i].dead {
+                    break i;
+                }
+            },
+            _ => self.lane,
+        };
+        let s = &mut self.streams[i];
+        s.out.push_back(q);
+        let first = s.out.len() == 1;
+        s.ready_out |= first;
+        first
     }
 
     /// A new connection for stream `i`, whose earlier one died (its rail came back): the
@@ -550,7 +618,7 @@ impl TcpLink {
                 });
                 // The stream goes quiet after this frame while sends wait for their
                 // acknowledgement: ask for it at once.
-                let wanted = last && (q.f.kind == FrameKind::Data || s.held_ops > 0);
+                let wanted = last && (q.f.kind == FrameKind::Data || s.kept.holds_ops());
                 s.front_rec = true;
                 s.rec_frame = true;
                 (if wanted { REC_ACK_WANTED } else { 0 }, origin)
@@ -632,7 +700,6 @@ impl TcpLink {
                         };
                         s.front_rec = false;
                         s.rec_frame = false;
-                        s.written += 1;
                         if !reliable {
                             if let Some(id) = q.f.op {
                                 sent.push(id);
@@ -641,18 +708,15 @@ impl TcpLink {
                         }
                         // Kept until acknowledged: data in place (its send completes then),
                         // anything else as a copy (its send completes now).
-                        if q.f.kind == FrameKind::Data && q.f.op.is_some() && q.f.owned.is_none() {
-                            s.held_ops += 1;
-                        } else if let Some(id) = q.f.op {
+                        let in_place = q.f.kind == FrameKind::Data && q.f.owned.is_none();
+                        if let Some(id) = q.f.op.filter(|_| !in_place) {
                             if q.f.owned.is_none() && q.f.len > 0 {
                                 q.f.owned = Some(frame_payload(&q.f, ops).to_vec());
                             }
                             q.f.op = None;
                             sent.push(id);
                         }
-                        q.f.hdr_done = 0;
-                        q.f.done = 0;
-                        s.unacked.push_back(q);
+                        s.kept.push(q);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -690,20 +754,12 @@ impl TcpLink {
     /// whose data frames they were complete (reported by `poll`).
     fn on_ack(&mut self, i: usize, ack: u64) -> Result<(), String> {
         let s = &mut self.streams[i];
-        if ack > s.written {
-            return Err(format!(
-                "it acknowledged {ack} frames on rail {} where {} were sent",
-                s.rail, s.written
-            ));
-        }
-        while s.acked < ack {
-            s.acked += 1;
-            if let Some(id) = s.unacked.pop_front().and_then(|q| q.f.op) {
-                s.held_ops -= 1;
-                self.acked_ops.push_back(id);
-            }
-        }
-        Ok(())
+        s.kept.ack(ack, 0, &mut self.acked_ops).map_err(|written| {
+            format!(
+                "it acknowledged {ack} frames on rail {} where {written} were sent",
+                s.rail
+            )
+        })
     }
 
     /// A frame of stream `i` was read in full (failover): counted, and acknowledged at once
@@ -732,8 +788,11 @@ impl TcpLink {
             .map(|k| (i + k) % n)
             .find(|&k| !self.streams[k].dead && !self.streams[k].eof)
         else {
+            let before = self.plugin_failed.as_ref().map_or_else(String::new, |w| {
+                format!("; the transport plug-in in front of it had failed: {w}")
+            });
             return Err(format!(
-                "all links lost (the last, rail {}: {why})",
+                "all links lost (the last, rail {}: {why}{before})",
                 self.streams[i].rail
             ));
         };
@@ -749,8 +808,8 @@ impl TcpLink {
         s.rx = RxState::Header;
         s.rec_len = 0;
         s.front_rec = false;
-        s.held_ops = 0;
-        let mut moved: Vec<Queued> = s.unacked.drain(..).chain(s.out.drain(..)).collect();
+        let mut moved = s.kept.take();
+        moved.extend(s.out.drain(..));
         for q in &mut moved {
             q.f.hdr_done = 0;
             q.f.done = 0;
@@ -925,20 +984,30 @@ impl TcpLink {
     fn on_record(&mut self, i: usize, hdr: &FrameHeader, rec: Record) -> Result<bool, String> {
         self.on_ack(i, rec.ack)?;
         let o = rec.origin.stream as usize;
-        if o >= self.streams.len() {
+        // A frame the plug-in in front carried first (or should have): numbered after what
+        // the plug-in link took.
+        let plugin = self.behind.clone().filter(|_| rec.origin.stream == PLUGIN);
+        if plugin.is_none() && o >= self.streams.len() {
             return Err(format!("it named stream {o} of {}", self.streams.len()));
         }
         // The peer sends a stream's frames elsewhere only once it gave the stream up.
-        let current = self.streams[o].gen == rec.origin.gen && !self.streams[o].dead;
+        let current =
+            plugin.is_none() && self.streams[o].gen == rec.origin.gen && !self.streams[o].dead;
         if o != i && current {
             self.fail_stream(o, "the peer moved its frames off it")?;
         }
         let s = &mut self.streams[i];
         s.ack_wanted = rec.flags & REC_ACK_WANTED != 0;
         let next = self.rseq.entry(rec.origin.key()).or_insert(0);
+        if let Some(h) = &plugin {
+            *next = (*next).max(h.next());
+        }
         let expected = *next;
         if rec.origin.seq == expected {
             *next += 1;
+            if let Some(h) = &plugin {
+                h.took(*next);
+            }
             s.reading = Some(rec.origin);
             return Ok(true);
         }
@@ -987,11 +1056,17 @@ impl TcpLink {
         s.eof = true;
         s.ready_in = false;
         let _ = epoll::delete(&self.io.epoll, &s.sock);
-        ((i == self.lane && !self.goodbye && self.failover.is_none())
-            || self.streams.iter().all(|s| s.eof || s.dead))
-        .then_some(Rx::Closed {
-            goodbye: self.goodbye,
-        })
+        let end = (i == self.lane && !self.goodbye && self.failover.is_none())
+            || self.streams.iter().all(|s| s.eof || s.dead);
+        match &self.plugin_failed {
+            // The link carries the traffic: its end without goodbye loses the peer.
+            Some(w) if end && !self.goodbye => Some(Rx::Failed(format!(
+                "it closed the connection; the transport plug-in in front of it had failed: {w}"
+            ))),
+            _ => end.then_some(Rx::Closed {
+                goodbye: self.goodbye,
+            }),
+        }
     }
 }
 
@@ -1001,34 +1076,14 @@ impl Link for TcpLink {
     }
 
     fn push(&mut self, frame: OutFrame) -> bool {
-        if self.conn != Conn::Up {
-            // A peer never talked to is owed no goodbye (and gets no connection for one).
-            if self.conn == Conn::Idle && frame.kind == FrameKind::Close {
-                return false;
-            }
-            self.want();
-            self.waiting.push_back(frame);
+        // A peer never talked to is owed no goodbye (and gets no connection for one).
+        if self.conn == Conn::Idle && frame.kind == FrameKind::Close {
             return false;
         }
-        let n = self.streams.len();
-        let i = match frame.kind {
-            FrameKind::Data => loop {
-                self.next_data = self.next_data.wrapping_add(1);
-                let i = (self.next_data - 1) % n;
-                if !self.streams[i].dead {
-                    break i;
-                }
-            },
-            _ => self.lane,
-        };
-        let s = &mut self.streams[i];
-        s.out.push_back(Queued {
+        self.enqueue(Queued {
             f: frame,
             origin: None,
-        });
-        let first = s.out.len() == 1;
-        s.ready_out |= first;
-        first
+        })
     }
 
     fn flush(&mut self, ops: &Ops, sent: &mut Vec<OpId>) -> Result<bool, String> {
@@ -1125,8 +1180,17 @@ impl Link for TcpLink {
                         if rec.flags & REC_DROPPED != 0 && live {
                             self.fail_stream(d, "the peer gave it up")?;
                         }
+                        if rec.flags & REC_DROPPED != 0 && rec.origin.stream == PLUGIN {
+                            self.peer_fell_back = self.behind.is_some();
+                        }
                         Ok(())
                     }) {
+                        Ok(()) if std::mem::take(&mut self.peer_fell_back) => {
+                            return Rx::FallBack(format!(
+                                "world rank {} gave up its plug-in to this rank",
+                                self.peer
+                            ));
+                        }
                         Ok(()) => {
                             if let Some(id) = self.acked_ops.pop_front() {
                                 return Rx::Sent(id);
@@ -1209,14 +1273,23 @@ impl Link for TcpLink {
     }
 
     fn forget(&mut self, op: OpId, ops: &Ops) {
-        self.waiting.retain(|f| f.op != Some(op));
+        self.waiting
+            .retain(|q| q.f.op != Some(op) || q.origin.is_some());
+        for q in &mut self.waiting {
+            if q.f.op == Some(op) {
+                if q.f.owned.is_none() {
+                    q.f.owned = Some(frame_payload(&q.f, ops).to_vec());
+                }
+                q.f.op = None;
+            }
+        }
         self.acked_ops.retain(|&id| id != op);
         for s in &mut self.streams {
             // Frames begun, or numbered for failover, stay (as copies): the stream stays
             // framed and the peer's count of them right.
             s.out
                 .retain(|q| q.f.op != Some(op) || q.f.hdr_done > 0 || q.origin.is_some());
-            for q in s.out.iter_mut().chain(s.unacked.iter_mut()) {
+            for q in s.out.iter_mut().chain(s.kept.frames_mut()) {
                 if q.f.op == Some(op) {
                     if q.f.owned.is_none() {
                         q.f.owned = Some(frame_payload(&q.f, ops).to_vec());
@@ -1224,7 +1297,7 @@ impl Link for TcpLink {
                     q.f.op = None;
                 }
             }
-            s.held_ops = s.unacked.iter().filter(|q| q.f.op.is_some()).count();
+            s.kept.recount();
             if let RxState::Payload { dest, .. } = &mut s.rx {
                 if matches!(dest, Dest::Op { op: o, .. } if *o == op) {
                     *dest = Dest::Discard;
@@ -1268,7 +1341,7 @@ impl Link for TcpLink {
             let _ = epoll::delete(&self.io.epoll, &s.sock);
             let _ = s.sock.shutdown(Shutdown::Both);
             s.out.clear();
-            s.unacked.clear();
+            s.kept.take();
             s.rx = RxState::Header;
         }
     }
