@@ -9,6 +9,10 @@
 //! checked all-reduces; the loop finishes with exact results, a failover counted, no peer
 //! lost. Both rails down: the peer is lost, "all links lost", within the link timeout.
 //!
+//! A slow rail (50 ms each way on rail 1) is not failed over. The kernel may lack `netem`,
+//! so the delay is a third namespace on rail 1 between the hosts, whose thread forwards every
+//! frame 50 ms late ([`netns::Delay`]).
+//!
 //! Namespaces need root and `ip`; without them each test says it is skipped and passes.
 
 use std::process::Command;
@@ -25,40 +29,90 @@ const STORE_PORT: u16 = 29410;
 /// The rails between the two hosts.
 const RAILS: [&str; 2] = ["r0", "r1"];
 
-/// Two namespaces joined by one veth pair per rail, removed on drop.
+/// Two namespaces joined by one veth pair per rail, removed on drop; rail 0 may go through
+/// a delay line in a third namespace.
 struct TwoHosts {
     names: [String; 2],
+    /// The delay line on rail [`SLOW_RAIL`] and its namespace (dropped first: its thread
+    /// stops before the namespaces go).
+    delay: Option<(netns::Delay, String)>,
 }
+
+/// The rail [`TwoHosts::create_with`] delays: rail 1, whose streams carry data frames only
+/// (the ordered frames take rail 0's stream, the lane).
+const SLOW_RAIL: usize = 1;
+/// The MTU of a delayed rail: large, so that the delay line forwards few frames.
+const DELAYED_MTU: &str = "65000";
 
 impl TwoHosts {
     /// `None`, after saying why, where this process cannot make namespaces.
     fn create(test: &str) -> Option<TwoHosts> {
+        Self::create_with(test, None)
+    }
+
+    /// [`TwoHosts::create`], rail [`SLOW_RAIL`] delayed by `delay` each way when given.
+    fn create_with(test: &str, delay: Option<Duration>) -> Option<TwoHosts> {
         if !netns::can_make_namespaces(test) {
             return None;
         }
         let job = netns::unique_prefix();
         let names = [format!("{job}-a"), format!("{job}-b")];
-        let hosts = TwoHosts { names };
-        hosts.wire().unwrap_or_else(|e| panic!("{e}"));
+        let mut hosts = TwoHosts { names, delay: None };
+        hosts
+            .wire(delay.map(|d| (d, format!("{job}-m"))))
+            .unwrap_or_else(|e| panic!("{e}"));
         Some(hosts)
     }
 
-    fn wire(&self) -> Result<(), String> {
-        let [a, b] = &self.names;
-        for ns in [a, b] {
+    fn wire(&mut self, delay: Option<(Duration, String)>) -> Result<(), String> {
+        let [a, b] = self.names.clone();
+        for ns in [&a, &b] {
             ip(&["netns", "add", ns])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
         for (i, rail) in RAILS.iter().enumerate() {
-            ip(&[
-                "-n", a, "link", "add", rail, "type", "veth", "peer", "name", rail, "netns", b,
-            ])?;
-            for (h, ns) in [a, b].into_iter().enumerate() {
+            match &delay {
+                Some((by, mid)) if i == SLOW_RAIL => self.wire_delayed(rail, *by, mid)?,
+                _ => ip(&[
+                    "-n", &a, "link", "add", rail, "type", "veth", "peer", "name", rail, "netns",
+                    &b,
+                ])?,
+            }
+            for (h, ns) in [&a, &b].into_iter().enumerate() {
                 let addr = format!("{}/24", Self::addr(h, i));
                 ip(&["-n", ns, "addr", "add", &addr, "dev", rail])?;
-                ip(&["-n", ns, "link", "set", rail, "up"])?;
+                ip(&["-n", ns, "link", "set", "dev", rail, "up"])?;
             }
         }
+        Ok(())
+    }
+
+    /// Rail `rail` through namespace `mid`: each host's end is paired with one there (`ma`
+    /// and `mb`), and a delay line forwards between them, `by` late.
+    fn wire_delayed(&mut self, rail: &str, by: Duration, mid: &str) -> Result<(), String> {
+        ip(&["netns", "add", mid])?;
+        for (h, end) in ["ma", "mb"].into_iter().enumerate() {
+            let host = self.names[h].as_str();
+            ip(&[
+                "-n", host, "link", "add", rail, "type", "veth", "peer", "name", end, "netns", mid,
+            ])?;
+            ip(&["-n", host, "link", "set", "dev", rail, "mtu", DELAYED_MTU])?;
+            // A host's segments stay within the MTU (the delay line forwards frames whole).
+            ip(&[
+                "-n",
+                host,
+                "link",
+                "set",
+                "dev",
+                rail,
+                "gso_max_size",
+                "60000",
+            ])?;
+            ip(&["-n", mid, "link", "set", "dev", end, "mtu", DELAYED_MTU])?;
+            ip(&["-n", mid, "link", "set", "dev", end, "up"])?;
+        }
+        let line = netns::Delay::start(mid, ["ma", "mb"], by)?;
+        self.delay = Some((line, mid.to_string()));
         Ok(())
     }
 
@@ -98,8 +152,12 @@ impl TwoHosts {
 
 impl Drop for TwoHosts {
     fn drop(&mut self) {
+        let mid = self.delay.take().map(|(line, mid)| {
+            drop(line);
+            mid
+        });
         // Deleting a namespace removes its ends of the veth pairs, and so the pairs.
-        for name in &self.names {
+        for name in self.names.iter().chain(&mid) {
             if let Err(e) = ip(&["netns", "del", name]) {
                 eprintln!("cleanup: {e}");
             }
@@ -220,14 +278,25 @@ const LINK_TIMEOUT: &str = "1";
 /// A loop of checked 64 MiB all-reduces; `cut` breaks rail 0 once the ranks report step 2.
 /// Returns the job's output and each rank's failover count.
 fn allreduce_loop_with(hosts: &TwoHosts, cut: impl FnOnce(&TwoHosts)) -> (String, Vec<u64>) {
+    allreduce_loop_of(hosts, 8, 64 << 20, cut)
+}
+
+/// [`allreduce_loop_with`], `count` all-reduces of `bytes`.
+fn allreduce_loop_of(
+    hosts: &TwoHosts,
+    count: usize,
+    bytes: usize,
+    cut: impl FnOnce(&TwoHosts),
+) -> (String, Vec<u64>) {
+    let (count, bytes) = (count.to_string(), bytes.to_string());
     let args = [
         "rails",
         "--traffic",
         "allreduce",
         "--count",
-        "8",
+        &count,
         "--bytes",
-        "67108864",
+        &bytes,
     ];
     let env = [
         ("HCOMM_LINK_TIMEOUT", LINK_TIMEOUT),
@@ -323,25 +392,6 @@ fn both_rails_down_lose_the_peer_within_the_link_timeout() {
     assert!(took < Duration::from_secs(15), "{took:?}\n{text}");
 }
 
-/// Whether `tc qdisc ... netem` works in host `h` (the kernel may lack `sch_netem`).
-fn netem(hosts: &TwoHosts, h: usize, rail: &str, args: &[&str]) -> bool {
-    let mut all = vec![
-        "-n",
-        hosts.names[h].as_str(),
-        "qdisc",
-        "add",
-        "dev",
-        rail,
-        "root",
-        "netem",
-    ];
-    all.extend_from_slice(args);
-    Command::new("tc")
-        .args(&all)
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 #[test]
 fn a_flapping_rail_loses_reorders_and_duplicates_nothing_and_is_used_again() {
     let Some(hosts) = TwoHosts::create("rails flapping") else {
@@ -402,14 +452,41 @@ fn a_flapping_rail_loses_reorders_and_duplicates_nothing_and_is_used_again() {
 
 #[test]
 fn a_slow_rail_is_not_failed_over() {
-    let Some(hosts) = TwoHosts::create("rails delay") else {
+    // 50 ms each way on rail 1: a round trip of 100 ms, a tenth of the link timeout. Rail 1
+    // carries half of the data frames; the ordered frames take rail 0 (a lane 100 ms away
+    // would add a round trip to every rendezvous: 29 s per all-reduce of 64 MiB). Data
+    // frames complete when acknowledged, so the slow rail costs round trips too: 16 s per
+    // all-reduce of 64 MiB on this 2-core machine; 8 of 4 MiB keep the test short.
+    let Some(hosts) = TwoHosts::create_with("rails delay", Some(Duration::from_millis(50))) else {
         return;
     };
-    // 50 ms each way on rail 0: a round trip of 100 ms, well within the link timeout.
-    if !netem(&hosts, 0, "r0", &["delay", "50ms"]) || !netem(&hosts, 1, "r0", &["delay", "50ms"]) {
-        println!("rails delay: skipped: no netem qdisc in this kernel (sch_netem)");
-        return;
-    }
-    let (text, failovers) = allreduce_loop_with(&hosts, |_| {});
+    // The round trip of a connection attempt (refused by host 1) on each rail.
+    let rtt = |rail: usize| {
+        let to: std::net::SocketAddr = format!("{}:9", TwoHosts::addr(1, rail)).parse().unwrap();
+        netns::run_in(&hosts.names[0], || {
+            let t = Instant::now();
+            let refused = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5));
+            (t.elapsed(), refused.is_err())
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (fast, slow) = (rtt(0), rtt(SLOW_RAIL));
+    println!("slow rail: round trips {fast:?} on rail 0, {slow:?} on rail {SLOW_RAIL}");
+    assert!(slow.1 && fast.1, "{slow:?} {fast:?}");
+    assert!(slow.0 >= Duration::from_millis(100), "{slow:?}");
+    assert!(fast.0 < Duration::from_millis(100), "{fast:?}");
+    let t0 = Instant::now();
+    let before = hosts.tx_bytes(SLOW_RAIL);
+    let (text, failovers) = allreduce_loop_of(&hosts, 8, 4 << 20, |_| {});
+    let sent = hosts.tx_bytes(SLOW_RAIL) - before;
+    println!(
+        "slow rail: {:?}, failovers {failovers:?}, {sent} B on rail {SLOW_RAIL}",
+        t0.elapsed()
+    );
     assert_eq!(failovers, [0, 0], "{text}");
+    // The slow rail carried its share of the 8 all-reduces of 4 MiB (half of 32 MiB).
+    assert!(
+        sent > 8 << 20,
+        "rail {SLOW_RAIL} carried {sent} bytes:\n{text}"
+    );
 }
