@@ -24,6 +24,7 @@ use hcomm_testkit::Ranks;
 const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
 const TEST: &str = env!("CARGO_BIN_EXE_hcomm_test");
+const PROFILER: &str = env!("CARGO_BIN_EXE_hcomm_profiler");
 /// Where rank 0, in host 0, serves the rendezvous store (on rail 0).
 const STORE_PORT: u16 = 29410;
 /// The rails between the two hosts.
@@ -278,17 +279,21 @@ const LINK_TIMEOUT: &str = "1";
 /// A loop of checked 64 MiB all-reduces; `cut` breaks rail 0 once the ranks report step 2.
 /// Returns the job's output and each rank's failover count.
 fn allreduce_loop_with(hosts: &TwoHosts, cut: impl FnOnce(&TwoHosts)) -> (String, Vec<u64>) {
-    allreduce_loop_of(hosts, 8, 64 << 20, cut)
+    let (text, failovers, _) = allreduce_loop_of(hosts, 8, 64 << 20, false, cut);
+    (text, failovers)
 }
 
-/// [`allreduce_loop_with`], `count` all-reduces of `bytes`.
+/// [`allreduce_loop_with`], `count` all-reduces of `bytes`; `profile`: the ranks linger at
+/// the end, and what `hcomm_profiler --once` shows of rank 0 meanwhile comes third.
 fn allreduce_loop_of(
     hosts: &TwoHosts,
     count: usize,
     bytes: usize,
+    profile: bool,
     cut: impl FnOnce(&TwoHosts),
-) -> (String, Vec<u64>) {
+) -> (String, Vec<u64>, String) {
     let (count, bytes) = (count.to_string(), bytes.to_string());
+    let linger = if profile { "3000" } else { "0" };
     let args = [
         "rails",
         "--traffic",
@@ -297,6 +302,8 @@ fn allreduce_loop_of(
         &count,
         "--bytes",
         &bytes,
+        "--linger-ms",
+        linger,
     ];
     let env = [
         ("HCOMM_LINK_TIMEOUT", LINK_TIMEOUT),
@@ -305,6 +312,21 @@ fn allreduce_loop_of(
     let mut job = hosts.start(CHECK, &args, &env);
     job.wait_for_lines(&[0, 1], "step 2 ", Duration::from_secs(60));
     cut(hosts);
+    let mut profile_text = String::new();
+    if profile {
+        job.wait_for_lines(&[0], "pid ", Duration::from_secs(90));
+        let pid = job.output[0]
+            .iter()
+            .find_map(|l| l.strip_prefix("pid "))
+            .unwrap_or_default()
+            .to_string();
+        let (o, _) = hcomm_testkit::run_bounded(
+            Command::new(PROFILER).args(["--pid", &pid, "--once", "--interval", "500"]),
+            Duration::from_secs(30),
+        );
+        profile_text = hcomm_testkit::text(&o);
+        assert!(o.status.success(), "{profile_text}");
+    }
     let status = job.finish(Duration::from_secs(90));
     let text = job.text();
     for (r, s) in status.iter().enumerate() {
@@ -319,7 +341,7 @@ fn allreduce_loop_of(
                 .unwrap_or_else(|| panic!("rank {r} printed no failover count:\n{text}"))
         })
         .collect();
-    (text, failovers)
+    (text, failovers, profile_text)
 }
 
 /// Each rank counted at most one failover (its own side of rail 0's stream), and some rank
@@ -335,10 +357,17 @@ fn a_rail_taken_down_mid_run_fails_over_without_loss() {
     let Some(hosts) = TwoHosts::create("rails link down") else {
         return;
     };
-    let (text, failovers) =
-        allreduce_loop_with(&hosts, |h| h.ip_in(0, &["link", "set", "r0", "down"]));
-    println!("link down: failovers {failovers:?}");
+    let (text, failovers, profile) = allreduce_loop_of(&hosts, 8, 64 << 20, true, |h| {
+        h.ip_in(0, &["link", "set", "r0", "down"]);
+    });
+    println!("link down: failovers {failovers:?}\n{profile}");
     one_failover(&text, &failovers);
+    // The profiler shows rank 0's failover by peer and rail, when it counted one.
+    let shown = "failover: world rank 1: rail 10.91.0.1 -> 10.91.0.2 given up: 1";
+    match failovers[0] {
+        0 => assert!(profile.contains("failovers: none"), "{profile}"),
+        _ => assert!(profile.contains(shown), "{profile}"),
+    }
 }
 
 #[test]
@@ -477,7 +506,7 @@ fn a_slow_rail_is_not_failed_over() {
     assert!(fast.0 < Duration::from_millis(100), "{fast:?}");
     let t0 = Instant::now();
     let before = hosts.tx_bytes(SLOW_RAIL);
-    let (text, failovers) = allreduce_loop_of(&hosts, 8, 4 << 20, |_| {});
+    let (text, failovers, _) = allreduce_loop_of(&hosts, 8, 4 << 20, false, |_| {});
     let sent = hosts.tx_bytes(SLOW_RAIL) - before;
     println!(
         "slow rail: {:?}, failovers {failovers:?}, {sent} B on rail {SLOW_RAIL}",

@@ -135,6 +135,9 @@ impl World {
                 pool.hits,
                 pool.misses,
             );
+            if p.tcp_failovers + p.plugin_fallbacks > 0 {
+                h.publish_failovers(&self.engine.failover_counts());
+            }
         }
     }
 

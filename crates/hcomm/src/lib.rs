@@ -152,7 +152,8 @@ pub mod internal {
         /// The statistics segments.
         pub mod stats {
             pub use crate::observe::stats::{
-                find_job, proto, unpack_name, FlightSnapshot, StatsLayout, StatsReader, LANES,
+                find_job, proto, unpack_name, FailoverCount, FailoverSlot, FlightSnapshot,
+                StatsLayout, StatsReader, FAILOVER_SLOTS, LANES,
             };
         }
     }

@@ -901,6 +901,14 @@ impl Engine {
         stats
     }
 
+    /// The failovers and fallbacks to TCP so far, by peer and rail.
+    pub(crate) fn failover_counts(&self) -> Vec<crate::observe::stats::FailoverCount> {
+        self.shared
+            .mesh
+            .as_ref()
+            .map_or_else(Vec::new, |m| m.failover_counts())
+    }
+
     /// The TCP streams to world rank `peer`, each as `local -> remote`, ` (lost)` after a
     /// stream that failed and was not connected again; empty while it has none.
     pub(crate) fn tcp_rails(&self, peer: usize) -> Vec<String> {

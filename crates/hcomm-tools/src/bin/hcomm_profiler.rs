@@ -14,13 +14,15 @@ use anyhow::{anyhow, bail};
 use clap::Parser;
 use hcomm::internal::observe::clock::{self, TickKind};
 use hcomm::internal::observe::stats::{
-    self, proto, unpack_name, FlightSnapshot, StatsLayout, StatsReader, LANES,
+    self, proto, unpack_name, FailoverCount, FlightSnapshot, StatsLayout, StatsReader, LANES,
 };
 use hcomm::internal::observe::{OpKind, OP_KINDS};
 
 /// Show a running hcomm rank's operations live: per kind of operation the count, bytes, total
 /// and recent time, algorithm, protocols and transports; pool hits and misses; messages per
-/// protocol; and every operation in flight with how long it has waited and on which peer.
+/// protocol; failovers by peer and rail (TCP streams given up, fallbacks from the transport
+/// plug-in to TCP); and every operation in flight with how long it has waited and on which
+/// peer.
 ///
 /// Times cover the operations since a profiler first attached to the rank (the rank then
 /// starts timing them); counts and bytes cover everything.
@@ -321,6 +323,13 @@ fn render_one(out: &mut String, t: &mut Target, window: Duration) {
             messages.join(", ")
         }
     );
+    let failovers: Vec<FailoverCount> = h.failovers.iter().filter_map(|f| f.read()).collect();
+    if failovers.is_empty() {
+        let _ = writeln!(out, "  failovers: none");
+    }
+    for f in &failovers {
+        let _ = writeln!(out, "  {}", describe_failover(f));
+    }
     let now = clock::ticks();
     let flights: Vec<FlightSnapshot> = layout
         .lanes
@@ -332,6 +341,21 @@ fn render_one(out: &mut String, t: &mut Target, window: Duration) {
     }
     for f in flights {
         let _ = writeln!(out, "  in flight: {}", describe_flight(&f, now, t.tick_hz));
+    }
+}
+
+/// One row of failovers: the peer, the rail and how many times.
+fn describe_failover(f: &FailoverCount) -> String {
+    if f.plugin {
+        format!(
+            "fallback: world rank {}: transport plug-in -> TCP (rail {}): {}",
+            f.peer, f.rail, f.count
+        )
+    } else {
+        format!(
+            "failover: world rank {}: rail {} given up: {}",
+            f.peer, f.rail, f.count
+        )
     }
 }
 
@@ -380,5 +404,24 @@ mod tests {
         assert_eq!(bits(m, &proto::NAMES), "shm-inline,shm-pull,tcp-eager");
         assert_eq!(bits(m, &proto::TRANSPORTS), "shm,tcp");
         assert_eq!(bits(0, &proto::NAMES), "-");
+    }
+
+    #[test]
+    fn failovers_name_the_peer_the_rail_and_the_kind() {
+        let mut f = FailoverCount {
+            peer: 1,
+            plugin: false,
+            rail: "10.0.0.1 -> 10.0.0.2".into(),
+            count: 2,
+        };
+        assert_eq!(
+            describe_failover(&f),
+            "failover: world rank 1: rail 10.0.0.1 -> 10.0.0.2 given up: 2"
+        );
+        f.plugin = true;
+        assert_eq!(
+            describe_failover(&f),
+            "fallback: world rank 1: transport plug-in -> TCP (rail 10.0.0.1 -> 10.0.0.2): 2"
+        );
     }
 }

@@ -31,14 +31,17 @@ use super::clock::{self, TICK_KIND};
 use super::{OpKind, OP_KINDS};
 use crate::error::{Error, Result};
 use crate::sync::lock;
+pub use crate::transport::tcp::FailoverCount;
 
 /// `HCSTATS1`: the first eight bytes of a [`StatsLayout`].
 pub(crate) const STATS_MAGIC: u64 = u64::from_le_bytes(*b"HCSTATS1");
 /// Version of the [`StatsLayout`]; readers refuse others.
-pub(crate) const STATS_VERSION: u32 = 1;
+pub(crate) const STATS_VERSION: u32 = 2;
 /// Lanes of a segment: threads that run operations at the same time, each with counters of
 /// its own (the last one is shared by any further threads).
 pub const LANES: usize = 32;
+/// Slots of [`StatsHeader::failovers`]: the peers and rails that failed over first.
+pub const FAILOVER_SLOTS: usize = 16;
 /// The last part of the segment's name.
 pub(crate) const PURPOSE: &str = "stats";
 
@@ -172,6 +175,48 @@ pub struct StatsHeader {
     pub pool_misses: AtomicU64,
     /// Messages per protocol of the engine, by bit of [`proto`] (refreshed while watched).
     pub messages: [AtomicU64; 8],
+    /// Failovers by peer and rail, and fallbacks from the transport plug-in to TCP by peer,
+    /// in the order they first happened (refreshed while watched; the first
+    /// [`FAILOVER_SLOTS`]).
+    pub failovers: [FailoverSlot; FAILOVER_SLOTS],
+}
+
+/// The failovers of one peer on one rail ([`StatsHeader::failovers`]).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct FailoverSlot {
+    /// World rank of the peer plus one; 0: the slot is unused.
+    pub peer: AtomicU64,
+    /// 0: TCP streams that died on this rail and handed their frames to another
+    /// (`tcp_failovers`); 1: the transport plug-in fell back to TCP (`plugin_fallbacks`).
+    pub kind: AtomicU64,
+    /// How many times.
+    pub count: AtomicU64,
+    /// The rail (`local -> remote` addresses), ASCII, NUL padded.
+    pub rail: [AtomicU64; 8],
+}
+
+impl FailoverSlot {
+    /// Stores `row` (its rail cut at 64 bytes).
+    pub(crate) fn store(&self, row: &FailoverCount) {
+        for (w, v) in self.rail.iter().zip(pack_name::<8>(&row.rail)) {
+            w.store(v, Ordering::Relaxed);
+        }
+        self.kind.store(u64::from(row.plugin), Ordering::Relaxed);
+        self.count.store(row.count, Ordering::Relaxed);
+        self.peer.store(row.peer as u64 + 1, Ordering::Relaxed);
+    }
+
+    /// What the slot holds, `None` when unused.
+    pub fn read(&self) -> Option<FailoverCount> {
+        let peer = self.peer.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(FailoverCount {
+            peer: usize::try_from(peer).ok()?,
+            plugin: self.kind.load(Ordering::Relaxed) == 1,
+            rail: unpack_name(self.rail.each_ref().map(|w| w.load(Ordering::Relaxed))),
+            count: self.count.load(Ordering::Relaxed),
+        })
+    }
 }
 
 impl StatsHeader {
@@ -183,6 +228,13 @@ impl StatsHeader {
         }
         self.pool_hits.store(pool_hits, Ordering::Relaxed);
         self.pool_misses.store(pool_misses, Ordering::Relaxed);
+    }
+
+    /// Stores the engine's failovers by peer and rail (the first [`FAILOVER_SLOTS`]).
+    pub(crate) fn publish_failovers(&self, rows: &[FailoverCount]) {
+        for (slot, row) in self.failovers.iter().zip(rows) {
+            slot.store(row);
+        }
     }
 }
 
@@ -196,18 +248,20 @@ pub struct StatsLayout {
     pub lanes: [Lane; LANES],
 }
 
-/// Packs an algorithm name into the three words of [`KindStats::algo`] (longer names are
-/// cut at 24 bytes).
-pub(crate) fn pack_name(name: &str) -> [u64; 3] {
-    let mut b = [0u8; 24];
-    let n = name.len().min(24);
-    b[..n].copy_from_slice(&name.as_bytes()[..n]);
-    let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-    [word(0), word(1), word(2)]
+/// Packs a name into `N` words (the three of [`KindStats::algo`], say; longer names are cut
+/// at `8 * N` bytes).
+pub(crate) fn pack_name<const N: usize>(name: &str) -> [u64; N] {
+    let mut words = [0u64; N];
+    for (w, chunk) in words.iter_mut().zip(name.as_bytes().chunks(8)) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        *w = u64::from_le_bytes(b);
+    }
+    words
 }
 
 /// The name packed by `pack_name`.
-pub fn unpack_name(words: [u64; 3]) -> String {
+pub fn unpack_name<const N: usize>(words: [u64; N]) -> String {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
@@ -764,11 +818,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn failover_rows_go_through_their_slots() {
+        let slot = FailoverSlot::default();
+        assert_eq!(slot.read(), None);
+        let mut row = FailoverCount {
+            peer: 0,
+            plugin: true,
+            rail: "[fd00::1]:1 -> [fd00::2]:2".into(),
+            count: 3,
+        };
+        slot.store(&row);
+        assert_eq!(slot.read().as_ref(), Some(&row));
+        row.rail = "r".repeat(70);
+        row.plugin = false;
+        slot.store(&row);
+        let back = slot.read().unwrap();
+        assert_eq!((back.rail.len(), back.plugin, back.count), (64, false, 3));
+    }
+
+    #[test]
     fn names_pack_and_unpack() {
         for name in ["", "ring", "recursive_doubling", "onesided"] {
-            assert_eq!(unpack_name(pack_name(name)), name);
+            assert_eq!(unpack_name(pack_name::<3>(name)), name);
         }
-        assert_eq!(unpack_name(pack_name(&"x".repeat(30))), "x".repeat(24));
+        assert_eq!(unpack_name(pack_name::<3>(&"x".repeat(30))), "x".repeat(24));
     }
 
     /// What a thread records, a reader of the segment finds; the last world closes it (the

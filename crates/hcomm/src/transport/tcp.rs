@@ -315,6 +315,21 @@ impl MeshConfig {
     }
 }
 
+/// The failovers of one peer on one rail, as a rank counts them ([`Mesh::failover_counts`];
+/// the statistics segment shows them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailoverCount {
+    /// World rank of the peer.
+    pub peer: usize,
+    /// A fallback from the transport plug-in to TCP (else a TCP stream's failover).
+    pub plugin: bool,
+    /// The rail, `local -> remote` (the TCP stream that died, or the one that took over
+    /// from the plug-in).
+    pub rail: String,
+    /// How many times.
+    pub count: u64,
+}
+
 /// The connections of one rank with its peers, made on demand (see the module docs).
 pub(crate) struct Mesh {
     sh: Arc<MeshShared>,
@@ -338,6 +353,8 @@ struct MeshShared {
     accepted: AtomicU64,
     failovers: AtomicU64,
     fallbacks: AtomicU64,
+    /// The failovers and fallbacks by peer and rail.
+    by_rail: Mutex<Vec<FailoverCount>>,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -381,6 +398,7 @@ impl Mesh {
                 accepted: AtomicU64::new(0),
                 failovers: AtomicU64::new(0),
                 fallbacks: AtomicU64::new(0),
+                by_rail: Mutex::default(),
             }),
         })
     }
@@ -502,9 +520,32 @@ impl Mesh {
         });
     }
 
-    /// Counts a failover: a stream's frames moved to another after it died.
-    pub(crate) fn count_failover(&self) {
+    /// Counts a failover: a stream to `peer` on `rail` died and its frames moved to another.
+    pub(crate) fn count_failover(&self, peer: usize, rail: &str) {
         self.sh.failovers.fetch_add(1, Ordering::Relaxed);
+        self.count_by_rail(peer, false, rail);
+    }
+
+    /// Adds one to the row of `peer`, `plugin` and `rail` of [`Mesh::failover_counts`].
+    fn count_by_rail(&self, peer: usize, plugin: bool, rail: &str) {
+        let mut rows = lock(&self.sh.by_rail);
+        match rows
+            .iter_mut()
+            .find(|r| r.peer == peer && r.plugin == plugin && r.rail == rail)
+        {
+            Some(row) => row.count += 1,
+            None => rows.push(FailoverCount {
+                peer,
+                plugin,
+                rail: rail.to_string(),
+                count: 1,
+            }),
+        }
+    }
+
+    /// The failovers and fallbacks by peer and rail, in the order each row first happened.
+    pub(crate) fn failover_counts(&self) -> Vec<FailoverCount> {
+        lock(&self.sh.by_rail).clone()
     }
 
     /// Failovers so far ([`Mesh::count_failover`]).
@@ -512,9 +553,11 @@ impl Mesh {
         self.sh.failovers.load(Ordering::Relaxed)
     }
 
-    /// Counts a fallback: the traffic to a peer moved from its transport plug-in to TCP.
-    pub(crate) fn count_fallback(&self) {
+    /// Counts a fallback: the traffic to `peer` moved from its transport plug-in to TCP, on
+    /// `rail`.
+    pub(crate) fn count_fallback(&self, peer: usize, rail: &str) {
         self.sh.fallbacks.fetch_add(1, Ordering::Relaxed);
+        self.count_by_rail(peer, true, rail);
     }
 
     /// Fallbacks so far ([`Mesh::count_fallback`]).

@@ -235,7 +235,8 @@ enum Scenario {
     },
     /// Checked traffic in a loop for the failover tests (see `rails.rs`): every rank prints
     /// `step K US` every --every steps (US: microseconds since the start), then `failovers N`
-    /// (its `tcp_failovers`) and `took MS`.
+    /// (its `tcp_failovers`), `pid P` and a barrier every 20 ms for --linger-ms (a profiler
+    /// may read the rank meanwhile), and `took MS`.
     Rails {
         /// What the ranks exchange.
         #[arg(long, value_enum)]
@@ -252,6 +253,9 @@ enum Scenario {
         /// Microseconds each rank pauses after each step.
         #[arg(long, default_value_t = 0)]
         pause_us: u64,
+        /// Milliseconds the ranks stay after the traffic, in barriers.
+        #[arg(long, default_value_t = 0)]
+        linger_ms: u64,
     },
     /// All-reduce (float32 sum) and broadcast on pool buffers of --bytes bytes each, which
     /// the pool must serve, with every result checked; then the same again on fresh
@@ -394,9 +398,11 @@ fn run(scenario: Scenario) -> Result<()> {
             bytes,
             every,
             pause_us,
+            linger_ms,
         } => {
             let pause = Duration::from_micros(pause_us);
-            rails::rails(&comm, traffic, count, bytes, every, pause)?;
+            let linger = Duration::from_millis(linger_ms);
+            rails::rails(&comm, traffic, count, bytes, every, pause, linger)?;
             "rails"
         }
         Scenario::Protocols { nodump } => {

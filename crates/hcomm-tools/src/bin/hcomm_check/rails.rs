@@ -19,7 +19,8 @@ pub(crate) enum Traffic {
 
 /// Runs `count` exchanges of `traffic`, `pause` apart, printing `step K US` (microseconds
 /// since the start) every `every` steps (flushed), then `failovers N` (this rank's
-/// `tcp_failovers`) and `took MS`.
+/// `tcp_failovers`); then, for `linger`, `pid P` and a barrier every 20 ms (a profiler may
+/// read the rank meanwhile); and `took MS`.
 pub(crate) fn rails(
     comm: &Communicator,
     traffic: Traffic,
@@ -27,6 +28,7 @@ pub(crate) fn rails(
     bytes: usize,
     every: usize,
     pause: Duration,
+    linger: Duration,
 ) -> Result<()> {
     let (rank, size) = (comm.rank(), comm.size());
     let t0 = Instant::now();
@@ -86,6 +88,15 @@ pub(crate) fn rails(
         }
     }
     println!("failovers {}", comm.protocol_stats().tcp_failovers);
+    if !linger.is_zero() {
+        println!("pid {}", std::process::id());
+        let _ = std::io::stdout().flush();
+        const EVERY: Duration = Duration::from_millis(20);
+        for _ in 0..linger.as_millis() / EVERY.as_millis() {
+            comm.barrier().context("a barrier while lingering")?;
+            std::thread::sleep(EVERY);
+        }
+    }
     println!("took {}", t0.elapsed().as_millis());
     Ok(())
 }

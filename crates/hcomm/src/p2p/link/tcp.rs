@@ -459,7 +459,6 @@ impl TcpLink {
         for f in queued {
             self.push(f);
         }
-        self.mesh.count_fallback();
         let why = if why.is_empty() {
             "world rank {peer} fell back to TCP".replace("{peer}", &self.peer.to_string())
         } else {
@@ -469,6 +468,7 @@ impl TcpLink {
             || "the one it is connecting".to_string(),
             |s| s.rail.clone(),
         );
+        self.mesh.count_fallback(self.peer, &rail);
         self.plugin_failed = Some(why.clone());
         warn(&format!(
             "rank {}: fallback: the transport plug-in to world rank {} is given up ({why}); \
@@ -833,7 +833,7 @@ impl TcpLink {
         if self.lane == i {
             self.lane = t;
         }
-        self.mesh.count_failover();
+        self.mesh.count_failover(self.peer, &from);
         if self.mesh.config().rank < self.peer {
             // The lower rank probes the rail for its return.
             self.mesh.redial(self.peer, i);
