@@ -20,8 +20,9 @@ use crate::error::guard;
 /// thread at a time, and so is `recv` from one peer; calls for different peers, and one
 /// peer's `send` and `recv`, run at the same time on different threads. Both block until done
 /// (`send` may block while the peer is slow, but not forever) and return 0, or non-zero when
-/// the link to that peer failed: hcomm then fails every operation with it
-/// (`HCOMM_ERR_PEER_LOST`).
+/// the link to that peer failed: hcomm then moves the traffic with that peer to its TCP
+/// connection, without loss (the fallback; with `HCOMM_FAILOVER=0` it fails every operation
+/// with the peer instead, `HCOMM_ERR_PEER_LOST`).
 #[repr(C)]
 pub struct hcomm_transport_ops {
     /// Sends the `count` bytes at `buf` (which it must not write) to world rank `dest`.

@@ -28,8 +28,11 @@
 //!   error, as `shutdown(2)` does for a socket, and calls after it (a thread winding down may
 //!   make one) must fail at once. hcomm waits a second for its threads, then leaves them
 //!   behind with a warning.
-//! * An error from `send` or `recv` means the link to that peer is gone: every operation
-//!   with the peer fails with [`Error::PeerLost`] naming it.
+//! * An error from `send` or `recv` means the link to that peer is gone: the traffic with
+//!   the peer moves to its TCP connection without loss (the fallback, see
+//!   `p2p/link/plugin.rs`), or, with `HCOMM_FAILOVER=0`, every operation with the peer fails
+//!   with [`Error::PeerLost`] naming it. A frame may then have reached the peer twice, once
+//!   through each; it is taken once.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
