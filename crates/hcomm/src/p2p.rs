@@ -979,10 +979,12 @@ impl Engine {
         sh.closing.store(true, Ordering::SeqCst);
         {
             let mut st = lock(&sh.state);
-            // Peers never talked to have no connection, and are owed no goodbye.
+            // Peers never talked to have no connection, and are owed no goodbye; a plug-in's
+            // links are there from init, and each ends after its goodbye (else its end would
+            // look like the plug-in failing, and the peer would fall back to TCP).
             let aborts = std::mem::take(&mut st.comm_aborts);
             for p in 0..st.peers.len() {
-                if !st.links.used(p) {
+                if !st.links.used(p) && st.links.plugin_of(p).is_none() {
                     continue;
                 }
                 for &(comms, origin) in aborts.iter().filter(|&&(_, o)| o != p) {

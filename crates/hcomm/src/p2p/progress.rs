@@ -590,6 +590,10 @@ impl State {
         let Some(pl) = self.links.plugin_of(peer) else {
             return self.fail_peer(peer, why);
         };
+        // After its goodbye the peer sends nothing more, and its plug-in may end: it is done.
+        if self.peers[peer].as_ref().is_some_and(|p| p.closed) && !why.is_empty() {
+            return self.fail_peer(peer, why);
+        }
         if let FellBack::Unable(why) = self.links.fall_back(peer, why) {
             return self.fail_peer(peer, why);
         }

@@ -438,7 +438,10 @@ fn recv_loop(common: &Common, link: &Channel) {
             link.tx_ready.notify_one();
         }
     };
-    link.deliver(&common.io, Incoming::Ended(why));
+    // The world closing finalized the plug-in, which ended the call: nothing failed.
+    if !lock(&link.tx).stop {
+        link.deliver(&common.io, Incoming::Ended(why));
+    }
 }
 
 /// The link to a peer through the plug-in.

@@ -32,7 +32,7 @@
 //! out once it is. A link never used costs no socket, and owes its peer no goodbye.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Read};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 
@@ -674,7 +674,11 @@ impl TcpLink {
                 None => (&[][..], &[][..]),
             };
             let bufs = [IoSlice::new(rec), IoSlice::new(hdr), IoSlice::new(payload)];
-            match s.sock.write_vectored(&bufs) {
+            // MSG_NOSIGNAL: a peer gone raises no SIGPIPE in the process (a C program keeps
+            // the default action, which kills it); the error says so instead.
+            match socket2::SockRef::from(&s.sock)
+                .send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL)
+            {
                 Ok(0) => {
                     outcome = Err("the connection accepts no more data".to_string());
                     break;
