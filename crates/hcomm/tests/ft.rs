@@ -1,8 +1,9 @@
 //! Fault tolerance in jobs of real processes (this test binary started again as each rank):
 //! a rank killed with SIGKILL during an all-reduce loop, a second one killed during the
 //! shrink, revokes reaching ranks blocked in a receive and in an all-reduce (one revoker,
-//! and two at once), and a rank stopped with SIGSTOP, shrunk out, then resumed. Every
-//! all-reduce checks exact integer sums; every wait is bounded.
+//! and two at once), a rank stopped with SIGSTOP, shrunk out, then resumed, and a shrunk
+//! communicator grown again by a new process that joins with a token. Every all-reduce checks
+//! exact integer sums; every wait is bounded.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -14,8 +15,11 @@ use hcomm_testkit::{unix_ns, Ranks};
 
 /// Environment of a rank started by [`start`]: the scenario it runs.
 const SCENARIO: &str = "HCOMM_FT_TEST_SCENARIO";
-/// Environment: a file whose appearance tells rank 0 to revoke (the SIGSTOP scenario).
+/// Environment: a file whose appearance tells rank 0 to revoke (the SIGSTOP scenario), or the
+/// grown ranks to finish (the grow scenario).
 const TRIGGER: &str = "HCOMM_FT_TEST_TRIGGER";
+/// Environment of a process started to join: the join token.
+const TOKEN: &str = "HCOMM_FT_TEST_TOKEN";
 /// Elements of each all-reduce.
 const COUNT: usize = 1000;
 /// Iterations before the ranks say they are looping (and the test may strike).
@@ -252,9 +256,111 @@ fn serial(world: &Communicator) {
     }
 }
 
+/// Waits (bounded) for the trigger file of the test.
+fn wait_for_trigger() {
+    let trigger = PathBuf::from(std::env::var(TRIGGER).expect("the trigger path"));
+    let until = Instant::now() + LOOP_LIMIT;
+    while !trigger.exists() {
+        assert!(Instant::now() < until, "no trigger came");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Checks that a grow was refused with `InvalidArgument` saying `why`.
+fn refused(grown: hcomm::Result<Communicator>, why: &str) {
+    match grown {
+        Err(Error::InvalidArgument(e)) => assert!(e.message.contains(why), "{}", e.message),
+        other => panic!(
+            "a grow that should fail ({why}) gave {:?}",
+            other.map(|c| c.size())
+        ),
+    }
+}
+
+/// After the test killed rank 3 of 6, the survivors shrink to 5; rank 0 of the 5 makes a join
+/// token, hands it to the others and prints it; the test starts a new process that joins with
+/// it. The 5 grow by one (the new process gets rank 5), all-reduce exactly on 6, and find
+/// the token refused a second time and on another communicator. They finish, with a barrier
+/// of the 6, once the test creates the trigger file.
+fn grow(world: &Communicator) {
+    let err = loop_until_failure(world);
+    println!("ERROR {:?}", err.code());
+    world.revoke().expect("revoke");
+    let comm = world.shrink().expect("shrink");
+    assert_eq!((comm.size(), comm.epoch()), (5, 1));
+    let mut buf = [0u8; hcomm::JOIN_TOKEN_MAX];
+    if comm.rank() == 0 {
+        let token = comm.join_token().expect("join_token");
+        buf[..token.len()].copy_from_slice(token.as_bytes());
+        println!("TOKEN {token}");
+    }
+    comm.broadcast(&mut buf, 0).expect("broadcast of the token");
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let token = std::str::from_utf8(&buf[..len]).expect("an ASCII token");
+    // The token belongs to the shrunk communicator, not to the world it came from.
+    refused(world.grow(token, 1), "made for another communicator");
+    let t = Instant::now();
+    let grown = comm.grow(token, 1).expect("grow");
+    let grow_us = t.elapsed().as_micros();
+    assert_eq!(
+        (grown.size(), grown.rank(), grown.epoch()),
+        (6, comm.rank(), 2)
+    );
+    for k in 0..100 {
+        exact_allreduce(&grown, k).expect("all-reduce on the grown communicator");
+    }
+    refused(comm.grow(token, 1), "already used");
+    println!(
+        "GROWN size {} rank {} grow_us {grow_us}",
+        grown.size(),
+        grown.rank()
+    );
+    wait_for_trigger();
+    grown
+        .barrier()
+        .expect("the last barrier of the grown communicator");
+    println!("RECOVERED size {}", grown.size());
+}
+
+/// A process started by the test: joins with the token, all-reduces exactly like the
+/// members, and waits for the trigger as they do.
+fn join(token: &str) {
+    let grown = Communicator::join(token).expect("join");
+    println!(
+        "JOINED rank {} size {} epoch {}",
+        grown.rank(),
+        grown.size(),
+        grown.epoch()
+    );
+    for k in 0..100 {
+        exact_allreduce(&grown, k).expect("all-reduce on the grown communicator");
+    }
+    wait_for_trigger();
+    grown
+        .barrier()
+        .expect("the last barrier of the grown communicator");
+    println!("DONE");
+}
+
+/// A process started by the test with a token already used: refused.
+fn join_again(token: &str) {
+    match Communicator::join(token) {
+        Err(Error::InvalidArgument(e)) => println!("REFUSED {}", e.message),
+        other => panic!("a used token joined again: {:?}", other.map(|c| c.rank())),
+    }
+}
+
 #[test]
 #[ignore = "a rank of a job started by the tests below"]
 fn rank_of_a_job() {
+    if let Ok(token) = std::env::var(TOKEN) {
+        match std::env::var(SCENARIO).as_deref() {
+            Ok("join") => join(&token),
+            Ok("join-again") => join_again(&token),
+            other => panic!("no joining scenario {other:?}"),
+        }
+        return;
+    }
     let world = Communicator::init().expect("init");
     match std::env::var(SCENARIO).as_deref() {
         Ok("killed") => killed(&world, false),
@@ -264,6 +370,7 @@ fn rank_of_a_job() {
         Ok("stopped") => stopped(&world),
         Ok("alone") => alone(&world),
         Ok("serial") => serial(&world),
+        Ok("grow") => grow(&world),
         other => panic!("no scenario {other:?}"),
     }
 }
@@ -479,4 +586,96 @@ fn one_rank_killed_every_20_iterations_until_one_is_left() {
     job.wait_for_lines(&[0], "ROUND 5 size 1", Duration::from_secs(60));
     let statuses = job.finish(Duration::from_secs(30));
     assert!(statuses[0].success(), "{}", job.text());
+}
+
+/// A process of this test binary started alone (no launcher variables, no job secret) to
+/// join with `token` in `scenario`, with `env`; its output within the time limit.
+fn joiner(
+    scenario: &str,
+    token: &str,
+    trigger: &str,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut c = Command::new(exe);
+    c.args(["--ignored", "--exact", "rank_of_a_job", "--nocapture"])
+        .env(SCENARIO, scenario)
+        .env(TOKEN, token)
+        .env(TRIGGER, trigger)
+        .env("HCOMM_TIMEOUT", "30")
+        .env_remove("HCOMM_JOB_SECRET")
+        .envs(env.iter().copied());
+    hcomm_testkit::without_launcher_env(&mut c);
+    hcomm_testkit::run_bounded(&mut c, Duration::from_secs(90)).0
+}
+
+/// After rank 3 of 6 is killed and the survivors shrink to 5, a new process started alone
+/// joins with a token and gets rank 5; the 6 all-reduce exactly; the token is refused a second
+/// time (to the members and to a second process) and on another communicator.
+fn grow_back(env: &[(&str, &str)]) {
+    let n = 6;
+    let trigger = std::env::temp_dir().join(format!("hcomm-ft-grow-{}", unix_ns()));
+    let path = trigger.to_str().expect("a UTF-8 path").to_string();
+    let mut ranks_env = vec![(TRIGGER, path.as_str())];
+    ranks_env.extend_from_slice(env);
+    let mut job = start("grow", n, &ranks_env);
+    let all: Vec<usize> = (0..n).collect();
+    job.wait_for_lines(&all, "LOOPING", Duration::from_secs(60));
+    job.kill(3);
+    job.wait_for_lines(&[0], "TOKEN ", Duration::from_secs(60));
+    let token = line(&job, 0, "TOKEN ").to_string();
+    let first = {
+        let (token, path) = (token.clone(), path.clone());
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|&(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        std::thread::spawn(move || {
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            joiner("join", &token, &path, &env)
+        })
+    };
+    let survivors = [0, 1, 2, 4, 5];
+    job.wait_for_lines(&survivors, "GROWN", Duration::from_secs(60));
+    // The grow took the token's one rank: a second process is refused.
+    let again = joiner("join-again", &token, &path, env);
+    let again_text = hcomm_testkit::text(&again);
+    std::fs::write(&trigger, b"go").expect("the trigger file");
+    let statuses = job.finish(Duration::from_secs(60));
+    let joined = first.join().expect("the joiner's thread");
+    let _ = std::fs::remove_file(&trigger);
+    let joined_text = hcomm_testkit::text(&joined);
+    for &r in &survivors {
+        assert!(statuses[r].success(), "rank {r}:\n{}", job.text());
+        let grown = line(&job, r, "GROWN ");
+        println!("grow: rank {r}: {grown}");
+        let want = if r < 3 { r } else { r - 1 };
+        assert!(
+            grown.starts_with(&format!("size 6 rank {want} ")),
+            "rank {r}: {grown}\n{}",
+            job.text()
+        );
+        assert_eq!(line(&job, r, "RECOVERED "), "size 6");
+    }
+    assert!(joined.status.success(), "the joiner:\n{joined_text}");
+    assert!(
+        joined_text.contains("JOINED rank 5 size 6 epoch 2") && joined_text.contains("DONE"),
+        "the joiner:\n{joined_text}"
+    );
+    assert!(again.status.success(), "the second joiner:\n{again_text}");
+    assert!(
+        again_text.contains("REFUSED join: the join token was already used"),
+        "the second joiner:\n{again_text}"
+    );
+}
+
+#[test]
+fn a_shrunk_communicator_grows_back_with_a_new_process_that_joins_with_a_token_shm() {
+    grow_back(&[]);
+}
+
+#[test]
+fn a_shrunk_communicator_grows_back_with_a_new_process_that_joins_with_a_token_tcp() {
+    grow_back(&[("HCOMM_TRANSPORT", "tcp")]);
 }
