@@ -449,15 +449,20 @@ fn comm_abort_fails_every_waiting_rank_with_aborted_and_hcommrun_names_the_abort
     assert!(dump.contains("\"reason\": \"api\""), "{dump}\n{all}");
 }
 
+/// `program` on 4 ranks under `hcommrun --keep-going`.
+fn keep_going(program: &Path) -> Command {
+    let mut cmd = Command::new(hcommrun());
+    cmd.env("HCOMM_TIMEOUT", "60")
+        .args(["-n", "4", "--keep-going", "--"])
+        .arg(program);
+    cmd
+}
+
 #[test]
 fn a_rank_that_dies_is_revoked_agreed_and_shrunk_out_under_keep_going() {
     let dir = TempDir::new("ft");
     let program = compile(&dir, "ft", "crates/hcomm-capi/tests/c/ft.c");
-    let mut cmd = Command::new(hcommrun());
-    cmd.env("HCOMM_TIMEOUT", "60")
-        .args(["-n", "4", "--keep-going", "--"])
-        .arg(&program);
-    let finished = run(&dir, &mut cmd, LIMIT);
+    let finished = run(&dir, &mut keep_going(&program), LIMIT);
     let all = format!("{}{}", finished.stdout, finished.stderr);
     assert!(
         all.contains("rank 3 exited with status 9; the others go on (--keep-going)"),
@@ -479,11 +484,7 @@ fn a_rank_that_dies_is_revoked_agreed_and_shrunk_out_under_keep_going() {
 fn a_shrunk_communicator_grows_by_a_process_that_joins_with_a_token_under_keep_going() {
     let dir = TempDir::new("grow");
     let program = compile(&dir, "grow", "crates/hcomm-capi/tests/c/grow.c");
-    let mut cmd = Command::new(hcommrun());
-    cmd.env("HCOMM_TIMEOUT", "60")
-        .args(["-n", "4", "--keep-going", "--"])
-        .arg(&program);
-    let members = common::start(&dir, &mut cmd, "members");
+    let members = common::start(&dir, &mut keep_going(&program), "members");
     // Alone: no launcher (start removes its variables) and no job secret.
     let mut alone = Command::new(&program);
     alone
