@@ -299,6 +299,7 @@ fn grow(world: &Communicator) {
     let token = std::str::from_utf8(&buf[..len]).expect("an ASCII token");
     // The token belongs to the shrunk communicator, not to the world it came from.
     refused(world.grow(token, 1), "made for another communicator");
+    refused(comm.grow(&forged(token), 1), "not made in this job");
     let t = Instant::now();
     let grown = comm.grow(token, 1).expect("grow");
     let grow_us = t.elapsed().as_micros();
@@ -342,12 +343,26 @@ fn join(token: &str) {
     println!("DONE");
 }
 
-/// A process started by the test with a token already used: refused.
+/// A process started by the test with a token already used: refused; and with that token
+/// altered: refused by the store, whose key it does not hold.
 fn join_again(token: &str) {
+    match Communicator::join(&forged(token)) {
+        Err(Error::Init(e)) => println!("FORGED REFUSED {}", e.message),
+        other => panic!("a forged token joined: {:?}", other.map(|c| c.rank())),
+    }
     match Communicator::join(token) {
         Err(Error::InvalidArgument(e)) => println!("REFUSED {}", e.message),
         other => panic!("a used token joined again: {:?}", other.map(|c| c.rank())),
     }
+}
+
+/// `token` with the first digit of its key (the fifth field) changed.
+fn forged(token: &str) -> String {
+    let mut fields: Vec<String> = token.splitn(6, '/').map(str::to_string).collect();
+    let key = &mut fields[4];
+    let first = if key.starts_with('0') { "1" } else { "0" };
+    key.replace_range(..1, first);
+    fields.join("/")
 }
 
 #[test]
@@ -664,6 +679,10 @@ fn grow_back(env: &[(&str, &str)]) {
         "the joiner:\n{joined_text}"
     );
     assert!(again.status.success(), "the second joiner:\n{again_text}");
+    assert!(
+        again_text.contains("FORGED REFUSED"),
+        "the second joiner:\n{again_text}"
+    );
     assert!(
         again_text.contains("REFUSED join: the join token was already used"),
         "the second joiner:\n{again_text}"
