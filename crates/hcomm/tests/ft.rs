@@ -1,8 +1,9 @@
 //! Fault tolerance in jobs of real processes (this test binary started again as each rank):
 //! a rank killed with SIGKILL during an all-reduce loop, a second one killed during the
 //! shrink, revokes reaching ranks blocked in a receive and in an all-reduce (one revoker,
-//! and two at once), a rank stopped with SIGSTOP, shrunk out, then resumed, and a shrunk
-//! communicator grown again by a new process that joins with a token. Every all-reduce checks
+//! and two at once), a rank stopped with SIGSTOP, shrunk out, then resumed, a shrunk
+//! communicator grown again by a new process that joins with a token, and a world of one
+//! grown by a second process. Every all-reduce checks
 //! exact integer sums; every wait is bounded.
 
 use std::collections::BTreeSet;
@@ -323,6 +324,42 @@ fn grow(world: &Communicator) {
     println!("RECOVERED size {}", grown.size());
 }
 
+/// A process started alone (a world of one, no launcher, no job secret) makes a token, writes
+/// it to the file the test names (as `TRIGGER`) and grows by the process the test starts
+/// beside it; both all-reduce exactly on 2.
+fn alone_grows() {
+    let world = Communicator::init().expect("init");
+    assert_eq!(world.size(), 1);
+    let token = world.join_token().expect("join_token");
+    let path = PathBuf::from(std::env::var(TRIGGER).expect("the token file"));
+    std::fs::write(path.with_extension("tmp"), &token).expect("the token file");
+    std::fs::rename(path.with_extension("tmp"), &path).expect("the token file");
+    let grown = world.grow(&token, 1).expect("grow");
+    assert_eq!((grown.size(), grown.rank(), grown.epoch()), (2, 0, 1));
+    for k in 0..100 {
+        exact_allreduce(&grown, k).expect("all-reduce on the grown communicator");
+    }
+    grown
+        .barrier()
+        .expect("the last barrier of the grown communicator");
+    println!("GROWN size {}", grown.size());
+}
+
+/// The process that joins the one of `alone_grows`, once the token file is there.
+fn join_alone() {
+    wait_for_trigger();
+    let path = std::env::var(TRIGGER).expect("the token file");
+    let token = std::fs::read_to_string(path).expect("the token");
+    let grown = Communicator::join(&token).expect("join");
+    for k in 0..100 {
+        exact_allreduce(&grown, k).expect("all-reduce on the grown communicator");
+    }
+    grown
+        .barrier()
+        .expect("the last barrier of the grown communicator");
+    println!("JOINED rank {} size {}", grown.rank(), grown.size());
+}
+
 /// A process started by the test: joins with the token, all-reduces exactly like the
 /// members, and waits for the trigger as they do.
 fn join(token: &str) {
@@ -368,6 +405,11 @@ fn forged(token: &str) -> String {
 #[test]
 #[ignore = "a rank of a job started by the tests below"]
 fn rank_of_a_job() {
+    match std::env::var(SCENARIO).as_deref() {
+        Ok("alone-grows") => return alone_grows(),
+        Ok("join-alone") => return join_alone(),
+        _ => {}
+    }
     if let Ok(token) = std::env::var(TOKEN) {
         match std::env::var(SCENARIO).as_deref() {
             Ok("join") => join(&token),
@@ -697,4 +739,38 @@ fn a_shrunk_communicator_grows_back_with_a_new_process_that_joins_with_a_token_s
 #[test]
 fn a_shrunk_communicator_grows_back_with_a_new_process_that_joins_with_a_token_tcp() {
     grow_back(&[("HCOMM_TRANSPORT", "tcp")]);
+}
+
+#[test]
+fn a_world_of_one_without_a_secret_grows_by_a_process_that_joins() {
+    let file = std::env::temp_dir().join(format!("hcomm-ft-alone-{}", unix_ns()));
+    let path = file.to_str().expect("a UTF-8 path").to_string();
+    let alone = |scenario: &'static str| {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let exe = std::env::current_exe().expect("the test binary's path");
+            let mut c = Command::new(exe);
+            c.args(["--ignored", "--exact", "rank_of_a_job", "--nocapture"])
+                .env(SCENARIO, scenario)
+                .env(TRIGGER, &path)
+                .env("HCOMM_TIMEOUT", "30")
+                .env_remove("HCOMM_JOB_SECRET");
+            hcomm_testkit::without_launcher_env(&mut c);
+            hcomm_testkit::run_bounded(&mut c, Duration::from_secs(90)).0
+        })
+    };
+    let (member, joiner) = (alone("alone-grows"), alone("join-alone"));
+    let (member, joiner) = (
+        member.join().expect("the member's thread"),
+        joiner.join().expect("the joiner's thread"),
+    );
+    let _ = std::fs::remove_file(&file);
+    let text = format!(
+        "member:\n{}\njoiner:\n{}",
+        hcomm_testkit::text(&member),
+        hcomm_testkit::text(&joiner)
+    );
+    assert!(member.status.success() && joiner.status.success(), "{text}");
+    assert!(text.contains("GROWN size 2"), "{text}");
+    assert!(text.contains("JOINED rank 1 size 2"), "{text}");
 }
