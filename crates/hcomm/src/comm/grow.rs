@@ -385,7 +385,8 @@ impl Communicator {
                 client.set(PLAN, &plan.encode())?;
             }
             Ok(boot(&t, client, store))
-        })?;
+        })
+        .map_err(|e| e.prefixed("grow: starting the grown communicator"))?;
         Ok(Communicator::of_world(world, topology, plan.id, plan.epoch))
     }
 
@@ -417,7 +418,8 @@ impl Communicator {
         }
         let rank = plan.members + taken - 1;
         let config = grown_config(config, &t, rank, plan.members + plan.added);
-        let (world, topology) = World::start(config, |_, _| Ok(boot(&t, client, None)))?;
+        let (world, topology) = World::start(config, |_, _| Ok(boot(&t, client, None)))
+            .map_err(|e| e.prefixed("join: starting the grown communicator"))?;
         Ok(Communicator::of_world(world, topology, plan.id, plan.epoch))
     }
 }
