@@ -29,8 +29,9 @@
 //!   Large all-gather: each rank writes its block into every peer's result (gather: into the
 //!   root's, and the non-roots wait for nobody); broadcast: the
 //!   root writes the last n-th of the buffer into the non-roots while they read the rest
-//!   from it; scatter: the root writes the last n-th of each non-root's block into it while
-//!   it reads the rest; all-to-all: each pair of ranks splits the two blocks it exchanges,
+//!   from it; scatter: each non-root reads its block while the root copies its own (in
+//!   place, the root writes the last n-th of each non-root's block into it while it reads
+//!   the rest); all-to-all: each pair of ranks splits the two blocks it exchanges,
 //!   the lower rank moving the first half of both (reading one, writing the other), the
 //!   higher rank the second half. Nobody copies results out of a peer afterwards, and the copying is shared by
 //!   all ranks. Each rank then publishes `done` and waits for its peers' before returning,
@@ -754,11 +755,16 @@ impl OneSided {
                 }
             }
             CollKind::Scatter => {
-                // As the broadcast: the root writes the last n-th of every non-root's block
-                // into it while the non-roots read the rest of theirs, so the root copies as
-                // much as each of them.
+                // The non-roots read their blocks while the root copies its own into its
+                // result; in place (the root's block is there already) the root writes the
+                // last n-th of every non-root's block into it instead, as the broadcast does,
+                // so that each rank copies about as much as the others.
                 let e = shape.elem();
-                let cut = block - block / n / e * e;
+                let cut = if shape.in_place {
+                    block - block / n / e * e
+                } else {
+                    block
+                };
                 if me == shape.root {
                     let outside = || Error::internal("a one-sided contribution outside its buffer");
                     let all: &[u8] = match own_at {
