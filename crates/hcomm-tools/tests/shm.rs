@@ -94,6 +94,88 @@ fn a_pull_the_kernel_refuses_falls_back_to_the_push() {
     assert_eq!(lines, want);
 }
 
+/// Runs the `one-sided` scenario on `n` ranks with the scenario given `args`, as root without
+/// `CAP_SYS_PTRACE` (which reads a non-dumpable process anyway); returns each rank's counts:
+/// (calls that ran under the one-sided algorithm, calls, messages it moved).
+fn one_sided_run(n: usize, args: &[&str]) -> Vec<[u64; 3]> {
+    let mut c = if rustix::process::geteuid().is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--bounding-set=-sys_ptrace", HCOMMRUN]);
+        c
+    } else {
+        Command::new(HCOMMRUN)
+    };
+    c.args([
+        "-n",
+        &n.to_string(),
+        "--timeout",
+        "200",
+        "--",
+        CHECK,
+        "one-sided",
+    ])
+    .args(args)
+    .env("HCOMM_TIMEOUT", "60");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(240));
+    let t = text(&o);
+    assert!(
+        o.status.success(),
+        "one-sided {args:?} on {n} ranks failed:\n{t}"
+    );
+    (0..n)
+        .map(|r| {
+            let prefix = format!("[{r}] onesided calls ");
+            let line = t
+                .lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("rank {r} printed no counts:\n{t}"));
+            let words: Vec<u64> = line
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            assert_eq!(words.len(), 3, "rank {r}: {line}");
+            [words[0], words[1], words[2]]
+        })
+        .collect()
+}
+
+/// Every collective beyond the shared slots on heap buffers (all-to-all and scatter
+/// included) runs one-sided, with cross-memory attach: exact results, and not one message.
+#[test]
+fn large_heap_collectives_run_one_sided_on_2_3_4_ranks() {
+    for n in [2, 3, 4] {
+        for (r, [onesided, calls, moved]) in one_sided_run(n, &[]).into_iter().enumerate() {
+            assert_eq!(onesided, calls, "{n} ranks, rank {r}: calls not one-sided");
+            assert_eq!(
+                moved, 0,
+                "{n} ranks, rank {r}: one-sided calls moved messages"
+            );
+        }
+    }
+}
+
+/// World rank 1 turns non-dumpable once the one-sided state exists: the kernel would refuse
+/// its peers' cross-memory attach on its buffers, so the calls that need it run their message
+/// schedules instead, with the same (checked) results; the inline ones stay one-sided.
+#[test]
+fn one_sided_collectives_the_kernel_refuses_fall_back_to_their_schedules() {
+    for n in [2, 3] {
+        let counts = one_sided_run(n, &["--nodump", "1"]);
+        for (r, [onesided, calls, _]) in counts.iter().enumerate() {
+            assert_eq!(
+                onesided, calls,
+                "{n} ranks, rank {r}: not planned one-sided"
+            );
+        }
+        // Rank 1's messages are pushed, and it pulls its peers': it moves them all.
+        let moved: Vec<u64> = counts.iter().map(|c| c[2]).collect();
+        assert!(
+            moved[1] > 0,
+            "{n} ranks: no call fell back to messages: {moved:?}"
+        );
+    }
+}
+
 #[test]
 fn transport_tcp_forces_tcp_between_local_ranks() {
     for line in protocols(&[("HCOMM_TRANSPORT", "tcp")]) {

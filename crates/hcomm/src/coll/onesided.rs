@@ -29,11 +29,23 @@
 //!   Large all-gather: each rank writes its block into every peer's result (gather: into the
 //!   root's, and the non-roots wait for nobody); broadcast: the
 //!   root writes the last n-th of the buffer into the non-roots while they read the rest
-//!   from it. Nobody copies results out of a peer afterwards, and the copying is shared by
+//!   from it; scatter: each non-root reads its block while the root copies its own (in
+//!   place, the root writes the last n-th of each non-root's block into it while it reads
+//!   the rest); all-to-all: each pair of ranks splits the two blocks it exchanges,
+//!   the lower rank moving the first half of both (reading one, writing the other), the
+//!   higher rank the second half. Nobody copies results out of a peer afterwards, and the copying is shared by
 //!   all ranks. Each rank then publishes `done` and waits for its peers' before returning,
 //!   so no buffer is released while a peer still reads or writes it: a rank touches a
 //!   peer's buffers only between the peer's publishing the call (its `seq`, with the
 //!   buffers' addresses in its header) and its own `done`, and the peer waits for that.
+//!
+//! A call that would reach heap buffers with cross-memory attach does not run when some
+//! member says the kernel may refuse it now (`NoCma` in its segment: it turned
+//! non-dumpable since the start-up probe, which it checks before publishing such a call, or
+//! a transfer of its was refused in an earlier call): every member sees that alike once all
+//! published the call, touches no peer's buffer, and runs the call's schedule instead
+//! ([`Outcome::Schedule`]). A refusal in the middle of a call, with no such warning, fails
+//! that call on every member; the later ones take the schedule.
 //!
 //! A rank overwrites slot `j % 2` only once every peer has started call `j - 1`, which it does
 //! only after finishing call `j - 2`, the slot's previous user (a rank that saw its peers
@@ -60,6 +72,7 @@ pub(crate) use crate::transport::shm::board::SLOT;
 use crate::transport::shm::board::{
     pool_loc, Board, BoardSetup, Ctr, Header, Side, Signals, SEG_LEN, TINY_MAX,
 };
+use crate::transport::shm::cma;
 use crate::transport::shm::segment::{segment_name, ShmSegment};
 
 /// Calls whose buffers all lie in pools read larger contributions than this in place, even
@@ -73,6 +86,16 @@ const CHUNK: usize = 128 << 10;
 /// Calls on at least this many bytes write their results with non-temporal stores: their
 /// buffers do not fit the caches, and the stores then skip reading the destination first.
 const STREAM_FROM: usize = 64 << 20;
+
+/// How a one-sided call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// It ran: the result is in the receive buffer.
+    Done,
+    /// It did not run (no rank touched another's buffers): every member runs the call's
+    /// schedule instead.
+    Schedule,
+}
 
 /// The call counter of a communicator, what this rank knows of its peers, and the board.
 struct Calls {
@@ -219,27 +242,20 @@ impl OneSided {
     }
 
     /// Whether a call of `shape` runs one-sided: inline when every contribution fits a slot;
-    /// otherwise only large all-reduce, reduce-scatter, reduce, all-gather, gather and
-    /// broadcast, with cross-memory attach.
+    /// otherwise every collective but the barrier and the vector ones, with cross-memory
+    /// attach.
     pub(crate) fn fits(&self, shape: &Shape) -> bool {
         if shape.v.is_some() || shape.size != self.signals.len() {
             return false;
         }
-        max_contribution(shape) <= SLOT
-            || (self.cma
-                && matches!(
-                    shape.kind,
-                    CollKind::AllReduce
-                        | CollKind::ReduceScatter
-                        | CollKind::Reduce
-                        | CollKind::AllGather
-                        | CollKind::Gather
-                        | CollKind::Broadcast
-                ))
+        max_contribution(shape) <= SLOT || (self.cma && has_large(shape.kind))
     }
 
     /// Runs call `tag` of `shape` with signature `sig`, from `send` (`None` in place and for
-    /// calls without one) into `recv`, both checked against `shape`.
+    /// calls without one) into `recv`, both checked against `shape`. [`Outcome::Schedule`]:
+    /// the call needs cross-memory attach, which the kernel may refuse on some member's
+    /// buffers now; every member then says so, having touched no peer's buffer, and runs the
+    /// call's schedule instead.
     pub(crate) fn run(
         &self,
         comm: &dyn Group,
@@ -248,7 +264,7 @@ impl OneSided {
         sig: [u64; 2],
         send: Option<&Lease<'_>>,
         recv: &mut Lease<'_>,
-    ) -> Result<()> {
+    ) -> Result<Outcome> {
         let mut bufs = Buffers {
             send: send.map(Lease::as_slice),
             out: recv.as_mut_slice()?,
@@ -287,15 +303,23 @@ impl OneSided {
         // every rank).
         let most = max_contribution(shape);
         if most <= TINY_MAX {
-            return self.tiny(
-                &waiter,
-                board,
-                shape,
-                (j, slot),
-                (own, len),
-                &mut bufs,
-                &mut calls.known,
-            );
+            return self
+                .tiny(
+                    &waiter,
+                    board,
+                    shape,
+                    (j, slot),
+                    (own, len),
+                    &mut bufs,
+                    &mut calls.known,
+                )
+                .map(|()| Outcome::Done);
+        }
+        // A call that may read or write heap buffers with cross-memory attach: a rank that
+        // turned non-dumpable since the start-up probe says so before it publishes the call
+        // (its peers would be refused), and every rank then takes the schedule.
+        if self.cma && most > DIRECT_CMA_FROM && !cma::attachable() {
+            self.refuse_cma_from(j);
         }
         let inline = most <= SLOT;
         let pool = comm.pool();
@@ -315,7 +339,7 @@ impl OneSided {
             board.publish_data(slot, input)?;
         }
         self.publish(engine, Ctr::Seq, j);
-        let result = self
+        let outcome = self
             .complete(
                 &waiter,
                 board,
@@ -325,8 +349,13 @@ impl OneSided {
                 &mut bufs,
                 &mut calls.known,
             )
-            .and_then(|()| waiter.none_abandoned(n));
-        if let Err(e) = &result {
+            .and_then(|outcome| waiter.none_abandoned(n).map(|()| outcome));
+        if let Err(e) = &outcome {
+            if cma::refused(e) {
+                // Refused in the middle of a call, with no warning beforehand: this call
+                // fails, and the later ones take the schedule.
+                self.refuse_cma_from(j + 1);
+            }
             // Peers may wait for this rank's part of the call: tell them it will not come,
             // and why when a lost rank is the cause (they may see this rank leave before they
             // learn of that loss themselves).
@@ -339,7 +368,31 @@ impl OneSided {
                 .store(cause, Ordering::Relaxed);
             self.publish(engine, Ctr::Failed, j);
         }
-        result
+        outcome
+    }
+
+    /// Tells the peers (and this rank) that cross-memory attach on this rank may be refused
+    /// from call `j` on (unless said before): the calls that need it run their schedules.
+    fn refuse_cma_from(&self, j: u64) {
+        let no_cma = self.signals.counter(self.me, Ctr::NoCma);
+        if no_cma.load(Ordering::Relaxed) == 0 {
+            tracing::info!(
+                "cross-memory attach may be refused on rank {} from one-sided call {j} on: \
+                 the collectives that would use it run their message schedules",
+                self.me
+            );
+            // Published by the release store of call `j`'s number, which comes after.
+            no_cma.store(j, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some member said that cross-memory attach may be refused in call `j` (read
+    /// once every peer has published `j`: every rank answers alike).
+    fn cma_refused(&self, j: u64) -> bool {
+        (0..self.signals.len()).any(|p| {
+            let from = self.signals.counter(p, Ctr::NoCma).load(Ordering::Relaxed);
+            from != 0 && from <= j
+        })
     }
 
     /// A call whose every contribution fits a cache line: it goes with the call number in
@@ -412,7 +465,7 @@ impl OneSided {
         most: usize,
         bufs: &mut Buffers<'_>,
         known: &mut [u64],
-    ) -> Result<()> {
+    ) -> Result<Outcome> {
         let n = self.signals.len();
         for p in (0..n).filter(|&p| p != self.me) {
             waiter.wait(p, Ctr::Seq, j)?;
@@ -440,7 +493,11 @@ impl OneSided {
                 CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
                     most > DIRECT_FROM && in_pools()
                 }
-                CollKind::AllGather | CollKind::Broadcast | CollKind::Gather => {
+                CollKind::AllGather
+                | CollKind::Broadcast
+                | CollKind::Gather
+                | CollKind::Scatter
+                | CollKind::AllToAll => {
                     most > DIRECT_CMA_FROM || (most > DIRECT_FROM && in_pools())
                 }
                 _ => false,
@@ -448,14 +505,19 @@ impl OneSided {
         if inline && !direct {
             compute(shape, self.me, bufs.out, |p| {
                 board.contribution(false, slot, p, contribution_len(shape, p))
-            })
-        } else {
-            self.large(waiter, board, shape, j, bufs)
+            })?;
+            return Ok(Outcome::Done);
         }
+        // Heap buffers are reached with cross-memory attach, which the kernel may refuse now.
+        if self.cma_refused(j) && !in_pools() {
+            return Ok(Outcome::Schedule);
+        }
+        self.large(waiter, board, shape, j, bufs)?;
+        Ok(Outcome::Done)
     }
 
-    /// The large all-reduce, all-gather and broadcast: data read straight from the peers'
-    /// buffers (mapped pool blocks, else cross-memory attach).
+    /// The large calls: data read straight from the peers' buffers and written straight into
+    /// their results (mapped pool blocks, else cross-memory attach).
     fn large(
         &self,
         waiter: &Waiter<'_>,
@@ -692,6 +754,127 @@ impl OneSided {
                         .map_err(|e| waiter.read_failed(shape.root, e))?;
                 }
             }
+            CollKind::Scatter => {
+                // The non-roots read their blocks while the root copies its own into its
+                // result; in place (the root's block is there already) the root writes the
+                // last n-th of every non-root's block into it instead, as the broadcast does,
+                // so that each rank copies about as much as the others.
+                let e = shape.elem();
+                let cut = if shape.in_place {
+                    block - block / n / e * e
+                } else {
+                    block
+                };
+                if me == shape.root {
+                    let outside = || Error::internal("a one-sided contribution outside its buffer");
+                    let all: &[u8] = match own_at {
+                        Own::Send => send.and_then(|s| s.get(..n * block)).ok_or_else(outside)?,
+                        Own::Recv(_) => &out[..n * block],
+                    };
+                    for p in peers() {
+                        let src = &all[p * block + cut..(p + 1) * block];
+                        for (i, chunk) in src.chunks(CHUNK).enumerate() {
+                            board
+                                .write_peer_output(signals, j, p, cut + i * CHUNK, chunk, stream)
+                                .map_err(|e| waiter.read_failed(p, e))?;
+                        }
+                    }
+                    // In place the root's block is in its result already.
+                    if let Own::Send = own_at {
+                        let own = send
+                            .and_then(|s| s.get(me * block..(me + 1) * block))
+                            .ok_or_else(outside)?;
+                        put(&mut out[..block], own, stream)?;
+                    }
+                } else {
+                    board
+                        .read_peer(
+                            shape.root,
+                            Side::Input,
+                            slot,
+                            me * block,
+                            &mut out[..cut],
+                            stream,
+                        )
+                        .map_err(|e| waiter.read_failed(shape.root, e))?;
+                }
+            }
+            CollKind::AllToAll => {
+                // Each pair of ranks splits the two blocks it exchanges: the lower rank moves
+                // the first half of both (reading the peer's block for it, writing its own
+                // into the peer's result), the higher rank the second half. No byte is
+                // touched by two ranks, and in place a rank reads each piece of the peer's
+                // block before it writes its own there.
+                let e = shape.elem();
+                let half = block / e / 2 * e;
+                let outside = || Error::internal("a one-sided contribution outside its buffer");
+                let input = match own_at {
+                    Own::Send => Some(send.and_then(|s| s.get(..n * block)).ok_or_else(outside)?),
+                    Own::Recv(_) => None,
+                };
+                if let Some(input) = input {
+                    put(
+                        &mut out[me * block..(me + 1) * block],
+                        &input[me * block..(me + 1) * block],
+                        stream,
+                    )?;
+                }
+                let mut tmp = Vec::new();
+                for p in peers() {
+                    let (lo, hi) = if me < p { (0, half) } else { (half, block) };
+                    let mut at = lo;
+                    while at < hi {
+                        let m = CHUNK.min(hi - at);
+                        let mine = p * block + at;
+                        let theirs = me * block + at;
+                        match input {
+                            Some(input) => {
+                                board
+                                    .read_peer(
+                                        p,
+                                        Side::Input,
+                                        slot,
+                                        theirs,
+                                        &mut out[mine..mine + m],
+                                        stream,
+                                    )
+                                    .map_err(|e| waiter.read_failed(p, e))?;
+                                board
+                                    .write_peer_output(
+                                        signals,
+                                        j,
+                                        p,
+                                        theirs,
+                                        &input[mine..mine + m],
+                                        stream,
+                                    )
+                                    .map_err(|e| waiter.read_failed(p, e))?;
+                            }
+                            None => {
+                                if tmp.is_empty() {
+                                    tmp = vec![0u8; CHUNK.min(block)];
+                                }
+                                let got = &mut tmp[..m];
+                                board
+                                    .read_peer(p, Side::Input, slot, theirs, got, false)
+                                    .map_err(|e| waiter.read_failed(p, e))?;
+                                board
+                                    .write_peer_output(
+                                        signals,
+                                        j,
+                                        p,
+                                        theirs,
+                                        &out[mine..mine + m],
+                                        stream,
+                                    )
+                                    .map_err(|e| waiter.read_failed(p, e))?;
+                                put(&mut out[mine..mine + m], got, stream)?;
+                            }
+                        }
+                        at += m;
+                    }
+                }
+            }
             _ => {
                 return Err(Error::internal(format!(
                     "{} has no large one-sided algorithm",
@@ -701,10 +884,11 @@ impl OneSided {
         }
         self.publish(waiter.engine, Ctr::Done, j);
         // Nobody returns (and releases its buffers) while a peer may still read them or write
-        // its results into them. A broadcast's non-roots have nothing anyone reads, and only
-        // the root writes into them; a gather's non-roots have nothing anyone reads or writes.
+        // its results into them. A broadcast's and a scatter's non-roots have nothing anyone
+        // reads, and only the root writes into them; a gather's non-roots have nothing anyone
+        // reads or writes.
         let waits_for = |p: usize| match shape.kind {
-            CollKind::Broadcast if me != shape.root => p == shape.root,
+            CollKind::Broadcast | CollKind::Scatter if me != shape.root => p == shape.root,
             CollKind::Gather => me == shape.root,
             _ => true,
         };
@@ -981,6 +1165,21 @@ fn agree(comm: &dyn Group, ok: bool) -> Result<bool> {
     let mut mine = [0u8; 16];
     mine[0] = u8::from(ok);
     Ok(comm.exchange_all(&mine)?.iter().all(|b| b[0] == 1))
+}
+
+/// Whether collective `kind` has a large one-sided algorithm (contributions beyond a slot).
+fn has_large(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::AllReduce
+            | CollKind::ReduceScatter
+            | CollKind::Reduce
+            | CollKind::AllGather
+            | CollKind::Gather
+            | CollKind::Broadcast
+            | CollKind::Scatter
+            | CollKind::AllToAll
+    )
 }
 
 /// Bytes rank `rank` contributes to a call of `shape`.

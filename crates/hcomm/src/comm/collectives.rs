@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
 use crate::coll::algos::hier::tiered::Tiers;
 use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
-use crate::coll::onesided::OneSided;
+use crate::coll::onesided::{OneSided, Outcome};
 use crate::coll::schedule::{Schedule, Step};
 use crate::coll::{exec, Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
@@ -496,9 +496,14 @@ impl Communicator {
             [0; 2]
         };
         if let Some(os) = &plan.onesided {
-            return os
+            let outcome = os
                 .run(self, shape, seq, sig, send, recv)
-                .map_err(|e| self.explain(shape, seq, e));
+                .map_err(|e| self.explain(shape, seq, e))?;
+            if outcome == Outcome::Done {
+                return Ok(());
+            }
+            // Cross-memory attach may be refused on some member's buffers now: every member
+            // runs the schedule below instead.
         }
         if plan.tiered {
             let tiers = self.tiers()?;

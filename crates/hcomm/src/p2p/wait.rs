@@ -375,6 +375,8 @@ impl Engine {
         let mut waiting = Waiting::by_clock(Backoff::DEFAULT, !sh.spin.is_zero());
         let spin = waiting.spin_time(sh.spin);
         let mut spin_until = now + spin;
+        // The end of the extra spin for sends that local peers pull (set once armed).
+        let mut pulled_until = now;
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
         // Whether `events` came from epoll (rather than being direct reads of awaited peers).
         let mut polled = false;
@@ -394,6 +396,11 @@ impl Engine {
                         st.timers.arm(id, deadline);
                     }
                     armed = true;
+                    // A send that a local peer pulls completes when the copy is done.
+                    if !sh.spin.is_zero() {
+                        pulled_until = now + st.pull_spin(ids);
+                        spin_until = spin_until.max(pulled_until);
+                    }
                 }
                 let moved = st.handle(&events, true);
                 // Keep polling while data moves: sleeping between the bursts of a large
@@ -407,7 +414,7 @@ impl Engine {
                     // Data that moved is this rank's own work too (a large transfer goes out a
                     // piece per turn): the whole spin then, however recent waits ended, or the
                     // rank would sleep between its own pieces with nobody to wake it.
-                    spin_until = now + if moved { sh.spin } else { spin };
+                    spin_until = (now + if moved { sh.spin } else { spin }).max(pulled_until);
                     waiting.reset();
                 }
                 for (i, &id) in ids.iter().enumerate() {
