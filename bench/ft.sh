@@ -29,7 +29,7 @@
 #
 # Usage: [NS="4 8"] [HOSTS="1 2"] [ROUNDS=5] bench/ft.sh
 # Needs: cargo build --release -p hcomm-tools --bins --examples. RUN_TIMEOUT (default 120 s)
-# bounds each job; HCOMM_TIMEOUT defaults to 30.
+# bounds each job; HCOMM_TIMEOUT defaults to 30; SUMMARY names the summary file.
 set -euo pipefail
 NS=${NS:-4 8}
 HOSTS=${HOSTS:-1 2}
@@ -40,7 +40,7 @@ export HCOMM_TIMEOUT=${HCOMM_TIMEOUT:-30}
 . "$(dirname "$0")/common.sh"
 BIN=${HCOMM_BIN:-$ROOT/target/release}
 PROG=$BIN/examples/ft_bench
-SUMMARY=$HERE/results/ft_summary.txt
+SUMMARY=${SUMMARY:-$HERE/results/ft_summary.txt}
 work=$(mktemp -d)
 LOG=$work/log LOCAL=1 PIDS=()
 NSA=hcf_h0 NSB=hcf_h1 IF=hcf0 IPA=10.80.0.1 IPB=10.80.0.2
