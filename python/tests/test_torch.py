@@ -204,7 +204,7 @@ def losses(out: str) -> dict[tuple[int, int], str]:
     return found
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)
 def test_ddp_survivors_shrink_and_train_on_as_a_fresh_job_of_them_would(tmp_path: Path) -> None:
     """DDP (float64, SGD with momentum) on 4 ranks under `hcommrun --keep-going`; rank 3 dies
     by SIGKILL at step 20. The survivors catch the error, take the failed ranks from
@@ -213,14 +213,15 @@ def test_ddp_survivors_shrink_and_train_on_as_a_fresh_job_of_them_would(tmp_path
     started from the model and optimizer state rank 0 saved at step 20. (torchrun cannot run
     the first job: its agent stops every worker when one fails.)"""
     env = {"JOB_STEPS": "30", "JOB_KILL_AT": "20", "JOB_CKPT": str(tmp_path / "step20.pt")}
-    rc, out = hcommrun(4, "ddp_shrink", 150, "--keep-going", JOB_TIMEOUT="10", **env)
+    # Seven torch processes on two cores: 70-130 s in all measured under load 15.
+    rc, out = hcommrun(4, "ddp_shrink", 200, "--keep-going", **env)
     assert rc == 128 + 9, out[-6000:]
     for r in range(3):
         assert f"[{r}] FAILED rank {r}: [3]" in out, out[-6000:]
         assert f"[{r}] DONE rank {r} of 3" in out, out[-6000:]
     assert "[3] LOSS" not in out, out[-6000:]
     survived = losses(out)
-    rc, ref_out = hcommrun(3, "ddp_resume", 150, **env)
+    rc, ref_out = hcommrun(3, "ddp_resume", 200, **env)
     assert rc == 0, ref_out[-6000:]
     reference = losses(ref_out)
     assert sorted(reference) == [(r, s) for r in range(3) for s in range(20, 30)], ref_out[-6000:]
