@@ -119,9 +119,9 @@ unsafe fn new_comm(
 /// `newcomm` is NULL or points to a writable `hcommComm_t`.
 #[no_mangle]
 pub unsafe extern "C" fn hcommCommShrink(comm: hcommComm_t, newcomm: *mut hcommComm_t) -> c_int {
-    // SAFETY: the caller's promise about newcomm.
-    guard("hcommCommShrink", || unsafe {
-        new_comm(newcomm, || state::comm(comm)?.shrink())
+    guard("hcommCommShrink", || {
+        // SAFETY: the caller's promise about newcomm.
+        unsafe { new_comm(newcomm, || state::comm(comm)?.shrink()) }
     })
 }
 
@@ -139,9 +139,8 @@ pub unsafe extern "C" fn hcommCommShrinkExcluding(
     n: c_int,
     newcomm: *mut hcommComm_t,
 ) -> c_int {
-    // SAFETY: the caller's promise about newcomm.
-    guard("hcommCommShrinkExcluding", || unsafe {
-        new_comm(newcomm, || {
+    guard("hcommCommShrinkExcluding", || {
+        let made = || {
             let c = state::comm(comm)?;
             let n = usize::try_from(n)
                 .map_err(|_| Error::invalid_argument(format!("n {n} is negative")))?;
@@ -155,6 +154,8 @@ pub unsafe extern "C" fn hcommCommShrinkExcluding(
                     .collect::<Result<_>>()?
             };
             c.shrink_excluding(&excluded)
-        })
+        };
+        // SAFETY: the caller's promise about newcomm.
+        unsafe { new_comm(newcomm, made) }
     })
 }
