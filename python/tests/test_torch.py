@@ -155,7 +155,8 @@ def test_no_import_needed_and_debug_detail() -> None:
 
 @pytest.mark.timeout(120)
 def test_killed_peer_is_named() -> None:
-    """SIGKILL of rank 1 of 3: every survivor raises within the timeout, naming rank 1."""
+    """SIGKILL of rank 1 of 3: every survivor raises within the timeout, naming rank 1; the
+    future of a later all-reduce fails too, with a RuntimeError that names the error."""
     results = spawn(3, "fault_kill", 100, JOB_TIMEOUT="10")
     assert results[1].returncode == -9
     for r, res in enumerate(results):
@@ -165,6 +166,9 @@ def test_killed_peer_is_named() -> None:
         assert m, res.stdout[-4000:]
         assert float(m.group(1)) < 15, m.group(0)
         assert re.search(r"\brank 1\b", m.group(2)), m.group(0)
+        f = re.search(r"FUTURE RAISED (\w+): (.*)", res.stdout)
+        assert f, res.stdout[-4000:]
+        assert f.group(1) == "RuntimeError" and "PeerLost" in f.group(2), f.group(0)
 
 
 @pytest.mark.timeout(120)

@@ -550,6 +550,12 @@ def fault_kill() -> None:
     except Exception as e:
         took = time.monotonic() - t0
         print(f"RAISED rank {rank} after {took:.1f}s: {e}", flush=True)
+        # A failed Work's future fails too (C++ readers such as DDP's reducer see its error).
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        try:
+            fut.wait()
+        except Exception as f:
+            print(f"FUTURE RAISED {type(f).__name__}: {' '.join(str(f).split())}", flush=True)
         os._exit(0)
     fail("no error after the peer was killed")
 
