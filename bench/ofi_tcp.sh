@@ -11,10 +11,13 @@
 #   bare  bench/ofi_pingpong.c (built here with gcc -lfabric): one RDM endpoint per process,
 #         tagged ping-pong, completions read by spinning on fi_cq_read (the provider's floor)
 #   tcp   hcomm_perf pingpong and allreduce (float32 sum), HCOMM_TRANSPORT=tcp
-#   ofi   the same, HCOMM_TRANSPORT=ofi FI_PROVIDER=tcp
+#   ofi   the same, HCOMM_TRANSPORT=ofi FI_PROVIDER=tcp (the system's libfabric, Debian's 1.17)
+#   ofi24 the same on Intel's libfabric (HCOMM_OFI_LIB=$INTEL_VENV/lib/libfabric.so.1, 2.4 in
+#         the wheel, whose tcp provider Intel MPI and oneCCL use), when Intel's peers are there
 #   impi  Intel MPI's mpi_bench (I_MPI_FABRICS=ofi FI_PROVIDER=tcp; hydra over netns_rsh.sh)
 #   ccl   oneCCL's ccl_bench allreduce (CCL_ATL_TRANSPORT=ofi, FI_PROVIDER=tcp, no shm)
-# at 8 B, 64 KiB, 1 MiB and 16 MiB (hcomm and bare: every power of two from 8 B to --max).
+# at 8 B, 64 KiB, 1 MiB and 16 MiB (hcomm and bare: every power of two from 4 B to --max; the
+# first size absorbs the making of the connections).
 # Intel MPI and oneCCL come from intel/setup.sh (INTEL_VENV, default /opt/hcomm-peers/intel);
 # missing, they are skipped. The summary has the median over the rounds of each library's
 # time (us) per op and size, and ofi/best = hcomm ofi / the faster of Intel MPI and oneCCL
@@ -71,10 +74,10 @@ ns_up
 bare_run() {
   local port=$((30000 + RANDOM % 20000)) t0 rc=0
   t0=$(date +%s%N)
-  FI_PROVIDER=tcp $BNS timeout "$RUN_TIMEOUT" "$BARE" -s -p $port -b 8 -e "$MAXB" -t "$TARGET" \
+  FI_PROVIDER=tcp $BNS timeout "$RUN_TIMEOUT" "$BARE" -s -p $port -b 4 -e "$MAXB" -t "$TARGET" \
     >/dev/null 2>"$RAW.$1.err1.tmp" &
   PIDS+=($!)
-  FI_PROVIDER=tcp $ANS timeout "$RUN_TIMEOUT" "$BARE" -p $port -b 8 -e "$MAXB" -t "$TARGET" $IPB \
+  FI_PROVIDER=tcp $ANS timeout "$RUN_TIMEOUT" "$BARE" -p $port -b 4 -e "$MAXB" -t "$TARGET" $IPB \
     >"$RAW.$1.tmp" 2>"$RAW.$1.err0.tmp" || rc=$?
   wait $! || true
   log "$(printf 'bare %-16s rc=%-3s %5d ms' "$1" $rc $((($(date +%s%N) - t0) / 1000000)))"
@@ -108,13 +111,15 @@ intel_run() {
 }
 
 TRANSPORTS=("tcp:HCOMM_TRANSPORT=tcp" "ofi:HCOMM_TRANSPORT=ofi FI_PROVIDER=tcp")
+[ $INTEL = 1 ] && TRANSPORTS+=("ofi24:HCOMM_TRANSPORT=ofi FI_PROVIDER=tcp HCOMM_OFI_LIB=$IV/lib/libfabric.so.1 FI_PROVIDER_PATH=$IV/lib")
 for ((round = 1; round <= ROUNDS; round++)); do
   log "# round $round"
   bare_run "bare_pingpong.$round"
   for t in "${TRANSPORTS[@]}"; do
     name=${t%%:*} vars=${t#*:}
     for op in pingpong allreduce; do
-      hcomm_job "${name}_$op.$round" "$vars" "$op" -b 8 -e "$MAXB" -f 2
+      # From 4 B: the first size also absorbs the connections being made (8 B is timed second).
+      hcomm_job "${name}_$op.$round" "$vars" "$op" -b 4 -e "$MAXB" -f 2
     done
   done
   if [ $INTEL = 1 ]; then
@@ -150,23 +155,25 @@ best() {
   [ $INTEL = 1 ] && echo "# Intel MPI: $(sed -n 's/^# mpi_bench *library: //p' "$RAW.impi.1.tmp" 2>/dev/null | head -1)"
   echo "# libfabric: $(fi_info --version 2>/dev/null | sed -n 's/^libfabric: *//p' | head -1) (bare, hcomm); Intel's own for Intel MPI and oneCCL"
   echo "# time (us) = median over the rounds (each round: median of its iterations; pingpong: half round trip)"
-  echo "# ofi/best = hcomm ofi / min(Intel MPI, oneCCL): below 1, hcomm over libfabric is faster"
-  printf '%-10s %9s %10s %10s %10s %10s %10s %9s\n' op size "bare(us)" "tcp(us)" "ofi(us)" "impi(us)" "ccl(us)" ofi/best
+  echo "# ofi/best = the faster of hcomm ofi and ofi24 / min(Intel MPI, oneCCL): below 1, hcomm over libfabric is faster"
+  printf '%-10s %9s %9s %9s %9s %9s %9s %9s %9s\n' op size "bare(us)" "tcp(us)" "ofi(us)" "ofi24(us)" "impi(us)" "ccl(us)" ofi/best
   for op in pingpong allreduce; do
     for s in $SIZES; do
       [ "$s" -le "$MAXB" ] || continue
       bare= ccl=
       [ $op = pingpong ] && bare=$(median bare_pingpong "$s")
-      tcp=$(median "tcp_$op" "$s") ofi=$(median "ofi_$op" "$s") impi=$(median impi "$s" $op)
+      tcp=$(median "tcp_$op" "$s") ofi=$(median "ofi_$op" "$s") ofi24=$(median "ofi24_$op" "$s")
+      impi=$(median impi "$s" $op)
       [ $op = allreduce ] && ccl=$(median ccl "$s" allreduce)
-      printf '%-10s %9s %10s %10s %10s %10s %10s %9s\n' "$op" "$s" "${bare:--}" "${tcp:-n/a}" "${ofi:-n/a}" \
-        "${impi:-n/a}" "${ccl:--}" "$(ratio "$ofi" "$(best "$impi" "$ccl")")"
+      printf '%-10s %9s %9s %9s %9s %9s %9s %9s %9s\n' "$op" "$s" "${bare:--}" "${tcp:-n/a}" "${ofi:-n/a}" \
+        "${ofi24:--}" "${impi:-n/a}" "${ccl:--}" "$(ratio "$(best "$ofi" "$ofi24")" "$(best "$impi" "$ccl")")"
     done
   done
   run_log
   failed_runs
   raw_tables "round $ROUNDS:" "bare_pingpong.$ROUNDS" "tcp_pingpong.$ROUNDS" "ofi_pingpong.$ROUNDS" \
-    "impi.$ROUNDS" "tcp_allreduce.$ROUNDS" "ofi_allreduce.$ROUNDS" "ccl.$ROUNDS"
+    "ofi24_pingpong.$ROUNDS" "impi.$ROUNDS" "tcp_allreduce.$ROUNDS" "ofi_allreduce.$ROUNDS" \
+    "ofi24_allreduce.$ROUNDS" "ccl.$ROUNDS"
 } >"$SUMMARY"
 sed -n '/^op /,/^# run/p' "$SUMMARY" | sed '$d'
 teardown
