@@ -88,7 +88,8 @@ pub unsafe extern "C" fn hcommCommAgree(comm: hcommComm_t, flag: *mut c_int) -> 
     })
 }
 
-/// Writes the communicator `made` makes into `*newcomm` (`HCOMM_COMM_NULL` on failure).
+/// Writes `HCOMM_COMM_NULL` into `*newcomm`, then the communicator `made` makes: a failure of
+/// `made` (the argument checks it does included) leaves the NULL there.
 ///
 /// # Safety
 /// `newcomm` is NULL (an error) or points to a writable `hcommComm_t`.
@@ -111,21 +112,22 @@ unsafe fn new_comm(
 /// then each makes it without further messages. Every surviving member calls it; it works on
 /// a revoked communicator. `HCOMM_ERR_QUORUM` when the survivors are no strict majority (the
 /// smaller side of a partition), `HCOMM_ERR_REVOKED` on a rank the others decided had failed.
-/// Release the result with `hcommCommDestroy`.
+/// On every failure `*newcomm` is `HCOMM_COMM_NULL` (when `newcomm` is not NULL). Release the
+/// result with `hcommCommDestroy`.
 ///
 /// # Safety
 /// `newcomm` is NULL or points to a writable `hcommComm_t`.
 #[no_mangle]
 pub unsafe extern "C" fn hcommCommShrink(comm: hcommComm_t, newcomm: *mut hcommComm_t) -> c_int {
     guard("hcommCommShrink", || {
-        let c = state::comm(comm)?;
         // SAFETY: the caller's promise about newcomm.
-        unsafe { new_comm(newcomm, || c.shrink()) }
+        unsafe { new_comm(newcomm, || state::comm(comm)?.shrink()) }
     })
 }
 
 /// `hcommCommShrink` that also leaves out the `n` ranks at `ranks` (live members removed on
-/// purpose; they do not call it). The majority rule counts only the other members.
+/// purpose; they do not call it). The majority rule counts only the other members. A rank
+/// out of range or this rank's own is `HCOMM_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `ranks` is NULL (with `n` = 0) or points to `n` readable `int`s; `newcomm` is NULL or
@@ -138,20 +140,23 @@ pub unsafe extern "C" fn hcommCommShrinkExcluding(
     newcomm: *mut hcommComm_t,
 ) -> c_int {
     guard("hcommCommShrinkExcluding", || {
-        let c = state::comm(comm)?;
-        let n = usize::try_from(n)
-            .map_err(|_| Error::invalid_argument(format!("n {n} is negative")))?;
-        let excluded: Vec<usize> = if n == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: the caller's promise: NULL or n readable ints (checked by `ints`).
-            unsafe { args::ints(ranks, n, "ranks")? }
-                .into_iter()
-                .map(|r| args::rank(r, c.size(), "excluded rank"))
-                .collect::<Result<_>>()?
+        let made = || {
+            let c = state::comm(comm)?;
+            let n = usize::try_from(n)
+                .map_err(|_| Error::invalid_argument(format!("n {n} is negative")))?;
+            let excluded: Vec<usize> = if n == 0 {
+                Vec::new()
+            } else {
+                // SAFETY: the caller's promise: NULL or n readable ints (checked by `ints`).
+                unsafe { args::ints(ranks, n, "ranks")? }
+                    .into_iter()
+                    .map(|r| args::rank(r, c.size(), "excluded rank"))
+                    .collect::<Result<_>>()?
+            };
+            c.shrink_excluding(&excluded)
         };
         // SAFETY: the caller's promise about newcomm.
-        unsafe { new_comm(newcomm, || c.shrink_excluding(&excluded)) }
+        unsafe { new_comm(newcomm, made) }
     })
 }
 

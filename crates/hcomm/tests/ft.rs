@@ -1,10 +1,10 @@
 //! Fault tolerance in jobs of real processes (this test binary started again as each rank):
 //! a rank killed with SIGKILL during an all-reduce loop, a second one killed during the
 //! shrink, revokes reaching ranks blocked in a receive and in an all-reduce (one revoker,
-//! and two at once), a rank stopped with SIGSTOP, shrunk out, then resumed, a shrunk
-//! communicator grown again by a new process that joins with a token, and a world of one
-//! grown by a second process. Every all-reduce checks
-//! exact integer sums; every wait is bounded.
+//! and two at once), revokes with a member already dead (known lost by all, or just killed),
+//! a rank stopped with SIGSTOP, shrunk out, then resumed, a shrunk communicator grown again
+//! by a new process that joins with a token, and a world of one grown by a second process.
+//! Every all-reduce checks exact integer sums; every wait is bounded.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -139,6 +139,63 @@ fn revoke_blocked(world: &Communicator, two: bool) {
     let comm = world.shrink().expect("shrink");
     assert_eq!(comm.size(), world.size());
     for k in 0..10 {
+        exact_allreduce(&comm, k).expect("all-reduce after the shrink");
+    }
+    println!("RECOVERED failed {:?} size {}", world.failed(), comm.size());
+}
+
+/// A revoke with rank 3 dead. `known`: rank 3 is killed during the loop and every survivor
+/// knows it lost before rank 0 revokes. Otherwise the test kills rank 3 while ranks 1 to 3
+/// wait in a receive from rank 0, and rank 0 revokes as soon as the test says so (the trigger
+/// file), before it or the others may have noticed: the notices to rank 3 go to a dead
+/// process. Either way the revoke returns at once, reaches ranks 1 and 2 (blocked in a receive
+/// from rank 0 that nothing answers), and the three shrink without rank 3.
+fn revoke_lost(world: &Communicator, known: bool) {
+    let start = Instant::now();
+    if known {
+        let err = loop_until_failure(world);
+        println!("ERROR {:?}", err.code());
+        while world.failed() != [3] {
+            assert!(start.elapsed() < LOOP_LIMIT, "rank 3's loss was not seen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    } else {
+        world.barrier().expect("barrier");
+    }
+    if world.rank() == 0 {
+        let mut buf = [0u8; 1];
+        if known {
+            for peer in [1, 2] {
+                world.recv(&mut buf, peer, 11).expect("a survivor's word");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        } else {
+            let trigger = PathBuf::from(std::env::var(TRIGGER).expect("the trigger path"));
+            while !trigger.exists() {
+                assert!(start.elapsed() < LOOP_LIMIT, "no trigger came");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let knew = world.failed();
+        println!("REVOKE AT {} knowing {knew:?}", unix_ns());
+        world.revoke().expect("revoke with a member lost");
+        println!("RETURNED AT {}", unix_ns());
+    } else {
+        if known {
+            world.send(&[1u8], 0, 11).expect("word to rank 0");
+        } else {
+            println!("BLOCKED");
+        }
+        let mut buf = [0u8; 8];
+        let got = world.recv(&mut buf, 0, 12);
+        let at = unix_ns();
+        match got {
+            Err(Error::Revoked(_)) => println!("REVOKED AT {at}"),
+            other => panic!("expected Revoked, got {other:?}"),
+        }
+    }
+    let comm = world.shrink().expect("shrink");
+    for k in 0..100 {
         exact_allreduce(&comm, k).expect("all-reduce after the shrink");
     }
     println!("RECOVERED failed {:?} size {}", world.failed(), comm.size());
@@ -425,6 +482,8 @@ fn rank_of_a_job() {
         Ok("revoke-blocked") => revoke_blocked(&world, false),
         Ok("revoke-twice") => revoke_blocked(&world, true),
         Ok("stopped") => stopped(&world),
+        Ok("revoke-lost") => revoke_lost(&world, true),
+        Ok("revoke-dead") => revoke_lost(&world, false),
         Ok("alone") => alone(&world),
         Ok("serial") => serial(&world),
         Ok("grow") => grow(&world),
@@ -583,6 +642,67 @@ fn a_revoke_reaches_ranks_blocked_in_a_receive_and_an_allreduce_tcp() {
 #[test]
 fn two_revokes_at_once() {
     revoke_reaches_blocked_ranks("revoke-twice", &[]);
+}
+
+/// A revoke with a dead member (`known`: every survivor knows it lost; else just killed, see
+/// `revoke_lost`): it returns at once, reaches the blocked survivors within 200 ms, and they
+/// shrink without the dead member.
+fn revoke_with_a_dead_member(known: bool, env: &[(&str, &str)]) {
+    let trigger = std::env::temp_dir().join(format!("hcomm-ft-dead-{}", unix_ns()));
+    let path = trigger.to_str().expect("a UTF-8 path").to_string();
+    let mut env = env.to_vec();
+    env.push((TRIGGER, &path));
+    let scenario = if known { "revoke-lost" } else { "revoke-dead" };
+    let mut job = start(scenario, 4, &env);
+    if known {
+        job.wait_for_lines(&[0, 1, 2, 3], "LOOPING", Duration::from_secs(60));
+        job.kill(3);
+    } else {
+        job.wait_for_lines(&[1, 2, 3], "BLOCKED", Duration::from_secs(60));
+        job.kill(3);
+        std::fs::write(&trigger, b"go").expect("the trigger file");
+    }
+    let survivors = [0, 1, 2];
+    job.wait_for_lines(&survivors, "RECOVERED", Duration::from_secs(60));
+    let statuses = job.finish(Duration::from_secs(30));
+    let _ = std::fs::remove_file(&trigger);
+    let at = number_after(line(&job, 0, "REVOKE "), "AT");
+    let took = number_after(line(&job, 0, "RETURNED "), "AT").saturating_sub(at);
+    let knew = line(&job, 0, "REVOKE ")
+        .split("knowing ")
+        .nth(1)
+        .unwrap_or("?");
+    println!("{scenario}: the revoke (knowing {knew} lost) returned in {took} ns");
+    for r in survivors {
+        assert!(statuses[r].success(), "rank {r}:\n{}", job.text());
+        if r != 0 {
+            let late = number_after(line(&job, r, "REVOKED "), "AT").saturating_sub(at);
+            println!("{scenario}: rank {r} failed with Revoked {late} ns after the revoke");
+            assert!(late < 200_000_000, "rank {r}: {late} ns:\n{}", job.text());
+        }
+        let rec = line(&job, r, "RECOVERED ");
+        assert_eq!(rec, "failed [3] size 3", "rank {r}:\n{}", job.text());
+    }
+}
+
+#[test]
+fn a_revoke_skips_a_member_already_lost_shm() {
+    revoke_with_a_dead_member(true, &[]);
+}
+
+#[test]
+fn a_revoke_skips_a_member_already_lost_tcp() {
+    revoke_with_a_dead_member(true, &[("HCOMM_TRANSPORT", "tcp")]);
+}
+
+#[test]
+fn a_revoke_right_after_a_member_died_shm() {
+    revoke_with_a_dead_member(false, &[]);
+}
+
+#[test]
+fn a_revoke_right_after_a_member_died_tcp() {
+    revoke_with_a_dead_member(false, &[("HCOMM_TRANSPORT", "tcp")]);
 }
 
 #[test]

@@ -947,7 +947,8 @@ int hcommCommAgree(hcommComm_t comm, int *flag);
  * then each makes it without further messages. Every surviving member calls it; it works on
  * a revoked communicator. `HCOMM_ERR_QUORUM` when the survivors are no strict majority (the
  * smaller side of a partition), `HCOMM_ERR_REVOKED` on a rank the others decided had failed.
- * Release the result with `hcommCommDestroy`.
+ * On every failure `*newcomm` is `HCOMM_COMM_NULL` (when `newcomm` is not NULL). Release the
+ * result with `hcommCommDestroy`.
  *
  * # Safety
  * `newcomm` is NULL or points to a writable `hcommComm_t`.
@@ -956,7 +957,8 @@ int hcommCommShrink(hcommComm_t comm, hcommComm_t *newcomm);
 
 /**
  * `hcommCommShrink` that also leaves out the `n` ranks at `ranks` (live members removed on
- * purpose; they do not call it). The majority rule counts only the other members.
+ * purpose; they do not call it). The majority rule counts only the other members. A rank
+ * out of range or this rank's own is `HCOMM_ERR_INVALID_ARGUMENT`.
  *
  * # Safety
  * `ranks` is NULL (with `n` = 0) or points to `n` readable `int`s; `newcomm` is NULL or
