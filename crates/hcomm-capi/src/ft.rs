@@ -233,7 +233,8 @@ pub unsafe extern "C" fn hcommCommJoinToken(
 /// `HCOMM_ERR_INVALID_ARGUMENT` for a malformed token, one made for another communicator, one
 /// not made in this job, one already used to grow `comm`, and `nnew` < 1;
 /// `HCOMM_ERR_MISMATCH` when members pass other tokens or counts; `HCOMM_ERR_TIMEOUT` when the
-/// new processes do not join within `HCOMM_TIMEOUT`. Release the result with
+/// new processes do not join within `HCOMM_TIMEOUT`. On every failure `*newcomm` is
+/// `HCOMM_COMM_NULL` (when `newcomm` is not NULL). Release the result with
 /// `hcommCommDestroy`.
 ///
 /// # Safety
@@ -247,13 +248,17 @@ pub unsafe extern "C" fn hcommCommGrow(
     newcomm: *mut hcommComm_t,
 ) -> c_int {
     guard("hcommCommGrow", || {
-        let c = state::comm(comm)?;
-        // SAFETY: the caller's promise about token.
-        let token = unsafe { token_arg(token)? };
-        let nnew = usize::try_from(nnew)
-            .map_err(|_| Error::invalid_argument(format!("nnew {nnew} is negative")))?;
         // SAFETY: the caller's promise about newcomm.
-        unsafe { new_comm(newcomm, || c.grow(token, nnew)) }
+        unsafe {
+            new_comm(newcomm, || {
+                let c = state::comm(comm)?;
+                // SAFETY: the caller's promise about token.
+                let token = token_arg(token)?;
+                let nnew = usize::try_from(nnew)
+                    .map_err(|_| Error::invalid_argument(format!("nnew {nnew} is negative")))?;
+                c.grow(token, nnew)
+            })
+        }
     })
 }
 
@@ -266,7 +271,8 @@ pub unsafe extern "C" fn hcommCommGrow(
 /// a malformed token and for one already used (every rank its grow adds is taken);
 /// `HCOMM_ERR_TIMEOUT` when the token's store cannot be reached (its maker is gone) or the
 /// members do not grow within `HCOMM_TIMEOUT`; `HCOMM_ERR_INIT` when the store refuses the
-/// token's key (a forged token) and after `hcommFinalize`.
+/// token's key (a forged token) and after `hcommFinalize`. On every failure `*newcomm` is
+/// `HCOMM_COMM_NULL` (when `newcomm` is not NULL).
 ///
 /// # Safety
 /// `token` is NULL or a NUL-terminated string; `newcomm` is NULL or points to a writable
@@ -274,11 +280,11 @@ pub unsafe extern "C" fn hcommCommGrow(
 #[no_mangle]
 pub unsafe extern "C" fn hcommJoin(token: *const c_char, newcomm: *mut hcommComm_t) -> c_int {
     guard("hcommJoin", || {
-        // SAFETY: the caller's promise about token.
-        let token = unsafe { token_arg(token)? };
         args::out(newcomm, "newcomm")?;
         // SAFETY: checked not NULL; the caller passes the address of an hcommComm_t.
         unsafe { newcomm.write(HCOMM_COMM_NULL) };
+        // SAFETY: the caller's promise about token.
+        let token = unsafe { token_arg(token)? };
         if state::init(|| Communicator::join(token))? {
             // SAFETY: as above.
             unsafe { newcomm.write(COMM_WORLD) };

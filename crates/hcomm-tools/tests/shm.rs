@@ -76,8 +76,8 @@ fn cma_off_moves_everything_through_the_rings() {
 
 /// World rank 1 makes itself non-dumpable once every link is made (and probed: links are
 /// made on first use): rank 2's pulls from it are refused by the kernel (`EPERM`), so its
-/// messages fall back to the push through the ring, and the others still pull. Root would read it anyway (`CAP_SYS_PTRACE`): the ranks
-/// run without that capability.
+/// messages fall back to the push through the ring, and the others still pull. Root would
+/// read it anyway (`CAP_SYS_PTRACE`): the ranks run without that capability.
 #[test]
 fn a_pull_the_kernel_refuses_falls_back_to_the_push() {
     let prefix: &[&str] = if rustix::process::geteuid().is_root() {

@@ -988,7 +988,8 @@ int hcommCommJoinToken(hcommComm_t comm, char *buf, size_t len);
  * `HCOMM_ERR_INVALID_ARGUMENT` for a malformed token, one made for another communicator, one
  * not made in this job, one already used to grow `comm`, and `nnew` < 1;
  * `HCOMM_ERR_MISMATCH` when members pass other tokens or counts; `HCOMM_ERR_TIMEOUT` when the
- * new processes do not join within `HCOMM_TIMEOUT`. Release the result with
+ * new processes do not join within `HCOMM_TIMEOUT`. On every failure `*newcomm` is
+ * `HCOMM_COMM_NULL` (when `newcomm` is not NULL). Release the result with
  * `hcommCommDestroy`.
  *
  * # Safety
@@ -1007,7 +1008,8 @@ int hcommCommGrow(hcommComm_t comm, const char *token, int nnew, hcommComm_t *ne
  * a malformed token and for one already used (every rank its grow adds is taken);
  * `HCOMM_ERR_TIMEOUT` when the token's store cannot be reached (its maker is gone) or the
  * members do not grow within `HCOMM_TIMEOUT`; `HCOMM_ERR_INIT` when the store refuses the
- * token's key (a forged token) and after `hcommFinalize`.
+ * token's key (a forged token) and after `hcommFinalize`. On every failure `*newcomm` is
+ * `HCOMM_COMM_NULL` (when `newcomm` is not NULL).
  *
  * # Safety
  * `token` is NULL or a NUL-terminated string; `newcomm` is NULL or points to a writable

@@ -333,6 +333,27 @@ static void fault_tolerance(int size) {
     ASSERT(out == HCOMM_COMM_NULL);
     last_error_mentions(INVALID, "hcommCommShrinkExcluding", "this rank");
     EXPECT(INVALID, hcommCommShrinkExcluding(COMM_WORLD, &my_rank, 1, NULL));
+    /* Grow's bad arguments, refused before anything is made or sent. */
+    char token[HCOMM_JOIN_TOKEN_MAX];
+    EXPECT(INVALID, hcommCommJoinToken(forged, token, sizeof token));
+    EXPECT(INVALID, hcommCommJoinToken(COMM_WORLD, NULL, sizeof token));
+    last_error_mentions(INVALID, "hcommCommJoinToken", "buf");
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommGrow(forged, "hcomm-join/1/x", 1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommGrow(COMM_WORLD, NULL, 1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommCommGrow", "token is NULL");
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommGrow(COMM_WORLD, "hcomm-join/1/x", -1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommCommGrow", "negative");
+    EXPECT(INVALID, hcommCommGrow(COMM_WORLD, "hcomm-join/1/x", 1, NULL));
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommJoin(NULL, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommJoin", "token is NULL");
     /* The world still works. */
     n = my_rank;
     CHECK(hcommAllReduce(&n, &n, 1, HCOMM_INT32, HCOMM_SUM, COMM_WORLD));

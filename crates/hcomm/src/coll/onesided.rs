@@ -29,17 +29,17 @@
 //!   each reduced chunk into its own result and into the peers' that need it (every peer for
 //!   all-reduce, the root for reduce; through mapped blocks, else `process_vm_writev`).
 //!   Large all-gather: each rank writes its block into every peer's result (gather: into the
-//!   root's, and the non-roots wait for nobody); broadcast: the
-//!   root writes the last n-th of the buffer into the non-roots while they read the rest
-//!   from it; scatter: each non-root reads its block while the root copies its own (in
-//!   place, the root writes the last n-th of each non-root's block into it while it reads
-//!   the rest); all-to-all: each pair of ranks splits the two blocks it exchanges,
-//!   the lower rank moving the first half of both (reading one, writing the other), the
-//!   higher rank the second half. Nobody copies results out of a peer afterwards, and the copying is shared by
-//!   all ranks. Each rank then publishes `done` and waits for its peers' before returning,
-//!   so no buffer is released while a peer still reads or writes it: a rank touches a
-//!   peer's buffers only between the peer's publishing the call (its `seq`, with the
-//!   buffers' addresses in its header) and its own `done`, and the peer waits for that.
+//!   root's, and the non-roots wait for nobody); broadcast: the root writes the last n-th of
+//!   the buffer into the non-roots while they read the rest from it; scatter: each non-root
+//!   reads its block while the root copies its own (in place, the root writes the last n-th
+//!   of each non-root's block into it while it reads the rest); all-to-all: each pair of
+//!   ranks splits the two blocks it exchanges, the lower rank moving the first half of both
+//!   (reading one, writing the other), the higher rank the second half. Nobody copies
+//!   results out of a peer afterwards, and the copying is shared by all ranks. Each rank
+//!   then publishes `done` and waits for its peers' before returning, so no buffer is
+//!   released while a peer still reads or writes it: a rank touches a peer's buffers only
+//!   between the peer's publishing the call (its `seq`, with the buffers' addresses in its
+//!   header) and its own `done`, and the peer waits for that.
 //!
 //! A call that would reach heap buffers with cross-memory attach does not run when some
 //! member says the kernel may refuse it now (`NoCma` in its segment: it turned

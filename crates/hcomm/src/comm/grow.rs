@@ -90,12 +90,14 @@ impl Token {
         )
     }
 
-    /// Decodes `s`; an `InvalidArgument` naming what is wrong.
+    /// Decodes `s`; an `InvalidArgument` naming what is wrong, but not `s` (whose key
+    /// admits its holder to the grown communicator, and errors end up in logs).
     fn parse(s: &str) -> Result<Token> {
         let bad = |why: &str| {
             Error::invalid_argument(format!(
-                "{s:?} is no join token ({why}): pass what Communicator::join_token \
-                 (hcommCommJoinToken) returned"
+                "the string of {} bytes passed is no join token ({why}): pass what \
+                 Communicator::join_token (hcommCommJoinToken) returned",
+                s.len()
             ))
         };
         if s.len() > JOIN_TOKEN_MAX {
@@ -409,7 +411,14 @@ impl Communicator {
         let t = Token::parse(token)?;
         let mut client = connect(&t, config.timeout)?;
         let plan = Plan::decode(&client.wait(PLAN, config.timeout)?)?;
-        let taken = usize::try_from(client.add(CLAIMED, 1)?).unwrap_or(usize::MAX);
+        // The counter's new value: 1 for the first process; 0 only if a holder of the key
+        // set it below 0 (which would give it a member's rank).
+        let taken = usize::try_from(client.add(CLAIMED, 1)?).unwrap_or(0);
+        if taken == 0 {
+            return Err(Error::init(
+                "join: the grow store's count of the ranks taken is malformed",
+            ));
+        }
         if taken > plan.added {
             return Err(Error::invalid_argument(format!(
                 "join: the join token was already used: the {} rank(s) its grow adds are taken",
@@ -464,6 +473,11 @@ mod tests {
             let err = Token::parse(&bad).err().expect("refused");
             assert!(matches!(err, Error::InvalidArgument(_)), "{bad:?}: {err:?}");
         }
+        // The error does not repeat the key of a token that is almost right.
+        let no_addr = format!("{}/", good.rsplit_once('/').map(|(a, _)| a).unwrap_or(""));
+        let err = Token::parse(&no_addr).err().expect("refused");
+        let key = hex::encode([0xa5; KEY_LEN]);
+        assert!(!err.to_string().contains(&key), "{err}");
     }
 
     #[test]

@@ -69,6 +69,11 @@ pub(super) fn ring_sizes(comm: &Communicator, sizes: Vec<usize>) -> Result<()> {
 /// non-dumpable: its peers without `CAP_SYS_PTRACE` are refused cross-memory attach on it
 /// from then on, after their probes succeeded. Collective.
 pub(super) fn links_then_nodump(comm: &Communicator, rank: usize) -> Result<()> {
+    ensure!(
+        rank < comm.size(),
+        "--nodump {rank}: no such rank in a world of {}",
+        comm.size()
+    );
     open_links(comm)?;
     comm.barrier()?;
     if comm.rank() == rank {
