@@ -420,7 +420,8 @@ fn join_alone() {
 /// A process started by the test: joins with the token, all-reduces exactly like the
 /// members, and waits for the trigger as they do.
 fn join(token: &str) {
-    let grown = Communicator::join(token).expect("join");
+    // As read from a file or a pipe: the newline after it is no part of it.
+    let grown = Communicator::join(&format!("{token}\n")).expect("join");
     println!(
         "JOINED rank {} size {} epoch {}",
         grown.rank(),

@@ -323,6 +323,8 @@ impl Communicator {
     /// members pass other tokens or counts; [`Error::Timeout`] when the new processes do not
     /// all join within `HCOMM_TIMEOUT`; those of communication with the members.
     pub fn grow(&self, token: &str, nnew: usize) -> Result<Communicator> {
+        // Whitespace around the token (a newline read with it) is no part of it.
+        let token = token.trim();
         let t = Token::parse(token)?;
         if t.comm != self.id {
             return Err(Error::invalid_argument(format!(
@@ -408,7 +410,7 @@ impl Communicator {
     /// [`Communicator::join`] with the settings of `config` (its launch information and job
     /// secret are not used).
     pub fn join_with(config: Config, token: &str) -> Result<Communicator> {
-        let t = Token::parse(token)?;
+        let t = Token::parse(token.trim())?;
         let mut client = connect(&t, config.timeout)?;
         let plan = Plan::decode(&client.wait(PLAN, config.timeout)?)?;
         // The counter's new value: 1 for the first process; 0 only if a holder of the key
