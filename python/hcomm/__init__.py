@@ -76,6 +76,7 @@ __all__ = [
     "__version__",
     "empty",
     "init",
+    "join",
     "wait_all",
     "zeros",
 ]
@@ -133,6 +134,21 @@ def init(
     """
     global _last
     comm = _hcomm.init(rank=rank, size=size, root_addr=root_addr, secret=secret, timeout=timeout)
+    _last = weakref.ref(comm)
+    return comm
+
+
+def join(token: str, *, timeout: float | None = None) -> Communicator:
+    """Joins, in a new process, the communicator its members grow with ``token``
+    (``Communicator.grow``; a member made the token with ``Communicator.join_token``): this
+    process gets the next free rank of the grown communicator. Needs no launcher and no job
+    secret: the token authenticates the process. ``timeout`` (seconds) bounds every wait
+    (default ``HCOMM_TIMEOUT``). Raises ``InvalidArgument`` for a token already used.
+
+    The communicator is also the default one of :func:`empty` and :func:`zeros`.
+    """
+    global _last
+    comm = _hcomm.join(token, timeout=timeout)
     _last = weakref.ref(comm)
     return comm
 

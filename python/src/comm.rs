@@ -1151,6 +1151,26 @@ impl Communicator {
         })?))
     }
 
+    /// A single-use join token (str): the members grow the communicator with it (`grow`)
+    /// and each new process joins with it (`hcomm.join`). Local: only this rank makes it;
+    /// hand it to the other members and the new processes. Whoever holds it can join without
+    /// the job secret: keep it as secret as that.
+    fn join_token(&self, py: Python<'_>) -> PyResult<String> {
+        let c = self.core()?;
+        py.detach(|| c.join_token()).map_err(to_py)
+    }
+
+    /// Grows the communicator by `nnew` new processes that call `hcomm.join(token)`: a
+    /// communicator of the members (ranks in the old order) and the new processes (the next
+    /// ranks), at the next epoch. Every member calls it with the same token and count. Raises
+    /// `hcomm.InvalidArgument` for a token of another communicator, one not made in this job
+    /// and one already used.
+    fn grow(&self, py: Python<'_>, token: String, nnew: i64) -> PyResult<Communicator> {
+        let c = self.core()?;
+        let nnew = index(nnew, "nnew")?;
+        Ok(Communicator::wrap(call(py, &c, |c| c.grow(&token, nnew))?))
+    }
+
     /// Writes the flight recorder of every communicator of this process (its last
     /// `HCOMM_TRACE_BUFFER` collective calls) to this rank's dump in `HCOMM_TRACE_DIR` and
     /// returns the file's path; `hcomm_trace DIR` merges a job's dumps.

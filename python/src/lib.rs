@@ -84,10 +84,35 @@ fn init(
     Ok(Communicator::wrap(core))
 }
 
+/// Joins, in a new process, the communicator whose members grow it with `token`
+/// (`Communicator.grow`): the process gets the next free rank of the grown communicator. Needs
+/// no launcher and no job secret (the token authenticates it). `timeout` (seconds) overrides
+/// `HCOMM_TIMEOUT`.
+#[pyfunction]
+#[pyo3(signature = (token, *, timeout=None))]
+fn join(py: Python<'_>, token: String, timeout: Option<f64>) -> PyResult<Communicator> {
+    let mut config = hcomm::Config::from_env().map_err(to_py)?;
+    if let Some(t) = timeout {
+        config.timeout = std::time::Duration::try_from_secs_f64(t)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "join: timeout {t} is not a positive number of seconds"
+                ))
+            })?;
+    }
+    let core = py
+        .detach(|| hcomm::Communicator::join_with(config, &token))
+        .map_err(to_py)?;
+    Ok(Communicator::wrap(core))
+}
+
 /// The extension module.
 #[pymodule]
 fn _hcomm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(join, m)?)?;
     m.add_class::<Communicator>()?;
     m.add_class::<comm::Request>()?;
     m.add_class::<comm::Batch>()?;

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tool_bin
 
 torch = pytest.importorskip("torch")
 
@@ -132,7 +133,7 @@ def test_no_import_needed_and_debug_detail() -> None:
     """The entry point registers the backend (torch_jobs.py imports hcomm nowhere but in the
     job that calls hcomm's own API, `hcomm.torch.failed_ranks`), also under
     TORCH_DISTRIBUTED_DEBUG=DETAIL (torch wraps the backend to check collectives)."""
-    uses_hcomm_api = {"fault_shrink"}
+    uses_hcomm_api = {"fault_shrink", "ddp_shrink"}
     tree = ast.parse(JOBS.read_text())
     importers = set()
     for top in tree.body:
@@ -154,7 +155,8 @@ def test_no_import_needed_and_debug_detail() -> None:
 
 @pytest.mark.timeout(120)
 def test_killed_peer_is_named() -> None:
-    """SIGKILL of rank 1 of 3: every survivor raises within the timeout, naming rank 1."""
+    """SIGKILL of rank 1 of 3: every survivor raises within the timeout, naming rank 1; the
+    future of a later all-reduce fails too, with a RuntimeError that names the error."""
     results = spawn(3, "fault_kill", 100, JOB_TIMEOUT="10")
     assert results[1].returncode == -9
     for r, res in enumerate(results):
@@ -164,6 +166,9 @@ def test_killed_peer_is_named() -> None:
         assert m, res.stdout[-4000:]
         assert float(m.group(1)) < 15, m.group(0)
         assert re.search(r"\brank 1\b", m.group(2)), m.group(0)
+        f = re.search(r"FUTURE RAISED (\w+): (.*)", res.stdout)
+        assert f, res.stdout[-4000:]
+        assert f.group(1) == "RuntimeError" and "PeerLost" in f.group(2), f.group(0)
 
 
 @pytest.mark.timeout(120)
@@ -175,6 +180,56 @@ def test_shrink_group_leaves_a_killed_rank_out_and_training_goes_on() -> None:
         out = results[r].stdout
         assert results[r].returncode == 0, out[-4000:]
         assert f"SHRUNK rank {r} of 3" in out, out[-4000:]
+
+
+def hcommrun(n: int, scenario: str, timeout: float, *opts: str, **env: str) -> tuple[int, str]:
+    """Runs `torch_jobs.py scenario` on `n` ranks under hcommrun (torch's env:// variables
+    from hcommrun's and a free MASTER_PORT); its exit status and output."""
+    cmd = [str(tool_bin("hcommrun", "HCOMM_RUN")), "-n", str(n), *opts, "--"]
+    full = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        **env,
+    }
+    cmd += [sys.executable, str(JOBS), scenario]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full)
+    return p.returncode, p.stdout + p.stderr
+
+
+def losses(out: str) -> dict[tuple[int, int], str]:
+    """The `LOSS step hex` lines of a job under hcommrun, by (rank, step)."""
+    found = {}
+    for r, step, value in re.findall(r"^\[(\d+)\] LOSS (\d+) (\S+)$", out, re.M):
+        key = (int(r), int(step))
+        assert key not in found, f"rank {r} printed step {step} twice"
+        found[key] = value
+    return found
+
+
+@pytest.mark.timeout(420)
+def test_ddp_survivors_shrink_and_train_on_as_a_fresh_job_of_them_would(tmp_path: Path) -> None:
+    """DDP (float64, SGD with momentum) on 4 ranks under `hcommrun --keep-going`; rank 3 dies
+    by SIGKILL at step 20. The survivors catch the error, take the failed ranks from
+    hcomm.torch.failed_ranks, dist.shrink_group the default group, build DDP again and redo
+    step 20; their losses of steps 20-29 equal, bit for bit, those of a fresh 3-rank job
+    started from the model and optimizer state rank 0 saved at step 20. (torchrun cannot run
+    the first job: its agent stops every worker when one fails.)"""
+    env = {"JOB_STEPS": "30", "JOB_KILL_AT": "20", "JOB_CKPT": str(tmp_path / "step20.pt")}
+    # Seven torch processes on two cores: 70-130 s in all measured under load 15.
+    rc, out = hcommrun(4, "ddp_shrink", 200, "--keep-going", **env)
+    assert rc == 128 + 9, out[-6000:]
+    for r in range(3):
+        assert f"[{r}] FAILED rank {r}: [3]" in out, out[-6000:]
+        assert f"[{r}] DONE rank {r} of 3" in out, out[-6000:]
+    assert "[3] LOSS" not in out, out[-6000:]
+    survived = losses(out)
+    rc, ref_out = hcommrun(3, "ddp_resume", 200, **env)
+    assert rc == 0, ref_out[-6000:]
+    reference = losses(ref_out)
+    assert sorted(reference) == [(r, s) for r in range(3) for s in range(20, 30)], ref_out[-6000:]
+    assert survived == reference, f"after the shrink: {survived}\nfresh job: {reference}"
 
 
 @pytest.mark.timeout(120)

@@ -550,6 +550,12 @@ def fault_kill() -> None:
     except Exception as e:
         took = time.monotonic() - t0
         print(f"RAISED rank {rank} after {took:.1f}s: {e}", flush=True)
+        # A failed Work's future fails too (C++ readers such as DDP's reducer see its error).
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        try:
+            fut.wait()
+        except Exception as f:
+            print(f"FUTURE RAISED {type(f).__name__}: {' '.join(str(f).split())}", flush=True)
         os._exit(0)
     fail("no error after the peer was killed")
 
@@ -586,6 +592,95 @@ def fault_shrink() -> None:
     print(f"SHRUNK rank {dist.get_rank()} of {m}", flush=True)
 
 
+def _ft_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The MLP in float64 with SGD and momentum (optimizer state that a restart must carry)."""
+    torch.manual_seed(0)
+    model = _mlp().double()
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _ft_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, step: int, rank: int) -> float:
+    x, y = _batch("mlp", step, rank)
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(ddp(x.double()), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def ddp_shrink() -> None:
+    """DDP in float64 on the default group; at step JOB_KILL_AT rank 0 saves the model and
+    the optimizer (JOB_CKPT) and the last rank dies by SIGKILL. The survivors catch the error
+    of that step, ask hcomm.torch.failed_ranks, shrink the default group without the failed
+    (dist.shrink_group, revoking first), build DDP again on the new group and redo the step;
+    each prints its loss of every step from JOB_KILL_AT on (``LOSS step float.hex``), which
+    the test compares with a fresh run of the survivors from the checkpoint (ddp_resume)."""
+    import gc
+    import signal
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hcomm.torch
+
+    steps, kill_at = int(os.environ["JOB_STEPS"]), int(os.environ["JOB_KILL_AT"])
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model, opt = _ft_model()
+    ddp: torch.nn.Module | None = DDP(model)
+    pg = dist.distributed_c10d._get_default_group()
+    step = 0
+    while step < steps:
+        if step == kill_at and dist.get_world_size() == n:
+            if rank == 0:
+                tmp = os.environ["JOB_CKPT"] + ".tmp"
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp)
+                os.replace(tmp, os.environ["JOB_CKPT"])
+            if rank == n - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+        assert ddp is not None
+        try:
+            loss = _ft_step(ddp, opt, step, dist.get_rank())
+        except Exception as e:
+            print(f"RAISED rank {rank} at step {step}: {type(e).__name__}", flush=True)
+            if step != kill_at:
+                raise
+        else:
+            if step >= kill_at:
+                print(f"LOSS {step} {loss.hex()}", flush=True)
+            step += 1
+            continue
+        # The failed step: no optimizer step was taken; the old DDP's hooks go with it.
+        ddp = None
+        gc.collect()
+        # A rank that read another's revoke before its own engine saw the loss waits for it.
+        until = time.monotonic() + 10
+        while not (failed := hcomm.torch.failed_ranks(pg)):
+            if time.monotonic() > until:
+                fail("no failed rank known 10 s after the error")
+            time.sleep(0.01)
+        print(f"FAILED rank {rank}: {failed}", flush=True)
+        pg = dist.shrink_group(failed, group=pg, shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+        if dist.get_world_size() != n - len(failed) or dist.get_rank() != rank:
+            fail(f"shrunk to rank {dist.get_rank()} of {dist.get_world_size()}")
+        ddp = DDP(model, process_group=pg)
+    print(f"DONE rank {rank} of {dist.get_world_size()}", flush=True)
+
+
+def ddp_resume() -> None:
+    """The reference of ddp_shrink: a fresh job of the survivors that loads its checkpoint
+    and trains the same steps on the same batches."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    steps, start = int(os.environ["JOB_STEPS"]), int(os.environ["JOB_KILL_AT"])
+    model, opt = _ft_model()
+    ckpt = torch.load(os.environ["JOB_CKPT"])
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    ddp = DDP(model)
+    for step in range(start, steps):
+        loss = _ft_step(ddp, opt, step, dist.get_rank())
+        print(f"LOSS {step} {loss.hex()}", flush=True)
+
+
 def fault_skip() -> None:
     """The last rank skips the second all-reduce: the others raise naming the op, its
     sequence number and the missing rank."""
@@ -611,6 +706,10 @@ def lifecycle() -> None:
 
 
 def main() -> None:
+    # Under hcommrun: torch's env:// variables from hcommrun's (MASTER_* come from the caller).
+    for var, ours in (("RANK", "HCOMM_RANK"), ("WORLD_SIZE", "HCOMM_SIZE")):
+        if var not in os.environ and ours in os.environ:
+            os.environ[var] = os.environ[ours]
     scenarios = sys.argv[1].split(",")
     for cycle in range(int(os.environ.get("JOB_CYCLES", "1"))):
         for scenario in scenarios:

@@ -18,7 +18,7 @@ use crate::types::{hcommComm_t, HCOMM_COMM_NULL};
 #[no_mangle]
 pub extern "C" fn hcommInit(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_int {
     let _ = (argc, argv);
-    guard("hcommInit", || state::init(Communicator::init))
+    guard("hcommInit", || state::init(Communicator::init).map(drop))
 }
 
 /// Leaves the job: releases every communicator and request, delivers what is still queued

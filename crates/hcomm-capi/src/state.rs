@@ -71,11 +71,12 @@ pub(crate) fn with_tables<T>(f: impl FnOnce(&mut Tables) -> Result<T>) -> Result
     }
 }
 
-/// `hcommInit`: joins the job with `join` unless already initialized (then nothing happens).
-pub(crate) fn init(join: impl FnOnce() -> Result<Communicator>) -> Result<()> {
+/// `hcommInit`: joins the job with `join` unless already initialized (then nothing happens);
+/// returns whether it joined.
+pub(crate) fn init(join: impl FnOnce() -> Result<Communicator>) -> Result<bool> {
     let mut phase = phase();
     match &*phase {
-        Phase::Ready(_) => Ok(()),
+        Phase::Ready(_) => Ok(false),
         Phase::Finalized => Err(Error::init(
             "hcommInit after hcommFinalize: hcomm cannot be initialized twice in one process",
         )),
@@ -88,7 +89,7 @@ pub(crate) fn init(join: impl FnOnce() -> Result<Communicator>) -> Result<()> {
                 requests: HashMap::new(),
                 next: COMM_WORLD.addr() + 1,
             });
-            Ok(())
+            Ok(true)
         }
     }
 }

@@ -449,15 +449,20 @@ fn comm_abort_fails_every_waiting_rank_with_aborted_and_hcommrun_names_the_abort
     assert!(dump.contains("\"reason\": \"api\""), "{dump}\n{all}");
 }
 
+/// `program` on 4 ranks under `hcommrun --keep-going`.
+fn keep_going(program: &Path) -> Command {
+    let mut cmd = Command::new(hcommrun());
+    cmd.env("HCOMM_TIMEOUT", "60")
+        .args(["-n", "4", "--keep-going", "--"])
+        .arg(program);
+    cmd
+}
+
 #[test]
 fn a_rank_that_dies_is_revoked_agreed_and_shrunk_out_under_keep_going() {
     let dir = TempDir::new("ft");
     let program = compile(&dir, "ft", "crates/hcomm-capi/tests/c/ft.c");
-    let mut cmd = Command::new(hcommrun());
-    cmd.env("HCOMM_TIMEOUT", "60")
-        .args(["-n", "4", "--keep-going", "--"])
-        .arg(&program);
-    let finished = run(&dir, &mut cmd, LIMIT);
+    let finished = run(&dir, &mut keep_going(&program), LIMIT);
     let all = format!("{}{}", finished.stdout, finished.stderr);
     assert!(
         all.contains("rank 3 exited with status 9; the others go on (--keep-going)"),
@@ -473,4 +478,38 @@ fn a_rank_that_dies_is_revoked_agreed_and_shrunk_out_under_keep_going() {
     }
     // hcommrun exits with the first failure's status once every rank has exited.
     assert!(!finished.success, "{all}");
+}
+
+#[test]
+fn a_shrunk_communicator_grows_by_a_process_that_joins_with_a_token_under_keep_going() {
+    let dir = TempDir::new("grow");
+    let program = compile(&dir, "grow", "crates/hcomm-capi/tests/c/grow.c");
+    let members = common::start(&dir, &mut keep_going(&program), "members");
+    // Alone: no launcher (start removes its variables) and no job secret.
+    let mut alone = Command::new(&program);
+    alone
+        .arg("join")
+        .env("HCOMM_TIMEOUT", "60")
+        .env_remove("HCOMM_JOB_SECRET");
+    let joiner = common::start(&dir, &mut alone, "joiner");
+    let deadline = std::time::Instant::now() + LIMIT;
+    let members = members.finish(deadline);
+    let joiner = joiner.finish(deadline);
+    let all = format!(
+        "{}{}\njoiner:\n{}{}",
+        members.stdout, members.stderr, joiner.stdout, joiner.stderr
+    );
+    for r in 0..3 {
+        assert!(
+            members.stdout.contains(&format!(
+                "[{r}] PASS grow on rank {r}: shrunk to 3, grown to 4"
+            )),
+            "rank {r} did not pass:\n{all}"
+        );
+    }
+    assert!(joiner.success, "{all}");
+    assert!(
+        joiner.stdout.contains("PASS grow: joined as rank 3 of 4"),
+        "{all}"
+    );
 }

@@ -308,19 +308,25 @@ fn libfabric_between_hosts_every_collective_and_protocol_right() {
             assert!(text.contains(&format!("[{r}] OK {}", args[0])), "{text}");
         }
         if args[0] == "protocols" {
-            for r in 0..2 * PER_HOST {
-                let line = job.output[r]
-                    .iter()
-                    .find(|l| l.starts_with("ofi "))
-                    .unwrap_or_else(|| panic!("rank {r} printed no ofi counts:\n{text}"));
-                let count = |k: &str| -> u64 {
-                    let w = line.split(' ').find_map(|w| w.strip_prefix(k)).unwrap();
-                    w.parse().unwrap()
-                };
-                for k in ["eager=", "read=", "write="] {
-                    assert!(count(k) > 0, "rank {r} took no {k} frame: {line}");
-                }
-            }
+            every_ofi_protocol_taken(&job, &text);
+        }
+    }
+}
+
+/// Every rank of `job` printed its libfabric counts (`ofi eager= read= write= ...`), each
+/// protocol's nonzero.
+fn every_ofi_protocol_taken(job: &Ranks, text: &str) {
+    for (r, out) in job.output.iter().enumerate() {
+        let line = out
+            .iter()
+            .find(|l| l.starts_with("ofi "))
+            .unwrap_or_else(|| panic!("rank {r} printed no ofi counts:\n{text}"));
+        let count = |k: &str| -> u64 {
+            let w = line.split(' ').find_map(|w| w.strip_prefix(k)).unwrap();
+            w.parse().unwrap()
+        };
+        for k in ["eager=", "read=", "write="] {
+            assert!(count(k) > 0, "rank {r} took no {k} frame: {line}");
         }
     }
 }
@@ -356,5 +362,36 @@ fn libfabric_peers_killed_mid_transfer_are_lost_fast() {
     assert!(
         elapsed < Duration::from_secs(10),
         "took {elapsed:?}:\n{text}"
+    );
+}
+
+/// Three hosts (six ranks) over libfabric's tcp provider, the RDMA write threshold lowered to
+/// 64 KiB so that the collectives' pieces fall on all three sides of the thresholds: every
+/// collective, type and op at counts from 0 to 70 000 (up to 560 kB per buffer), then a soak of
+/// random collectives (world, split and dup communicators, heap and pool memory), each against
+/// the sequential reference; every rank takes the eager, RDMA read and RDMA write protocols.
+#[test]
+fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
+    let Some(hosts) = Hosts::create("netns ofi 3 hosts", 3) else {
+        return;
+    };
+    let env = [OFI[0], OFI[1], ("HCOMM_OFI_WRITE_THRESHOLD", "65536")];
+    let mut job = hosts.start(CHECK, &["collectives"], &env);
+    let text = succeed(&mut job, Duration::from_secs(200));
+    for r in 0..3 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK collectives")), "{text}");
+    }
+    let soak = ["soak", "--calls", "120", "--seed", "17"];
+    let mut job = hosts.start(CHECK, &soak, &env);
+    let text = succeed(&mut job, Duration::from_secs(200));
+    for r in 0..3 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK soak")), "{text}");
+    }
+    every_ofi_protocol_taken(&job, &text);
+    println!(
+        "{}",
+        text.lines()
+            .find(|l| l.starts_with("[0] soak: "))
+            .unwrap_or("no summary")
     );
 }

@@ -76,8 +76,8 @@ fn cma_off_moves_everything_through_the_rings() {
 
 /// World rank 1 makes itself non-dumpable once every link is made (and probed: links are
 /// made on first use): rank 2's pulls from it are refused by the kernel (`EPERM`), so its
-/// messages fall back to the push through the ring, and the others still pull. Root would read it anyway (`CAP_SYS_PTRACE`): the ranks
-/// run without that capability.
+/// messages fall back to the push through the ring, and the others still pull. Root would
+/// read it anyway (`CAP_SYS_PTRACE`): the ranks run without that capability.
 #[test]
 fn a_pull_the_kernel_refuses_falls_back_to_the_push() {
     let prefix: &[&str] = if rustix::process::geteuid().is_root() {
@@ -92,6 +92,88 @@ fn a_pull_the_kernel_refuses_falls_back_to_the_push() {
         "shm=true shm_eager=3 shm_pull=0 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
     ];
     assert_eq!(lines, want);
+}
+
+/// Runs the `one-sided` scenario on `n` ranks with the scenario given `args`, as root without
+/// `CAP_SYS_PTRACE` (which reads a non-dumpable process anyway); returns each rank's counts:
+/// (calls that ran under the one-sided algorithm, calls, messages it moved).
+fn one_sided_run(n: usize, args: &[&str]) -> Vec<[u64; 3]> {
+    let mut c = if rustix::process::geteuid().is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--bounding-set=-sys_ptrace", HCOMMRUN]);
+        c
+    } else {
+        Command::new(HCOMMRUN)
+    };
+    c.args([
+        "-n",
+        &n.to_string(),
+        "--timeout",
+        "200",
+        "--",
+        CHECK,
+        "one-sided",
+    ])
+    .args(args)
+    .env("HCOMM_TIMEOUT", "60");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(240));
+    let t = text(&o);
+    assert!(
+        o.status.success(),
+        "one-sided {args:?} on {n} ranks failed:\n{t}"
+    );
+    (0..n)
+        .map(|r| {
+            let prefix = format!("[{r}] onesided calls ");
+            let line = t
+                .lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("rank {r} printed no counts:\n{t}"));
+            let words: Vec<u64> = line
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            assert_eq!(words.len(), 3, "rank {r}: {line}");
+            [words[0], words[1], words[2]]
+        })
+        .collect()
+}
+
+/// Every collective beyond the shared slots on heap buffers (all-to-all and scatter
+/// included) runs one-sided, with cross-memory attach: exact results, and not one message.
+#[test]
+fn large_heap_collectives_run_one_sided_on_2_3_4_ranks() {
+    for n in [2, 3, 4] {
+        for (r, [onesided, calls, moved]) in one_sided_run(n, &[]).into_iter().enumerate() {
+            assert_eq!(onesided, calls, "{n} ranks, rank {r}: calls not one-sided");
+            assert_eq!(
+                moved, 0,
+                "{n} ranks, rank {r}: one-sided calls moved messages"
+            );
+        }
+    }
+}
+
+/// World rank 1 turns non-dumpable once the one-sided state exists: the kernel would refuse
+/// its peers' cross-memory attach on its buffers, so the calls that need it run their message
+/// schedules instead, with the same (checked) results; the inline ones stay one-sided.
+#[test]
+fn one_sided_collectives_the_kernel_refuses_fall_back_to_their_schedules() {
+    for n in [2, 3] {
+        let counts = one_sided_run(n, &["--nodump", "1"]);
+        for (r, [onesided, calls, _]) in counts.iter().enumerate() {
+            assert_eq!(
+                onesided, calls,
+                "{n} ranks, rank {r}: not planned one-sided"
+            );
+        }
+        // Rank 1's messages are pushed, and it pulls its peers': it moves them all.
+        let moved: Vec<u64> = counts.iter().map(|c| c[2]).collect();
+        assert!(
+            moved[1] > 0,
+            "{n} ranks: no call fell back to messages: {moved:?}"
+        );
+    }
 }
 
 #[test]

@@ -7,10 +7,12 @@
 mod collectives;
 mod ft;
 mod group;
+mod grow;
 mod pool;
 mod raw;
 mod subset;
 
+pub use grow::JOIN_TOKEN_MAX;
 pub use pool::PoolBuf;
 
 pub use collectives::Batch;
@@ -87,6 +89,8 @@ struct World {
     pool: Option<Arc<ShmPool>>,
     /// How messages to each world rank travel.
     routes: Box<[Route]>,
+    /// The address this rank announces first (its first rail); `None` in a world of one.
+    announce: Option<IpAddr>,
     /// The world's hold on the statistics segment and the trace (after the engine: closing
     /// it may still finish operations).
     _observe: crate::observe::stats::Registration,
@@ -219,6 +223,8 @@ struct CommState {
     tiers: Mutex<Option<Arc<Tiers<Communicator>>>>,
     /// Failures known and acknowledged, and the fault-tolerance calls made (`comm/ft.rs`).
     ft: Mutex<ft::FtState>,
+    /// The join tokens this rank made and those a grow used (`comm/grow.rs`).
+    grow: Mutex<grow::GrowState>,
     /// The flight recorder of its collectives (`None` with `HCOMM_TRACE_BUFFER=0`).
     flight: Option<Arc<Recorder>>,
 }
@@ -502,17 +508,16 @@ fn make_pool(
 }
 
 /// Sets up the shared-memory links with the other ranks of this host (unless
-/// `HCOMM_TRANSPORT` names another transport than `shm`): every local rank creates its inbox,
-/// publishes it under `ns`, and maps the others'.
+/// `HCOMM_TRANSPORT` names another transport than `shm`): every local rank creates its inbox
+/// (named with `job_id`), publishes it under `ns` in the store, and maps the others'.
 fn setup_shm(
     config: &Config,
     topology: &Topology,
     rank: usize,
     client: &mut StoreClient,
-    generation: u64,
+    (ns, job_id): (&str, &str),
     deadline: Instant,
 ) -> Result<Option<ShmSetup>> {
-    let ns = format!("hcomm/{generation}");
     let host = topology.host_of(rank);
     let locals: Vec<usize> = (0..topology.size())
         .filter(|&r| topology.host_of(r) == host)
@@ -520,11 +525,7 @@ fn setup_shm(
     if locals.len() < 2 || config.transport.as_deref().is_some_and(|t| t != "shm") {
         return Ok(None);
     }
-    let job_id = link::job_id(
-        config.job_secret.as_deref().unwrap_or_default(),
-        config.launch.root_addr.as_deref().unwrap_or_default(),
-        generation,
-    );
+    let job_id = job_id.to_owned();
     let me = topology.local_rank(rank);
     link::prepare_cma(config.cma);
     let cfg = LinkConfig {
@@ -651,15 +652,26 @@ fn ofi_carrier(
     })))
 }
 
-impl Communicator {
-    /// Joins the job this process was launched into (see the README for the launchers and
-    /// variables), or makes a world of one rank when there is no launcher.
-    pub fn init() -> Result<Communicator> {
-        Communicator::init_with(Config::from_env()?)
-    }
+/// How the ranks of a world of more than one rank meet: this rank's connection to the world's
+/// rendezvous store, the store itself where this rank hosts it, the secret that authenticates
+/// the ranks to each other, the prefix of the world's keys in the store, and the id in the
+/// world's shared-memory names (the same on every rank).
+struct Boot {
+    client: StoreClient,
+    store: Option<RendezvousStore>,
+    secret: Vec<u8>,
+    ns: String,
+    shm_id: String,
+}
 
-    /// Joins the job described by `config`.
-    pub fn init_with(config: Config) -> Result<Communicator> {
+impl World {
+    /// Starts the world of `config.launch` (its rank and size): `meet` connects a world of
+    /// more than one rank to its store, given the settings and this world's number among the
+    /// worlds of this process. Returns the world and where its ranks run.
+    fn start(
+        config: Config,
+        meet: impl FnOnce(&Config, u64) -> Result<Boot>,
+    ) -> Result<(Arc<World>, Topology)> {
         init_logging(config.log_level);
         let selector = Selector::new(config.algo.as_deref(), config.deterministic)?;
         // A transport plug-in carries all traffic; the TCP mesh (one stream per peer) then
@@ -680,7 +692,7 @@ impl Communicator {
         let deadline = Instant::now() + config.timeout;
         let generation = WORLDS.fetch_add(1, Ordering::SeqCst);
         let me = RankInfo::current(config.host_id.as_deref());
-        let (mesh, topology, shm, store, client, ofi, fabric) = if size == 1 {
+        let (mesh, topology, shm, store, client, ofi, fabric, announce) = if size == 1 {
             (
                 None,
                 Topology::new(vec![me]),
@@ -689,35 +701,20 @@ impl Communicator {
                 None,
                 None,
                 Vec::new(),
+                None,
             )
         } else {
-            let secret = config.job_secret.clone().ok_or_else(|| {
-                Error::init(
-                    "HCOMM_JOB_SECRET is not set: give every rank of the job the same secret \
-                     (hcommrun does this for you)",
-                )
-            })?;
-            let root = config.launch.root_addr.clone().ok_or_else(|| {
-                Error::init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other")
-            })?;
+            // Chosen before the store is reached, so that a choice that matches nothing fails
+            // every rank at once.
             let rails = rail_addrs(&config)?;
-            let (store, bind_err) = if rank == 0 {
-                host_store(&root, &secret)
-            } else {
-                (None, None)
-            };
-            let mut client =
-                StoreClient::connect(&root, &secret, config.timeout).map_err(
-                    |e| match &bind_err {
-                        Some(b) => Error::init(format!(
-                            "{} (rank 0 could not host the store there either: {b})",
-                            e.detail()
-                        )),
-                        None => e,
-                    },
-                )?;
+            let Boot {
+                mut client,
+                store,
+                secret,
+                ns,
+                shm_id,
+            } = meet(&config, generation)?;
             let (listener, mine) = listen_on_rails(&config, rails, client.local_addr().ip())?;
-            let ns = format!("hcomm/{generation}");
             let all: Vec<usize> = (0..size).collect();
             let addrs = bootstrap::exchange(
                 &mut client,
@@ -753,18 +750,25 @@ impl Communicator {
             .collect::<Result<Vec<_>>>()?;
             // Shared memory first: local pairs it links alone need no TCP connection.
             let topology = Topology::new(infos);
-            let shm = setup_shm(&config, &topology, rank, &mut client, generation, deadline)?;
+            let shm = setup_shm(
+                &config,
+                &topology,
+                rank,
+                &mut client,
+                (&ns, &shm_id),
+                deadline,
+            )?;
+            // The address this rank announces first (its first rail).
+            let announce = match addrs.get(rank).and_then(|a| a.first()) {
+                Some(a) => a.ip(),
+                None => client.local_addr().ip(),
+            };
             // libfabric only where the world may use it: forced, or by default between hosts.
             // Every rank sees the same topology, so all agree on exchanging the endpoints'
             // addresses (an empty one: none).
             let hosts = (0..size).any(|p| topology.host_of(p) != topology.host_of(0));
             let (ofi, fabric) = if force_ofi || (config.transport.is_none() && hosts) {
-                // On the interface of the first address this rank announces (its first rail).
-                let ip = match addrs.get(rank).and_then(|a| a.first()) {
-                    Some(a) => a.ip(),
-                    None => client.local_addr().ip(),
-                };
-                let opened = open_ofi(&config, rank, ip);
+                let opened = open_ofi(&config, rank, announce);
                 let name = match &opened {
                     Ok(Some(ep)) => ep.name()?,
                     _ => Vec::new(),
@@ -806,6 +810,7 @@ impl Communicator {
                 Some(Mutex::new(client)),
                 ofi,
                 fabric,
+                Some(announce),
             )
         };
         let local_size = topology.local_size(rank);
@@ -818,7 +823,8 @@ impl Communicator {
         let waits = format!(
             "hcomm: rank {rank}: {local_size} local ranks on {cores} core(s): waits {}",
             if spin.is_zero() {
-                "sleep at once (no spinning or yielding), woken by the rank they wait for"
+                "sleep at once (no spinning; small one-sided collectives yield a few times \
+                 first), woken by the rank they wait for"
             } else {
                 "spin, then yield, then sleep"
             }
@@ -905,21 +911,74 @@ impl Communicator {
             spin: !spin.is_zero(),
             pool,
             routes,
+            announce,
             _observe: observe,
             _store: store,
             _client: client,
         });
-        let members: Arc<[usize]> = (0..size).collect();
-        world.engine.register_comm(WORLD_ID, &members);
-        Ok(Communicator {
-            state: CommState::new(&world.engine, (WORLD_ID, 0), rank, &members),
+        Ok((world, topology))
+    }
+}
+
+impl Communicator {
+    /// Joins the job this process was launched into (see the README for the launchers and
+    /// variables), or makes a world of one rank when there is no launcher.
+    pub fn init() -> Result<Communicator> {
+        Communicator::init_with(Config::from_env()?)
+    }
+
+    /// Joins the job described by `config`.
+    pub fn init_with(config: Config) -> Result<Communicator> {
+        let (world, topology) = World::start(config, |config, generation| {
+            let secret = config.job_secret.clone().ok_or_else(|| {
+                Error::init(
+                    "HCOMM_JOB_SECRET is not set: give every rank of the job the same secret \
+                     (hcommrun does this for you)",
+                )
+            })?;
+            let root = config.launch.root_addr.clone().ok_or_else(|| {
+                Error::init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other")
+            })?;
+            let (store, bind_err) = if config.launch.rank == 0 {
+                host_store(&root, &secret)
+            } else {
+                (None, None)
+            };
+            let client =
+                StoreClient::connect(&root, &secret, config.timeout).map_err(
+                    |e| match &bind_err {
+                        Some(b) => Error::init(format!(
+                            "{} (rank 0 could not host the store there either: {b})",
+                            e.detail()
+                        )),
+                        None => e,
+                    },
+                )?;
+            Ok(Boot {
+                client,
+                store,
+                shm_id: link::job_id(&secret, &root, generation),
+                secret,
+                ns: format!("hcomm/{generation}"),
+            })
+        })?;
+        Ok(Communicator::of_world(world, topology, WORLD_ID, 0))
+    }
+
+    /// The communicator `id` at `epoch` of every rank of `world` (whose ranks run where
+    /// `topology` says).
+    fn of_world(world: Arc<World>, topology: Topology, id: u64, epoch: u32) -> Communicator {
+        let members: Arc<[usize]> = (0..topology.size()).collect();
+        world.engine.register_comm(id, &members);
+        Communicator {
+            state: CommState::new(&world.engine, (id, epoch), world.rank, &members),
+            rank: world.rank,
             world,
-            id: WORLD_ID,
-            rank,
+            id,
             members,
             topology: Arc::new(topology),
-            epoch: 0,
-        })
+            epoch,
+        }
     }
 
     /// This process's rank in the communicator.

@@ -70,10 +70,14 @@ pub(crate) struct Backoff {
     /// every later wait end asleep and kept that spin for good.
     pub short_sleep: Duration,
     /// Times a wait yields the CPU after spinning, before it sleeps (a loaded host: the rank
-    /// waited for may need this core). A wait that must not spin (more local ranks than
-    /// cores) does not yield either: it sleeps at once on the futex that the rank it waits
-    /// for rings, and leaves the core to the ranks that have work.
+    /// waited for may need this core).
     pub yields: u32,
+    /// Times a wait that must not spin (more local ranks than cores) yields the CPU before it
+    /// sleeps on the futex that the rank it waits for rings (halved like `yields`). 0 here:
+    /// such waits sleep at once and leave the core to the ranks that have work; the small
+    /// one-sided collectives, whose peers publish within microseconds, yield a few times
+    /// first (`coll::onesided`).
+    pub oversubscribed_yields: u32,
     /// Longest sleep between a wait's looks at its peers and its deadline.
     pub max_sleep: Duration,
 }
@@ -89,6 +93,7 @@ impl Backoff {
         max_halvings: 8,
         short_sleep: Duration::from_micros(50),
         yields: 64,
+        oversubscribed_yields: 0,
         max_sleep: Duration::from_millis(100),
     };
 }

@@ -57,7 +57,7 @@ mod transport;
 
 pub use coll::{CollKind, Shape, VLayout};
 pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, Request};
-pub use comm::{RecvStatus, ANY_SOURCE};
+pub use comm::{RecvStatus, ANY_SOURCE, JOIN_TOKEN_MAX};
 pub use config::{Config, LaunchInfo, Launcher};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{

@@ -56,6 +56,7 @@ def register() -> None:
         return
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])
     _install_source_rank()
+    _install_shrunk_group_type()
     _registered = True
 
 
@@ -90,6 +91,31 @@ def _install_source_rank() -> None:
 
     _source_rank._hcomm = True  # type: ignore[attr-defined]
     c10d.Work._source_rank = _source_rank  # type: ignore[method-assign]
+
+
+def _install_shrunk_group_type() -> None:
+    """Registers the group ``dist.shrink_group`` makes of an hcomm group as a custom backend's.
+
+    torch (2.15 included) registers the backend of every shrunk CPU group as Gloo's; DDP's
+    logger then takes it for a ``ProcessGroupGloo`` (it asks Gloo's thread count through a
+    cast of the backend) and crashes (SIGSEGV) when DDP is built on the shrunk group. The
+    group is made by ``_create_shrunk_process_group``, wrapped here to register an hcomm
+    backend again under ``BackendType.CUSTOM``, as ``init_process_group`` does; other
+    backends' groups are left as torch makes them."""
+    original = getattr(dist.distributed_c10d, "_create_shrunk_process_group", None)
+    if original is None or getattr(original, "_hcomm", False):
+        return
+
+    def create(new_backend: Any, *args: Any, **kwargs: Any) -> Any:
+        pg = original(new_backend, *args, **kwargs)
+        if isinstance(new_backend, HcommBackend):
+            custom = c10d.ProcessGroup.BackendType.CUSTOM
+            pg._register_backend(torch.device("cpu"), custom, new_backend)
+            pg._set_default_backend(custom)
+        return pg
+
+    create._hcomm = True  # type: ignore[attr-defined]
+    dist.distributed_c10d._create_shrunk_process_group = create
 
 
 # ---------------------------------------------------------------------------------------
@@ -228,6 +254,8 @@ class _Work(c10d.Work):
     # A receive from any source: its sender (group rank), for ``_source_rank``.
     _source: Callable[[], int | None] | None = None
     _fut: Future[list[torch.Tensor]] | None = None
+    # The future ``get_future`` handed out: `_fut`, or a child of it (see there).
+    _handed: Future[list[torch.Tensor]] | None = None
     # Made for a waiter that must block.
     _event: threading.Event | None = None
     _completed = False
@@ -298,14 +326,19 @@ class _Work(c10d.Work):
         if self._helper is not None and self._finish is not None:
             self._helper.submit(self._run_finish)
         with self._lock:
-            fut = self._fut
-            if fut is not None:
-                return fut
+            if self._handed is not None:
+                return self._handed
             fut = self._fut = Future()
-            done = self._completed
+            done, error = self._completed, self._error
+            # ``set_exception`` completes a future with the exception as its value, which
+            # only Python's ``wait()`` raises: C++ readers (DDP's reducer) would take the
+            # exception for the output tensors. Unless the outcome is known to be a success,
+            # the future handed out is a child whose callback raises the error, which makes
+            # it the child's own error (a RuntimeError naming it, as Gloo's futures raise).
+            handed = self._handed = fut if done and error is None else fut.then(_outcome)
         if done:
-            _settle(fut, self._outputs, self._error)
-        return fut
+            _settle(fut, self._outputs, error)
+        return handed
 
     def is_completed(self) -> bool:
         return self._completed
@@ -335,6 +368,11 @@ def _settle(
         fut.set_exception(error)
     else:
         fut.set_result(outputs)
+
+
+def _outcome(fut: Future[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """The output tensors of a settled future, or its error raised."""
+    return fut.value()
 
 
 def _annotate(e: BaseException, describe: str) -> BaseException:

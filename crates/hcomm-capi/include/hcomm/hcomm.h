@@ -106,6 +106,11 @@
 #define HCOMM_ANY_SOURCE -1
 
 /**
+ * Bytes a buffer needs for any join token of `hcommCommJoinToken`, its NUL included.
+ */
+#define HCOMM_JOIN_TOKEN_MAX 256
+
+/**
  * The element type of a collective's buffers.
  */
 typedef enum hcommDataType_t {
@@ -943,7 +948,8 @@ int hcommCommAgree(hcommComm_t comm, int *flag);
  * then each makes it without further messages. Every surviving member calls it; it works on
  * a revoked communicator. `HCOMM_ERR_QUORUM` when the survivors are no strict majority (the
  * smaller side of a partition), `HCOMM_ERR_REVOKED` on a rank the others decided had failed.
- * Release the result with `hcommCommDestroy`.
+ * On every failure `*newcomm` is `HCOMM_COMM_NULL` (when `newcomm` is not NULL). Release the
+ * result with `hcommCommDestroy`.
  *
  * # Safety
  * `newcomm` is NULL or points to a writable `hcommComm_t`.
@@ -952,13 +958,65 @@ int hcommCommShrink(hcommComm_t comm, hcommComm_t *newcomm);
 
 /**
  * `hcommCommShrink` that also leaves out the `n` ranks at `ranks` (live members removed on
- * purpose; they do not call it). The majority rule counts only the other members.
+ * purpose; they do not call it). The majority rule counts only the other members. A rank
+ * out of range or this rank's own is `HCOMM_ERR_INVALID_ARGUMENT`.
  *
  * # Safety
  * `ranks` is NULL (with `n` = 0) or points to `n` readable `int`s; `newcomm` is NULL or
  * points to a writable `hcommComm_t`.
  */
 int hcommCommShrinkExcluding(hcommComm_t comm, const int *ranks, int n, hcommComm_t *newcomm);
+
+/**
+ * Writes a single-use join token of `comm` into `buf` (`len` bytes; `HCOMM_JOIN_TOKEN_MAX`
+ * is always enough), NUL-terminated: the members grow `comm` with it (`hcommCommGrow`) and
+ * each new process joins with it (`hcommJoin`). Local: only this rank makes it; hand it to
+ * the other members and to the new processes. The token carries a key derived from the job
+ * secret: whoever holds it can join without `HCOMM_JOB_SECRET`, so keep it as secret as the
+ * job secret. This rank hosts the store the new processes reach until a grow uses the token
+ * or `comm` is destroyed. `HCOMM_ERR_INVALID_ARGUMENT` when `buf` is NULL or too small.
+ *
+ * # Safety
+ * `buf` is NULL or points to `len` writable bytes.
+ */
+int hcommCommJoinToken(hcommComm_t comm, char *buf, size_t len);
+
+/**
+ * Grows `comm` by `nnew` new processes, each of which calls `hcommJoin` with `token`: into
+ * `*newcomm` a communicator of the members, ranks 0 to size - 1 in their old order, and the
+ * new processes, ranks size to size + nnew - 1, at the next epoch. Collective: every member
+ * calls it with the same token (made by one of them with `hcommCommJoinToken`) and count.
+ * `HCOMM_ERR_INVALID_ARGUMENT` for a malformed token, one made for another communicator, one
+ * not made in this job, one already used to grow `comm`, and `nnew` < 1;
+ * `HCOMM_ERR_MISMATCH` when members pass other tokens or counts; `HCOMM_ERR_TIMEOUT` when the
+ * new processes do not join within `HCOMM_TIMEOUT`. On every failure `*newcomm` is
+ * `HCOMM_COMM_NULL` (when `newcomm` is not NULL). Release the result with
+ * `hcommCommDestroy`.
+ *
+ * # Safety
+ * `token` is NULL or a NUL-terminated string; `newcomm` is NULL or points to a writable
+ * `hcommComm_t`.
+ */
+int hcommCommGrow(hcommComm_t comm, const char *token, int nnew, hcommComm_t *newcomm);
+
+/**
+ * Joins the communicator its members grow with `token` (`hcommCommGrow`), in a new process:
+ * `*newcomm` becomes the grown communicator, in which this process has the next free rank.
+ * Needs no launcher and no `HCOMM_JOB_SECRET` (the token authenticates the process). Called
+ * before `hcommInit`, it initializes hcomm and the grown communicator becomes `COMM_WORLD`
+ * (`*newcomm` is `COMM_WORLD`; `hcommFinalize` releases it); called after, `*newcomm` is a
+ * communicator of its own, released with `hcommCommDestroy`. `HCOMM_ERR_INVALID_ARGUMENT` for
+ * a malformed token and for one already used (every rank its grow adds is taken);
+ * `HCOMM_ERR_TIMEOUT` when the token's store cannot be reached (its maker is gone) or the
+ * members do not grow within `HCOMM_TIMEOUT`; `HCOMM_ERR_INIT` when the store refuses the
+ * token's key (a forged token) and after `hcommFinalize`. On every failure `*newcomm` is
+ * `HCOMM_COMM_NULL` (when `newcomm` is not NULL).
+ *
+ * # Safety
+ * `token` is NULL or a NUL-terminated string; `newcomm` is NULL or points to a writable
+ * `hcommComm_t`.
+ */
+int hcommJoin(const char *token, hcommComm_t *newcomm);
 
 /**
  * Registers the transport plug-in `ops` as `name`: with `HCOMM_TRANSPORT=<name>`, `hcommInit`

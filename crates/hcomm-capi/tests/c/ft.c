@@ -5,42 +5,10 @@
  * its last rank on purpose (hcommCommShrinkExcluding), which does not call it.
  * Usage: ft (under hcommrun --keep-going, 4 ranks). */
 #define _POSIX_C_SOURCE 200809L
-#include "common.h"
-
-#include <unistd.h>
-
-#define COUNT 256
-
-/* An exact all-reduce on `comm`, checked: element i of rank r is (i + 1)(r + 1) + k. */
-static int allreduce_exact(hcommComm_t comm, int k) {
-    int n, r;
-    CHECK(hcommCommSize(comm, &n));
-    CHECK(hcommCommRank(comm, &r));
-    int64_t send[COUNT], recv[COUNT];
-    for (int i = 0; i < COUNT; i++) send[i] = (int64_t)(i + 1) * (r + 1) + k;
-    int rc = hcommAllReduce(send, recv, COUNT, HCOMM_INT64, HCOMM_SUM, comm);
-    if (rc != HCOMM_SUCCESS) return rc;
-    for (int i = 0; i < COUNT; i++) {
-        ASSERT(recv[i] == (int64_t)(i + 1) * n * (n + 1) / 2 + (int64_t)n * k);
-    }
-    return HCOMM_SUCCESS;
-}
+#include "ft_common.h"
 
 int main(int argc, char **argv) {
-    int size;
-    CHECK(test_init(&argc, &argv));
-    CHECK(hcommCommRank(COMM_WORLD, &my_rank));
-    CHECK(hcommCommSize(COMM_WORLD, &size));
-    ASSERT(size == 4);
-    for (int k = 0; k < 10; k++) CHECK(allreduce_exact(COMM_WORLD, k));
-    if (my_rank == 3) {
-        fflush(stdout);
-        _exit(9);
-    }
-    int rc = HCOMM_SUCCESS;
-    for (int k = 10; k < 1000000 && rc == HCOMM_SUCCESS; k++) rc = allreduce_exact(COMM_WORLD, k);
-    ASSERT(rc == HCOMM_ERR_PEER_LOST || rc == HCOMM_ERR_ABORTED || rc == HCOMM_ERR_REVOKED);
-    CHECK(hcommCommRevoke(COMM_WORLD));
+    lose_the_last_rank(&argc, &argv);
     EXPECT(HCOMM_ERR_REVOKED, allreduce_exact(COMM_WORLD, 0));
 
     hcommComm_t shrunk, half;

@@ -2,6 +2,7 @@
  * hcommInit and after hcommFinalize, NULL pointers, sizes that overflow, ranks, roots and tags
  * out of range, unknown types and operations, NULL, forged and destroyed communicators,
  * completed requests, foreign pointers to hcommFree, bad transport plug-in registrations,
+ * the fault-tolerance calls' bad arguments,
  * a truncated message, a timeout
  * (HCOMM_TIMEOUT must be small), and with two or more ranks a mismatch and a lost peer.
  * Prints "PASS validation" on success; exits 1 naming the first wrong code otherwise. */
@@ -283,6 +284,82 @@ static void groups(void) {
     EXPECT(INVALID, hcommGroupEnd());
 }
 
+/* The fault-tolerance calls' bad arguments, refused before anything is sent or revoked:
+ * forged and NULL communicators, NULL outputs, a negative capacity or count, a NULL rank list,
+ * ranks out of range or this rank. Each leaves HCOMM_COMM_NULL in the output of a shrink. The
+ * world is neither revoked nor shrunk by any of them. */
+static void fault_tolerance(int size) {
+    int failed[4] = {-1, -1, -1, -1}, count = -1, flag = 1, n = -1;
+    int bad[2] = {size, -1};
+    hcommComm_t out = (hcommComm_t)7, forged = (hcommComm_t)12345;
+    EXPECT(INVALID, hcommCommRevoke(forged));
+    last_error_mentions(INVALID, "hcommCommRevoke", "not a live communicator");
+    EXPECT(INVALID, hcommCommRevoke(HCOMM_COMM_NULL));
+    EXPECT(INVALID, hcommCommAckFailed(forged));
+    EXPECT(INVALID, hcommCommGetFailed(forged, failed, 4, &count));
+    EXPECT(INVALID, hcommCommGetFailed(COMM_WORLD, failed, 4, NULL));
+    last_error_mentions(INVALID, "hcommCommGetFailed", "count");
+    EXPECT(INVALID, hcommCommGetFailed(COMM_WORLD, failed, -1, &count));
+    last_error_mentions(INVALID, "hcommCommGetFailed", "negative");
+    EXPECT(INVALID, hcommCommGetFailed(COMM_WORLD, NULL, 4, &count));
+    last_error_mentions(INVALID, "hcommCommGetFailed", "ranks");
+    ASSERT(count == -1 && failed[0] == -1);
+    CHECK(hcommCommGetFailed(COMM_WORLD, NULL, 0, &count));
+    ASSERT(count == 0);
+    EXPECT(INVALID, hcommCommAgree(COMM_WORLD, NULL));
+    last_error_mentions(INVALID, "hcommCommAgree", "flag");
+    EXPECT(INVALID, hcommCommAgree(forged, &flag));
+    EXPECT(INVALID, hcommCommShrink(COMM_WORLD, NULL));
+    last_error_mentions(INVALID, "hcommCommShrink", "newcomm");
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommShrink(forged, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommShrinkExcluding(COMM_WORLD, bad, -1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommCommShrinkExcluding", "negative");
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommShrinkExcluding(COMM_WORLD, NULL, 1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommShrinkExcluding(COMM_WORLD, &bad[0], 1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommCommShrinkExcluding", "excluded rank");
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommShrinkExcluding(COMM_WORLD, &bad[1], 1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommShrinkExcluding(COMM_WORLD, &my_rank, 1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommCommShrinkExcluding", "this rank");
+    EXPECT(INVALID, hcommCommShrinkExcluding(COMM_WORLD, &my_rank, 1, NULL));
+    /* Grow's bad arguments, refused before anything is made or sent. */
+    char token[HCOMM_JOIN_TOKEN_MAX];
+    EXPECT(INVALID, hcommCommJoinToken(forged, token, sizeof token));
+    EXPECT(INVALID, hcommCommJoinToken(COMM_WORLD, NULL, sizeof token));
+    last_error_mentions(INVALID, "hcommCommJoinToken", "buf");
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommGrow(forged, "hcomm-join/1/x", 1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommGrow(COMM_WORLD, NULL, 1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommCommGrow", "token is NULL");
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommCommGrow(COMM_WORLD, "hcomm-join/1/x", -1, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommCommGrow", "negative");
+    EXPECT(INVALID, hcommCommGrow(COMM_WORLD, "hcomm-join/1/x", 1, NULL));
+    out = (hcommComm_t)7;
+    EXPECT(INVALID, hcommJoin(NULL, &out));
+    ASSERT(out == HCOMM_COMM_NULL);
+    last_error_mentions(INVALID, "hcommJoin", "token is NULL");
+    /* The world still works. */
+    n = my_rank;
+    CHECK(hcommAllReduce(&n, &n, 1, HCOMM_INT32, HCOMM_SUM, COMM_WORLD));
+    ASSERT(n == size * (size - 1) / 2);
+}
+
 /* The calls added with the new types: refused pairs (bitwise operations on floats, the
  * average of bool), bad counts and displacements of the v-variants, NULL request pointers,
  * nonblocking collectives inside a group, hcommCommDup's output. Each fails on every rank
@@ -468,6 +545,7 @@ int main(int argc, char **argv) {
     requests();
     groups();
     new_calls(size);
+    fault_tolerance(size);
     timeout();
     if (size > 1) {
         mismatched_calls();

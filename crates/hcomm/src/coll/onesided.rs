@@ -8,9 +8,11 @@
 //!
 //! Call `j` (numbered per communicator, the same on every rank) uses slot `j % 2`. A rank
 //! writes the slot's header (and, for small calls, its whole contribution into the data),
-//! then publishes `seq = j` with release ordering and rings its peers' doorbells; peers wait
-//! for `seq >= j` with acquire ordering, check the signature (a mismatch fails every rank of
-//! the call), and read what they need in place.
+//! then publishes `seq = j` with release ordering and rings its peers' doorbells (with more
+//! ranks than cores, in calls whose contributions fit a slot, only the last rank to publish
+//! rings, once: `OneSided::last_to_publish`);
+//! peers wait for `seq >= j` with acquire ordering, check the signature (a mismatch fails
+//! every rank of the call), and read what they need in place.
 //!
 //! * **Tiny** (every contribution up to 32 bytes): the contribution travels in one cache line
 //!   with the call number (stored last), so a peer sees both with one transfer.
@@ -27,13 +29,25 @@
 //!   each reduced chunk into its own result and into the peers' that need it (every peer for
 //!   all-reduce, the root for reduce; through mapped blocks, else `process_vm_writev`).
 //!   Large all-gather: each rank writes its block into every peer's result (gather: into the
-//!   root's, and the non-roots wait for nobody); broadcast: the
-//!   root writes the last n-th of the buffer into the non-roots while they read the rest
-//!   from it. Nobody copies results out of a peer afterwards, and the copying is shared by
-//!   all ranks. Each rank then publishes `done` and waits for its peers' before returning,
-//!   so no buffer is released while a peer still reads or writes it: a rank touches a
-//!   peer's buffers only between the peer's publishing the call (its `seq`, with the
-//!   buffers' addresses in its header) and its own `done`, and the peer waits for that.
+//!   root's, and the non-roots wait for nobody); broadcast: the root writes the last n-th of
+//!   the buffer into the non-roots while they read the rest from it; scatter: each non-root
+//!   reads its block while the root copies its own (in place, the root writes the last n-th
+//!   of each non-root's block into it while it reads the rest); all-to-all: each pair of
+//!   ranks splits the two blocks it exchanges, the lower rank moving the first half of both
+//!   (reading one, writing the other), the higher rank the second half. Nobody copies
+//!   results out of a peer afterwards, and the copying is shared by all ranks. Each rank
+//!   then publishes `done` and waits for its peers' before returning, so no buffer is
+//!   released while a peer still reads or writes it: a rank touches a peer's buffers only
+//!   between the peer's publishing the call (its `seq`, with the buffers' addresses in its
+//!   header) and its own `done`, and the peer waits for that.
+//!
+//! A call that would reach heap buffers with cross-memory attach does not run when some
+//! member says the kernel may refuse it now (`NoCma` in its segment: it turned
+//! non-dumpable since the start-up probe, which it checks before publishing such a call, or
+//! a transfer of its was refused in an earlier call): every member sees that alike once all
+//! published the call, touches no peer's buffer, and runs the call's schedule instead
+//! ([`Outcome::Schedule`]). A refusal in the middle of a call, with no such warning, fails
+//! that call on every member; the later ones take the schedule.
 //!
 //! A rank overwrites slot `j % 2` only once every peer has started call `j - 1`, which it does
 //! only after finishing call `j - 2`, the slot's previous user (a rank that saw its peers
@@ -60,6 +74,7 @@ pub(crate) use crate::transport::shm::board::SLOT;
 use crate::transport::shm::board::{
     pool_loc, Board, BoardSetup, Ctr, Header, Side, Signals, SEG_LEN, TINY_MAX,
 };
+use crate::transport::shm::cma;
 use crate::transport::shm::segment::{segment_name, ShmSegment};
 
 /// Calls whose buffers all lie in pools read larger contributions than this in place, even
@@ -73,6 +88,31 @@ const CHUNK: usize = 128 << 10;
 /// Calls on at least this many bytes write their results with non-temporal stores: their
 /// buffers do not fit the caches, and the stores then skip reading the destination first.
 const STREAM_FROM: usize = 64 << 20;
+/// Looks at a peer's counter that a spinning wait takes at once, before it follows the backoff
+/// policy (`Waiting`).
+const EAGER_LOOKS: u32 = 64;
+/// The backoff of calls whose contributions fit a slot: with more ranks than cores their
+/// waits yield the core a few times before they sleep. A yield hands the core to another
+/// runnable rank, maybe the one that must publish next, for a system call; a sleep costs the
+/// waiter a futex wait, the waker a futex wake and the scheduler two switches. Measured on the
+/// 2-core host at load 14-17, 1 KiB all-reduce: 8 ranks 18 µs with 8 yields against 34 µs
+/// sleeping at once, 32 ranks 143 against 362 µs. Larger calls sleep at once: with 8 yields
+/// a 1 MiB all-reduce of 8 ranks took 2.1-2.5 ms in two runs of four but 5.2-5.4 ms in the
+/// others, against 2.1 ms in all four sleeping at once.
+const SMALL_CALLS: Backoff = Backoff {
+    oversubscribed_yields: 8,
+    ..Backoff::DEFAULT
+};
+
+/// How a one-sided call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// It ran: the result is in the receive buffer.
+    Done,
+    /// It did not run (no rank touched another's buffers): every member runs the call's
+    /// schedule instead.
+    Schedule,
+}
 
 /// The call counter of a communicator, what this rank knows of its peers, and the board.
 struct Calls {
@@ -219,27 +259,20 @@ impl OneSided {
     }
 
     /// Whether a call of `shape` runs one-sided: inline when every contribution fits a slot;
-    /// otherwise only large all-reduce, reduce-scatter, reduce, all-gather, gather and
-    /// broadcast, with cross-memory attach.
+    /// otherwise every collective but the barrier and the vector ones, with cross-memory
+    /// attach.
     pub(crate) fn fits(&self, shape: &Shape) -> bool {
         if shape.v.is_some() || shape.size != self.signals.len() {
             return false;
         }
-        max_contribution(shape) <= SLOT
-            || (self.cma
-                && matches!(
-                    shape.kind,
-                    CollKind::AllReduce
-                        | CollKind::ReduceScatter
-                        | CollKind::Reduce
-                        | CollKind::AllGather
-                        | CollKind::Gather
-                        | CollKind::Broadcast
-                ))
+        max_contribution(shape) <= SLOT || (self.cma && has_large(shape.kind))
     }
 
     /// Runs call `tag` of `shape` with signature `sig`, from `send` (`None` in place and for
-    /// calls without one) into `recv`, both checked against `shape`.
+    /// calls without one) into `recv`, both checked against `shape`. [`Outcome::Schedule`]:
+    /// the call needs cross-memory attach, which the kernel may refuse on some member's
+    /// buffers now; every member then says so, having touched no peer's buffer, and runs the
+    /// call's schedule instead.
     pub(crate) fn run(
         &self,
         comm: &dyn Group,
@@ -248,7 +281,7 @@ impl OneSided {
         sig: [u64; 2],
         send: Option<&Lease<'_>>,
         recv: &mut Lease<'_>,
-    ) -> Result<()> {
+    ) -> Result<Outcome> {
         let mut bufs = Buffers {
             send: send.map(Lease::as_slice),
             out: recv.as_mut_slice()?,
@@ -258,6 +291,9 @@ impl OneSided {
         let j = calls.last + 1;
         calls.last = j;
         let engine = comm.engine();
+        // The largest contribution decides the way of the call (looked up once: it visits
+        // every rank).
+        let most = max_contribution(shape);
         let waiter = Waiter {
             os: self,
             engine,
@@ -266,6 +302,11 @@ impl OneSided {
             tag,
             call: j,
             sig,
+            policy: if most <= SLOT {
+                SMALL_CALLS
+            } else {
+                Backoff::DEFAULT
+            },
             deadline: OnceCell::new(),
         };
         // The call is registered with the engine (for messages of a peer that runs it with
@@ -283,19 +324,24 @@ impl OneSided {
         let (own, len) = contribution(shape, self.me, &bufs);
         let slot = (j % 2) as usize;
         let board = &mut calls.board;
-        // The largest contribution decides the way of the call (looked up once: it visits
-        // every rank).
-        let most = max_contribution(shape);
         if most <= TINY_MAX {
-            return self.tiny(
-                &waiter,
-                board,
-                shape,
-                (j, slot),
-                (own, len),
-                &mut bufs,
-                &mut calls.known,
-            );
+            return self
+                .tiny(
+                    &waiter,
+                    board,
+                    shape,
+                    (j, slot),
+                    (own, len),
+                    &mut bufs,
+                    &mut calls.known,
+                )
+                .map(|()| Outcome::Done);
+        }
+        // A call that may read or write heap buffers with cross-memory attach: a rank that
+        // turned non-dumpable since the start-up probe says so before it publishes the call
+        // (its peers would be refused), and every rank then takes the schedule.
+        if self.cma && most > DIRECT_CMA_FROM && !cma::attachable() {
+            self.refuse_cma_from(j);
         }
         let inline = most <= SLOT;
         let pool = comm.pool();
@@ -314,8 +360,16 @@ impl OneSided {
         if inline && len > 0 {
             board.publish_data(slot, input)?;
         }
-        self.publish(engine, Ctr::Seq, j);
-        let result = self
+        self.signals
+            .counter(self.me, Ctr::Seq)
+            .store(j, Ordering::Release);
+        // Large calls ring every peer, also with more ranks than cores: with only the last
+        // rank ringing, a 1 MiB all-reduce of 8 ranks on 2 cores took 7.0 and 10.5 ms in two
+        // runs of five, against 1.5-1.8 ms in all five ringing every peer.
+        if self.spin || !inline || self.last_to_publish(|p| self.signals.counter(p, Ctr::Seq), j) {
+            self.ring_all(engine);
+        }
+        let outcome = self
             .complete(
                 &waiter,
                 board,
@@ -325,8 +379,13 @@ impl OneSided {
                 &mut bufs,
                 &mut calls.known,
             )
-            .and_then(|()| waiter.none_abandoned(n));
-        if let Err(e) = &result {
+            .and_then(|outcome| waiter.none_abandoned(n).map(|()| outcome));
+        if let Err(e) = &outcome {
+            if cma::refused(e) {
+                // Refused in the middle of a call, with no warning beforehand: this call
+                // fails, and the later ones take the schedule.
+                self.refuse_cma_from(j + 1);
+            }
             // Peers may wait for this rank's part of the call: tell them it will not come,
             // and why when a lost rank is the cause (they may see this rank leave before they
             // learn of that loss themselves).
@@ -339,7 +398,31 @@ impl OneSided {
                 .store(cause, Ordering::Relaxed);
             self.publish(engine, Ctr::Failed, j);
         }
-        result
+        outcome
+    }
+
+    /// Tells the peers (and this rank) that cross-memory attach on this rank may be refused
+    /// from call `j` on (unless said before): the calls that need it run their schedules.
+    fn refuse_cma_from(&self, j: u64) {
+        let no_cma = self.signals.counter(self.me, Ctr::NoCma);
+        if no_cma.load(Ordering::Relaxed) == 0 {
+            tracing::info!(
+                "cross-memory attach may be refused on rank {} from one-sided call {j} on: \
+                 the collectives that would use it run their message schedules",
+                self.me
+            );
+            // Published by the release store of call `j`'s number, which comes after.
+            no_cma.store(j, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some member said that cross-memory attach may be refused in call `j` (read
+    /// once every peer has published `j`: every rank answers alike).
+    fn cma_refused(&self, j: u64) -> bool {
+        (0..self.signals.len()).any(|p| {
+            let from = self.signals.counter(p, Ctr::NoCma).load(Ordering::Relaxed);
+            from != 0 && from <= j
+        })
     }
 
     /// A call whose every contribution fits a cache line: it goes with the call number in
@@ -361,10 +444,14 @@ impl OneSided {
         self.signals
             .counter(self.me, Ctr::Seq)
             .store(j, Ordering::Release);
-        // The peers' doorbells ring after the waits below: ringing fences, which would hold
-        // this rank until its line reached the peers' caches, and a peer asleep on this call
-        // has published its own line already, so the waits end without it. (The last rank to
-        // publish finds every line there and rings everyone.)
+        // Spinning ranks ring the peers' doorbells after the waits below: ringing fences,
+        // which would hold this rank until its line reached the peers' caches, and a peer
+        // asleep on this call has published its own line already, so the waits end without
+        // it. (The last rank to publish finds every line there and rings everyone.) With more
+        // ranks than cores only that last rank rings, once (`last_to_publish`).
+        if !self.spin && self.last_to_publish(|p| self.signals.tiny_seq(p, slot), j) {
+            self.ring_all(waiter.engine);
+        }
         let n = self.signals.len();
         for p in (0..n).filter(|&p| p != self.me) {
             waiter.wait_on(p, self.signals.tiny_seq(p, slot), j)?;
@@ -372,8 +459,8 @@ impl OneSided {
             let (theirs, len) = board.tiny_header(p, slot);
             check_peer_call(shape, waiter.sig, p, theirs, len)?;
         }
-        for p in (0..n).filter(|&p| p != self.me) {
-            waiter.engine.ring_peer(self.world[p]);
+        if self.spin {
+            self.ring_all(waiter.engine);
         }
         // This rank's own contribution comes from its buffer, which stays in its cache, rather
         // than from its line, which the peers are fetching; not when it lies in the receive
@@ -395,9 +482,35 @@ impl OneSided {
         self.signals
             .counter(self.me, which)
             .store(value, Ordering::Release);
+        self.ring_all(engine);
+    }
+
+    /// Rings every peer's doorbell.
+    fn ring_all(&self, engine: &Engine) {
         for p in (0..self.signals.len()).filter(|&p| p != self.me) {
             engine.ring_peer(self.world[p]);
         }
+    }
+
+    /// Whether this rank, which has just published call `j` in its counter of `counter`, was
+    /// the last to publish it: every peer's counter says `j` already. Only that rank then
+    /// rings the peers, which wait for every counter to say `j` (with more ranks than cores:
+    /// a sleeping rank is woken once per call, when all it waits for is there, instead of by
+    /// each peer that publishes while it sleeps, n² wake-ups a call).
+    ///
+    /// No wake-up is lost. The sequentially consistent fence after this rank's store orders
+    /// the fences of all publishers: the one whose fence comes last sees every peer's store,
+    /// so some rank finds itself last (two finishing at once may both). A waiter counts itself
+    /// as a sleeper and fences before it looks at the counters ([`EventCount`]'s protocol):
+    /// either it sees every store, or the last rank's look at its sleepers (inside
+    /// [`Engine::ring_peer`], after that rank's fence) sees it and wakes it.
+    ///
+    /// [`EventCount`]: crate::transport::shm::futex
+    fn last_to_publish<'s>(&'s self, counter: impl Fn(usize) -> &'s AtomicU64, j: u64) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        (0..self.signals.len())
+            .filter(|&p| p != self.me)
+            .all(|p| counter(p).load(Ordering::Acquire) >= j)
     }
 
     /// The rest of call `j` (whose largest contribution is `most` bytes) once this rank
@@ -412,7 +525,7 @@ impl OneSided {
         most: usize,
         bufs: &mut Buffers<'_>,
         known: &mut [u64],
-    ) -> Result<()> {
+    ) -> Result<Outcome> {
         let n = self.signals.len();
         for p in (0..n).filter(|&p| p != self.me) {
             waiter.wait(p, Ctr::Seq, j)?;
@@ -440,7 +553,11 @@ impl OneSided {
                 CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
                     most > DIRECT_FROM && in_pools()
                 }
-                CollKind::AllGather | CollKind::Broadcast | CollKind::Gather => {
+                CollKind::AllGather
+                | CollKind::Broadcast
+                | CollKind::Gather
+                | CollKind::Scatter
+                | CollKind::AllToAll => {
                     most > DIRECT_CMA_FROM || (most > DIRECT_FROM && in_pools())
                 }
                 _ => false,
@@ -448,14 +565,19 @@ impl OneSided {
         if inline && !direct {
             compute(shape, self.me, bufs.out, |p| {
                 board.contribution(false, slot, p, contribution_len(shape, p))
-            })
-        } else {
-            self.large(waiter, board, shape, j, bufs)
+            })?;
+            return Ok(Outcome::Done);
         }
+        // Heap buffers are reached with cross-memory attach, which the kernel may refuse now.
+        if self.cma_refused(j) && !in_pools() {
+            return Ok(Outcome::Schedule);
+        }
+        self.large(waiter, board, shape, j, bufs)?;
+        Ok(Outcome::Done)
     }
 
-    /// The large all-reduce, all-gather and broadcast: data read straight from the peers'
-    /// buffers (mapped pool blocks, else cross-memory attach).
+    /// The large calls: data read straight from the peers' buffers and written straight into
+    /// their results (mapped pool blocks, else cross-memory attach).
     fn large(
         &self,
         waiter: &Waiter<'_>,
@@ -692,6 +814,127 @@ impl OneSided {
                         .map_err(|e| waiter.read_failed(shape.root, e))?;
                 }
             }
+            CollKind::Scatter => {
+                // The non-roots read their blocks while the root copies its own into its
+                // result; in place (the root's block is there already) the root writes the
+                // last n-th of every non-root's block into it instead, as the broadcast does,
+                // so that each rank copies about as much as the others.
+                let e = shape.elem();
+                let cut = if shape.in_place {
+                    block - block / n / e * e
+                } else {
+                    block
+                };
+                if me == shape.root {
+                    let outside = || Error::internal("a one-sided contribution outside its buffer");
+                    let all: &[u8] = match own_at {
+                        Own::Send => send.and_then(|s| s.get(..n * block)).ok_or_else(outside)?,
+                        Own::Recv(_) => &out[..n * block],
+                    };
+                    for p in peers() {
+                        let src = &all[p * block + cut..(p + 1) * block];
+                        for (i, chunk) in src.chunks(CHUNK).enumerate() {
+                            board
+                                .write_peer_output(signals, j, p, cut + i * CHUNK, chunk, stream)
+                                .map_err(|e| waiter.read_failed(p, e))?;
+                        }
+                    }
+                    // In place the root's block is in its result already.
+                    if let Own::Send = own_at {
+                        let own = send
+                            .and_then(|s| s.get(me * block..(me + 1) * block))
+                            .ok_or_else(outside)?;
+                        put(&mut out[..block], own, stream)?;
+                    }
+                } else {
+                    board
+                        .read_peer(
+                            shape.root,
+                            Side::Input,
+                            slot,
+                            me * block,
+                            &mut out[..cut],
+                            stream,
+                        )
+                        .map_err(|e| waiter.read_failed(shape.root, e))?;
+                }
+            }
+            CollKind::AllToAll => {
+                // Each pair of ranks splits the two blocks it exchanges: the lower rank moves
+                // the first half of both (reading the peer's block for it, writing its own
+                // into the peer's result), the higher rank the second half. No byte is
+                // touched by two ranks, and in place a rank reads each piece of the peer's
+                // block before it writes its own there.
+                let e = shape.elem();
+                let half = block / e / 2 * e;
+                let outside = || Error::internal("a one-sided contribution outside its buffer");
+                let input = match own_at {
+                    Own::Send => Some(send.and_then(|s| s.get(..n * block)).ok_or_else(outside)?),
+                    Own::Recv(_) => None,
+                };
+                if let Some(input) = input {
+                    put(
+                        &mut out[me * block..(me + 1) * block],
+                        &input[me * block..(me + 1) * block],
+                        stream,
+                    )?;
+                }
+                let mut tmp = Vec::new();
+                for p in peers() {
+                    let (lo, hi) = if me < p { (0, half) } else { (half, block) };
+                    let mut at = lo;
+                    while at < hi {
+                        let m = CHUNK.min(hi - at);
+                        let mine = p * block + at;
+                        let theirs = me * block + at;
+                        match input {
+                            Some(input) => {
+                                board
+                                    .read_peer(
+                                        p,
+                                        Side::Input,
+                                        slot,
+                                        theirs,
+                                        &mut out[mine..mine + m],
+                                        stream,
+                                    )
+                                    .map_err(|e| waiter.read_failed(p, e))?;
+                                board
+                                    .write_peer_output(
+                                        signals,
+                                        j,
+                                        p,
+                                        theirs,
+                                        &input[mine..mine + m],
+                                        stream,
+                                    )
+                                    .map_err(|e| waiter.read_failed(p, e))?;
+                            }
+                            None => {
+                                if tmp.is_empty() {
+                                    tmp = vec![0u8; CHUNK.min(block)];
+                                }
+                                let got = &mut tmp[..m];
+                                board
+                                    .read_peer(p, Side::Input, slot, theirs, got, false)
+                                    .map_err(|e| waiter.read_failed(p, e))?;
+                                board
+                                    .write_peer_output(
+                                        signals,
+                                        j,
+                                        p,
+                                        theirs,
+                                        &out[mine..mine + m],
+                                        stream,
+                                    )
+                                    .map_err(|e| waiter.read_failed(p, e))?;
+                                put(&mut out[mine..mine + m], got, stream)?;
+                            }
+                        }
+                        at += m;
+                    }
+                }
+            }
             _ => {
                 return Err(Error::internal(format!(
                     "{} has no large one-sided algorithm",
@@ -701,10 +944,11 @@ impl OneSided {
         }
         self.publish(waiter.engine, Ctr::Done, j);
         // Nobody returns (and releases its buffers) while a peer may still read them or write
-        // its results into them. A broadcast's non-roots have nothing anyone reads, and only
-        // the root writes into them; a gather's non-roots have nothing anyone reads or writes.
+        // its results into them. A broadcast's and a scatter's non-roots have nothing anyone
+        // reads, and only the root writes into them; a gather's non-roots have nothing anyone
+        // reads or writes.
         let waits_for = |p: usize| match shape.kind {
-            CollKind::Broadcast if me != shape.root => p == shape.root,
+            CollKind::Broadcast | CollKind::Scatter if me != shape.root => p == shape.root,
             CollKind::Gather => me == shape.root,
             _ => true,
         };
@@ -790,6 +1034,8 @@ struct Waiter<'a> {
     call: u64,
     /// The call's signature.
     sig: [u64; 2],
+    /// How its waits back off.
+    policy: Backoff,
     /// `HCOMM_TIMEOUT` from the first wait that had to sleep (reading the clock costs as
     /// much as a whole small call); set once the call is registered with the engine.
     deadline: OnceCell<Instant>,
@@ -877,8 +1123,12 @@ impl Waiter<'_> {
             return Ok(());
         }
         // Spinning (when this rank has a core to itself), then yielding: most small calls find
-        // their peers' lines within a few looks.
-        let mut waiting = Waiting::new(Backoff::DEFAULT, self.os.spin);
+        // their peers' lines within a few looks, which come first, without the policy's
+        // bookkeeping (a wait served by them teaches the thread's next waits nothing).
+        if self.os.spin && (0..EAGER_LOOKS).any(|_| ready()) {
+            return Ok(());
+        }
+        let mut waiting = Waiting::new(self.policy, self.os.spin);
         while waiting.pause() != Pause::Sleep {
             if ready() {
                 return Ok(());
@@ -981,6 +1231,21 @@ fn agree(comm: &dyn Group, ok: bool) -> Result<bool> {
     let mut mine = [0u8; 16];
     mine[0] = u8::from(ok);
     Ok(comm.exchange_all(&mine)?.iter().all(|b| b[0] == 1))
+}
+
+/// Whether collective `kind` has a large one-sided algorithm (contributions beyond a slot).
+fn has_large(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::AllReduce
+            | CollKind::ReduceScatter
+            | CollKind::Reduce
+            | CollKind::AllGather
+            | CollKind::Gather
+            | CollKind::Broadcast
+            | CollKind::Scatter
+            | CollKind::AllToAll
+    )
 }
 
 /// Bytes rank `rank` contributes to a call of `shape`.

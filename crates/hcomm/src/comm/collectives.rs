@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
 use crate::coll::algos::hier::tiered::Tiers;
 use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
-use crate::coll::onesided::OneSided;
+use crate::coll::onesided::{OneSided, Outcome};
 use crate::coll::schedule::{Schedule, Step};
 use crate::coll::{exec, Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
@@ -220,13 +220,13 @@ impl Communicator {
             .state
             .coll_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mark = self.flight_post(&shape, Some(seq), true);
+        let mark = self.flight_post(&shape, self.call_bytes(&shape), Some(seq), true);
         let comm = self.handle();
         let name = shape.kind.name();
         let task = std::thread::Builder::new()
             .name(format!("hcomm-{name}"))
             .spawn(move || {
-                let mut op = comm.record(&shape);
+                let mut op = comm.record(&shape, comm.call_bytes(&shape));
                 let result = comm.run_planned(
                     &mut op,
                     &shape,
@@ -357,8 +357,9 @@ impl Communicator {
     fn run(&self, shape: &Shape, send: Option<&Lease<'_>>, recv: &mut Lease<'_>) -> Result<()> {
         // Recorded from before planning: the first call of a shape may wait for the peers
         // while it sets up (the one-sided segments).
-        let mut op = self.record(shape);
-        let mark = self.flight_post(shape, None, false);
+        let bytes = self.call_bytes(shape);
+        let mut op = self.record(shape, bytes);
+        let mark = self.flight_post(shape, bytes, None, false);
         let plan = match self.plan(shape) {
             Ok(p) => p,
             Err(e) => {
@@ -378,10 +379,9 @@ impl Communicator {
         result
     }
 
-    /// Starts recording a call of `shape` for the profiler, the stall warnings and the trace
-    /// (sequence number and algorithm come with [`Communicator::run_planned`]).
-    fn record(&self, shape: &Shape) -> OpScope {
-        let bytes = shape.send_bytes(self.rank).max(shape.recv_bytes(self.rank));
+    /// Starts recording a call of `shape` moving `bytes` for the profiler, the stall warnings and
+    /// the trace (sequence number and algorithm come with [`Communicator::run_planned`]).
+    fn record(&self, shape: &Shape, bytes: u64) -> OpScope {
         let next = self
             .state
             .coll_seq
@@ -389,7 +389,7 @@ impl Communicator {
         OpScope::start(
             observe_kind(shape.kind),
             u64::from(next),
-            bytes as u64,
+            bytes,
             self.size(),
             [0; 3],
             0,
@@ -398,16 +398,28 @@ impl Communicator {
         )
     }
 
-    /// Records a call of `shape` in the flight recorder (`seq`: its sequence number, when
-    /// taken already; `nonblocking`: it runs in the background).
-    fn flight_post(&self, shape: &Shape, seq: Option<u32>, nonblocking: bool) -> Option<Mark> {
+    /// The bytes this rank sends or receives in a call of `shape`, the larger.
+    fn call_bytes(&self, shape: &Shape) -> u64 {
+        shape.send_bytes(self.rank).max(shape.recv_bytes(self.rank)) as u64
+    }
+
+    /// Records a call of `shape` moving `bytes` ([`Communicator::call_bytes`]) in the flight
+    /// recorder (`seq`: its sequence number, when taken already; `nonblocking`: it runs in
+    /// the background).
+    fn flight_post(
+        &self,
+        shape: &Shape,
+        bytes: u64,
+        seq: Option<u32>,
+        nonblocking: bool,
+    ) -> Option<Mark> {
         let r = self.state.flight.as_ref()?;
         let call = FlightCall {
             kind: observe_kind(shape.kind),
             dtype: shape.dtype,
             count: shape.count as u64,
             root: shape.kind.rooted().then_some(shape.root),
-            bytes: shape.send_bytes(self.rank).max(shape.recv_bytes(self.rank)) as u64,
+            bytes,
             nonblocking,
         };
         Some(r.post(&call, seq.map(u64::from)))
@@ -496,9 +508,14 @@ impl Communicator {
             [0; 2]
         };
         if let Some(os) = &plan.onesided {
-            return os
+            let outcome = os
                 .run(self, shape, seq, sig, send, recv)
-                .map_err(|e| self.explain(shape, seq, e));
+                .map_err(|e| self.explain(shape, seq, e))?;
+            if outcome == Outcome::Done {
+                return Ok(());
+            }
+            // Cross-memory attach may be refused on some member's buffers now: every member
+            // runs the schedule below instead.
         }
         if plan.tiered {
             let tiers = self.tiers()?;

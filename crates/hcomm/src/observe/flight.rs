@@ -6,11 +6,12 @@
 //! Each record holds the communicator, its epoch, the call's sequence number, collective,
 //! element type, count and root, when it was posted (the call made), started (its sequence
 //! number taken, its schedule begun) and completed, how it ended, and the member its thread
-//! last waited for. A call costs an atomic increment, two readings of the statistics clock
-//! (three for a nonblocking call, which starts later than it was posted; a blocking call's
-//! start is its post: reading the clock costs about 30 ns on a virtual machine, a tenth of a
-//! small all-reduce) and relaxed stores into one cache line of the ring, on its thread, and no lock (a failed
-//! call also keeps its error, under a lock); nothing else runs (the measured cost is in
+//! last waited for. A blocking call costs two readings of the statistics clock (a nonblocking
+//! call, which starts later than it was posted, three; reading the TSC costs about 20 ns on
+//! a virtual machine) and relaxed loads and stores into one cache line of the ring, on its
+//! thread: no lock (a failed call also keeps its error, under a lock) and no atomic
+//! read-modify-write, whose fence would also wait for the record's cache line (calls on one
+//! communicator come one after the other); nothing else runs (the measured cost is in
 //! docs/flight-recorder.md).
 //!
 //! `SIGUSR1`: the handler (installed at the first world, only while the signal has its
@@ -28,7 +29,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use serde::{Deserialize, Serialize};
 
-use super::clock::{monotonic_ns, ticks, TickKind, TICK_KIND};
+use super::clock::monotonic_ns;
 use super::OpKind;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -54,9 +55,6 @@ struct Setup {
     job: String,
     rank: usize,
     size: usize,
-    /// A reading of [`ticks`] and of the monotonic clock together, to convert the one into
-    /// the other at a dump.
-    base: (u64, u64),
 }
 
 /// Sets the policy of the process from its latest world: `capacity` records per
@@ -69,7 +67,6 @@ pub(crate) fn configure(capacity: usize, dir: &Path, job: &str, rank: usize, siz
         job: job.to_string(),
         rank,
         size,
-        base: (ticks(), monotonic_ns()),
     });
     if capacity > 0 {
         install_signal();
@@ -169,19 +166,25 @@ impl Status {
 struct Slot {
     /// The number of the call that owns the slot, plus one (0: never used).
     owner: AtomicU64,
-    /// Its sequence number plus one (0: not numbered yet).
-    seq: AtomicU64,
-    /// Collective (bits 0..8), element type (8..16), status (16..18), nonblocking (18).
+    /// Collective (bits 0..8), element type (8..16), status (16..18), nonblocking (18), and
+    /// the sequence number plus one (from bit [`SEQ_SHIFT`]; 0: not numbered yet).
     what: AtomicU64,
     /// Root plus one (bits 0..32, 0: none) and the peer waited for plus one (32..64).
     ranks: AtomicU64,
     count: AtomicU64,
     bytes: AtomicU64,
-    /// Ticks ([`ticks`]) of its posting, start and end (0: not yet).
+    /// When it was posted, started and ended ([`stamp`]; 0: not yet).
     posted: AtomicU64,
     started: AtomicU64,
     completed: AtomicU64,
 }
+
+// Eight words: one cache line per call, which a call's stores fill (a record over two lines
+// cost a second line's fetch per call).
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);
+
+/// Where a record's sequence number (plus one) starts in its `what`.
+const SEQ_SHIFT: u32 = 20;
 
 /// The flight recorder of one communicator.
 #[derive(Debug)]
@@ -275,12 +278,18 @@ impl Recorder {
     /// increment, a clock reading and relaxed stores.
     #[inline]
     pub(crate) fn post(&self, call: &Call, seq: Option<u64>) -> Mark {
-        let n = self.next.fetch_add(1, RELAXED);
+        // A load and a store rather than an atomic increment, which fences: calls on one
+        // communicator are made one after the other (two made at the same time by two
+        // threads may share a record, as they may share a sequence number).
+        let n = self.next.load(RELAXED);
+        self.next.store(n + 1, RELAXED);
         let s = &self.slots[(n % self.slots.len() as u64) as usize];
         s.owner.store(n + 1, RELAXED);
-        s.seq.store(seq.map_or(0, |q| q + 1), RELAXED);
         s.what.store(
-            call.kind as u64 | (call.dtype as u64) << 8 | u64::from(call.nonblocking) << 18,
+            call.kind as u64
+                | (call.dtype as u64) << 8
+                | u64::from(call.nonblocking) << 18
+                | seq.map_or(0, |q| q + 1) << SEQ_SHIFT,
             RELAXED,
         );
         s.ranks.store(
@@ -289,7 +298,7 @@ impl Recorder {
         );
         s.count.store(call.count, RELAXED);
         s.bytes.store(call.bytes, RELAXED);
-        s.posted.store(ticks(), RELAXED);
+        s.posted.store(stamp(), RELAXED);
         s.started.store(0, RELAXED);
         s.completed.store(0, RELAXED);
         Mark(n)
@@ -299,16 +308,26 @@ impl Recorder {
     /// was posted (a blocking call, whose planning is part of it).
     #[inline]
     pub(crate) fn started(&self, mark: Mark, seq: u64, stamp: bool) {
-        self.entered.fetch_max(seq + 1, RELAXED);
+        // A blocking call: a load and a store, no read-modify-write (which fences), as the
+        // calls of one communicator come one after the other; nonblocking calls start on
+        // threads of their own, maybe at the same time.
+        if stamp {
+            self.entered.fetch_max(seq + 1, RELAXED);
+        } else if self.entered.load(RELAXED) <= seq {
+            self.entered.store(seq + 1, RELAXED);
+        }
         if let Some(s) = self.slot(mark) {
-            s.seq.store(seq + 1, RELAXED);
             let at = if stamp {
-                ticks()
+                self::stamp()
             } else {
                 s.posted.load(RELAXED)
             };
             s.started.store(at, RELAXED);
-            s.what.fetch_or((Status::Started as u64) << 16, RELAXED);
+            let what = s.what.load(RELAXED) & ((1 << SEQ_SHIFT) - 1);
+            s.what.store(
+                what | (Status::Started as u64) << 16 | (seq + 1) << SEQ_SHIFT,
+                RELAXED,
+            );
         }
     }
 
@@ -321,7 +340,7 @@ impl Recorder {
         peer: Option<usize>,
     ) {
         let Some(s) = self.slot(mark) else { return };
-        s.completed.store(ticks(), RELAXED);
+        s.completed.store(stamp(), RELAXED);
         if let Some(p) = peer {
             let root = s.ranks.load(RELAXED) & 0xffff_ffff;
             s.ranks.store(root | (p as u64 + 1) << 32, RELAXED);
@@ -341,12 +360,12 @@ impl Recorder {
         s.what.store(what | (status as u64) << 16, RELAXED);
     }
 
-    /// This recorder's part of a dump; `to_ns` converts ticks to monotonic nanoseconds.
-    fn snapshot(&self, to_ns: &dyn Fn(u64) -> u64) -> CommDump {
+    /// This recorder's part of a dump.
+    fn snapshot(&self) -> CommDump {
         let cap = self.slots.len() as u64;
         let next = self.next.load(Ordering::Acquire);
         let errors = lock(&self.errors).clone();
-        let time = |t: u64| (t != 0).then(|| to_ns(t));
+        let time = |t: u64| (t != 0).then_some(t);
         let ops = (next.saturating_sub(cap)..next)
             .filter_map(|n| {
                 let s = self.slot(Mark(n))?;
@@ -357,7 +376,7 @@ impl Recorder {
                 let status = Status::from_bits(what >> 16);
                 let below = |v: u64| v.checked_sub(1).and_then(|v| usize::try_from(v).ok());
                 Some(OpRecord {
-                    seq: s.seq.load(RELAXED).checked_sub(1),
+                    seq: (what >> SEQ_SHIFT).checked_sub(1),
                     op: kind.name().to_string(),
                     dtype: dtype.name().to_string(),
                     count: s.count.load(RELAXED),
@@ -365,7 +384,7 @@ impl Recorder {
                     bytes: s.bytes.load(RELAXED),
                     nonblocking: what & (1 << 18) != 0,
                     state: status.name().to_string(),
-                    posted_ns: to_ns(s.posted.load(RELAXED)),
+                    posted_ns: s.posted.load(RELAXED),
                     started_ns: time(s.started.load(RELAXED)),
                     completed_ns: time(s.completed.load(RELAXED)),
                     peer: below(ranks >> 32),
@@ -471,20 +490,17 @@ pub struct OpRecord {
     pub error: Option<String>,
 }
 
-/// Converts [`ticks`] into monotonic nanoseconds by the two readings of both, `base` and
-/// `now` (the identity where ticks are nanoseconds already).
-fn ticks_to_ns(base: (u64, u64), now: (u64, u64)) -> impl Fn(u64) -> u64 {
-    let dt = now.0.saturating_sub(base.0) as f64;
-    let dns = now.1.saturating_sub(base.1) as f64;
-    let rate = if TICK_KIND == TickKind::MonotonicNs || dt <= 0.0 {
-        1.0
-    } else {
-        dns / dt
-    };
-    move |t: u64| {
-        let ns = now.1 as f64 - (now.0 as f64 - t as f64) * rate;
-        ns.max(0.0) as u64
-    }
+/// The recorder's clock: `CLOCK_MONOTONIC_COARSE` nanoseconds (never 0, which means "not
+/// yet"), the monotonic clock as of the last timer tick (4 ms on this host's kernel), read
+/// from the vDSO's data page: cheaper than the time-stamp counter, and fine enough for a
+/// record of calls that hang for seconds.
+#[inline]
+fn stamp() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+        .max(1)
 }
 
 /// The dump file of world rank `rank` in `dir`.
@@ -499,9 +515,8 @@ pub(crate) fn dump(reason: Reason) -> Result<PathBuf> {
         .clone()
         .ok_or_else(|| Error::invalid_argument("the flight recorder has no world yet"))?;
     let live: Vec<Arc<Recorder>> = lock(&RECORDERS).iter().filter_map(Weak::upgrade).collect();
-    let now = (ticks(), monotonic_ns());
-    let to_ns = ticks_to_ns(setup.base, now);
-    let communicators = live.iter().map(|r| r.snapshot(&to_ns)).collect();
+    let now = monotonic_ns();
+    let communicators = live.iter().map(|r| r.snapshot()).collect();
     let unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
@@ -517,7 +532,7 @@ pub(crate) fn dump(reason: Reason) -> Result<PathBuf> {
             .unwrap_or_default(),
         reason: reason.name().into(),
         dumped_unix_ns: unix,
-        dumped_monotonic_ns: now.1,
+        dumped_monotonic_ns: now,
         communicators,
     };
     let cannot = |what: &str, e: std::io::Error| {
@@ -573,10 +588,6 @@ mod tests {
         Recorder::with_capacity(0x1, 0, 0, vec![0, 1].into(), capacity)
     }
 
-    fn same(t: u64) -> u64 {
-        t
-    }
-
     #[test]
     fn the_ring_keeps_the_last_calls_in_order() {
         let r = recorder(5);
@@ -585,7 +596,7 @@ mod tests {
             r.started(m, seq, true);
             r.finished(m, Ok(()), None);
         }
-        let d = r.snapshot(&same);
+        let d = r.snapshot();
         assert_eq!(d.recorded, 12);
         assert_eq!(d.entered, 12);
         let seqs: Vec<u64> = d.ops.iter().filter_map(|o| o.seq).collect();
@@ -593,7 +604,7 @@ mod tests {
         assert!(d.ops.iter().all(|o| o.state == "completed"));
         // A call whose record was overwritten changes nothing when it ends.
         r.finished(Mark(3), Err(&Error::timeout("late")), Some(1));
-        let d = r.snapshot(&same);
+        let d = r.snapshot();
         assert!(d.ops.iter().all(|o| o.error.is_none() && o.peer.is_none()));
     }
 
@@ -606,27 +617,16 @@ mod tests {
             ..call()
         };
         let m = r.post(&root, None);
-        assert_eq!(r.snapshot(&same).ops[0].state, "posted");
+        assert_eq!(r.snapshot().ops[0].state, "posted");
         r.started(m, 0, true);
         r.finished(m, Err(&Error::timeout("stuck")), Some(1));
-        let op = &r.snapshot(&same).ops[0];
+        let op = &r.snapshot().ops[0];
         assert_eq!(op.state, "failed");
         assert_eq!(op.op, "broadcast");
         assert_eq!(op.dtype, "int32");
         assert_eq!((op.root, op.peer), (Some(3), Some(1)));
         assert!(op.error.as_deref().is_some_and(|e| e.contains("stuck")));
         assert!(op.started_ns.is_some() && op.completed_ns >= op.started_ns);
-    }
-
-    #[test]
-    fn ticks_convert_to_the_monotonic_clock() {
-        let base = (ticks(), monotonic_ns());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let mid = (ticks(), monotonic_ns());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let to_ns = ticks_to_ns(base, (ticks(), monotonic_ns()));
-        let err = to_ns(mid.0).abs_diff(mid.1);
-        assert!(err < 2_000_000, "{err} ns off");
     }
 
     #[test]
@@ -645,7 +645,7 @@ mod tests {
             reason: Reason::Api.name().into(),
             dumped_unix_ns: 1,
             dumped_monotonic_ns: 2,
-            communicators: vec![r.snapshot(&same)],
+            communicators: vec![r.snapshot()],
         };
         let text = serde_json::to_string(&d).expect("encodes");
         let v: serde_json::Value = serde_json::from_str(&text).expect("parses");

@@ -92,8 +92,13 @@ impl State {
     }
 
     /// A watch on the next frame of the peer that `id`, a receive, waits for, when nothing
-    /// else is to be done for that peer.
+    /// else is to be done for that peer: none while a pull is in flight, which moves a piece
+    /// per turn of the engine and not while the waiter watches (a 1 MiB receive pulled its
+    /// first piece, then watched for a frame its sender sends only after the pull).
     pub(super) fn watch<'a>(&self, inbox: &'a Inbox, id: OpId) -> Option<Watch<'a>> {
+        if self.pulling() {
+            return None;
+        }
         let op = self.ops.get(&id).filter(|op| op.kind == OpKind::Recv)?;
         self.recv_watch(inbox, &op.target)
     }

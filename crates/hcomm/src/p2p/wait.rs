@@ -80,8 +80,9 @@ pub(crate) struct Waiting {
 impl Waiting {
     /// A wait that spins for `policy.polls` looks (fewer after this thread's recent waits
     /// had to sleep: [`Backoff::max_halvings`]), then yields, then sleeps; unless `spin` is
-    /// false (more local ranks than cores, or `HCOMM_SPIN_US=0`): then it sleeps at once,
-    /// without spinning or yielding, and leaves the core to the rank it waits for.
+    /// false (more local ranks than cores, or `HCOMM_SPIN_US=0`): then it never spins, and
+    /// yields only [`Backoff::oversubscribed_yields`] times (halved alike) before it sleeps,
+    /// leaving the core to the ranks that have work.
     pub(crate) fn new(policy: Backoff, spin: bool) -> Waiting {
         let mut waiting = Waiting::by_clock(policy, spin);
         if spin {
@@ -92,8 +93,8 @@ impl Waiting {
     }
 
     /// A wait whose caller spins by the clock (for [`Waiting::spin_time`]), then yields as
-    /// the policy says, then sleeps; a wait that must not spin (`spin` false) neither spins
-    /// nor yields.
+    /// the policy says, then sleeps; a wait that must not spin (`spin` false) does not spin,
+    /// and yields [`Backoff::oversubscribed_yields`] times at most.
     pub(crate) fn by_clock(policy: Backoff, spin: bool) -> Waiting {
         let halvings = HALVINGS.with(Cell::get).min(policy.max_halvings);
         // Only a thread whose waits spinning serves yields less often: one whose waits end
@@ -109,7 +110,10 @@ impl Waiting {
             policy,
             halvings,
             spins: 0,
-            max_yields: if spin { policy.yields >> halvings } else { 0 },
+            max_yields: match spin {
+                true => policy.yields,
+                false => policy.oversubscribed_yields,
+            } >> halvings,
             polls: 0,
             yields: 0,
             paused: false,
@@ -375,6 +379,8 @@ impl Engine {
         let mut waiting = Waiting::by_clock(Backoff::DEFAULT, !sh.spin.is_zero());
         let spin = waiting.spin_time(sh.spin);
         let mut spin_until = now + spin;
+        // The end of the extra spin for sends that local peers pull (set once armed).
+        let mut pulled_until = now;
         let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
         // Whether `events` came from epoll (rather than being direct reads of awaited peers).
         let mut polled = false;
@@ -394,6 +400,11 @@ impl Engine {
                         st.timers.arm(id, deadline);
                     }
                     armed = true;
+                    // A send that a local peer pulls completes when the copy is done.
+                    if !sh.spin.is_zero() {
+                        pulled_until = now + st.pull_spin(ids);
+                        spin_until = spin_until.max(pulled_until);
+                    }
                 }
                 let moved = st.handle(&events, true);
                 // Keep polling while data moves: sleeping between the bursts of a large
@@ -407,7 +418,7 @@ impl Engine {
                     // Data that moved is this rank's own work too (a large transfer goes out a
                     // piece per turn): the whole spin then, however recent waits ended, or the
                     // rank would sleep between its own pieces with nobody to wake it.
-                    spin_until = now + if moved { sh.spin } else { spin };
+                    spin_until = (now + if moved { sh.spin } else { spin }).max(pulled_until);
                     waiting.reset();
                 }
                 for (i, &id) in ids.iter().enumerate() {
@@ -568,6 +579,7 @@ mod tests {
             max_halvings: 3,
             short_sleep: Duration::from_micros(50),
             yields: 3,
+            oversubscribed_yields: 0,
             max_sleep: Duration::from_millis(7),
         };
         let mut waiting = Waiting::new(policy, true);
@@ -586,29 +598,36 @@ mod tests {
     }
 
     #[test]
-    fn an_oversubscribed_wait_neither_spins_nor_yields_but_sleeps_at_once() {
+    fn an_oversubscribed_wait_never_spins_and_yields_a_few_times_before_it_sleeps() {
         let policy = Backoff {
             yield_every: 1,
+            oversubscribed_yields: 2,
             ..Backoff::DEFAULT
         };
         std::thread::spawn(move || {
-            // However its thread's waits went (a fresh thread: no halvings), and however
-            // often it is reset, a wait that must not spin never takes the core from the rank
-            // it waits for.
+            // On a fresh thread (no halvings), however often it is reset, a wait that must not
+            // spin yields its few times, then sleeps.
             for mut waiting in [
                 Waiting::new(policy, false),
                 Waiting::by_clock(policy, false),
             ] {
                 for _ in 0..3 {
+                    assert_eq!(waiting.pause(), Pause::Yield(1));
+                    assert_eq!(waiting.pause(), Pause::Yield(2));
                     assert_eq!(waiting.pause(), Pause::Sleep);
                     assert_eq!(waiting.try_yield(), None);
                     waiting.reset();
                 }
-                assert_eq!(
-                    (waiting.polls, waiting.yields, waiting.paused),
-                    (0, 0, false)
-                );
+                assert_eq!((waiting.polls, waiting.yields), (0, 0));
             }
+            // Without yields (the default) it sleeps at once, never having paused.
+            let none = Backoff {
+                yield_every: 1,
+                ..Backoff::DEFAULT
+            };
+            let mut waiting = Waiting::new(none, false);
+            assert_eq!(waiting.pause(), Pause::Sleep);
+            assert!(!waiting.paused);
             // Spinning waits of the same thread still spin.
             assert_eq!(Waiting::new(policy, true).pause(), Pause::Spin);
         })
@@ -688,6 +707,7 @@ mod tests {
         max_halvings: 3,
         short_sleep: Duration::from_micros(50),
         yields: 8,
+        oversubscribed_yields: 0,
         max_sleep: Duration::from_millis(1),
     };
     const LONG_SLEEP: Duration = Duration::from_millis(2);

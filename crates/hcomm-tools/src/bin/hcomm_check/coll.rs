@@ -156,6 +156,70 @@ pub(super) fn collectives(
     Ok(())
 }
 
+/// The `one-sided` scenario (see `Scenario::OneSided`).
+pub(super) fn one_sided(comm: &Communicator) -> Result<()> {
+    let n = comm.size();
+    let kinds = [
+        CollKind::AllToAll,
+        CollKind::Scatter,
+        CollKind::AllGather,
+        CollKind::Gather,
+        CollKind::Broadcast,
+        CollKind::AllReduce,
+        CollKind::ReduceScatter,
+        CollKind::Reduce,
+    ];
+    let counted = |comm: &Communicator| -> u64 {
+        comm.collective_counts()
+            .iter()
+            .filter(|(kind, algo, _)| kinds.contains(kind) && *algo == "onesided")
+            .map(|&(_, _, c)| c)
+            .sum()
+    };
+    // Messages this rank sent eagerly, pushed or pulled (a pull counts where it is made).
+    let moved = |comm: &Communicator| {
+        let s = comm.protocol_stats();
+        s.shm_eager + s.shm_pull + s.shm_push + s.tcp_eager + s.tcp_rendezvous
+    };
+    // The first collective of a communicator makes its one-sided state, with messages.
+    comm.barrier()?;
+    let (calls_before, moved_before) = (counted(comm), moved(comm));
+    let mut calls = 0;
+    let mut seed = 1000;
+    for kind in kinds {
+        // Int32 elements: blocks of 3 KiB + 4 B (all-to-all and scatter contributions beyond
+        // 8 KiB from 3 ranks on, which read buffers in place), 40 KiB + 4 B (beyond a slot)
+        // and 1 MiB + 12 B (several cache-sized pieces); odd counts split unevenly.
+        for count in [769, 10_241, 262_147] {
+            for in_place in [false, true] {
+                if in_place && kind == CollKind::Broadcast {
+                    continue;
+                }
+                seed += 1;
+                let root = seed as usize % n;
+                let shapes = shapes(
+                    kind,
+                    n,
+                    count,
+                    root,
+                    DataType::Int32,
+                    ReduceOp::Sum,
+                    in_place,
+                    seed,
+                );
+                check_call(comm, &shapes, seed, false)?;
+                calls += 1;
+            }
+        }
+    }
+    println!(
+        "onesided calls {} of {calls} messages {}",
+        counted(comm) - calls_before,
+        moved(comm) - moved_before
+    );
+    Ok(())
+}
+
 /// All-reduce and broadcast on pool buffers of `bytes` bytes, twice (the second round on
 /// fresh buffers must reuse the first round's blocks); every element checked. With `heap`
 /// the pool must miss, and the buffers come from the heap.

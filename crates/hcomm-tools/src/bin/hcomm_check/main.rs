@@ -257,6 +257,20 @@ enum Scenario {
         #[arg(long, default_value_t = 0)]
         linger_ms: u64,
     },
+    /// Every collective with a one-sided form, on heap buffers beyond the size that goes
+    /// through the shared slots (in place and not, every root in turn), each result checked
+    /// against the reference; then `onesided calls C of T messages M`: how many of the T
+    /// calls ran under the one-sided algorithm, and the messages this rank moved meanwhile
+    /// (sent eagerly, pushed, or pulled: a pull counts at the receiver), none when every
+    /// call ran one-sided (they move no message).
+    OneSided {
+        /// This world rank makes itself non-dumpable once every link is made and the
+        /// communicator's one-sided state exists, so that peers without `CAP_SYS_PTRACE`
+        /// would be refused cross-memory attach on it: the calls must take their message
+        /// schedules instead, with the same results.
+        #[arg(long)]
+        nodump: Option<usize>,
+    },
     /// All-reduce (float32 sum) and broadcast on pool buffers of --bytes bytes each, which
     /// the pool must serve, with every result checked; then the same again on fresh
     /// buffers, which must reuse the freed blocks.
@@ -409,16 +423,8 @@ fn run(scenario: Scenario) -> Result<()> {
             // Links are made on first use, and each end probes cross-memory attach then: every
             // link is made (and probed) before the rank turns non-dumpable, so only the pulls
             // fail, not the probes; the counts below leave these first messages out.
-            let before = if nodump.is_some() {
-                p2p::open_links(&comm)?;
-                comm.barrier()?;
-                if nodump == Some(comm.rank()) {
-                    rustix::process::set_dumpable_behavior(
-                        rustix::process::DumpableBehavior::NotDumpable,
-                    )
-                    .context("prctl(PR_SET_DUMPABLE, 0)")?;
-                }
-                comm.barrier()?;
+            let before = if let Some(rank) = nodump {
+                p2p::links_then_nodump(&comm, rank)?;
                 comm.protocol_stats()
             } else {
                 hcomm::ProtocolStats::default()
@@ -501,6 +507,15 @@ fn run(scenario: Scenario) -> Result<()> {
                 );
             }
             "wakeups"
+        }
+        Scenario::OneSided { nodump } => {
+            if let Some(rank) = nodump {
+                // The links (and their probes) and the one-sided state (made by the first
+                // barrier) while every rank is dumpable.
+                p2p::links_then_nodump(&comm, rank)?;
+            }
+            coll::one_sided(&comm)?;
+            "one-sided"
         }
         Scenario::BigPool { bytes, heap } => {
             coll::big_pool(&comm, bytes, heap)?;

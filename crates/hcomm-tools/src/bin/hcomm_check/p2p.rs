@@ -65,6 +65,25 @@ pub(super) fn ring_sizes(comm: &Communicator, sizes: Vec<usize>) -> Result<()> {
     Ok(())
 }
 
+/// Makes every link (each probing cross-memory attach), then world rank `rank` turns
+/// non-dumpable: its peers without `CAP_SYS_PTRACE` are refused cross-memory attach on it
+/// from then on, after their probes succeeded. Collective.
+pub(super) fn links_then_nodump(comm: &Communicator, rank: usize) -> Result<()> {
+    ensure!(
+        rank < comm.size(),
+        "--nodump {rank}: no such rank in a world of {}",
+        comm.size()
+    );
+    open_links(comm)?;
+    comm.barrier()?;
+    if comm.rank() == rank {
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+            .context("prctl(PR_SET_DUMPABLE, 0)")?;
+    }
+    comm.barrier()?;
+    Ok(())
+}
+
 /// Makes this rank's link to every peer: an empty message each way on every pair.
 pub(super) fn open_links(comm: &Communicator) -> Result<()> {
     let r = comm.rank();

@@ -103,5 +103,10 @@ pub(super) fn soak(world: &Communicator, calls: usize, seed: u64, max_count: usi
         t0.elapsed().as_secs_f64(),
         per_kind.join(" ")
     );
+    let s = world.protocol_stats();
+    println!(
+        "ofi eager={} read={} write={} mr_hits={} mr_misses={}",
+        s.ofi_eager, s.ofi_read, s.ofi_write, s.ofi_mr_hits, s.ofi_mr_misses
+    );
     Ok(())
 }

@@ -64,6 +64,10 @@ const EXTRA: usize = 32;
 pub(in crate::p2p) const DRAIN: Duration = Duration::from_secs(2);
 /// Completion batches read per poll, so that a busy peer cannot keep the engine here.
 const CQ_ROUNDS: usize = 4;
+/// The largest piece one RMA read moves: a larger payload is read in pieces of this size, all
+/// in flight at once. Over the tcp provider one read is one response on the socket, and on this
+/// kernel responses much above half a MiB stalled for milliseconds where pieces did not.
+pub(in crate::p2p) const READ_PIECE: usize = 256 << 10;
 
 /// Message kinds, in the tag's bits 32..40 (bits 0..32: the sender's world rank).
 mod msg {
@@ -189,10 +193,15 @@ struct Landing {
     /// Read: the sender's address, key and token; write: the sender's token.
     remote: (u64, u64, u64),
     read: bool,
-    /// The read was posted, or the write cleared.
+    /// The read was posted (its first piece), or the write cleared.
     posted: bool,
     /// The payload is all there (the read completed, or the writer's notice came).
     arrived: bool,
+    /// Read: bytes whose read is posted (from the start), and the pieces in flight.
+    read_at: usize,
+    pieces: usize,
+    /// Read: a piece failed (the landing goes when the others have ended).
+    broken: Option<String>,
 }
 
 // SAFETY: the raw pointers name operation buffers the engine keeps alive while the entries
@@ -572,10 +581,12 @@ impl HubState {
                 self.fail(peer, why);
             }
             What::Read { peer, token } => {
-                if let Some(l) = self.peers[peer].landing.remove(&token) {
-                    self.unregister(l.mr);
-                }
-                self.fail(peer, why);
+                let Some(l) = self.peers[peer].landing.get_mut(&token) else {
+                    return;
+                };
+                l.pieces -= 1;
+                l.broken.get_or_insert(why);
+                self.read_piece_ended(peer, token);
             }
             What::Write { peer, token } => {
                 if let Some(s) = self.peers[peer].sending.remove(&token) {
@@ -609,15 +620,10 @@ impl HubState {
             }
             What::Send { slot, .. } => self.free_bounces.push(slot),
             What::Read { peer, token } => {
-                let Some(l) = self.peers[peer].landing.get_mut(&token) else {
-                    return;
-                };
-                l.arrived = true;
-                let (mr, sender) = (l.mr.take(), l.remote.2);
-                self.unregister(mr);
-                let p = &mut self.peers[peer];
-                p.control.push_back((msg::READ_DONE, words(&[sender])));
-                p.inbox.push_back(In::Landed(token));
+                if let Some(l) = self.peers[peer].landing.get_mut(&token) {
+                    l.pieces -= 1;
+                    self.read_piece_ended(peer, token);
+                }
             }
             What::Write { peer, token } => {
                 let Some(s) = self.peers[peer].sending.remove(&token) else {
@@ -730,25 +736,63 @@ impl HubState {
         Ok(())
     }
 
+    /// Posts the pieces of landing `token`'s read not yet posted; `Ok(false)`: the provider
+    /// took fewer than all (the rest go on a later turn).
     fn post_read(&mut self, peer: usize, token: u64) -> std::result::Result<bool, String> {
         let Some(src) = self.addrs.get(peer).copied().flatten() else {
             return Err(format!("world rank {peer} has no libfabric address"));
         };
-        let Some(l) = self.peers[peer].landing.get(&token) else {
-            return Ok(true);
-        };
-        let (ptr, len, (addr, key, _)) = (l.ptr, l.len, l.remote);
-        let desc = self.desc(l.mr);
-        let ctx = self.new_ctx(What::Read { peer, token });
-        // SAFETY: the destination stays valid while the landing exists (the engine keeps its
-        // operation or unexpected message until the payload lands, and `forget`/`close`
-        // drain a read in flight first); the context stays in `live`.
-        let posted = unsafe { self.ep.post_read(ptr, len, desc, src, addr, key, ctx) };
-        let posted = self.settle(ctx, posted)?;
-        if let Some(l) = self.peers[peer].landing.get_mut(&token).filter(|_| posted) {
-            l.posted = true;
+        loop {
+            let Some(l) = self.peers[peer].landing.get(&token) else {
+                return Ok(true);
+            };
+            if l.read_at >= l.len.max(1) || l.broken.is_some() {
+                return Ok(true);
+            }
+            let (at, n) = (l.read_at, (l.len - l.read_at).min(READ_PIECE));
+            let (ptr, (addr, key, _)) = (l.ptr, l.remote);
+            let desc = self.desc(l.mr);
+            let ctx = self.new_ctx(What::Read { peer, token });
+            // SAFETY: the destination stays valid while the landing exists (the engine keeps
+            // its operation or unexpected message until the payload lands, and
+            // `forget`/`close` drain the reads in flight first); the context stays in `live`.
+            let posted = unsafe {
+                self.ep
+                    .post_read(ptr.add(at), n, desc, src, addr + at as u64, key, ctx)
+            };
+            if !self.settle(ctx, posted)? {
+                return Ok(false);
+            }
+            if let Some(l) = self.peers[peer].landing.get_mut(&token) {
+                l.posted = true;
+                l.read_at = at + n.max(1);
+                l.pieces += 1;
+            }
         }
-        Ok(posted)
+    }
+
+    /// A piece of landing `token`'s read ended: once the last has, the payload arrived (and
+    /// the sender hears it may let its buffer go), or the landing failed.
+    fn read_piece_ended(&mut self, peer: usize, token: u64) {
+        let Some(l) = self.peers[peer].landing.get_mut(&token) else {
+            return;
+        };
+        if l.pieces > 0 || (l.read_at < l.len && l.broken.is_none()) {
+            return;
+        }
+        if let Some(why) = l.broken.take() {
+            if let Some(l) = self.peers[peer].landing.remove(&token) {
+                self.unregister(l.mr);
+            }
+            self.fail(peer, why);
+            return;
+        }
+        l.arrived = true;
+        let (mr, sender) = (l.mr.take(), l.remote.2);
+        self.unregister(mr);
+        let p = &mut self.peers[peer];
+        p.control.push_back((msg::READ_DONE, words(&[sender])));
+        p.inbox.push_back(In::Landed(token));
     }
 
     fn post_write(&mut self, peer: usize, token: u64) -> std::result::Result<bool, String> {
@@ -1047,6 +1091,9 @@ impl Link for OfiLink {
                         read: true,
                         posted: false,
                         arrived: false,
+                        read_at: 0,
+                        pieces: 0,
+                        broken: None,
                     },
                 );
                 p.reads.push_back(token);
@@ -1079,6 +1126,9 @@ impl Link for OfiLink {
                         read: false,
                         posted: true,
                         arrived: false,
+                        read_at: 0,
+                        pieces: 0,
+                        broken: None,
                     },
                 );
                 p.control

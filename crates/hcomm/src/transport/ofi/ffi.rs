@@ -78,78 +78,58 @@ pub(crate) struct fi_ops {
     pub(crate) control: unsafe extern "C" fn(*mut fid, c_int, *mut c_void) -> c_int,
 }
 
+/// The first members of `fi_tx_attr` and `fi_rx_attr` (caps, mode, op_flags, msg_order,
+/// comp_order): only `msg_order` is used.
+#[repr(C)]
+pub(crate) struct fi_xx_attr_head {
+    pub(crate) _caps_mode_flags: [u64; 3],
+    pub(crate) msg_order: u64,
+    pub(crate) _comp_order: u64,
+}
+
+/// `fi_tx_attr`: the head, then inject_size, size, iov_limit, rma_iov_limit and tclass.
 #[repr(C)]
 pub(crate) struct fi_tx_attr {
-    pub(crate) caps: u64,
-    pub(crate) mode: u64,
-    pub(crate) op_flags: u64,
-    pub(crate) msg_order: u64,
-    pub(crate) comp_order: u64,
-    pub(crate) inject_size: usize,
-    pub(crate) size: usize,
-    pub(crate) iov_limit: usize,
-    pub(crate) rma_iov_limit: usize,
-    pub(crate) tclass: u32,
+    pub(crate) head: fi_xx_attr_head,
+    pub(crate) _sizes: [usize; 4],
+    pub(crate) _tclass: u32,
 }
 
+/// `fi_rx_attr`: the head, then total_buffered_recv, size and iov_limit.
 #[repr(C)]
 pub(crate) struct fi_rx_attr {
-    pub(crate) caps: u64,
-    pub(crate) mode: u64,
-    pub(crate) op_flags: u64,
-    pub(crate) msg_order: u64,
-    pub(crate) comp_order: u64,
-    pub(crate) total_buffered_recv: usize,
-    pub(crate) size: usize,
-    pub(crate) iov_limit: usize,
+    pub(crate) head: fi_xx_attr_head,
+    pub(crate) _sizes: [usize; 3],
 }
 
+/// `fi_ep_attr`: type, protocol, protocol_version, max_msg_size, then msg_prefix_size, the
+/// three max_order sizes, mem_tag_format, tx/rx_ctx_cnt, auth_key_size (opaque here) and
+/// auth_key.
 #[repr(C)]
 pub(crate) struct fi_ep_attr {
     pub(crate) type_: c_int,
-    pub(crate) protocol: u32,
-    pub(crate) protocol_version: u32,
+    pub(crate) _protocol: [u32; 2],
     pub(crate) max_msg_size: usize,
-    pub(crate) msg_prefix_size: usize,
-    pub(crate) max_order_raw_size: usize,
-    pub(crate) max_order_war_size: usize,
-    pub(crate) max_order_waw_size: usize,
-    pub(crate) mem_tag_format: u64,
-    pub(crate) tx_ctx_cnt: usize,
-    pub(crate) rx_ctx_cnt: usize,
-    pub(crate) auth_key_size: usize,
-    pub(crate) auth_key: *mut u8,
+    pub(crate) _sizes: [usize; 8],
+    pub(crate) _auth_key: *mut u8,
 }
 
+/// `fi_domain_attr`: domain, name, threading, control_progress, data_progress,
+/// resource_mgmt, av_type, mr_mode; then mr_key_size through mr_iov_limit (twelve sizes),
+/// caps, mode, auth_key, auth_key_size, max_err_data, mr_cnt and tclass, opaque here.
 #[repr(C)]
 pub(crate) struct fi_domain_attr {
-    pub(crate) domain: *mut c_void,
+    pub(crate) _domain: *mut c_void,
     pub(crate) name: *mut c_char,
     pub(crate) threading: c_int,
-    pub(crate) control_progress: c_int,
-    pub(crate) data_progress: c_int,
-    pub(crate) resource_mgmt: c_int,
+    pub(crate) _progress: [c_int; 3],
     pub(crate) av_type: c_int,
     pub(crate) mr_mode: c_int,
-    pub(crate) mr_key_size: usize,
-    pub(crate) cq_data_size: usize,
-    pub(crate) cq_cnt: usize,
-    pub(crate) ep_cnt: usize,
-    pub(crate) tx_ctx_cnt: usize,
-    pub(crate) rx_ctx_cnt: usize,
-    pub(crate) max_ep_tx_ctx: usize,
-    pub(crate) max_ep_rx_ctx: usize,
-    pub(crate) max_ep_stx_ctx: usize,
-    pub(crate) max_ep_srx_ctx: usize,
-    pub(crate) cntr_cnt: usize,
-    pub(crate) mr_iov_limit: usize,
-    pub(crate) caps: u64,
-    pub(crate) mode: u64,
-    pub(crate) auth_key: *mut u8,
-    pub(crate) auth_key_size: usize,
-    pub(crate) max_err_data: usize,
-    pub(crate) mr_cnt: usize,
-    pub(crate) tclass: u32,
+    pub(crate) _counts: [usize; 12],
+    pub(crate) _caps_mode: [u64; 2],
+    pub(crate) _auth_key: *mut u8,
+    pub(crate) _sizes: [usize; 3],
+    pub(crate) _tclass: u32,
 }
 
 #[repr(C)]
@@ -349,19 +329,23 @@ pub(crate) struct fi_ops_cm {
     pub(crate) getname: unsafe extern "C" fn(*mut fid, *mut c_void, *mut usize) -> c_int,
 }
 
+/// `fi_read` and `fi_trecv`: endpoint, buffer, length, descriptor, address, two 64-bit words
+/// (remote address and key; tag and ignore mask), context.
+pub(crate) type ReadFn = unsafe extern "C" fn(
+    *mut fid_ep,
+    *mut c_void,
+    usize,
+    *mut c_void,
+    u64,
+    u64,
+    u64,
+    *mut c_void,
+) -> isize;
+
 #[repr(C)]
 pub(crate) struct fi_ops_rma {
     pub(crate) size: usize,
-    pub(crate) read: unsafe extern "C" fn(
-        *mut fid_ep,
-        *mut c_void,
-        usize,
-        *mut c_void,
-        u64,
-        u64,
-        u64,
-        *mut c_void,
-    ) -> isize,
+    pub(crate) read: ReadFn,
     pub(crate) readv: *const c_void,
     pub(crate) readmsg: *const c_void,
     pub(crate) write: unsafe extern "C" fn(
@@ -381,16 +365,7 @@ pub(crate) struct fi_ops_rma {
 #[repr(C)]
 pub(crate) struct fi_ops_tagged {
     pub(crate) size: usize,
-    pub(crate) recv: unsafe extern "C" fn(
-        *mut fid_ep,
-        *mut c_void,
-        usize,
-        *mut c_void,
-        u64,
-        u64,
-        u64,
-        *mut c_void,
-    ) -> isize,
+    pub(crate) recv: ReadFn,
     pub(crate) recvv: *const c_void,
     pub(crate) recvmsg: *const c_void,
     pub(crate) send: unsafe extern "C" fn(

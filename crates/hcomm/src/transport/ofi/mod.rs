@@ -178,8 +178,8 @@ impl Endpoint {
                 FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
             d.threading = FI_THREAD_DOMAIN;
             d.av_type = FI_AV_TABLE;
-            (*h.tx_attr).msg_order = FI_ORDER_SAS;
-            (*h.rx_attr).msg_order = FI_ORDER_SAS;
+            (*h.tx_attr).head.msg_order = FI_ORDER_SAS;
+            (*h.rx_attr).head.msg_order = FI_ORDER_SAS;
         }
         let mut list: *mut fi_info = null_mut();
         let node = opts
@@ -308,7 +308,7 @@ impl Endpoint {
             self.domain_name = cstr((*info.domain_attr).name);
             self.mr_mode = (*info.domain_attr).mr_mode;
             self.max_msg = (*info.ep_attr).max_msg_size;
-            self.ordered_writes = (*info.tx_attr).msg_order & FI_ORDER_SAW != 0;
+            self.ordered_writes = (*info.tx_attr).head.msg_order & FI_ORDER_SAW != 0;
             let ret = (self.api.fabric)(info.fabric_attr, &mut self.fabric, null_mut());
             self.check("fi_fabric", ret as isize)?;
             let f = &*self.fabric;
@@ -493,22 +493,10 @@ impl Endpoint {
         desc: *mut c_void,
         ctx: *mut c_void,
     ) -> Result<bool> {
-        self.open_ep()?;
         // SAFETY: fi_trecv through the tagged ops, per the caller's promise.
-        let ret = unsafe {
-            let ep = &*self.ep;
-            ((*ep.tagged).recv)(
-                self.ep,
-                buf.cast(),
-                len,
-                desc,
-                FI_ADDR_UNSPEC,
-                0,
-                u64::MAX,
-                ctx,
-            )
-        };
-        self.again_or("posting a receive (fi_trecv)", ret)
+        self.post("posting a receive (fi_trecv)", |ep| unsafe {
+            ((*ep.tagged).recv)(self.ep, buf.cast(), len, desc, FI_ADDR_UNSPEC, 0, !0, ctx)
+        })
     }
 
     /// Posts a tagged send of `len` bytes at `buf` to `dest`; `Ok(false)`: try again later.
@@ -524,13 +512,10 @@ impl Endpoint {
         tag: u64,
         ctx: *mut c_void,
     ) -> Result<bool> {
-        self.open_ep()?;
         // SAFETY: fi_tsend through the tagged ops, per the caller's promise.
-        let ret = unsafe {
-            let ep = &*self.ep;
+        self.post("sending (fi_tsend)", |ep| unsafe {
             ((*ep.tagged).send)(self.ep, buf.cast(), len, desc, dest, tag, ctx)
-        };
-        self.again_or("sending (fi_tsend)", ret)
+        })
     }
 
     /// Posts an RMA read of `len` bytes from `peer`'s region (`addr`, `key`) into `buf`.
@@ -548,13 +533,10 @@ impl Endpoint {
         key: u64,
         ctx: *mut c_void,
     ) -> Result<bool> {
-        self.open_ep()?;
         // SAFETY: fi_read through the RMA ops, per the caller's promise.
-        let ret = unsafe {
-            let ep = &*self.ep;
+        self.post("reading remote memory (fi_read)", |ep| unsafe {
             ((*ep.rma).read)(self.ep, buf.cast(), len, desc, peer, addr, key, ctx)
-        };
-        self.again_or("reading remote memory (fi_read)", ret)
+        })
     }
 
     /// Posts an RMA write of `len` bytes at `buf` into `peer`'s region (`addr`, `key`), with
@@ -573,38 +555,49 @@ impl Endpoint {
         key: u64,
         ctx: *mut c_void,
     ) -> Result<bool> {
-        self.open_ep()?;
-        let ret = if self.ordered_writes {
-            // SAFETY: fi_write through the RMA ops, per the caller's promise.
-            unsafe {
-                let ep = &*self.ep;
-                ((*ep.rma).write)(self.ep, buf.cast(), len, desc, peer, addr, key, ctx)
-            }
-        } else {
-            let iov = iovec {
-                base: buf.cast_mut().cast(),
-                len,
-            };
-            let rma = fi_rma_iov { addr, len, key };
-            let mut d = desc;
-            let msg = fi_msg_rma {
-                msg_iov: &iov,
-                desc: &mut d,
-                iov_count: 1,
-                addr: peer,
-                rma_iov: &rma,
-                rma_iov_count: 1,
-                context: ctx,
-                data: 0,
-            };
-            // SAFETY: fi_writemsg through the RMA ops; `msg` and what it points to live
-            // across the call, the buffers per the caller's promise.
-            unsafe {
-                let ep = &*self.ep;
-                ((*ep.rma).writemsg)(self.ep, &msg, ffi::FI_DELIVERY_COMPLETE | FI_COMPLETION)
-            }
+        let iov = iovec {
+            base: buf.cast_mut().cast(),
+            len,
         };
-        self.again_or("writing remote memory (fi_write)", ret)
+        let rma = fi_rma_iov { addr, len, key };
+        let mut d = desc;
+        let msg = fi_msg_rma {
+            msg_iov: &iov,
+            desc: &mut d,
+            iov_count: 1,
+            addr: peer,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            context: ctx,
+            data: 0,
+        };
+        let flags = if self.ordered_writes {
+            FI_COMPLETION
+        } else {
+            ffi::FI_DELIVERY_COMPLETE | FI_COMPLETION
+        };
+        // SAFETY: fi_writemsg through the RMA ops; `msg` and what it points to live across the
+        // call, the buffers per the caller's promise.
+        self.post("writing remote memory (fi_write)", |ep| unsafe {
+            ((*ep.rma).writemsg)(self.ep, &msg, flags)
+        })
+    }
+
+    /// Posts through the endpoint's ops (`call` gets them): `Ok(false)` when the provider
+    /// has no room now (`-FI_EAGAIN`), an error once the endpoint is closed.
+    fn post(&self, what: &str, call: impl FnOnce(&fid_ep) -> isize) -> Result<bool> {
+        if self.ep.is_null() {
+            return Err(Error::transport_failed(format!(
+                "libfabric ({}): the endpoint was closed",
+                self.provider
+            )));
+        }
+        // SAFETY: the endpoint is open (checked above) and used under the engine's lock.
+        let ret = call(unsafe { &*self.ep });
+        if ret == -FI_EAGAIN {
+            return Ok(false);
+        }
+        self.check(what, ret).map(|()| true)
     }
 
     /// Closes the endpoint alone: every operation on it ends, nothing more is posted.
@@ -618,24 +611,6 @@ impl Endpoint {
             ((*fid.ops).close)(fid);
         }
         self.ep = null_mut();
-    }
-
-    /// An error once the endpoint is closed.
-    fn open_ep(&self) -> Result<()> {
-        if self.ep.is_null() {
-            return Err(Error::transport_failed(format!(
-                "libfabric ({}): the endpoint was closed",
-                self.provider
-            )));
-        }
-        Ok(())
-    }
-
-    fn again_or(&self, what: &str, ret: isize) -> Result<bool> {
-        if ret == -FI_EAGAIN {
-            return Ok(false);
-        }
-        self.check(what, ret).map(|()| true)
     }
 
     /// Reads up to `out`'s capacity of completions (progressing the provider). A failed

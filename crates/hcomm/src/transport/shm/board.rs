@@ -90,7 +90,8 @@ struct HeaderLine(Header);
 /// 0    seq    (AtomicU64): number of the last one-sided call this rank started
 /// 64   failed (AtomicU64): last call this rank abandoned after starting it
 /// 128  cause  (AtomicU64): 1 + the world rank whose loss made it abandon that call, else 0
-/// 192  (unused)
+/// 192  no_cma (AtomicU64): first call from which cross-memory attach on this rank's buffers
+///      may be refused (it turned non-dumpable, or a transfer of its was refused), else 0
 /// 256  done   (AtomicU64): last call whose peers' buffers this rank has finished reading
 /// 384  header of slot 0 | 448 header of slot 1: signature, lengths, buffer addresses
 /// 512  data of slot 0 (SLOT bytes) | data of slot 1 (SLOT bytes)
@@ -105,9 +106,7 @@ struct Segment {
     seq: Counter,
     failed: Counter,
     cause: Counter,
-    /// Unused (the all-reduce's `ready` before every large call pushed its results): keeps
-    /// `done` at the offset the calls were tuned with.
-    _spare: Counter,
+    no_cma: Counter,
     done: Counter,
     /// Unused: keeps the headers at the offsets the calls were tuned with.
     _gap_done: Counter,
@@ -135,6 +134,9 @@ pub(crate) enum Ctr {
     /// Why it abandoned that call: 1 + the world rank whose loss made it, else 0 (written
     /// before `Failed`).
     Cause,
+    /// The first call from which cross-memory attach to or from the rank may be refused
+    /// (written once, before that call's `Seq`), else 0.
+    NoCma,
     /// The last call whose peers' buffers the rank has finished reading.
     Done,
 }
@@ -165,6 +167,7 @@ impl Signals {
             Ctr::Seq => offset_of!(Segment, seq),
             Ctr::Failed => offset_of!(Segment, failed),
             Ctr::Cause => offset_of!(Segment, cause),
+            Ctr::NoCma => offset_of!(Segment, no_cma),
             Ctr::Done => offset_of!(Segment, done),
         };
         let ctr = field::<Counter>(&self.segs[rank], offset);

@@ -134,6 +134,17 @@ pub(crate) fn allow_peer_access() -> Result<()> {
     }
 }
 
+/// Whether peers may still attach to this process: it is dumpable. A process turns
+/// non-dumpable by `prctl(PR_SET_DUMPABLE, 0)` or by changing its credentials (`setuid`,
+/// `setgid`, ...), after which the kernel refuses cross-memory attach on it to every peer
+/// without `CAP_SYS_PTRACE`, even where the start-up [`probe`] succeeded. One `prctl` call.
+pub(crate) fn attachable() -> bool {
+    !matches!(
+        rustix::process::dumpable_behavior(),
+        Ok(rustix::process::DumpableBehavior::NotDumpable)
+    )
+}
+
 /// Copies `local.len()` bytes from address `remote_addr` of process `pid` into `local`, with
 /// `process_vm_readv`.
 ///
