@@ -506,7 +506,7 @@ impl State {
     /// answered before).
     fn ask(&mut self, p: usize, comm: u64) {
         self.calls.take_answer(comm, p);
-        self.links.want(p);
+        self.want(p);
         self.queue(p, OutFrame::control(entered_frame(comm, true, 0)));
     }
 
