@@ -8,7 +8,10 @@
 #   * hcomm:    hcomm_perf allreduce (float32, sum), broadcast and allgather, 8 B..--max,
 #               plus one allreduce at --big (default 256M); ranks started by hand
 #               (HCOMM_RANK/SIZE, HCOMM_ROOT_ADDR=10.76.0.1:<random port>, a random
-#               HCOMM_JOB_SECRET); every result checked (-c 1)
+#               HCOMM_JOB_SECRET, HCOMM_HOST_ID=<namespace>: two hosts to hcomm, which
+#               otherwise sees one hostname and links the ranks through shared memory);
+#               every result checked (-c 1); the script stops with an error when rank 0's
+#               transport line shows a peer through shared memory or no message over TCP
 #   * Open MPI: mpi_bench -o allreduce,bcast,allgather (and allreduce at --big) with
 #               --mca pml ob1 --mca btl tcp,self restricted to hcc_veth, one rank per
 #               namespace (mpirun's rsh launcher through netns_rsh.sh)

@@ -43,10 +43,13 @@ to_bytes() {
 # bench_setup PREFIX [NS_A NS_B VETH IP_A IP_B]: the results folder, the mode, SUMMARY, the
 # raw files results/PREFIX_MODE.*.tmp (old ones removed, LOG emptied), the run settings, and
 # the traps that kill the ranks and remove the namespaces on every exit. Modes: netns (rank 0
-# in NS_A at IP_A, rank 1 in NS_B at IP_B, joined by a veth pair named VETH at both ends;
-# SUMMARY results/PREFIX_summary.txt); local (--local: both on 127.0.0.1, SUMMARY
+# in NS_A at IP_A, rank 1 in NS_B at IP_B, joined by a veth pair named VETH at both ends, each
+# rank with HCOMM_HOST_ID set to its namespace; SUMMARY results/PREFIX_summary.txt); local
+# (--local: both on 127.0.0.1 with HCOMM_TRANSPORT=tcp unless set, SUMMARY
 # results/PREFIX_local_summary.txt); host (a one-host script, only PREFIX given: both on
 # 127.0.0.1, SUMMARY results/PREFIX_summary.txt). Rank 0 runs on CPU 0, rank 1 on CPU 1.
+# Runs of the netns and local modes stop the script when hcomm did not go over the network
+# (`over_network`).
 bench_setup() {
   local prefix=$1
   R=$HERE/results
@@ -59,10 +62,15 @@ bench_setup() {
   if [ $LOCAL = 1 ]; then
     IPA=127.0.0.1 IPB=127.0.0.1
     ANS="taskset -c 0" BNS="taskset -c 1"
+    # Two ranks of one host talk through shared memory: --local measures TCP over loopback.
+    [ $MODE = host ] || export HCOMM_TRANSPORT=${HCOMM_TRANSPORT:-tcp}
   else
     MODE=netns SUMMARY=$R/${prefix}_summary.txt
     NSA=$2 NSB=$3 IF=$4 IPA=$5 IPB=$6
-    ANS="ip netns exec $NSA taskset -c 0" BNS="ip netns exec $NSB taskset -c 1"
+    # Each namespace is a host of its own to hcomm: without HCOMM_HOST_ID both ranks see the
+    # same hostname and boot id, and link through shared memory (/dev/shm is the machine's).
+    ANS="ip netns exec $NSA env HCOMM_HOST_ID=$NSA taskset -c 0"
+    BNS="ip netns exec $NSB env HCOMM_HOST_ID=$NSB taskset -c 1"
   fi
   RAW=$R/${prefix}_$MODE
   LOG=$RAW.log.tmp
@@ -173,6 +181,7 @@ hcomm_ranks() {
           exec "$@" >/dev/null 2>"$E.err$HCOMM_RANK.tmp"
         fi' sh "$PERF" "$@" --time-target "$TARGET" 2>"$RAW.$name.err_run.tmp" || RUN_RC0=$?
     RUN_MS=$((($(date +%s%N) - t0) / 1000000))
+    [ "$MODE" = host ] || [ $RUN_RC0 != 0 ] || over_network "$name"
     return
   fi
   for ((r = 0; r < NP; r++)); do
@@ -198,6 +207,35 @@ hcomm_ranks() {
     [ $RUN_RC1 != 0 ] || RUN_RC1=$rc
   done
   RUN_MS=$((($(date +%s%N) - t0) / 1000000))
+  [ $PIN = 0 ] || [ $RUN_RC0 != 0 ] || over_network "$name"
+}
+
+# over_network OUTNAME: after a pinned run of the netns or local mode (TCP between two hosts,
+# or over loopback), checks rank 0's transport line ("# transport of rank 0: peers through
+# shared memory S, with a TCP connection T, of P; messages through shared memory M, TCP N,
+# plug-in or libfabric O"): no peer through shared memory and some messages over the network,
+# else the run measured something else than the script says, and the script stops with an
+# error.
+over_network() {
+  local line why s m n o
+  line=$(grep -m1 '^# transport of rank 0:' "$RAW.$1.tmp" 2>/dev/null) || true
+  if [ -z "$line" ]; then
+    why="no transport line in rank 0's output (hcomm_perf too old? rebuild it)"
+  else
+    # The numbers after "rank 0": S T P M N O.
+    read -r _ s _ _ m n o <<<"$(echo "$line" | tr -c '0-9\n' ' ')"
+    if [ "$s" != 0 ]; then
+      why="rank 0 reached $s peer(s) through shared memory ($m messages)"
+    elif [ $((n + o)) = 0 ]; then
+      why="no message went over TCP, a plug-in or libfabric"
+    else
+      return 0
+    fi
+  fi
+  log "FAILED: hcomm run $1 did not go over the network ($MODE mode): $why"
+  log "  ($line)"
+  echo "$NAME: hcomm run $1 did not go over the network ($MODE mode: $why): its numbers would be those of shared memory; stopped" >&2
+  exit 1
 }
 
 # hcomm_notes OUTNAME: after hcomm_ranks, log a timeout and the first lines of the ranks'

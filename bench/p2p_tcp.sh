@@ -5,7 +5,11 @@
 # 10.78.0.1/24 and 10.78.0.2/24 exist only inside them, so all traffic stays on the veth.
 # Rank 0 runs in hc_a pinned to CPU 0, rank 1 in hc_b pinned to CPU 1.
 #   * hcomm:    hcomm_perf pingpong and stream, ranks started by hand (HCOMM_RANK/SIZE,
-#               HCOMM_ROOT_ADDR=10.78.0.1:<random port>, a random HCOMM_JOB_SECRET)
+#               HCOMM_ROOT_ADDR=10.78.0.1:<random port>, a random HCOMM_JOB_SECRET,
+#               HCOMM_HOST_ID=<namespace>: two hosts to hcomm, which otherwise sees one
+#               hostname and links the ranks through shared memory); the script stops with
+#               an error when rank 0's transport line shows a peer through shared memory or
+#               no message over TCP
 #   * Open MPI: mpi_bench -o pingpong,stream with --mca pml ob1 --mca btl tcp,self restricted
 #               to hc_veth, one rank per namespace (mpirun's rsh launcher through
 #               netns_rsh.sh, an ssh stand-in that calls `ip netns exec`)

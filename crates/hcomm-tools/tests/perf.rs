@@ -23,10 +23,16 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Runs `hcomm_perf args` on `n` ranks; returns the output text, asserting success.
 fn perf(n: usize, args: &[&str]) -> String {
+    perf_with(n, args, &[])
+}
+
+/// [`perf`] with the variables `env` added to every rank's environment.
+fn perf_with(n: usize, args: &[&str], env: &[(&str, &str)]) -> String {
     let mut c = Command::new(HCOMMRUN);
     c.args(["-n", &n.to_string(), "--timeout", "150", "--", PERF])
         .args(args)
-        .env("HCOMM_TIMEOUT", "60");
+        .env("HCOMM_TIMEOUT", "60")
+        .envs(env.iter().copied());
     let (o, _) = run_bounded(&mut c, Duration::from_secs(200));
     let text = format!(
         "{}{}",
@@ -197,5 +203,43 @@ fn large_pool_collectives_stream_correct_results() {
             text.contains("Out of bounds values : 0 OK"),
             "{op} {size} on {n} ranks got wrong results:\n{text}"
         );
+    }
+}
+
+/// The numbers of rank 0's transport line: peers through shared memory, peers with a TCP
+/// connection, peers, then messages through shared memory, TCP, plug-in or libfabric.
+fn transport(text: &str) -> [u64; 6] {
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("[0] # transport of rank 0:"))
+        .unwrap_or_else(|| panic!("no transport line:\n{text}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    numbers
+        .try_into()
+        .unwrap_or_else(|n| panic!("{n:?} in {line}"))
+}
+
+/// Rank 0 says how its peers were reached and what carried the messages (the TCP
+/// benchmarks between simulated hosts check it): shared memory on one host, TCP when told.
+#[test]
+fn the_transport_line_says_what_carried_the_messages() {
+    let quick = [&["pingpong"], &QUICK[..]].concat();
+    let [shm_peers, tcp_peers, peers, shm, tcp, other] = transport(&perf(2, &quick));
+    assert_eq!((shm_peers, tcp_peers, peers, tcp, other), (1, 0, 1, 0, 0));
+    assert!(shm > 0);
+    let tcp_only = [("HCOMM_TRANSPORT", "tcp")];
+    for op in ["pingpong", "allreduce"] {
+        let args = [&[op], &QUICK[..]].concat();
+        let [shm_peers, tcp_peers, peers, shm, tcp, other] =
+            transport(&perf_with(2, &args, &tcp_only));
+        assert_eq!(
+            (shm_peers, tcp_peers, peers, shm, other),
+            (0, 1, 1, 0, 0),
+            "{op}"
+        );
+        assert!(tcp > 0, "{op}");
     }
 }

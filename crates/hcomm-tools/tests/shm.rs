@@ -492,7 +492,9 @@ fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
         "--traffic",
         traffic,
     ])
-    .env("HCOMM_TIMEOUT", "60");
+    .env("HCOMM_TIMEOUT", "60")
+    // Through the rings: the one-sided all-to-all uses none.
+    .env("HCOMM_ALGO", "alltoall:pairwise");
     let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "{traffic}:\n{t}");
@@ -514,8 +516,9 @@ fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
 
 /// An inbox takes memory for the peers that send to it, 64 KiB of ring at a time, not for
 /// every local rank: after init and a barrier (each rank hears from 3 of its 7 peers) a rank's
-/// inbox holds its first page and at most 4 rings' first 64 KiB; after all-to-alls of 4 KiB
-/// per pair, the first 64 KiB of all 7. The inbox's size (7 rings of 1 MiB) is never reached.
+/// inbox holds its first page and at most 4 rings' first 64 KiB; after pairwise all-to-alls of
+/// 4 KiB per pair (`HCOMM_ALGO=alltoall:pairwise`: through the rings), the first 64 KiB of all
+/// 7. The inbox's size (7 rings of 1 MiB) is never reached.
 #[test]
 fn an_inbox_takes_memory_for_the_peers_that_send_to_it() {
     for (r, (used, size)) in inbox_use("none").into_iter().enumerate() {
@@ -527,6 +530,42 @@ fn an_inbox_takes_memory_for_the_peers_that_send_to_it() {
         assert!(
             used <= 16 + 8 * 64 && used < size / 8,
             "rank {r}: {used} kB in use"
+        );
+    }
+}
+
+/// Local peers that never sent to a rank finalize without a goodbye through its rings: the
+/// upper half of 8 ranks finalizes (having talked only among themselves) and stays alive,
+/// not beating; each rank of the lower half, waiting for a message from every one of them,
+/// learns that they finalized (not that they were lost, nor a timeout) from the mark of their
+/// inboxes, and its own inbox took no memory for goodbyes.
+#[test]
+fn local_peers_never_sent_to_finalize_by_a_mark_not_a_goodbye() {
+    let done = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("quiet-finalize-{}", std::process::id()));
+    let _ = std::fs::remove_file(&done);
+    let mut c = Command::new(HCOMMRUN);
+    c.args(["-n", "8", "--timeout", "100", "--", CHECK, "quiet-finalize"])
+        .arg("--done")
+        .arg(&done)
+        .env("HCOMM_TIMEOUT", "20");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
+    let _ = std::fs::remove_file(&done);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for r in 0..4 {
+        for peer in 4..8 {
+            let line = format!("[{r}] finalized {peer} ");
+            assert!(t.lines().any(|l| l.starts_with(&line)), "{line}:\n{t}");
+        }
+        let inbox = t
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[{r}] inbox ")))
+            .unwrap_or_else(|| panic!("rank {r} printed no inbox use:\n{t}"));
+        let kb: Vec<&str> = inbox.split_whitespace().collect();
+        assert_eq!(
+            kb[0], kb[1],
+            "rank {r}: its inbox grew at the others' finalize: {t}"
         );
     }
 }

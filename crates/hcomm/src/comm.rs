@@ -57,6 +57,7 @@ const WORLD_ID: u64 = 1;
 const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// Internal tags.
 const TAG_SPLIT: u32 = 1;
+const TAG_AGREE: u32 = 2;
 
 /// Counts worlds created by this process, so that several worlds on one store keep their
 /// keys apart (every rank creates its worlds in the same order).
@@ -1304,6 +1305,33 @@ impl Communicator {
                 ))
                 .with_peer(PeerRank::ranks(from, self.members[from])));
             }
+        }
+        Ok(all)
+    }
+
+    /// Whether every rank says `ok` (collective): a dissemination in ceil(log2 n) rounds of
+    /// one exchange each, so that each rank talks to that many peers (an all-to-all would
+    /// make every pair of the host use its rings, and owe a goodbye through them at finalize).
+    fn all_agree(&self, ok: bool) -> Result<bool> {
+        let n = self.size();
+        let mut all = ok;
+        let mut dist = 1;
+        while dist < n {
+            let to = (self.rank + dist) % n;
+            let from = (self.rank + n - dist) % n;
+            let st = self.target(self.id | INTERNAL, to, TAG_AGREE, "agreement")?;
+            let rt = self.target(self.id | INTERNAL, from, TAG_AGREE, "agreement")?;
+            let mut theirs = [0u8; 1];
+            let got = self.exchange(st, &[u8::from(all)], rt, &mut theirs)?;
+            if got != 1 || theirs[0] > 1 {
+                return Err(Error::mismatch(format!(
+                    "rank {from} sent something else than an agreement: ranks are calling \
+                     different operations"
+                ))
+                .with_peer(PeerRank::ranks(from, self.members[from])));
+            }
+            all &= theirs[0] == 1;
+            dist *= 2;
         }
         Ok(all)
     }

@@ -584,6 +584,9 @@ struct State {
     pulls: Vec<pull::Pull>,
     /// Per world rank: the kernel refused a pull from it, so its messages are pushed.
     pull_refused: Vec<bool>,
+    /// The transport plug-in and the threads of the channels opened so far, when the world
+    /// has one.
+    plugin: Option<Channels>,
 }
 
 struct Shared {
@@ -624,8 +627,6 @@ pub(crate) struct OfiSetup {
 pub(crate) struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    /// The transport plug-in and its threads, when the world has one.
-    plugin: Option<Channels>,
     /// The thread that notices dead and hung peers.
     watcher: Option<watch::Watcher>,
 }
@@ -806,36 +807,14 @@ impl Engine {
             }
         }
         let rndv = Rendezvous::new(limits, size);
-        let plugin = match plugin {
-            Some(lease) => {
-                // The TCP link of each peer stands behind the plug-in (unless HCOMM_FAILOVER=0).
-                let fallback = mesh
-                    .as_ref()
-                    .is_some_and(|m| m.config().failover != Some(false));
-                let channels = Channels::start(lease, cfg.rank, size, &io, fallback)?;
-                for chan in channels.channels() {
-                    let p = chan.peer();
-                    if peers.get(p).is_none_or(Option::is_none) {
-                        return Err(Error::internal(format!(
-                            "plug-in link to world rank {p} has no peer"
-                        ))
-                        .with_peer(PeerRank::world(p)));
-                    }
-                    let handoff = match all.tcp_mut(p) {
-                        Some(tcp) if fallback => {
-                            let h = Arc::new(Handoff::default());
-                            tcp.back(Arc::clone(&h));
-                            Some(h)
-                        }
-                        _ => None,
-                    };
-                    let link = PluginLink::new(Arc::clone(chan), &io, handoff);
-                    all.add(p, AnyLink::Plugin(link));
-                }
-                Some(channels)
-            }
-            None => None,
-        };
+        // The plug-in's channels open on each pair's first use (`State::want_plugin`), each
+        // with the peer's TCP link standing behind it (unless HCOMM_FAILOVER=0).
+        let fallback = mesh
+            .as_ref()
+            .is_some_and(|m| m.config().failover != Some(false));
+        let plugin = plugin
+            .map(|lease| Channels::start(lease, cfg.rank, size, &io, fallback))
+            .transpose()?;
         if let Some(p) = (0..size).find(|&p| p != cfg.rank && all.count(p) == 0) {
             return Err(Error::internal(format!("world rank {p} has no link"))
                 .with_peer(PeerRank::world(p)));
@@ -862,6 +841,7 @@ impl Engine {
                 pull_refused: vec![false; size],
                 draining: false,
                 comm_aborts: Vec::new(),
+                plugin,
             }),
             io,
             counts,
@@ -885,7 +865,6 @@ impl Engine {
         Ok(Engine {
             shared,
             thread: Some(thread),
-            plugin,
             watcher: Some(watcher),
         })
     }
@@ -966,9 +945,10 @@ impl Engine {
         }
     }
 
-    /// Tells every peer this rank is finishing, delivers what is still queued (until
-    /// `deadline`), closes the sending side of every link and lingers briefly, reading what
-    /// the peers still send, while a link says closing it now could cost the peer what was
+    /// Tells every peer this rank talked to that it is finishing (the local peers it never
+    /// sent to by a mark in its inbox), delivers what is still queued (until `deadline`),
+    /// closes the sending side of every link and lingers briefly, reading what the peers
+    /// still send, while a link says closing it now could cost the peer what was
     /// sent ([`Link::lingers`](link::Link::lingers): a TCP connection until the peer's kernel
     /// acknowledged everything, a plug-in's until the peer closes its side; a shared-memory
     /// ring never). It does not wait for the peers to finish: a finalize costs the same with
@@ -979,12 +959,18 @@ impl Engine {
         sh.closing.store(true, Ordering::SeqCst);
         {
             let mut st = lock(&sh.state);
-            // Peers never talked to have no connection, and are owed no goodbye; a plug-in's
-            // links are there from init, and each ends after its goodbye (else its end would
-            // look like the plug-in failing, and the peer would fall back to TCP).
+            // Peers never talked to have no connection, and are owed no goodbye; local peers
+            // never sent to take the mark of this rank's inbox for it (below). A rank that
+            // forwards aborts says goodbye to every local peer, after the aborts: a mark seen
+            // before the aborter's own notice would fail a peer's wait as a finalize, not an
+            // abort. A plug-in link ends after its goodbye (else its end would look like the
+            // plug-in failing, and the peer would fall back to TCP).
             let aborts = std::mem::take(&mut st.comm_aborts);
             for p in 0..st.peers.len() {
-                if !st.links.used(p) && st.links.plugin_of(p).is_none() {
+                if !st.links.owes_goodbye(p)
+                    && st.links.plugin_of(p).is_none()
+                    && (aborts.is_empty() || !st.links.shm_only(p))
+                {
                     continue;
                 }
                 for &(comms, origin) in aborts.iter().filter(|&&(_, o)| o != p) {
@@ -997,6 +983,11 @@ impl Engine {
         }
         let nap = Backoff::DEFAULT.max_sleep;
         let unflushed = self.progress_until(deadline, nap, State::unflushed_peers);
+        // The goodbyes went out: the local peers this rank never sent to take this mark for
+        // theirs (see `transport::shm::link`).
+        if let Some(inbox) = &sh.io.inbox {
+            inbox.mark_finalized();
+        }
         {
             let mut st = lock(&sh.state);
             for p in st.open_peers() {
@@ -1024,8 +1015,9 @@ impl Drop for Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // Stops the plug-in's threads and finalizes it.
-        drop(self.plugin.take());
+        // Stops the plug-in's threads and finalizes it (outside the lock: it waits for them).
+        let plugin = lock(&self.shared.state).plugin.take();
+        drop(plugin);
         // Stops dialing and accepting (joins the threads of handshakes in flight).
         if let Some(mesh) = &self.shared.mesh {
             mesh.stop();
@@ -1037,6 +1029,50 @@ impl Drop for Engine {
 }
 
 impl State {
+    /// The engine is about to need `peer` (an operation with it was posted, or a frame is
+    /// due): its links made on demand start (see [`Link::want`]), and so does its channel
+    /// through the plug-in.
+    #[inline]
+    fn want(&mut self, peer: usize) {
+        self.links.want(peer);
+        if self.plugin.as_ref().is_some_and(|c| !c.is_open(peer)) {
+            self.want_plugin(peer);
+        }
+    }
+
+    /// Opens the plug-in channel of `peer` unless it is open (the pair's first use, on
+    /// either side): its link then carries the peer's traffic. The pair's TCP connection is
+    /// made too: the peer opens its channel of this rank when that comes up, if this rank
+    /// used the pair first.
+    #[cold]
+    fn want_plugin(&mut self, peer: usize) {
+        let Some(plugin) = self.plugin.as_mut() else {
+            return;
+        };
+        if plugin.is_open(peer) || self.peers.get(peer).and_then(Option::as_ref).is_none() {
+            return;
+        }
+        let fallback = plugin.fallback();
+        let opened = plugin.open(peer);
+        self.links.want(peer);
+        let chan = match opened {
+            Ok(chan) => chan,
+            Err(why) => return self.fail_peer(peer, why),
+        };
+        // The peer's TCP link stands behind the plug-in: both share where the peer's frames
+        // stand (`Handoff`).
+        let handoff = match self.links.tcp_mut(peer) {
+            Some(tcp) if fallback => {
+                let h = Arc::new(Handoff::default());
+                tcp.back(Arc::clone(&h));
+                Some(h)
+            }
+            _ => None,
+        };
+        let link = PluginLink::new(chan, &self.io, handoff);
+        self.links.add(peer, AnyLink::Plugin(link));
+    }
+
     /// Sends a frame to `peer` on the link [`Links::route`] picks for it, and writes what
     /// the link takes now.
     #[inline]
@@ -1048,6 +1084,11 @@ impl State {
             .is_none_or(|p| p.lost.is_some())
         {
             return;
+        }
+        if self.plugin.as_ref().is_some_and(|c| !c.is_open(peer)) {
+            // Every frame goes through the plug-in (a wake-up over TCP), whichever call made
+            // it: the pair is used from now on.
+            self.want_plugin(peer);
         }
         let Some(l) = self.links.route(peer, frame.kind) else {
             return;

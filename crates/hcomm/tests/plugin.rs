@@ -1,9 +1,10 @@
 //! Transport plug-ins from Rust: a plug-in over Unix domain sockets carries all traffic of
-//! jobs of real processes (this test binary started again as each rank), and the failures a
-//! plug-in can meet (an unknown name, a failing init, a dead peer, a send that blocks) end in
-//! clear errors within `HCOMM_TIMEOUT`, with every thread of the plug-in gone afterwards. A
-//! plug-in that starts failing mid-run (its sends fail, or its links die) falls back to TCP:
-//! the job goes on with exact results, nothing lost, duplicated or reordered.
+//! jobs of real processes (this test binary started again as each rank) through links opened
+//! on each pair's first use, and the failures a plug-in can meet (an unknown name, a failing
+//! init, a dead peer, a send that blocks) end in clear errors within `HCOMM_TIMEOUT`, with
+//! every thread of the plug-in gone afterwards. A plug-in that starts failing mid-run (its
+//! sends fail, or its links die) falls back to TCP: the job goes on with exact results,
+//! nothing lost, duplicated or reordered.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -240,7 +241,8 @@ fn traffic() {
 /// Rank 1 dies; rank 0, waiting for it, learns at once: from its plug-in, which sees the
 /// socket end, or (`deaf`: a plug-in that does not) from the end of the TCP connection, a
 /// grace period later; or, when the pair's TCP connection (made on its first use, the
-/// barrier) was not up yet, from the dial that finds nothing listening there any more.
+/// barrier, while the barrier's frames go through the plug-in) was not up yet, from the dial:
+/// it finds nothing listening there any more, or the connection ends in its handshake.
 fn lost(deaf: bool) {
     let (sockets, comm) = join(None, deaf);
     comm.barrier().unwrap();
@@ -257,9 +259,9 @@ fn lost(deaf: bool) {
         true => "no goodbye came",
         false => "failed receiving from world rank 1",
     };
-    let refused = "nothing listens there any more";
+    let dial = "rank 0 connecting to rank 1";
     assert!(
-        e.to_string().contains(why) || e.to_string().contains(refused),
+        e.to_string().contains(why) || e.to_string().contains(dial),
         "{e}"
     );
     assert!(started.elapsed() < Duration::from_secs(10), "{e}");
@@ -357,6 +359,87 @@ fn fallback(cut: bool) {
     println!("OK fallback on rank {rank}: {s:?}");
 }
 
+/// The names of the link threads of `peers`, sorted.
+fn threads_of(peers: &[usize]) -> Vec<String> {
+    let mut names: Vec<String> = peers
+        .iter()
+        .flat_map(|p| [format!("hcomm-rx-{p}"), format!("hcomm-tx-{p}")])
+        .collect();
+    names.sort();
+    names
+}
+
+/// The link threads once there are `n` (a new thread names itself when it first runs),
+/// sorted; fails after 20 s.
+fn link_threads_when(n: usize) -> Vec<String> {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut threads = link_threads();
+        if threads.len() >= n {
+            threads.sort();
+            return threads;
+        }
+        assert!(
+            Instant::now() < until,
+            "{} link threads: {threads:?}",
+            threads.len()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Ranks talk only to their ring neighbours: each has the channels (two threads each) of
+/// those two, not of every rank (channels open on a pair's first use, as TCP links do).
+fn neighbours() {
+    let (sockets, comm) = join(None, false);
+    let (rank, size) = (comm.rank(), comm.size());
+    let (right, left) = ((rank + 1) % size, (rank + size - 1) % size);
+    let mut got = [0u8; 8];
+    comm.sendrecv(&[rank as u8; 8], right, 4, &mut got, left, 4)
+        .unwrap();
+    assert_eq!(got, [left as u8; 8]);
+    assert_eq!(
+        link_threads_when(4),
+        threads_of(&[left.min(right), left.max(right)])
+    );
+    // Nobody leaves (ending its receivers here) or talks to another rank (opening a channel
+    // there) before every rank has counted: a token goes round twice, from neighbour to
+    // neighbour (round 1: everyone counted; round 2: everyone knows).
+    for round in 0..2 {
+        let mut token = [0u8; 1];
+        if rank == 0 {
+            comm.send(&[1], right, 7 + round).unwrap();
+            comm.recv(&mut token, left, 7 + round).unwrap();
+        } else {
+            comm.recv(&mut token, left, 7 + round).unwrap();
+            comm.send(&[1], right, 7 + round).unwrap();
+        }
+    }
+    drop(comm);
+    assert_wound_down(&sockets);
+    println!("OK neighbours on rank {rank}");
+}
+
+/// Rank 0 sends to rank 1, which makes no call meanwhile: rank 1 opens its channel of rank 0
+/// when rank 0's TCP connection comes up (its watcher reads it: nobody else does), then
+/// receives the message.
+fn first_contact() {
+    let (sockets, comm) = join(None, false);
+    let rank = comm.rank();
+    if rank == 0 {
+        comm.send(b"first", 1, 6).unwrap();
+    } else {
+        assert_eq!(link_threads_when(2), threads_of(&[0]));
+        let mut got = [0u8; 5];
+        assert_eq!(comm.recv(&mut got, 0, 6).unwrap(), 5);
+        assert_eq!(&got, b"first");
+    }
+    comm.barrier().unwrap();
+    drop(comm);
+    assert_wound_down(&sockets);
+    println!("OK first contact on rank {rank}");
+}
+
 /// The entry of a rank started by [`job`] (ignored in normal runs).
 #[test]
 #[ignore = "a rank of the jobs the other tests start"]
@@ -368,6 +451,8 @@ fn rank_of_a_job() {
         Ok("stuck") => stuck(),
         Ok("fails") => fallback(false),
         Ok("dies") => fallback(true),
+        Ok("neighbours") => neighbours(),
+        Ok("first-contact") => first_contact(),
         other => panic!("no scenario {other:?}"),
     }
 }
@@ -393,10 +478,16 @@ fn job(scenario: &str, n: usize, timeout: &str) -> Vec<(bool, String)> {
     results
 }
 
+/// Every rank succeeded and said `expected`; else fails with the output of every rank that
+/// did not (the first to fail is not always the first rank).
 fn assert_ok(results: &[(bool, String)], expected: &str) {
-    for (r, (ok, out)) in results.iter().enumerate() {
-        assert!(*ok && out.contains(expected), "rank {r}:\n{out}");
-    }
+    let failed: Vec<String> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, (ok, out))| !*ok || !out.contains(expected))
+        .map(|(r, (_, out))| format!("rank {r}:\n{out}"))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 #[test]
@@ -404,6 +495,12 @@ fn a_unix_socket_plugin_carries_all_traffic_of_2_and_3_ranks() {
     for n in [2, 3] {
         assert_ok(&job("traffic", n, "30"), "OK traffic on rank");
     }
+}
+
+#[test]
+fn a_plugin_link_is_opened_on_a_pairs_first_use_by_either_side() {
+    assert_ok(&job("neighbours", 4, "30"), "OK neighbours on rank");
+    assert_ok(&job("first-contact", 2, "30"), "OK first contact on rank");
 }
 
 #[test]

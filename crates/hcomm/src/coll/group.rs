@@ -27,6 +27,7 @@ pub(crate) trait Group {
     fn spin(&self) -> bool;
     /// `HCOMM_TIMEOUT`.
     fn timeout(&self) -> Duration;
-    /// Every member's 16 bytes, by rank (collective over the group).
-    fn exchange_all(&self, mine: &[u8; 16]) -> Result<Vec<[u8; 16]>>;
+    /// Whether every member says `ok` (collective over the group; each rank talks to about
+    /// log2 of the members, not to all).
+    fn all_agree(&self, ok: bool) -> Result<bool>;
 }

@@ -188,7 +188,7 @@ impl OneSided {
                 comm.id()
             );
         }
-        if !agree(comm, own.is_ok())? {
+        if !comm.all_agree(own.is_ok())? {
             if let Ok(seg) = own {
                 let _ = ShmSegment::unlink(seg.name());
             }
@@ -224,7 +224,7 @@ impl OneSided {
                 }
             }
         }
-        let ok = agree(comm, failed.is_none())?;
+        let ok = comm.all_agree(failed.is_none())?;
         let _ = ShmSegment::unlink(own.name());
         if !ok {
             if let Some(e) = failed {
@@ -1224,13 +1224,6 @@ fn check_peer_call(
         .with_peer(PeerRank::comm(p)));
     }
     Ok(())
-}
-
-/// Whether the ranks of `comm` all say `ok` (collective).
-fn agree(comm: &dyn Group, ok: bool) -> Result<bool> {
-    let mut mine = [0u8; 16];
-    mine[0] = u8::from(ok);
-    Ok(comm.exchange_all(&mine)?.iter().all(|b| b[0] == 1))
 }
 
 /// Whether collective `kind` has a large one-sided algorithm (contributions beyond a slot).

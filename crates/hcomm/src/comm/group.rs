@@ -48,8 +48,8 @@ impl Group for Communicator {
         self.world.config.timeout
     }
 
-    fn exchange_all(&self, mine: &[u8; 16]) -> Result<Vec<[u8; 16]>> {
-        Communicator::exchange_all(self, mine)
+    fn all_agree(&self, ok: bool) -> Result<bool> {
+        Communicator::all_agree(self, ok)
     }
 }
 

@@ -19,7 +19,7 @@ use super::matching::Stranger;
 use super::progress::tell_launcher;
 use super::revoke::Revocations;
 use super::watch::Timing;
-use super::{Engine, OpId, OpKind, OutFrame, State, Target};
+use super::{Engine, OpId, OutFrame, State, Target};
 
 /// Recent calls remembered for mismatch detection.
 const CALL_MEMORY: usize = 4096;
@@ -450,9 +450,20 @@ impl Engine {
                 .or(st.calls.last_lost()),
             _ => None,
         };
+        // Every peer still reachable is told, also when this call failed on another peer's
+        // notice (the call then counts as abandoned here, which must not stop the notice: a
+        // peer waiting for this rank would otherwise learn only of its goodbye, and blame its
+        // finalize instead of the lost rank); not when the communicator was aborted, whose
+        // notice reaches every member and names the aborter.
         let mut told: Vec<usize> = Vec::new();
         for t in targets {
-            if !told.contains(&t.peer) && st.live_peer(t, OpKind::Send).is_ok() {
+            let reachable = st
+                .peers
+                .get(t.peer)
+                .and_then(Option::as_ref)
+                .is_some_and(|q| q.lost.is_none());
+            let aborted = st.calls.aborted_comm(t.comm).is_some();
+            if !told.contains(&t.peer) && reachable && !aborted {
                 told.push(t.peer);
                 st.send_abort(*t, mismatch, lost);
             }
@@ -506,7 +517,7 @@ impl State {
     /// answered before).
     fn ask(&mut self, p: usize, comm: u64) {
         self.calls.take_answer(comm, p);
-        self.links.want(p);
+        self.want(p);
         self.queue(p, OutFrame::control(entered_frame(comm, true, 0)));
     }
 

@@ -562,13 +562,41 @@ impl Links {
         }
     }
 
-    /// Whether `peer` was ever used: its TCP connection is up or being made (a peer never
-    /// used costs nothing, and is owed no goodbye at finalize).
+    /// Whether `peer` was ever used: its TCP connection is up or being made, or (a local
+    /// pair without one) either side sent through shared memory or this rank posted an
+    /// operation with it (a peer never used costs nothing, and is not watched).
     pub(super) fn used(&self, peer: usize) -> bool {
         match self.peers.get(peer).and_then(|l| l.first()) {
             Some(AnyLink::Tcp(l)) => l.used(),
+            Some(AnyLink::Shm(l)) => l.used(),
             Some(_) => true,
             None => false,
+        }
+    }
+
+    /// Whether this rank owes `peer` a goodbye at finalize: it used the peer's TCP
+    /// connection, or (a local pair without one) sent it frames through shared memory.
+    pub(super) fn owes_goodbye(&self, peer: usize) -> bool {
+        match self.peers.get(peer).and_then(|l| l.first()) {
+            Some(AnyLink::Shm(l)) => l.owes_goodbye(),
+            _ => self.used(peer),
+        }
+    }
+
+    /// Whether `peer` is a local peer linked by shared memory alone (no TCP connection).
+    pub(super) fn shm_only(&self, peer: usize) -> bool {
+        matches!(
+            self.peers.get(peer).and_then(|l| l.first()),
+            Some(AnyLink::Shm(_))
+        )
+    }
+
+    /// Whether `peer`, a local peer without a TCP connection, finalized without ever sending
+    /// to this rank (its mark stands for its goodbye: see `shm::ShmPeerLink`).
+    pub(super) fn finalized_unheard(&self, peer: usize) -> bool {
+        match self.peers.get(peer).and_then(|l| l.first()) {
+            Some(AnyLink::Shm(l)) => l.finalized_unheard(),
+            _ => false,
         }
     }
 

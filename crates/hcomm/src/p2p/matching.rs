@@ -705,7 +705,7 @@ impl State {
         }
         // Any member may send: each is used (its TCP connection is made now).
         for &w in members.iter() {
-            self.links.want(w);
+            self.want(w);
         }
         let r = Recv {
             id,

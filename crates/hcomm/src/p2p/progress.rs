@@ -83,7 +83,7 @@ impl Engine {
         poll(&sh.io, &mut events, Duration::ZERO)?;
         let mut st = lock(&sh.state);
         // A wait on the peer needs its connection, whose end tells that it died.
-        st.links.want(peer);
+        st.want(peer);
         st.handle(&events, false);
         match st.peers.get(peer).and_then(Option::as_ref) {
             Some(p) => match &p.lost {
@@ -207,6 +207,10 @@ impl State {
                         eprintln!("{line}");
                     }
                     tracing::debug!("{line}");
+                    // A peer that dialed this rank is about to send through the plug-in.
+                    if self.plugin.as_ref().is_some_and(|c| !c.is_open(peer)) {
+                        self.want_plugin(peer);
+                    }
                     self.flush_link(peer, 0);
                     self.drive(peer, 0);
                 }
@@ -602,6 +606,24 @@ impl State {
             p.catch_up();
         }
         self.drive(peer, pl);
+    }
+
+    /// Ends a local peer that finalized without ever sending to this rank as if its goodbye
+    /// had come (its inbox's mark stands for it: see `Links::finalized_unheard`); returns
+    /// whether it did.
+    pub(super) fn notice_finalized(&mut self, peer: usize) -> bool {
+        if !self.links.finalized_unheard(peer) {
+            return false;
+        }
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return false;
+        };
+        if p.lost.is_some() {
+            return false;
+        }
+        p.closed = true;
+        self.fail_peer(peer, "it finalized".into());
+        true
     }
 
     /// Marks a peer unreachable: closes its links and fails every operation with it.

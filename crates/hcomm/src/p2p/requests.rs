@@ -270,7 +270,7 @@ impl State {
         self.ops.insert(id, op);
         // The operation needs its peer's links (a TCP connection is made on first use).
         if target.peer != ANY_PEER {
-            self.links.want(target.peer);
+            self.want(target.peer);
         }
         id
     }

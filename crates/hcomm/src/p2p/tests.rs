@@ -1,11 +1,14 @@
 //! Tests of the engine in one process: two engines of a world of two ranks, linked by a real
-//! TCP connection over loopback, made on demand.
+//! TCP connection over loopback, made on demand, or by real shared-memory inboxes.
 
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Deadline, Engine, EngineConfig, OpId, Target};
+use super::{Deadline, Engine, EngineConfig, OpId, ShmSetup, Target};
 use crate::error::{Error, Operation, PeerRank};
+use crate::transport::shm::cma::CmaMode;
+use crate::transport::shm::link::{Inbox, LinkConfig};
 use crate::transport::tcp::MeshConfig;
 
 /// Largest eager message of these engines: larger ones take the rendezvous.
@@ -622,4 +625,98 @@ fn a_wait_on_a_dead_peer_never_talked_to_fails_naming_it() {
     assert_eq!(e.peer(), Some(PeerRank::ranks(1, 1)), "{e:?}");
     assert!(e.to_string().contains("connecting to rank 1"), "{e}");
     assert!(started.elapsed() < WAIT / 4, "{:?}", started.elapsed());
+}
+
+/// Ranks 0 and 1 of a world of two on one host, linked by shared memory alone (the pair needs
+/// no TCP connection: one process, so one pid and network namespace), with `HCOMM_TIMEOUT`
+/// = `timeout` (it sets the watcher's heartbeats).
+fn shm_pair(timeout: Duration) -> (Engine, Engine) {
+    static JOBS: AtomicUsize = AtomicUsize::new(0);
+    let cfg = LinkConfig {
+        job_id: format!(
+            "t{}x{}",
+            std::process::id(),
+            JOBS.fetch_add(1, Ordering::Relaxed)
+        ),
+        ring_bytes: 1 << 16,
+        cma: CmaMode::Off,
+    };
+    let inboxes: Vec<Inbox> = (0..2)
+        .map(|r| Inbox::create(&cfg, r, 2, r).expect("an inbox"))
+        .collect();
+    let published: Vec<_> = inboxes.iter().map(Inbox::published).collect();
+    let mut engines = inboxes.into_iter().enumerate().map(|(rank, inbox)| {
+        let peer = 1 - rank;
+        let link = inbox
+            .link(peer, peer, &published[peer])
+            .expect("a shared-memory link");
+        assert!(link.end.is_some(), "one process: no TCP connection needed");
+        let shm = ShmSetup {
+            inbox,
+            links: vec![(peer, link)],
+        };
+        let cfg = EngineConfig {
+            timeout,
+            ..config(rank)
+        };
+        Engine::new(2, None, Some(shm), None, cfg).expect("an engine")
+    });
+    let e0 = engines.next().expect("two engines");
+    let e1 = engines.next().expect("two engines");
+    (e0, e1)
+}
+
+/// A local peer that never sent to this rank finalizes without a goodbye through its ring: it
+/// marks its inbox, and a receive waiting for it fails as a finalize (not a loss) once the
+/// watcher looks; one that sent says goodbye through the ring, after its data.
+#[test]
+fn a_local_peer_finalizes_by_its_mark_or_by_a_goodbye_after_its_data() {
+    for sends_first in [false, true] {
+        let (e0, e1) = shm_pair(WAIT);
+        let data = bytes(16, 9);
+        let mut buf = [0u8; 16];
+        if sends_first {
+            let sid = send(&e1, target(0, 2, [0; 2]), &data);
+            let rid = recv(&e0, target(1, 2, [0; 2]), &mut buf);
+            e0.wait(rid, Deadline::After(WAIT)).expect("the message");
+            e1.wait(sid, Deadline::After(WAIT)).expect("the send");
+            assert_eq!(buf, data[..]);
+        }
+        let rid = recv(&e0, target(1, 3, [0; 2]), &mut buf);
+        assert_eq!(e1.close(Instant::now() + WAIT), Vec::<usize>::new());
+        {
+            let st = super::lock(&e1.shared.state);
+            assert_eq!(st.links.owes_goodbye(0), sends_first, "{sends_first}");
+        }
+        let got = e0.wait(rid, Deadline::After(WAIT));
+        let Err(e) = got else {
+            panic!("the receive completed: {got:?}")
+        };
+        assert!(matches!(e, Error::PeerLost(_)), "{sends_first}: {e:?}");
+        assert!(
+            e.to_string().contains("has finalized"),
+            "{sends_first}: {e}"
+        );
+        let st = super::lock(&e0.shared.state);
+        let peer = st.peers[1].as_ref().expect("peer 1");
+        assert!(peer.closed, "{sends_first}: let go as finalized, not lost");
+    }
+}
+
+/// A local peer that stops without finalizing (its engine gone, its watcher with it) set no
+/// mark: a receive waiting for it fails as a loss, for want of heartbeats.
+#[test]
+fn a_local_peer_that_stops_without_finalizing_is_lost() {
+    let (e0, e1) = shm_pair(Duration::from_millis(400));
+    drop(e1);
+    let mut buf = [0u8; 4];
+    let rid = recv(&e0, target(1, 3, [0; 2]), &mut buf);
+    let got = e0.wait(rid, Deadline::After(WAIT));
+    let Err(e) = got else {
+        panic!("the receive completed: {got:?}")
+    };
+    assert!(matches!(e, Error::PeerLost(_)), "{e:?}");
+    assert!(e.to_string().contains("no heartbeat"), "{e}");
+    let st = super::lock(&e0.shared.state);
+    assert!(!st.peers[1].as_ref().expect("peer 1").closed);
 }

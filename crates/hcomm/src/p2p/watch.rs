@@ -30,7 +30,10 @@
 //! `limit = T / 2` (at least 4 intervals), so a hung peer is lost within `T / 2 + 2 interval`,
 //! before the operations waiting for it time out. Peers behind a transport plug-in are left to
 //! the plug-in and their TCP connection. Only peers this rank talks to (whose TCP connection
-//! is up or being made) are judged: a peer never talked to is not watched. A connection still
+//! is up or being made; a local pair without one: that either side used) are judged: a peer
+//! never talked to is not watched. A local peer that finalized without ever sending to this
+//! rank marks its inbox instead of saying goodbye: each turn lets such peers go in order, and
+//! so does the end of their process. A connection still
 //! being made counts as silence, so a wait on a hung peer never talked to ends the same way
 //! (a live process accepts within one interval of its own watcher).
 
@@ -221,10 +224,14 @@ fn watch(sh: &Shared, stop: &OwnedFd, mut ends: Vec<(usize, End)>, timing: Timin
                     (peer, End::Stream(_)) => {
                         tracing::debug!("the connection of local world rank {peer} ended");
                     }
-                    // Nobody reads the end of a process: fail the peer here.
+                    // Nobody reads the end of a process: fail the peer here (let it go as
+                    // finalized when it marked its inbox so, never having sent to this rank).
                     (peer, End::Process(_)) => {
                         tracing::debug!("the process of local world rank {peer} ended");
-                        lock(&sh.state).fail_peer(peer, "its process ended".into());
+                        let mut st = lock(&sh.state);
+                        if !st.notice_finalized(peer) {
+                            st.fail_peer(peer, "its process ended".into());
+                        }
                     }
                 }
             }
@@ -272,6 +279,13 @@ fn turn(sh: &Shared, seen: &mut HashMap<usize, Seen>, now: Instant, gap: Duratio
     let mut st = pump(sh, &mut events);
     let mut lost = false;
     for p in 0..st.peers.len() {
+        // A local peer that finalized without sending to this rank is let go in order, used
+        // or not (it stopped beating, and sent no goodbye).
+        if st.notice_finalized(p) {
+            seen.remove(&p);
+            lost = true;
+            continue;
+        }
         let Some(peer) = st.peers[p].as_ref() else {
             continue;
         };

@@ -20,6 +20,12 @@
 //! * `send` to one peer is called from one thread at a time, `recv` from one peer from one
 //!   thread at a time; calls for different peers, and a peer's `send` and `recv`, run
 //!   concurrently on different threads. `recv` blocks until the bytes arrived.
+//! * A peer's threads start on the pair's first use, as TCP links are made: the first
+//!   operation with the peer, or the pair's TCP connection coming up (a rank dials it before
+//!   its first frame through the plug-in, so the peer starts receiving from it then). A rank
+//!   that never talks to a peer never calls `send` or `recv` for it; `init` still names every
+//!   rank, and may connect them all or leave each pair to its first call. (The plug-in API
+//!   has no call that says a peer started sending, so hcomm learns it from the connection.)
 //! * `send` may block while the peer is slow, not forever: it runs on a thread of its own,
 //!   so operations still time out (`HCOMM_TIMEOUT`), and closing the world waits for queued
 //!   frames at most that long before it calls `finalize`.

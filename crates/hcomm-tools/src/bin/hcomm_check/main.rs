@@ -221,6 +221,20 @@ enum Scenario {
         #[arg(long, value_enum)]
         traffic: resources::Traffic,
     },
+    /// Ranks pair up (0 with 1, 2 with 3, ...) and exchange a message, then pass a barrier;
+    /// the upper half finalizes (each prints `finalize MS`) and stays alive until --done
+    /// exists (a minute at most), while each rank of the lower half receives from every rank
+    /// of the upper half, a receive that must fail as a finalize (PeerLost, "has finalized"),
+    /// not as a loss or a timeout: they never sent to it, and say so only by the mark of their
+    /// inbox. A rank of the lower half prints `finalized PEER MS` per receive (how long it
+    /// waited) and `inbox B A kB`: the memory of its inbox before the upper half finalized
+    /// and after (no goodbye went through its rings); rank 0 then creates --done. One host,
+    /// an even number of ranks, 4 or more.
+    QuietFinalize {
+        /// The file rank 0 creates when it is done.
+        #[arg(long)]
+        done: std::path::PathBuf,
+    },
     /// After a barrier rank 1 kills itself with SIGKILL; the others run all-reduces and must
     /// fail fast with PeerLost naming it.
     Kill {
@@ -528,6 +542,9 @@ fn run(scenario: Scenario) -> Result<()> {
             // Nobody says goodbye (a frame to every peer) before every rank has measured.
             comm.barrier()?;
             "inbox-use"
+        }
+        Scenario::QuietFinalize { done } => {
+            return resources::quiet_finalize(comm, &done).map(|()| println!("OK quiet-finalize"));
         }
         Scenario::Kill { pool, pool_bytes } => {
             comm.barrier()?;

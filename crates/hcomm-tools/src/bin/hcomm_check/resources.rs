@@ -182,6 +182,63 @@ pub(super) fn inbox_use(rank: usize) -> Result<(usize, usize)> {
     Ok((pages * page, len))
 }
 
+/// The `quiet-finalize` scenario (see its description in `main.rs`).
+pub(super) fn quiet_finalize(comm: Communicator, done: &std::path::Path) -> Result<()> {
+    let (n, me) = (comm.size(), comm.rank());
+    ensure!(
+        n >= 4 && n % 2 == 0,
+        "quiet-finalize needs an even number of ranks, 4 or more"
+    );
+    let partner = me ^ 1;
+    let mut got = [0u8; 8];
+    if me % 2 == 0 {
+        comm.send(&[me as u8; 8], partner, 1)?;
+        comm.recv(&mut got, partner, 1)?;
+    } else {
+        comm.recv(&mut got, partner, 1)?;
+        comm.send(&[me as u8; 8], partner, 1)?;
+    }
+    ensure!(
+        got == [partner as u8; 8],
+        "wrong message from rank {partner}"
+    );
+    // Whatever a peer sent to this rank is in its inbox once the barrier is passed.
+    comm.barrier()?;
+    let (before, _) = inbox_use(me)?;
+    if me >= n / 2 {
+        let started = Instant::now();
+        comm.destroy()?;
+        println!("finalize {:.1}", started.elapsed().as_secs_f64() * 1e3);
+        // Alive, not beating: the lower half must take the mark for a finalize.
+        let until = Instant::now() + Duration::from_secs(60);
+        while !done.exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        return Ok(());
+    }
+    for peer in n / 2..n {
+        let started = Instant::now();
+        let mut buf = [0u8; 8];
+        match comm.recv(&mut buf, peer, 2) {
+            Err(e @ hcomm::Error::PeerLost(_)) => {
+                ensure!(e.to_string().contains("has finalized"), "rank {peer}: {e}");
+            }
+            other => anyhow::bail!("the receive from rank {peer} ended with {other:?}"),
+        }
+        println!(
+            "finalized {peer} {:.1}",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let (after, _) = inbox_use(me)?;
+    println!("inbox {} {} kB", before >> 10, after >> 10);
+    if me == 0 {
+        std::fs::write(done, b"done").context("creating --done")?;
+    }
+    comm.destroy()?;
+    Ok(())
+}
+
 /// Open file descriptors and threads of this process.
 pub(super) fn resources() -> Result<(usize, usize)> {
     let fds = std::fs::read_dir("/proc/self/fd")?.count();

@@ -16,7 +16,7 @@ use hcomm::internal::coll::{algos, reference, Algorithm};
 use hcomm::{CollKind, Shape};
 use hcomm::{Communicator, DataType, ReduceOp};
 
-use super::{measure, CollArgs, Outcome, Report, Row};
+use super::{measure, CollArgs, Outcome, Report, Row, Traffic};
 
 /// The collectives hcomm_perf measures, in the order `all` runs them.
 pub(super) const KINDS: [CollKind; 8] = [
@@ -270,6 +270,7 @@ pub(super) fn run(
             .unwrap_or_else(|| anyhow!("rank 0 stopped on an error (see its output)")));
     }
     let mut total_wrong = 0u64;
+    let mut traffic = Traffic::default();
     if args.all_algos {
         // One-sided collectives run only where every member is on this host with shared
         // memory; elsewhere "onesided" would measure the direct algorithm under its name.
@@ -295,12 +296,14 @@ pub(super) fn run(
                     .and_then(Communicator::init_with)
                     .with_context(|| format!("joining the job again for {} {name}", kind.name()))?;
                 total_wrong += sweep(&world, kind, args, sizes, &mut sink)?;
+                traffic.add(&world);
             }
         }
     } else {
         for &kind in kinds {
             total_wrong += sweep(comm, kind, args, sizes, &mut sink)?;
         }
+        traffic.add(comm);
     }
     if let Some(e) = sink.pending {
         return Err(e);
@@ -311,6 +314,7 @@ pub(super) fn run(
         } else {
             String::new()
         };
+        rep.comment(&traffic.line(comm))?;
         rep.finish(&format!("{n} ranks, {}{op}", args.dtype.name()))?;
     }
     Ok(if total_wrong == 0 {

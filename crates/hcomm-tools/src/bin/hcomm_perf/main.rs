@@ -27,7 +27,7 @@ use clap::{Parser, Subcommand};
 use hcomm::CollKind;
 
 use args::{BatchArgs, CollArgs, StreamArgs, SweepArgs};
-use report::{Report, Row};
+use report::{Report, Row, Traffic};
 
 /// Measure hcomm's bandwidth and latency over a sweep of message sizes (like nccl-tests).
 ///

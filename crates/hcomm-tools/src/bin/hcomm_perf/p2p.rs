@@ -11,7 +11,7 @@ use hcomm::Communicator;
 
 use hcomm_tools::{alloc_zeroed as alloc, pattern};
 
-use super::{measure, Outcome, Report, Row, SweepArgs};
+use super::{measure, Outcome, Report, Row, SweepArgs, Traffic};
 
 /// Tag of rank 0's data messages.
 const TAG_DATA: u32 = 1;
@@ -195,6 +195,9 @@ fn lead_sweep(
             curve: None,
         })?;
     }
+    let mut traffic = Traffic::default();
+    traffic.add(comm);
+    report.comment(&traffic.line(comm))?;
     report.finish(&format!("{}, ranks 0 and 1", kind.name()))?;
     send_words(comm, &[MSG_DONE, kind.code(), total_wrong, 0, 0, 0])?;
     Ok(if total_wrong == 0 {

@@ -5,6 +5,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use hcomm::{Communicator, ProtocolStats};
 use hcomm_tools::plot::{self, Curve};
 use serde::Serialize;
 
@@ -39,6 +40,49 @@ pub(super) struct Row {
     pub(super) algo: Option<&'static str>,
     /// The row's curve in plots (collectives): the forced algorithm, or "auto".
     pub(super) curve: Option<&'static str>,
+}
+
+/// The messages of a run by the transport that carried them (counted at rank 0, over the
+/// worlds the run used).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Traffic {
+    /// Through shared memory (inline, pulled, pushed).
+    shm: u64,
+    /// Over TCP (eager, rendezvous).
+    tcp: u64,
+    /// Through a transport plug-in or libfabric.
+    other: u64,
+}
+
+impl Traffic {
+    /// Adds what `comm`'s world counted.
+    pub(super) fn add(&mut self, comm: &Communicator) {
+        let s: ProtocolStats = comm.protocol_stats();
+        self.shm += s.shm_eager + s.shm_pull + s.shm_push;
+        self.tcp += s.tcp_eager + s.tcp_rendezvous;
+        self.other += s.plugin_eager + s.plugin_rendezvous + s.ofi_eager + s.ofi_read + s.ofi_write;
+    }
+
+    /// The comment line that says how `comm`'s peers were reached and what carried the
+    /// messages; the benchmarks read it to check that a run between simulated hosts did not
+    /// take shared memory (`bench/common.sh`).
+    pub(super) fn line(&self, comm: &Communicator) -> String {
+        let peers = (0..comm.size()).filter(|&p| p != comm.rank());
+        let shm = peers.clone().filter(|&p| comm.uses_shm(p)).count();
+        let tcp = peers
+            .clone()
+            .filter(|&p| !comm.tcp_rails(p).is_empty())
+            .count();
+        format!(
+            "transport of rank {}: peers through shared memory {shm}, with a TCP connection \
+             {tcp}, of {}; messages through shared memory {}, TCP {}, plug-in or libfabric {}",
+            comm.rank(),
+            peers.count(),
+            self.shm,
+            self.tcp,
+            self.other
+        )
+    }
 }
 
 /// Rank 0's output: the table on stdout as rows arrive, the JSON file and the picture at the

@@ -8,6 +8,14 @@
 //! a window of bytes, so that a slow peer holds back only its own frames and no engine lock is
 //! ever held across a plug-in call.
 //!
+//! A peer's channel (its link and two threads) is opened on the pair's first use, as a TCP
+//! link is connected: when this rank is about to send the peer a frame or wait for one from
+//! it, or when the peer's TCP connection comes up (the peer used the pair first: it dials its
+//! TCP connection before its first frame through the plug-in, so this rank starts receiving
+//! from it then). The plug-in's API has no way to learn that a peer started sending (`recv`
+//! names its source and blocks), hence the TCP connection as the signal; the plug-in's own
+//! `init` still sees every rank. A rank's threads thus grow with the peers it talks to.
+//!
 //! A peer's receiver ends after the peer's `Close` (nothing follows it) or at the first
 //! error. The TCP connection of the mesh stays open beside the plug-in: its end tells a dead
 //! peer apart from one still delivering its goodbye (the engine then waits for the goodbye,
@@ -116,11 +124,6 @@ impl std::fmt::Debug for Channel {
 }
 
 impl Channel {
-    /// The world rank at the other end.
-    pub(in crate::p2p) fn peer(&self) -> usize {
-        self.peer
-    }
-
     /// Queues what the threads have for the engine, and wakes the engine if the queue was
     /// empty (otherwise a wake-up is still due from the earlier item).
     fn deliver(&self, io: &Io, item: Incoming) {
@@ -186,19 +189,24 @@ impl Common {
     }
 }
 
-/// A world's plug-in and the threads of its channels. Dropping it stops the senders,
-/// finalizes the plug-in and waits (boundedly) for the threads.
+/// A world's plug-in and the threads of the channels opened so far. Dropping it stops the
+/// senders, finalizes the plug-in and waits (boundedly) for the threads.
 pub(in crate::p2p) struct Channels {
     common: Arc<Common>,
-    links: Vec<Arc<Channel>>,
+    /// World ranks of the job.
+    size: usize,
+    /// The channel of each peer, once opened.
+    links: Vec<Option<Arc<Channel>>>,
     threads: Vec<JoinHandle<()>>,
+    /// The channels' links fall back to TCP when the plug-in fails.
+    fallback: bool,
     /// Held until the threads are gone: the plug-in is free for another world then.
     _lease: Lease,
 }
 
 impl Channels {
-    /// Initializes the plug-in of `lease` as rank `rank` of `size` and starts the threads of
-    /// a link to every other rank; `fallback`: the links fall back to TCP when the plug-in
+    /// Initializes the plug-in of `lease` as rank `rank` of `size`; the channels open on
+    /// demand ([`Channels::open`]); `fallback`: their links fall back to TCP when the plug-in
     /// fails (see the module docs).
     pub(in crate::p2p) fn start(
         lease: Lease,
@@ -218,50 +226,67 @@ impl Channels {
                 |p| p.init(rank, size),
             )
             .map_err(Error::init)?;
-        let mut links = Channels {
+        Ok(Channels {
             common,
-            links: Vec::new(),
+            size,
+            links: vec![None; size],
             threads: Vec::new(),
             _lease: lease,
-        };
-        for peer in (0..size).filter(|&p| p != rank) {
-            let link = Arc::new(Channel {
-                peer,
-                tx: Mutex::new(Tx {
-                    kept: fallback.then(Kept::default),
-                    ..Tx::default()
-                }),
-                tx_ready: Condvar::new(),
-                rx: Mutex::default(),
-            });
-            // Dropping `links` on an error stops what was started and finalizes the plug-in.
-            links.links.push(Arc::clone(&link));
-            for (role, body) in [
-                ("tx", send_loop as fn(&Common, &Channel)),
-                ("rx", recv_loop),
-            ] {
-                let (common, link) = (Arc::clone(&links.common), Arc::clone(&link));
-                let thread = std::thread::Builder::new()
-                    .name(format!("hcomm-{role}-{peer}"))
-                    .spawn(move || body(&common, &link))
-                    .map_err(|e| {
-                        Error::init(format!("cannot start a plug-in thread: {e}")).with_source(e)
-                    })?;
-                links.threads.push(thread);
-            }
-        }
-        Ok(links)
+            fallback,
+        })
     }
 
-    /// The channel to every other rank.
-    pub(in crate::p2p) fn channels(&self) -> &[Arc<Channel>] {
-        &self.links
+    /// Whether the channels' links fall back to TCP when the plug-in fails.
+    pub(in crate::p2p) fn fallback(&self) -> bool {
+        self.fallback
+    }
+
+    /// Whether the channel of world rank `peer` is open.
+    pub(in crate::p2p) fn is_open(&self, peer: usize) -> bool {
+        self.links.get(peer).is_some_and(Option::is_some)
+    }
+
+    /// Opens the channel of world rank `peer`: starts its sender and its receiver. An error
+    /// says why the peer cannot be reached.
+    pub(in crate::p2p) fn open(
+        &mut self,
+        peer: usize,
+    ) -> std::result::Result<Arc<Channel>, String> {
+        if peer >= self.size {
+            return Err(format!("world rank {peer} is not in the job"));
+        }
+        if let Some(link) = &self.links[peer] {
+            return Ok(Arc::clone(link));
+        }
+        let link = Arc::new(Channel {
+            peer,
+            tx: Mutex::new(Tx {
+                kept: self.fallback.then(Kept::default),
+                ..Tx::default()
+            }),
+            tx_ready: Condvar::new(),
+            rx: Mutex::default(),
+        });
+        // Kept even when a thread fails to start: dropping the channels stops the other.
+        self.links[peer] = Some(Arc::clone(&link));
+        for (role, body) in [
+            ("tx", send_loop as fn(&Common, &Channel)),
+            ("rx", recv_loop),
+        ] {
+            let (common, chan) = (Arc::clone(&self.common), Arc::clone(&link));
+            let thread = std::thread::Builder::new()
+                .name(format!("hcomm-{role}-{peer}"))
+                .spawn(move || body(&common, &chan))
+                .map_err(|e| format!("cannot start a thread of its plug-in link: {e}"))?;
+            self.threads.push(thread);
+        }
+        Ok(link)
     }
 }
 
 impl Drop for Channels {
     fn drop(&mut self) {
-        for link in &self.links {
+        for link in self.links.iter().flatten() {
             lock(&link.tx).stop = true;
             link.tx_ready.notify_one();
         }

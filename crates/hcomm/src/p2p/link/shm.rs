@@ -8,7 +8,10 @@
 //! written whole or not at all.
 //!
 //! A pair that needs no connection (see `transport::shm::wake`) says goodbye through the ring
-//! (the goodbye is the peer's last frame: the link ends when it is read), wakes a peer
+//! (the goodbye is the peer's last frame: the link ends when it is read) when this rank sent
+//! the peer anything ([`ShmPeerLink::owes_goodbye`]); to the others a finalizing rank only
+//! marks its inbox finalized, which a peer that never heard from it takes for the goodbye
+//! (`transport::shm::link`, "Finalizing"). It wakes a peer
 //! sleeping in `epoll_wait` with a datagram to the peer's wake socket, and learns of the
 //! peer's death from the watcher, which polls a pidfd of the peer's process. Any other pair
 //! keeps a TCP connection beside the link for the goodbye and the wake-ups (its end follows
@@ -56,6 +59,8 @@ pub(in crate::p2p) struct ShmPeerLink {
     said_goodbye: bool,
     /// The peer has started sending (`ShmLink::started`, which stays true once it is).
     started: bool,
+    /// An operation with the peer was posted ([`Link::want`]).
+    wanted: bool,
     closed: bool,
     caps: Caps,
 }
@@ -87,9 +92,30 @@ impl ShmPeerLink {
             ended: false,
             said_goodbye: false,
             started: false,
+            wanted: false,
             closed: false,
             caps,
         }
+    }
+
+    /// Whether the pair was used: this rank posted an operation with the peer or sent it a
+    /// frame, or the peer sent this rank one. The watcher judges only such peers by their
+    /// heartbeat.
+    pub(in crate::p2p) fn used(&self) -> bool {
+        self.wanted || self.link.is_started() || self.started || self.link.started()
+    }
+
+    /// Whether this rank owes the peer a goodbye through the ring: it sent the peer frames,
+    /// or has some queued. A peer that never heard from this rank takes the mark of its inbox
+    /// instead (`ShmLink::finalized_unheard`), however it used the pair itself.
+    pub(in crate::p2p) fn owes_goodbye(&self) -> bool {
+        self.link.is_started() || !self.out.is_empty()
+    }
+
+    /// Whether the peer finalized without ever sending to this rank: that stands for its
+    /// goodbye (see `ShmLink::finalized_unheard`).
+    pub(in crate::p2p) fn finalized_unheard(&self) -> bool {
+        !self.closed && !self.started && self.link.finalized_unheard()
     }
 
     /// Answers the peer's goodbye with this rank's, as the link closes (it sends nothing more
@@ -205,6 +231,11 @@ impl Link for ShmPeerLink {
     #[inline]
     fn busy(&self) -> bool {
         !self.out.is_empty()
+    }
+
+    #[inline]
+    fn want(&mut self) {
+        self.wanted = true;
     }
 
     fn ready(&mut self) -> bool {

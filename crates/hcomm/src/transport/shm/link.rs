@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! payload offset 0    Doorbell (128 bytes): event count + epoll sleepers
-//!                128  probe pattern (PROBE_LEN bytes, padded to 128)
+//!                128  probe pattern (PROBE_LEN bytes)
+//!                192  finalized: non-zero once the rank finalized (a cache line of its own)
 //!                256  started: one bit per local rank (a word per 64), up to RINGS_OFFSET
 //!               4096  fast box and ring of local rank 0 | of local rank 1 | ...
 //!                     (fastbox::REGION_LEN + ring_bytes each)
@@ -33,6 +34,17 @@
 //! only once the bit is set. A rank's shared memory thus grows with the peers that send to
 //! it and with how much of their rings they used: a goodbye or a barrier costs 64 KiB, a ring
 //! that carried large messages its whole `HCOMM_SHM_RING`.
+//!
+//! # Finalizing without a goodbye to every peer
+//!
+//! A rank that finalizes says goodbye through the rings of the peers it talked to (the
+//! goodbye is the last frame there: it follows the data). It would cost a frame, 64 KiB of
+//! ring memory and a wake-up per local rank to say it to the others too, so instead it sets
+//! the `finalized` word of its own inbox once, after its goodbyes went out
+//! ([`Inbox::mark_finalized`]). A peer that never heard from it (its started bit is clear)
+//! takes the word for its goodbye ([`ShmLink::finalized_unheard`]): nothing can follow, since
+//! the rank sends nothing more. A peer that heard from it waits for the goodbye in the ring,
+//! as before; a rank killed before it set the word set none, and its peers count it lost.
 //!
 //! # Waking
 //!
@@ -61,6 +73,8 @@ use crate::error::{Error, PeerRank, Result};
 const PROBE_LEN: usize = 64;
 /// Offset of the probe pattern in the inbox payload.
 const PROBE_OFFSET: usize = 128;
+/// Offset of the finalized word in the inbox payload.
+const FINALIZED_OFFSET: usize = 192;
 /// Offset of the started bits in the inbox payload.
 const STARTED_OFFSET: usize = 256;
 /// Offset of the first ring in the inbox payload.
@@ -85,7 +99,11 @@ pub(crate) struct Doorbell {
     heartbeat: AtomicU64,
 }
 
-const _: () = assert!(size_of::<Doorbell>() <= PROBE_OFFSET);
+const _: () = {
+    assert!(size_of::<Doorbell>() <= PROBE_OFFSET);
+    assert!(PROBE_OFFSET + PROBE_LEN <= FINALIZED_OFFSET);
+    assert!(FINALIZED_OFFSET + 64 <= STARTED_OFFSET);
+};
 
 impl Doorbell {
     /// Rings the bell after the caller published frames for its owner; returns whether the
@@ -288,6 +306,14 @@ impl ShmLink {
         self.told
     }
 
+    /// Whether the peer finalized without ever sending to this rank (see the module docs:
+    /// its `finalized` word stands for its goodbye, since nothing can follow it).
+    pub(crate) fn finalized_unheard(&self) -> bool {
+        // The word is stored after anything the peer wrote before it (release): once it is
+        // seen, a clear started bit read after it means the peer never sent to this rank.
+        finalized_word(&self.peer_inbox).load(Ordering::Acquire) != 0 && !self.started()
+    }
+
     /// Before this rank writes a frame to the peer, through the fast box (`None`) or of
     /// `Some(len)` bytes through the ring: gives the pages it may write in the peer's inbox
     /// their memory, a [`RESERVE_STEP`] at a time as the ring's first lap advances, and, before
@@ -369,6 +395,14 @@ fn bell_of(inbox: &ShmSegment) -> &Doorbell {
 /// for `i` = the number of local ranks, the inbox's length.
 fn place(i: usize, ring_bytes: usize) -> usize {
     RINGS_OFFSET + i * (fastbox::REGION_LEN + ring_bytes)
+}
+
+/// The finalized word of `inbox` (see the module docs).
+fn finalized_word(inbox: &ShmSegment) -> &AtomicU64 {
+    // SAFETY: the word lies in the inbox's first page (FINALIZED_OFFSET < RINGS_OFFSET, and
+    // every inbox is at least RINGS_OFFSET long), 8-byte aligned; the mapping lives as long
+    // as `inbox`, and the word is an atomic shared with the peers (zero in a new inbox).
+    unsafe { &*inbox.as_ptr().add(FINALIZED_OFFSET).cast::<AtomicU64>() }
 }
 
 /// The started bit of local rank `i` in `inbox`: its word and mask.
@@ -464,6 +498,13 @@ impl Inbox {
     /// This rank's doorbell.
     pub(crate) fn bell(&self) -> &Doorbell {
         bell_of(&self.seg)
+    }
+
+    /// Tells the local peers that this rank finalized: it sends them nothing more, and those
+    /// it never sent to take this for its goodbye (see the module docs). Called once its
+    /// goodbyes went out.
+    pub(crate) fn mark_finalized(&self) {
+        finalized_word(&self.seg).store(1, Ordering::Release);
     }
 
     /// The job id of the segment names.
