@@ -229,7 +229,15 @@ impl State {
                     self.drive(peer, 0);
                 }
                 Ready::Failed { peer, error } => {
-                    self.fail_peer(peer, error.detail().to_string());
+                    if self.links.plugin_of(peer).is_some() {
+                        // What the peer sent through its plug-in before it went may still be
+                        // on the way: judged as a connection that ended (a goodbye awaited a
+                        // grace period), the plug-in's end telling the rest.
+                        tracing::debug!(peer, "TCP link behind the plug-in failed: {error}");
+                        self.links.mark_gone(peer);
+                    } else {
+                        self.fail_peer(peer, error.detail().to_string());
+                    }
                 }
             }
         }
