@@ -27,10 +27,11 @@
 //! way a TCP stream that dies hands its frames to another ([`super::kept`]):
 //!
 //! * The sender keeps every frame it handed to the plug-in, numbered in order (origin
-//!   [`PLUGIN`](super::kept::PLUGIN)), until the peer acknowledges it; the peer's receiver acknowledges the frames
-//!   it got every [`ACK_EVERY`] frames or [`ACK_BYTES`] bytes, with a `Wake` frame through the
-//!   plug-in whose `msg_id` is the count (a `Wake` never travels through a plug-in otherwise,
-//!   and never reaches the engine). A frame's send still completes when the plug-in took it.
+//!   [`PLUGIN`](super::kept::PLUGIN)), until the peer acknowledges it; the peer's receiver
+//!   acknowledges the frames it got every [`ACK_EVERY`] frames or [`ACK_BYTES`] bytes, with a
+//!   `Wake` frame through the plug-in whose `msg_id` is the count (a `Wake` never travels
+//!   through a plug-in otherwise, and never reaches the engine). A frame's send still
+//!   completes when the plug-in took it.
 //! * On a failure, or the engine's request (the peer fell back), the sender stops handing
 //!   frames to the plug-in; the link then gives up ([`PluginLink::give_up`]): its kept frames
 //!   (and those queued behind them, numbered on) go out on the TCP link with their plug-in
