@@ -40,7 +40,7 @@ pub(crate) const STATS_VERSION: u32 = 2;
 /// Lanes of a segment: threads that run operations at the same time, each with counters of
 /// its own (the last one is shared by any further threads).
 pub const LANES: usize = 32;
-/// Slots of [`StatsHeader::failovers`]: the peers and rails that failed over first.
+/// Slots of the statistics header's `failovers`: the peers and rails that failed over first.
 pub const FAILOVER_SLOTS: usize = 16;
 /// The last part of the segment's name.
 pub(crate) const PURPOSE: &str = "stats";
@@ -181,7 +181,7 @@ pub struct StatsHeader {
     pub failovers: [FailoverSlot; FAILOVER_SLOTS],
 }
 
-/// The failovers of one peer on one rail ([`StatsHeader::failovers`]).
+/// The failovers of one peer on one rail (the statistics header's `failovers`).
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct FailoverSlot {

@@ -315,7 +315,7 @@ impl MeshConfig {
     }
 }
 
-/// The failovers of one peer on one rail, as a rank counts them ([`Mesh::failover_counts`];
+/// The failovers of one peer on one rail, as a rank counts them (`Mesh::failover_counts`;
 /// the statistics segment shows them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailoverCount {
