@@ -29,7 +29,7 @@ use crate::coll::onesided::OneSided;
 use crate::coll::schedule::Schedule;
 use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
-use crate::config::Config;
+use crate::config::{Config, Secret};
 use crate::error::{Error, PeerRank, Result};
 use crate::observe::flight::{self, Recorder};
 use crate::observe::OpKind;
@@ -660,7 +660,7 @@ fn ofi_carrier(
 struct Boot {
     client: StoreClient,
     store: Option<RendezvousStore>,
-    secret: Vec<u8>,
+    secret: Secret,
     ns: String,
     shm_id: String,
 }
@@ -941,24 +941,24 @@ impl Communicator {
                 Error::init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other")
             })?;
             let (store, bind_err) = if config.launch.rank == 0 {
-                host_store(&root, &secret)
+                host_store(&root, secret.expose())
             } else {
                 (None, None)
             };
             let client =
-                StoreClient::connect(&root, &secret, config.timeout).map_err(
-                    |e| match &bind_err {
+                StoreClient::connect(&root, secret.expose(), config.timeout).map_err(|e| {
+                    match &bind_err {
                         Some(b) => Error::init(format!(
                             "{} (rank 0 could not host the store there either: {b})",
                             e.detail()
                         )),
                         None => e,
-                    },
-                )?;
+                    }
+                })?;
             Ok(Boot {
                 client,
                 store,
-                shm_id: link::job_id(&secret, &root, generation),
+                shm_id: link::job_id(secret.expose(), &root, generation),
                 secret,
                 ns: format!("hcomm/{generation}"),
             })

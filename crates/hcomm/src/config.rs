@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+pub use crate::bootstrap::auth::Secret;
 use crate::error::{Error, Result};
 use crate::transport::iface::IfSpec;
 
@@ -151,7 +152,8 @@ pub struct LaunchInfo {
     pub root_addr: Option<String>,
 }
 
-/// Tunables and job settings read from the environment.
+/// Tunables and job settings read from the environment. Its `Debug` shows every setting but
+/// the job secret ([`Secret`]).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// `HCOMM_DEBUG=1`: rank 0 prints the topology table at start.
@@ -209,7 +211,7 @@ pub struct Config {
     /// `HCOMM_MISMATCH_CHECK=0` turns off the signature check of collectives (on by default).
     pub mismatch_check: bool,
     /// `HCOMM_JOB_SECRET`: the job's shared secret (bytes of the string).
-    pub job_secret: Option<Vec<u8>>,
+    pub job_secret: Option<Secret>,
     /// `HCOMM_TCP_STREAMS`: TCP connections per peer (1..=16).
     pub tcp_streams: usize,
     /// `HCOMM_TCP_EAGER_LIMIT`: largest message sent without a rendezvous handshake.
@@ -404,7 +406,7 @@ impl Config {
             algo: get("HCOMM_ALGO"),
             deterministic: get("HCOMM_DETERMINISTIC").is_some_and(|v| v != "0"),
             mismatch_check: get("HCOMM_MISMATCH_CHECK").is_none_or(|v| v != "0"),
-            job_secret: get("HCOMM_JOB_SECRET").map(String::into_bytes),
+            job_secret: get("HCOMM_JOB_SECRET").map(Secret::new),
             tcp_streams,
             tcp_eager_limit,
             tcp_chunk,
@@ -585,6 +587,34 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    /// A configuration can be logged: its `Debug` shows the other settings but not the job
+    /// secret, in no form (text or bytes), while the secret itself stays usable.
+    #[test]
+    fn the_debug_of_a_configuration_does_not_show_the_job_secret() {
+        let secret = "s3cret-that-must-not-be-logged";
+        let config = cfg(&[
+            ("HCOMM_RANK", "1"),
+            ("HCOMM_SIZE", "2"),
+            ("HCOMM_ROOT_ADDR", "127.0.0.1:29400"),
+            ("HCOMM_JOB_SECRET", secret),
+        ])
+        .unwrap();
+        for shown in [format!("{config:?}"), format!("{config:#?}")] {
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(
+                !shown.contains(&format!("{:?}", secret.as_bytes())),
+                "{shown}"
+            );
+            assert!(!shown.contains("115, 51, 99"), "{shown}");
+            assert!(shown.contains("<redacted>"), "{shown}");
+            assert!(shown.contains("127.0.0.1:29400"), "{shown}");
+        }
+        assert_eq!(
+            config.job_secret.as_ref().map(Secret::expose),
+            Some(secret.as_bytes())
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 
 use super::{rail_addrs, Boot, Communicator, World, COLL, INTERNAL, WORLD_ID};
 use crate::bootstrap::{RendezvousStore, StoreClient};
-use crate::config::Config;
+use crate::config::{Config, Secret};
 use crate::error::{Error, PeerRank, Result};
 use crate::rng::mix;
 use crate::sync::lock;
@@ -129,8 +129,8 @@ impl Token {
     }
 
     /// The secret of the grow store and of the grown world: the key, in hex.
-    fn secret(&self) -> Vec<u8> {
-        hex::encode(self.key).into_bytes()
+    fn secret(&self) -> Secret {
+        Secret::new(hex::encode(self.key))
     }
 }
 
@@ -213,7 +213,7 @@ impl World {
     /// without one a random secret of this process.
     fn token_secret(&self) -> Result<&[u8]> {
         match &self.config.job_secret {
-            Some(s) => Ok(s),
+            Some(s) => Ok(s.expose()),
             None => own_secret(),
         }
     }
@@ -251,7 +251,7 @@ fn boot(token: &Token, client: StoreClient, store: Option<RendezvousStore>) -> B
     Boot {
         client,
         store,
-        shm_id: link::job_id(&secret, &token.addr, 0),
+        shm_id: link::job_id(secret.expose(), &token.addr, 0),
         secret,
         ns: NS.to_owned(),
     }
@@ -259,7 +259,7 @@ fn boot(token: &Token, client: StoreClient, store: Option<RendezvousStore>) -> B
 
 /// Connects to the grow store of `token`, within `timeout`.
 fn connect(token: &Token, timeout: std::time::Duration) -> Result<StoreClient> {
-    StoreClient::connect(&token.addr, &token.secret(), timeout).map_err(|e| {
+    StoreClient::connect(&token.addr, token.secret().expose(), timeout).map_err(|e| {
         e.prefixed(format!(
             "the store of the join token at {} (hosted by the member that made the token) \
              cannot be reached or refused the token's key",
@@ -299,7 +299,7 @@ impl Communicator {
         };
         let store = RendezvousStore::bind(
             SocketAddr::new(self.world.reachable_ip(), 0),
-            &token.secret(),
+            token.secret().expose(),
         )?;
         let token = Token {
             addr: store.local_addr().to_string(),

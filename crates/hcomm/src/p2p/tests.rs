@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{Deadline, Engine, EngineConfig, OpId, ShmSetup, Target};
+use crate::bootstrap::auth::Secret;
 use crate::error::{Error, Operation, PeerRank};
 use crate::transport::shm::cma::CmaMode;
 use crate::transport::shm::link::{Inbox, LinkConfig};
@@ -58,7 +59,7 @@ fn world_with(n: usize, streams: usize, failover: Option<bool>) -> Vec<Engine> {
                 rank,
                 addrs: addrs.clone(),
                 streams,
-                secret: b"engine tests".to_vec(),
+                secret: Secret::new(b"engine tests".to_vec()),
                 timeout: WAIT,
                 failover,
                 link_timeout: WAIT,
