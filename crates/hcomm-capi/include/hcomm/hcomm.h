@@ -973,8 +973,12 @@ int hcommCommShrinkExcluding(hcommComm_t comm, const int *ranks, int n, hcommCom
  * each new process joins with it (`hcommJoin`). Local: only this rank makes it; hand it to
  * the other members and to the new processes. The token carries a key derived from the job
  * secret: whoever holds it can join without `HCOMM_JOB_SECRET`, so keep it as secret as the
- * job secret. This rank hosts the store the new processes reach until a grow uses the token
- * or `comm` is destroyed. `HCOMM_ERR_INVALID_ARGUMENT` when `buf` is NULL or too small.
+ * job secret. This rank hosts the store the new processes reach until a grow uses the token;
+ * a token that no grow on this rank takes within `HCOMM_TIMEOUT` expires (its store closes,
+ * and a grow with it fails with `HCOMM_ERR_INVALID_ARGUMENT`), and destroying `comm` closes
+ * the stores of its tokens. `HCOMM_ERR_INVALID_ARGUMENT` when `buf` is NULL or too small for
+ * the longest token this rank can make (checked before anything starts; the message says
+ * how many bytes it needs).
  *
  * # Safety
  * `buf` is NULL or points to `len` writable bytes.
