@@ -28,10 +28,11 @@
 //! anew. Shared-memory pool memory needs none of this: the hub registers every pool block
 //! whole when its memory is backed and closes the region when it goes (the hub is the pool's
 //! [`BlockWatcher`]; the regions are filed in a [`BlockRegs`]), so a transfer from or to pool
-//! memory finds its region by address, with no registration of its own. An operation abandoned while the NIC still writes into its buffer (a read in flight,
-//! a write announced to the peer) is drained first ([`Link::forget`], [`Link::close`]):
-//! completions are read until it ends, at most [`DRAIN`]; should that pass, the endpoint is
-//! closed for every peer, which stops the NIC.
+//! memory finds its region by address, with no registration of its own. An operation
+//! abandoned while the NIC still writes into its buffer (a read in flight, a write announced
+//! to the peer) is drained first ([`Link::forget`], [`Link::close`]): completions are read
+//! until it ends, at most [`DRAIN`]; should that pass, the endpoint is closed for every peer,
+//! which stops the NIC.
 //!
 //! Completions are read when the engine polls a link (every turn: the links are `polled`, and
 //! the queue's wait descriptor, when the provider has one, sits in the engine's epoll set);
