@@ -325,7 +325,7 @@ pub struct StatsLayout {
     pub lanes: [Lane; LANES],
 }
 
-/// Packs a name into `N` words (the three of [`KindStats::algo`], say; longer names are cut
+/// Packs a name into `N` words (the three of `KindStats::algo`, say; longer names are cut
 /// at `8 * N` bytes).
 pub fn pack_name<const N: usize>(name: &str) -> [u64; N] {
     let mut words = [0u64; N];
