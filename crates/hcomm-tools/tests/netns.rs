@@ -11,113 +11,12 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hcomm_testkit::netns::{self, ip};
+use hcomm_testkit::netns::{ip, Hosts, PER_HOST};
 use hcomm_testkit::{unix_ns, Ranks};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
 const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
-/// Ranks per host.
-const PER_HOST: usize = 2;
-/// Where rank 0, in the first host, serves the rendezvous store.
-const STORE_PORT: u16 = 29400;
-
-/// Network namespaces ("hosts") on one bridge, removed on drop.
-struct Hosts {
-    names: Vec<String>,
-}
-
-impl Hosts {
-    /// Creates `n` namespaces: the first holds a bridge with 10.77.0.1/24, host `i` a veth
-    /// end with 10.77.0.`i + 1` plugged into it. `None`, after saying why, where this process
-    /// cannot make namespaces (not root, or no `ip`); where it can, a failure panics.
-    fn create(test: &str, n: usize) -> Option<Hosts> {
-        if !netns::can_make_namespaces(test) {
-            return None;
-        }
-        let job = netns::unique_prefix();
-        let mut hosts = Hosts { names: Vec::new() };
-        for i in 0..n {
-            let name = format!("{job}-h{i}");
-            ip(&["netns", "add", &name]).unwrap_or_else(|e| panic!("{e}"));
-            hosts.names.push(name);
-        }
-        hosts.wire().unwrap_or_else(|e| panic!("{e}"));
-        Some(hosts)
-    }
-
-    fn wire(&self) -> Result<(), String> {
-        let first = &self.names[0];
-        ip(&["-n", first, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", first, "addr", "add", "10.77.0.1/24", "dev", "br0"])?;
-        ip(&["-n", first, "link", "set", "br0", "up"])?;
-        for (i, name) in self.names.iter().enumerate() {
-            ip(&["-n", name, "link", "set", "lo", "up"])?;
-            if i == 0 {
-                continue;
-            }
-            let port = format!("h{i}");
-            ip(&[
-                "link", "add", &port, "netns", first, "type", "veth", "peer", "name", "eth0",
-                "netns", name,
-            ])?;
-            ip(&["-n", first, "link", "set", &port, "master", "br0"])?;
-            ip(&["-n", first, "link", "set", &port, "up"])?;
-            let addr = format!("{}/24", self.addr(i));
-            ip(&["-n", name, "addr", "add", &addr, "dev", "eth0"])?;
-            ip(&["-n", name, "link", "set", "eth0", "up"])?;
-        }
-        Ok(())
-    }
-
-    /// The address of host `i`.
-    fn addr(&self, i: usize) -> String {
-        format!("10.77.0.{}", i + 1)
-    }
-
-    /// The rendezvous store's address (rank 0, in the first host).
-    fn root(&self) -> String {
-        format!("{}:{STORE_PORT}", self.addr(0))
-    }
-
-    /// `program` in host `i`, announcing it as its host.
-    fn exec(&self, i: usize, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.names[i], program])
-            .env("HCOMM_HOST_ID", &self.names[i]);
-        c
-    }
-
-    /// Starts `program args` with two ranks in each host, ranks numbered host by host.
-    fn start(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Ranks {
-        let n = self.names.len() * PER_HOST;
-        Ranks::start(n, Some(&self.root()), args, |r| {
-            let mut c = self.exec(r / PER_HOST, program);
-            c.env("HCOMM_TIMEOUT", "60");
-            for (k, v) in env {
-                c.env(k, v);
-            }
-            c
-        })
-    }
-
-    /// Bytes host `i`'s interface received so far.
-    fn rx_bytes(&self, i: usize) -> u64 {
-        let dev = if i == 0 { "br0" } else { "eth0" };
-        netns::counter(&self.names[i], dev, "rx_bytes")
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        // Deleting a namespace removes its end of every veth pair, and so the pair.
-        for name in &self.names {
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("cleanup: {e}");
-            }
-        }
-    }
-}
-
+const PROFILER: &str = env!("CARGO_BIN_EXE_hcomm_profiler");
 /// Waits for a job that must succeed; returns its output.
 fn succeed(job: &mut Ranks, limit: Duration) -> String {
     let status = job.finish(limit);
@@ -328,6 +227,49 @@ fn every_ofi_protocol_taken(job: &Ranks, text: &str) {
         for k in ["eager=", "read=", "write="] {
             assert!(count(k) > 0, "rank {r} took no {k} frame: {line}");
         }
+    }
+}
+
+/// `hcomm_profiler --job`, attached to a job over libfabric between two hosts once its ranks
+/// ran messages of every size, shows each rank's provider and nonzero frames of each protocol
+/// (eager, RDMA read, RDMA write).
+#[test]
+fn the_profiler_shows_every_libfabric_protocol_of_a_job_between_hosts() {
+    let Some(hosts) = Hosts::create("netns ofi profiler", 2) else {
+        return;
+    };
+    let n = 2 * PER_HOST;
+    let mut job = hosts.start(CHECK, &["protocols", "--linger-ms", "5000"], &OFI);
+    let all: Vec<usize> = (0..n).collect();
+    job.wait_for_lines(&all, "pid ", Duration::from_secs(120));
+    let pid = job.output[0]
+        .iter()
+        .find_map(|l| l.strip_prefix("pid "))
+        .unwrap_or_default()
+        .to_owned();
+    let (o, _) = hcomm_testkit::run_bounded(
+        Command::new(PROFILER).args(["--pid", &pid, "--once", "--job", "--interval", "500"]),
+        Duration::from_secs(30),
+    );
+    let out = hcomm_testkit::text(&o);
+    assert!(o.status.success(), "{out}");
+    succeed(&mut job, Duration::from_secs(120));
+    for r in 0..n {
+        let line = out
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("rank {r} of {n},")))
+            .find_map(|l| l.trim_start().strip_prefix("libfabric "))
+            .unwrap_or_else(|| panic!("no libfabric line for rank {r}:\n{out}"));
+        assert!(line.starts_with("tcp;ofi_rxm: "), "rank {r}: {line}");
+        for p in ["eager ", "rdma-read ", "rdma-write "] {
+            let count: u64 = line
+                .split(p)
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("rank {r}: no {p}count: {line}"));
+            assert!(count > 0, "rank {r} shows no {p}frame: {line}");
+        }
+        println!("rank {r}: libfabric {line}");
     }
 }
 

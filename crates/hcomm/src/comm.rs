@@ -143,6 +143,18 @@ impl World {
             if p.tcp_failovers + p.plugin_fallbacks > 0 {
                 h.publish_failovers(&self.engine.failover_counts());
             }
+            if let Some(provider) = self.engine.ofi_provider() {
+                let counts = crate::observe::stats::OfiCounts {
+                    messages: [p.ofi_eager, p.ofi_read, p.ofi_write],
+                    bytes: [p.ofi_eager_bytes, p.ofi_read_bytes, p.ofi_write_bytes],
+                    mr_hits: p.ofi_mr_hits,
+                    mr_misses: p.ofi_mr_misses,
+                    mr_invalidations: p.ofi_mr_invalidations,
+                    mr_pool: p.ofi_mr_pool,
+                    pool_blocks: p.ofi_pool_blocks,
+                };
+                h.ofi.publish(&provider, &counts);
+            }
         }
     }
 
@@ -880,6 +892,10 @@ impl World {
             eprint!("{}", topology.table());
         }
         let pool = make_pool(&config, &engine, rank, local_size, generation)?;
+        if let (Some(pool), Some(watcher)) = (&pool, engine.block_watcher()) {
+            // libfabric registers the pool's blocks whole, as they are made.
+            pool.watch(watcher)?;
+        }
         if config.debug {
             // HCOMM_DEBUG=1 asks for exactly this on the terminal.
             match &pool {

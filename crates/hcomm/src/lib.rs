@@ -152,8 +152,9 @@ pub mod internal {
         /// The statistics segments.
         pub mod stats {
             pub use crate::observe::stats::{
-                find_job, proto, unpack_name, FailoverCount, FailoverSlot, FlightSnapshot,
-                StatsLayout, StatsReader, FAILOVER_SLOTS, LANES,
+                find_job, pack_name, proto, unpack_name, FailoverCount, FailoverSlot,
+                FlightSnapshot, OfiStats, StatsLayout, StatsReader, FAILOVER_SLOTS, LANES,
+                OFI_PROTOCOLS,
             };
         }
     }

@@ -149,6 +149,18 @@ pub(crate) struct ProtocolCounts {
     pub ofi_mr_hits: AtomicU64,
     /// libfabric memory registrations made.
     pub ofi_mr_misses: AtomicU64,
+    /// Payload bytes of the libfabric frames of each protocol.
+    pub ofi_eager_bytes: AtomicU64,
+    /// As `ofi_eager_bytes`, read by the receiver.
+    pub ofi_read_bytes: AtomicU64,
+    /// As `ofi_eager_bytes`, written by the sender.
+    pub ofi_write_bytes: AtomicU64,
+    /// libfabric registrations closed because their memory may go.
+    pub ofi_mr_invalidations: AtomicU64,
+    /// Transfers of pool memory through a pool block's own registration.
+    pub ofi_mr_pool: AtomicU64,
+    /// Pool blocks registered with libfabric.
+    pub ofi_pool_blocks: AtomicU64,
     /// Sleeps of waiters on their shared-memory doorbell, or in `epoll_wait` while they have
     /// shared-memory peers.
     pub naps: AtomicU64,
@@ -185,6 +197,22 @@ pub struct ProtocolStats {
     pub ofi_mr_hits: u64,
     /// libfabric memory registrations made (cache misses).
     pub ofi_mr_misses: u64,
+    /// Payload bytes of the libfabric frames sent eager.
+    pub ofi_eager_bytes: u64,
+    /// Payload bytes of the libfabric frames the receiver read.
+    pub ofi_read_bytes: u64,
+    /// Payload bytes of the libfabric frames the sender wrote.
+    pub ofi_write_bytes: u64,
+    /// libfabric registrations closed because their memory may go: a cached registration
+    /// whose last user ended (the memory's owner may free it), or a pool block's whose memory
+    /// the pool gave back.
+    pub ofi_mr_invalidations: u64,
+    /// Transfers from or to shared-memory pool memory that used the registration of its pool
+    /// block (made when the block was created) instead of one of their own.
+    pub ofi_mr_pool: u64,
+    /// Shared-memory pool blocks registered with libfabric (when their memory was backed:
+    /// at creation, or when a grown block's given-back memory was reserved again).
+    pub ofi_pool_blocks: u64,
     /// Times a waiter slept on its shared-memory doorbell, or in `epoll_wait` while it has
     /// shared-memory peers (it also has peers over other transports).
     pub naps: u64,
@@ -212,6 +240,10 @@ impl ProtocolCounts {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    fn add(c: &AtomicU64, v: usize) {
+        c.fetch_add(v as u64, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> ProtocolStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ProtocolStats {
@@ -227,6 +259,12 @@ impl ProtocolCounts {
             ofi_write: get(&self.ofi_write),
             ofi_mr_hits: get(&self.ofi_mr_hits),
             ofi_mr_misses: get(&self.ofi_mr_misses),
+            ofi_eager_bytes: get(&self.ofi_eager_bytes),
+            ofi_read_bytes: get(&self.ofi_read_bytes),
+            ofi_write_bytes: get(&self.ofi_write_bytes),
+            ofi_mr_invalidations: get(&self.ofi_mr_invalidations),
+            ofi_mr_pool: get(&self.ofi_mr_pool),
+            ofi_pool_blocks: get(&self.ofi_pool_blocks),
             naps: get(&self.naps),
             full_naps: get(&self.full_naps),
             stale_frames: get(&self.stale_frames),
@@ -603,6 +641,8 @@ struct Shared {
     spin: Duration,
     /// The world's TCP connections (see `State::mesh`).
     mesh: Option<Arc<Mesh>>,
+    /// The world's libfabric endpoint, when it has one.
+    ofi: Option<Arc<Hub>>,
 }
 
 /// What carries the traffic of the peers instead of TCP and shared memory.
@@ -770,6 +810,7 @@ impl Engine {
             Some(Carrier::Ofi(setup)) => (None, Some(setup)),
             None => (None, None),
         };
+        let mut ofi_hub = None;
         if let Some(setup) = ofi {
             // Frames up to the write threshold go whole (their payload inline or read by the
             // receiver); larger messages take the rendezvous, whose data the sender writes.
@@ -805,6 +846,7 @@ impl Engine {
             for p in reached {
                 all.add(p, AnyLink::Ofi(OfiLink::new(&hub, p)));
             }
+            ofi_hub = Some(hub);
         }
         let rndv = Rendezvous::new(limits, size);
         // The plug-in's channels open on each pair's first use (`State::want_plugin`), each
@@ -852,6 +894,7 @@ impl Engine {
             closing: AtomicBool::new(false),
             spin,
             mesh,
+            ofi: ofi_hub,
         });
         // First: should the progress thread fail to start, dropping the watcher stops it.
         let watcher = watch::Watcher::start(Arc::clone(&shared), ends, timing)?;
@@ -878,6 +921,22 @@ impl Engine {
             stats.plugin_fallbacks = mesh.fallbacks();
         }
         stats
+    }
+
+    /// What registers the shared-memory pool's blocks with the NIC: the libfabric hub, when
+    /// the world has one.
+    pub(crate) fn block_watcher(
+        &self,
+    ) -> Option<std::sync::Weak<dyn crate::transport::shm::pool::BlockWatcher>> {
+        let hub = self.shared.ofi.as_ref()?;
+        let weak: std::sync::Weak<dyn crate::transport::shm::pool::BlockWatcher> =
+            Arc::downgrade(hub) as _;
+        Some(weak)
+    }
+
+    /// The libfabric provider's name (`tcp;ofi_rxm`), when the world has an endpoint.
+    pub(crate) fn ofi_provider(&self) -> Option<String> {
+        self.shared.ofi.as_ref().map(|h| h.provider())
     }
 
     /// The failovers and fallbacks to TCP so far, by peer and rail.

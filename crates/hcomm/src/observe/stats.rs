@@ -36,7 +36,7 @@ pub use crate::transport::tcp::FailoverCount;
 /// `HCSTATS1`: the first eight bytes of a [`StatsLayout`].
 pub(crate) const STATS_MAGIC: u64 = u64::from_le_bytes(*b"HCSTATS1");
 /// Version of the [`StatsLayout`]; readers refuse others.
-pub(crate) const STATS_VERSION: u32 = 2;
+pub(crate) const STATS_VERSION: u32 = 3;
 /// Lanes of a segment: threads that run operations at the same time, each with counters of
 /// its own (the last one is shared by any further threads).
 pub const LANES: usize = 32;
@@ -179,6 +179,83 @@ pub struct StatsHeader {
     /// in the order they first happened (refreshed while watched; the first
     /// [`FAILOVER_SLOTS`]).
     pub failovers: [FailoverSlot; FAILOVER_SLOTS],
+    /// The libfabric transport's counts (refreshed while watched; all zero without it).
+    pub ofi: OfiStats,
+}
+
+/// What the libfabric transport did (the statistics header's `ofi`): messages and bytes of
+/// each protocol, and what became of its memory registrations.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct OfiStats {
+    /// The provider's name (`tcp;ofi_rxm`), ASCII, NUL padded; empty without libfabric.
+    pub provider: [AtomicU64; 4],
+    /// Frames by protocol: eager, RDMA read, RDMA write.
+    pub messages: [AtomicU64; 3],
+    /// Their payload bytes, by protocol as `messages`.
+    pub bytes: [AtomicU64; 3],
+    /// Registrations found in the registration cache.
+    pub mr_hits: AtomicU64,
+    /// Registrations made for a transfer (cache misses).
+    pub mr_misses: AtomicU64,
+    /// Registrations closed because their memory may go.
+    pub mr_invalidations: AtomicU64,
+    /// Transfers of pool memory through their pool block's registration.
+    pub mr_pool: AtomicU64,
+    /// Pool blocks registered.
+    pub pool_blocks: AtomicU64,
+}
+
+/// Names of the protocols of [`OfiStats::messages`], in order.
+pub const OFI_PROTOCOLS: [&str; 3] = ["eager", "rdma-read", "rdma-write"];
+
+/// The values [`OfiStats`] holds, to publish.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OfiCounts {
+    /// As [`OfiStats::messages`].
+    pub messages: [u64; 3],
+    /// As [`OfiStats::bytes`].
+    pub bytes: [u64; 3],
+    /// As [`OfiStats::mr_hits`].
+    pub mr_hits: u64,
+    /// As [`OfiStats::mr_misses`].
+    pub mr_misses: u64,
+    /// As [`OfiStats::mr_invalidations`].
+    pub mr_invalidations: u64,
+    /// As [`OfiStats::mr_pool`].
+    pub mr_pool: u64,
+    /// As [`OfiStats::pool_blocks`].
+    pub pool_blocks: u64,
+}
+
+impl OfiStats {
+    /// Stores `c` and the provider's name.
+    pub(crate) fn publish(&self, provider: &str, c: &OfiCounts) {
+        for (w, v) in self.provider.iter().zip(pack_name::<4>(provider)) {
+            w.store(v, Ordering::Relaxed);
+        }
+        for (w, v) in self.messages.iter().zip(c.messages) {
+            w.store(v, Ordering::Relaxed);
+        }
+        for (w, v) in self.bytes.iter().zip(c.bytes) {
+            w.store(v, Ordering::Relaxed);
+        }
+        let rest = [
+            (&self.mr_hits, c.mr_hits),
+            (&self.mr_misses, c.mr_misses),
+            (&self.mr_invalidations, c.mr_invalidations),
+            (&self.mr_pool, c.mr_pool),
+            (&self.pool_blocks, c.pool_blocks),
+        ];
+        for (w, v) in rest {
+            w.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// The provider's name ("" without libfabric).
+    pub fn provider(&self) -> String {
+        unpack_name(self.provider.each_ref().map(|w| w.load(Ordering::Relaxed)))
+    }
 }
 
 /// The failovers of one peer on one rail (the statistics header's `failovers`).
@@ -248,9 +325,9 @@ pub struct StatsLayout {
     pub lanes: [Lane; LANES],
 }
 
-/// Packs a name into `N` words (the three of [`KindStats::algo`], say; longer names are cut
+/// Packs a name into `N` words (the three of `KindStats::algo`, say; longer names are cut
 /// at `8 * N` bytes).
-pub(crate) fn pack_name<const N: usize>(name: &str) -> [u64; N] {
+pub fn pack_name<const N: usize>(name: &str) -> [u64; N] {
     let mut words = [0u64; N];
     for (w, chunk) in words.iter_mut().zip(name.as_bytes().chunks(8)) {
         let mut b = [0u8; 8];
@@ -834,6 +911,38 @@ mod tests {
         slot.store(&row);
         let back = slot.read().unwrap();
         assert_eq!((back.rail.len(), back.plugin, back.count), (64, false, 3));
+    }
+
+    #[test]
+    fn ofi_counts_reach_their_fields() {
+        let o = OfiStats::default();
+        assert_eq!(o.provider(), "");
+        let s = OfiCounts {
+            messages: [1, 2, 3],
+            bytes: [4, 5, 6],
+            mr_hits: 7,
+            mr_misses: 8,
+            mr_invalidations: 9,
+            mr_pool: 10,
+            pool_blocks: 11,
+        };
+        o.publish("tcp;ofi_rxm", &s);
+        assert_eq!(o.provider(), "tcp;ofi_rxm");
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let got: Vec<u64> = o
+            .messages
+            .iter()
+            .chain(&o.bytes)
+            .chain([
+                &o.mr_hits,
+                &o.mr_misses,
+                &o.mr_invalidations,
+                &o.mr_pool,
+                &o.pool_blocks,
+            ])
+            .map(load)
+            .collect();
+        assert_eq!(got, (1..=11).collect::<Vec<u64>>());
     }
 
     #[test]

@@ -98,6 +98,10 @@ enum Scenario {
         /// succeeded (their pulls from it must fall back to the push).
         #[arg(long)]
         nodump: Option<usize>,
+        /// Then print `pid P` and run a barrier every 20 ms for this long, for a profiler to
+        /// read the rank (0: end at once).
+        #[arg(long, default_value_t = 0)]
+        linger_ms: u64,
     },
     /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
     /// every wait sleeps); then the count of sleeps that ran their whole time. A protocol
@@ -433,7 +437,7 @@ fn run(scenario: Scenario) -> Result<()> {
             rails::rails(&comm, traffic, count, bytes, every, pause, linger)?;
             "rails"
         }
-        Scenario::Protocols { nodump } => {
+        Scenario::Protocols { nodump, linger_ms } => {
             // Links are made on first use, and each end probes cross-memory attach then: every
             // link is made (and probed) before the rank turns non-dumpable, so only the pulls
             // fail, not the probes; the counts below leave these first messages out.
@@ -476,6 +480,7 @@ fn run(scenario: Scenario) -> Result<()> {
                 "ofi eager={} read={} write={} mr_hits={} mr_misses={}",
                 s.ofi_eager, s.ofi_read, s.ofi_write, s.ofi_mr_hits, s.ofi_mr_misses
             );
+            rails::linger_for_a_profiler(&comm, Duration::from_millis(linger_ms))?;
             "protocols"
         }
         Scenario::Wakeups { pause_us } => {

@@ -25,10 +25,14 @@
 //! ([`MrCache`]: keyed by address, length and access, counted, closed when its last user
 //! ends; a second operation over the same bytes meanwhile finds it), so memory freed by its
 //! owner is never left registered, and an address reused by a new allocation is registered
-//! anew. An operation abandoned while the NIC still writes into its buffer (a read in flight,
-//! a write announced to the peer) is drained first ([`Link::forget`], [`Link::close`]):
-//! completions are read until it ends, at most [`DRAIN`]; should that pass, the endpoint is
-//! closed for every peer, which stops the NIC.
+//! anew. Shared-memory pool memory needs none of this: the hub registers every pool block
+//! whole when its memory is backed and closes the region when it goes (the hub is the pool's
+//! [`BlockWatcher`]; the regions are filed in a [`BlockRegs`]), so a transfer from or to pool
+//! memory finds its region by address, with no registration of its own. An operation
+//! abandoned while the NIC still writes into its buffer (a read in flight, a write announced
+//! to the peer) is drained first ([`Link::forget`], [`Link::close`]): completions are read
+//! until it ends, at most [`DRAIN`]; should that pass, the endpoint is closed for every peer,
+//! which stops the NIC.
 //!
 //! Completions are read when the engine polls a link (every turn: the links are `polled`, and
 //! the queue's wait descriptor, when the provider has one, sits in the engine's epoll set);
@@ -48,10 +52,12 @@ use crate::error::Result;
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, OpId, OutFrame, ProtocolCounts};
 use crate::sync::lock;
+use crate::transport::ofi::blocks::BlockRegs;
 use crate::transport::ofi::ffi::{
     FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_SEND, FI_WRITE,
 };
 use crate::transport::ofi::{Completion, Endpoint, Region};
+use crate::transport::shm::pool::BlockWatcher;
 use crate::transport::wire::{FrameHeader, HEADER_LEN};
 
 /// Receive buffers posted at once.
@@ -229,6 +235,8 @@ struct HubState {
     /// Contexts of operations in flight.
     live: HashMap<usize, Box<Ctx>>,
     cache: MrCache,
+    /// The shared-memory pool's blocks, registered whole.
+    blocks: BlockRegs,
     counts: Arc<ProtocolCounts>,
     /// The endpoint failed, or was closed: why.
     dead: Option<String>,
@@ -309,6 +317,7 @@ impl Hub {
             slot,
             live: HashMap::default(),
             cache: MrCache::default(),
+            blocks: BlockRegs::default(),
             counts,
             dead: None,
             fresh: false,
@@ -344,12 +353,29 @@ impl Hub {
         )
     }
 
+    /// The provider's name, for the profiler.
+    pub(in crate::p2p) fn provider(&self) -> String {
+        lock(&self.state).ep.provider.clone()
+    }
+
     /// Whether world rank `peer` is reached through the endpoint.
     pub(in crate::p2p) fn reaches(&self, peer: usize) -> bool {
         lock(&self.state)
             .addrs
             .get(peer)
             .is_some_and(Option::is_some)
+    }
+}
+
+/// The hub registers the shared-memory pool's blocks whole (see the module docs).
+impl BlockWatcher for Hub {
+    fn backed(&self, block: usize, base: *mut u8, len: usize) {
+        // SAFETY: the pool keeps the block mapped until it calls `going` for it.
+        unsafe { lock(&self.state).register_block(block, base, len) };
+    }
+
+    fn going(&self, block: usize) {
+        lock(&self.state).release_block(block);
     }
 }
 
@@ -360,6 +386,9 @@ impl Drop for HubState {
         // are the contexts and buffers freed (fields drop after this body).
         for (_, e) in self.cache.entries.drain() {
             self.ep.close_mr(e.region);
+        }
+        for r in self.blocks.drain().collect::<Vec<_>>() {
+            self.ep.close_mr(r);
         }
         if let Some(r) = self.recv_mr.take() {
             self.ep.close_mr(r);
@@ -396,7 +425,8 @@ impl HubState {
     }
 
     /// Registers `len` bytes at `ptr` for `access`, or counts one more user of the region
-    /// that has them.
+    /// that has them; bytes of a registered pool block take its region (and `None` for a
+    /// key: there is nothing to release).
     ///
     /// # Safety
     /// The memory stays valid until the matching [`HubState::unregister`].
@@ -405,18 +435,22 @@ impl HubState {
         ptr: *const u8,
         len: usize,
         access: u64,
-    ) -> std::result::Result<(MrKey, u64, u64, *mut c_void), String> {
+    ) -> std::result::Result<(Option<MrKey>, u64, u64, *mut c_void), String> {
+        if let Some(f) = self.blocks.find(ptr, len) {
+            ProtocolCounts::bump(&self.counts.ofi_mr_pool);
+            return Ok((None, f.remote, f.key, f.desc));
+        }
         let key = (ptr as usize, len, access);
         if let Some(e) = self.cache.entries.get_mut(&key) {
             e.users += 1;
             ProtocolCounts::bump(&self.counts.ofi_mr_hits);
-            return Ok((key, e.region.remote_base, e.region.key, e.region.desc));
+            return Ok((Some(key), e.region.remote_base, e.region.key, e.region.desc));
         }
         // SAFETY: per this function's contract.
         let region =
             unsafe { self.ep.register(ptr, len, access) }.map_err(|e| e.detail().to_owned())?;
         ProtocolCounts::bump(&self.counts.ofi_mr_misses);
-        let out = (key, region.remote_base, region.key, region.desc);
+        let out = (Some(key), region.remote_base, region.key, region.desc);
         self.cache.entries.insert(key, MrEntry { region, users: 1 });
         Ok(out)
     }
@@ -429,6 +463,7 @@ impl HubState {
             if e.users == 0 {
                 if let Some(e) = self.cache.entries.remove(&key) {
                     self.ep.close_mr(e.region);
+                    ProtocolCounts::bump(&self.counts.ofi_mr_invalidations);
                 }
             }
         }
@@ -449,13 +484,51 @@ impl HubState {
         }
         // SAFETY: per this function's contract.
         let (k, _, _, desc) = unsafe { self.register(ptr, len, access) }?;
-        Ok((Some(k), desc))
+        Ok((k, desc))
     }
 
-    /// The local descriptor of registration `mr` (null without one).
-    fn desc(&self, mr: Option<MrKey>) -> *mut c_void {
-        mr.and_then(|k| self.cache.entries.get(&k))
-            .map_or(null_mut(), |e| e.region.desc)
+    /// The local descriptor of the `len` bytes at `ptr`: that of registration `mr`, else of
+    /// the pool block they lie in (null without either).
+    fn desc(&self, mr: Option<MrKey>, ptr: *const u8, len: usize) -> *mut c_void {
+        match mr {
+            Some(k) => self
+                .cache
+                .entries
+                .get(&k)
+                .map_or(null_mut(), |e| e.region.desc),
+            None => self.blocks.find(ptr, len).map_or(null_mut(), |f| f.desc),
+        }
+    }
+
+    /// Registers pool block `block`, `len` bytes at `base`, for every operation.
+    ///
+    /// # Safety
+    /// The memory stays mapped until [`HubState::release_block`] of the block.
+    unsafe fn register_block(&mut self, block: usize, base: *mut u8, len: usize) {
+        if self.dead.is_some() {
+            return;
+        }
+        let access = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+        // SAFETY: per this function's contract.
+        match unsafe { self.ep.register(base, len, access) } {
+            Ok(region) => {
+                self.blocks.insert(block, base, len, region);
+                ProtocolCounts::bump(&self.counts.ofi_pool_blocks);
+            }
+            Err(e) => tracing::warn!(
+                "libfabric: pool block {block} ({len} B) not registered ({}); its buffers are \
+                 registered on use",
+                e.detail()
+            ),
+        }
+    }
+
+    /// Closes pool block `block`'s registration, if it has one.
+    fn release_block(&mut self, block: usize) {
+        if let Some(r) = self.blocks.remove(block) {
+            self.ep.close_mr(r);
+            ProtocolCounts::bump(&self.counts.ofi_mr_invalidations);
+        }
     }
 
     /// What the post of context `ctx` came to: `Ok(true)` posted; otherwise the context
@@ -751,7 +824,7 @@ impl HubState {
             }
             let (at, n) = (l.read_at, (l.len - l.read_at).min(READ_PIECE));
             let (ptr, (addr, key, _)) = (l.ptr, l.remote);
-            let desc = self.desc(l.mr);
+            let desc = self.desc(l.mr, ptr, l.len);
             let ctx = self.new_ctx(What::Read { peer, token });
             // SAFETY: the destination stays valid while the landing exists (the engine keeps
             // its operation or unexpected message until the payload lands, and
@@ -809,7 +882,7 @@ impl HubState {
             Some(v) => (v.as_ptr(), v.len()),
             None => (s.ptr, s.len),
         };
-        let desc = self.desc(s.mr);
+        let desc = self.desc(s.mr, ptr, len);
         let ctx = self.new_ctx(What::Write { peer, token });
         // SAFETY: the source stays valid while the send exists (its operation is live, or
         // the payload was copied into `owned` when it was abandoned); the context stays in
@@ -845,6 +918,7 @@ impl HubState {
                 }
                 if n > 0 {
                     ProtocolCounts::bump(&self.counts.ofi_eager);
+                    ProtocolCounts::add(&self.counts.ofi_eager_bytes, n);
                 }
                 if let Some(op) = op {
                     sent.push(op);
@@ -858,7 +932,7 @@ impl HubState {
                     // is released when the send ends (read done, written, or dropped by the
                     // peer), and an abandoned operation's write goes from a copy (`forget`).
                     let (k, base, key, _) = unsafe { self.register(ptr, len, access) }?;
-                    (Some(k), base, key)
+                    (k, base, key)
                 } else {
                     (None, 0, 0)
                 };
@@ -875,12 +949,13 @@ impl HubState {
                         break;
                     }
                 }
-                let c = if read {
-                    &self.counts.ofi_read
+                let (c, bytes) = if read {
+                    (&self.counts.ofi_read, &self.counts.ofi_read_bytes)
                 } else {
-                    &self.counts.ofi_write
+                    (&self.counts.ofi_write, &self.counts.ofi_write_bytes)
                 };
                 ProtocolCounts::bump(c);
+                ProtocolCounts::add(bytes, n);
                 let p = &mut self.peers[peer];
                 p.next_token += 1;
                 p.sending.insert(
@@ -1121,7 +1196,7 @@ impl Link for OfiLink {
                         dest,
                         ptr,
                         len,
-                        mr: Some(mr),
+                        mr,
                         remote: (0, 0, theirs),
                         read: false,
                         posted: true,

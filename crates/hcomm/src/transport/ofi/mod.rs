@@ -20,6 +20,7 @@
 //! for providers with manual progress (`tcp`) is also what moves their data; the completion
 //! queue's wait descriptor, when the provider has one, sits in the engine's epoll set.
 
+pub(crate) mod blocks;
 pub(crate) mod ffi;
 
 use std::ffi::{c_void, CStr};
