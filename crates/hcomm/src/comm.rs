@@ -869,6 +869,7 @@ impl World {
                 shm_eager_limit: config.shm_eager_limit,
                 shm_push_threshold: config.shm_push_threshold,
                 shm_chunk: config.shm_chunk,
+                shm_split_threshold: config.shm_split_threshold,
                 describe: crate::coll::Shape::describe_signature,
                 timeout: config.timeout,
                 run_fd: config.run_fd,
