@@ -108,7 +108,7 @@ pub(crate) const DEFAULT_SHM_EAGER_LIMIT: usize = 4096;
 pub(crate) const DEFAULT_SHM_PUSH_THRESHOLD: usize = usize::MAX;
 /// Default smallest pulled message that both ranks copy at once, the receiver pulling while
 /// the sender writes (`HCOMM_SHM_SPLIT_THRESHOLD`).
-pub(crate) const DEFAULT_SHM_SPLIT_THRESHOLD: usize = 2 << 20;
+pub(crate) const DEFAULT_SHM_SPLIT_THRESHOLD: usize = 64 << 10;
 /// Default chunk of a shared-memory push (`HCOMM_SHM_CHUNK`).
 pub(crate) const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
 /// Default bytes of each shared-memory ring (`HCOMM_SHM_RING`).

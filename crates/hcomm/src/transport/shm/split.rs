@@ -125,14 +125,25 @@ impl SplitSlot {
     }
 
     /// The sender reports, under generation `gen`, that it wrote `pieces` pieces and whether
-    /// it failed the one after them (then it claims nothing more).
+    /// it failed the one after them (then it claims nothing more). A report for a generation
+    /// the slot no longer holds (the receiver finished that message and opened the slot for
+    /// the next) changes nothing.
     pub(crate) fn report(&self, gen: u32, pieces: usize, failed: bool) {
         let word = (u64::from(gen) << 32)
             | (pieces as u64 & (FAILED - 1))
             | if failed { FAILED } else { 0 };
-        // Release: the receiver that sees the report sees the bytes the sender's writes put
-        // into its buffer (the kernel wrote them before the call returned).
-        self.sent.store(word, Ordering::Release);
+        let mut now = self.sent.load(Ordering::Relaxed);
+        while (now >> 32) as u32 == gen {
+            // Release: the receiver that sees the report sees the bytes the sender's writes
+            // put into its buffer (the kernel wrote them before the call returned).
+            match self
+                .sent
+                .compare_exchange_weak(now, word, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(seen) => now = seen,
+            }
+        }
     }
 
     /// What the sender reported under generation `gen` (nothing yet: 0 pieces; a report of
@@ -180,6 +191,16 @@ mod tests {
         assert!(
             s.sent(8).failed,
             "a report of another generation is no report"
+        );
+        s.open(8, 2);
+        s.report(7, 1, true);
+        assert_eq!(
+            s.sent(8),
+            Sent {
+                pieces: 0,
+                failed: false
+            },
+            "a late report of the previous message changes nothing"
         );
     }
 
