@@ -17,6 +17,20 @@ fn protocols(env: &[(&str, &str)]) -> Vec<String> {
 /// [`protocols`] with the launcher started by the program and arguments `prefix` (none: as
 /// it is) and the scenario given `args`.
 fn protocols_run(prefix: &[&str], env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
+    protocols_lines(3, prefix, env, args)
+        .into_iter()
+        .map(|(counts, _)| counts)
+        .collect()
+}
+
+/// [`protocols_run`] on `n` ranks; returns each rank's counts line and its split line
+/// (`shm_split=S written=W`).
+fn protocols_lines(
+    n: usize,
+    prefix: &[&str],
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Vec<(String, String)> {
     let mut c = match prefix.split_first() {
         Some((program, rest)) => {
             let mut c = Command::new(program);
@@ -25,24 +39,80 @@ fn protocols_run(prefix: &[&str], env: &[(&str, &str)], args: &[&str]) -> Vec<St
         }
         None => Command::new(HCOMMRUN),
     };
-    c.args(["-n", "3", "--timeout", "100", "--", CHECK, "protocols"])
-        .args(args)
-        .env("HCOMM_TIMEOUT", "60");
+    c.args([
+        "-n",
+        &n.to_string(),
+        "--timeout",
+        "100",
+        "--",
+        CHECK,
+        "protocols",
+    ])
+    .args(args)
+    .env("HCOMM_TIMEOUT", "60");
     for (k, v) in env {
         c.env(k, v);
     }
     let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "protocols with {env:?} failed:\n{t}");
-    (0..3)
-        .map(|r| {
-            let prefix = format!("[{r}] protocols ");
-            t.lines()
-                .find_map(|l| l.strip_prefix(&prefix))
-                .unwrap_or_else(|| panic!("rank {r} printed no counts:\n{t}"))
-                .to_owned()
-        })
+    let line = |r: usize, what: &str| {
+        let prefix = format!("[{r}] {what} ");
+        t.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("rank {r} printed no {what} line:\n{t}"))
+            .to_owned()
+    };
+    (0..n)
+        .map(|r| (line(r, "protocols"), line(r, "split")))
         .collect()
+}
+
+/// The numbers of a split line: (messages split, pieces written as their sender).
+fn split_counts(line: &str) -> (u64, u64) {
+    let num = |key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+    };
+    (num("shm_split="), num("written="))
+}
+
+/// Two ranks that may spin (`HCOMM_SPIN_US`; a loaded 2-core host would otherwise count as
+/// too small) split every pulled message from 1 MiB: the receiver pulls pieces while the
+/// sender writes others into its buffer, and the bytes arrive exact (the scenario checks
+/// them). Three of the ring's four pulled sizes are at least 1 MiB and in several pieces.
+#[test]
+fn large_messages_are_copied_by_both_ranks() {
+    let env = [
+        ("HCOMM_SPIN_US", "50"),
+        ("HCOMM_SHM_SPLIT_THRESHOLD", "1048576"),
+    ];
+    let lines = protocols_lines(2, &[], &env, &["--rounds", "10"]);
+    let mut written = 0;
+    for (counts, split) in &lines {
+        assert_eq!(
+            counts,
+            "shm=true shm_eager=30 shm_pull=40 shm_push=0 tcp_eager=0 tcp_rendezvous=0"
+        );
+        let (split, w) = split_counts(split);
+        assert_eq!(split, 30, "{lines:?}");
+        written += w;
+    }
+    // Each rank sends 30 split messages of 4 to 13 pieces while it spins in its own wait:
+    // its share of at least some of them is written by it.
+    assert!(written > 0, "no sender wrote a piece: {lines:?}");
+}
+
+/// More local ranks than cores (three on this host's two, or the spin turned off): no
+/// split, since the sender would poll for pieces on a core the receiver needs.
+#[test]
+fn oversubscribed_ranks_do_not_split() {
+    let env = [("HCOMM_SHM_SPLIT_THRESHOLD", "0"), ("HCOMM_SPIN_US", "0")];
+    for (_, split) in protocols_lines(2, &[], &env, &[]) {
+        assert_eq!(split, "shm_split=0 written=0");
+    }
 }
 
 #[test]
@@ -92,6 +162,43 @@ fn a_pull_the_kernel_refuses_falls_back_to_the_push() {
         "shm=true shm_eager=3 shm_pull=0 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
     ];
     assert_eq!(lines, want);
+}
+
+/// The same with splits (from 1 MiB, the ranks allowed to spin): world rank 0's writes into
+/// the non-dumpable rank 1 are refused, so rank 1 copies those messages itself (exact, as
+/// the scenario checks); rank 2's pulls from rank 1 are refused too, after rank 2 offered a
+/// split that rank 1 may have begun to write: rank 2 ends the split (waiting for rank 1's
+/// piece in flight) and the message falls back to the push.
+#[test]
+fn a_split_write_the_kernel_refuses_falls_back_to_the_pull() {
+    let prefix: &[&str] = if rustix::process::geteuid().is_root() {
+        &["setpriv", "--bounding-set=-sys_ptrace"]
+    } else {
+        &[]
+    };
+    let env = [
+        ("HCOMM_SPIN_US", "50"),
+        ("HCOMM_SHM_SPLIT_THRESHOLD", "1048576"),
+    ];
+    let lines = protocols_lines(3, prefix, &env, &["--nodump", "1", "--rounds", "3"]);
+    let want = [
+        "shm=true shm_eager=9 shm_pull=12 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=9 shm_pull=12 shm_push=12 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=9 shm_pull=0 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
+    ];
+    let counts: Vec<&str> = lines.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(counts, want);
+    let split: Vec<(u64, u64)> = lines.iter().map(|(_, s)| split_counts(s)).collect();
+    assert_eq!(
+        split[0].0, 9,
+        "rank 0 splits what it receives from rank 2: {lines:?}"
+    );
+    assert_eq!(
+        split[0].1, 0,
+        "rank 0 wrote into the non-dumpable rank: {lines:?}"
+    );
+    assert!(split[1].0 >= 1, "rank 1 offered no split: {lines:?}");
+    assert_eq!(split[2].0, 0, "rank 2 pulls nothing from rank 1: {lines:?}");
 }
 
 /// Runs the `one-sided` scenario on `n` ranks with the scenario given `args`, as root without

@@ -113,6 +113,11 @@ impl World {
             // The statistics segment has no bit for libfabric's protocols yet.
             Some(Route::Ofi) => 0,
             Some(Route::Shm { .. }) if len <= c.shm_eager_limit => proto::SHM_INLINE,
+            Some(Route::Shm { cma: true })
+                if len <= c.shm_push_threshold && len >= c.shm_split_threshold && self.spin =>
+            {
+                proto::SHM_PULL | proto::SHM_SPLIT
+            }
             Some(Route::Shm { cma: true }) if len <= c.shm_push_threshold => proto::SHM_PULL,
             Some(Route::Shm { .. }) => proto::SHM_PUSH,
             Some(Route::Tcp) if len <= c.tcp_eager_limit => proto::TCP_EAGER,
@@ -136,6 +141,7 @@ impl World {
                     p.plugin_eager,
                     p.plugin_rendezvous,
                     0,
+                    p.shm_split,
                 ],
                 pool.hits,
                 pool.misses,
@@ -881,6 +887,7 @@ impl World {
                 shm_eager_limit: config.shm_eager_limit,
                 shm_push_threshold: config.shm_push_threshold,
                 shm_chunk: config.shm_chunk,
+                shm_split_threshold: config.shm_split_threshold,
                 describe: crate::coll::Shape::describe_signature,
                 timeout: config.timeout,
                 run_fd: config.run_fd,

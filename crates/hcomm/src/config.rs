@@ -107,6 +107,9 @@ pub(crate) const DEFAULT_SHM_EAGER_LIMIT: usize = 4096;
 /// the sender pushes (`HCOMM_SHM_PUSH_THRESHOLD`): no limit, every size is pulled (in pieces
 /// of `HCOMM_SHM_CHUNK`).
 pub(crate) const DEFAULT_SHM_PUSH_THRESHOLD: usize = usize::MAX;
+/// Default smallest pulled message that both ranks copy at once, the receiver pulling while
+/// the sender writes (`HCOMM_SHM_SPLIT_THRESHOLD`).
+pub(crate) const DEFAULT_SHM_SPLIT_THRESHOLD: usize = 64 << 10;
 /// Default chunk of a shared-memory push (`HCOMM_SHM_CHUNK`).
 pub(crate) const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
 /// Default bytes of each shared-memory ring (`HCOMM_SHM_RING`).
@@ -189,6 +192,10 @@ pub struct Config {
     /// chunks; smaller ones (above the eager limit) are pulled by the receiver where
     /// cross-memory attach works. Unset: `usize::MAX`, every size is pulled.
     pub shm_push_threshold: usize,
+    /// `HCOMM_SHM_SPLIT_THRESHOLD`: pulled shared-memory messages of at least this size are
+    /// copied by both ranks at once (the sender writes pieces into the receiver's buffer
+    /// while the receiver pulls others), where ranks may spin (a core per local rank).
+    pub shm_split_threshold: usize,
     /// `HCOMM_SHM_CHUNK`: bytes per chunk of a shared-memory push, and per piece of a pull
     /// (one piece per turn of the engine).
     pub shm_chunk: usize,
@@ -349,6 +356,12 @@ impl Config {
             0,
             usize::MAX,
         )?;
+        let shm_split_threshold = size(
+            "HCOMM_SHM_SPLIT_THRESHOLD",
+            DEFAULT_SHM_SPLIT_THRESHOLD,
+            0,
+            usize::MAX,
+        )?;
         let shm_chunk = size("HCOMM_SHM_CHUNK", DEFAULT_SHM_CHUNK, 4096, 32 << 20)?;
         let shm_ring = size("HCOMM_SHM_RING", DEFAULT_SHM_RING, 128 << 10, 64 << 20)?;
         let pool_block = size("HCOMM_POOL_BLOCK", DEFAULT_POOL_BLOCK, 64 << 10, 1 << 40)?;
@@ -398,6 +411,7 @@ impl Config {
             transport,
             shm_eager_limit,
             shm_push_threshold,
+            shm_split_threshold,
             shm_chunk,
             shm_ring,
             pool_block: pool_block / 64 * 64,

@@ -59,6 +59,7 @@ mod requests;
 mod revoke;
 #[cfg(test)]
 mod sansio_tests;
+mod split;
 #[cfg(test)]
 mod tests;
 mod timers;
@@ -131,6 +132,11 @@ pub(crate) struct ProtocolCounts {
     pub shm_pull: AtomicU64,
     /// Pushed by the sender in chunks through the ring.
     pub shm_push: AtomicU64,
+    /// Of the pulled messages, those split between both ranks (the sender was asked to write
+    /// pieces too).
+    pub shm_split: AtomicU64,
+    /// Pieces of split messages this rank wrote into its receivers' buffers.
+    pub shm_split_written: AtomicU64,
     /// Eager over TCP.
     pub tcp_eager: AtomicU64,
     /// Rendezvous over TCP.
@@ -179,6 +185,12 @@ pub struct ProtocolStats {
     pub shm_pull: u64,
     /// Messages pushed by the sender in chunks through shared memory.
     pub shm_push: u64,
+    /// Of the pulled messages, those copied by both ranks at once: the receiver pulled
+    /// pieces while the sender was asked to write others into its buffer.
+    pub shm_split: u64,
+    /// Pieces of split messages this rank wrote, as their sender, into the receivers'
+    /// buffers.
+    pub shm_split_written: u64,
     /// Eager messages over TCP.
     pub tcp_eager: u64,
     /// Rendezvous messages over TCP.
@@ -249,6 +261,8 @@ impl ProtocolCounts {
         ProtocolStats {
             shm_eager: get(&self.shm_eager),
             shm_pull: get(&self.shm_pull),
+            shm_split: get(&self.shm_split),
+            shm_split_written: get(&self.shm_split_written),
             shm_push: get(&self.shm_push),
             tcp_eager: get(&self.tcp_eager),
             tcp_rendezvous: get(&self.tcp_rendezvous),
@@ -313,6 +327,8 @@ pub(crate) struct EngineConfig {
     pub shm_push_threshold: usize,
     /// Chunk size of shared-memory pushes.
     pub shm_chunk: usize,
+    /// Pulled shared-memory messages from this size are copied by both ranks at once.
+    pub shm_split_threshold: usize,
     /// Describes an operation signature for mismatch messages.
     pub describe: fn([u64; 2]) -> String,
     /// `HCOMM_TIMEOUT`: sets the heartbeats of the watcher (see `p2p/watch.rs`).
@@ -622,6 +638,8 @@ struct State {
     pulls: Vec<pull::Pull>,
     /// Per world rank: the kernel refused a pull from it, so its messages are pushed.
     pull_refused: Vec<bool>,
+    /// Messages copied by both ranks at once (`split.rs`).
+    split: split::Splits,
     /// The transport plug-in and the threads of the channels opened so far, when the world
     /// has one.
     plugin: Option<Channels>,
@@ -881,6 +899,7 @@ impl Engine {
                 members: HashMap::default(),
                 pulls: Vec::new(),
                 pull_refused: vec![false; size],
+                split: split::Splits::new(size),
                 draining: false,
                 comm_aborts: Vec::new(),
                 plugin,

@@ -64,8 +64,10 @@ pub mod proto {
     pub const PLUGIN_RENDEZVOUS: u64 = 64;
     /// One-sided: the peers' memory read in place (shared memory).
     pub const ONESIDED: u64 = 128;
+    /// Pulled by the receiver while the sender wrote pieces too (a split: both ranks copy).
+    pub const SHM_SPLIT: u64 = 256;
     /// Names of the bits, lowest first.
-    pub const NAMES: [&str; 8] = [
+    pub const NAMES: [&str; 9] = [
         "shm-inline",
         "shm-pull",
         "shm-push",
@@ -74,10 +76,12 @@ pub mod proto {
         "plugin-eager",
         "plugin-rndv",
         "onesided",
+        "shm-split",
     ];
     /// The transport of each bit: `shm`, `tcp` or `plugin`.
-    pub const TRANSPORTS: [&str; 8] =
-        ["shm", "shm", "shm", "tcp", "tcp", "plugin", "plugin", "shm"];
+    pub const TRANSPORTS: [&str; 9] = [
+        "shm", "shm", "shm", "tcp", "tcp", "plugin", "plugin", "shm", "shm",
+    ];
 }
 
 /// Counters of one kind of operation in one lane.
@@ -174,7 +178,7 @@ pub struct StatsHeader {
     /// Pool allocations that fell back to the heap (refreshed while watched).
     pub pool_misses: AtomicU64,
     /// Messages per protocol of the engine, by bit of [`proto`] (refreshed while watched).
-    pub messages: [AtomicU64; 8],
+    pub messages: [AtomicU64; 9],
     /// Failovers by peer and rail, and fallbacks from the transport plug-in to TCP by peer,
     /// in the order they first happened (refreshed while watched; the first
     /// [`FAILOVER_SLOTS`]).
@@ -299,7 +303,7 @@ impl FailoverSlot {
 impl StatsHeader {
     /// Stores the engine's messages per protocol (by [`proto`] bit) and the pool's hits and
     /// misses.
-    pub(crate) fn publish(&self, messages: [u64; 8], pool_hits: u64, pool_misses: u64) {
+    pub(crate) fn publish(&self, messages: [u64; 9], pool_hits: u64, pool_misses: u64) {
         for (c, v) in self.messages.iter().zip(messages) {
             c.store(v, Ordering::Relaxed);
         }

@@ -48,6 +48,7 @@ use super::matching::Matching;
 use super::requests::dest_slice;
 use super::{Dest, Op, OpId, OutFrame};
 use crate::transport::shm::link::{Inbox, Watch};
+use crate::transport::shm::split::SplitSlot;
 use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD};
 
 /// The engine's operations by id: outgoing payloads are read from their buffers.
@@ -266,6 +267,12 @@ pub(super) trait Link: Send + std::fmt::Debug {
     fn watch<'a>(&self, _inbox: &'a Inbox) -> Option<Watch<'a>> {
         None
     }
+
+    /// The pair's split slot of the messages this rank receives from the peer (`incoming`)
+    /// or sends it, for links in shared memory with the peer (see `p2p/split.rs`).
+    fn split_slot(&self, _incoming: bool) -> Option<&SplitSlot> {
+        None
+    }
 }
 
 /// A link of any transport, one variant each, so that the engine's tightest loops (a waiter
@@ -382,6 +389,10 @@ impl Link for AnyLink {
     #[inline]
     fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
         each!(self, l => l.peek_inline())
+    }
+    #[inline]
+    fn split_slot(&self, incoming: bool) -> Option<&SplitSlot> {
+        each!(self, l => l.split_slot(incoming))
     }
     #[inline]
     fn consume_inline(&mut self) {

@@ -8,7 +8,9 @@
 //! them against each other through in-memory queues.
 
 use crate::error::{Error, PeerRank, Result};
-use crate::transport::wire::{FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED};
+use crate::transport::wire::{
+    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED, FLAG_SPLIT,
+};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 
 use super::link::{Kind, Link};
@@ -47,6 +49,9 @@ pub(super) enum Cleared {
     Send { id: OpId, len: usize },
     /// Send `id` is complete (the receiver pulled the data, or refused it): `len` bytes.
     Done { id: OpId, len: usize },
+    /// The receiver of send `id` (`len` bytes) pulls it and asks this rank to write pieces of
+    /// it into its buffer (`p2p/split.rs`); the send stays in flight until a later CTS.
+    Split { id: OpId, len: usize },
     /// The send was abandoned: nothing to do.
     Ignored,
 }
@@ -182,6 +187,20 @@ impl Rendezvous {
         peer: usize,
         hdr: &FrameHeader,
     ) -> std::result::Result<Cleared, String> {
+        if hdr.flags & FLAG_SPLIT != 0 {
+            // The send stays: its message ends with the receiver's next CTS. A split offered
+            // for an abandoned send is ignored (that CTS ends it as well).
+            if let Some(&(id, len)) = self.sends.get(&(peer, hdr.msg_id)) {
+                return Ok(Cleared::Split { id, len });
+            }
+            if self.abandoned_sends.contains(&(peer, hdr.msg_id)) {
+                return Ok(Cleared::Ignored);
+            }
+            return Err(format!(
+                "it offered to split message {} that was never announced",
+                hdr.msg_id
+            ));
+        }
         let Some((id, len)) = self.sends.remove(&(peer, hdr.msg_id)) else {
             if self.abandoned_sends.remove(&(peer, hdr.msg_id)) {
                 return Ok(Cleared::Ignored);
@@ -232,6 +251,16 @@ impl Rendezvous {
     /// The CTS after a pull: whether it worked.
     pub(super) fn pulled(msg_id: u64, ok: bool) -> FrameHeader {
         cts(msg_id, if ok { FLAG_PULLED } else { FLAG_DISCARD })
+    }
+
+    /// The CTS that asks the sender of rendezvous `msg_id` to write pieces of `piece` bytes
+    /// into the buffer at `addr`, claimed under generation `gen` of the pair's split slot.
+    pub(super) fn split(msg_id: u64, gen: u32, addr: u64, piece: usize) -> FrameHeader {
+        let mut h = cts(msg_id, FLAG_SPLIT);
+        h.tag = gen;
+        h.offset = addr;
+        h.comm = piece as u64;
+        h
     }
 
     /// The CTS that tells the sender of rendezvous `msg_id` not to send its data.

@@ -29,6 +29,7 @@ fn config(rank: usize) -> EngineConfig {
         shm_eager_limit: 0,
         shm_push_threshold: 0,
         shm_chunk: 1,
+        shm_split_threshold: usize::MAX,
         describe: |sig| format!("call {sig:?}"),
         timeout: WAIT,
         debug: false,

@@ -102,6 +102,9 @@ enum Scenario {
         /// read the rank (0: end at once).
         #[arg(long, default_value_t = 0)]
         linger_ms: u64,
+        /// Rounds of the ring exchange (each at every size).
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
     },
     /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
     /// every wait sleeps); then the count of sleeps that ran their whole time. A protocol
@@ -437,7 +440,11 @@ fn run(scenario: Scenario) -> Result<()> {
             rails::rails(&comm, traffic, count, bytes, every, pause, linger)?;
             "rails"
         }
-        Scenario::Protocols { nodump, linger_ms } => {
+        Scenario::Protocols {
+            nodump,
+            linger_ms,
+            rounds,
+        } => {
             // Links are made on first use, and each end probes cross-memory attach then: every
             // link is made (and probed) before the rank turns non-dumpable, so only the pulls
             // fail, not the probes; the counts below leave these first messages out.
@@ -460,7 +467,9 @@ fn run(scenario: Scenario) -> Result<()> {
             sizes.retain(|&s| s <= 64 << 20);
             sizes.sort_unstable();
             sizes.dedup();
-            p2p::ring_sizes(&comm, sizes)?;
+            for _ in 0..rounds {
+                p2p::ring_sizes(&comm, sizes.clone())?;
+            }
             let s = comm.protocol_stats();
             let right = (comm.rank() + 1) % comm.size();
             println!(
@@ -471,6 +480,11 @@ fn run(scenario: Scenario) -> Result<()> {
                 s.shm_push - before.shm_push,
                 s.tcp_eager - before.tcp_eager,
                 s.tcp_rendezvous - before.tcp_rendezvous
+            );
+            println!(
+                "split shm_split={} written={}",
+                s.shm_split - before.shm_split,
+                s.shm_split_written - before.shm_split_written
             );
             println!(
                 "links tcp_opened={} tcp_accepted={}",
