@@ -587,6 +587,16 @@ fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
 
 /// Each rank's inbox use (kB) after `traffic` on 8 ranks of one host, and the inbox's size.
 fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
+    let ranks = links_after(traffic, &[]);
+    ranks
+        .into_iter()
+        .map(|(used, size, _)| (used, size))
+        .collect()
+}
+
+/// Each rank's inbox use (kB) after `traffic` on 8 ranks of one host with `env`, the inbox's
+/// size, and the rank's connected TCP sockets.
+fn links_after(traffic: &str, env: &[(&str, &str)]) -> Vec<(usize, usize, usize)> {
     let mut c = Command::new(HCOMMRUN);
     c.args([
         "-n",
@@ -601,7 +611,8 @@ fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
     ])
     .env("HCOMM_TIMEOUT", "60")
     // Through the rings: the one-sided all-to-all uses none.
-    .env("HCOMM_ALGO", "alltoall:pairwise");
+    .env("HCOMM_ALGO", "alltoall:pairwise")
+    .envs(env.iter().copied());
     let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "{traffic}:\n{t}");
@@ -616,9 +627,35 @@ fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
                 .filter_map(|w| w.parse().ok())
                 .collect();
             assert_eq!(n.len(), 2, "{line}");
-            (n[0], n[1])
+            let tcp = t
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("[{r}] tcp ")))
+                .and_then(|l| l.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("rank {r} printed no TCP count:\n{t}"));
+            (n[0], n[1], tcp)
         })
         .collect()
+}
+
+/// Making communicators links a rank to about 2 log2(n) peers, not to every rank: after ten
+/// splits (even and odd ranks, in reverse order) and dups on 8 ranks, a rank's inbox took
+/// memory for at most 4 senders (1, 2 and 4 ranks before it, and the rank 2 after it, which
+/// comes before it in its half), each ring a little past its first 64 KiB, where the 7 of
+/// an all-to-all take at least 7 * 64 KiB; over TCP (one stream per pair) a rank holds at
+/// most its 5 peers' connections (1, 2 and 4 ranks away either way; 4 is both) and its store
+/// connection, where an all-to-all links it to all 7.
+#[test]
+fn making_communicators_links_a_rank_to_log2_n_peers_not_to_all() {
+    for (r, (used, _, _)) in links_after("split", &[]).into_iter().enumerate() {
+        assert!(used <= 16 + 5 * 64, "rank {r}: {used} kB in use");
+    }
+    let tcp = [("HCOMM_TRANSPORT", "tcp"), ("HCOMM_TCP_STREAMS", "1")];
+    for (r, (_, _, connected)) in links_after("split", &tcp).into_iter().enumerate() {
+        assert!(connected <= 5 + 1, "rank {r}: {connected} TCP connections");
+    }
+    for (r, (_, _, connected)) in links_after("alltoall", &tcp).into_iter().enumerate() {
+        assert!(connected >= 7, "rank {r}: {connected} TCP connections");
+    }
 }
 
 /// An inbox takes memory for the peers that send to it, 64 KiB of ring at a time, not for

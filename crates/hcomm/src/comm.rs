@@ -1310,24 +1310,39 @@ impl Communicator {
         self.run_collective(shape, None, &mut [])
     }
 
-    /// Every rank's `mine`, by rank (hcomm's own small all-gather for communicator creation).
+    /// Every rank's `mine`, by rank (hcomm's own small all-gather for communicator creation):
+    /// Bruck's all-gather in ceil(log2 n) rounds, so that each rank talks to that many peers
+    /// each way (as [`Communicator::all_agree`]), not to all n - 1. In round k (distance
+    /// d = 2^k) a rank sends the records it holds, its own and those of the d - 1 ranks before
+    /// it, to rank + d, and receives those of rank - d and the ranks before that one.
     fn exchange_all(&self, mine: &[u8; 16]) -> Result<Vec<[u8; 16]>> {
+        const R: usize = 16;
         let n = self.size();
-        let mut all = vec![[0u8; 16]; n];
-        all[self.rank] = *mine;
-        for dist in 1..n {
+        // held[i * R..]: the record of rank (rank - i) mod n.
+        let mut held = vec![0u8; n * R];
+        held[..R].copy_from_slice(mine);
+        let mut dist = 1;
+        while dist < n {
             let to = (self.rank + dist) % n;
             let from = (self.rank + n - dist) % n;
+            let count = dist.min(n - dist);
             let st = self.target(self.id | INTERNAL, to, TAG_SPLIT, "split")?;
             let rt = self.target(self.id | INTERNAL, from, TAG_SPLIT, "split")?;
-            let got = self.exchange(st, mine, rt, &mut all[from])?;
-            if got != 16 {
+            let (have, rest) = held.split_at_mut(dist * R);
+            let got = self.exchange(st, &have[..count * R], rt, &mut rest[..count * R])?;
+            if got != count * R {
                 return Err(Error::mismatch(format!(
-                    "rank {from} sent {got} bytes during communicator creation: ranks are calling \
-                     different operations"
+                    "rank {from} sent {got} bytes during communicator creation, not {}: ranks \
+                     are calling different operations",
+                    count * R
                 ))
                 .with_peer(PeerRank::ranks(from, self.members[from])));
             }
+            dist *= 2;
+        }
+        let mut all = vec![[0u8; R]; n];
+        for (i, rec) in held.chunks_exact(R).enumerate() {
+            all[(self.rank + n - i) % n].copy_from_slice(rec);
         }
         Ok(all)
     }
@@ -1425,7 +1440,9 @@ impl Communicator {
     /// A new communicator with the same members, whose messages never match this one's.
     /// Collective over this communicator.
     pub fn dup(&self) -> Result<Communicator> {
-        self.barrier()?;
+        // Every member has entered: a dissemination of ceil(log2 n) rounds (the barrier's
+        // algorithm of choice may talk to every member, opening links to all of them).
+        self.all_agree(true)?;
         let id = self.next_id(u64::MAX);
         Ok(self.derive(id, (0..self.size()).collect(), self.rank))
     }

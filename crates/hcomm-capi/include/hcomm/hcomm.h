@@ -991,7 +991,9 @@ int hcommCommJoinToken(hcommComm_t comm, char *buf, size_t len);
  * new processes, ranks size to size + nnew - 1, at the next epoch. Collective: every member
  * calls it with the same token (made by one of them with `hcommCommJoinToken`) and count.
  * `HCOMM_ERR_INVALID_ARGUMENT` for a malformed token, one made for another communicator, one
- * not made in this job, one already used to grow `comm`, and `nnew` < 1;
+ * not made in this job, one already used to grow `comm`, one that expired, `nnew` < 1, and a
+ * `comm` whose traffic goes through a transport plug-in (it serves one world at a time, and
+ * the grown communicator is a world of its own: neither a token nor a grow is made);
  * `HCOMM_ERR_MISMATCH` when members pass other tokens or counts; `HCOMM_ERR_TIMEOUT` when the
  * new processes do not join within `HCOMM_TIMEOUT`. On every failure `*newcomm` is
  * `HCOMM_COMM_NULL` (when `newcomm` is not NULL). Release the result with

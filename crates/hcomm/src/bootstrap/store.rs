@@ -1413,7 +1413,10 @@ mod tests {
             thread::sleep(Duration::from_millis(10));
         }
         assert!(!expiring.keep(), "an expired store was kept");
-        assert!(c.get("k").is_err(), "the client of an expired store still reads");
+        assert!(
+            c.get("k").is_err(),
+            "the client of an expired store still reads"
+        );
         let short = Duration::from_millis(300);
         assert!(StoreClient::connect(&addr, SECRET, short).is_err());
         assert!(!kept.expired());

@@ -36,6 +36,7 @@ use crate::config::{Config, Secret};
 use crate::error::{Error, PeerRank, Result};
 use crate::rng::mix;
 use crate::sync::lock;
+use crate::transport::plugin;
 use crate::transport::shm::link;
 
 /// What every token starts with: the format and its version.
@@ -248,6 +249,24 @@ fn own_secret() -> Result<&'static [u8]> {
 }
 
 impl World {
+    /// Refuses to grow a world whose traffic goes through a transport plug-in: a plug-in
+    /// serves one world of a process at a time, and the grown communicator is a world of its
+    /// own while this one goes on, so it could not have the plug-in.
+    fn check_growable(&self, what: &str) -> Result<()> {
+        match self.config.transport.as_deref() {
+            Some(name) if !plugin::BUILT_IN.contains(&name) => {
+                Err(Error::invalid_argument(format!(
+                    "{what}: this communicator's traffic goes through the transport plug-in \
+                     {name:?} (HCOMM_TRANSPORT), and a grown communicator cannot have it: it is \
+                     a world of its own while this one lives, and a plug-in serves one world of \
+                     a process at a time; grow a job that runs on the built-in transports \
+                     (HCOMM_TRANSPORT unset, shm, tcp or ofi)"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The secret this world's join tokens derive from: the job secret, or in a world of one
     /// without one a random secret of this process.
     fn token_secret(&self) -> Result<&[u8]> {
@@ -320,7 +339,8 @@ impl Communicator {
     /// it as secret as the job secret.
     ///
     /// Errors: [`Error::Transport`] when the store cannot listen; [`Error::Init`] without
-    /// random bytes from the operating system.
+    /// random bytes from the operating system; [`Error::InvalidArgument`] when the traffic
+    /// goes through a transport plug-in (see [`Communicator::grow`]).
     pub fn join_token(&self) -> Result<String> {
         self.join_token_within(JOIN_TOKEN_MAX)
     }
@@ -332,6 +352,7 @@ impl Communicator {
     /// Errors: [`Error::InvalidArgument`] when `capacity` is too small (the message says how
     /// many bytes it needs); those of [`Communicator::join_token`].
     pub fn join_token_within(&self, capacity: usize) -> Result<String> {
+        self.world.check_growable("join_token")?;
         let ip = self.world.reachable_ip();
         let longest = Token {
             comm: self.id,
@@ -384,8 +405,10 @@ impl Communicator {
     /// size - 1 in their old order, and the new processes, ranks size to size + nnew - 1 in
     /// the order they joined, at the next epoch. Collective: every member calls it with the
     /// same token (made by one of them with [`Communicator::join_token`]) and count. The
-    /// grown communicator is a world of its own (the old one goes on until released); it
-    /// cannot use a transport plug-in the old world holds.
+    /// grown communicator is a world of its own (the old one goes on until released); so a
+    /// communicator whose traffic goes through a transport plug-in (which serves one world at
+    /// a time) cannot grow, nor make a token: both fail at once with
+    /// [`Error::InvalidArgument`] naming the plug-in.
     ///
     /// Errors: [`Error::InvalidArgument`] for a malformed token, one made for another
     /// communicator, one not made in this job (its key does not derive from the job secret),
@@ -394,6 +417,7 @@ impl Communicator {
     /// members pass other tokens or counts; [`Error::Timeout`] when the new processes do not
     /// all join within `HCOMM_TIMEOUT`; those of communication with the members.
     pub fn grow(&self, token: &str, nnew: usize) -> Result<Communicator> {
+        self.world.check_growable("grow")?;
         // Whitespace around the token (a newline read with it) is no part of it.
         let token = token.trim();
         let t = Token::parse(token)?;

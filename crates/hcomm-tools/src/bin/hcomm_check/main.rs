@@ -221,7 +221,8 @@ enum Scenario {
     },
     /// One kind of traffic, then each rank prints `inbox K of M kB`: how much of its
     /// shared-memory inbox has memory (its pages resident in /dev/shm, by `mincore`) and how
-    /// large the inbox is; then a barrier. The rings of an inbox take memory only once their
+    /// large the inbox is, and `tcp N connected`: its connected TCP sockets (the store's
+    /// included); then a dup (a dissemination among the ranks 1, 2, 4, ... away). The rings of an inbox take memory only once their
     /// peer sends (the barrier's frames of peers that measured first are counted too).
     InboxUse {
         /// What the ranks do between init and the measurement.
@@ -557,9 +558,13 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::InboxUse { traffic } => {
             resources::traffic(&comm, traffic)?;
             let (resident, size) = resources::inbox_use(comm.rank())?;
+            let (_, connected, _) = resources::tcp_sockets()?;
             println!("inbox {} of {} kB", resident >> 10, size >> 10);
-            // Nobody says goodbye (a frame to every peer) before every rank has measured.
-            comm.barrier()?;
+            println!("tcp {connected} connected");
+            // Nobody says goodbye (a frame to every peer) before every rank has measured; a
+            // dup, not a barrier, whose algorithm may talk to every rank: the dup's
+            // dissemination talks to the peers communicator creation links anyway.
+            drop(comm.dup()?);
             "inbox-use"
         }
         Scenario::QuietFinalize { done } => {
