@@ -701,6 +701,57 @@ impl OneSided {
                         at += m;
                         continue;
                     }
+                    // Two ranks, the peer's contribution on the heap: its chunk comes in with
+                    // cross-memory attach and is reduced with this rank's own where that lies,
+                    // straight into the result when it stays in the caches (no copy of this
+                    // rank's chunk into the staging buffer first, and none out of it).
+                    if n == 2 && board.header(1 - me, slot).input_loc == 0 {
+                        let p = 1 - me;
+                        if tmp.is_empty() {
+                            tmp = vec![0u8; CHUNK.min(len)];
+                        }
+                        board
+                            .read_peer(p, Side::Input, slot, pos, &mut tmp[..m], false)
+                            .map_err(|e| waiter.read_failed(p, e))?;
+                        let theirs = &tmp[..m];
+                        // Rank order, as everywhere.
+                        let ops = |mine| {
+                            if me == 0 {
+                                [mine, theirs]
+                            } else {
+                                [theirs, mine]
+                            }
+                        };
+                        let dst: &[u8] = match (own, here) {
+                            (Some(mine), Some(h)) if !stream => {
+                                fold(&mut out[h..h + m], &ops(mine))?;
+                                &out[h..h + m]
+                            }
+                            _ => {
+                                if acc.is_empty() {
+                                    acc = vec![0u8; CHUNK.min(len)];
+                                }
+                                // In place the contribution is the receive buffer, whose
+                                // bytes `pos..pos + m` this rank overwrites only after this.
+                                let mine = match own {
+                                    Some(own) => own,
+                                    None => &out[pos..pos + m],
+                                };
+                                fold(&mut acc[..m], &ops(mine))?;
+                                if let Some(h) = here {
+                                    put(&mut out[h..h + m], &acc[..m], stream)?;
+                                }
+                                &acc[..m]
+                            }
+                        };
+                        if to_peer(p) {
+                            board
+                                .write_peer_output(signals, j, p, pos, dst, stream)
+                                .map_err(|e| waiter.read_failed(p, e))?;
+                        }
+                        at += m;
+                        continue;
+                    }
                     if acc.is_empty() {
                         acc = vec![0u8; CHUNK.min(len)];
                     }
