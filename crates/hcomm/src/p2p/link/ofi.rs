@@ -17,6 +17,16 @@
 //!   sends a completion notice after it (ordered after the write by `FI_ORDER_SAW`, or the
 //!   write asks for delivery completion first), upon which the payload has landed.
 //!
+//! * **direct** (a collective's steps above the eager limit, up to 16 MiB, when the provider
+//!   orders sends after writes and `HCOMM_OFI_DIRECT` is on): the receiver offers the receive
+//!   of each such step as it posts it ([`Link::expose`]: `OFFER`, with its address and key,
+//!   the buffer around it registered once per call); the sender parks the step's frame (and
+//!   the frames of the same call behind it) until the offer with its number came, writes the
+//!   payload into it and sends the header after it (`PUT`), which the receiver matches as a
+//!   frame whose payload is already in place. A receive given up withdraws its offer
+//!   (`WITHDRAW`) and keeps its registration until the sender answers (`WITHDRAWN`, after any
+//!   write of its).
+//!
 //! Frames above the write threshold only come as rendezvous data (the engine treats frames up
 //! to the threshold as eager: see `Route::Rma`), so the receiver's buffer is posted when a
 //! write is announced.
@@ -1449,14 +1459,20 @@ impl Link for OfiLink {
         if let In::Put(_, token) = item {
             let target = dests.whole(hdr, dest).map(|d| (d.as_mut_ptr(), d.len()));
             let Some(o) = offered else {
-                // Its receive was given up: the bytes went nowhere it still reads.
-                return Ok(true);
+                return match dest {
+                    Some(Dest::Op { .. }) => Err(format!(
+                        "it wrote a message of {} bytes for a receive it was not offered",
+                        hdr.payload_len()
+                    )),
+                    // Its receive was given up: the bytes went nowhere it still reads.
+                    _ => Ok(true),
+                };
             };
             st.unregister(o.mr);
             return match target {
                 Some((ptr, len)) if o.token == token && o.ptr == ptr && o.len == len => Ok(true),
                 _ => Err(format!(
-                    "it wrote a message of {} bytes into a receive it was not offered for",
+                    "it wrote a message of {} bytes somewhere else than the receive it matches",
                     hdr.payload_len()
                 )),
             };
