@@ -207,14 +207,14 @@ fn libfabric_between_hosts_every_collective_and_protocol_right() {
             assert!(text.contains(&format!("[{r}] OK {}", args[0])), "{text}");
         }
         if args[0] == "protocols" {
-            every_ofi_protocol_taken(&job, &text);
+            every_ofi_protocol_taken(&job, &text, &["eager=", "read=", "write="]);
         }
     }
 }
 
-/// Every rank of `job` printed its libfabric counts (`ofi eager= read= write= ...`), each
-/// protocol's nonzero.
-fn every_ofi_protocol_taken(job: &Ranks, text: &str) {
+/// Every rank of `job` printed its libfabric counts (`ofi eager= read= write= ...`), each of
+/// `protocols` nonzero.
+fn every_ofi_protocol_taken(job: &Ranks, text: &str, protocols: &[&str]) {
     for (r, out) in job.output.iter().enumerate() {
         let line = out
             .iter()
@@ -224,7 +224,7 @@ fn every_ofi_protocol_taken(job: &Ranks, text: &str) {
             let w = line.split(' ').find_map(|w| w.strip_prefix(k)).unwrap();
             w.parse().unwrap()
         };
-        for k in ["eager=", "read=", "write="] {
+        for k in protocols {
             assert!(count(k) > 0, "rank {r} took no {k} frame: {line}");
         }
     }
@@ -273,45 +273,53 @@ fn the_profiler_shows_every_libfabric_protocol_of_a_job_between_hosts() {
     }
 }
 
-/// Through libfabric, a host whose ranks are killed (SIGKILL) in the middle of an all-reduce:
-/// the others fail with PeerLost naming one of them, fast.
+/// Through libfabric, a host whose ranks are killed (SIGKILL) in the middle of all-reduces of
+/// 256 KiB (their steps of 64 KiB or more written straight into the peers' receives: direct
+/// steps): the others fail with PeerLost naming one of them, fast; on two hosts, and on three,
+/// where the survivors of two hosts also withdraw the receives they offered each other.
 #[test]
 fn libfabric_peers_killed_mid_transfer_are_lost_fast() {
-    let Some(hosts) = Hosts::create("netns ofi kill", 2) else {
-        return;
-    };
-    let args = ["peer-loss", "--victims", "2,3", "--pending", "allreduce"];
-    let mut job = hosts.start(CHECK, &args, &OFI);
-    job.wait_for_lines(&[0, 1, 2, 3], "ready ", Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(300));
-    let t0 = Instant::now();
-    job.kill(2);
-    job.kill(3);
-    let status = job.finish(Duration::from_secs(30));
-    let elapsed = t0.elapsed();
-    let text = job.text();
-    for r in [0, 1] {
-        assert!(status[r].success(), "rank {r}: {}\n{text}", status[r]);
-        let lost = job.output[r]
-            .iter()
-            .find_map(|l| l.strip_prefix("lost "))
-            .unwrap_or_else(|| panic!("rank {r} did not notice:\n{text}"));
+    for hosts in [2, 3] {
+        let Some(hosts) = Hosts::create("netns ofi kill", hosts) else {
+            return;
+        };
+        let ranks = hosts.names.len() * PER_HOST;
+        let args = ["peer-loss", "--victims", "2,3", "--pending", "allreduce"];
+        let mut job = hosts.start(CHECK, &args, &OFI);
+        let all: Vec<usize> = (0..ranks).collect();
+        job.wait_for_lines(&all, "ready ", Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        job.kill(2);
+        job.kill(3);
+        let status = job.finish(Duration::from_secs(30));
+        let elapsed = t0.elapsed();
+        let text = job.text();
+        for r in all.into_iter().filter(|r| ![2, 3].contains(r)) {
+            assert!(status[r].success(), "rank {r}: {}\n{text}", status[r]);
+            let lost = job.output[r]
+                .iter()
+                .find_map(|l| l.strip_prefix("lost "))
+                .unwrap_or_else(|| panic!("rank {r} did not notice:\n{text}"));
+            assert!(
+                lost.contains("PeerLost world rank 2:") || lost.contains("PeerLost world rank 3:"),
+                "rank {r}: {lost}\n{text}"
+            );
+        }
         assert!(
-            lost.contains("PeerLost world rank 2:") || lost.contains("PeerLost world rank 3:"),
-            "rank {r}: {lost}\n{text}"
+            elapsed < Duration::from_secs(10),
+            "took {elapsed:?}:\n{text}"
         );
     }
-    assert!(
-        elapsed < Duration::from_secs(10),
-        "took {elapsed:?}:\n{text}"
-    );
 }
 
 /// Three hosts (six ranks) over libfabric's tcp provider, the RDMA write threshold lowered to
 /// 64 KiB so that the collectives' pieces fall on all three sides of the thresholds: every
 /// collective, type and op at counts from 0 to 70 000 (up to 560 kB per buffer), then a soak of
 /// random collectives (world, split and dup communicators, heap and pool memory), each against
-/// the sequential reference; every rank takes the eager, RDMA read and RDMA write protocols.
+/// the sequential reference, once with direct steps (every rank takes the eager protocol and
+/// writes steps straight into its peers' receives) and once without (every rank takes the
+/// eager, RDMA read and RDMA write protocols).
 #[test]
 fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
     let Some(hosts) = Hosts::create("netns ofi 3 hosts", 3) else {
@@ -324,16 +332,77 @@ fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
         assert!(text.contains(&format!("[{r}] OK collectives")), "{text}");
     }
     let soak = ["soak", "--calls", "120", "--seed", "17"];
-    let mut job = hosts.start(CHECK, &soak, &env);
-    let text = succeed(&mut job, Duration::from_secs(200));
-    for r in 0..3 * PER_HOST {
-        assert!(text.contains(&format!("[{r}] OK soak")), "{text}");
+    for direct in ["1", "0"] {
+        let env = [env[0], env[1], env[2], ("HCOMM_OFI_DIRECT", direct)];
+        let mut job = hosts.start(CHECK, &soak, &env);
+        let text = succeed(&mut job, Duration::from_secs(200));
+        for r in 0..3 * PER_HOST {
+            assert!(text.contains(&format!("[{r}] OK soak")), "{text}");
+        }
+        let protocols: &[&str] = match direct {
+            "1" => &["eager=", "direct="],
+            _ => &["eager=", "read=", "write="],
+        };
+        every_ofi_protocol_taken(&job, &text, protocols);
+        println!(
+            "{}",
+            text.lines()
+                .find(|l| l.starts_with("[0] soak: "))
+                .unwrap_or("no summary")
+        );
     }
-    every_ofi_protocol_taken(&job, &text);
-    println!(
-        "{}",
-        text.lines()
-            .find(|l| l.starts_with("[0] soak: "))
-            .unwrap_or("no summary")
-    );
+}
+
+/// The `direct KIND N` lines of every rank of `job` (`hcomm_check direct`): per collective,
+/// the messages all ranks wrote straight into a peer's receive, each nonzero.
+fn every_collective_direct(job: &Ranks, text: &str) {
+    let mut per_kind: Vec<(String, u64)> = Vec::new();
+    for out in &job.output {
+        for l in out.iter().filter_map(|l| l.strip_prefix("direct ")) {
+            let (kind, n) = l.split_once(' ').unwrap();
+            let n: u64 = n.parse().unwrap();
+            match per_kind.iter_mut().find(|(k, _)| k == kind) {
+                Some((_, m)) => *m += n,
+                None => per_kind.push((kind.to_owned(), n)),
+            }
+        }
+    }
+    assert_eq!(per_kind.len(), 10, "{text}");
+    for (kind, n) in per_kind {
+        assert!(n > 0, "no {kind} step went direct:\n{text}");
+    }
+}
+
+/// Collective steps through libfabric written straight into the receive the peer offered
+/// (no rendezvous): every collective but the barrier, in place and not, heap and pool
+/// memory, contributions straddling the eager (4 KiB) and RDMA write (1 MiB) thresholds, each
+/// result against the reference; every collective's steps went direct (counted), on two
+/// hosts and on three; with `HCOMM_OFI_DIRECT=0` none does and the results are the same.
+#[test]
+fn libfabric_collective_steps_write_straight_into_the_peers_receive() {
+    for hosts in [2, 3] {
+        let Some(hosts) = Hosts::create("netns ofi direct", hosts) else {
+            return;
+        };
+        let ranks = hosts.names.len() * PER_HOST;
+        let mut job = hosts.start(CHECK, &["direct"], &OFI);
+        let text = succeed(&mut job, Duration::from_secs(300));
+        for r in 0..ranks {
+            assert!(text.contains(&format!("[{r}] OK direct")), "{text}");
+        }
+        every_collective_direct(&job, &text);
+        if ranks == 4 {
+            let env = [OFI[0], OFI[1], ("HCOMM_OFI_DIRECT", "0")];
+            let mut job = hosts.start(CHECK, &["direct"], &env);
+            let text = succeed(&mut job, Duration::from_secs(300));
+            for r in 0..ranks {
+                assert!(text.contains(&format!("[{r}] OK direct")), "{text}");
+                let line = job.output[r]
+                    .iter()
+                    .find(|l| l.starts_with("ofi "))
+                    .unwrap();
+                assert!(line.contains(" direct=0 "), "rank {r}: {line}");
+            }
+        }
+    }
 }

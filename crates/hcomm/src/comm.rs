@@ -663,12 +663,13 @@ fn ofi_carrier(
     let limits = OfiLimits {
         eager: config.ofi_eager_limit,
         write: config.ofi_write_threshold,
+        direct: config.ofi_direct,
     };
-    Ok(Some(Carrier::Ofi(OfiSetup {
+    Ok(Some(Carrier::Ofi(Box::new(OfiSetup {
         endpoint: ep,
         addrs,
         limits,
-    })))
+    }))))
 }
 
 /// How the ranks of a world of more than one rank meet: this rank's connection to the world's

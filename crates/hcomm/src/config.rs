@@ -232,6 +232,9 @@ pub struct Config {
     /// `HCOMM_OFI_WRITE_THRESHOLD`: larger payloads through libfabric are written by the
     /// sender (RDMA write); smaller ones above the eager limit are read by the receiver.
     pub ofi_write_threshold: usize,
+    /// `HCOMM_OFI_DIRECT`: collective steps through libfabric are written straight into the
+    /// receive the peer offered (default on; `0` sends them as other messages).
+    pub ofi_direct: bool,
     /// `HCOMM_SPIN_US`: microseconds a waiting rank polls before it sleeps; `None` = automatic
     /// (spin when the host has a core per local rank, otherwise sleep at once).
     pub spin_us: Option<u64>,
@@ -427,6 +430,7 @@ impl Config {
             ofi_lib: get("HCOMM_OFI_LIB").unwrap_or_else(|| DEFAULT_OFI_LIB.to_owned()),
             ofi_eager_limit,
             ofi_write_threshold,
+            ofi_direct: get("HCOMM_OFI_DIRECT").is_none_or(|v| v != "0"),
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
             failover: match get("HCOMM_FAILOVER").as_deref().map(str::trim) {
@@ -722,7 +726,7 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 31] = [
+    const SETTINGS: [&str; 32] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -736,6 +740,7 @@ mod tests {
         "HCOMM_OFI_LIB",
         "HCOMM_OFI_EAGER_LIMIT",
         "HCOMM_OFI_WRITE_THRESHOLD",
+        "HCOMM_OFI_DIRECT",
         "HCOMM_SHM_EAGER_LIMIT",
         "HCOMM_SHM_PUSH_THRESHOLD",
         "HCOMM_SHM_CHUNK",

@@ -151,6 +151,9 @@ pub(crate) struct ProtocolCounts {
     pub ofi_read: AtomicU64,
     /// Frames through libfabric whose payload the sender wrote (RDMA write).
     pub ofi_write: AtomicU64,
+    /// Messages of collective steps written straight into the receive the peer offered
+    /// (direct steps: no rendezvous).
+    pub ofi_direct: AtomicU64,
     /// libfabric memory registrations found in the cache.
     pub ofi_mr_hits: AtomicU64,
     /// libfabric memory registrations made.
@@ -205,6 +208,9 @@ pub struct ProtocolStats {
     pub ofi_read: u64,
     /// Frames through libfabric whose payload the sender wrote (RDMA write).
     pub ofi_write: u64,
+    /// Messages of collective steps through libfabric written straight into the receive the
+    /// peer offered for them (direct steps, with no rendezvous; not counted above).
+    pub ofi_direct: u64,
     /// libfabric memory registrations found in the registration cache.
     pub ofi_mr_hits: u64,
     /// libfabric memory registrations made (cache misses).
@@ -271,6 +277,7 @@ impl ProtocolCounts {
             ofi_eager: get(&self.ofi_eager),
             ofi_read: get(&self.ofi_read),
             ofi_write: get(&self.ofi_write),
+            ofi_direct: get(&self.ofi_direct),
             ofi_mr_hits: get(&self.ofi_mr_hits),
             ofi_mr_misses: get(&self.ofi_mr_misses),
             ofi_eager_bytes: get(&self.ofi_eager_bytes),
@@ -506,6 +513,9 @@ struct OutFrame {
     done: usize,
     /// The payload itself, for a frame whose operation was abandoned half-written.
     owned: Option<Vec<u8>>,
+    /// A direct step of a collective (see `link::Exposure`): the link writes the message into
+    /// the receive the peer offered under this number.
+    direct: Option<u32>,
 }
 
 impl OutFrame {
@@ -519,6 +529,7 @@ impl OutFrame {
             len: 0,
             done: 0,
             owned: None,
+            direct: None,
         }
     }
 }
@@ -667,8 +678,9 @@ struct Shared {
 pub(crate) enum Carrier {
     /// A transport plug-in, all of it.
     Plugin(Lease),
-    /// A libfabric endpoint, that of the peers it has an address of.
-    Ofi(OfiSetup),
+    /// A libfabric endpoint, that of the peers it has an address of (boxed: the endpoint's
+    /// handles and names outweigh a plug-in's lease many times).
+    Ofi(Box<OfiSetup>),
 }
 
 /// A world's libfabric endpoint and the peers it reaches.
@@ -825,7 +837,7 @@ impl Engine {
         let describe = cfg.describe;
         let (plugin, ofi) = match carrier {
             Some(Carrier::Plugin(lease)) => (Some(lease), None),
-            Some(Carrier::Ofi(setup)) => (None, Some(setup)),
+            Some(Carrier::Ofi(setup)) => (None, Some(*setup)),
             None => (None, None),
         };
         let mut ofi_hub = None;

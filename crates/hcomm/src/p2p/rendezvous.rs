@@ -40,6 +40,9 @@ pub(super) enum Route {
     Shm { cma: bool },
     /// A libfabric endpoint.
     Rma,
+    /// A libfabric endpoint, written straight into the receive the peer offered (a direct
+    /// step of a collective, whose size the link takes whole): always one frame.
+    Put,
 }
 
 /// What a CTS means for its send.
@@ -146,6 +149,7 @@ impl Rendezvous {
             Route::Shm { .. } => len <= self.limits.shm_eager,
             Route::Stream => len <= self.limits.eager,
             Route::Rma => len <= self.limits.rma_eager,
+            Route::Put => true,
         }
     }
 
@@ -377,6 +381,20 @@ impl State {
         len: usize,
         asynchronous: bool,
     ) -> Result<OpId> {
+        self.post_send_as(t, buf, len, asynchronous, None)
+    }
+
+    /// [`State::post_send`]; `direct`: the number of a direct step of a collective (see
+    /// `link::Exposure`), which goes as one frame the link writes into the peer's receive
+    /// when the peer's link takes messages of its size that way.
+    pub(super) fn post_send_as(
+        &mut self,
+        t: Target,
+        buf: BufPtr,
+        len: usize,
+        asynchronous: bool,
+        direct: Option<u32>,
+    ) -> Result<OpId> {
         self.live_peer(&t, OpKind::Send)?;
         let id = self.new_op(OpKind::Send, t, buf, len, asynchronous);
         if t.peer == self.cfg.rank {
@@ -390,8 +408,15 @@ impl State {
         let shm = (caps.kind == Kind::Shm).then_some(caps.read_remote.is_some());
         let plugin = caps.kind == Kind::Plugin;
         let ofi = caps.kind == Kind::Ofi;
+        let direct = direct.filter(|_| {
+            self.links
+                .primary(t.peer)
+                .and_then(Link::puts)
+                .is_some_and(|(min, max)| (min..=max).contains(&len))
+        });
         let route = match shm {
             Some(cma) => Route::Shm { cma },
+            None if ofi && direct.is_some() => Route::Put,
             None if ofi => Route::Rma,
             None => Route::Stream,
         };
@@ -401,6 +426,7 @@ impl State {
             OutFrame {
                 op: Some(id),
                 len,
+                direct,
                 ..OutFrame::control(hdr)
             }
         } else {

@@ -10,6 +10,7 @@
 //! process holds, and the life cycle of communicators).
 
 mod coll;
+mod direct;
 mod failure;
 mod p2p;
 mod rails;
@@ -90,6 +91,11 @@ enum Scenario {
     Overlap,
     /// Worlds created and destroyed in a row leave no socket or thread behind.
     Lifecycle,
+    /// Every collective but the barrier, in place and not, at sizes whose steps straddle the
+    /// libfabric thresholds, each checked against the sequential reference; after each
+    /// collective, how many of its messages this rank wrote straight into the peer's receive
+    /// (`direct KIND N`), then the libfabric counts.
+    Direct,
     /// Ring exchange at sizes around every protocol threshold, then the protocol counts and
     /// the TCP connections the rank opened and accepted (`links ...`).
     Protocols {
@@ -440,6 +446,10 @@ fn run(scenario: Scenario) -> Result<()> {
             let linger = Duration::from_millis(linger_ms);
             rails::rails(&comm, traffic, count, bytes, every, pause, linger)?;
             "rails"
+        }
+        Scenario::Direct => {
+            direct::direct(&comm)?;
+            "direct"
         }
         Scenario::Protocols {
             nodump,

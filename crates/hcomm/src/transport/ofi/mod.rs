@@ -408,6 +408,12 @@ impl Endpoint {
         ret == 0
     }
 
+    /// Whether the provider keeps sends after RMA writes in order (`FI_ORDER_SAW`): a message
+    /// sent after a write arrives after the written data.
+    pub(crate) fn orders_writes(&self) -> bool {
+        self.ordered_writes
+    }
+
     /// Whether local buffers must be registered too (`FI_MR_LOCAL`).
     pub(crate) fn local_mr(&self) -> bool {
         self.mr_mode & FI_MR_LOCAL != 0
