@@ -874,7 +874,8 @@ impl Engine {
                 .map_err(|e| sys("epoll_ctl", e))?;
             }
             for p in reached {
-                all.add(p, AnyLink::Ofi(OfiLink::new(&hub, p)));
+                let direct = link::token(p, all.next_index(p), link::ofi::DIRECT_LANE);
+                all.add(p, AnyLink::Ofi(OfiLink::new(&hub, p, direct)));
             }
             ofi_hub = Some(hub);
         }

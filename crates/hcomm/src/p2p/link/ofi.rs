@@ -80,6 +80,13 @@ const EXTRA: usize = 32;
 pub(in crate::p2p) const DRAIN: Duration = Duration::from_secs(2);
 /// Completion batches read per poll, so that a busy peer cannot keep the engine here.
 const CQ_ROUNDS: usize = 4;
+/// Completions one batch reads at most ([`Endpoint::read_cq`]).
+const CQ_BATCH: usize = crate::transport::ofi::CQ_BATCH;
+/// Turns without a completion before the link asks the provider whether the engine may sleep
+/// on its wait descriptor (`fi_trywait`, see [`OfiLink::streaming`]).
+const QUIET_TURNS: u32 = 64;
+/// The lane of a link's direct-read token (the completion queue's descriptor is lane 0).
+pub(in crate::p2p) const DIRECT_LANE: usize = 1;
 /// The largest piece one RMA read moves: a larger payload is read in pieces of this size, all
 /// in flight at once. Over the tcp provider one read is one response on the socket, and on this
 /// kernel responses much above half a MiB stalled for milliseconds where pieces did not.
@@ -302,6 +309,8 @@ struct HubState {
     /// Completions were read since a link last asked: what they brought may wait in the
     /// queue of a peer whose link was already polled this turn.
     fresh: bool,
+    /// Turns without completions since the last ones (see [`OfiLink::streaming`]).
+    quiet: u32,
 }
 
 // SAFETY: the contexts' and regions' raw pointers are only used under the hub's lock.
@@ -380,6 +389,7 @@ impl Hub {
             counts,
             dead: None,
             fresh: false,
+            quiet: 0,
         };
         for s in 0..RECVS {
             st.post_recv(s)?;
@@ -674,6 +684,11 @@ impl HubState {
             self.fresh = true;
             for c in &done {
                 self.completed(c);
+            }
+            if done.len() < CQ_BATCH {
+                // Fewer than asked for: the queue is empty (what came since waits for the
+                // next turn), and another read would only cost the provider's poll.
+                break;
             }
         }
         for p in 0..self.peers.len() {
@@ -1338,14 +1353,19 @@ pub(in crate::p2p) struct OfiLink {
     peer: usize,
     /// The frame whose header the engine has.
     held: Option<In>,
+    /// The next poll takes the inbox without reading the completion queue first.
+    skip_progress: bool,
+    /// The epoll token of the link's direct reads ([`DIRECT_LANE`]).
+    direct: u64,
     caps: Caps,
     /// The sizes of the messages written straight into the peer's offers (`Link::puts`).
     puts: Option<(usize, usize)>,
 }
 
 impl OfiLink {
-    /// The link to world rank `peer` through `hub`.
-    pub(in crate::p2p) fn new(hub: &Arc<Hub>, peer: usize) -> OfiLink {
+    /// The link to world rank `peer` through `hub`; `direct`: its epoll token on
+    /// [`DIRECT_LANE`].
+    pub(in crate::p2p) fn new(hub: &Arc<Hub>, peer: usize, direct: u64) -> OfiLink {
         let puts = {
             let st = lock(&hub.state);
             // The notice of a direct step must arrive after its bytes.
@@ -1355,8 +1375,10 @@ impl OfiLink {
         OfiLink {
             hub: Arc::clone(hub),
             peer,
+            direct,
             held: None,
             puts,
+            skip_progress: false,
             caps: Caps {
                 kind: Kind::Ofi,
                 read_remote: None,
@@ -1377,6 +1399,20 @@ impl OfiLink {
 impl Link for OfiLink {
     fn caps(&self) -> &Caps {
         &self.caps
+    }
+
+    /// A waiter for a small message polls the link on every turn anyway (it is `polled`):
+    /// a direct read of this token saves it the `epoll_wait` of most turns (see `event`).
+    fn direct_token(&self) -> Option<u64> {
+        Some(self.direct)
+    }
+
+    /// An event for [`DIRECT_LANE`] comes from a waiter's direct read, after the turn polled
+    /// the link: the read it causes finds the inbox without reading the queue again.
+    fn event(&mut self, lane: usize, _flags: rustix::event::epoll::EventFlags) {
+        if lane == DIRECT_LANE {
+            self.skip_progress = true;
+        }
     }
 
     fn push(&mut self, frame: OutFrame) -> bool {
@@ -1405,17 +1441,32 @@ impl Link for OfiLink {
     }
 
     /// Completions read since a link last asked (they may be waiting for a link polled
-    /// earlier in the turn), work the provider holds that its wait descriptor would not
-    /// announce (`fi_trywait`), or RMA in flight: posted reads and writes, payloads offered to
-    /// the peer's reads or being written here (the provider moves their bytes only while it
-    /// is polled).
+    /// earlier in the turn), RMA in flight (posted reads and writes, payloads offered to the
+    /// peer's reads or being written here: the provider moves their bytes only while it is
+    /// polled), fewer than [`QUIET_TURNS`] asks since the last completions, or work the
+    /// provider holds that its wait descriptor would not announce (`fi_trywait`).
+    ///
+    /// `fi_trywait` is left to quiet spells because it resets the descriptor (a `read`),
+    /// after which the provider's next completion sets it again (a `write`): asked on every
+    /// turn, that cost a pair of system calls per message; left set while messages flow, the
+    /// descriptor only keeps a sleeper's `epoll_wait` from sleeping, which no one does then.
     fn streaming(&self) -> bool {
         let mut st = lock(&self.hub.state);
-        if std::mem::take(&mut st.fresh) || !st.ep.may_sleep() {
+        if std::mem::take(&mut st.fresh) {
+            st.quiet = 0;
             return true;
         }
         let p = &st.peers[self.peer];
-        !p.closed && (!p.sending.is_empty() || p.landing.values().any(|l| l.posted && !l.arrived))
+        if !p.closed
+            && (!p.sending.is_empty() || p.landing.values().any(|l| l.posted && !l.arrived))
+        {
+            return true;
+        }
+        if st.quiet < QUIET_TURNS {
+            st.quiet += 1;
+            return true;
+        }
+        !st.ep.may_sleep()
     }
 
     fn busy(&self) -> bool {
@@ -1490,7 +1541,11 @@ impl Link for OfiLink {
         if st.peers[self.peer].closed {
             return Rx::Idle;
         }
-        st.progress();
+        // Right after a frame was placed (or a direct read of the turn, see `event`), what
+        // the turn's completions brought is in the inbox already: no second read of the queue.
+        if !std::mem::take(&mut self.skip_progress) {
+            st.progress();
+        }
         let p = &mut st.peers[self.peer];
         match p.inbox.pop_front() {
             None => Rx::Idle,
@@ -1525,6 +1580,7 @@ impl Link for OfiLink {
             .held
             .take()
             .ok_or("a frame was placed that was never read")?;
+        self.skip_progress = true;
         let mut st = lock(&self.hub.state);
         let peer = self.peer;
         // A receive offered to the peer is taken by this frame: the offer ends.

@@ -29,6 +29,9 @@ use std::ptr::null_mut;
 use crate::error::{Error, Result};
 use ffi::*;
 
+/// Completions [`Endpoint::read_cq`] reads at most per call.
+pub(crate) const CQ_BATCH: usize = 16;
+
 /// Providers whose RMA is done by hardware: chosen by default between hosts.
 pub(crate) const HARDWARE: [&str; 4] = ["verbs", "efa", "psm3", "cxi"];
 
@@ -630,7 +633,7 @@ impl Endpoint {
             buf: null_mut(),
             data: 0,
             tag: 0,
-        }; 16];
+        }; CQ_BATCH];
         // SAFETY: fi_cq_read of up to 16 tagged entries into `entries`.
         let n = unsafe {
             let cq = &*self.cq;
