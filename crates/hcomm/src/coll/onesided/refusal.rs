@@ -46,12 +46,13 @@ pub(super) fn after_failure(
     let n = os.signals.len();
     let refused_here =
         |p: usize| os.signals.counter(p, Ctr::NoCma).load(Ordering::Acquire) == j + 1;
-    // A failure that no refusal caused (yet seen) needs no wait: it fails as it always did,
-    // unless a peer's refusal is its cause, which that peer says before it gives up.
-    let peers = || (0..n).filter(|&p| p != os.me);
-    if !refused_here(os.me) && !peers().any(|p| refused_here(p) || waiter.abandoned(p)) {
+    // A failure that no refusal in this call caused fails as it always did, at once. One
+    // that a refusal caused shows it: the refused member wrote its `NoCma` before its
+    // `Failed`, which this rank (or the peer whose `Failed` it saw) read.
+    if !(0..n).any(refused_here) {
         return Err(err);
     }
+    let peers = || (0..n).filter(|&p| p != os.me);
     // Every peer gives the call up (it saw this rank's, or another's, `Failed`), bounded by
     // HCOMM_TIMEOUT and by the peers' lives.
     let until = Instant::now() + waiter.timeout;
@@ -62,9 +63,6 @@ pub(super) fn after_failure(
             }
             std::thread::sleep(LOOK_EVERY);
         }
-    }
-    if !(0..n).any(refused_here) {
-        return Err(err);
     }
     let read_only = matches!(
         kind,
