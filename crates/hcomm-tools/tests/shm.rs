@@ -205,6 +205,27 @@ fn a_split_write_the_kernel_refuses_falls_back_to_the_pull() {
 /// `CAP_SYS_PTRACE` (which reads a non-dumpable process anyway); returns each rank's counts:
 /// (calls that ran under the one-sided algorithm, calls, messages it moved).
 fn one_sided_run(n: usize, args: &[&str]) -> Vec<[u64; 3]> {
+    let t = one_sided_text(n, args);
+    (0..n)
+        .map(|r| {
+            let prefix = format!("[{r}] onesided calls ");
+            let line = t
+                .lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("rank {r} printed no counts:\n{t}"));
+            let words: Vec<u64> = line
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            assert_eq!(words.len(), 3, "rank {r}: {line}");
+            [words[0], words[1], words[2]]
+        })
+        .collect()
+}
+
+/// The output of the `one-sided` scenario on `n` ranks with `args` (as [`one_sided_run`]),
+/// which must succeed.
+fn one_sided_text(n: usize, args: &[&str]) -> String {
     let mut c = if rustix::process::geteuid().is_root() {
         let mut c = Command::new("setpriv");
         c.args(["--bounding-set=-sys_ptrace", HCOMMRUN]);
@@ -229,21 +250,45 @@ fn one_sided_run(n: usize, args: &[&str]) -> Vec<[u64; 3]> {
         o.status.success(),
         "one-sided {args:?} on {n} ranks failed:\n{t}"
     );
-    (0..n)
-        .map(|r| {
-            let prefix = format!("[{r}] onesided calls ");
-            let line = t
+    t
+}
+
+/// World rank 1 turns non-dumpable inside each call, after its check and with no warning,
+/// so that its peers are refused cross-memory attach in the middle of the call: every call
+/// out of place, and in place those of the collectives whose one-sided form never writes a
+/// contribution (broadcast, all-gather, gather, scatter), is done again by its schedule, with
+/// exact results on every rank; all-reduce, reduce, reduce-scatter and all-to-all in place
+/// fail on every rank, with the error that says why. Rank 1 moves messages in the all-reduce
+/// done again (its schedule).
+#[test]
+fn a_refusal_in_the_middle_of_a_one_sided_call_is_done_again_by_its_schedule() {
+    for n in [2, 3] {
+        let t = one_sided_text(n, &["--nodump-mid", "1"]);
+        for r in 0..n {
+            let lines: Vec<&str> = t
                 .lines()
-                .find_map(|l| l.strip_prefix(&prefix))
-                .unwrap_or_else(|| panic!("rank {r} printed no counts:\n{t}"));
-            let words: Vec<u64> = line
-                .split_whitespace()
-                .filter_map(|w| w.parse().ok())
+                .filter_map(|l| l.strip_prefix(&format!("[{r}] midcall ")))
                 .collect();
-            assert_eq!(words.len(), 3, "rank {r}: {line}");
-            [words[0], words[1], words[2]]
-        })
-        .collect()
+            assert_eq!(lines.len(), 15, "{n} ranks, rank {r}:\n{t}");
+            for line in lines {
+                let w: Vec<&str> = line.split_whitespace().collect();
+                let (kind, way, outcome) = (w[0], w[1], w[2]);
+                let redone = way == "out-of-place"
+                    || ["broadcast", "allgather", "gather", "scatter"].contains(&kind);
+                let want = if redone { "ok" } else { "refused" };
+                assert_eq!(outcome, want, "{n} ranks, rank {r}: {line}\n{t}");
+            }
+        }
+        let allreduce = t
+            .lines()
+            .find_map(|l| l.strip_prefix("[1] midcall allreduce out-of-place ok moved "))
+            .and_then(|m| m.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no all-reduce on rank 1:\n{t}"));
+        assert!(
+            allreduce > 0,
+            "{n} ranks: the all-reduce moved no message:\n{t}"
+        );
+    }
 }
 
 /// Every collective beyond the shared slots on heap buffers (all-to-all and scatter

@@ -50,14 +50,17 @@
 //! non-dumpable since the start-up probe, which it checks before publishing such a call, or
 //! a transfer of its was refused in an earlier call): every member sees that alike once all
 //! published the call, touches no peer's buffer, and runs the call's schedule instead
-//! ([`Outcome::Schedule`]). A refusal in the middle of a call, with no such warning, fails
-//! that call on every member; the later ones take the schedule.
+//! ([`Outcome::Schedule`]). A refusal in the middle of a call, with no such warning, makes
+//! every member give the call up and run its schedule instead, unless the call is in place
+//! (then it fails on every member: see `refusal`); the later ones take the schedule.
 //!
 //! A rank overwrites slot `j % 2` only once every peer has started call `j - 1`, which it does
 //! only after finishing call `j - 2`, the slot's previous user (a rank that saw its peers
 //! start `j - 1` during that call does not look again). Waits spin (when the host has a core
 //! per rank), yield, then sleep on the rank's doorbell futex; every wait is bounded by
 //! `HCOMM_TIMEOUT` and checks that the peer is still alive and has not abandoned the call.
+
+mod refusal;
 
 use std::cell::OnceCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -354,8 +357,14 @@ impl OneSided {
         // A call that may read or write heap buffers with cross-memory attach: a rank that
         // turned non-dumpable since the start-up probe says so before it publishes the call
         // (its peers would be refused), and every rank then takes the schedule.
-        if self.cma && most > DIRECT_CMA_FROM && !cma::attachable() {
-            self.refuse_cma_from(j);
+        if self.cma && most > DIRECT_CMA_FROM {
+            if !cma::attachable() {
+                self.refuse_cma_from(j);
+            } else {
+                // Tests: the rank turns non-dumpable here, after its check and with no
+                // warning, when armed to (`cma::arm_nondumpable`).
+                cma::nondumpable_if_armed();
+            }
         }
         let inline = most <= SLOT;
         let pool = comm.pool();
@@ -403,8 +412,8 @@ impl OneSided {
             .and_then(|outcome| waiter.none_abandoned(n).map(|()| outcome));
         if let Err(e) = &outcome {
             if cma::refused(e) {
-                // Refused in the middle of a call, with no warning beforehand: this call
-                // fails, and the later ones take the schedule.
+                // Refused in the middle of a call, with no warning beforehand: the later
+                // calls take the schedule, and this one too where it can (`refusal`).
                 self.refuse_cma_from(j + 1);
             }
             // Peers may wait for this rank's part of the call: tell them it will not come,
@@ -419,7 +428,10 @@ impl OneSided {
                 .store(cause, Ordering::Relaxed);
             self.publish(engine, Ctr::Failed, j);
         }
-        outcome
+        match outcome {
+            Err(e) => refusal::after_failure(&waiter, shape.kind, board, slot, j, e),
+            done => done,
+        }
     }
 
     /// Tells the peers (and this rank) that cross-memory attach on this rank may be refused

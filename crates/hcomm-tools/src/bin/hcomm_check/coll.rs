@@ -156,19 +156,90 @@ pub(super) fn collectives(
     Ok(())
 }
 
+/// Messages `comm`'s rank sent eagerly, pushed or pulled (a pull counts where it is made).
+fn messages_moved(comm: &Communicator) -> u64 {
+    let s = comm.protocol_stats();
+    s.shm_eager + s.shm_pull + s.shm_push + s.tcp_eager + s.tcp_rendezvous
+}
+
+/// Every rank's shape of call `seed` of `kind` on `n` ranks: `count` Int32 elements, summed,
+/// in place or not, the root drawn from the seed.
+fn one_sided_shapes(
+    kind: CollKind,
+    n: usize,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Shape> {
+    let root = seed as usize % n;
+    shapes(
+        kind,
+        n,
+        count,
+        root,
+        DataType::Int32,
+        ReduceOp::Sum,
+        in_place,
+        seed,
+    )
+}
+
+/// The collectives with a one-sided form.
+const ONE_SIDED_KINDS: [CollKind; 8] = [
+    CollKind::AllToAll,
+    CollKind::Scatter,
+    CollKind::AllGather,
+    CollKind::Gather,
+    CollKind::Broadcast,
+    CollKind::AllReduce,
+    CollKind::ReduceScatter,
+    CollKind::Reduce,
+];
+
+/// The `one-sided --nodump-mid RANK` scenario (see its description in `main.rs`).
+pub(super) fn one_sided_midcall(comm: &Communicator, rank: usize) -> Result<()> {
+    let n = comm.size();
+    ensure!(
+        rank < n,
+        "--nodump-mid {rank}: no such rank in a world of {n}"
+    );
+    let mut seed = 5000;
+    for kind in ONE_SIDED_KINDS {
+        for in_place in [false, true] {
+            if in_place && kind == CollKind::Broadcast {
+                continue;
+            }
+            seed += 1;
+            let shapes = one_sided_shapes(kind, n, 262_147, in_place, seed);
+            // A fresh one-sided state, made while every rank is dumpable.
+            let dup = comm.dup()?;
+            dup.barrier()?;
+            let before = messages_moved(&dup);
+            if comm.rank() == rank {
+                hcomm::internal::shm::arm_nondumpable();
+            }
+            let outcome = match check_call(&dup, &shapes, seed, false) {
+                Ok(()) => "ok",
+                Err(e) if in_place && format!("{e:#}").contains("called it in place") => "refused",
+                Err(e) => return Err(e),
+            };
+            let moved = messages_moved(&dup) - before;
+            let way = if in_place { "in-place" } else { "out-of-place" };
+            println!("midcall {} {way} {outcome} moved {moved}", kind.name());
+            if comm.rank() == rank {
+                rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+                    .context("prctl(PR_SET_DUMPABLE, 1)")?;
+            }
+            comm.barrier()?;
+        }
+    }
+    Ok(())
+}
+
 /// The `one-sided` scenario (see `Scenario::OneSided`).
 pub(super) fn one_sided(comm: &Communicator) -> Result<()> {
     let n = comm.size();
-    let kinds = [
-        CollKind::AllToAll,
-        CollKind::Scatter,
-        CollKind::AllGather,
-        CollKind::Gather,
-        CollKind::Broadcast,
-        CollKind::AllReduce,
-        CollKind::ReduceScatter,
-        CollKind::Reduce,
-    ];
+    let kinds = ONE_SIDED_KINDS;
     let counted = |comm: &Communicator| -> u64 {
         comm.collective_counts()
             .iter()
@@ -176,14 +247,9 @@ pub(super) fn one_sided(comm: &Communicator) -> Result<()> {
             .map(|&(_, _, c)| c)
             .sum()
     };
-    // Messages this rank sent eagerly, pushed or pulled (a pull counts where it is made).
-    let moved = |comm: &Communicator| {
-        let s = comm.protocol_stats();
-        s.shm_eager + s.shm_pull + s.shm_push + s.tcp_eager + s.tcp_rendezvous
-    };
     // The first collective of a communicator makes its one-sided state, with messages.
     comm.barrier()?;
-    let (calls_before, moved_before) = (counted(comm), moved(comm));
+    let (calls_before, moved_before) = (counted(comm), messages_moved(comm));
     let mut calls = 0;
     let mut seed = 1000;
     for kind in kinds {
@@ -196,17 +262,7 @@ pub(super) fn one_sided(comm: &Communicator) -> Result<()> {
                     continue;
                 }
                 seed += 1;
-                let root = seed as usize % n;
-                let shapes = shapes(
-                    kind,
-                    n,
-                    count,
-                    root,
-                    DataType::Int32,
-                    ReduceOp::Sum,
-                    in_place,
-                    seed,
-                );
+                let shapes = one_sided_shapes(kind, n, count, in_place, seed);
                 check_call(comm, &shapes, seed, false)?;
                 calls += 1;
             }
@@ -215,7 +271,7 @@ pub(super) fn one_sided(comm: &Communicator) -> Result<()> {
     println!(
         "onesided calls {} of {calls} messages {}",
         counted(comm) - calls_before,
-        moved(comm) - moved_before
+        messages_moved(comm) - moved_before
     );
     Ok(())
 }

@@ -298,6 +298,15 @@ enum Scenario {
         /// schedules instead, with the same results.
         #[arg(long)]
         nodump: Option<usize>,
+        /// Instead: each collective once out of place and once in place (1 MiB + 12 B of
+        /// Int32 blocks), each on a fresh dup of the world, in which this world rank turns
+        /// non-dumpable inside the call (after its check, with no warning: its peers are
+        /// refused cross-memory attach in the middle of the call), then dumpable again.
+        /// Each rank prints `midcall KIND in-place|out-of-place ok|refused moved M`: the
+        /// call's checked result, or its error saying it was refused in place, and the
+        /// messages this rank moved in it (a call done again by its schedule moves some).
+        #[arg(long, conflicts_with = "nodump")]
+        nodump_mid: Option<usize>,
     },
     /// All-reduce (float32 sum) and broadcast on pool buffers of --bytes bytes each, which
     /// the pool must serve, with every result checked; then the same again on fresh
@@ -552,7 +561,14 @@ fn run(scenario: Scenario) -> Result<()> {
             }
             "wakeups"
         }
-        Scenario::OneSided { nodump } => {
+        Scenario::OneSided {
+            nodump_mid: Some(rank),
+            ..
+        } => {
+            coll::one_sided_midcall(&comm, rank)?;
+            "one-sided"
+        }
+        Scenario::OneSided { nodump, .. } => {
             if let Some(rank) = nodump {
                 // The links (and their probes) and the one-sided state (made by the first
                 // barrier) while every rank is dumpable.

@@ -31,6 +31,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::io;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::io::Errno;
 use rustix::process::PTracer;
@@ -143,6 +144,30 @@ pub(crate) fn attachable() -> bool {
         rustix::process::dumpable_behavior(),
         Ok(rustix::process::DumpableBehavior::NotDumpable)
     )
+}
+
+/// Armed by [`arm_nondumpable`]: the next one-sided call that may use cross-memory attach
+/// turns this process non-dumpable.
+static NODUMP_ARMED: AtomicBool = AtomicBool::new(false);
+
+/// For tests: the next one-sided collective of this process that may reach heap buffers with
+/// cross-memory attach turns the process non-dumpable inside the call, after its check of
+/// [`attachable`] and before its peers may touch its buffers, so that they are refused in
+/// the middle of the call with no warning before (as when a process's ptrace rules tighten
+/// mid-job). Nothing else changes; the process stays non-dumpable.
+pub fn arm_nondumpable() {
+    NODUMP_ARMED.store(true, Ordering::SeqCst);
+}
+
+/// Turns this process non-dumpable if [`arm_nondumpable`] asked for it (once).
+pub(crate) fn nondumpable_if_armed() {
+    if NODUMP_ARMED.swap(false, Ordering::SeqCst) {
+        if let Err(e) =
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        {
+            tracing::warn!("the armed turn to non-dumpable failed: prctl(PR_SET_DUMPABLE, 0): {e}");
+        }
+    }
 }
 
 /// Copies `local.len()` bytes from address `remote_addr` of process `pid` into `local`, with
