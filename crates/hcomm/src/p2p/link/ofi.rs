@@ -1376,7 +1376,6 @@ impl Link for OfiLink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::ofi::Options;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Pool memory takes its block's region, with no registration of its own; when the pool
@@ -1384,15 +1383,7 @@ mod tests {
     /// any more (a peer yet to read a forgotten send's payload).
     #[test]
     fn a_pool_blocks_region_serves_its_bytes_and_outlives_the_transfers_that_name_it() {
-        // The tests' machine has libfabric (scripts/test-env.sh installs it) and its tcp
-        // provider.
-        std::env::set_var("FI_PROVIDER", "tcp");
-        let opts = Options {
-            lib: "libfabric.so.1".into(),
-            hardware_only: false,
-            node: None,
-        };
-        let ep = Endpoint::open(&opts).expect("libfabric with its tcp provider");
+        let ep = crate::transport::ofi::tests::open();
         let me = ep.name().unwrap();
         let counts = Arc::new(ProtocolCounts::default());
         let limits = OfiLimits {
