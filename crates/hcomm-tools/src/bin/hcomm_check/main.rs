@@ -511,8 +511,14 @@ fn run(scenario: Scenario) -> Result<()> {
                 s.tcp_opened, s.tcp_accepted
             );
             println!(
-                "ofi eager={} read={} write={} mr_hits={} mr_misses={}",
-                s.ofi_eager, s.ofi_read, s.ofi_write, s.ofi_mr_hits, s.ofi_mr_misses
+                "ofi eager={} read={} write={} mr_hits={} mr_misses={} mr_pool={} pool_blocks={}",
+                s.ofi_eager,
+                s.ofi_read,
+                s.ofi_write,
+                s.ofi_mr_hits,
+                s.ofi_mr_misses,
+                s.ofi_mr_pool,
+                s.ofi_pool_blocks
             );
             rails::linger_for_a_profiler(&comm, Duration::from_millis(linger_ms))?;
             "protocols"

@@ -303,6 +303,9 @@ struct HubState {
     cache: MrCache,
     /// The shared-memory pool's blocks, registered whole.
     blocks: BlockRegs,
+    /// Regions of pool blocks whose memory went while a transfer still named it (a peer yet
+    /// to read a forgotten send's payload): address, length, region; closed once none does.
+    retired: Vec<(usize, usize, Region)>,
     counts: Arc<ProtocolCounts>,
     /// The endpoint failed, or was closed: why.
     dead: Option<String>,
@@ -386,6 +389,7 @@ impl Hub {
             live: HashMap::default(),
             cache: MrCache::default(),
             blocks: BlockRegs::default(),
+            retired: Vec::new(),
             counts,
             dead: None,
             fresh: false,
@@ -456,7 +460,16 @@ impl Drop for HubState {
         for (_, e) in self.cache.entries.drain() {
             self.ep.close_mr(e.region);
         }
-        for r in self.blocks.drain().collect::<Vec<_>>() {
+        let retired = std::mem::take(&mut self.retired)
+            .into_iter()
+            .map(|(_, _, r)| r);
+        for r in self
+            .blocks
+            .drain()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .chain(retired)
+        {
             self.ep.close_mr(r);
         }
         if let Some(r) = self.recv_mr.take() {
@@ -592,9 +605,35 @@ impl HubState {
         }
     }
 
-    /// Closes pool block `block`'s registration, if it has one.
+    /// Closes pool block `block`'s registration, if it has one; while a transfer still names
+    /// its memory, only once that ends ([`HubState::sweep_retired`]).
     fn release_block(&mut self, block: usize) {
-        if let Some(r) = self.blocks.remove(block) {
+        if let Some((start, len, r)) = self.blocks.remove(block) {
+            self.retired.push((start, len, r));
+            self.sweep_retired();
+        }
+    }
+
+    /// Closes the retired pool regions that no transfer names any more: no send or landing
+    /// without a registration of its own lies in them.
+    fn sweep_retired(&mut self) {
+        let mut i = 0;
+        while i < self.retired.len() {
+            let (start, len, _) = self.retired[i];
+            let inside = |p: usize| p >= start && p - start < len;
+            let named = self.peers.iter().any(|p| {
+                p.sending
+                    .values()
+                    .any(|s| s.mr.is_none() && s.owned.is_none() && inside(s.ptr as usize))
+                    || p.landing
+                        .values()
+                        .any(|l| l.mr.is_none() && inside(l.ptr as usize))
+            });
+            if named {
+                i += 1;
+                continue;
+            }
+            let (_, _, r) = self.retired.swap_remove(i);
             self.ep.close_mr(r);
             ProtocolCounts::bump(&self.counts.ofi_mr_invalidations);
         }
@@ -698,6 +737,9 @@ impl HubState {
             if let Err(why) = self.push_peer(p) {
                 self.fail(p, why);
             }
+        }
+        if !self.retired.is_empty() {
+            self.sweep_retired();
         }
     }
 
@@ -1813,5 +1855,83 @@ impl Link for OfiLink {
             st.unregister(k);
         }
         self.held = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Pool memory takes its block's region, with no registration of its own; when the pool
+    /// says the block's memory goes, the region is closed, but only once no transfer names it
+    /// any more (a peer yet to read a forgotten send's payload).
+    #[test]
+    fn a_pool_blocks_region_serves_its_bytes_and_outlives_the_transfers_that_name_it() {
+        let ep = crate::transport::ofi::tests::open();
+        let me = ep.name().unwrap();
+        let counts = Arc::new(ProtocolCounts::default());
+        let limits = OfiLimits {
+            eager: 4096,
+            write: 1 << 20,
+        };
+        let hub = Hub::start(ep, 0, &[None, Some(me)], limits, Arc::clone(&counts)).unwrap();
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let block = vec![0u8; 1 << 16];
+        let base = block.as_ptr().cast_mut();
+        hub.backed(3, base, block.len());
+        assert_eq!(count(&counts.ofi_pool_blocks), 1);
+        let at = base.wrapping_add(100);
+        {
+            let mut st = lock(&hub.state);
+            // SAFETY: the block outlives every use of its region (the hub goes first).
+            let (k, remote, _, _) = unsafe { st.register(at, 1000, FI_REMOTE_READ) }.unwrap();
+            assert!(k.is_none(), "the block's region, not one of its own");
+            assert!(remote == at as u64 || remote == 100, "{remote:#x}");
+            // Bytes outside the block are registered on their own.
+            let other = [0u8; 64];
+            // SAFETY: `other` outlives its registration, released at once.
+            let (k, ..) = unsafe { st.register(other.as_ptr(), 64, FI_REMOTE_READ) }.unwrap();
+            assert!(k.is_some());
+            st.unregister(k);
+            st.peers[1].sending.insert(
+                7,
+                Sending {
+                    op: None,
+                    ptr: at,
+                    len: 1000,
+                    mr: None,
+                    owned: None,
+                    target: None,
+                    read: true,
+                    posted: false,
+                },
+            );
+        }
+        assert_eq!(count(&counts.ofi_mr_pool), 1);
+        assert_eq!(count(&counts.ofi_mr_misses), 1);
+        hub.going(3);
+        {
+            let st = lock(&hub.state);
+            assert!(
+                st.blocks.find(at, 1).is_none(),
+                "new transfers no longer find it"
+            );
+            assert_eq!(st.retired.len(), 1, "kept while the send names it");
+        }
+        assert_eq!(
+            count(&counts.ofi_mr_invalidations),
+            1,
+            "only the own registration"
+        );
+        {
+            let mut st = lock(&hub.state);
+            st.peers[1].sending.clear();
+            st.progress();
+            assert!(st.retired.is_empty());
+        }
+        assert_eq!(count(&counts.ofi_mr_invalidations), 2);
+        drop(hub);
+        drop(block);
     }
 }

@@ -43,14 +43,17 @@ impl BlockRegs {
             .insert(base as usize, Entry { block, len, region });
     }
 
-    /// Takes block `block`'s registration out, to close it.
-    pub(crate) fn remove(&mut self, block: usize) -> Option<Region> {
+    /// Takes block `block`'s registration out, to close it: the address and length it
+    /// covers, and the region.
+    pub(crate) fn remove(&mut self, block: usize) -> Option<(usize, usize, Region)> {
         let start = self
             .by_start
             .iter()
             .find(|(_, e)| e.block == block)
             .map(|(s, _)| *s)?;
-        self.by_start.remove(&start).map(|e| e.region)
+        self.by_start
+            .remove(&start)
+            .map(|e| (start, e.len, e.region))
     }
 
     /// Takes every registration out, to close them.
@@ -115,7 +118,8 @@ mod tests {
             regs.find(b.wrapping_add(0x2000), 0).is_none(),
             "just past the end"
         );
-        assert_eq!(regs.remove(3).map(|r| r.key), Some(9));
+        let (start, len, r) = regs.remove(3).unwrap();
+        assert_eq!((start, len, r.key), (b as usize, 0x2000, 9));
         assert!(regs.find(b, 1).is_none());
         assert!(regs.remove(3).is_none());
         assert_eq!(regs.drain().count(), 1);

@@ -717,10 +717,11 @@ impl Drop for Endpoint {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn open() -> Endpoint {
+    /// An endpoint on libfabric's tcp provider.
+    pub(crate) fn open() -> Endpoint {
         // The tests' machine has libfabric (scripts/test-env.sh installs it) and its tcp provider.
         std::env::set_var("FI_PROVIDER", "tcp");
         let opts = Options {
