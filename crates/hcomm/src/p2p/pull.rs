@@ -254,6 +254,11 @@ impl State {
         }
     }
 
+    /// Whether receive `id` is pulling its message.
+    pub(super) fn pulls_into(&self, id: OpId) -> bool {
+        self.pulls.iter().any(|p| p.id == id)
+    }
+
     /// Receive `id` is abandoned: its pull (if any) stops, and the sender is told to reuse
     /// its buffer.
     pub(super) fn abandon_pull(&mut self, id: OpId) {

@@ -375,12 +375,21 @@ impl State {
     }
 
     pub(super) fn complete(&mut self, id: OpId, result: Result<usize>) {
-        let Some(op) = self.ops.get_mut(&id) else {
+        let Some(op) = self.ops.get(&id) else {
             return;
         };
         if op.result.is_some() {
             return;
         }
+        if result.is_err() && op.kind == OpKind::Recv && self.pulls_into(id) {
+            // A failed receive (its communicator aborted or revoked, ...) still pulling: its
+            // pull ends now, a split one once the sender writes nothing more into the
+            // buffer, which its owner may take back as soon as this returns.
+            self.abandon_pull(id);
+        }
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
         self.completions += 1;
         if op.detached.is_some() {
             if let Err(e) = &result {
