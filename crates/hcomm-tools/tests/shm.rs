@@ -875,53 +875,6 @@ fn eight_ranks_on_two_cores_sleep_instead_of_spinning_and_reduce_right() {
 }
 
 #[test]
-fn staged_two_rank_heap_all_reduces_are_exact() {
-    // 2-rank all-reduces of 64 MiB and more on heap buffers, whose ranks spin, pass their
-    // pieces through the board's staging areas instead of cross-memory attach: checked
-    // results in place and not, with halves of unequal lengths (an odd count).
-    for args in [
-        &["allreduce", "-b", "67108871", "-d", "float32", "-o", "sum"][..],
-        &[
-            "allreduce",
-            "-b",
-            "67108871",
-            "-d",
-            "int8",
-            "-o",
-            "prod",
-            "--in-place",
-        ],
-        &[
-            "allreduce",
-            "-b",
-            "67108872",
-            "-d",
-            "float64",
-            "-o",
-            "avg",
-            "--in-place",
-        ],
-    ] {
-        let mut all = args.to_vec();
-        all.extend([
-            "-e", args[2], "-n", "1", "-w", "1", "-c", "1", "--mem", "heap",
-        ]);
-        let t = perf_on_cpus(2, usize::MAX, &[], &all);
-        let rows: Vec<&str> = t
-            .lines()
-            .filter(|l| l.starts_with("[0]") && l.contains(" onesided"))
-            .collect();
-        assert_eq!(rows.len(), 1, "{args:?}: one one-sided row:\n{t}");
-        assert_eq!(
-            rows[0].split_whitespace().nth(9),
-            Some("0"),
-            "{args:?}: wrong elements: {}",
-            rows[0]
-        );
-    }
-}
-
-#[test]
 fn ranks_pinned_one_per_core_still_spin() {
     // A rank pinned to one core has a mask of one CPU; the ranks together have a core each,
     // so their waits spin (the fast path of a pinned 2-rank job).
