@@ -32,7 +32,13 @@
 //!
 //! Completions are read when the engine polls a link (every turn: the links are `polled`, and
 //! the queue's wait descriptor, when the provider has one, sits in the engine's epoll set);
-//! what belongs to another peer waits in that peer's queue. The TCP connection of the mesh
+//! what belongs to another peer waits in that peer's queue. A read that returns fewer
+//! completions than it asked for ends the poll, and the poll right after a frame was placed
+//! takes the inbox without reading the queue again. The descriptor is reset (`fi_trywait`)
+//! only after [`QUIET_TURNS`] asks without completions, not on every turn: each reset costs a
+//! `read`, and the provider's next completion a `write`; a waiter for a small message reads
+//! the link directly rather than through `epoll_wait` on most spin rounds
+//! ([`Link::direct_token`]). The TCP connection of the mesh
 //! stays beside the link: its end tells the engine that the peer died.
 
 use std::collections::VecDeque;
