@@ -76,7 +76,7 @@ fn init(
     })
     .map_err(to_py)?;
     if let Some(s) = secret {
-        config.job_secret = Some(s);
+        config.job_secret = Some(hcomm::Secret::new(s));
     }
     let core = py
         .detach(|| hcomm::Communicator::init_with(config))

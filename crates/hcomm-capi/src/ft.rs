@@ -195,8 +195,12 @@ unsafe fn token_arg<'a>(token: *const c_char) -> Result<&'a str> {
 /// each new process joins with it (`hcommJoin`). Local: only this rank makes it; hand it to
 /// the other members and to the new processes. The token carries a key derived from the job
 /// secret: whoever holds it can join without `HCOMM_JOB_SECRET`, so keep it as secret as the
-/// job secret. This rank hosts the store the new processes reach until a grow uses the token
-/// or `comm` is destroyed. `HCOMM_ERR_INVALID_ARGUMENT` when `buf` is NULL or too small.
+/// job secret. This rank hosts the store the new processes reach until a grow uses the token;
+/// a token that no grow on this rank takes within `HCOMM_TIMEOUT` expires (its store closes,
+/// and a grow with it fails with `HCOMM_ERR_INVALID_ARGUMENT`), and destroying `comm` closes
+/// the stores of its tokens. `HCOMM_ERR_INVALID_ARGUMENT` when `buf` is NULL or too small for
+/// the longest token this rank can make (checked before anything starts; the message says
+/// how many bytes it needs).
 ///
 /// # Safety
 /// `buf` is NULL or points to `len` writable bytes.
@@ -209,13 +213,11 @@ pub unsafe extern "C" fn hcommCommJoinToken(
     guard("hcommCommJoinToken", || {
         let c = state::comm(comm)?;
         args::out(buf, "buf")?;
-        let token = c.join_token()?;
+        // Checked before the token's store starts: room for the longest token and its NUL.
+        let token = c.join_token_within(len.saturating_sub(1))?;
         if token.len() >= len {
-            return Err(Error::invalid_argument(format!(
-                "buf holds {len} bytes; the token needs {} with its NUL (HCOMM_JOIN_TOKEN_MAX \
-                 is always enough)",
-                token.len() + 1
-            )));
+            // join_token_within keeps its promise; the copy below relies on it.
+            return Err(Error::internal("join token longer than its bound"));
         }
         // SAFETY: `buf` is not NULL and holds `len` > token.len() bytes: the caller's promise.
         unsafe {
@@ -231,7 +233,9 @@ pub unsafe extern "C" fn hcommCommJoinToken(
 /// new processes, ranks size to size + nnew - 1, at the next epoch. Collective: every member
 /// calls it with the same token (made by one of them with `hcommCommJoinToken`) and count.
 /// `HCOMM_ERR_INVALID_ARGUMENT` for a malformed token, one made for another communicator, one
-/// not made in this job, one already used to grow `comm`, and `nnew` < 1;
+/// not made in this job, one already used to grow `comm`, one that expired, `nnew` < 1, and a
+/// `comm` whose traffic goes through a transport plug-in (it serves one world at a time, and
+/// the grown communicator is a world of its own: neither a token nor a grow is made);
 /// `HCOMM_ERR_MISMATCH` when members pass other tokens or counts; `HCOMM_ERR_TIMEOUT` when the
 /// new processes do not join within `HCOMM_TIMEOUT`. On every failure `*newcomm` is
 /// `HCOMM_COMM_NULL` (when `newcomm` is not NULL). Release the result with

@@ -513,3 +513,113 @@ fn a_shrunk_communicator_grows_by_a_process_that_joins_with_a_token_under_keep_g
         "{all}"
     );
 }
+
+/// The C soak (random collectives and messages across 4 KiB and 1 MiB, pool and heap
+/// buffers, checked against the reference) on 1 and 3 ranks; `between_hosts_through_libfabric`
+/// runs it between hosts through libfabric.
+#[test]
+fn the_c_soak_matches_the_reference_on_1_and_3_ranks() {
+    let dir = TempDir::new("soak");
+    let program = compile(&dir, "soak", "crates/hcomm-capi/tests/c/soak.c");
+    for n in [1, 3] {
+        job(&dir, n, &program, &["7", "120"], LIMIT)
+            .assert_success(&format!("soak on {n} ranks"))
+            .assert_stdout_has(&format!("PASS soak seed 7: 120 calls on {n} ranks"));
+    }
+}
+
+mod between_hosts_through_libfabric {
+    //! The C test programs between hosts through libfabric: two network namespaces
+    //! ("hosts", two ranks each) with `HCOMM_TRANSPORT=ofi FI_PROVIDER=tcp`, so that every
+    //! message takes libfabric's tcp provider (eager, RDMA read and RDMA write by size): every
+    //! collective of the C API against the reference (`collectives.c`), point-to-point, groups
+    //! and split (`p2p_groups.c`), and the soak (`soak.c`: random collectives and messages
+    //! across 4 KiB and 1 MiB on pool and heap buffers, two seeds).
+    //!
+    //! Namespaces need root and `ip`, and the transport libfabric: without them each test
+    //! says it is skipped, and why, and passes.
+
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use super::common::{compile, TempDir};
+    use hcomm_testkit::netns::{self, Hosts, PER_HOST};
+
+    /// libfabric's tcp provider, forced; each rank says which provider it took.
+    const OFI: [(&str, &str); 3] = [
+        ("HCOMM_TRANSPORT", "ofi"),
+        ("FI_PROVIDER", "tcp"),
+        ("HCOMM_DEBUG", "1"),
+    ];
+    const LIMIT: Duration = Duration::from_secs(300);
+
+    /// Two hosts and the C program `name` compiled, unless the machine cannot have them.
+    fn setup(test: &str, name: &str) -> Option<(Hosts, TempDir, PathBuf)> {
+        if !netns::libfabric_loads(test) {
+            return None;
+        }
+        let hosts = Hosts::create(test, 2)?;
+        let dir = TempDir::new(name);
+        let program = compile(&dir, name, &format!("crates/hcomm-capi/tests/c/{name}.c"));
+        Some((hosts, dir, program))
+    }
+
+    /// Runs `program args` on every rank of `hosts`; checks that each succeeded through
+    /// libfabric's tcp provider and returns the job's output.
+    fn run(hosts: &Hosts, program: &Path, args: &[&str]) -> String {
+        let mut job = hosts.start(program.to_str().expect("a UTF-8 path"), args, &OFI);
+        let status = job.finish(LIMIT);
+        let text = job.text();
+        for (r, s) in status.iter().enumerate() {
+            assert!(s.success(), "rank {r}: {s}\n{text}");
+            let line = format!("[{r}] hcomm: rank {r}: libfabric: provider tcp;ofi_rxm");
+            assert!(
+                text.contains(&line),
+                "rank {r} did not use libfabric:\n{text}"
+            );
+        }
+        text
+    }
+
+    #[test]
+    fn every_c_collective_matches_the_reference_between_hosts_through_libfabric() {
+        let Some((hosts, _dir, program)) = setup("c collectives over ofi", "collectives") else {
+            return;
+        };
+        let text = run(&hosts, &program, &[]);
+        let n = 2 * PER_HOST;
+        assert!(text.contains("PASS collectives"), "{text}");
+        assert!(text.contains(&format!("calls on {n} ranks")), "{text}");
+    }
+
+    #[test]
+    fn c_point_to_point_groups_and_split_between_hosts_through_libfabric() {
+        let Some((hosts, _dir, program)) = setup("c p2p_groups over ofi", "p2p_groups") else {
+            return;
+        };
+        let text = run(&hosts, &program, &[]);
+        assert!(
+            text.contains(&format!("PASS p2p_groups on {} ranks", 2 * PER_HOST)),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_c_soak_passes_between_hosts_through_libfabric() {
+        let Some((hosts, _dir, program)) = setup("c soak over ofi", "soak") else {
+            return;
+        };
+        for seed in ["1", "20261202"] {
+            let text = run(&hosts, &program, &[seed, "150"]);
+            let pass = format!("PASS soak seed {seed}: 150 calls on {} ranks", 2 * PER_HOST);
+            assert!(text.contains(&pass), "{text}");
+            println!(
+                "{}",
+                text.lines()
+                    .filter(|l| l.contains("soak: rank"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! Network namespaces as hosts: the `ip` command, whether this process may make namespaces,
-//! names unique to a test run, and the sweep of namespaces left by test processes that died.
+//! names unique to a test run, the sweep of namespaces left by test processes that died, and
+//! [`Hosts`]: namespaces on one bridge that jobs of ranks run across.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +35,25 @@ pub fn can_make_namespaces(test: &str) -> bool {
         return false;
     }
     sweep_stale();
+    true
+}
+
+/// Whether libfabric loads here (`HCOMM_OFI_LIB`, by default `libfabric.so.1`, as hcomm
+/// loads it); when not, prints that `test` is skipped, and why.
+pub fn libfabric_loads(test: &str) -> bool {
+    let lib = std::env::var("HCOMM_OFI_LIB").unwrap_or_else(|_| "libfabric.so.1".into());
+    let Ok(name) = std::ffi::CString::new(lib.as_str()) else {
+        println!("{test}: skipped: HCOMM_OFI_LIB={lib:?} is no library name");
+        return false;
+    };
+    // SAFETY: dlopen of a NUL-terminated name; the handle is closed at once.
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        println!("{test}: skipped: libfabric ({lib}) is not installed");
+        return false;
+    }
+    // SAFETY: a handle dlopen returned, closed once.
+    unsafe { libc::dlclose(handle) };
     true
 }
 
@@ -377,5 +397,110 @@ mod wire {
             check = 0xffff;
         }
         frame[seg + at..seg + at + 2].copy_from_slice(&check.to_be_bytes());
+    }
+}
+
+/// Ranks per host of [`Hosts::start`].
+pub const PER_HOST: usize = 2;
+/// Where rank 0, in the first host, serves the rendezvous store.
+pub const STORE_PORT: u16 = 29400;
+
+/// Network namespaces ("hosts") on one bridge, removed on drop: two ranks in each "host"
+/// (told apart by `HCOMM_HOST_ID`, since namespaces share the hostname and boot id;
+/// `/dev/shm` stays shared, as between the ranks of one real host).
+pub struct Hosts {
+    /// The namespaces' names, host by host.
+    pub names: Vec<String>,
+}
+
+impl Hosts {
+    /// Creates `n` namespaces: the first holds a bridge with 10.77.0.1/24, host `i` a veth
+    /// end with 10.77.0.`i + 1` plugged into it. `None`, after saying why, where this process
+    /// cannot make namespaces (not root, or no `ip`); where it can, a failure panics.
+    pub fn create(test: &str, n: usize) -> Option<Hosts> {
+        if !can_make_namespaces(test) {
+            return None;
+        }
+        let job = unique_prefix();
+        let mut hosts = Hosts { names: Vec::new() };
+        for i in 0..n {
+            let name = format!("{job}-h{i}");
+            ip(&["netns", "add", &name]).unwrap_or_else(|e| panic!("{e}"));
+            hosts.names.push(name);
+        }
+        hosts.wire().unwrap_or_else(|e| panic!("{e}"));
+        Some(hosts)
+    }
+
+    fn wire(&self) -> Result<(), String> {
+        let first = &self.names[0];
+        ip(&["-n", first, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", first, "addr", "add", "10.77.0.1/24", "dev", "br0"])?;
+        ip(&["-n", first, "link", "set", "br0", "up"])?;
+        for (i, name) in self.names.iter().enumerate() {
+            ip(&["-n", name, "link", "set", "lo", "up"])?;
+            if i == 0 {
+                continue;
+            }
+            let port = format!("h{i}");
+            ip(&[
+                "link", "add", &port, "netns", first, "type", "veth", "peer", "name", "eth0",
+                "netns", name,
+            ])?;
+            ip(&["-n", first, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", first, "link", "set", &port, "up"])?;
+            let addr = format!("{}/24", self.addr(i));
+            ip(&["-n", name, "addr", "add", &addr, "dev", "eth0"])?;
+            ip(&["-n", name, "link", "set", "eth0", "up"])?;
+        }
+        Ok(())
+    }
+
+    /// The address of host `i`.
+    pub fn addr(&self, i: usize) -> String {
+        format!("10.77.0.{}", i + 1)
+    }
+
+    /// The rendezvous store's address (rank 0, in the first host).
+    pub fn root(&self) -> String {
+        format!("{}:{STORE_PORT}", self.addr(0))
+    }
+
+    /// `program` in host `i`, announcing it as its host.
+    pub fn exec(&self, i: usize, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.names[i], program])
+            .env("HCOMM_HOST_ID", &self.names[i]);
+        c
+    }
+
+    /// Starts `program args` with two ranks in each host, ranks numbered host by host.
+    pub fn start(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> crate::Ranks {
+        let n = self.names.len() * PER_HOST;
+        crate::Ranks::start(n, Some(&self.root()), args, |r| {
+            let mut c = self.exec(r / PER_HOST, program);
+            c.env("HCOMM_TIMEOUT", "60");
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c
+        })
+    }
+
+    /// Bytes host `i`'s interface received so far.
+    pub fn rx_bytes(&self, i: usize) -> u64 {
+        let dev = if i == 0 { "br0" } else { "eth0" };
+        counter(&self.names[i], dev, "rx_bytes")
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // Deleting a namespace removes its end of every veth pair, and so the pair.
+        for name in &self.names {
+            if let Err(e) = ip(&["netns", "del", name]) {
+                eprintln!("cleanup: {e}");
+            }
+        }
     }
 }

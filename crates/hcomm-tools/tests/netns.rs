@@ -11,113 +11,12 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hcomm_testkit::netns::{self, ip};
+use hcomm_testkit::netns::{ip, Hosts, PER_HOST};
 use hcomm_testkit::{unix_ns, Ranks};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_hcomm_check");
 const PERF: &str = env!("CARGO_BIN_EXE_hcomm_perf");
-/// Ranks per host.
-const PER_HOST: usize = 2;
-/// Where rank 0, in the first host, serves the rendezvous store.
-const STORE_PORT: u16 = 29400;
-
-/// Network namespaces ("hosts") on one bridge, removed on drop.
-struct Hosts {
-    names: Vec<String>,
-}
-
-impl Hosts {
-    /// Creates `n` namespaces: the first holds a bridge with 10.77.0.1/24, host `i` a veth
-    /// end with 10.77.0.`i + 1` plugged into it. `None`, after saying why, where this process
-    /// cannot make namespaces (not root, or no `ip`); where it can, a failure panics.
-    fn create(test: &str, n: usize) -> Option<Hosts> {
-        if !netns::can_make_namespaces(test) {
-            return None;
-        }
-        let job = netns::unique_prefix();
-        let mut hosts = Hosts { names: Vec::new() };
-        for i in 0..n {
-            let name = format!("{job}-h{i}");
-            ip(&["netns", "add", &name]).unwrap_or_else(|e| panic!("{e}"));
-            hosts.names.push(name);
-        }
-        hosts.wire().unwrap_or_else(|e| panic!("{e}"));
-        Some(hosts)
-    }
-
-    fn wire(&self) -> Result<(), String> {
-        let first = &self.names[0];
-        ip(&["-n", first, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", first, "addr", "add", "10.77.0.1/24", "dev", "br0"])?;
-        ip(&["-n", first, "link", "set", "br0", "up"])?;
-        for (i, name) in self.names.iter().enumerate() {
-            ip(&["-n", name, "link", "set", "lo", "up"])?;
-            if i == 0 {
-                continue;
-            }
-            let port = format!("h{i}");
-            ip(&[
-                "link", "add", &port, "netns", first, "type", "veth", "peer", "name", "eth0",
-                "netns", name,
-            ])?;
-            ip(&["-n", first, "link", "set", &port, "master", "br0"])?;
-            ip(&["-n", first, "link", "set", &port, "up"])?;
-            let addr = format!("{}/24", self.addr(i));
-            ip(&["-n", name, "addr", "add", &addr, "dev", "eth0"])?;
-            ip(&["-n", name, "link", "set", "eth0", "up"])?;
-        }
-        Ok(())
-    }
-
-    /// The address of host `i`.
-    fn addr(&self, i: usize) -> String {
-        format!("10.77.0.{}", i + 1)
-    }
-
-    /// The rendezvous store's address (rank 0, in the first host).
-    fn root(&self) -> String {
-        format!("{}:{STORE_PORT}", self.addr(0))
-    }
-
-    /// `program` in host `i`, announcing it as its host.
-    fn exec(&self, i: usize, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.names[i], program])
-            .env("HCOMM_HOST_ID", &self.names[i]);
-        c
-    }
-
-    /// Starts `program args` with two ranks in each host, ranks numbered host by host.
-    fn start(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Ranks {
-        let n = self.names.len() * PER_HOST;
-        Ranks::start(n, Some(&self.root()), args, |r| {
-            let mut c = self.exec(r / PER_HOST, program);
-            c.env("HCOMM_TIMEOUT", "60");
-            for (k, v) in env {
-                c.env(k, v);
-            }
-            c
-        })
-    }
-
-    /// Bytes host `i`'s interface received so far.
-    fn rx_bytes(&self, i: usize) -> u64 {
-        let dev = if i == 0 { "br0" } else { "eth0" };
-        netns::counter(&self.names[i], dev, "rx_bytes")
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        // Deleting a namespace removes its end of every veth pair, and so the pair.
-        for name in &self.names {
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("cleanup: {e}");
-            }
-        }
-    }
-}
-
+const PROFILER: &str = env!("CARGO_BIN_EXE_hcomm_profiler");
 /// Waits for a job that must succeed; returns its output.
 fn succeed(job: &mut Ranks, limit: Duration) -> String {
     let status = job.finish(limit);
@@ -308,14 +207,14 @@ fn libfabric_between_hosts_every_collective_and_protocol_right() {
             assert!(text.contains(&format!("[{r}] OK {}", args[0])), "{text}");
         }
         if args[0] == "protocols" {
-            every_ofi_protocol_taken(&job, &text);
+            every_ofi_protocol_taken(&job, &text, &["eager=", "read=", "write="]);
         }
     }
 }
 
-/// Every rank of `job` printed its libfabric counts (`ofi eager= read= write= ...`), each
-/// protocol's nonzero.
-fn every_ofi_protocol_taken(job: &Ranks, text: &str) {
+/// Every rank of `job` printed its libfabric counts (`ofi eager= read= write= ...`), each of
+/// `protocols` nonzero.
+fn every_ofi_protocol_taken(job: &Ranks, text: &str, protocols: &[&str]) {
     for (r, out) in job.output.iter().enumerate() {
         let line = out
             .iter()
@@ -325,51 +224,102 @@ fn every_ofi_protocol_taken(job: &Ranks, text: &str) {
             let w = line.split(' ').find_map(|w| w.strip_prefix(k)).unwrap();
             w.parse().unwrap()
         };
-        for k in ["eager=", "read=", "write="] {
+        for k in protocols {
             assert!(count(k) > 0, "rank {r} took no {k} frame: {line}");
         }
     }
 }
 
-/// Through libfabric, a host whose ranks are killed (SIGKILL) in the middle of an all-reduce:
-/// the others fail with PeerLost naming one of them, fast.
+/// `hcomm_profiler --job`, attached to a job over libfabric between two hosts once its ranks
+/// ran messages of every size, shows each rank's provider and nonzero frames of each protocol
+/// (eager, RDMA read, RDMA write).
 #[test]
-fn libfabric_peers_killed_mid_transfer_are_lost_fast() {
-    let Some(hosts) = Hosts::create("netns ofi kill", 2) else {
+fn the_profiler_shows_every_libfabric_protocol_of_a_job_between_hosts() {
+    let Some(hosts) = Hosts::create("netns ofi profiler", 2) else {
         return;
     };
-    let args = ["peer-loss", "--victims", "2,3", "--pending", "allreduce"];
-    let mut job = hosts.start(CHECK, &args, &OFI);
-    job.wait_for_lines(&[0, 1, 2, 3], "ready ", Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(300));
-    let t0 = Instant::now();
-    job.kill(2);
-    job.kill(3);
-    let status = job.finish(Duration::from_secs(30));
-    let elapsed = t0.elapsed();
-    let text = job.text();
-    for r in [0, 1] {
-        assert!(status[r].success(), "rank {r}: {}\n{text}", status[r]);
-        let lost = job.output[r]
-            .iter()
-            .find_map(|l| l.strip_prefix("lost "))
-            .unwrap_or_else(|| panic!("rank {r} did not notice:\n{text}"));
+    let n = 2 * PER_HOST;
+    let mut job = hosts.start(CHECK, &["protocols", "--linger-ms", "5000"], &OFI);
+    let all: Vec<usize> = (0..n).collect();
+    job.wait_for_lines(&all, "pid ", Duration::from_secs(120));
+    let pid = job.output[0]
+        .iter()
+        .find_map(|l| l.strip_prefix("pid "))
+        .unwrap_or_default()
+        .to_owned();
+    let (o, _) = hcomm_testkit::run_bounded(
+        Command::new(PROFILER).args(["--pid", &pid, "--once", "--job", "--interval", "500"]),
+        Duration::from_secs(30),
+    );
+    let out = hcomm_testkit::text(&o);
+    assert!(o.status.success(), "{out}");
+    succeed(&mut job, Duration::from_secs(120));
+    for r in 0..n {
+        let line = out
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("rank {r} of {n},")))
+            .find_map(|l| l.trim_start().strip_prefix("libfabric "))
+            .unwrap_or_else(|| panic!("no libfabric line for rank {r}:\n{out}"));
+        assert!(line.starts_with("tcp;ofi_rxm: "), "rank {r}: {line}");
+        for p in ["eager ", "rdma-read ", "rdma-write "] {
+            let count: u64 = line
+                .split(p)
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("rank {r}: no {p}count: {line}"));
+            assert!(count > 0, "rank {r} shows no {p}frame: {line}");
+        }
+        println!("rank {r}: libfabric {line}");
+    }
+}
+
+/// Through libfabric, a host whose ranks are killed (SIGKILL) in the middle of all-reduces of
+/// 256 KiB (their steps of 64 KiB or more written straight into the peers' receives: direct
+/// steps): the others fail with PeerLost naming one of them, fast; on two hosts, and on three,
+/// where the survivors of two hosts also withdraw the receives they offered each other.
+#[test]
+fn libfabric_peers_killed_mid_transfer_are_lost_fast() {
+    for hosts in [2, 3] {
+        let Some(hosts) = Hosts::create("netns ofi kill", hosts) else {
+            return;
+        };
+        let ranks = hosts.names.len() * PER_HOST;
+        let args = ["peer-loss", "--victims", "2,3", "--pending", "allreduce"];
+        let mut job = hosts.start(CHECK, &args, &OFI);
+        let all: Vec<usize> = (0..ranks).collect();
+        job.wait_for_lines(&all, "ready ", Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        job.kill(2);
+        job.kill(3);
+        let status = job.finish(Duration::from_secs(30));
+        let elapsed = t0.elapsed();
+        let text = job.text();
+        for r in all.into_iter().filter(|r| ![2, 3].contains(r)) {
+            assert!(status[r].success(), "rank {r}: {}\n{text}", status[r]);
+            let lost = job.output[r]
+                .iter()
+                .find_map(|l| l.strip_prefix("lost "))
+                .unwrap_or_else(|| panic!("rank {r} did not notice:\n{text}"));
+            assert!(
+                lost.contains("PeerLost world rank 2:") || lost.contains("PeerLost world rank 3:"),
+                "rank {r}: {lost}\n{text}"
+            );
+        }
         assert!(
-            lost.contains("PeerLost world rank 2:") || lost.contains("PeerLost world rank 3:"),
-            "rank {r}: {lost}\n{text}"
+            elapsed < Duration::from_secs(10),
+            "took {elapsed:?}:\n{text}"
         );
     }
-    assert!(
-        elapsed < Duration::from_secs(10),
-        "took {elapsed:?}:\n{text}"
-    );
 }
 
 /// Three hosts (six ranks) over libfabric's tcp provider, the RDMA write threshold lowered to
 /// 64 KiB so that the collectives' pieces fall on all three sides of the thresholds: every
 /// collective, type and op at counts from 0 to 70 000 (up to 560 kB per buffer), then a soak of
 /// random collectives (world, split and dup communicators, heap and pool memory), each against
-/// the sequential reference; every rank takes the eager, RDMA read and RDMA write protocols.
+/// the sequential reference, once with direct steps (every rank takes the eager protocol and
+/// writes steps straight into its peers' receives) and once without (every rank takes the
+/// eager, RDMA read and RDMA write protocols).
 #[test]
 fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
     let Some(hosts) = Hosts::create("netns ofi 3 hosts", 3) else {
@@ -382,16 +332,77 @@ fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
         assert!(text.contains(&format!("[{r}] OK collectives")), "{text}");
     }
     let soak = ["soak", "--calls", "120", "--seed", "17"];
-    let mut job = hosts.start(CHECK, &soak, &env);
-    let text = succeed(&mut job, Duration::from_secs(200));
-    for r in 0..3 * PER_HOST {
-        assert!(text.contains(&format!("[{r}] OK soak")), "{text}");
+    for direct in ["1", "0"] {
+        let env = [env[0], env[1], env[2], ("HCOMM_OFI_DIRECT", direct)];
+        let mut job = hosts.start(CHECK, &soak, &env);
+        let text = succeed(&mut job, Duration::from_secs(200));
+        for r in 0..3 * PER_HOST {
+            assert!(text.contains(&format!("[{r}] OK soak")), "{text}");
+        }
+        let protocols: &[&str] = match direct {
+            "1" => &["eager=", "direct="],
+            _ => &["eager=", "read=", "write="],
+        };
+        every_ofi_protocol_taken(&job, &text, protocols);
+        println!(
+            "{}",
+            text.lines()
+                .find(|l| l.starts_with("[0] soak: "))
+                .unwrap_or("no summary")
+        );
     }
-    every_ofi_protocol_taken(&job, &text);
-    println!(
-        "{}",
-        text.lines()
-            .find(|l| l.starts_with("[0] soak: "))
-            .unwrap_or("no summary")
-    );
+}
+
+/// The `direct KIND N` lines of every rank of `job` (`hcomm_check direct`): per collective,
+/// the messages all ranks wrote straight into a peer's receive, each nonzero.
+fn every_collective_direct(job: &Ranks, text: &str) {
+    let mut per_kind: Vec<(String, u64)> = Vec::new();
+    for out in &job.output {
+        for l in out.iter().filter_map(|l| l.strip_prefix("direct ")) {
+            let (kind, n) = l.split_once(' ').unwrap();
+            let n: u64 = n.parse().unwrap();
+            match per_kind.iter_mut().find(|(k, _)| k == kind) {
+                Some((_, m)) => *m += n,
+                None => per_kind.push((kind.to_owned(), n)),
+            }
+        }
+    }
+    assert_eq!(per_kind.len(), 10, "{text}");
+    for (kind, n) in per_kind {
+        assert!(n > 0, "no {kind} step went direct:\n{text}");
+    }
+}
+
+/// Collective steps through libfabric written straight into the receive the peer offered
+/// (no rendezvous): every collective but the barrier, in place and not, heap and pool
+/// memory, contributions straddling the eager (4 KiB) and RDMA write (1 MiB) thresholds, each
+/// result against the reference; every collective's steps went direct (counted), on two
+/// hosts and on three; with `HCOMM_OFI_DIRECT=0` none does and the results are the same.
+#[test]
+fn libfabric_collective_steps_write_straight_into_the_peers_receive() {
+    for hosts in [2, 3] {
+        let Some(hosts) = Hosts::create("netns ofi direct", hosts) else {
+            return;
+        };
+        let ranks = hosts.names.len() * PER_HOST;
+        let mut job = hosts.start(CHECK, &["direct"], &OFI);
+        let text = succeed(&mut job, Duration::from_secs(300));
+        for r in 0..ranks {
+            assert!(text.contains(&format!("[{r}] OK direct")), "{text}");
+        }
+        every_collective_direct(&job, &text);
+        if ranks == 4 {
+            let env = [OFI[0], OFI[1], ("HCOMM_OFI_DIRECT", "0")];
+            let mut job = hosts.start(CHECK, &["direct"], &env);
+            let text = succeed(&mut job, Duration::from_secs(300));
+            for r in 0..ranks {
+                assert!(text.contains(&format!("[{r}] OK direct")), "{text}");
+                let line = job.output[r]
+                    .iter()
+                    .find(|l| l.starts_with("ofi "))
+                    .unwrap();
+                assert!(line.contains(" direct=0 "), "rank {r}: {line}");
+            }
+        }
+    }
 }

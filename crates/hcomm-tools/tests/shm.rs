@@ -17,6 +17,20 @@ fn protocols(env: &[(&str, &str)]) -> Vec<String> {
 /// [`protocols`] with the launcher started by the program and arguments `prefix` (none: as
 /// it is) and the scenario given `args`.
 fn protocols_run(prefix: &[&str], env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
+    protocols_lines(3, prefix, env, args)
+        .into_iter()
+        .map(|(counts, _)| counts)
+        .collect()
+}
+
+/// [`protocols_run`] on `n` ranks; returns each rank's counts line and its split line
+/// (`shm_split=S written=W`).
+fn protocols_lines(
+    n: usize,
+    prefix: &[&str],
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Vec<(String, String)> {
     let mut c = match prefix.split_first() {
         Some((program, rest)) => {
             let mut c = Command::new(program);
@@ -25,24 +39,80 @@ fn protocols_run(prefix: &[&str], env: &[(&str, &str)], args: &[&str]) -> Vec<St
         }
         None => Command::new(HCOMMRUN),
     };
-    c.args(["-n", "3", "--timeout", "100", "--", CHECK, "protocols"])
-        .args(args)
-        .env("HCOMM_TIMEOUT", "60");
+    c.args([
+        "-n",
+        &n.to_string(),
+        "--timeout",
+        "100",
+        "--",
+        CHECK,
+        "protocols",
+    ])
+    .args(args)
+    .env("HCOMM_TIMEOUT", "60");
     for (k, v) in env {
         c.env(k, v);
     }
     let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "protocols with {env:?} failed:\n{t}");
-    (0..3)
-        .map(|r| {
-            let prefix = format!("[{r}] protocols ");
-            t.lines()
-                .find_map(|l| l.strip_prefix(&prefix))
-                .unwrap_or_else(|| panic!("rank {r} printed no counts:\n{t}"))
-                .to_owned()
-        })
+    let line = |r: usize, what: &str| {
+        let prefix = format!("[{r}] {what} ");
+        t.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("rank {r} printed no {what} line:\n{t}"))
+            .to_owned()
+    };
+    (0..n)
+        .map(|r| (line(r, "protocols"), line(r, "split")))
         .collect()
+}
+
+/// The numbers of a split line: (messages split, pieces written as their sender).
+fn split_counts(line: &str) -> (u64, u64) {
+    let num = |key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+    };
+    (num("shm_split="), num("written="))
+}
+
+/// Two ranks that may spin (`HCOMM_SPIN_US`; a loaded 2-core host would otherwise count as
+/// too small) split every pulled message from 1 MiB: the receiver pulls pieces while the
+/// sender writes others into its buffer, and the bytes arrive exact (the scenario checks
+/// them). Three of the ring's four pulled sizes are at least 1 MiB and in several pieces.
+#[test]
+fn large_messages_are_copied_by_both_ranks() {
+    let env = [
+        ("HCOMM_SPIN_US", "50"),
+        ("HCOMM_SHM_SPLIT_THRESHOLD", "1048576"),
+    ];
+    let lines = protocols_lines(2, &[], &env, &["--rounds", "10"]);
+    let mut written = 0;
+    for (counts, split) in &lines {
+        assert_eq!(
+            counts,
+            "shm=true shm_eager=30 shm_pull=40 shm_push=0 tcp_eager=0 tcp_rendezvous=0"
+        );
+        let (split, w) = split_counts(split);
+        assert_eq!(split, 30, "{lines:?}");
+        written += w;
+    }
+    // Each rank sends 30 split messages of 4 to 13 pieces while it spins in its own wait:
+    // its share of at least some of them is written by it.
+    assert!(written > 0, "no sender wrote a piece: {lines:?}");
+}
+
+/// More local ranks than cores (three on this host's two, or the spin turned off): no
+/// split, since the sender would poll for pieces on a core the receiver needs.
+#[test]
+fn oversubscribed_ranks_do_not_split() {
+    let env = [("HCOMM_SHM_SPLIT_THRESHOLD", "0"), ("HCOMM_SPIN_US", "0")];
+    for (_, split) in protocols_lines(2, &[], &env, &[]) {
+        assert_eq!(split, "shm_split=0 written=0");
+    }
 }
 
 #[test]
@@ -92,6 +162,43 @@ fn a_pull_the_kernel_refuses_falls_back_to_the_push() {
         "shm=true shm_eager=3 shm_pull=0 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
     ];
     assert_eq!(lines, want);
+}
+
+/// The same with splits (from 1 MiB, the ranks allowed to spin): world rank 0's writes into
+/// the non-dumpable rank 1 are refused, so rank 1 copies those messages itself (exact, as
+/// the scenario checks); rank 2's pulls from rank 1 are refused too, after rank 2 offered a
+/// split that rank 1 may have begun to write: rank 2 ends the split (waiting for rank 1's
+/// piece in flight) and the message falls back to the push.
+#[test]
+fn a_split_write_the_kernel_refuses_falls_back_to_the_pull() {
+    let prefix: &[&str] = if rustix::process::geteuid().is_root() {
+        &["setpriv", "--bounding-set=-sys_ptrace"]
+    } else {
+        &[]
+    };
+    let env = [
+        ("HCOMM_SPIN_US", "50"),
+        ("HCOMM_SHM_SPLIT_THRESHOLD", "1048576"),
+    ];
+    let lines = protocols_lines(3, prefix, &env, &["--nodump", "1", "--rounds", "3"]);
+    let want = [
+        "shm=true shm_eager=9 shm_pull=12 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=9 shm_pull=12 shm_push=12 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=9 shm_pull=0 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
+    ];
+    let counts: Vec<&str> = lines.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(counts, want);
+    let split: Vec<(u64, u64)> = lines.iter().map(|(_, s)| split_counts(s)).collect();
+    assert_eq!(
+        split[0].0, 9,
+        "rank 0 splits what it receives from rank 2: {lines:?}"
+    );
+    assert_eq!(
+        split[0].1, 0,
+        "rank 0 wrote into the non-dumpable rank: {lines:?}"
+    );
+    assert!(split[1].0 >= 1, "rank 1 offered no split: {lines:?}");
+    assert_eq!(split[2].0, 0, "rank 2 pulls nothing from rank 1: {lines:?}");
 }
 
 /// Runs the `one-sided` scenario on `n` ranks with the scenario given `args`, as root without
@@ -480,6 +587,16 @@ fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
 
 /// Each rank's inbox use (kB) after `traffic` on 8 ranks of one host, and the inbox's size.
 fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
+    let ranks = links_after(traffic, &[]);
+    ranks
+        .into_iter()
+        .map(|(used, size, _)| (used, size))
+        .collect()
+}
+
+/// Each rank's inbox use (kB) after `traffic` on 8 ranks of one host with `env`, the inbox's
+/// size, and the rank's connected TCP sockets.
+fn links_after(traffic: &str, env: &[(&str, &str)]) -> Vec<(usize, usize, usize)> {
     let mut c = Command::new(HCOMMRUN);
     c.args([
         "-n",
@@ -494,7 +611,8 @@ fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
     ])
     .env("HCOMM_TIMEOUT", "60")
     // Through the rings: the one-sided all-to-all uses none.
-    .env("HCOMM_ALGO", "alltoall:pairwise");
+    .env("HCOMM_ALGO", "alltoall:pairwise")
+    .envs(env.iter().copied());
     let (o, _) = run_bounded(&mut c, Duration::from_secs(120));
     let t = text(&o);
     assert!(o.status.success(), "{traffic}:\n{t}");
@@ -509,9 +627,35 @@ fn inbox_use(traffic: &str) -> Vec<(usize, usize)> {
                 .filter_map(|w| w.parse().ok())
                 .collect();
             assert_eq!(n.len(), 2, "{line}");
-            (n[0], n[1])
+            let tcp = t
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("[{r}] tcp ")))
+                .and_then(|l| l.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("rank {r} printed no TCP count:\n{t}"));
+            (n[0], n[1], tcp)
         })
         .collect()
+}
+
+/// Making communicators links a rank to about 2 log2(n) peers, not to every rank: after ten
+/// splits (even and odd ranks, in reverse order) and dups on 8 ranks, a rank's inbox took
+/// memory for at most 4 senders (1, 2 and 4 ranks before it, and the rank 2 after it, which
+/// comes before it in its half), each ring a little past its first 64 KiB, where the 7 of
+/// an all-to-all take at least 7 * 64 KiB; over TCP (one stream per pair) a rank holds at
+/// most its 5 peers' connections (1, 2 and 4 ranks away either way; 4 is both) and its store
+/// connection, where an all-to-all links it to all 7.
+#[test]
+fn making_communicators_links_a_rank_to_log2_n_peers_not_to_all() {
+    for (r, (used, _, _)) in links_after("split", &[]).into_iter().enumerate() {
+        assert!(used <= 16 + 5 * 64, "rank {r}: {used} kB in use");
+    }
+    let tcp = [("HCOMM_TRANSPORT", "tcp"), ("HCOMM_TCP_STREAMS", "1")];
+    for (r, (_, _, connected)) in links_after("split", &tcp).into_iter().enumerate() {
+        assert!(connected <= 5 + 1, "rank {r}: {connected} TCP connections");
+    }
+    for (r, (_, _, connected)) in links_after("alltoall", &tcp).into_iter().enumerate() {
+        assert!(connected >= 7, "rank {r}: {connected} TCP connections");
+    }
 }
 
 /// An inbox takes memory for the peers that send to it, 64 KiB of ring at a time, not for
@@ -682,6 +826,53 @@ fn eight_ranks_on_two_cores_sleep_instead_of_spinning_and_reduce_right() {
     for row in rows {
         let wrong = row.split_whitespace().nth(9);
         assert_eq!(wrong, Some("0"), "wrong elements: {row}");
+    }
+}
+
+#[test]
+fn staged_two_rank_heap_all_reduces_are_exact() {
+    // 2-rank all-reduces of 64 MiB and more on heap buffers, whose ranks spin, pass their
+    // pieces through the board's staging areas instead of cross-memory attach: checked
+    // results in place and not, with halves of unequal lengths (an odd count).
+    for args in [
+        &["allreduce", "-b", "67108871", "-d", "float32", "-o", "sum"][..],
+        &[
+            "allreduce",
+            "-b",
+            "67108871",
+            "-d",
+            "int8",
+            "-o",
+            "prod",
+            "--in-place",
+        ],
+        &[
+            "allreduce",
+            "-b",
+            "67108872",
+            "-d",
+            "float64",
+            "-o",
+            "avg",
+            "--in-place",
+        ],
+    ] {
+        let mut all = args.to_vec();
+        all.extend([
+            "-e", args[2], "-n", "1", "-w", "1", "-c", "1", "--mem", "heap",
+        ]);
+        let t = perf_on_cpus(2, usize::MAX, &[], &all);
+        let rows: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("[0]") && l.contains(" onesided"))
+            .collect();
+        assert_eq!(rows.len(), 1, "{args:?}: one one-sided row:\n{t}");
+        assert_eq!(
+            rows[0].split_whitespace().nth(9),
+            Some("0"),
+            "{args:?}: wrong elements: {}",
+            rows[0]
+        );
     }
 }
 

@@ -29,7 +29,7 @@ use crate::coll::onesided::OneSided;
 use crate::coll::schedule::Schedule;
 use crate::coll::select::Selector;
 use crate::coll::{Algorithm, Shape};
-use crate::config::Config;
+use crate::config::{Config, Secret};
 use crate::error::{Error, PeerRank, Result};
 use crate::observe::flight::{self, Recorder};
 use crate::observe::OpKind;
@@ -113,6 +113,11 @@ impl World {
             // The statistics segment has no bit for libfabric's protocols yet.
             Some(Route::Ofi) => 0,
             Some(Route::Shm { .. }) if len <= c.shm_eager_limit => proto::SHM_INLINE,
+            Some(Route::Shm { cma: true })
+                if len <= c.shm_push_threshold && len >= c.shm_split_threshold && self.spin =>
+            {
+                proto::SHM_PULL | proto::SHM_SPLIT
+            }
             Some(Route::Shm { cma: true }) if len <= c.shm_push_threshold => proto::SHM_PULL,
             Some(Route::Shm { .. }) => proto::SHM_PUSH,
             Some(Route::Tcp) if len <= c.tcp_eager_limit => proto::TCP_EAGER,
@@ -136,12 +141,25 @@ impl World {
                     p.plugin_eager,
                     p.plugin_rendezvous,
                     0,
+                    p.shm_split,
                 ],
                 pool.hits,
                 pool.misses,
             );
             if p.tcp_failovers + p.plugin_fallbacks > 0 {
                 h.publish_failovers(&self.engine.failover_counts());
+            }
+            if let Some(provider) = self.engine.ofi_provider() {
+                let counts = crate::observe::stats::OfiCounts {
+                    messages: [p.ofi_eager, p.ofi_read, p.ofi_write],
+                    bytes: [p.ofi_eager_bytes, p.ofi_read_bytes, p.ofi_write_bytes],
+                    mr_hits: p.ofi_mr_hits,
+                    mr_misses: p.ofi_mr_misses,
+                    mr_invalidations: p.ofi_mr_invalidations,
+                    mr_pool: p.ofi_mr_pool,
+                    pool_blocks: p.ofi_pool_blocks,
+                };
+                h.ofi.publish(&provider, &counts);
             }
         }
     }
@@ -645,12 +663,13 @@ fn ofi_carrier(
     let limits = OfiLimits {
         eager: config.ofi_eager_limit,
         write: config.ofi_write_threshold,
+        direct: config.ofi_direct,
     };
-    Ok(Some(Carrier::Ofi(OfiSetup {
+    Ok(Some(Carrier::Ofi(Box::new(OfiSetup {
         endpoint: ep,
         addrs,
         limits,
-    })))
+    }))))
 }
 
 /// How the ranks of a world of more than one rank meet: this rank's connection to the world's
@@ -660,7 +679,7 @@ fn ofi_carrier(
 struct Boot {
     client: StoreClient,
     store: Option<RendezvousStore>,
-    secret: Vec<u8>,
+    secret: Secret,
     ns: String,
     shm_id: String,
 }
@@ -869,6 +888,7 @@ impl World {
                 shm_eager_limit: config.shm_eager_limit,
                 shm_push_threshold: config.shm_push_threshold,
                 shm_chunk: config.shm_chunk,
+                shm_split_threshold: config.shm_split_threshold,
                 describe: crate::coll::Shape::describe_signature,
                 timeout: config.timeout,
                 run_fd: config.run_fd,
@@ -880,6 +900,10 @@ impl World {
             eprint!("{}", topology.table());
         }
         let pool = make_pool(&config, &engine, rank, local_size, generation)?;
+        if let (Some(pool), Some(watcher)) = (&pool, engine.block_watcher()) {
+            // libfabric registers the pool's blocks whole, as they are made.
+            pool.watch(watcher)?;
+        }
         if config.debug {
             // HCOMM_DEBUG=1 asks for exactly this on the terminal.
             match &pool {
@@ -941,24 +965,24 @@ impl Communicator {
                 Error::init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other")
             })?;
             let (store, bind_err) = if config.launch.rank == 0 {
-                host_store(&root, &secret)
+                host_store(&root, secret.expose())
             } else {
                 (None, None)
             };
             let client =
-                StoreClient::connect(&root, &secret, config.timeout).map_err(
-                    |e| match &bind_err {
+                StoreClient::connect(&root, secret.expose(), config.timeout).map_err(|e| {
+                    match &bind_err {
                         Some(b) => Error::init(format!(
                             "{} (rank 0 could not host the store there either: {b})",
                             e.detail()
                         )),
                         None => e,
-                    },
-                )?;
+                    }
+                })?;
             Ok(Boot {
                 client,
                 store,
-                shm_id: link::job_id(&secret, &root, generation),
+                shm_id: link::job_id(secret.expose(), &root, generation),
                 secret,
                 ns: format!("hcomm/{generation}"),
             })
@@ -1287,24 +1311,39 @@ impl Communicator {
         self.run_collective(shape, None, &mut [])
     }
 
-    /// Every rank's `mine`, by rank (hcomm's own small all-gather for communicator creation).
+    /// Every rank's `mine`, by rank (hcomm's own small all-gather for communicator creation):
+    /// Bruck's all-gather in ceil(log2 n) rounds, so that each rank talks to that many peers
+    /// each way (as [`Communicator::all_agree`]), not to all n - 1. In round k (distance
+    /// d = 2^k) a rank sends the records it holds, its own and those of the d - 1 ranks before
+    /// it, to rank + d, and receives those of rank - d and the ranks before that one.
     fn exchange_all(&self, mine: &[u8; 16]) -> Result<Vec<[u8; 16]>> {
+        const R: usize = 16;
         let n = self.size();
-        let mut all = vec![[0u8; 16]; n];
-        all[self.rank] = *mine;
-        for dist in 1..n {
+        // held[i * R..]: the record of rank (rank - i) mod n.
+        let mut held = vec![0u8; n * R];
+        held[..R].copy_from_slice(mine);
+        let mut dist = 1;
+        while dist < n {
             let to = (self.rank + dist) % n;
             let from = (self.rank + n - dist) % n;
+            let count = dist.min(n - dist);
             let st = self.target(self.id | INTERNAL, to, TAG_SPLIT, "split")?;
             let rt = self.target(self.id | INTERNAL, from, TAG_SPLIT, "split")?;
-            let got = self.exchange(st, mine, rt, &mut all[from])?;
-            if got != 16 {
+            let (have, rest) = held.split_at_mut(dist * R);
+            let got = self.exchange(st, &have[..count * R], rt, &mut rest[..count * R])?;
+            if got != count * R {
                 return Err(Error::mismatch(format!(
-                    "rank {from} sent {got} bytes during communicator creation: ranks are calling \
-                     different operations"
+                    "rank {from} sent {got} bytes during communicator creation, not {}: ranks \
+                     are calling different operations",
+                    count * R
                 ))
                 .with_peer(PeerRank::ranks(from, self.members[from])));
             }
+            dist *= 2;
+        }
+        let mut all = vec![[0u8; R]; n];
+        for (i, rec) in held.chunks_exact(R).enumerate() {
+            all[(self.rank + n - i) % n].copy_from_slice(rec);
         }
         Ok(all)
     }
@@ -1402,7 +1441,9 @@ impl Communicator {
     /// A new communicator with the same members, whose messages never match this one's.
     /// Collective over this communicator.
     pub fn dup(&self) -> Result<Communicator> {
-        self.barrier()?;
+        // Every member has entered: a dissemination of ceil(log2 n) rounds (the barrier's
+        // algorithm of choice may talk to every member, opening links to all of them).
+        self.all_agree(true)?;
         let id = self.next_id(u64::MAX);
         Ok(self.derive(id, (0..self.size()).collect(), self.rank))
     }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+pub use crate::bootstrap::auth::Secret;
 use crate::error::{Error, Result};
 use crate::transport::iface::IfSpec;
 
@@ -111,6 +112,9 @@ pub(crate) const DEFAULT_SHM_EAGER_LIMIT: usize = 4096;
 /// the sender pushes (`HCOMM_SHM_PUSH_THRESHOLD`): no limit, every size is pulled (in pieces
 /// of `HCOMM_SHM_CHUNK`).
 pub(crate) const DEFAULT_SHM_PUSH_THRESHOLD: usize = usize::MAX;
+/// Default smallest pulled message that both ranks copy at once, the receiver pulling while
+/// the sender writes (`HCOMM_SHM_SPLIT_THRESHOLD`).
+pub(crate) const DEFAULT_SHM_SPLIT_THRESHOLD: usize = 64 << 10;
 /// Default chunk of a shared-memory push (`HCOMM_SHM_CHUNK`).
 pub(crate) const DEFAULT_SHM_CHUNK: usize = 256 * 1024;
 /// Default bytes of each shared-memory ring (`HCOMM_SHM_RING`).
@@ -156,7 +160,8 @@ pub struct LaunchInfo {
     pub root_addr: Option<String>,
 }
 
-/// Tunables and job settings read from the environment.
+/// Tunables and job settings read from the environment. Its `Debug` shows every setting but
+/// the job secret ([`Secret`]).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// `HCOMM_DEBUG=1`: rank 0 prints the topology table at start.
@@ -192,6 +197,10 @@ pub struct Config {
     /// chunks; smaller ones (above the eager limit) are pulled by the receiver where
     /// cross-memory attach works. Unset: `usize::MAX`, every size is pulled.
     pub shm_push_threshold: usize,
+    /// `HCOMM_SHM_SPLIT_THRESHOLD`: pulled shared-memory messages of at least this size are
+    /// copied by both ranks at once (the sender writes pieces into the receiver's buffer
+    /// while the receiver pulls others), where ranks may spin (a core per local rank).
+    pub shm_split_threshold: usize,
     /// `HCOMM_SHM_CHUNK`: bytes per chunk of a shared-memory push, and per piece of a pull
     /// (one piece per turn of the engine).
     pub shm_chunk: usize,
@@ -214,7 +223,7 @@ pub struct Config {
     /// `HCOMM_MISMATCH_CHECK=0` turns off the signature check of collectives (on by default).
     pub mismatch_check: bool,
     /// `HCOMM_JOB_SECRET`: the job's shared secret (bytes of the string).
-    pub job_secret: Option<Vec<u8>>,
+    pub job_secret: Option<Secret>,
     /// `HCOMM_TCP_STREAMS`: TCP connections per peer (1..=16).
     pub tcp_streams: usize,
     /// `HCOMM_TCP_EAGER_LIMIT`: largest message sent without a rendezvous handshake.
@@ -228,6 +237,9 @@ pub struct Config {
     /// `HCOMM_OFI_WRITE_THRESHOLD`: larger payloads through libfabric are written by the
     /// sender (RDMA write); smaller ones above the eager limit are read by the receiver.
     pub ofi_write_threshold: usize,
+    /// `HCOMM_OFI_DIRECT`: collective steps through libfabric are written straight into the
+    /// receive the peer offered (default on; `0` sends them as other messages).
+    pub ofi_direct: bool,
     /// `HCOMM_SPIN_US`: microseconds a waiting rank polls before it sleeps; `None` = automatic
     /// (spin when the host has a core per local rank, otherwise sleep at once).
     pub spin_us: Option<u64>,
@@ -352,6 +364,12 @@ impl Config {
             0,
             usize::MAX,
         )?;
+        let shm_split_threshold = size(
+            "HCOMM_SHM_SPLIT_THRESHOLD",
+            DEFAULT_SHM_SPLIT_THRESHOLD,
+            0,
+            usize::MAX,
+        )?;
         let shm_chunk = size("HCOMM_SHM_CHUNK", DEFAULT_SHM_CHUNK, 4096, 32 << 20)?;
         let shm_ring = size("HCOMM_SHM_RING", DEFAULT_SHM_RING, 128 << 10, 64 << 20)?;
         let pool_block = size("HCOMM_POOL_BLOCK", DEFAULT_POOL_BLOCK, 64 << 10, 1 << 40)?;
@@ -401,6 +419,7 @@ impl Config {
             transport,
             shm_eager_limit,
             shm_push_threshold,
+            shm_split_threshold,
             shm_chunk,
             shm_ring,
             pool_block: pool_block / 64 * 64,
@@ -409,13 +428,14 @@ impl Config {
             algo: get("HCOMM_ALGO"),
             deterministic: get("HCOMM_DETERMINISTIC").is_some_and(|v| v != "0"),
             mismatch_check: get("HCOMM_MISMATCH_CHECK").is_none_or(|v| v != "0"),
-            job_secret: get("HCOMM_JOB_SECRET").map(String::into_bytes),
+            job_secret: get("HCOMM_JOB_SECRET").map(Secret::new),
             tcp_streams,
             tcp_eager_limit,
             tcp_chunk,
             ofi_lib: get("HCOMM_OFI_LIB").unwrap_or_else(|| DEFAULT_OFI_LIB.to_owned()),
             ofi_eager_limit,
             ofi_write_threshold,
+            ofi_direct: get("HCOMM_OFI_DIRECT").is_none_or(|v| v != "0"),
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
             failover: match get("HCOMM_FAILOVER").as_deref().map(str::trim) {
@@ -592,6 +612,34 @@ mod tests {
         Config::from_lookup(|k| map.get(k).cloned())
     }
 
+    /// A configuration can be logged: its `Debug` shows the other settings but not the job
+    /// secret, in no form (text or bytes), while the secret itself stays usable.
+    #[test]
+    fn the_debug_of_a_configuration_does_not_show_the_job_secret() {
+        let secret = "s3cret-that-must-not-be-logged";
+        let config = cfg(&[
+            ("HCOMM_RANK", "1"),
+            ("HCOMM_SIZE", "2"),
+            ("HCOMM_ROOT_ADDR", "127.0.0.1:29400"),
+            ("HCOMM_JOB_SECRET", secret),
+        ])
+        .unwrap();
+        for shown in [format!("{config:?}"), format!("{config:#?}")] {
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(
+                !shown.contains(&format!("{:?}", secret.as_bytes())),
+                "{shown}"
+            );
+            assert!(!shown.contains("115, 51, 99"), "{shown}");
+            assert!(shown.contains("<redacted>"), "{shown}");
+            assert!(shown.contains("127.0.0.1:29400"), "{shown}");
+        }
+        assert_eq!(
+            config.job_secret.as_ref().map(Secret::expose),
+            Some(secret.as_bytes())
+        );
+    }
+
     #[test]
     fn no_launcher_is_a_world_of_one() {
         let c = cfg(&[]).unwrap();
@@ -683,7 +731,7 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 31] = [
+    const SETTINGS: [&str; 32] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -697,6 +745,7 @@ mod tests {
         "HCOMM_OFI_LIB",
         "HCOMM_OFI_EAGER_LIMIT",
         "HCOMM_OFI_WRITE_THRESHOLD",
+        "HCOMM_OFI_DIRECT",
         "HCOMM_SHM_EAGER_LIMIT",
         "HCOMM_SHM_PUSH_THRESHOLD",
         "HCOMM_SHM_CHUNK",

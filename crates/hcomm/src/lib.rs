@@ -58,7 +58,7 @@ mod transport;
 pub use coll::{CollKind, Shape, VLayout};
 pub use comm::{wait_all, Batch, Communicator, Completion, PoolBuf, Request};
 pub use comm::{RecvStatus, ANY_SOURCE, JOIN_TOKEN_MAX};
-pub use config::{Config, LaunchInfo, Launcher};
+pub use config::{Config, LaunchInfo, Launcher, Secret};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::{
     Error, ErrorCode, ErrorInfo, IoSource, NotEntered, Operation, PeerRank, Result, ERRORS_DOC,
@@ -152,8 +152,9 @@ pub mod internal {
         /// The statistics segments.
         pub mod stats {
             pub use crate::observe::stats::{
-                find_job, proto, unpack_name, FailoverCount, FailoverSlot, FlightSnapshot,
-                StatsLayout, StatsReader, FAILOVER_SLOTS, LANES,
+                find_job, pack_name, proto, unpack_name, FailoverCount, FailoverSlot,
+                FlightSnapshot, OfiStats, StatsLayout, StatsReader, FAILOVER_SLOTS, LANES,
+                OFI_PROTOCOLS,
             };
         }
     }

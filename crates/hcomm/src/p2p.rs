@@ -59,6 +59,7 @@ mod requests;
 mod revoke;
 #[cfg(test)]
 mod sansio_tests;
+mod split;
 #[cfg(test)]
 mod tests;
 mod timers;
@@ -131,6 +132,11 @@ pub(crate) struct ProtocolCounts {
     pub shm_pull: AtomicU64,
     /// Pushed by the sender in chunks through the ring.
     pub shm_push: AtomicU64,
+    /// Of the pulled messages, those split between both ranks (the sender was asked to write
+    /// pieces too).
+    pub shm_split: AtomicU64,
+    /// Pieces of split messages this rank wrote into its receivers' buffers.
+    pub shm_split_written: AtomicU64,
     /// Eager over TCP.
     pub tcp_eager: AtomicU64,
     /// Rendezvous over TCP.
@@ -145,10 +151,25 @@ pub(crate) struct ProtocolCounts {
     pub ofi_read: AtomicU64,
     /// Frames through libfabric whose payload the sender wrote (RDMA write).
     pub ofi_write: AtomicU64,
+    /// Messages of collective steps written straight into the receive the peer offered
+    /// (direct steps: no rendezvous).
+    pub ofi_direct: AtomicU64,
     /// libfabric memory registrations found in the cache.
     pub ofi_mr_hits: AtomicU64,
     /// libfabric memory registrations made.
     pub ofi_mr_misses: AtomicU64,
+    /// Payload bytes of the libfabric frames of each protocol.
+    pub ofi_eager_bytes: AtomicU64,
+    /// As `ofi_eager_bytes`, read by the receiver.
+    pub ofi_read_bytes: AtomicU64,
+    /// As `ofi_eager_bytes`, written by the sender.
+    pub ofi_write_bytes: AtomicU64,
+    /// libfabric registrations closed because their memory may go.
+    pub ofi_mr_invalidations: AtomicU64,
+    /// Transfers of pool memory through a pool block's own registration.
+    pub ofi_mr_pool: AtomicU64,
+    /// Pool blocks registered with libfabric.
+    pub ofi_pool_blocks: AtomicU64,
     /// Sleeps of waiters on their shared-memory doorbell, or in `epoll_wait` while they have
     /// shared-memory peers.
     pub naps: AtomicU64,
@@ -167,6 +188,12 @@ pub struct ProtocolStats {
     pub shm_pull: u64,
     /// Messages pushed by the sender in chunks through shared memory.
     pub shm_push: u64,
+    /// Of the pulled messages, those copied by both ranks at once: the receiver pulled
+    /// pieces while the sender was asked to write others into its buffer.
+    pub shm_split: u64,
+    /// Pieces of split messages this rank wrote, as their sender, into the receivers'
+    /// buffers.
+    pub shm_split_written: u64,
     /// Eager messages over TCP.
     pub tcp_eager: u64,
     /// Rendezvous messages over TCP.
@@ -181,10 +208,29 @@ pub struct ProtocolStats {
     pub ofi_read: u64,
     /// Frames through libfabric whose payload the sender wrote (RDMA write).
     pub ofi_write: u64,
+    /// Messages of collective steps through libfabric written straight into the receive the
+    /// peer offered for them (direct steps, with no rendezvous; not counted above).
+    pub ofi_direct: u64,
     /// libfabric memory registrations found in the registration cache.
     pub ofi_mr_hits: u64,
     /// libfabric memory registrations made (cache misses).
     pub ofi_mr_misses: u64,
+    /// Payload bytes of the libfabric frames sent eager.
+    pub ofi_eager_bytes: u64,
+    /// Payload bytes of the libfabric frames the receiver read.
+    pub ofi_read_bytes: u64,
+    /// Payload bytes of the libfabric frames the sender wrote.
+    pub ofi_write_bytes: u64,
+    /// libfabric registrations closed because their memory may go: a cached registration
+    /// whose last user ended (the memory's owner may free it), or a pool block's whose memory
+    /// the pool gave back.
+    pub ofi_mr_invalidations: u64,
+    /// Transfers from or to shared-memory pool memory that used the registration of its pool
+    /// block (made when the block was created) instead of one of their own.
+    pub ofi_mr_pool: u64,
+    /// Shared-memory pool blocks registered with libfabric (when their memory was backed:
+    /// at creation, or when a grown block's given-back memory was reserved again).
+    pub ofi_pool_blocks: u64,
     /// Times a waiter slept on its shared-memory doorbell, or in `epoll_wait` while it has
     /// shared-memory peers (it also has peers over other transports).
     pub naps: u64,
@@ -212,11 +258,17 @@ impl ProtocolCounts {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    fn add(c: &AtomicU64, v: usize) {
+        c.fetch_add(v as u64, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> ProtocolStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ProtocolStats {
             shm_eager: get(&self.shm_eager),
             shm_pull: get(&self.shm_pull),
+            shm_split: get(&self.shm_split),
+            shm_split_written: get(&self.shm_split_written),
             shm_push: get(&self.shm_push),
             tcp_eager: get(&self.tcp_eager),
             tcp_rendezvous: get(&self.tcp_rendezvous),
@@ -225,8 +277,15 @@ impl ProtocolCounts {
             ofi_eager: get(&self.ofi_eager),
             ofi_read: get(&self.ofi_read),
             ofi_write: get(&self.ofi_write),
+            ofi_direct: get(&self.ofi_direct),
             ofi_mr_hits: get(&self.ofi_mr_hits),
             ofi_mr_misses: get(&self.ofi_mr_misses),
+            ofi_eager_bytes: get(&self.ofi_eager_bytes),
+            ofi_read_bytes: get(&self.ofi_read_bytes),
+            ofi_write_bytes: get(&self.ofi_write_bytes),
+            ofi_mr_invalidations: get(&self.ofi_mr_invalidations),
+            ofi_mr_pool: get(&self.ofi_mr_pool),
+            ofi_pool_blocks: get(&self.ofi_pool_blocks),
             naps: get(&self.naps),
             full_naps: get(&self.full_naps),
             stale_frames: get(&self.stale_frames),
@@ -275,6 +334,8 @@ pub(crate) struct EngineConfig {
     pub shm_push_threshold: usize,
     /// Chunk size of shared-memory pushes.
     pub shm_chunk: usize,
+    /// Pulled shared-memory messages from this size are copied by both ranks at once.
+    pub shm_split_threshold: usize,
     /// Describes an operation signature for mismatch messages.
     pub describe: fn([u64; 2]) -> String,
     /// `HCOMM_TIMEOUT`: sets the heartbeats of the watcher (see `p2p/watch.rs`).
@@ -452,6 +513,9 @@ struct OutFrame {
     done: usize,
     /// The payload itself, for a frame whose operation was abandoned half-written.
     owned: Option<Vec<u8>>,
+    /// A direct step of a collective (see `link::Exposure`): the link writes the message into
+    /// the receive the peer offered under this number.
+    direct: Option<u32>,
 }
 
 impl OutFrame {
@@ -465,6 +529,7 @@ impl OutFrame {
             len: 0,
             done: 0,
             owned: None,
+            direct: None,
         }
     }
 }
@@ -584,6 +649,8 @@ struct State {
     pulls: Vec<pull::Pull>,
     /// Per world rank: the kernel refused a pull from it, so its messages are pushed.
     pull_refused: Vec<bool>,
+    /// Messages copied by both ranks at once (`split.rs`).
+    split: split::Splits,
     /// The transport plug-in and the threads of the channels opened so far, when the world
     /// has one.
     plugin: Option<Channels>,
@@ -603,14 +670,17 @@ struct Shared {
     spin: Duration,
     /// The world's TCP connections (see `State::mesh`).
     mesh: Option<Arc<Mesh>>,
+    /// The world's libfabric endpoint, when it has one.
+    ofi: Option<Arc<Hub>>,
 }
 
 /// What carries the traffic of the peers instead of TCP and shared memory.
 pub(crate) enum Carrier {
     /// A transport plug-in, all of it.
     Plugin(Lease),
-    /// A libfabric endpoint, that of the peers it has an address of.
-    Ofi(OfiSetup),
+    /// A libfabric endpoint, that of the peers it has an address of (boxed: the endpoint's
+    /// handles and names outweigh a plug-in's lease many times).
+    Ofi(Box<OfiSetup>),
 }
 
 /// A world's libfabric endpoint and the peers it reaches.
@@ -767,9 +837,10 @@ impl Engine {
         let describe = cfg.describe;
         let (plugin, ofi) = match carrier {
             Some(Carrier::Plugin(lease)) => (Some(lease), None),
-            Some(Carrier::Ofi(setup)) => (None, Some(setup)),
+            Some(Carrier::Ofi(setup)) => (None, Some(*setup)),
             None => (None, None),
         };
+        let mut ofi_hub = None;
         if let Some(setup) = ofi {
             // Frames up to the write threshold go whole (their payload inline or read by the
             // receiver); larger messages take the rendezvous, whose data the sender writes.
@@ -806,6 +877,7 @@ impl Engine {
                 let direct = link::token(p, all.next_index(p), link::ofi::DIRECT_LANE);
                 all.add(p, AnyLink::Ofi(OfiLink::new(&hub, p, direct)));
             }
+            ofi_hub = Some(hub);
         }
         let rndv = Rendezvous::new(limits, size);
         // The plug-in's channels open on each pair's first use (`State::want_plugin`), each
@@ -840,6 +912,7 @@ impl Engine {
                 members: HashMap::default(),
                 pulls: Vec::new(),
                 pull_refused: vec![false; size],
+                split: split::Splits::new(size),
                 draining: false,
                 comm_aborts: Vec::new(),
                 plugin,
@@ -853,6 +926,7 @@ impl Engine {
             closing: AtomicBool::new(false),
             spin,
             mesh,
+            ofi: ofi_hub,
         });
         // First: should the progress thread fail to start, dropping the watcher stops it.
         let watcher = watch::Watcher::start(Arc::clone(&shared), ends, timing)?;
@@ -879,6 +953,22 @@ impl Engine {
             stats.plugin_fallbacks = mesh.fallbacks();
         }
         stats
+    }
+
+    /// What registers the shared-memory pool's blocks with the NIC: the libfabric hub, when
+    /// the world has one.
+    pub(crate) fn block_watcher(
+        &self,
+    ) -> Option<std::sync::Weak<dyn crate::transport::shm::pool::BlockWatcher>> {
+        let hub = self.shared.ofi.as_ref()?;
+        let weak: std::sync::Weak<dyn crate::transport::shm::pool::BlockWatcher> =
+            Arc::downgrade(hub) as _;
+        Some(weak)
+    }
+
+    /// The libfabric provider's name (`tcp;ofi_rxm`), when the world has an endpoint.
+    pub(crate) fn ofi_provider(&self) -> Option<String> {
+        self.shared.ofi.as_ref().map(|h| h.provider())
     }
 
     /// The failovers and fallbacks to TCP so far, by peer and rail.

@@ -381,6 +381,63 @@ fn grow(world: &Communicator) {
     println!("RECOVERED size {}", grown.size());
 }
 
+/// Rank 0 makes a join token that no grow takes: its store closes by itself within
+/// `HCOMM_TIMEOUT`, and rank 0's descriptors and threads come back to their counts before the
+/// token; then a grow of both ranks with it fails on both, saying it expired. Before that, a
+/// capacity too small for a token is refused and starts nothing.
+fn token_expires(world: &Communicator) {
+    // The links of the pair are up before the counts are taken.
+    world.barrier().expect("the first barrier");
+    let before = fds_and_threads();
+    match world.join_token_within(10) {
+        Err(Error::InvalidArgument(e)) => assert!(e.message.contains("nothing was started")),
+        other => panic!("a token in 10 bytes: {other:?}"),
+    }
+    assert_eq!(
+        fds_and_threads(),
+        before,
+        "a refused token started something"
+    );
+    let mut buf = [0u8; hcomm::JOIN_TOKEN_MAX];
+    if world.rank() == 0 {
+        let token = world.join_token().expect("join_token");
+        buf[..token.len()].copy_from_slice(token.as_bytes());
+        let (fds, threads) = fds_and_threads();
+        assert!(fds > before.0 && threads > before.1, "no store: {before:?}");
+        println!("STORE fds {fds} threads {threads}");
+    }
+    world
+        .broadcast(&mut buf, 0)
+        .expect("broadcast of the token");
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let token = std::str::from_utf8(&buf[..len]).expect("an ASCII token");
+    // Short all-reduces of rank 0's "back to the counts before" until it is: no wait comes
+    // near the timeout.
+    let t = Instant::now();
+    loop {
+        let back = world.rank() != 0 || fds_and_threads() == before;
+        let mut all = [0i64];
+        world
+            .allreduce(&[i64::from(back)], &mut all, ReduceOp::Min)
+            .expect("all-reduce of the flag");
+        if all[0] == 1 {
+            break;
+        }
+        assert!(
+            t.elapsed() < LOOP_LIMIT,
+            "rank 0's token store is still open: {:?} against {before:?}",
+            fds_and_threads()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("CLOSED after {} ms", t.elapsed().as_millis());
+    refused(
+        world.grow(token, 1),
+        "the join token expired: rank 0, which made it",
+    );
+    println!("EXPIRED");
+}
+
 /// A process started alone (a world of one, no launcher, no job secret) makes a token, writes
 /// it to the file the test names (as `TRIGGER`) and grows by the process the test starts
 /// beside it; both all-reduce exactly on 2.
@@ -488,6 +545,7 @@ fn rank_of_a_job() {
         Ok("alone") => alone(&world),
         Ok("serial") => serial(&world),
         Ok("grow") => grow(&world),
+        Ok("token-expires") => token_expires(&world),
         other => panic!("no scenario {other:?}"),
     }
 }
@@ -860,6 +918,27 @@ fn a_shrunk_communicator_grows_back_with_a_new_process_that_joins_with_a_token_s
 #[test]
 fn a_shrunk_communicator_grows_back_with_a_new_process_that_joins_with_a_token_tcp() {
     grow_back(&[("HCOMM_TRANSPORT", "tcp")]);
+}
+
+#[test]
+fn an_unused_join_token_expires_and_its_store_closes() {
+    let timeout = 4;
+    let mut job = start(
+        "token-expires",
+        2,
+        &[("HCOMM_TIMEOUT", &timeout.to_string())],
+    );
+    job.wait_for_lines(&[0, 1], "EXPIRED", Duration::from_secs(60));
+    let statuses = job.finish(Duration::from_secs(30));
+    assert!(statuses.iter().all(|s| s.success()), "{}", job.text());
+    // The store closed at its expiry: not long before HCOMM_TIMEOUT after it opened (the
+    // token was made just before the loop began), nor long after it.
+    let closed = number_after(line(&job, 0, "CLOSED "), "after");
+    assert!(
+        (timeout * 1000 - 1000..timeout * 1000 + 5000).contains(&closed),
+        "closed after {closed} ms:\n{}",
+        job.text()
+    );
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The libfabric transport from Rust, on jobs of real processes (this test binary started again
 //! as each rank) over the tcp provider (`FI_PROVIDER=tcp`, `HCOMM_TRANSPORT=ofi`): messages on
 //! both sides of both protocol thresholds, the registration cache (a hit while two sends share
-//! a buffer, a new registration when a buffer is freed and its address reused), and a machine
+//! a buffer, a new registration when a buffer is freed and its address reused), pool memory
+//! through its block's registration (no registration of its own), and a machine
 //! without libfabric (the transport says it is unavailable; TCP and shared memory still work).
 //! The test machine has libfabric (scripts/test-env.sh installs it).
 
@@ -134,6 +135,57 @@ fn cache(comm: &Communicator) {
     println!("OK cache");
 }
 
+/// Pool memory is registered with its block, when the block is made: transfers from and to it
+/// (RDMA read and write sizes) make no registration of their own, in rounds that free the
+/// buffers and allocate them again (an ordinary block, kept; a grown one, given back and
+/// reserved anew); the bytes arrive exactly.
+fn pool(comm: &Communicator) {
+    let (r, n) = (comm.rank(), comm.size());
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    // A grown block of its own (over HCOMM_POOL_BLOCK, 4 MiB in this test): a multiple of
+    // 2 MiB, so that freeing and allocating it again gives back and reserves every page.
+    let grown = 6 << 20;
+    for round in 0..3u8 {
+        let before = comm.protocol_stats();
+        for len in [64 << 10, 1 << 20, (1 << 20) + 1, grown] {
+            let mut out = comm.alloc::<u8>(len).unwrap();
+            let mut got = comm.alloc::<u8>(len).unwrap();
+            assert!(
+                out.in_pool() && got.in_pool(),
+                "{len} bytes not from the pool"
+            );
+            out.copy_from_slice(&pattern(len, round ^ r as u8));
+            let k = comm.sendrecv(&out, right, 5, &mut got, left, 5).unwrap();
+            assert_eq!(k, len);
+            assert!(
+                got[..] == pattern(len, round ^ left as u8)[..],
+                "round {round}: {len} bytes from {left}"
+            );
+        }
+        let s = comm.protocol_stats();
+        assert_eq!(
+            s.ofi_mr_misses, before.ofi_mr_misses,
+            "round {round}: {s:?}"
+        );
+        assert_eq!(s.ofi_mr_hits, before.ofi_mr_hits, "round {round}: {s:?}");
+        assert!(s.ofi_read > before.ofi_read, "round {round}: {s:?}");
+        assert!(s.ofi_write > before.ofi_write, "round {round}: {s:?}");
+        // Each transfer's sender and receiver found their block's region.
+        assert!(
+            s.ofi_mr_pool - before.ofi_mr_pool >= 4,
+            "round {round}: {s:?}"
+        );
+    }
+    let s = comm.protocol_stats();
+    // The ordinary block, and the grown one each time it was backed again.
+    assert!(s.ofi_pool_blocks >= 2, "{s:?}");
+    assert!(
+        s.ofi_mr_invalidations >= 1,
+        "the grown block was given back: {s:?}"
+    );
+    println!("OK pool");
+}
+
 /// The library is missing: forced, the world fails with NotSupported saying so; by default
 /// shared memory and TCP carry the job.
 fn missing(comm: Option<Communicator>) {
@@ -166,6 +218,7 @@ fn rank_of_a_job() {
     match std::env::var(SCENARIO).as_deref() {
         Ok("sizes") => sizes(&Communicator::init().unwrap()),
         Ok("cache") => cache(&Communicator::init().unwrap()),
+        Ok("pool") => pool(&Communicator::init().unwrap()),
         Ok("missing-forced") => missing(None),
         Ok("missing") => missing(Some(Communicator::init().unwrap())),
         other => panic!("no scenario {other:?}"),
@@ -180,6 +233,16 @@ fn messages_around_both_thresholds_take_every_protocol_through_libfabric() {
 #[test]
 fn the_registration_cache_hits_while_shared_and_registers_a_reused_address_anew() {
     job_ok(SCENARIO, "cache", 2, &OFI);
+}
+
+#[test]
+fn pool_memory_goes_through_its_blocks_registration_with_no_registration_of_its_own() {
+    job_ok(
+        SCENARIO,
+        "pool",
+        2,
+        &[OFI[0], OFI[1], ("HCOMM_POOL_BLOCK", "4194304")],
+    );
 }
 
 #[test]

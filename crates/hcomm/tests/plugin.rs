@@ -615,3 +615,32 @@ fn a_plugin_serves_one_world_at_a_time_from_init_to_finalize() {
     drop(alone("counts").unwrap());
     assert_eq!(counts.init.load(Ordering::SeqCst), 2);
 }
+
+/// A communicator whose traffic goes through a plug-in cannot grow (the grown communicator
+/// is a world of its own, and the plug-in serves one world at a time): making a token and
+/// growing both fail at once, naming the plug-in and the way out, and start nothing; the
+/// communicator works on.
+#[test]
+fn a_communicator_on_a_plugin_refuses_to_grow_at_once_naming_the_plugin() {
+    plugin::register("no-grow", Arc::new(Counts::default())).unwrap();
+    let comm = alone("no-grow").unwrap();
+    let threads = || std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count);
+    let before = threads();
+    let token_err = comm.join_token().expect_err("a token on a plug-in");
+    let grow_err = comm
+        .grow("hcomm-join/1/0/00/00/127.0.0.1:1", 1)
+        .err()
+        .expect("a grow on a plug-in");
+    for (e, what) in [(token_err, "join_token"), (grow_err, "grow")] {
+        let m = e.to_string();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{m}");
+        assert!(
+            m.contains(what) && m.contains("\"no-grow\"") && m.contains("built-in transports"),
+            "{m}"
+        );
+    }
+    assert_eq!(threads(), before);
+    let mut v = [2i64; 3];
+    comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    assert_eq!(v, [2; 3]);
+}

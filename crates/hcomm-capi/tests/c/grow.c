@@ -3,14 +3,26 @@
  * of the 3 makes a join token (hcommCommJoinToken), hands it to the others with a broadcast
  * and writes it to the file `token` in the working directory; the 3 grow by one
  * (hcommCommGrow), all-reduce exact integers on 4, and find the token refused a second time
- * and on COMM_WORLD (another communicator). Started alone as `grow join` (no launcher, no job
+ * and on COMM_WORLD (another communicator). A buffer too small for a token is refused before
+ * anything starts (no descriptor, no thread). Started alone as `grow join` (no launcher, no job
  * secret): waits for the file, joins with the token (hcommJoin, before hcommInit: the grown
  * communicator becomes COMM_WORLD) as rank 3 and all-reduces with them.
  * Usage: grow (under hcommrun --keep-going, 4 ranks) | grow join. */
 #define _POSIX_C_SOURCE 200809L
 #include "ft_common.h"
 
+#include <dirent.h>
 #include <time.h>
+
+/* Entries of the directory `path` (this process's descriptors or threads under /proc). */
+static int entries(const char *path) {
+    DIR *d = opendir(path);
+    ASSERT(d != NULL);
+    int n = 0;
+    while (readdir(d) != NULL) n++;
+    closedir(d);
+    return n;
+}
 
 /* The new process: reads the token once rank 0 has written it (at most 60 s), joins. */
 static int join(void) {
@@ -53,8 +65,13 @@ int main(int argc, char **argv) {
 
     char token[HCOMM_JOIN_TOKEN_MAX] = {0};
     if (r == 0) {
-        char small[8];
+        char small[8], tight[128];
+        int fds = entries("/proc/self/fd"), threads = entries("/proc/self/task");
         EXPECT(HCOMM_ERR_INVALID_ARGUMENT, hcommCommJoinToken(shrunk, small, sizeof small));
+        EXPECT(HCOMM_ERR_INVALID_ARGUMENT,
+               hcommCommJoinToken(shrunk, tight, sizeof tight));
+        ASSERT(strstr(hcommGetLastErrorMessage(), "nothing was started") != NULL);
+        ASSERT(entries("/proc/self/fd") == fds && entries("/proc/self/task") == threads);
         EXPECT(HCOMM_ERR_INVALID_ARGUMENT, hcommCommJoinToken(shrunk, NULL, sizeof token));
         CHECK(hcommCommJoinToken(shrunk, token, sizeof token));
         ASSERT(strlen(token) > 0 && strlen(token) < sizeof token);

@@ -14,15 +14,18 @@ use anyhow::{anyhow, bail};
 use clap::Parser;
 use hcomm::internal::observe::clock::{self, TickKind};
 use hcomm::internal::observe::stats::{
-    self, proto, unpack_name, FailoverCount, FlightSnapshot, StatsLayout, StatsReader, LANES,
+    self, proto, unpack_name, FailoverCount, FlightSnapshot, OfiStats, StatsLayout, StatsReader,
+    LANES, OFI_PROTOCOLS,
 };
 use hcomm::internal::observe::{OpKind, OP_KINDS};
 
 /// Show a running hcomm rank's operations live: per kind of operation the count, bytes, total
 /// and recent time, algorithm, protocols and transports; pool hits and misses; messages per
 /// protocol; failovers by peer and rail (TCP streams given up, fallbacks from the transport
-/// plug-in to TCP); and every operation in flight with how long it has waited and on which
-/// peer.
+/// plug-in to TCP); the libfabric transport's provider, frames and bytes per protocol and
+/// memory registrations (cache hits, misses, invalidations; pool blocks registered and the
+/// transfers that used them); and every operation in flight with how long it has waited and on
+/// which peer.
 ///
 /// Times cover the operations since a profiler first attached to the rank (the rank then
 /// starts timing them); counts and bytes cover everything.
@@ -330,6 +333,9 @@ fn render_one(out: &mut String, t: &mut Target, window: Duration) {
     for f in &failovers {
         let _ = writeln!(out, "  {}", describe_failover(f));
     }
+    if let Some(line) = describe_ofi(&h.ofi) {
+        let _ = writeln!(out, "  {line}");
+    }
     let now = clock::ticks();
     let flights: Vec<FlightSnapshot> = layout
         .lanes
@@ -357,6 +363,31 @@ fn describe_failover(f: &FailoverCount) -> String {
             f.peer, f.rail, f.count
         )
     }
+}
+
+/// The libfabric line: provider, frames and bytes per protocol, registrations; `None`
+/// without libfabric.
+fn describe_ofi(o: &OfiStats) -> Option<String> {
+    let provider = o.provider();
+    if provider.is_empty() {
+        return None;
+    }
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let protocols: Vec<String> = OFI_PROTOCOLS
+        .iter()
+        .zip(o.messages.iter().zip(&o.bytes))
+        .map(|(name, (m, b))| format!("{name} {} ({})", load(m), human_bytes(load(b))))
+        .collect();
+    Some(format!(
+        "libfabric {provider}: {}; registrations: {} hits, {} misses, {} invalidations; pool \
+         blocks registered {}, pool transfers {}",
+        protocols.join(", "),
+        load(&o.mr_hits),
+        load(&o.mr_misses),
+        load(&o.mr_invalidations),
+        load(&o.pool_blocks),
+        load(&o.mr_pool),
+    ))
 }
 
 /// One operation in flight, with how long it has run and waited.
@@ -404,6 +435,24 @@ mod tests {
         assert_eq!(bits(m, &proto::NAMES), "shm-inline,shm-pull,tcp-eager");
         assert_eq!(bits(m, &proto::TRANSPORTS), "shm,tcp");
         assert_eq!(bits(0, &proto::NAMES), "-");
+    }
+
+    #[test]
+    fn the_libfabric_line_shows_each_protocol_and_the_registrations() {
+        let o = OfiStats::default();
+        assert_eq!(describe_ofi(&o), None);
+        for (w, v) in o.provider.iter().zip(stats::pack_name::<4>("tcp;ofi_rxm")) {
+            w.store(v, Ordering::Relaxed);
+        }
+        o.messages[1].store(3, Ordering::Relaxed);
+        o.bytes[1].store(3 << 20, Ordering::Relaxed);
+        o.mr_misses.store(2, Ordering::Relaxed);
+        assert_eq!(
+            describe_ofi(&o).unwrap(),
+            "libfabric tcp;ofi_rxm: eager 0 (0 B), rdma-read 3 (3.0 MiB), rdma-write 0 (0 B); \
+             registrations: 0 hits, 2 misses, 0 invalidations; pool blocks registered 0, pool \
+             transfers 0"
+        );
     }
 
     #[test]

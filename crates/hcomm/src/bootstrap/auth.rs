@@ -32,6 +32,30 @@ use sha2::Sha256;
 use super::{read_exact_until, read_vec_until, write_all_until, TimedStream};
 use crate::error::{Error, Result};
 
+/// A secret (the job secret, a join token's key): its bytes are there for authentication,
+/// but its `Debug` prints `<redacted>`, so that a configuration, a transport's settings or an
+/// error that holds one can be logged without giving it away.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// The secret made of `bytes`.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Secret {
+        Secret(bytes.into())
+    }
+
+    /// Its bytes, for authentication (never for a message or a log).
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// Largest hello (application payload) either side may send, in bytes.
 pub(crate) const MAX_HELLO: usize = 1024;
 

@@ -163,6 +163,8 @@ struct Shared {
     /// Signalled on every change of `table` and on shutdown (wakes server-side waits).
     changed: Condvar,
     stopping: AtomicBool,
+    /// When the store stops by itself ([`RendezvousStore::expire_at`]).
+    expiry: Mutex<Expiry>,
     conns: Mutex<Conns>,
     /// Signalled when a handshake ends (a slot frees) and on shutdown: wakes the accept loop
     /// waiting for room.
@@ -172,6 +174,17 @@ struct Shared {
     threads_done: Condvar,
     /// Longest server-side wait ([`MAX_WAIT`]).
     max_wait: Duration,
+}
+
+/// Whether and when a store stops by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expiry {
+    /// It serves until dropped.
+    Never,
+    /// It stops at this instant unless kept first.
+    At(Instant),
+    /// It stopped at its expiry.
+    Expired,
 }
 
 /// Every open connection, kept so that eviction and shutdown can close them.
@@ -210,6 +223,7 @@ impl RendezvousStore {
             table: Mutex::new(Table::new(MAX_STORED_BYTES)),
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
+            expiry: Mutex::new(Expiry::Never),
             conns: Mutex::new(Conns::default()),
             slot_freed: Condvar::new(),
             threads: Mutex::new(0),
@@ -233,6 +247,65 @@ impl RendezvousStore {
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
+
+    /// Makes the store stop by itself at `at` (within [`ACCEPT_POLL`]) unless
+    /// [`keep`](Self::keep) is called first: it closes its listener and every connection, and
+    /// its threads end, as when it is dropped.
+    pub(crate) fn expire_at(&self, at: Instant) {
+        let mut e = lock(&self.shared.expiry);
+        if *e != Expiry::Expired {
+            *e = Expiry::At(at);
+        }
+    }
+
+    /// Cancels the expiry: true when the store still serves (and now serves until dropped),
+    /// false when it has already expired.
+    pub(crate) fn keep(&self) -> bool {
+        let mut e = lock(&self.shared.expiry);
+        if *e == Expiry::Expired {
+            return false;
+        }
+        *e = Expiry::Never;
+        true
+    }
+
+    /// Whether the store stopped at its expiry.
+    pub(crate) fn expired(&self) -> bool {
+        *lock(&self.shared.expiry) == Expiry::Expired
+    }
+}
+
+/// Stops serving: raises `stopping`, wakes the waits and closes every connection, whose
+/// threads then end; the accept loop ends within [`ACCEPT_POLL`].
+fn stop(shared: &Shared) {
+    shared.stopping.store(true, Ordering::SeqCst);
+    // Taking the table lock orders this after any waiter's check of `stopping`.
+    drop(lock(&shared.table));
+    shared.changed.notify_all();
+    {
+        let conns = lock(&shared.conns);
+        let pending = conns.pending.values().map(|p| &p.stream);
+        for stream in pending.chain(conns.clients.values()) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+    shared.slot_freed.notify_all();
+}
+
+/// True (once the store is stopped) when its expiry has come: marks it expired, unless it was
+/// kept.
+fn expire_if_due(shared: &Shared) -> bool {
+    let mut e = lock(&shared.expiry);
+    match *e {
+        Expiry::At(at) if Instant::now() >= at => {
+            *e = Expiry::Expired;
+            drop(e);
+            stop(shared);
+            tracing::debug!("rendezvous store: expired");
+            true
+        }
+        _ => false,
+    }
 }
 
 impl fmt::Debug for RendezvousStore {
@@ -246,18 +319,7 @@ impl fmt::Debug for RendezvousStore {
 impl Drop for RendezvousStore {
     /// Stops accepting, closes every connection and waits (boundedly) for the threads.
     fn drop(&mut self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        // Taking the table lock orders this after any waiter's check of `stopping`.
-        drop(lock(&self.shared.table));
-        self.shared.changed.notify_all();
-        {
-            let conns = lock(&self.shared.conns);
-            let pending = conns.pending.values().map(|p| &p.stream);
-            for stream in pending.chain(conns.clients.values()) {
-                let _ = stream.shutdown(Shutdown::Both);
-            }
-        }
-        self.shared.slot_freed.notify_all();
+        stop(&self.shared);
         if let Some(acceptor) = self.acceptor.take() {
             // The accept loop looks at `stopping` every ACCEPT_POLL, so this is quick.
             let _ = acceptor.join();
@@ -306,6 +368,9 @@ fn listen(addr: SocketAddr) -> Result<TcpListener> {
 
 fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
     while !shared.stopping.load(Ordering::SeqCst) {
+        if expire_if_due(shared) {
+            return;
+        }
         if !wait_for_room(shared) {
             continue;
         }
@@ -1331,6 +1396,35 @@ mod tests {
         );
     }
 
+    /// A store given an expiry stops by itself then: its connected client is cut off and a
+    /// new one cannot connect; one kept before its expiry serves on.
+    #[test]
+    fn a_store_stops_at_its_expiry_unless_kept() {
+        let (expiring, addr) = store();
+        let mut c = StoreClient::connect(&addr, SECRET, T).unwrap();
+        c.set("k", b"v").unwrap();
+        expiring.expire_at(Instant::now() + Duration::from_millis(100));
+        let (kept, kept_addr) = store();
+        kept.expire_at(Instant::now() + Duration::from_millis(100));
+        assert!(kept.keep());
+        let until = Instant::now() + T;
+        while !expiring.expired() {
+            assert!(Instant::now() < until, "the store did not expire");
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!expiring.keep(), "an expired store was kept");
+        assert!(
+            c.get("k").is_err(),
+            "the client of an expired store still reads"
+        );
+        let short = Duration::from_millis(300);
+        assert!(StoreClient::connect(&addr, SECRET, short).is_err());
+        assert!(!kept.expired());
+        let mut k = StoreClient::connect(&kept_addr, SECRET, T).unwrap();
+        k.set("k", b"v").unwrap();
+        assert_eq!(k.get("k").unwrap().unwrap(), b"v");
+    }
+
     #[test]
     fn add_on_a_non_counter_is_an_invalid_argument_and_keeps_the_connection() {
         let (_store, addr) = store();
@@ -1617,6 +1711,7 @@ mod tests {
             table: Mutex::new(Table::new(max_bytes)),
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
+            expiry: Mutex::new(Expiry::Never),
             conns: Mutex::new(Conns::default()),
             slot_freed: Condvar::new(),
             threads: Mutex::new(0),

@@ -9,6 +9,8 @@
 
 use std::time::Instant;
 
+use rustc_hash::FxHashMap as HashMap;
+
 use crate::coll::schedule::{Buf, Region, Schedule, Step};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, PeerRank, Result};
@@ -128,12 +130,13 @@ fn run_steps(
 ) -> Result<()> {
     let steps = &call.sched.steps;
     let mut done = vec![false; steps.len()];
+    let direct = direct_steps(ops, call);
     let mut next = 0;
     let mut ids: Vec<OpId> = Vec::new();
     loop {
         // Issue, in order, every step whose dependencies are done.
         while next < steps.len() && call.sched.deps(next).iter().all(|&d| done[d as usize]) {
-            if let Some(id) = issue(ops, call, steps[next])? {
+            if let Some(id) = issue(ops, call, steps[next], direct[next])? {
                 pending.push((next, id));
             } else {
                 done[next] = true;
@@ -164,16 +167,61 @@ fn run_steps(
     }
 }
 
-/// Starts a transfer (returning its operation) or runs a local step to completion.
-fn issue(ops: &mut Ops<'_>, call: &Call<'_>, step: Step) -> Result<Option<OpId>> {
+/// The number of each transfer that goes as a direct step (see [`Ops::post_direct`]) among
+/// the call's direct steps with its peer in the same direction, in program order: the
+/// transfers whose size the link to the peer writes straight into the receive. The peer
+/// numbers its side alike (the n-th send to a rank matches the rank's n-th receive from it,
+/// of the same size), which pairs each receive the peer offers with its send here.
+fn direct_steps(ops: &Ops<'_>, call: &Call<'_>) -> Vec<Option<u32>> {
+    let mut sizes: HashMap<usize, Option<(usize, usize)>> = HashMap::default();
+    let mut next: HashMap<(usize, bool), u32> = HashMap::default();
+    let mut number = |step: &Step| {
+        let (peer, len, send) = match *step {
+            Step::Send { peer, src } => (peer, src.len, true),
+            Step::Recv { peer, dst } => (peer, dst.len, false),
+            _ => return None,
+        };
+        if len == 0 {
+            return None;
+        }
+        let world = *call.members.get(peer)?;
+        let (min, max) = (*sizes
+            .entry(world)
+            .or_insert_with(|| ops.direct_sizes(world)))?;
+        if !(min..=max).contains(&len) {
+            return None;
+        }
+        let n = next.entry((peer, send)).or_insert(0);
+        *n += 1;
+        Some(*n - 1)
+    };
+    call.sched.steps.iter().map(&mut number).collect()
+}
+
+/// Starts a transfer (returning its operation), as the direct step `direct` when it is one,
+/// or runs a local step to completion.
+fn issue(
+    ops: &mut Ops<'_>,
+    call: &Call<'_>,
+    step: Step,
+    direct: Option<u32>,
+) -> Result<Option<OpId>> {
     match step {
         Step::Send { peer, src } => {
-            let t = call.target(peer)?;
-            ops.post(Blocking::Send, t, call.part(src)?).map(Some)
+            let (t, p) = (call.target(peer)?, call.part(src)?);
+            match direct {
+                Some(k) => ops.post_direct(Blocking::Send, t, p, k),
+                None => ops.post(Blocking::Send, t, p),
+            }
+            .map(Some)
         }
         Step::Recv { peer, dst } => {
-            let t = call.target(peer)?;
-            ops.post(Blocking::Recv, t, call.part(dst)?).map(Some)
+            let (t, p) = (call.target(peer)?, call.part(dst)?);
+            match direct {
+                Some(k) => ops.post_direct(Blocking::Recv, t, p, k),
+                None => ops.post(Blocking::Recv, t, p),
+            }
+            .map(Some)
         }
         Step::Copy { dst, src } => {
             ops.copy(call.part(dst)?, call.part(src)?)?;

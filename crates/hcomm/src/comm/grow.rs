@@ -25,16 +25,18 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use super::{rail_addrs, Boot, Communicator, World, COLL, INTERNAL, WORLD_ID};
 use crate::bootstrap::{RendezvousStore, StoreClient};
-use crate::config::Config;
+use crate::config::{Config, Secret};
 use crate::error::{Error, PeerRank, Result};
 use crate::rng::mix;
 use crate::sync::lock;
+use crate::transport::plugin;
 use crate::transport::shm::link;
 
 /// What every token starts with: the format and its version.
@@ -59,13 +61,51 @@ const PLAN_LEN: usize = 8 + 8 + 8 + 4;
 /// The longest token, in bytes (the C API's `HCOMM_JOIN_TOKEN_MAX` counts its NUL too).
 pub const JOIN_TOKEN_MAX: usize = 255;
 
+/// A grow's record, in the members' exchange, from the member whose token expired.
+const EXPIRED: [u8; 16] = [0xff; 16];
+
 /// What one communicator's handles share about growing it.
 #[derive(Default)]
 pub(super) struct GrowState {
-    /// The stores of the tokens this rank made that no grow has used yet, by nonce.
+    /// The stores of the tokens this rank made that no grow has used yet, by nonce. Each
+    /// stops by itself `HCOMM_TIMEOUT` after its token was made unless a grow takes it first.
     stores: HashMap<[u8; NONCE_LEN], RendezvousStore>,
     /// The nonces of the tokens a grow of this communicator used (each may be used once).
     used: HashSet<[u8; NONCE_LEN]>,
+    /// The nonces of this rank's tokens whose stores expired unused (and are dropped).
+    expired: HashSet<[u8; NONCE_LEN]>,
+}
+
+impl GrowState {
+    /// Drops the stores that expired (stopped already: their sockets and threads are gone),
+    /// remembering their nonces.
+    fn prune(&mut self) {
+        let gone: Vec<_> = self
+            .stores
+            .iter()
+            .filter(|(_, s)| s.expired())
+            .map(|(n, _)| *n)
+            .collect();
+        for n in gone {
+            self.stores.remove(&n);
+            self.expired.insert(n);
+        }
+    }
+
+    /// Takes the store of the token with `nonce` for a grow: `Ok(Some)` when this rank made
+    /// it and it still serves (it now serves until the grown world drops it), `Ok(None)` when
+    /// another member made it, `Err(())` when this rank made it and it expired.
+    fn take(
+        &mut self,
+        nonce: &[u8; NONCE_LEN],
+    ) -> std::result::Result<Option<RendezvousStore>, ()> {
+        match self.stores.remove(nonce) {
+            Some(store) if store.keep() => Ok(Some(store)),
+            Some(_) => Err(()),
+            None if self.expired.contains(nonce) => Err(()),
+            None => Ok(None),
+        }
+    }
 }
 
 /// A join token, decoded.
@@ -129,8 +169,8 @@ impl Token {
     }
 
     /// The secret of the grow store and of the grown world: the key, in hex.
-    fn secret(&self) -> Vec<u8> {
-        hex::encode(self.key).into_bytes()
+    fn secret(&self) -> Secret {
+        Secret::new(hex::encode(self.key))
     }
 }
 
@@ -209,11 +249,29 @@ fn own_secret() -> Result<&'static [u8]> {
 }
 
 impl World {
+    /// Refuses to grow a world whose traffic goes through a transport plug-in: a plug-in
+    /// serves one world of a process at a time, and the grown communicator is a world of its
+    /// own while this one goes on, so it could not have the plug-in.
+    fn check_growable(&self, what: &str) -> Result<()> {
+        match self.config.transport.as_deref() {
+            Some(name) if !plugin::BUILT_IN.contains(&name) => {
+                Err(Error::invalid_argument(format!(
+                    "{what}: this communicator's traffic goes through the transport plug-in \
+                     {name:?} (HCOMM_TRANSPORT), and a grown communicator cannot have it: it is \
+                     a world of its own while this one lives, and a plug-in serves one world of \
+                     a process at a time; grow a job that runs on the built-in transports \
+                     (HCOMM_TRANSPORT unset, shm, tcp or ofi)"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The secret this world's join tokens derive from: the job secret, or in a world of one
     /// without one a random secret of this process.
     fn token_secret(&self) -> Result<&[u8]> {
         match &self.config.job_secret {
-            Some(s) => Ok(s),
+            Some(s) => Ok(s.expose()),
             None => own_secret(),
         }
     }
@@ -251,7 +309,7 @@ fn boot(token: &Token, client: StoreClient, store: Option<RendezvousStore>) -> B
     Boot {
         client,
         store,
-        shm_id: link::job_id(&secret, &token.addr, 0),
+        shm_id: link::job_id(secret.expose(), &token.addr, 0),
         secret,
         ns: NS.to_owned(),
     }
@@ -259,10 +317,11 @@ fn boot(token: &Token, client: StoreClient, store: Option<RendezvousStore>) -> B
 
 /// Connects to the grow store of `token`, within `timeout`.
 fn connect(token: &Token, timeout: std::time::Duration) -> Result<StoreClient> {
-    StoreClient::connect(&token.addr, &token.secret(), timeout).map_err(|e| {
+    StoreClient::connect(&token.addr, token.secret().expose(), timeout).map_err(|e| {
         e.prefixed(format!(
             "the store of the join token at {} (hosted by the member that made the token) \
-             cannot be reached or refused the token's key",
+             cannot be reached (the member is gone, or the token expired: HCOMM_TIMEOUT after \
+             it was made, no grow had taken it) or refused the token's key",
             token.addr
         ))
     })
@@ -273,13 +332,43 @@ impl Communicator {
     /// communicator, each of which calls [`Communicator::join`] with it. Local: only this
     /// rank makes it; hand it to the other members (for example with a broadcast) and to the
     /// new processes. This rank hosts the store the new processes reach until a grow uses
-    /// the token or the communicator is released. The token (at most
-    /// [`JOIN_TOKEN_MAX`] bytes of ASCII) carries a key derived from the job secret: whoever
-    /// holds it can join, without the job secret; keep it as secret as the job secret.
+    /// the token; a token no grow on this rank has taken within `HCOMM_TIMEOUT` expires (its
+    /// store closes; a grow with it fails), and releasing the communicator closes the stores
+    /// of its tokens too. The token (at most [`JOIN_TOKEN_MAX`] bytes of ASCII) carries a key
+    /// derived from the job secret: whoever holds it can join, without the job secret; keep
+    /// it as secret as the job secret.
     ///
     /// Errors: [`Error::Transport`] when the store cannot listen; [`Error::Init`] without
-    /// random bytes from the operating system.
+    /// random bytes from the operating system; [`Error::InvalidArgument`] when the traffic
+    /// goes through a transport plug-in (see [`Communicator::grow`]).
     pub fn join_token(&self) -> Result<String> {
+        self.join_token_within(JOIN_TOKEN_MAX)
+    }
+
+    /// [`Communicator::join_token`] when the token must fit in `capacity` bytes: checked
+    /// before anything starts, against the longest token this rank can make (its address
+    /// with a port of five digits), so that a buffer too small costs nothing.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `capacity` is too small (the message says how
+    /// many bytes it needs); those of [`Communicator::join_token`].
+    pub fn join_token_within(&self, capacity: usize) -> Result<String> {
+        self.world.check_growable("join_token")?;
+        let ip = self.world.reachable_ip();
+        let longest = Token {
+            comm: self.id,
+            nonce: [0; NONCE_LEN],
+            key: [0; KEY_LEN],
+            addr: SocketAddr::new(ip, u16::MAX).to_string(),
+        }
+        .encode()
+        .len();
+        if longest > capacity {
+            return Err(Error::invalid_argument(format!(
+                "join_token: the token may take {longest} bytes and only {capacity} fit \
+                 (JOIN_TOKEN_MAX, {JOIN_TOKEN_MAX}, always does; in C HCOMM_JOIN_TOKEN_MAX \
+                 counts the NUL too); nothing was started"
+            )));
+        }
         let mut nonce = [0u8; NONCE_LEN];
         getrandom::fill(&mut nonce).map_err(|e| {
             Error::init(format!(
@@ -297,15 +386,17 @@ impl Communicator {
             key,
             addr: String::new(),
         };
-        let store = RendezvousStore::bind(
-            SocketAddr::new(self.world.reachable_ip(), 0),
-            &token.secret(),
-        )?;
+        let store = RendezvousStore::bind(SocketAddr::new(ip, 0), token.secret().expose())?;
+        if let Some(at) = Instant::now().checked_add(self.world.config.timeout) {
+            store.expire_at(at);
+        }
         let token = Token {
-            addr: store.local_addr().to_string(),
+            addr: SocketAddr::new(ip, store.local_addr().port()).to_string(),
             ..token
         };
-        lock(&self.state.grow).stores.insert(nonce, store);
+        let mut g = lock(&self.state.grow);
+        g.prune();
+        g.stores.insert(nonce, store);
         Ok(token.encode())
     }
 
@@ -314,15 +405,19 @@ impl Communicator {
     /// size - 1 in their old order, and the new processes, ranks size to size + nnew - 1 in
     /// the order they joined, at the next epoch. Collective: every member calls it with the
     /// same token (made by one of them with [`Communicator::join_token`]) and count. The
-    /// grown communicator is a world of its own (the old one goes on until released); it
-    /// cannot use a transport plug-in the old world holds.
+    /// grown communicator is a world of its own (the old one goes on until released); so a
+    /// communicator whose traffic goes through a transport plug-in (which serves one world at
+    /// a time) cannot grow, nor make a token: both fail at once with
+    /// [`Error::InvalidArgument`] naming the plug-in.
     ///
     /// Errors: [`Error::InvalidArgument`] for a malformed token, one made for another
     /// communicator, one not made in this job (its key does not derive from the job secret),
-    /// one a grow of this communicator already used, and `nnew` 0; [`Error::Mismatch`] when
+    /// one a grow of this communicator already used, one that expired before the member that
+    /// made it called grow, and `nnew` 0; [`Error::Mismatch`] when
     /// members pass other tokens or counts; [`Error::Timeout`] when the new processes do not
     /// all join within `HCOMM_TIMEOUT`; those of communication with the members.
     pub fn grow(&self, token: &str, nnew: usize) -> Result<Communicator> {
+        self.world.check_growable("grow")?;
         // Whitespace around the token (a newline read with it) is no part of it.
         let token = token.trim();
         let t = Token::parse(token)?;
@@ -354,15 +449,28 @@ impl Communicator {
                      once): make a new one with join_token",
                 ));
             }
-            g.stores.remove(&t.nonce)
+            g.take(&t.nonce)
         };
-        // Every member holds the same token and count.
+        // Every member holds the same token and count; the maker says if it expired.
         let mut h = Sha256::new();
         h.update(token.as_bytes());
         h.update((nnew as u64).to_le_bytes());
         let mut mine = [0u8; 16];
         mine.copy_from_slice(&h.finalize()[..16]);
+        if store.is_err() {
+            mine = EXPIRED;
+        }
         let all = self.exchange_all(&mine)?;
+        if let Some(r) = all.iter().position(|d| *d == EXPIRED) {
+            return Err(Error::invalid_argument(format!(
+                "grow: the join token expired: rank {r}, which made it, did not grow with it \
+                 within HCOMM_TIMEOUT ({:?}) and closed its store: make a new one with \
+                 join_token",
+                self.world.config.timeout
+            )));
+        }
+        // An expired token returned above: its maker's record says so.
+        let store = store.unwrap_or_default();
         if let Some(r) = all.iter().position(|d| *d != mine) {
             return Err(Error::mismatch(format!(
                 "grow: rank {r} passed another join token or count than this rank ({nnew})"

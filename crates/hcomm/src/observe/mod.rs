@@ -13,7 +13,7 @@ pub(crate) mod stall;
 pub(crate) mod stats;
 pub(crate) mod trace;
 
-use crate::config::Config;
+use crate::config::{Config, Secret};
 use stats::{OpInfo, Recording};
 
 /// Starts observing a new world of this process (rank `rank` of `size`): stall warnings as
@@ -25,7 +25,11 @@ pub(crate) fn attach(config: &Config, rank: usize, size: usize) -> stats::Regist
         trace::start(path, rank);
     }
     let job_id = crate::transport::shm::link::job_id(
-        config.job_secret.as_deref().unwrap_or_default(),
+        config
+            .job_secret
+            .as_ref()
+            .map(Secret::expose)
+            .unwrap_or_default(),
         config.launch.root_addr.as_deref().unwrap_or_default(),
         0,
     );

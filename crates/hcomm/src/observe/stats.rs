@@ -36,7 +36,7 @@ pub use crate::transport::tcp::FailoverCount;
 /// `HCSTATS1`: the first eight bytes of a [`StatsLayout`].
 pub(crate) const STATS_MAGIC: u64 = u64::from_le_bytes(*b"HCSTATS1");
 /// Version of the [`StatsLayout`]; readers refuse others.
-pub(crate) const STATS_VERSION: u32 = 2;
+pub(crate) const STATS_VERSION: u32 = 3;
 /// Lanes of a segment: threads that run operations at the same time, each with counters of
 /// its own (the last one is shared by any further threads).
 pub const LANES: usize = 32;
@@ -64,8 +64,10 @@ pub mod proto {
     pub const PLUGIN_RENDEZVOUS: u64 = 64;
     /// One-sided: the peers' memory read in place (shared memory).
     pub const ONESIDED: u64 = 128;
+    /// Pulled by the receiver while the sender wrote pieces too (a split: both ranks copy).
+    pub const SHM_SPLIT: u64 = 256;
     /// Names of the bits, lowest first.
-    pub const NAMES: [&str; 8] = [
+    pub const NAMES: [&str; 9] = [
         "shm-inline",
         "shm-pull",
         "shm-push",
@@ -74,10 +76,12 @@ pub mod proto {
         "plugin-eager",
         "plugin-rndv",
         "onesided",
+        "shm-split",
     ];
     /// The transport of each bit: `shm`, `tcp` or `plugin`.
-    pub const TRANSPORTS: [&str; 8] =
-        ["shm", "shm", "shm", "tcp", "tcp", "plugin", "plugin", "shm"];
+    pub const TRANSPORTS: [&str; 9] = [
+        "shm", "shm", "shm", "tcp", "tcp", "plugin", "plugin", "shm", "shm",
+    ];
 }
 
 /// Counters of one kind of operation in one lane.
@@ -174,11 +178,88 @@ pub struct StatsHeader {
     /// Pool allocations that fell back to the heap (refreshed while watched).
     pub pool_misses: AtomicU64,
     /// Messages per protocol of the engine, by bit of [`proto`] (refreshed while watched).
-    pub messages: [AtomicU64; 8],
+    pub messages: [AtomicU64; 9],
     /// Failovers by peer and rail, and fallbacks from the transport plug-in to TCP by peer,
     /// in the order they first happened (refreshed while watched; the first
     /// [`FAILOVER_SLOTS`]).
     pub failovers: [FailoverSlot; FAILOVER_SLOTS],
+    /// The libfabric transport's counts (refreshed while watched; all zero without it).
+    pub ofi: OfiStats,
+}
+
+/// What the libfabric transport did (the statistics header's `ofi`): messages and bytes of
+/// each protocol, and what became of its memory registrations.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct OfiStats {
+    /// The provider's name (`tcp;ofi_rxm`), ASCII, NUL padded; empty without libfabric.
+    pub provider: [AtomicU64; 4],
+    /// Frames by protocol: eager, RDMA read, RDMA write.
+    pub messages: [AtomicU64; 3],
+    /// Their payload bytes, by protocol as `messages`.
+    pub bytes: [AtomicU64; 3],
+    /// Registrations found in the registration cache.
+    pub mr_hits: AtomicU64,
+    /// Registrations made for a transfer (cache misses).
+    pub mr_misses: AtomicU64,
+    /// Registrations closed because their memory may go.
+    pub mr_invalidations: AtomicU64,
+    /// Transfers of pool memory through their pool block's registration.
+    pub mr_pool: AtomicU64,
+    /// Pool blocks registered.
+    pub pool_blocks: AtomicU64,
+}
+
+/// Names of the protocols of [`OfiStats::messages`], in order.
+pub const OFI_PROTOCOLS: [&str; 3] = ["eager", "rdma-read", "rdma-write"];
+
+/// The values [`OfiStats`] holds, to publish.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OfiCounts {
+    /// As [`OfiStats::messages`].
+    pub messages: [u64; 3],
+    /// As [`OfiStats::bytes`].
+    pub bytes: [u64; 3],
+    /// As [`OfiStats::mr_hits`].
+    pub mr_hits: u64,
+    /// As [`OfiStats::mr_misses`].
+    pub mr_misses: u64,
+    /// As [`OfiStats::mr_invalidations`].
+    pub mr_invalidations: u64,
+    /// As [`OfiStats::mr_pool`].
+    pub mr_pool: u64,
+    /// As [`OfiStats::pool_blocks`].
+    pub pool_blocks: u64,
+}
+
+impl OfiStats {
+    /// Stores `c` and the provider's name.
+    pub(crate) fn publish(&self, provider: &str, c: &OfiCounts) {
+        for (w, v) in self.provider.iter().zip(pack_name::<4>(provider)) {
+            w.store(v, Ordering::Relaxed);
+        }
+        for (w, v) in self.messages.iter().zip(c.messages) {
+            w.store(v, Ordering::Relaxed);
+        }
+        for (w, v) in self.bytes.iter().zip(c.bytes) {
+            w.store(v, Ordering::Relaxed);
+        }
+        let rest = [
+            (&self.mr_hits, c.mr_hits),
+            (&self.mr_misses, c.mr_misses),
+            (&self.mr_invalidations, c.mr_invalidations),
+            (&self.mr_pool, c.mr_pool),
+            (&self.pool_blocks, c.pool_blocks),
+        ];
+        for (w, v) in rest {
+            w.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// The provider's name ("" without libfabric).
+    pub fn provider(&self) -> String {
+        unpack_name(self.provider.each_ref().map(|w| w.load(Ordering::Relaxed)))
+    }
 }
 
 /// The failovers of one peer on one rail (the statistics header's `failovers`).
@@ -222,7 +303,7 @@ impl FailoverSlot {
 impl StatsHeader {
     /// Stores the engine's messages per protocol (by [`proto`] bit) and the pool's hits and
     /// misses.
-    pub(crate) fn publish(&self, messages: [u64; 8], pool_hits: u64, pool_misses: u64) {
+    pub(crate) fn publish(&self, messages: [u64; 9], pool_hits: u64, pool_misses: u64) {
         for (c, v) in self.messages.iter().zip(messages) {
             c.store(v, Ordering::Relaxed);
         }
@@ -248,9 +329,9 @@ pub struct StatsLayout {
     pub lanes: [Lane; LANES],
 }
 
-/// Packs a name into `N` words (the three of [`KindStats::algo`], say; longer names are cut
+/// Packs a name into `N` words (the three of `KindStats::algo`, say; longer names are cut
 /// at `8 * N` bytes).
-pub(crate) fn pack_name<const N: usize>(name: &str) -> [u64; N] {
+pub fn pack_name<const N: usize>(name: &str) -> [u64; N] {
     let mut words = [0u64; N];
     for (w, chunk) in words.iter_mut().zip(name.as_bytes().chunks(8)) {
         let mut b = [0u8; 8];
@@ -834,6 +915,38 @@ mod tests {
         slot.store(&row);
         let back = slot.read().unwrap();
         assert_eq!((back.rail.len(), back.plugin, back.count), (64, false, 3));
+    }
+
+    #[test]
+    fn ofi_counts_reach_their_fields() {
+        let o = OfiStats::default();
+        assert_eq!(o.provider(), "");
+        let s = OfiCounts {
+            messages: [1, 2, 3],
+            bytes: [4, 5, 6],
+            mr_hits: 7,
+            mr_misses: 8,
+            mr_invalidations: 9,
+            mr_pool: 10,
+            pool_blocks: 11,
+        };
+        o.publish("tcp;ofi_rxm", &s);
+        assert_eq!(o.provider(), "tcp;ofi_rxm");
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let got: Vec<u64> = o
+            .messages
+            .iter()
+            .chain(&o.bytes)
+            .chain([
+                &o.mr_hits,
+                &o.mr_misses,
+                &o.mr_invalidations,
+                &o.mr_pool,
+                &o.pool_blocks,
+            ])
+            .map(load)
+            .collect();
+        assert_eq!(got, (1..=11).collect::<Vec<u64>>());
     }
 
     #[test]

@@ -490,13 +490,49 @@ impl Ops<'_> {
             // bytes (checked by `range`).
             Blocking::Recv => unsafe { self.engine.post_recv(t, ptr, p.len, false)? },
         };
+        Ok(self.hold(id, start, end, writes))
+    }
+
+    /// Records that live operation `id` holds `start..end` (and writes it).
+    fn hold(&mut self, id: OpId, start: usize, end: usize, writes: bool) -> OpId {
         self.live.push(Held {
             id,
             start,
             end,
             writes,
         });
-        Ok(id)
+        id
+    }
+
+    /// Posts a send of `p` or a receive into it as the `ordinal`-th direct step of a
+    /// collective between this rank and `t.peer` (see [`Engine::direct_sizes`]): the receive
+    /// is offered to the peer, whose link writes the message straight into it.
+    pub(crate) fn post_direct(
+        &mut self,
+        kind: Blocking,
+        t: Target,
+        p: Part,
+        ordinal: u32,
+    ) -> Result<OpId> {
+        let writes = kind == Blocking::Recv;
+        let (ptr, start, end) = self.range(p, writes)?;
+        let span = self.bufs[p.buf];
+        // SAFETY: as in `post`: `start..end` lies in a buffer borrowed for the scope, which
+        // cancels the operation before it ends; no live operation clashes with it (checked by
+        // `range`), and a receive's buffer is writable. The peer writes only into the
+        // receive's own bytes, and not after the operation is cancelled (the link withdraws
+        // its offer first).
+        let id = unsafe {
+            self.engine
+                .post_direct(kind, t, (ptr, p.len), (span.base, span.len), ordinal)?
+        };
+        Ok(self.hold(id, start, end, writes))
+    }
+
+    /// The sizes of messages to world rank `peer` that go as direct steps (see
+    /// [`Engine::direct_sizes`]).
+    pub(crate) fn direct_sizes(&self, peer: usize) -> Option<(usize, usize)> {
+        self.engine.direct_sizes(peer)
     }
 
     /// Waits until one of `ids` completes or `deadline` passes, as

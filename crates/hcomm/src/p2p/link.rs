@@ -48,6 +48,7 @@ use super::matching::Matching;
 use super::requests::dest_slice;
 use super::{Dest, Op, OpId, OutFrame};
 use crate::transport::shm::link::{Inbox, Watch};
+use crate::transport::shm::split::SplitSlot;
 use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD};
 
 /// The engine's operations by id: outgoing payloads are read from their buffers.
@@ -266,6 +267,49 @@ pub(super) trait Link: Send + std::fmt::Debug {
     fn watch<'a>(&self, _inbox: &'a Inbox) -> Option<Watch<'a>> {
         None
     }
+
+    /// The pair's split slot of the messages this rank receives from the peer (`incoming`)
+    /// or sends it, for links in shared memory with the peer (see `p2p/split.rs`).
+    fn split_slot(&self, _incoming: bool) -> Option<&SplitSlot> {
+        None
+    }
+    /// One-sided writes of whole messages into the peer's receive buffers (direct steps of
+    /// collectives, see [`Exposure`]): the sizes of the messages that go that way, `min..=max`
+    /// bytes, when the link writes into a peer's memory.
+    fn puts(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// Offers the peer the receive `e` to write its message into (a direct step); `Ok(false)`
+    /// when the link cannot (the peer then sends as usual). An error says why the peer is lost.
+    fn expose(&mut self, _e: Exposure) -> Result<bool, String> {
+        Ok(false)
+    }
+}
+
+/// A receive of a collective step that the peer writes straight into ([`Link::expose`]): the
+/// receiver offers the receive's bytes as soon as it posts it, and the sender, once it has
+/// the offer, writes its message there and sends the frame after the data, skipping the
+/// rendezvous. Both ranks number the direct steps of a call between them in program order
+/// (`ordinal`), which pairs each offer with its send.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Exposure {
+    /// The receive.
+    pub op: OpId,
+    /// Its bytes.
+    pub ptr: *mut u8,
+    /// How many.
+    pub len: usize,
+    /// The buffer around them (registered whole, once per call).
+    pub span: (*mut u8, usize),
+    /// Communicator, tag and signature of the call.
+    pub comm: u64,
+    /// See `comm`.
+    pub tag: u32,
+    /// See `comm`.
+    pub sig: [u64; 2],
+    /// The step's number among the call's direct steps from this peer.
+    pub ordinal: u32,
 }
 
 /// A link of any transport, one variant each, so that the engine's tightest loops (a waiter
@@ -384,12 +428,24 @@ impl Link for AnyLink {
         each!(self, l => l.peek_inline())
     }
     #[inline]
+    fn split_slot(&self, incoming: bool) -> Option<&SplitSlot> {
+        each!(self, l => l.split_slot(incoming))
+    }
+    #[inline]
     fn consume_inline(&mut self) {
         each!(self, l => l.consume_inline())
     }
     #[inline]
     fn watch<'a>(&self, inbox: &'a Inbox) -> Option<Watch<'a>> {
         each!(self, l => l.watch(inbox))
+    }
+    #[inline]
+    fn puts(&self) -> Option<(usize, usize)> {
+        each!(self, l => l.puts())
+    }
+    #[inline]
+    fn expose(&mut self, e: Exposure) -> Result<bool, String> {
+        each!(self, l => l.expose(e))
     }
 }
 

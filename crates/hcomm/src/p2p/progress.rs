@@ -539,6 +539,7 @@ impl State {
             } => self.on_revoke(comms, epoch, origin, Some(peer)),
             Step::Cleared(Cleared::Done { id, len }) => self.complete(id, Ok(len)),
             Step::Cleared(Cleared::Send { id, .. }) => self.send_data(peer, id, hdr.msg_id),
+            Step::Cleared(Cleared::Split { id, len }) => self.start_write(peer, id, len, &hdr),
             Step::Goodbye => {
                 if let Some(p) = self.peers[peer].as_mut() {
                     p.closed = true;
@@ -678,6 +679,8 @@ impl State {
             }
         }
         p.lost = Some(msg.clone());
+        // Before its receives fail and their buffers go: the peer writes nothing more there.
+        self.end_splits_with(peer);
         self.links.close(peer);
         self.rndv.peer_lost(peer);
         self.matching.peer_lost(peer);

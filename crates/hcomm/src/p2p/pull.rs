@@ -25,6 +25,7 @@ use crate::transport::shm::cma;
 use super::link::Kind;
 use super::rendezvous::{Accepted, Rendezvous};
 use super::requests::op_slice;
+use super::split::Part;
 use super::{Op, OpId, OpKind, OutFrame, ProtocolCounts, State};
 
 /// The copy rate a sender's wait assumes for a pull of its message (bytes per nanosecond,
@@ -34,20 +35,22 @@ const PULL_BYTES_PER_NS: usize = 4;
 const PULL_SPIN_MAX: Duration = Duration::from_millis(4);
 
 /// A receive pulling its message out of a local sender's buffer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Pull {
     /// The receive.
     id: OpId,
     /// The sender (world rank) and its process.
-    peer: usize,
-    pid: u32,
+    pub peer: usize,
+    pub pid: u32,
     /// The sender's message id.
     msg_id: u64,
     /// The sender's buffer.
     addr: u64,
-    /// Bytes of the message, and bytes copied so far.
-    len: usize,
+    /// Bytes of the message, and bytes copied so far (of a pull that is not split).
+    pub len: usize,
     done: usize,
+    /// The receiver's side of a split: the sender writes pieces too (`split.rs`).
+    pub split: Option<Part>,
 }
 
 /// What one piece of a pull came to.
@@ -72,6 +75,7 @@ impl State {
             len,
             "shared-memory receive: pulled with cross-memory attach"
         );
+        let split = self.offer_split(id, peer, msg_id, len);
         let mut pull = Pull {
             id,
             peer,
@@ -80,6 +84,7 @@ impl State {
             addr,
             len,
             done: 0,
+            split,
         };
         if let Step::More = self.pull_piece(&mut pull) {
             self.pulls.push(pull);
@@ -114,15 +119,18 @@ impl State {
         Duration::from_nanos((most / PULL_BYTES_PER_NS) as u64).min(PULL_SPIN_MAX)
     }
 
-    /// Whether pulls are in flight (work for the next turn, so waiters must not sleep).
+    /// Whether pulls or split writes are in flight (work for the next turn, so waiters must
+    /// not sleep).
     pub(super) fn pulling(&self) -> bool {
-        !self.pulls.is_empty()
+        !self.pulls.is_empty() || self.writing()
     }
 
-    /// Copies one piece of every pull in flight; returns whether any was in flight.
+    /// Copies one piece of every pull and split write in flight; returns whether any was in
+    /// flight.
     pub(super) fn advance_pulls(&mut self) -> bool {
+        let wrote = self.advance_writes();
         if self.pulls.is_empty() {
-            return false;
+            return wrote;
         }
         let mut pulls = std::mem::take(&mut self.pulls);
         let mut i = 0;
@@ -139,37 +147,69 @@ impl State {
         true
     }
 
-    /// Copies the piece of `p` at `p.done` (at most `HCOMM_SHM_CHUNK` bytes) and, after the
-    /// last one, completes the receive and clears the sender.
+    /// Copies the piece of `p` at `p.done` (at most `HCOMM_SHM_CHUNK` bytes; of a split, the
+    /// next piece it claims) and, after the last one, completes the receive and clears the
+    /// sender.
     fn pull_piece(&mut self, p: &mut Pull) -> Step {
         if self.peers[p.peer].as_ref().is_none_or(|q| q.lost.is_some()) {
-            // The peer's loss failed the receive already.
+            // The peer's loss failed the receive already (and ended its split).
+            self.end_split(p);
             return Step::Over;
         }
-        let piece = self.cfg.shm_chunk.max(1).min(p.len - p.done);
-        let Some(op) = self.ops.get_mut(&p.id).filter(|op| op.result.is_none()) else {
+        if self.ops.get(&p.id).is_none_or(|op| op.result.is_some()) {
             // The receive was abandoned: the sender may reuse its buffer.
+            self.end_split(p);
             self.queue(p.peer, OutFrame::control(Rendezvous::refuse(p.msg_id)));
             return Step::Over;
+        }
+        let (at, piece) = match p.split.take() {
+            Some(mut s) => {
+                let next = self.split_next(p, &mut s);
+                p.split = Some(s);
+                match next {
+                    Ok(range) => range,
+                    Err(false) => return Step::More,
+                    Err(true) => return self.pull_over(p, Ok(())),
+                }
+            }
+            None => (p.done, self.cfg.shm_chunk.max(1).min(p.len - p.done)),
         };
-        let result = match op_slice(op, p.done, piece) {
+        let op = self.ops.get_mut(&p.id).expect("checked above");
+        let result = match op_slice(op, at, piece) {
             Some(dst) => {
-                let at = (p.addr as usize).wrapping_add(p.done);
+                let from = (p.addr as usize).wrapping_add(at);
                 // SAFETY: the sender offered this buffer to be pulled (`FLAG_CAN_PULL`) and
                 // keeps it unchanged until this rank's CTS says the pull is over; the
                 // receive is live, so `dst` is its buffer (checked `len <= cap` when
-                // accepted), which nothing else touches meanwhile.
-                unsafe { cma::read_remote(p.pid, at, dst) }
+                // accepted), which nothing else touches meanwhile (of a split, the sender
+                // writes only the pieces it claimed, never this one).
+                unsafe { cma::read_remote(p.pid, from, dst) }
             }
             None => Ok(()),
         };
         match result {
+            Ok(()) if p.split.is_some() => Step::More,
             Ok(()) if p.done + piece < p.len => {
                 p.done += piece;
                 Step::More
             }
+            result => self.pull_over(p, result),
+        }
+    }
+
+    /// Pull `p` is over with `result`: completes the receive (a refused pull falls back to
+    /// the push) and clears the sender.
+    fn pull_over(&mut self, p: &mut Pull, result: crate::error::Result<()>) -> Step {
+        if result.is_err() {
+            self.end_split(p);
+        }
+        match result {
             Ok(()) => {
                 ProtocolCounts::bump(&self.counts.shm_pull);
+                if p.split.is_some() {
+                    ProtocolCounts::bump(&self.counts.shm_split);
+                    self.split.release(p.peer);
+                }
                 self.complete(p.id, Ok(p.len));
                 self.queue(
                     p.peer,
@@ -219,7 +259,26 @@ impl State {
     pub(super) fn abandon_pull(&mut self, id: OpId) {
         if let Some(i) = self.pulls.iter().position(|p| p.id == id) {
             let p = self.pulls.swap_remove(i);
+            // Before the buffer goes: the sender writes nothing more into it.
+            self.end_split(&p);
             self.queue(p.peer, OutFrame::control(Rendezvous::refuse(p.msg_id)));
+        }
+    }
+
+    /// World rank `peer` is being lost: its split pulls end before their receives fail, so
+    /// that the buffers go only once the peer writes nothing more into them.
+    pub(super) fn end_splits_with(&mut self, peer: usize) {
+        let ending: Vec<Pull> = self
+            .pulls
+            .iter()
+            .filter(|p| p.peer == peer && p.split.is_some())
+            .cloned()
+            .collect();
+        for p in &ending {
+            self.end_split(p);
+        }
+        for p in self.pulls.iter_mut().filter(|p| p.peer == peer) {
+            p.split = None;
         }
     }
 }

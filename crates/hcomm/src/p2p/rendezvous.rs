@@ -8,7 +8,9 @@
 //! them against each other through in-memory queues.
 
 use crate::error::{Error, PeerRank, Result};
-use crate::transport::wire::{FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED};
+use crate::transport::wire::{
+    FrameHeader, FrameKind, FLAG_CAN_PULL, FLAG_DISCARD, FLAG_PULLED, FLAG_SPLIT,
+};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 
 use super::link::{Kind, Link};
@@ -38,6 +40,9 @@ pub(super) enum Route {
     Shm { cma: bool },
     /// A libfabric endpoint.
     Rma,
+    /// A libfabric endpoint, written straight into the receive the peer offered (a direct
+    /// step of a collective, whose size the link takes whole): always one frame.
+    Put,
 }
 
 /// What a CTS means for its send.
@@ -47,6 +52,9 @@ pub(super) enum Cleared {
     Send { id: OpId, len: usize },
     /// Send `id` is complete (the receiver pulled the data, or refused it): `len` bytes.
     Done { id: OpId, len: usize },
+    /// The receiver of send `id` (`len` bytes) pulls it and asks this rank to write pieces of
+    /// it into its buffer (`p2p/split.rs`); the send stays in flight until a later CTS.
+    Split { id: OpId, len: usize },
     /// The send was abandoned: nothing to do.
     Ignored,
 }
@@ -141,6 +149,7 @@ impl Rendezvous {
             Route::Shm { .. } => len <= self.limits.shm_eager,
             Route::Stream => len <= self.limits.eager,
             Route::Rma => len <= self.limits.rma_eager,
+            Route::Put => true,
         }
     }
 
@@ -182,6 +191,20 @@ impl Rendezvous {
         peer: usize,
         hdr: &FrameHeader,
     ) -> std::result::Result<Cleared, String> {
+        if hdr.flags & FLAG_SPLIT != 0 {
+            // The send stays: its message ends with the receiver's next CTS. A split offered
+            // for an abandoned send is ignored (that CTS ends it as well).
+            if let Some(&(id, len)) = self.sends.get(&(peer, hdr.msg_id)) {
+                return Ok(Cleared::Split { id, len });
+            }
+            if self.abandoned_sends.contains(&(peer, hdr.msg_id)) {
+                return Ok(Cleared::Ignored);
+            }
+            return Err(format!(
+                "it offered to split message {} that was never announced",
+                hdr.msg_id
+            ));
+        }
         let Some((id, len)) = self.sends.remove(&(peer, hdr.msg_id)) else {
             if self.abandoned_sends.remove(&(peer, hdr.msg_id)) {
                 return Ok(Cleared::Ignored);
@@ -232,6 +255,16 @@ impl Rendezvous {
     /// The CTS after a pull: whether it worked.
     pub(super) fn pulled(msg_id: u64, ok: bool) -> FrameHeader {
         cts(msg_id, if ok { FLAG_PULLED } else { FLAG_DISCARD })
+    }
+
+    /// The CTS that asks the sender of rendezvous `msg_id` to write pieces of `piece` bytes
+    /// into the buffer at `addr`, claimed under generation `gen` of the pair's split slot.
+    pub(super) fn split(msg_id: u64, gen: u32, addr: u64, piece: usize) -> FrameHeader {
+        let mut h = cts(msg_id, FLAG_SPLIT);
+        h.tag = gen;
+        h.offset = addr;
+        h.comm = piece as u64;
+        h
     }
 
     /// The CTS that tells the sender of rendezvous `msg_id` not to send its data.
@@ -348,6 +381,20 @@ impl State {
         len: usize,
         asynchronous: bool,
     ) -> Result<OpId> {
+        self.post_send_as(t, buf, len, asynchronous, None)
+    }
+
+    /// [`State::post_send`]; `direct`: the number of a direct step of a collective (see
+    /// `link::Exposure`), which goes as one frame the link writes into the peer's receive
+    /// when the peer's link takes messages of its size that way.
+    pub(super) fn post_send_as(
+        &mut self,
+        t: Target,
+        buf: BufPtr,
+        len: usize,
+        asynchronous: bool,
+        direct: Option<u32>,
+    ) -> Result<OpId> {
         self.live_peer(&t, OpKind::Send)?;
         let id = self.new_op(OpKind::Send, t, buf, len, asynchronous);
         if t.peer == self.cfg.rank {
@@ -361,8 +408,15 @@ impl State {
         let shm = (caps.kind == Kind::Shm).then_some(caps.read_remote.is_some());
         let plugin = caps.kind == Kind::Plugin;
         let ofi = caps.kind == Kind::Ofi;
+        let direct = direct.filter(|_| {
+            self.links
+                .primary(t.peer)
+                .and_then(Link::puts)
+                .is_some_and(|(min, max)| (min..=max).contains(&len))
+        });
         let route = match shm {
             Some(cma) => Route::Shm { cma },
+            None if ofi && direct.is_some() => Route::Put,
             None if ofi => Route::Rma,
             None => Route::Stream,
         };
@@ -372,6 +426,7 @@ impl State {
             OutFrame {
                 op: Some(id),
                 len,
+                direct,
                 ..OutFrame::control(hdr)
             }
         } else {

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::link::{Exposure, Link};
 use super::matching::Matching;
 use super::wait::spin_on;
 use super::{
@@ -197,6 +198,38 @@ impl Engine {
         Ok(id)
     }
 
+    /// Posts a send (`Blocking::Send`) or a receive of a direct step of a collective: the
+    /// `ordinal`-th such step between this rank and the peer in the call, in program order on
+    /// both sides; `span` is the buffer that holds `buf..buf+len`. A receive that waits for
+    /// its message is offered to the peer, which writes the message straight into it, and a
+    /// send waits in its link for that offer (see `link::Exposure`); either falls back to the
+    /// usual protocols when the peer's link cannot write messages of `len` bytes.
+    ///
+    /// # Safety
+    /// As for [`Engine::post_send`] (a send) or [`Engine::post_recv`] (a receive).
+    pub(super) unsafe fn post_direct(
+        &self,
+        kind: Blocking,
+        t: Target,
+        (buf, len): (*mut u8, usize),
+        span: (*mut u8, usize),
+        ordinal: u32,
+    ) -> Result<OpId> {
+        let mut st = lock(&self.shared.state);
+        match kind {
+            Blocking::Send => st.post_send_as(t, BufPtr(buf), len, false, Some(ordinal)),
+            Blocking::Recv => st.post_recv_direct(t, BufPtr(buf), len, span, ordinal),
+        }
+    }
+
+    /// The sizes of the messages that the link to world rank `peer` writes straight into the
+    /// peer's receives (direct steps of collectives), `min..=max` bytes; `None` when it does
+    /// not.
+    pub(crate) fn direct_sizes(&self, peer: usize) -> Option<(usize, usize)> {
+        let st = lock(&self.shared.state);
+        st.links.primary(peer).and_then(Link::puts)
+    }
+
     /// The communicator rank that the receive from any source `id` got its message from,
     /// once its result was taken (by [`Engine::wait`] or [`Engine::test`]); asked once, as
     /// the answer is then forgotten. `None` if it never matched a message.
@@ -246,6 +279,47 @@ impl Engine {
 }
 
 impl State {
+    /// A receive of a direct step (see [`Engine::post_direct`]): posted as usual, then, when
+    /// it waits for its message, offered to the peer's link.
+    fn post_recv_direct(
+        &mut self,
+        t: Target,
+        buf: BufPtr,
+        cap: usize,
+        span: (*mut u8, usize),
+        ordinal: u32,
+    ) -> Result<OpId> {
+        // A message held already is taken at once (the sender did not wait for an offer).
+        let waits = !self.matching.has_unexpected(&t.key());
+        let id = self.post_recv(t, buf, cap, false)?;
+        let fits = self
+            .links
+            .primary(t.peer)
+            .and_then(Link::puts)
+            .is_some_and(|(min, max)| (min..=max).contains(&cap));
+        let pending = self.ops.get(&id).is_some_and(|o| o.result.is_none());
+        if waits && fits && pending {
+            let e = Exposure {
+                op: id,
+                ptr: buf.0,
+                len: cap,
+                span,
+                comm: t.comm,
+                tag: t.tag,
+                sig: t.sig,
+                ordinal,
+            };
+            let offered = match self.links.primary_mut(t.peer) {
+                Some(link) => link.expose(e),
+                None => Ok(false),
+            };
+            if let Err(why) = offered {
+                self.fail_peer(t.peer, why);
+            }
+        }
+        Ok(id)
+    }
+
     pub(super) fn new_op(
         &mut self,
         kind: OpKind,

@@ -641,6 +641,7 @@ impl Pair {
                 self.matched(at, matched, carried);
             }
             Step::Cleared(Cleared::Ignored) | Step::Woken => {}
+            Step::Cleared(Cleared::Split { .. }) => unreachable!("these tests offer no split"),
             Step::Cleared(Cleared::Done { id, len }) => n.finish(id, Ok(len)),
             Step::Cleared(Cleared::Send { id, len }) => {
                 for f in data_frames(id, hdr.msg_id, len, CHUNK) {

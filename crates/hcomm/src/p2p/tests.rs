@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{Deadline, Engine, EngineConfig, OpId, ShmSetup, Target};
+use crate::bootstrap::auth::Secret;
 use crate::error::{Error, Operation, PeerRank};
 use crate::transport::shm::cma::CmaMode;
 use crate::transport::shm::link::{Inbox, LinkConfig};
@@ -28,6 +29,7 @@ fn config(rank: usize) -> EngineConfig {
         shm_eager_limit: 0,
         shm_push_threshold: 0,
         shm_chunk: 1,
+        shm_split_threshold: usize::MAX,
         describe: |sig| format!("call {sig:?}"),
         timeout: WAIT,
         debug: false,
@@ -58,7 +60,7 @@ fn world_with(n: usize, streams: usize, failover: Option<bool>) -> Vec<Engine> {
                 rank,
                 addrs: addrs.clone(),
                 streams,
-                secret: b"engine tests".to_vec(),
+                secret: Secret::new(b"engine tests".to_vec()),
                 timeout: WAIT,
                 failover,
                 link_timeout: WAIT,

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap as HashMap;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::bootstrap::auth;
+use crate::bootstrap::auth::{self, Secret};
 use crate::error::{Error, PeerRank, Result};
 use crate::sync::lock;
 
@@ -273,7 +273,7 @@ pub(crate) struct MeshConfig {
     /// ([`MeshConfig::streams_with`]).
     pub streams: usize,
     /// The job secret.
-    pub secret: Vec<u8>,
+    pub secret: Secret,
     /// `HCOMM_TIMEOUT`: how long a dial may take.
     pub timeout: Duration,
     /// `HCOMM_FAILOVER`: `None` for pairs that share two rails or more, `Some(true)` for
@@ -815,18 +815,21 @@ fn connect_one(
         };
         tune(&conn).map_err(|e| fail(addr, e.to_string()))?;
         let _live = Live::track(sh, &conn).map_err(|e| fail(addr, e.to_string()))?;
-        let theirs =
-            match auth::client_handshake_detailed(&conn, &sh.cfg.secret, &hello.encode(), deadline)
-            {
-                Ok(theirs) => theirs,
-                Err(e) if e.retryable && !sh.stop.load(Ordering::SeqCst) => {
-                    tracing::debug!("rank {rank}: rank {peer} hung up the handshake; retrying");
-                    thread::sleep(backoff.min(left));
-                    backoff = (backoff * 2).min(Duration::from_millis(200));
-                    continue;
-                }
-                Err(e) => return Err(*e.error),
-            };
+        let theirs = match auth::client_handshake_detailed(
+            &conn,
+            sh.cfg.secret.expose(),
+            &hello.encode(),
+            deadline,
+        ) {
+            Ok(theirs) => theirs,
+            Err(e) if e.retryable && !sh.stop.load(Ordering::SeqCst) => {
+                tracing::debug!("rank {rank}: rank {peer} hung up the handshake; retrying");
+                thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+                continue;
+            }
+            Err(e) => return Err(*e.error),
+        };
         match Hello::decode(&theirs) {
             Some(h)
                 if h.rank as usize == peer
@@ -874,7 +877,7 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
         .map_err(|e| Error::transport("configuring a connection", e))?;
     tune(&conn).map_err(|e| Error::transport("configuring a connection", e))?;
     let live = Live::track(sh, &conn).map_err(|e| Error::transport("tracking a connection", e))?;
-    let theirs = auth::server_handshake(&mut conn, &sh.cfg.secret, &sh.hello, deadline)?;
+    let theirs = auth::server_handshake(&mut conn, sh.cfg.secret.expose(), &sh.hello, deadline)?;
     let h = Hello::decode(&theirs)
         .ok_or_else(|| Error::init("malformed hello from an authenticated peer"))?;
     let replaces = h.stream & REPLACES != 0;
@@ -1184,7 +1187,8 @@ mod tests {
         }
     }
 
-    /// Streams go round the rails the pair shares; at least one stream per shared rail.
+    /// Streams go round the rails the pair shares; at least one stream per shared rail. The
+    /// settings' Debug does not show the secret.
     #[test]
     fn streams_take_the_rails_in_turn() {
         let a = |s: &str| parse_addrs(s).unwrap();
@@ -1197,13 +1201,18 @@ mod tests {
                 a("[fd00::3]:3"),
             ],
             streams: 1,
-            secret: Vec::new(),
+            secret: Secret::new("the job's secret"),
             timeout: Duration::from_secs(1),
             failover: None,
             link_timeout: Duration::from_secs(1),
         };
         assert_eq!(cfg.streams_with(1), 2);
         assert_eq!(cfg.streams_with(2), 1);
+        let shown = format!("{cfg:?}");
+        assert!(
+            shown.contains("secret: <redacted>") && !shown.contains("job's"),
+            "{shown}"
+        );
         let dialed: Vec<String> = (0..4).map(|s| cfg.addr_of(1, s).to_string()).collect();
         assert_eq!(
             dialed,

@@ -35,6 +35,11 @@ pub(crate) const FAST_PAYLOAD_SIG: usize = 16;
 pub(crate) const FLAG_CAN_PULL: u16 = 4;
 /// `Cts` flag: the receiver copied the data itself; the sender's part is done.
 pub(crate) const FLAG_PULLED: u16 = 8;
+/// `Cts` flag (shared memory): the receiver pulls the data and asks the sender to write
+/// pieces of it too, with cross-memory attach, into its buffer at address `offset`: pieces of
+/// `comm` bytes, claimed in the pair's split slot under generation `tag` (see `p2p/split.rs`);
+/// a `FLAG_PULLED` CTS still ends the message.
+pub(crate) const FLAG_SPLIT: u16 = 64;
 /// `Abort` flag: the sender aborted a whole communicator (every operation on it, whatever its
 /// tag, now and later), not one operation: the one whose frames carry the ids `comm`, `sig[0]`
 /// and `sig[1]` (its point-to-point, collective and internal messages).
@@ -315,7 +320,7 @@ impl FrameHeader {
 
     fn validate(&self) -> Result<(), WireError> {
         let allowed_flags = match self.kind {
-            FrameKind::Cts => FLAG_DISCARD | FLAG_PULLED,
+            FrameKind::Cts => FLAG_DISCARD | FLAG_PULLED | FLAG_SPLIT,
             FrameKind::Abort => FLAG_MISMATCH | FLAG_COMM_ABORT | FLAG_REVOKE,
             FrameKind::Rts => FLAG_CAN_PULL,
             _ => 0,
@@ -324,7 +329,8 @@ impl FrameHeader {
             return Err(WireError::BadField("flags"));
         }
         let carries_offset = self.kind == FrameKind::Data
-            || (self.kind == FrameKind::Rts && self.flags & FLAG_CAN_PULL != 0);
+            || (self.kind == FrameKind::Rts && self.flags & FLAG_CAN_PULL != 0)
+            || (self.kind == FrameKind::Cts && self.flags & FLAG_SPLIT != 0);
         if !carries_offset && self.offset != 0 {
             return Err(WireError::BadField("offset"));
         }
@@ -447,7 +453,12 @@ mod tests {
                     h.offset = rng.next_u64();
                 }
             }
-            FrameKind::Cts => h.flags = *rng.pick(&[0, FLAG_DISCARD, FLAG_PULLED]),
+            FrameKind::Cts => {
+                h.flags = *rng.pick(&[0, FLAG_DISCARD, FLAG_PULLED, FLAG_SPLIT]);
+                if h.flags == FLAG_SPLIT {
+                    h.offset = rng.next_u64();
+                }
+            }
             FrameKind::Abort => {
                 h.flags = *rng.pick(&[0, FLAG_MISMATCH, FLAG_COMM_ABORT, FLAG_REVOKE]);
             }
@@ -479,6 +490,7 @@ mod tests {
                 FLAG_MISMATCH as u64,
                 FLAG_CAN_PULL as u64,
                 FLAG_PULLED as u64,
+                FLAG_SPLIT as u64,
                 FLAG_COMM_ABORT as u64,
                 FLAG_REVOKE as u64,
             ],

@@ -10,6 +10,7 @@
 //! process holds, and the life cycle of communicators).
 
 mod coll;
+mod direct;
 mod failure;
 mod p2p;
 mod rails;
@@ -90,6 +91,11 @@ enum Scenario {
     Overlap,
     /// Worlds created and destroyed in a row leave no socket or thread behind.
     Lifecycle,
+    /// Every collective but the barrier, in place and not, at sizes whose steps straddle the
+    /// libfabric thresholds, each checked against the sequential reference; after each
+    /// collective, how many of its messages this rank wrote straight into the peer's receive
+    /// (`direct KIND N`), then the libfabric counts.
+    Direct,
     /// Ring exchange at sizes around every protocol threshold, then the protocol counts and
     /// the TCP connections the rank opened and accepted (`links ...`).
     Protocols {
@@ -98,6 +104,13 @@ enum Scenario {
         /// succeeded (their pulls from it must fall back to the push).
         #[arg(long)]
         nodump: Option<usize>,
+        /// Then print `pid P` and run a barrier every 20 ms for this long, for a profiler to
+        /// read the rank (0: end at once).
+        #[arg(long, default_value_t = 0)]
+        linger_ms: u64,
+        /// Rounds of the ring exchange (each at every size).
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
     },
     /// Ranks 0 and 1 ping-pong messages of every protocol (run with HCOMM_SPIN_US=0, so that
     /// every wait sleeps); then the count of sleeps that ran their whole time. A protocol
@@ -214,7 +227,8 @@ enum Scenario {
     },
     /// One kind of traffic, then each rank prints `inbox K of M kB`: how much of its
     /// shared-memory inbox has memory (its pages resident in /dev/shm, by `mincore`) and how
-    /// large the inbox is; then a barrier. The rings of an inbox take memory only once their
+    /// large the inbox is, and `tcp N connected`: its connected TCP sockets (the store's
+    /// included); then a dup (a dissemination among the ranks 1, 2, 4, ... away). The rings of an inbox take memory only once their
     /// peer sends (the barrier's frames of peers that measured first are counted too).
     InboxUse {
         /// What the ranks do between init and the measurement.
@@ -433,7 +447,15 @@ fn run(scenario: Scenario) -> Result<()> {
             rails::rails(&comm, traffic, count, bytes, every, pause, linger)?;
             "rails"
         }
-        Scenario::Protocols { nodump } => {
+        Scenario::Direct => {
+            direct::direct(&comm)?;
+            "direct"
+        }
+        Scenario::Protocols {
+            nodump,
+            linger_ms,
+            rounds,
+        } => {
             // Links are made on first use, and each end probes cross-memory attach then: every
             // link is made (and probed) before the rank turns non-dumpable, so only the pulls
             // fail, not the probes; the counts below leave these first messages out.
@@ -456,7 +478,9 @@ fn run(scenario: Scenario) -> Result<()> {
             sizes.retain(|&s| s <= 64 << 20);
             sizes.sort_unstable();
             sizes.dedup();
-            p2p::ring_sizes(&comm, sizes)?;
+            for _ in 0..rounds {
+                p2p::ring_sizes(&comm, sizes.clone())?;
+            }
             let s = comm.protocol_stats();
             let right = (comm.rank() + 1) % comm.size();
             println!(
@@ -469,6 +493,11 @@ fn run(scenario: Scenario) -> Result<()> {
                 s.tcp_rendezvous - before.tcp_rendezvous
             );
             println!(
+                "split shm_split={} written={}",
+                s.shm_split - before.shm_split,
+                s.shm_split_written - before.shm_split_written
+            );
+            println!(
                 "links tcp_opened={} tcp_accepted={}",
                 s.tcp_opened, s.tcp_accepted
             );
@@ -476,6 +505,7 @@ fn run(scenario: Scenario) -> Result<()> {
                 "ofi eager={} read={} write={} mr_hits={} mr_misses={}",
                 s.ofi_eager, s.ofi_read, s.ofi_write, s.ofi_mr_hits, s.ofi_mr_misses
             );
+            rails::linger_for_a_profiler(&comm, Duration::from_millis(linger_ms))?;
             "protocols"
         }
         Scenario::Wakeups { pause_us } => {
@@ -538,9 +568,13 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::InboxUse { traffic } => {
             resources::traffic(&comm, traffic)?;
             let (resident, size) = resources::inbox_use(comm.rank())?;
+            let (_, connected, _) = resources::tcp_sockets()?;
             println!("inbox {} of {} kB", resident >> 10, size >> 10);
-            // Nobody says goodbye (a frame to every peer) before every rank has measured.
-            comm.barrier()?;
+            println!("tcp {connected} connected");
+            // Nobody says goodbye (a frame to every peer) before every rank has measured; a
+            // dup, not a barrier, whose algorithm may talk to every rank: the dup's
+            // dissemination talks to the peers communicator creation links anyway.
+            drop(comm.dup()?);
             "inbox-use"
         }
         Scenario::QuietFinalize { done } => {

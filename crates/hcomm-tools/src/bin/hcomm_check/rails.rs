@@ -17,6 +17,23 @@ pub(crate) enum Traffic {
     Ordered,
 }
 
+/// For `linger` (nothing when zero): prints `pid P` (flushed), then runs a barrier every
+/// 20 ms, so that a profiler attached meanwhile sees the rank's counters (published at each
+/// operation while it watches).
+pub(crate) fn linger_for_a_profiler(comm: &Communicator, linger: Duration) -> Result<()> {
+    if linger.is_zero() {
+        return Ok(());
+    }
+    println!("pid {}", std::process::id());
+    let _ = std::io::stdout().flush();
+    const EVERY: Duration = Duration::from_millis(20);
+    for _ in 0..linger.as_millis() / EVERY.as_millis() {
+        comm.barrier().context("a barrier while lingering")?;
+        std::thread::sleep(EVERY);
+    }
+    Ok(())
+}
+
 /// Runs `count` exchanges of `traffic`, `pause` apart, printing `step K US` (microseconds
 /// since the start) every `every` steps (flushed), then `failovers N` (this rank's
 /// `tcp_failovers`); then, for `linger`, `pid P` and a barrier every 20 ms (a profiler may
@@ -88,15 +105,7 @@ pub(crate) fn rails(
         }
     }
     println!("failovers {}", comm.protocol_stats().tcp_failovers);
-    if !linger.is_zero() {
-        println!("pid {}", std::process::id());
-        let _ = std::io::stdout().flush();
-        const EVERY: Duration = Duration::from_millis(20);
-        for _ in 0..linger.as_millis() / EVERY.as_millis() {
-            comm.barrier().context("a barrier while lingering")?;
-            std::thread::sleep(EVERY);
-        }
-    }
+    linger_for_a_profiler(comm, linger)?;
     println!("took {}", t0.elapsed().as_millis());
     Ok(())
 }

@@ -122,6 +122,9 @@ pub(super) enum Traffic {
     Allreduce,
     /// All-to-alls of 4 KiB per pair: each rank talks to every other.
     Alltoall,
+    /// Splits into the even and the odd ranks, and dups of the world and of the halves,
+    /// checked (communicator creation talks to ceil(log2 n) peers each way, not to all).
+    Split,
 }
 
 /// Runs `traffic` on `comm` (ten calls).
@@ -142,6 +145,25 @@ pub(super) fn traffic(comm: &Communicator, traffic: Traffic) -> Result<()> {
                 ensure!(
                     recv.iter().all(|&x| x as usize == comm.rank()),
                     "wrong all-to-all"
+                );
+            }
+            Traffic::Split => {
+                let me = comm.rank();
+                let half = comm
+                    .split((me % 2) as i32, -(me as i32))?
+                    .context("a split with a color gives a communicator")?;
+                // Key -rank: the ranks of a half in reverse order.
+                let mates = (n - me % 2).div_ceil(2);
+                ensure!(
+                    (half.size(), half.rank()) == (mates, mates - 1 - me / 2),
+                    "split: rank {} of {} in the half of rank {me}",
+                    half.rank(),
+                    half.size()
+                );
+                let (dup, half_dup) = (comm.dup()?, half.dup()?);
+                ensure!(
+                    (dup.rank(), half_dup.rank()) == (me, half.rank()),
+                    "dup: other ranks"
                 );
             }
         }

@@ -105,8 +105,8 @@ pub(super) fn soak(world: &Communicator, calls: usize, seed: u64, max_count: usi
     );
     let s = world.protocol_stats();
     println!(
-        "ofi eager={} read={} write={} mr_hits={} mr_misses={}",
-        s.ofi_eager, s.ofi_read, s.ofi_write, s.ofi_mr_hits, s.ofi_mr_misses
+        "ofi eager={} read={} write={} direct={} mr_hits={} mr_misses={}",
+        s.ofi_eager, s.ofi_read, s.ofi_write, s.ofi_direct, s.ofi_mr_hits, s.ofi_mr_misses
     );
     Ok(())
 }

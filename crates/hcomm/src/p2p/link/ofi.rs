@@ -17,6 +17,16 @@
 //!   sends a completion notice after it (ordered after the write by `FI_ORDER_SAW`, or the
 //!   write asks for delivery completion first), upon which the payload has landed.
 //!
+//! * **direct** (a collective's steps above the eager limit, up to 16 MiB, when the provider
+//!   orders sends after writes and `HCOMM_OFI_DIRECT` is on): the receiver offers the receive
+//!   of each such step as it posts it ([`Link::expose`]: `OFFER`, with its address and key,
+//!   the buffer around it registered once per call); the sender parks the step's frame (and
+//!   the frames of the same call behind it) until the offer with its number came, writes the
+//!   payload into it and sends the header after it (`PUT`), which the receiver matches as a
+//!   frame whose payload is already in place. A receive given up withdraws its offer
+//!   (`WITHDRAW`) and keeps its registration until the sender answers (`WITHDRAWN`, after any
+//!   write of its).
+//!
 //! Frames above the write threshold only come as rendezvous data (the engine treats frames up
 //! to the threshold as eager: see `Route::Rma`), so the receiver's buffer is posted when a
 //! write is announced.
@@ -25,10 +35,14 @@
 //! ([`MrCache`]: keyed by address, length and access, counted, closed when its last user
 //! ends; a second operation over the same bytes meanwhile finds it), so memory freed by its
 //! owner is never left registered, and an address reused by a new allocation is registered
-//! anew. An operation abandoned while the NIC still writes into its buffer (a read in flight,
-//! a write announced to the peer) is drained first ([`Link::forget`], [`Link::close`]):
-//! completions are read until it ends, at most [`DRAIN`]; should that pass, the endpoint is
-//! closed for every peer, which stops the NIC.
+//! anew. Shared-memory pool memory needs none of this: the hub registers every pool block
+//! whole when its memory is backed and closes the region when it goes (the hub is the pool's
+//! [`BlockWatcher`]; the regions are filed in a [`BlockRegs`]), so a transfer from or to pool
+//! memory finds its region by address, with no registration of its own. An operation
+//! abandoned while the NIC still writes into its buffer (a read in flight, a write announced
+//! to the peer) is drained first ([`Link::forget`], [`Link::close`]): completions are read
+//! until it ends, at most [`DRAIN`]; should that pass, the endpoint is closed for every peer,
+//! which stops the NIC.
 //!
 //! Completions are read when the engine polls a link (every turn: the links are `polled`, and
 //! the queue's wait descriptor, when the provider has one, sits in the engine's epoll set);
@@ -49,16 +63,18 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::{Caps, Dests, Kind, Link, Liveness, Ops, Rx};
+use super::{Caps, Dests, Exposure, Kind, Link, Liveness, Ops, Rx};
 use crate::error::Result;
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, OpId, OutFrame, ProtocolCounts};
 use crate::sync::lock;
+use crate::transport::ofi::blocks::BlockRegs;
 use crate::transport::ofi::ffi::{
     FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_SEND, FI_WRITE,
 };
 use crate::transport::ofi::{Completion, Endpoint, Region};
-use crate::transport::wire::{FrameHeader, HEADER_LEN};
+use crate::transport::shm::pool::BlockWatcher;
+use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN, MAX_EAGER};
 
 /// Receive buffers posted at once.
 const RECVS: usize = 64;
@@ -96,6 +112,16 @@ mod msg {
     pub(super) const WRITE_CTS: u64 = 5;
     /// Token's payload was written.
     pub(super) const WRITE_DONE: u64 = 6;
+    /// A receive offered for a direct step: communicator, tag | ordinal << 32, signature (two
+    /// words), address, key (`u64::MAX`: none, send as usual), length, the receiver's token.
+    pub(super) const OFFER: u64 = 7;
+    /// A frame whose payload was written into the offer of token (after it: `FI_ORDER_SAW`):
+    /// header, token.
+    pub(super) const PUT: u64 = 8;
+    /// The receiver withdraws the offer of token.
+    pub(super) const WITHDRAW: u64 = 9;
+    /// The sender will not write into the offer of token (any write of its came first).
+    pub(super) const WITHDRAWN: u64 = 10;
 }
 
 /// The thresholds of the protocols.
@@ -105,6 +131,9 @@ pub(crate) struct OfiLimits {
     pub eager: usize,
     /// Payloads above this are written by the sender; others read by the receiver.
     pub write: usize,
+    /// Collective steps are written straight into the receive the peer offered (when the
+    /// provider orders sends after writes).
+    pub direct: bool,
 }
 
 /// An operation's provider context (`FI_CONTEXT2`: eight words the provider owns while the
@@ -125,6 +154,8 @@ enum What {
     Read { peer: usize, token: u64 },
     /// A write of this rank's payload `token` to `peer`.
     Write { peer: usize, token: u64 },
+    /// A write of this rank's direct step `token` into `peer`'s offer.
+    Put { peer: usize, token: u64 },
 }
 
 /// A registration in use, counted.
@@ -160,9 +191,41 @@ struct PeerState {
     sending: HashMap<u64, Sending>,
     /// Payloads landing in this rank's memory, by this rank's token.
     landing: HashMap<u64, Landing>,
+    /// Frames held back in order: direct steps waiting for the peer's offer, and the frames
+    /// of the same communicator and tag behind them.
+    parked: VecDeque<OutFrame>,
+    /// The peer's offers not used yet, by communicator, tag and ordinal.
+    offers: HashMap<(u64, u32, u32), Offer>,
+    /// This rank's receives offered to the peer, by operation.
+    offered: HashMap<OpId, Offered>,
     next_token: u64,
     closed: bool,
 }
+
+/// A receive the peer offered for a direct step (`msg::OFFER`).
+#[derive(Debug, Clone, Copy)]
+struct Offer {
+    addr: u64,
+    key: u64,
+    len: u64,
+    sig: [u64; 2],
+    /// The peer's token.
+    token: u64,
+}
+
+/// A receive of this rank offered to the peer.
+#[derive(Debug)]
+struct Offered {
+    token: u64,
+    ptr: *mut u8,
+    len: usize,
+    mr: Option<MrKey>,
+    /// Withdrawn: the peer has not answered yet.
+    withdrawn: bool,
+}
+
+// SAFETY: the pointer names a live operation's buffer, only compared, under the hub's lock.
+unsafe impl Send for Offered {}
 
 /// What the engine gets from a peer's link, in order.
 #[derive(Debug)]
@@ -172,6 +235,8 @@ enum In {
     Read(FrameHeader, u64, u64, u64),
     /// A payload the sender will write: its token.
     Write(FrameHeader, u64),
+    /// A payload the sender wrote into this rank's offer: the offer's token.
+    Put(FrameHeader, u64),
     Sent(OpId),
     /// This rank's payload `token` landed.
     Landed(u64),
@@ -242,6 +307,8 @@ struct HubState {
     /// Contexts of operations in flight.
     live: HashMap<usize, Box<Ctx>>,
     cache: MrCache,
+    /// The shared-memory pool's blocks, registered whole.
+    blocks: BlockRegs,
     counts: Arc<ProtocolCounts>,
     /// The endpoint failed, or was closed: why.
     dead: Option<String>,
@@ -324,6 +391,7 @@ impl Hub {
             slot,
             live: HashMap::default(),
             cache: MrCache::default(),
+            blocks: BlockRegs::default(),
             counts,
             dead: None,
             fresh: false,
@@ -360,12 +428,29 @@ impl Hub {
         )
     }
 
+    /// The provider's name, for the profiler.
+    pub(in crate::p2p) fn provider(&self) -> String {
+        lock(&self.state).ep.provider.clone()
+    }
+
     /// Whether world rank `peer` is reached through the endpoint.
     pub(in crate::p2p) fn reaches(&self, peer: usize) -> bool {
         lock(&self.state)
             .addrs
             .get(peer)
             .is_some_and(Option::is_some)
+    }
+}
+
+/// The hub registers the shared-memory pool's blocks whole (see the module docs).
+impl BlockWatcher for Hub {
+    fn backed(&self, block: usize, base: *mut u8, len: usize) {
+        // SAFETY: the pool keeps the block mapped until it calls `going` for it.
+        unsafe { lock(&self.state).register_block(block, base, len) };
+    }
+
+    fn going(&self, block: usize) {
+        lock(&self.state).release_block(block);
     }
 }
 
@@ -376,6 +461,9 @@ impl Drop for HubState {
         // are the contexts and buffers freed (fields drop after this body).
         for (_, e) in self.cache.entries.drain() {
             self.ep.close_mr(e.region);
+        }
+        for r in self.blocks.drain().collect::<Vec<_>>() {
+            self.ep.close_mr(r);
         }
         if let Some(r) = self.recv_mr.take() {
             self.ep.close_mr(r);
@@ -412,7 +500,8 @@ impl HubState {
     }
 
     /// Registers `len` bytes at `ptr` for `access`, or counts one more user of the region
-    /// that has them.
+    /// that has them; bytes of a registered pool block take its region (and `None` for a
+    /// key: there is nothing to release).
     ///
     /// # Safety
     /// The memory stays valid until the matching [`HubState::unregister`].
@@ -421,18 +510,22 @@ impl HubState {
         ptr: *const u8,
         len: usize,
         access: u64,
-    ) -> std::result::Result<(MrKey, u64, u64, *mut c_void), String> {
+    ) -> std::result::Result<(Option<MrKey>, u64, u64, *mut c_void), String> {
+        if let Some(f) = self.blocks.find(ptr, len) {
+            ProtocolCounts::bump(&self.counts.ofi_mr_pool);
+            return Ok((None, f.remote, f.key, f.desc));
+        }
         let key = (ptr as usize, len, access);
         if let Some(e) = self.cache.entries.get_mut(&key) {
             e.users += 1;
             ProtocolCounts::bump(&self.counts.ofi_mr_hits);
-            return Ok((key, e.region.remote_base, e.region.key, e.region.desc));
+            return Ok((Some(key), e.region.remote_base, e.region.key, e.region.desc));
         }
         // SAFETY: per this function's contract.
         let region =
             unsafe { self.ep.register(ptr, len, access) }.map_err(|e| e.detail().to_owned())?;
         ProtocolCounts::bump(&self.counts.ofi_mr_misses);
-        let out = (key, region.remote_base, region.key, region.desc);
+        let out = (Some(key), region.remote_base, region.key, region.desc);
         self.cache.entries.insert(key, MrEntry { region, users: 1 });
         Ok(out)
     }
@@ -445,6 +538,7 @@ impl HubState {
             if e.users == 0 {
                 if let Some(e) = self.cache.entries.remove(&key) {
                     self.ep.close_mr(e.region);
+                    ProtocolCounts::bump(&self.counts.ofi_mr_invalidations);
                 }
             }
         }
@@ -465,13 +559,51 @@ impl HubState {
         }
         // SAFETY: per this function's contract.
         let (k, _, _, desc) = unsafe { self.register(ptr, len, access) }?;
-        Ok((Some(k), desc))
+        Ok((k, desc))
     }
 
-    /// The local descriptor of registration `mr` (null without one).
-    fn desc(&self, mr: Option<MrKey>) -> *mut c_void {
-        mr.and_then(|k| self.cache.entries.get(&k))
-            .map_or(null_mut(), |e| e.region.desc)
+    /// The local descriptor of the `len` bytes at `ptr`: that of registration `mr`, else of
+    /// the pool block they lie in (null without either).
+    fn desc(&self, mr: Option<MrKey>, ptr: *const u8, len: usize) -> *mut c_void {
+        match mr {
+            Some(k) => self
+                .cache
+                .entries
+                .get(&k)
+                .map_or(null_mut(), |e| e.region.desc),
+            None => self.blocks.find(ptr, len).map_or(null_mut(), |f| f.desc),
+        }
+    }
+
+    /// Registers pool block `block`, `len` bytes at `base`, for every operation.
+    ///
+    /// # Safety
+    /// The memory stays mapped until [`HubState::release_block`] of the block.
+    unsafe fn register_block(&mut self, block: usize, base: *mut u8, len: usize) {
+        if self.dead.is_some() {
+            return;
+        }
+        let access = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+        // SAFETY: per this function's contract.
+        match unsafe { self.ep.register(base, len, access) } {
+            Ok(region) => {
+                self.blocks.insert(block, base, len, region);
+                ProtocolCounts::bump(&self.counts.ofi_pool_blocks);
+            }
+            Err(e) => tracing::warn!(
+                "libfabric: pool block {block} ({len} B) not registered ({}); its buffers are \
+                 registered on use",
+                e.detail()
+            ),
+        }
+    }
+
+    /// Closes pool block `block`'s registration, if it has one.
+    fn release_block(&mut self, block: usize) {
+        if let Some(r) = self.blocks.remove(block) {
+            self.ep.close_mr(r);
+            ProtocolCounts::bump(&self.counts.ofi_mr_invalidations);
+        }
     }
 
     /// What the post of context `ctx` came to: `Ok(true)` posted; otherwise the context
@@ -609,7 +741,7 @@ impl HubState {
                 l.broken.get_or_insert(why);
                 self.read_piece_ended(peer, token);
             }
-            What::Write { peer, token } => {
+            What::Write { peer, token } | What::Put { peer, token } => {
                 if let Some(s) = self.peers[peer].sending.remove(&token) {
                     self.unregister(s.mr);
                 }
@@ -659,6 +791,15 @@ impl HubState {
                     p.inbox.push_back(In::Sent(op));
                 }
             }
+            What::Put { peer, token } => {
+                // The notice went after the write: the send is over once its bytes left.
+                if let Some(s) = self.peers[peer].sending.remove(&token) {
+                    self.unregister(s.mr);
+                    if let Some(op) = s.op {
+                        self.peers[peer].inbox.push_back(In::Sent(op));
+                    }
+                }
+            }
         }
     }
 
@@ -687,6 +828,41 @@ impl HubState {
                 )
             }),
             msg::WRITE => hdr(&body).map(|h| In::Write(h, u64_at(&body, HEADER_LEN))),
+            msg::PUT => hdr(&body).map(|h| In::Put(h, u64_at(&body, HEADER_LEN))),
+            msg::OFFER => {
+                let w = |i: usize| u64_at(&body, 8 * i);
+                let offer = Offer {
+                    sig: [w(2), w(3)],
+                    addr: w(4),
+                    key: w(5),
+                    len: w(6),
+                    token: w(7),
+                };
+                let at = (w(0), w(1) as u32, (w(1) >> 32) as u32);
+                self.peers[src].offers.insert(at, offer);
+                return;
+            }
+            msg::WITHDRAW => {
+                // Not used yet: it never will be (a write of it went before this answer).
+                let token = u64_at(&body, 0);
+                let p = &mut self.peers[src];
+                p.offers.retain(|_, o| o.token != token);
+                p.control.push_back((msg::WITHDRAWN, words(&[token])));
+                return;
+            }
+            msg::WITHDRAWN => {
+                let token = u64_at(&body, 0);
+                let p = &mut self.peers[src];
+                let op = p
+                    .offered
+                    .iter()
+                    .find(|(_, o)| o.token == token && o.withdrawn)
+                    .map(|(op, _)| *op);
+                if let Some(o) = op.and_then(|op| p.offered.remove(&op)) {
+                    self.unregister(o.mr);
+                }
+                return;
+            }
             msg::READ_DONE => {
                 if let Some(s) = self.peers[src].sending.remove(&u64_at(&body, 0)) {
                     self.unregister(s.mr);
@@ -772,7 +948,7 @@ impl HubState {
             }
             let (at, n) = (l.read_at, (l.len - l.read_at).min(READ_PIECE));
             let (ptr, (addr, key, _)) = (l.ptr, l.remote);
-            let desc = self.desc(l.mr);
+            let desc = self.desc(l.mr, ptr, l.len);
             let ctx = self.new_ctx(What::Read { peer, token });
             // SAFETY: the destination stays valid while the landing exists (the engine keeps
             // its operation or unexpected message until the payload lands, and
@@ -830,7 +1006,7 @@ impl HubState {
             Some(v) => (v.as_ptr(), v.len()),
             None => (s.ptr, s.len),
         };
-        let desc = self.desc(s.mr);
+        let desc = self.desc(s.mr, ptr, len);
         let ctx = self.new_ctx(What::Write { peer, token });
         // SAFETY: the source stays valid while the send exists (its operation is live, or
         // the payload was copied into `owned` when it was abandoned); the context stays in
@@ -852,7 +1028,21 @@ impl HubState {
     ) -> std::result::Result<bool, String> {
         let mut moved = false;
         self.push_peer(peer)?;
+        moved |= self.unpark(peer, ops)?;
         while let Some(f) = self.peers[peer].out.front() {
+            if f.direct.is_some() || !self.peers[peer].parked.is_empty() {
+                match self.divert(peer, ops)? {
+                    Divert::Go => {}
+                    Divert::Parked | Divert::Put => {
+                        moved = true;
+                        continue;
+                    }
+                    Divert::Full => break,
+                }
+            }
+            let Some(f) = self.peers[peer].out.front() else {
+                break;
+            };
             let payload = frame_payload(f, ops);
             let (hdr, op, ptr, n) = (f.hdr, f.op, payload.as_ptr(), payload.len());
             let len = n;
@@ -866,6 +1056,7 @@ impl HubState {
                 }
                 if n > 0 {
                     ProtocolCounts::bump(&self.counts.ofi_eager);
+                    ProtocolCounts::add(&self.counts.ofi_eager_bytes, n);
                 }
                 if let Some(op) = op {
                     sent.push(op);
@@ -879,7 +1070,7 @@ impl HubState {
                     // is released when the send ends (read done, written, or dropped by the
                     // peer), and an abandoned operation's write goes from a copy (`forget`).
                     let (k, base, key, _) = unsafe { self.register(ptr, len, access) }?;
-                    (Some(k), base, key)
+                    (k, base, key)
                 } else {
                     (None, 0, 0)
                 };
@@ -896,12 +1087,13 @@ impl HubState {
                         break;
                     }
                 }
-                let c = if read {
-                    &self.counts.ofi_read
+                let (c, bytes) = if read {
+                    (&self.counts.ofi_read, &self.counts.ofi_read_bytes)
                 } else {
-                    &self.counts.ofi_write
+                    (&self.counts.ofi_write, &self.counts.ofi_write_bytes)
                 };
                 ProtocolCounts::bump(c);
+                ProtocolCounts::add(bytes, n);
                 let p = &mut self.peers[peer];
                 p.next_token += 1;
                 p.sending.insert(
@@ -922,6 +1114,187 @@ impl HubState {
             moved = true;
         }
         Ok(moved)
+    }
+
+    /// The frame at the front of `peer`'s queue when it is a direct step, or parked frames
+    /// wait: parks it when it must wait for the peer's offer (its own, or one of a frame ahead
+    /// of it with the same communicator and tag), or writes it into the offer it has.
+    fn divert(&mut self, peer: usize, ops: &Ops) -> std::result::Result<Divert, String> {
+        let p = &mut self.peers[peer];
+        let Some(f) = p.out.front() else {
+            return Ok(Divert::Go);
+        };
+        let key = frame_key(f);
+        let behind = key.is_some() && p.parked.iter().any(|g| frame_key(g) == key);
+        let offer = match (f.direct, key) {
+            (Some(k), Some((comm, tag))) if !behind => p.offers.remove(&(comm, tag, k)),
+            _ => None,
+        };
+        let direct = f.direct.is_some() && key.is_some();
+        if behind || (direct && offer.is_none()) {
+            if let Some(f) = p.out.pop_front() {
+                p.parked.push_back(f);
+            }
+            return Ok(Divert::Parked);
+        }
+        let (Some(offer), Some(f)) = (offer, p.out.pop_front()) else {
+            return Ok(Divert::Go);
+        };
+        match self.put(peer, &f, offer, ops)? {
+            Put::Done if self.peers[peer].control.is_empty() => Ok(Divert::Put),
+            // The notice waits for room: nothing may overtake it.
+            Put::Done => Ok(Divert::Full),
+            Put::Unusable => {
+                self.peers[peer].out.push_front(f);
+                Ok(Divert::Go)
+            }
+            Put::Full => {
+                self.restore_offer(peer, &f, offer);
+                self.peers[peer].out.push_front(f);
+                Ok(Divert::Full)
+            }
+        }
+    }
+
+    /// Gives back the offer a direct frame took.
+    fn restore_offer(&mut self, peer: usize, f: &OutFrame, offer: Offer) {
+        if let (Some(k), Some((comm, tag))) = (f.direct, frame_key(f)) {
+            self.peers[peer].offers.insert((comm, tag, k), offer);
+        }
+    }
+
+    /// Sends what of `peer`'s parked frames may go now, in order: direct steps whose offer
+    /// came are written, the frames behind them go back to the front of the queue.
+    fn unpark(&mut self, peer: usize, ops: &Ops) -> std::result::Result<bool, String> {
+        if self.peers[peer].parked.is_empty() {
+            return Ok(false);
+        }
+        let parked = std::mem::take(&mut self.peers[peer].parked);
+        let mut keep = VecDeque::new();
+        let mut go = Vec::new();
+        let mut blocked: Vec<Option<(u64, u32)>> = Vec::new();
+        let (mut moved, mut full) = (false, false);
+        for f in parked {
+            let key = frame_key(&f);
+            if full || blocked.contains(&key) {
+                keep.push_back(f);
+                continue;
+            }
+            let offer = match (f.direct, key) {
+                (Some(k), Some((comm, tag))) => self.peers[peer].offers.remove(&(comm, tag, k)),
+                _ => None,
+            };
+            match (f.direct.is_some() && key.is_some(), offer) {
+                (true, None) => {
+                    blocked.push(key);
+                    keep.push_back(f);
+                }
+                (true, Some(o)) => match self.put(peer, &f, o, ops)? {
+                    Put::Done => moved = true,
+                    Put::Unusable => go.push(f),
+                    Put::Full => {
+                        self.restore_offer(peer, &f, o);
+                        full = true;
+                        keep.push_back(f);
+                    }
+                },
+                (false, _) => go.push(f),
+            }
+        }
+        let p = &mut self.peers[peer];
+        p.parked = keep;
+        moved |= !go.is_empty();
+        for f in go.into_iter().rev() {
+            p.out.push_front(f);
+        }
+        Ok(moved)
+    }
+
+    /// Writes the payload of direct frame `f` into the peer's `offer`, then sends the frame's
+    /// header after it (`FI_ORDER_SAW`: the peer has the bytes when it reads the header).
+    fn put(
+        &mut self,
+        peer: usize,
+        f: &OutFrame,
+        offer: Offer,
+        ops: &Ops,
+    ) -> std::result::Result<Put, String> {
+        let Some(dest) = self.addrs.get(peer).copied().flatten() else {
+            return Err(format!("world rank {peer} has no libfabric address"));
+        };
+        let payload = frame_payload(f, ops);
+        let (ptr, n) = (payload.as_ptr(), payload.len());
+        let sig = [u64_at(&f.hdr, 48), u64_at(&f.hdr, 56)];
+        if offer.key == u64::MAX || offer.len != n as u64 || offer.sig != sig {
+            // Refused, or not this call's receive: the frame goes as any other.
+            return Ok(Put::Unusable);
+        }
+        // SAFETY: the payload is the frame's live operation's buffer; the registration is
+        // released when the write ends, and `forget` waits for a write in flight.
+        let (mr, desc) = unsafe { self.local(ptr, n, FI_WRITE) }?;
+        let token = self.peers[peer].next_token;
+        let ctx = self.new_ctx(What::Put { peer, token });
+        // SAFETY: the source stays valid until the write completes (above); the peer's region
+        // is the receive it offered, of this length; the context stays in `live`.
+        let posted = unsafe {
+            self.ep
+                .post_write(ptr, n, desc, dest, offer.addr, offer.key, ctx)
+        };
+        match self.settle(ctx, posted) {
+            Ok(true) => {}
+            other => {
+                self.unregister(mr);
+                other?;
+                return Ok(Put::Full);
+            }
+        }
+        ProtocolCounts::bump(&self.counts.ofi_direct);
+        let p = &mut self.peers[peer];
+        p.next_token += 1;
+        p.sending.insert(
+            token,
+            Sending {
+                op: f.op,
+                ptr,
+                len: n,
+                mr,
+                owned: None,
+                target: Some((offer.addr, offer.key, offer.token)),
+                read: false,
+                posted: true,
+            },
+        );
+        let mut notice = f.hdr.to_vec();
+        notice.extend_from_slice(&offer.token.to_le_bytes());
+        p.control.push_back((msg::PUT, notice));
+        self.push_peer(peer)?;
+        Ok(Put::Done)
+    }
+
+    /// Withdraws the offer of receive `op`, if it made one the peer did not use: the peer
+    /// answers once it will not write into it (a write of its comes before the answer), which
+    /// is waited for (see [`DRAIN`]) before the registration goes.
+    fn withdraw(&mut self, peer: usize, op: OpId) {
+        let Some(o) = self.peers[peer].offered.get_mut(&op) else {
+            return;
+        };
+        o.withdrawn = true;
+        let token = o.token;
+        self.peers[peer]
+            .control
+            .push_back((msg::WITHDRAW, words(&[token])));
+        if let Err(why) = self.push_peer(peer) {
+            self.fail(peer, why);
+        }
+        self.drain(|st| {
+            let p = &st.peers[peer];
+            p.closed
+                || !p.offered.contains_key(&op)
+                || p.inbox.iter().any(|i| matches!(i, In::Failed(_)))
+        });
+        if let Some(o) = self.peers[peer].offered.remove(&op) {
+            self.unregister(o.mr);
+        }
     }
 
     /// Waits (reading completions) until `done` says so or [`DRAIN`] passes; then closes the
@@ -949,6 +1322,36 @@ impl HubState {
     }
 }
 
+/// What `HubState::flush` does with a frame at the front of a queue.
+enum Divert {
+    /// Send it as usual.
+    Go,
+    /// It waits among the parked frames.
+    Parked,
+    /// It was written into the peer's offer.
+    Put,
+    /// No room now: stop for this turn.
+    Full,
+}
+
+/// How writing a direct frame into an offer went.
+enum Put {
+    /// Written; its notice is queued.
+    Done,
+    /// The offer does not fit the frame (refused, or another length or call).
+    Unusable,
+    /// No room now.
+    Full,
+}
+
+/// The communicator and tag of a message's first frame (eager or request to send).
+fn frame_key(f: &OutFrame) -> Option<(u64, u32)> {
+    match f.kind {
+        FrameKind::Eager | FrameKind::Rts => Some((u64_at(&f.hdr, 8), u64_at(&f.hdr, 16) as u32)),
+        _ => None,
+    }
+}
+
 /// The link to one peer through the hub.
 #[derive(Debug)]
 pub(in crate::p2p) struct OfiLink {
@@ -961,17 +1364,26 @@ pub(in crate::p2p) struct OfiLink {
     /// The epoll token of the link's direct reads ([`DIRECT_LANE`]).
     direct: u64,
     caps: Caps,
+    /// The sizes of the messages written straight into the peer's offers (`Link::puts`).
+    puts: Option<(usize, usize)>,
 }
 
 impl OfiLink {
     /// The link to world rank `peer` through `hub`; `direct`: its epoll token on
     /// [`DIRECT_LANE`].
     pub(in crate::p2p) fn new(hub: &Arc<Hub>, peer: usize, direct: u64) -> OfiLink {
+        let puts = {
+            let st = lock(&hub.state);
+            // The notice of a direct step must arrive after its bytes.
+            (st.limits.direct && st.ep.orders_writes())
+                .then_some((st.limits.eager + 1, MAX_EAGER as usize))
+        };
         OfiLink {
             hub: Arc::clone(hub),
             peer,
             direct,
             held: None,
+            puts,
             skip_progress: false,
             caps: Caps {
                 kind: Kind::Ofi,
@@ -1066,7 +1478,65 @@ impl Link for OfiLink {
     fn busy(&self) -> bool {
         let st = lock(&self.hub.state);
         let p = &st.peers[self.peer];
-        !p.out.is_empty() || !p.control.is_empty() || !p.sending.is_empty()
+        !p.out.is_empty() || !p.control.is_empty() || !p.sending.is_empty() || !p.parked.is_empty()
+    }
+
+    fn puts(&self) -> Option<(usize, usize)> {
+        self.puts
+    }
+
+    /// Registers the buffer around the receive (once per call: the cache counts its users)
+    /// and sends the peer the receive's address and key; a buffer that cannot be registered
+    /// is offered as none, so that the peer sends as usual.
+    fn expose(&mut self, e: Exposure) -> std::result::Result<bool, String> {
+        if self.puts.is_none() {
+            return Ok(false);
+        }
+        let mut st = lock(&self.hub.state);
+        let peer = self.peer;
+        if st.peers[peer].closed {
+            return Ok(false);
+        }
+        let at = (e.ptr as usize).wrapping_sub(e.span.0 as usize) as u64;
+        // SAFETY: the span is the buffer of the receive's scope, valid until the operation
+        // ends; the registration is released when the peer's notice came, or when the
+        // operation is forgotten once the peer gave up the offer.
+        let (offered, mr, addr, key) =
+            match unsafe { st.register(e.span.0, e.span.1, FI_REMOTE_WRITE) } {
+                Ok((k, base, key, _)) => (true, k, base + at, key),
+                Err(why) => {
+                    tracing::debug!("libfabric: a receive was not offered: {why}");
+                    (false, None, 0, u64::MAX)
+                }
+            };
+        let p = &mut st.peers[peer];
+        let token = p.next_token;
+        p.next_token += 1;
+        if offered {
+            p.offered.insert(
+                e.op,
+                Offered {
+                    token,
+                    ptr: e.ptr,
+                    len: e.len,
+                    mr,
+                    withdrawn: false,
+                },
+            );
+        }
+        let body = words(&[
+            e.comm,
+            u64::from(e.tag) | u64::from(e.ordinal) << 32,
+            e.sig[0],
+            e.sig[1],
+            addr,
+            key,
+            e.len as u64,
+            token,
+        ]);
+        p.control.push_back((msg::OFFER, body));
+        st.push_peer(peer)?;
+        Ok(true)
     }
 
     fn poll(&mut self, _dests: &mut Dests<'_>) -> Rx {
@@ -1097,7 +1567,7 @@ impl Link for OfiLink {
             },
             Some(item) => {
                 let hdr = match &item {
-                    In::Frame(h, _) | In::Read(h, ..) | In::Write(h, _) => *h,
+                    In::Frame(h, _) | In::Read(h, ..) | In::Write(h, _) | In::Put(h, _) => *h,
                     _ => return Rx::Idle,
                 };
                 self.held = Some(item);
@@ -1119,6 +1589,35 @@ impl Link for OfiLink {
         self.skip_progress = true;
         let mut st = lock(&self.hub.state);
         let peer = self.peer;
+        // A receive offered to the peer is taken by this frame: the offer ends.
+        let offered = match dest {
+            Some(Dest::Op { op, .. }) => st.peers[peer].offered.remove(&op),
+            _ => None,
+        };
+        if let In::Put(_, token) = item {
+            let target = dests.whole(hdr, dest).map(|d| (d.as_mut_ptr(), d.len()));
+            let Some(o) = offered else {
+                return match dest {
+                    Some(Dest::Op { .. }) => Err(format!(
+                        "it wrote a message of {} bytes for a receive it was not offered",
+                        hdr.payload_len()
+                    )),
+                    // Its receive was given up: the bytes went nowhere it still reads.
+                    _ => Ok(true),
+                };
+            };
+            st.unregister(o.mr);
+            return match target {
+                Some((ptr, len)) if o.token == token && o.ptr == ptr && o.len == len => Ok(true),
+                _ => Err(format!(
+                    "it wrote a message of {} bytes somewhere else than the receive it matches",
+                    hdr.payload_len()
+                )),
+            };
+        }
+        if let Some(o) = offered {
+            st.unregister(o.mr);
+        }
         match item {
             In::Frame(_, payload) => {
                 if let Some(dst) = dests.whole(hdr, dest) {
@@ -1183,7 +1682,7 @@ impl Link for OfiLink {
                         dest,
                         ptr,
                         len,
-                        mr: Some(mr),
+                        mr,
                         remote: (0, 0, theirs),
                         read: false,
                         posted: true,
@@ -1210,6 +1709,8 @@ impl Link for OfiLink {
         let mut st = lock(&self.hub.state);
         let peer = self.peer;
         st.peers[peer].out.retain(|f| f.op != Some(op));
+        st.peers[peer].parked.retain(|f| f.op != Some(op));
+        st.withdraw(peer, op);
         let mut copies = Vec::new();
         for (t, s) in st.peers[peer].sending.iter_mut() {
             if s.op == Some(op) {
@@ -1301,6 +1802,8 @@ impl Link for OfiLink {
         let p = &mut st.peers[peer];
         p.closed = true;
         p.out.clear();
+        p.parked.clear();
+        p.offers.clear();
         p.control.clear();
         p.reads.clear();
         p.writes.clear();
@@ -1310,6 +1813,7 @@ impl Link for OfiLink {
             .drain()
             .map(|(_, l)| l.mr)
             .chain(p.sending.drain().map(|(_, s)| s.mr))
+            .chain(p.offered.drain().map(|(_, o)| o.mr))
             .collect();
         for k in keys {
             st.unregister(k);

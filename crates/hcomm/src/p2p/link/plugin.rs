@@ -631,6 +631,7 @@ impl Link for PluginLink {
                     len: f.len,
                     done: 0,
                     owned: Some(frame_payload(f, ops).to_vec()),
+                    direct: None,
                 };
                 tx.bytes += size;
                 tx.frames.push_back(frame);

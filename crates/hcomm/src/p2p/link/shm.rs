@@ -23,6 +23,7 @@ use super::{Caps, Dests, Kind, Link, Liveness, Ops, Rx};
 use crate::p2p::requests::frame_payload;
 use crate::p2p::{Dest, OpId, OutFrame};
 use crate::transport::shm::link::{Inbox, ShmLink, Watch};
+use crate::transport::shm::split::SplitSlot;
 use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD, HEADER_LEN};
 
 /// Frames read from the ring per turn, so one busy peer cannot starve the others.
@@ -410,5 +411,14 @@ impl Link for ShmPeerLink {
     fn watch<'a>(&self, inbox: &'a Inbox) -> Option<Watch<'a>> {
         (!self.closed && self.out.is_empty() && self.link.started())
             .then(|| inbox.watch(&self.link, self.in_seq))
+    }
+
+    fn split_slot(&self, incoming: bool) -> Option<&SplitSlot> {
+        // Both regions have their memory: a split follows a request to send, which the
+        // sender's reservation of its region preceded.
+        Some(match incoming {
+            true => self.link.fast_in.split(),
+            false => self.link.fast_out.split(),
+        })
     }
 }

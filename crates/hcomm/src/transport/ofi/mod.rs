@@ -20,6 +20,7 @@
 //! for providers with manual progress (`tcp`) is also what moves their data; the completion
 //! queue's wait descriptor, when the provider has one, sits in the engine's epoll set.
 
+pub(crate) mod blocks;
 pub(crate) mod ffi;
 
 use std::ffi::{c_void, CStr};
@@ -408,6 +409,12 @@ impl Endpoint {
         // SAFETY: fi_trywait on the fabric's ops with the one completion queue it opened.
         let ret = unsafe { ((*(*self.fabric).ops).trywait)(self.fabric, &mut cq, 1) };
         ret == 0
+    }
+
+    /// Whether the provider keeps sends after RMA writes in order (`FI_ORDER_SAW`): a message
+    /// sent after a write arrives after the written data.
+    pub(crate) fn orders_writes(&self) -> bool {
+        self.ordered_writes
     }
 
     /// Whether local buffers must be registered too (`FI_MR_LOCAL`).

@@ -31,6 +31,11 @@ use crate::sync::lock;
 pub(crate) const SLOT: usize = 32 << 10;
 /// Largest contribution of a tiny call: it travels in one cache line with its call number.
 pub(crate) const TINY_MAX: usize = 32;
+/// Bytes of each staging area: a large call's pieces passed through shared memory (the two
+/// slots' data, which no large call uses otherwise, split in [`STAGES`] areas).
+pub(crate) const STAGE: usize = SLOT / 2;
+/// Staging areas of a segment.
+pub(crate) const STAGES: usize = 4;
 
 /// What a rank tells its peers about one call, in the slot's header.
 #[repr(C)]
@@ -93,8 +98,10 @@ struct HeaderLine(Header);
 /// 192  no_cma (AtomicU64): first call from which cross-memory attach on this rank's buffers
 ///      may be refused (it turned non-dumpable, or a transfer of its was refused), else 0
 /// 256  done   (AtomicU64): last call whose peers' buffers this rank has finished reading
+/// 320  stage  (AtomicU64): progress of a staged call (see `Ctr::Stage`)
 /// 384  header of slot 0 | 448 header of slot 1: signature, lengths, buffer addresses
-/// 512  data of slot 0 (SLOT bytes) | data of slot 1 (SLOT bytes)
+/// 512  data of slot 0 (SLOT bytes) | data of slot 1 (SLOT bytes); a large call may use both
+///      as STAGES staging areas of STAGE bytes instead
 /// then tiny slot 0 | tiny slot 1: one cache line each (call number, signature, length and
 ///      up to 32 bytes of contribution)
 /// ```
@@ -108,8 +115,7 @@ struct Segment {
     cause: Counter,
     no_cma: Counter,
     done: Counter,
-    /// Unused: keeps the headers at the offsets the calls were tuned with.
-    _gap_done: Counter,
+    stage: Counter,
     headers: [HeaderLine; 2],
     data: [[u8; SLOT]; 2],
     tiny: [Tiny; 2],
@@ -139,6 +145,10 @@ pub(crate) enum Ctr {
     NoCma,
     /// The last call whose peers' buffers the rank has finished reading.
     Done,
+    /// Progress of the rank in a staged call (pieces passed through the staging areas), set
+    /// anew before the rank publishes such a call: what the protocol of `coll::onesided`
+    /// puts there.
+    Stage,
 }
 
 /// Which of a peer's published buffers.
@@ -169,6 +179,7 @@ impl Signals {
             Ctr::Cause => offset_of!(Segment, cause),
             Ctr::NoCma => offset_of!(Segment, no_cma),
             Ctr::Done => offset_of!(Segment, done),
+            Ctr::Stage => offset_of!(Segment, stage),
         };
         let ctr = field::<Counter>(&self.segs[rank], offset);
         // SAFETY: every segment holds a `Segment` (checked in `Board::new`; the mapping is
@@ -207,6 +218,11 @@ fn header_ptr(seg: &ShmSegment, slot: usize) -> *mut Header {
 fn data_ptr(seg: &ShmSegment, slot: usize) -> *mut u8 {
     field(seg, offset_of!(Segment, data) + SLOT * (slot % 2))
 }
+
+fn stage_ptr(seg: &ShmSegment, area: usize) -> *mut u8 {
+    field(seg, offset_of!(Segment, data) + STAGE * (area % STAGES))
+}
+const _: () = assert!(STAGE * STAGES == size_of::<[[u8; SLOT]; 2]>());
 
 /// Where the members of one communicator publish their calls, and the way to their buffers.
 pub(crate) struct Board {
@@ -327,6 +343,57 @@ impl Board {
             (*line).seq.store(call, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// Copies `src` (at most [`STAGE`] bytes) into this rank's staging area `area`, for a
+    /// peer to read once told.
+    pub(crate) fn stage_in(&mut self, area: usize, src: &[u8]) -> Result<()> {
+        if src.len() > STAGE {
+            return Err(beyond_slot(self.me, src.len()));
+        }
+        let at = stage_ptr(&self.segs[self.me], area);
+        // SAFETY: `src.len() <= STAGE` bytes of this rank's own staging area, as in
+        // `publish_data`: only this rank writes its segment, `&mut self` rules out another
+        // writer (or a lent slice of the segment) in this process, and `src` is not one.
+        unsafe { at.copy_from_nonoverlapping(src.as_ptr(), src.len()) };
+        Ok(())
+    }
+
+    /// Runs `f` on this rank's staging area `own` (to write) and peer `p`'s area `theirs`
+    /// (to read), [`STAGE`] bytes each.
+    pub(crate) fn with_stages<R>(
+        &mut self,
+        own: usize,
+        p: usize,
+        theirs: usize,
+        f: impl FnOnce(&mut [u8], &[u8]) -> R,
+    ) -> Result<R> {
+        if p == self.me || p >= self.segs.len() {
+            return Err(Error::internal(format!("no staging area of peer {p}")));
+        }
+        let mine = stage_ptr(&self.segs[self.me], own);
+        let peer = stage_ptr(&self.segs[p], theirs).cast_const();
+        // SAFETY: `STAGE` bytes of two different mapped segments (checked length), which live
+        // as long as `self`; this rank's own area is written only by this rank, and
+        // `&mut self` rules out any other slice of it in this process; the peer's area is
+        // written only by the peer, which the protocol keeps off it until this rank is done.
+        let (mine, peer) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(mine, STAGE),
+                std::slice::from_raw_parts(peer, STAGE),
+            )
+        };
+        Ok(f(mine, peer))
+    }
+
+    /// Peer `p`'s staging area `area` ([`STAGE`] bytes), lent while the board is borrowed.
+    pub(crate) fn peer_stage(&self, p: usize, area: usize) -> Result<&[u8]> {
+        if p == self.me || p >= self.segs.len() {
+            return Err(Error::internal(format!("no staging area of peer {p}")));
+        }
+        let at = stage_ptr(&self.segs[p], area).cast_const();
+        // SAFETY: as in `with_stages`: a peer's area inside its mapped segment.
+        Ok(unsafe { std::slice::from_raw_parts(at, STAGE) })
     }
 
     /// Rank `rank`'s header of slot `slot`.

@@ -381,7 +381,7 @@ impl Failure {
 
 /// Whether process `pid` is gone or on its way out, as `/proc/<pid>/stat` says: no such
 /// process, a zombie, or exiting (`PF_EXITING` among its flags).
-fn exiting(pid: u32) -> bool {
+pub(crate) fn exiting(pid: u32) -> bool {
     const PF_EXITING: u64 = 0x4;
     let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat,

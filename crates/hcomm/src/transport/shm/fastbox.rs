@@ -13,6 +13,7 @@
 //!
 //! ```text
 //!   0  taken   AtomicU64: slots the reader has finished with (written by the reader)
+//!  64  split   the pair's split slot (see [`super::split`]), on a line of its own
 //! 128  slot 0 | slot 1 | ... | slot SLOTS-1: 64 bytes each, a stamp and seven body words
 //! ```
 //!
@@ -30,6 +31,8 @@
 use std::ptr::NonNull;
 
 use sync::{AtomicU64, Ordering};
+
+use super::split::SplitSlot;
 
 /// Slots of a fast box (two in loom models, which explore every interleaving).
 pub(crate) const SLOTS: usize = if cfg!(loom) { 2 } else { 16 };
@@ -55,11 +58,14 @@ struct Slot {
     body: [AtomicU64; BODY_WORDS],
 }
 
-/// The region: the reader's counter on its own lines, then the slots.
+/// The region: the reader's counter and the split slot on lines of their own, then the
+/// slots.
 #[repr(C)]
 struct Region {
     taken: AtomicU64,
-    _pad: [u64; 15],
+    _pad: [u64; 7],
+    split: SplitSlot,
+    _pad_split: [u64; 6],
     slots: [Slot; SLOTS],
 }
 
@@ -68,6 +74,7 @@ const _: () = assert!(
     std::mem::size_of::<Region>() == REGION_LEN
         && std::mem::offset_of!(Region, slots) == 128
         && std::mem::offset_of!(Slot, stamp) == 0
+        && std::mem::offset_of!(Region, split) == 64
 );
 
 /// A fast box in shared memory, before it is split into its two ends.
@@ -94,6 +101,7 @@ impl FastBox {
         // region of zeroed atomics is an empty box.
         unsafe {
             std::ptr::addr_of_mut!((*region).taken).write(AtomicU64::new(0));
+            std::ptr::addr_of_mut!((*region).split).write(SplitSlot::default());
             for i in 0..SLOTS {
                 let slot = std::ptr::addr_of_mut!((*region).slots[i]);
                 std::ptr::addr_of_mut!((*slot).stamp).write(AtomicU64::new(0));
@@ -179,6 +187,11 @@ impl FastWriter {
         self.written = self.written.wrapping_add(1);
         true
     }
+
+    /// The pair's split slot, in the reader's inbox (the writer is the sender of the splits).
+    pub(crate) fn split(&self) -> &SplitSlot {
+        &self.region().split
+    }
 }
 
 /// The reading end of a fast box.
@@ -231,6 +244,11 @@ impl FastReader {
         self.read = self.read.wrapping_add(1);
         // Release: this end's loads of the slot happen before the writer's next stores to it.
         self.region().taken.store(self.read, Ordering::Release);
+    }
+
+    /// The pair's split slot, in this rank's inbox (this end's rank receives the splits).
+    pub(crate) fn split(&self) -> &SplitSlot {
+        &self.region().split
     }
 }
 
@@ -319,7 +337,9 @@ mod loom_tests {
         loom::model(|| {
             let region: &'static mut Region = Box::leak(Box::new(Region {
                 taken: AtomicU64::new(0),
-                _pad: [0; 15],
+                _pad: [0; 7],
+                split: SplitSlot::default(),
+                _pad_split: [0; 6],
                 slots: std::array::from_fn(|_| Slot {
                     stamp: AtomicU64::new(0),
                     body: std::array::from_fn(|_| AtomicU64::new(0)),

@@ -15,4 +15,5 @@ pub(crate) mod link;
 pub(crate) mod pool;
 pub(crate) mod ring;
 pub(crate) mod segment;
+pub(crate) mod split;
 pub(crate) mod wake;

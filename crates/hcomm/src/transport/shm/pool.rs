@@ -77,12 +77,23 @@
 //! it at once. Dropping the pool removes whatever names are left and unmaps its blocks. A
 //! rank killed before every local rank mapped its block leaves the name for the launcher to
 //! sweep (hcommrun removes the job's names when the job ends).
+//!
+//! # Blocks registered with a NIC
+//!
+//! A transport that registers memory with its NIC (libfabric: `p2p::link::ofi`) registers
+//! each block once, whole, rather than every buffer on its first use: it hands the pool a
+//! [`BlockWatcher`] ([`ShmPool::watch`]), which is told of every block that is *backed* (all
+//! its pages in place: from its creation, and again once every page given back is reserved
+//! anew) and of every backed block whose memory is about to go (a grown block's freed pages
+//! given back, or the pool dropped). The calls come under the allocator's lock, so a block is
+//! never given back while its registration is being made; the pool holds the watcher weakly
+//! and knows nothing of what it does.
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use rustc_hash::FxHashMap;
 use rustix::fd::OwnedFd;
@@ -275,6 +286,18 @@ impl Drop for PoolMem {
     }
 }
 
+/// Told when the memory of a pool's blocks comes and goes (see the [module
+/// documentation](self)): a transport registers backed blocks with its NIC and lets the
+/// registration go when told the memory goes. Called under the pool's allocator lock: an
+/// implementation must not call back into the pool.
+pub(crate) trait BlockWatcher: Send + Sync + std::fmt::Debug {
+    /// The `len` payload bytes of block `block` at `base` are all backed; they stay mapped
+    /// until [`BlockWatcher::going`] is called for the block.
+    fn backed(&self, block: usize, base: *mut u8, len: usize);
+    /// Memory of block `block` (told backed before) is about to be given back or unmapped.
+    fn going(&self, block: usize);
+}
+
 /// A snapshot of a pool's counters, for the profiler.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
@@ -355,6 +378,10 @@ struct State {
     grow_failed: bool,
     /// A block creation was refused for want of room in `/dev/shm` (logged once).
     found_full: bool,
+    /// Told of the blocks' memory ([`ShmPool::watch`]).
+    watcher: Option<Weak<dyn BlockWatcher>>,
+    /// Per created block: the watcher was told it is backed (and not told since that it goes).
+    told: Vec<bool>,
 }
 
 impl State {
@@ -813,7 +840,9 @@ impl ShmPool {
         st.free.push(BTreeMap::from([(0, len)]));
         st.lens.push(len);
         st.holes.push(BTreeMap::new());
+        st.told.push(false);
         st.backed += len;
+        self.tell_backed(st, index);
         self.counters
             .blocks
             .store(st.free.len() as u64, Ordering::Relaxed);
@@ -868,6 +897,7 @@ impl ShmPool {
             remove_range(&mut st.holes[block], a, b);
             st.backed += b - a;
         }
+        self.tell_backed(st, block);
         true
     }
 
@@ -887,6 +917,7 @@ impl ShmPool {
         if a >= b {
             return;
         }
+        self.tell_going(st, block);
         for (a, b) in uncovered(&st.holes[block], a, b) {
             let punched = rustix::fs::fallocate(
                 &blk.fd,
@@ -905,6 +936,45 @@ impl ShmPool {
             add_range(&mut st.holes[block], a, b);
             st.backed -= b - a;
         }
+    }
+
+    /// Tells the watcher that `block` is backed, if it is (no holes) and was not told yet.
+    fn tell_backed(&self, st: &mut State, block: usize) {
+        let Some(w) = st.watcher.as_ref().and_then(Weak::upgrade) else {
+            return;
+        };
+        if st.told[block] || !st.holes[block].is_empty() {
+            return;
+        }
+        if let Some(b) = self.blocks[block].get() {
+            w.backed(block, b.seg.as_ptr(), b.seg.len());
+            st.told[block] = true;
+        }
+    }
+
+    /// Tells the watcher that memory of `block` goes, if it was told the block is backed.
+    fn tell_going(&self, st: &mut State, block: usize) {
+        if !std::mem::replace(&mut st.told[block], false) {
+            return;
+        }
+        if let Some(w) = st.watcher.as_ref().and_then(Weak::upgrade) {
+            w.going(block);
+        }
+    }
+
+    /// Hands the pool `watcher` (replacing any before): it is told at once of every block
+    /// that is backed now, and from then on as blocks come and go (see the [module
+    /// documentation](self)). The pool keeps it weakly: once it is dropped, nobody is told.
+    pub(crate) fn watch(&self, watcher: Weak<dyn BlockWatcher>) -> Result<()> {
+        let mut st = self.lock()?;
+        for block in 0..st.told.len() {
+            self.tell_going(&mut st, block);
+        }
+        st.watcher = Some(watcher);
+        for block in 0..st.told.len() {
+            self.tell_backed(&mut st, block);
+        }
+        Ok(())
     }
 
     fn block_len(&self, st: &State, block: usize) -> usize {
@@ -1032,7 +1102,13 @@ impl ShmPool {
 
 impl Drop for ShmPool {
     fn drop(&mut self) {
-        // The segments unmap themselves when `blocks` drops, after this.
+        // The watcher lets its registrations go first; the segments unmap themselves when
+        // `blocks` drops, after this.
+        if let Ok(mut st) = self.lock() {
+            for block in 0..st.told.len() {
+                self.tell_going(&mut st, block);
+            }
+        }
         for seg in self.blocks.iter().map_while(OnceLock::get).map(|b| &b.seg) {
             if let Err(err) = ShmSegment::unlink(seg.name()) {
                 tracing::warn!(segment = %seg.name(), %err, "shared-memory pool: cannot unlink");
@@ -1662,6 +1738,82 @@ mod tests {
         let st = pool.state.lock().unwrap();
         // Only the ordinary block (64 KiB) and two pages of each grown block are still held.
         assert!(st.backed <= 64 * KIB + 4 * 4096, "{}", st.backed);
+    }
+
+    /// What a watcher was told, in order: (block, backed) and the block's address and length.
+    #[derive(Debug, Default)]
+    struct Told(Mutex<Vec<(usize, bool, usize, usize)>>);
+
+    impl BlockWatcher for Told {
+        fn backed(&self, block: usize, base: *mut u8, len: usize) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((block, true, base as usize, len));
+        }
+        fn going(&self, block: usize) {
+            self.0.lock().unwrap().push((block, false, 0, 0));
+        }
+    }
+
+    impl Told {
+        fn take(&self) -> Vec<(usize, bool)> {
+            let mut v = self.0.lock().unwrap();
+            v.drain(..).map(|(b, backed, _, _)| (b, backed)).collect()
+        }
+    }
+
+    /// The watcher hears of the blocks made before it came, of each new block, of a grown
+    /// block's memory given back and reserved again in full, and of every block at the end;
+    /// once it is gone, the pool goes on without it.
+    #[test]
+    fn a_watcher_hears_of_blocks_as_their_memory_comes_and_goes() {
+        let mib = 1 << 20;
+        let pool = ShmPool::new(
+            &unique_job(),
+            0,
+            PoolConfig {
+                block_size: 64 * KIB,
+                max_total: 40 * mib,
+                mappers: 1,
+            },
+        )
+        .unwrap();
+        let small = pool.alloc(100).unwrap();
+        let told = Arc::new(Told::default());
+        let weak: Weak<dyn BlockWatcher> = Arc::downgrade(&told) as _;
+        pool.watch(weak).unwrap();
+        {
+            let v = told.0.lock().unwrap();
+            let b = pool.blocks[0].get().unwrap();
+            assert_eq!(*v, [(0, true, b.seg.as_ptr() as usize, 64 * KIB)]);
+        }
+        told.take();
+        // A grown block of exactly GROWN_ALIGN: backed at creation, going when freed (its
+        // pages given back), backed again when the same size reserves every page anew.
+        let big = pool.alloc(2 * mib).unwrap();
+        assert_eq!(told.take(), [(1, true)]);
+        let at = big.as_ptr();
+        free(&pool, at).unwrap();
+        assert_eq!(told.take(), [(1, false)]);
+        let again = pool.alloc(2 * mib).unwrap();
+        assert_eq!((again.block(), told.take()), (1, [(1, true)].to_vec()));
+        // Ordinary blocks keep their memory: nothing to hear when their allocations go.
+        free(&pool, small.as_ptr()).unwrap();
+        assert_eq!(told.take(), []);
+        drop(told);
+        free(&pool, again.as_ptr()).unwrap();
+        assert!(
+            pool.alloc(3 * mib).is_some(),
+            "the pool works on without its watcher"
+        );
+        let told = Arc::new(Told::default());
+        let weak: Weak<dyn BlockWatcher> = Arc::downgrade(&told) as _;
+        pool.watch(weak).unwrap();
+        // Block 1 has holes (freed above); blocks 0 and 2 are backed whole.
+        assert_eq!(told.take(), [(0, true), (2, true)]);
+        drop(pool);
+        assert_eq!(told.take(), [(0, false), (2, false)]);
     }
 
     #[test]

@@ -34,8 +34,8 @@ use crate::error::{Error, Result};
 /// The first eight bytes of every hcomm segment: `HCOMMSHM` in little-endian order.
 pub(crate) const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"HCOMMSHM");
 /// Version of the segment layout; a process refuses a segment of another version.
-/// 2: the inbox's doorbell carries a heartbeat.
-pub(crate) const SEGMENT_VERSION: u32 = 2;
+/// 2: the inbox's doorbell carries a heartbeat. 3: the fast boxes carry a split slot.
+pub(crate) const SEGMENT_VERSION: u32 = 3;
 /// Offset of the payload from the start of the mapping: the header padded to two cache lines,
 /// so the payload is 128-byte aligned and shares no cache line with the header.
 pub(crate) const PAYLOAD_OFFSET: usize = 128;
