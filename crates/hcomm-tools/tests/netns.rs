@@ -178,7 +178,7 @@ fn a_partition_leaves_the_majority_to_shrink_and_the_minority_without_quorum() {
 /// libfabric's tcp provider between the hosts, forced (`HCOMM_TRANSPORT=ofi`).
 const OFI: [(&str, &str); 2] = [("HCOMM_TRANSPORT", "ofi"), ("FI_PROVIDER", "tcp")];
 
-/// Every collective, and point-to-point sizes on both sides of the eager (4 KiB) and RDMA
+/// Every collective, and point-to-point sizes on both sides of the eager (15 KiB) and RDMA
 /// write (1 MiB) thresholds, right through libfabric between hosts, each rank's endpoint on its
 /// host's interface; every protocol taken.
 #[test]

@@ -22,7 +22,8 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Ring exchanges at sizes around 4 KiB and 1 MiB; every protocol counted.
+/// Ring exchanges at sizes around 4 KiB, the default eager limit (15 KiB) and 1 MiB; every
+/// protocol counted.
 fn sizes(comm: &Communicator) {
     let (r, n) = (comm.rank(), comm.size());
     let sizes = [
@@ -31,6 +32,9 @@ fn sizes(comm: &Communicator) {
         4095,
         4096,
         4097,
+        (15 << 10) - 1,
+        15 << 10,
+        (15 << 10) + 1,
         100_000,
         (1 << 20) - 1,
         1 << 20,

@@ -5,7 +5,7 @@
 //! and the message's kind; the receive side posts a ring of buffers that take any tag. A
 //! frame's payload goes by one of three protocols, chosen by its size:
 //!
-//! * **eager** (up to `HCOMM_OFI_EAGER_LIMIT`, 4 KiB): header and payload are copied into a
+//! * **eager** (up to `HCOMM_OFI_EAGER_LIMIT`, 15 KiB): header and payload are copied into a
 //!   registered bounce buffer and sent as one message; the receiver copies the payload into
 //!   its destination when the engine places it.
 //! * **RDMA read** (up to `HCOMM_OFI_WRITE_THRESHOLD`, 1 MiB): the sender registers the
@@ -46,7 +46,13 @@
 //!
 //! Completions are read when the engine polls a link (every turn: the links are `polled`, and
 //! the queue's wait descriptor, when the provider has one, sits in the engine's epoll set);
-//! what belongs to another peer waits in that peer's queue. The TCP connection of the mesh
+//! what belongs to another peer waits in that peer's queue. A read that returns fewer
+//! completions than it asked for ends the poll, and the poll right after a frame was placed
+//! takes the inbox without reading the queue again. The descriptor is reset (`fi_trywait`)
+//! only after [`QUIET_TURNS`] asks without completions, not on every turn: each reset costs a
+//! `read`, and the provider's next completion a `write`; a waiter for a small message reads
+//! the link directly rather than through `epoll_wait` on most spin rounds
+//! ([`Link::direct_token`]). The TCP connection of the mesh
 //! stays beside the link: its end tells the engine that the peer died.
 
 use std::collections::VecDeque;
