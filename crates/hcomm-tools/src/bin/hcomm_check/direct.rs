@@ -6,10 +6,10 @@ use hcomm::{CollKind, Communicator, DataType, ReduceOp};
 
 use super::coll::check_call;
 
-/// Int32 counts: a contribution just under and over the eager limit (4 KiB), a mid size,
-/// and just under and over the RDMA write threshold (1 MiB), so that the steps of every
-/// algorithm fall on both sides of both.
-const COUNTS: [usize; 5] = [1023, 1025, 20_000, 262_143, 262_145];
+/// Int32 counts: a contribution just under and over the eager limit (4 KiB) and just under
+/// and over the RDMA write threshold (1 MiB), so that the steps of every algorithm (whole
+/// contributions, or pieces of them) fall on both sides of both.
+const COUNTS: [usize; 4] = [1023, 1025, 262_143, 262_145];
 
 pub(super) fn direct(comm: &Communicator) -> Result<()> {
     let n = comm.size();

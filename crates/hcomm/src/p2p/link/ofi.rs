@@ -198,6 +198,11 @@ struct PeerState {
     offers: HashMap<(u64, u32, u32), Offer>,
     /// This rank's receives offered to the peer, by operation.
     offered: HashMap<OpId, Offered>,
+    /// The direct step being written, when the provider took only some of its pieces.
+    putting: Option<Putting>,
+    /// Direct steps written, by this rank's token: pieces in flight, and whether all were
+    /// posted.
+    pieces: HashMap<u64, (usize, bool)>,
     next_token: u64,
     closed: bool,
 }
@@ -211,6 +216,16 @@ struct Offer {
     sig: [u64; 2],
     /// The peer's token.
     token: u64,
+}
+
+/// A direct step whose pieces are being posted.
+#[derive(Debug)]
+struct Putting {
+    token: u64,
+    /// Bytes posted.
+    at: usize,
+    hdr: [u8; HEADER_LEN],
+    offer: Offer,
 }
 
 /// A receive of this rank offered to the peer.
@@ -784,6 +799,7 @@ impl HubState {
                 self.read_piece_ended(peer, token);
             }
             What::Write { peer, token } | What::Put { peer, token } => {
+                self.peers[peer].pieces.remove(&token);
                 if let Some(s) = self.peers[peer].sending.remove(&token) {
                     self.unregister(s.mr);
                 }
@@ -834,7 +850,19 @@ impl HubState {
                 }
             }
             What::Put { peer, token } => {
-                // The notice went after the write: the send is over once its bytes left.
+                // The notice goes after the write: the send is over once its bytes left.
+                let p = &mut self.peers[peer];
+                let last = match p.pieces.get_mut(&token) {
+                    Some((flying, all)) => {
+                        *flying = flying.saturating_sub(1);
+                        *flying == 0 && *all
+                    }
+                    None => true,
+                };
+                if !last {
+                    return;
+                }
+                p.pieces.remove(&token);
                 if let Some(s) = self.peers[peer].sending.remove(&token) {
                     self.unregister(s.mr);
                     if let Some(op) = s.op {
@@ -1070,6 +1098,9 @@ impl HubState {
     ) -> std::result::Result<bool, String> {
         let mut moved = false;
         self.push_peer(peer)?;
+        if !self.go_on_putting(peer)? {
+            return Ok(moved);
+        }
         moved |= self.unpark(peer, ops)?;
         while let Some(f) = self.peers[peer].out.front() {
             if f.direct.is_some() || !self.peers[peer].parked.is_empty() {
@@ -1184,24 +1215,12 @@ impl HubState {
         };
         match self.put(peer, &f, offer, ops)? {
             Put::Done if self.peers[peer].control.is_empty() => Ok(Divert::Put),
-            // The notice waits for room: nothing may overtake it.
-            Put::Done => Ok(Divert::Full),
+            // The rest, or the notice, waits for room: nothing may overtake it.
+            Put::Done | Put::Partial => Ok(Divert::Full),
             Put::Unusable => {
                 self.peers[peer].out.push_front(f);
                 Ok(Divert::Go)
             }
-            Put::Full => {
-                self.restore_offer(peer, &f, offer);
-                self.peers[peer].out.push_front(f);
-                Ok(Divert::Full)
-            }
-        }
-    }
-
-    /// Gives back the offer a direct frame took.
-    fn restore_offer(&mut self, peer: usize, f: &OutFrame, offer: Offer) {
-        if let (Some(k), Some((comm, tag))) = (f.direct, frame_key(f)) {
-            self.peers[peer].offers.insert((comm, tag, k), offer);
         }
     }
 
@@ -1233,12 +1252,11 @@ impl HubState {
                 }
                 (true, Some(o)) => match self.put(peer, &f, o, ops)? {
                     Put::Done => moved = true,
-                    Put::Unusable => go.push(f),
-                    Put::Full => {
-                        self.restore_offer(peer, &f, o);
+                    Put::Partial => {
+                        moved = true;
                         full = true;
-                        keep.push_back(f);
                     }
+                    Put::Unusable => go.push(f),
                 },
                 (false, _) => go.push(f),
             }
@@ -1261,9 +1279,6 @@ impl HubState {
         offer: Offer,
         ops: &Ops,
     ) -> std::result::Result<Put, String> {
-        let Some(dest) = self.addrs.get(peer).copied().flatten() else {
-            return Err(format!("world rank {peer} has no libfabric address"));
-        };
         let payload = frame_payload(f, ops);
         let (ptr, n) = (payload.as_ptr(), payload.len());
         let sig = [u64_at(&f.hdr, 48), u64_at(&f.hdr, 56)];
@@ -1273,25 +1288,10 @@ impl HubState {
         }
         // SAFETY: the payload is the frame's live operation's buffer; the registration is
         // released when the write ends, and `forget` waits for a write in flight.
-        let (mr, desc) = unsafe { self.local(ptr, n, FI_WRITE) }?;
-        let token = self.peers[peer].next_token;
-        let ctx = self.new_ctx(What::Put { peer, token });
-        // SAFETY: the source stays valid until the write completes (above); the peer's region
-        // is the receive it offered, of this length; the context stays in `live`.
-        let posted = unsafe {
-            self.ep
-                .post_write(ptr, n, desc, dest, offer.addr, offer.key, ctx)
-        };
-        match self.settle(ctx, posted) {
-            Ok(true) => {}
-            other => {
-                self.unregister(mr);
-                other?;
-                return Ok(Put::Full);
-            }
-        }
+        let (mr, _) = unsafe { self.local(ptr, n, FI_WRITE) }?;
         ProtocolCounts::bump(&self.counts.ofi_direct);
         let p = &mut self.peers[peer];
+        let token = p.next_token;
         p.next_token += 1;
         p.sending.insert(
             token,
@@ -1303,14 +1303,102 @@ impl HubState {
                 owned: None,
                 target: Some((offer.addr, offer.key, offer.token)),
                 read: false,
-                posted: true,
+                posted: false,
             },
         );
-        let mut notice = f.hdr.to_vec();
-        notice.extend_from_slice(&offer.token.to_le_bytes());
+        p.pieces.insert(token, (0, false));
+        p.putting = Some(Putting {
+            token,
+            at: 0,
+            hdr: f.hdr,
+            offer,
+        });
+        match self.go_on_putting(peer)? {
+            true => Ok(Put::Done),
+            false => Ok(Put::Partial),
+        }
+    }
+
+    /// Posts the pieces of `peer`'s direct step under way (each at most [`READ_PIECE`], all
+    /// in flight at once: single large transfers stall over the tcp provider, see
+    /// [`READ_PIECE`]), then its notice; `Ok(false)`: the provider has no room for the rest
+    /// now (nothing else goes to the peer meanwhile).
+    fn go_on_putting(&mut self, peer: usize) -> std::result::Result<bool, String> {
+        let Some(pu) = self.peers[peer].putting.take() else {
+            return Ok(true);
+        };
+        let Some(dest) = self.addrs.get(peer).copied().flatten() else {
+            return Err(format!("world rank {peer} has no libfabric address"));
+        };
+        let token = pu.token;
+        let Some(s) = self.peers[peer].sending.get(&token) else {
+            return Ok(true);
+        };
+        let (ptr, n, desc) = (s.ptr, s.len, self.desc(s.mr));
+        let mut at = pu.at;
+        while at < n {
+            let k = (n - at).min(READ_PIECE);
+            let ctx = self.new_ctx(What::Put { peer, token });
+            // SAFETY: the source stays valid until its last piece completes (`forget` waits
+            // for the pieces in flight and posts no more); the peer's region is the receive
+            // it offered, of this length; the context stays in `live`.
+            let posted = unsafe {
+                self.ep.post_write(
+                    ptr.add(at),
+                    k,
+                    desc,
+                    dest,
+                    pu.offer.addr + at as u64,
+                    pu.offer.key,
+                    ctx,
+                )
+            };
+            if !self.settle(ctx, posted)? {
+                self.peers[peer].putting = Some(Putting { at, ..pu });
+                return Ok(false);
+            }
+            at += k;
+            let p = &mut self.peers[peer];
+            if let Some(s) = p.sending.get_mut(&token) {
+                s.posted = true;
+            }
+            if let Some(c) = p.pieces.get_mut(&token) {
+                c.0 += 1;
+            }
+        }
+        let p = &mut self.peers[peer];
+        if let Some(c) = p.pieces.get_mut(&token) {
+            c.1 = true;
+        }
+        let mut notice = pu.hdr.to_vec();
+        notice.extend_from_slice(&pu.offer.token.to_le_bytes());
         p.control.push_back((msg::PUT, notice));
         self.push_peer(peer)?;
-        Ok(Put::Done)
+        Ok(true)
+    }
+
+    /// Operation `op`'s direct step under way posts no more pieces: it ends with the last one
+    /// in flight (at once when none is).
+    fn abandon_put(&mut self, peer: usize, op: OpId) {
+        let p = &mut self.peers[peer];
+        let Some(token) = p
+            .putting
+            .as_ref()
+            .map(|u| u.token)
+            .filter(|t| p.sending.get(t).is_some_and(|s| s.op == Some(op)))
+        else {
+            return;
+        };
+        p.putting = None;
+        match p.pieces.get_mut(&token) {
+            Some(c) if c.0 > 0 => c.1 = true,
+            _ => {
+                p.pieces.remove(&token);
+                if let Some(s) = p.sending.remove(&token) {
+                    self.unregister(s.mr);
+                }
+            }
+        }
     }
 
     /// Withdraws the offer of receive `op`, if it made one the peer did not use: the peer
@@ -1380,10 +1468,10 @@ enum Divert {
 enum Put {
     /// Written; its notice is queued.
     Done,
+    /// Some of its pieces wait for room (`HubState::go_on_putting`).
+    Partial,
     /// The offer does not fit the frame (refused, or another length or call).
     Unusable,
-    /// No room now.
-    Full,
 }
 
 /// The communicator and tag of a message's first frame (eager or request to send).
@@ -1752,6 +1840,7 @@ impl Link for OfiLink {
         let peer = self.peer;
         st.peers[peer].out.retain(|f| f.op != Some(op));
         st.peers[peer].parked.retain(|f| f.op != Some(op));
+        st.abandon_put(peer, op);
         st.withdraw(peer, op);
         let mut copies = Vec::new();
         for (t, s) in st.peers[peer].sending.iter_mut() {
@@ -1846,6 +1935,8 @@ impl Link for OfiLink {
         p.out.clear();
         p.parked.clear();
         p.offers.clear();
+        p.putting = None;
+        p.pieces.clear();
         p.control.clear();
         p.reads.clear();
         p.writes.clear();
