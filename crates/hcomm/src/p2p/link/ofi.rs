@@ -1334,7 +1334,7 @@ impl HubState {
         let Some(s) = self.peers[peer].sending.get(&token) else {
             return Ok(true);
         };
-        let (ptr, n, desc) = (s.ptr, s.len, self.desc(s.mr));
+        let (ptr, n, desc) = (s.ptr, s.len, self.desc(s.mr, s.ptr, s.len));
         let mut at = pu.at;
         while at < n {
             let k = (n - at).min(READ_PIECE);
@@ -1971,6 +1971,7 @@ mod tests {
         let limits = OfiLimits {
             eager: 4096,
             write: 1 << 20,
+            direct: false,
         };
         let hub = Hub::start(ep, 0, &[None, Some(me)], limits, Arc::clone(&counts)).unwrap();
         let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
