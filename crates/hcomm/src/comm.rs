@@ -127,40 +127,47 @@ impl World {
 
     /// Copies the process-wide counters into the statistics segment while a profiler
     /// watches it (nothing otherwise: one load).
+    #[inline]
     fn publish_counters(&self) {
         if let Some(h) = crate::observe::stats::watched() {
-            let p = self.engine.protocol_stats();
-            let pool = self.pool.as_ref().map(|p| p.stats()).unwrap_or_default();
-            h.publish(
-                [
-                    p.shm_eager,
-                    p.shm_pull,
-                    p.shm_push,
-                    p.tcp_eager,
-                    p.tcp_rendezvous,
-                    p.plugin_eager,
-                    p.plugin_rendezvous,
-                    0,
-                    p.shm_split,
-                ],
-                pool.hits,
-                pool.misses,
-            );
-            if p.tcp_failovers + p.plugin_fallbacks > 0 {
-                h.publish_failovers(&self.engine.failover_counts());
-            }
-            if let Some(provider) = self.engine.ofi_provider() {
-                let counts = crate::observe::stats::OfiCounts {
-                    messages: [p.ofi_eager, p.ofi_read, p.ofi_write],
-                    bytes: [p.ofi_eager_bytes, p.ofi_read_bytes, p.ofi_write_bytes],
-                    mr_hits: p.ofi_mr_hits,
-                    mr_misses: p.ofi_mr_misses,
-                    mr_invalidations: p.ofi_mr_invalidations,
-                    mr_pool: p.ofi_mr_pool,
-                    pool_blocks: p.ofi_pool_blocks,
-                };
-                h.ofi.publish(&provider, &counts);
-            }
+            self.publish_counters_to(h);
+        }
+    }
+
+    /// Publishes the transports' and the pool's counters in the statistics header `h`.
+    #[cold]
+    fn publish_counters_to(&self, h: &crate::observe::stats::StatsHeader) {
+        let p = self.engine.protocol_stats();
+        let pool = self.pool.as_ref().map(|p| p.stats()).unwrap_or_default();
+        h.publish(
+            [
+                p.shm_eager,
+                p.shm_pull,
+                p.shm_push,
+                p.tcp_eager,
+                p.tcp_rendezvous,
+                p.plugin_eager,
+                p.plugin_rendezvous,
+                0,
+                p.shm_split,
+            ],
+            pool.hits,
+            pool.misses,
+        );
+        if p.tcp_failovers + p.plugin_fallbacks > 0 {
+            h.publish_failovers(&self.engine.failover_counts());
+        }
+        if let Some(provider) = self.engine.ofi_provider() {
+            let counts = crate::observe::stats::OfiCounts {
+                messages: [p.ofi_eager, p.ofi_read, p.ofi_write],
+                bytes: [p.ofi_eager_bytes, p.ofi_read_bytes, p.ofi_write_bytes],
+                mr_hits: p.ofi_mr_hits,
+                mr_misses: p.ofi_mr_misses,
+                mr_invalidations: p.ofi_mr_invalidations,
+                mr_pool: p.ofi_mr_pool,
+                pool_blocks: p.ofi_pool_blocks,
+            };
+            h.ofi.publish(&provider, &counts);
         }
     }
 
@@ -231,7 +238,7 @@ struct CommState {
     /// sendrecv), numbered like the sends but apart from them.
     recvs: AtomicU64,
     /// Planned schedules by call shape.
-    plans: Mutex<HashMap<Shape, Arc<Plan>>>,
+    plans: Mutex<Plans>,
     /// Scratch space reused by blocking collectives.
     scratch: Mutex<Vec<u8>>,
     /// The one-sided state, made at the first call that may use it (`Some(None)`: this
@@ -264,6 +271,14 @@ impl CommState {
         engine.track_entered(id | COLL, &state.coll_seq, Arc::clone(members));
         Arc::new(state)
     }
+}
+
+/// The plans of a communicator by call shape. The last one used is looked at first: programs
+/// repeat their calls, and comparing a shape costs less than hashing it.
+#[derive(Default)]
+struct Plans {
+    by_shape: HashMap<Shape, Arc<Plan>>,
+    last: Option<(Shape, Arc<Plan>)>,
 }
 
 /// A cached choice of algorithm and its schedule for one call shape.

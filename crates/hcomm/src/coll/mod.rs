@@ -186,6 +186,7 @@ impl Shape {
     }
 
     /// Bytes of the send buffer of `rank` (0 when it has none).
+    #[inline]
     pub fn send_bytes(&self, rank: usize) -> usize {
         let (n, c, e) = (self.size, self.count, self.elem());
         match self.kind {
@@ -204,6 +205,7 @@ impl Shape {
     }
 
     /// Bytes of the receive buffer of `rank` (0 when it has none).
+    #[inline]
     pub fn recv_bytes(&self, rank: usize) -> usize {
         let (n, c, e) = (self.size, self.count, self.elem());
         match self.kind {

@@ -61,7 +61,7 @@ mod refusal;
 use std::cell::OnceCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::coll::{algos, CollKind, Group, Shape};
 use crate::config::Backoff;
@@ -299,16 +299,16 @@ impl OneSided {
         let most = max_contribution(shape);
         let waiter = Waiter {
             os: self,
+            comm,
             engine,
             coll_id: comm.coll_id(),
-            timeout: comm.timeout(),
             tag,
             call: j,
             sig,
             policy: if most <= SLOT {
-                SMALL_CALLS
+                &SMALL_CALLS
             } else {
-                Backoff::DEFAULT
+                &Backoff::DEFAULT
             },
             deadline: OnceCell::new(),
         };
@@ -1097,18 +1097,18 @@ fn compute<'c>(
 /// How one call waits for its peers' counters.
 struct Waiter<'a> {
     os: &'a OneSided,
+    /// The communicator (its `HCOMM_TIMEOUT` is looked up once a wait must sleep).
+    comm: &'a dyn Group,
     engine: &'a Engine,
     /// The id the communicator's collective frames carry.
     coll_id: u64,
-    /// `HCOMM_TIMEOUT`.
-    timeout: Duration,
     tag: u32,
     /// The call's number.
     call: u64,
     /// The call's signature.
     sig: [u64; 2],
     /// How its waits back off.
-    policy: Backoff,
+    policy: &'static Backoff,
     /// `HCOMM_TIMEOUT` from the first wait that had to sleep (reading the clock costs as
     /// much as a whole small call); set once the call is registered with the engine.
     deadline: OnceCell<Instant>,
@@ -1201,7 +1201,7 @@ impl Waiter<'_> {
         if self.os.spin && (0..EAGER_LOOKS).any(|_| ready()) {
             return Ok(());
         }
-        let mut waiting = Waiting::new(self.policy, self.os.spin);
+        let mut waiting = Waiting::new(*self.policy, self.os.spin);
         while waiting.pause() != Pause::Sleep {
             if ready() {
                 return Ok(());
@@ -1213,7 +1213,9 @@ impl Waiter<'_> {
             // with a mismatch, and so will later ones.
             engine.begin_call(self.coll_id, self.tag, self.sig)?;
         }
-        let deadline = *self.deadline.get_or_init(|| Instant::now() + self.timeout);
+        let deadline = *self
+            .deadline
+            .get_or_init(|| Instant::now() + self.comm.timeout());
         let mut stall = StallWatch::new(Instant::now());
         crate::observe::blocked_on(p);
         loop {
@@ -1272,6 +1274,7 @@ impl Waiter<'_> {
 
 /// Fails unless peer `p`'s call (signature `theirs`, contribution of `len` bytes) is this
 /// rank's (`sig`): every rank checks every other, so a mismatch fails every rank of the call.
+#[inline]
 fn check_peer_call(
     shape: &Shape,
     sig: [u64; 2],
@@ -1279,24 +1282,31 @@ fn check_peer_call(
     theirs: [u64; 2],
     len: u64,
 ) -> Result<()> {
-    if theirs != sig {
-        return Err(Error::mismatch(format!(
+    let want = contribution_len(shape, p);
+    if theirs != sig || len != want as u64 {
+        return Err(peer_mismatch(sig, p, theirs, len, want));
+    }
+    Ok(())
+}
+
+/// The error of a peer `p` whose call (signature `theirs`, contributing `len` bytes) is not
+/// this rank's (`sig`, `want` bytes from `p`).
+#[cold]
+fn peer_mismatch(sig: [u64; 2], p: usize, theirs: [u64; 2], len: u64, want: usize) -> Error {
+    let what = if theirs != sig {
+        format!(
             "this rank called {} but rank {p} called {}: every rank must call the same \
              collectives in the same order with the same type, op, count and root",
             Shape::describe_signature(sig),
             Shape::describe_signature(theirs)
-        ))
-        .with_peer(PeerRank::comm(p)));
-    }
-    let want = contribution_len(shape, p);
-    if len != want as u64 {
-        return Err(Error::mismatch(format!(
+        )
+    } else {
+        format!(
             "rank {p} contributes {len} bytes to {} where {want} were expected",
             Shape::describe_signature(sig)
-        ))
-        .with_peer(PeerRank::comm(p)));
-    }
-    Ok(())
+        )
+    };
+    Error::mismatch(what).with_peer(PeerRank::comm(p))
 }
 
 /// Whether collective `kind` has a large one-sided algorithm (contributions beyond a slot).
@@ -1315,6 +1325,7 @@ fn has_large(kind: CollKind) -> bool {
 }
 
 /// Bytes rank `rank` contributes to a call of `shape`.
+#[inline]
 fn contribution_len(shape: &Shape, rank: usize) -> usize {
     let (n, block) = (shape.size, shape.count * shape.elem());
     match shape.kind {
@@ -1326,15 +1337,18 @@ fn contribution_len(shape: &Shape, rank: usize) -> usize {
     }
 }
 
-/// The largest contribution of any rank.
+/// The largest contribution of any rank: the root's in broadcast and scatter (the others
+/// contribute nothing), any rank's in the others (all contribute alike).
+#[inline]
 fn max_contribution(shape: &Shape) -> usize {
-    (0..shape.size)
-        .map(|r| contribution_len(shape, r))
-        .max()
-        .unwrap_or(0)
+    match shape.kind {
+        CollKind::Broadcast | CollKind::Scatter => contribution_len(shape, shape.root),
+        _ => contribution_len(shape, 0),
+    }
 }
 
 /// Where this rank's contribution lies, and its length.
+#[inline]
 fn contribution(shape: &Shape, rank: usize, bufs: &Buffers<'_>) -> (Own, usize) {
     let len = contribution_len(shape, rank);
     let from_recv =

@@ -12,7 +12,7 @@ use crate::coll::schedule::{Schedule, Step};
 use crate::coll::{exec, Algorithm, CollKind, Shape, VLayout};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, NotEntered, Operation, PeerRank, Result};
-use crate::observe::flight::{self, Call as FlightCall, Mark};
+use crate::observe::flight::{self, Call as FlightCall, Mark, Recorder};
 use crate::observe::stats::{self, proto};
 use crate::observe::{OpKind, OpScope};
 use crate::p2p::lease::Lease;
@@ -59,8 +59,13 @@ impl Communicator {
         // An aborted communicator fails before planning, which may talk to the peers.
         self.world.engine.check_aborted(self.id | COLL)?;
         let mut plans = lock(&self.state.plans);
-        if let Some(p) = plans.get(shape) {
-            return Ok(Arc::clone(p));
+        match &plans.last {
+            Some((last, p)) if last == shape => return Ok(Arc::clone(p)),
+            _ => {}
+        }
+        if let Some(p) = plans.by_shape.get(shape).cloned() {
+            plans.last = Some((shape.clone(), Arc::clone(&p)));
+            return Ok(p);
         }
         let selector = &self.world.selector;
         let forced = selector.forced(shape.kind);
@@ -99,10 +104,11 @@ impl Communicator {
             protocols,
         });
         // Bound the cache: a program sweeping sizes must not grow it forever.
-        if plans.len() >= 1024 {
-            plans.clear();
+        if plans.by_shape.len() >= 1024 {
+            plans.by_shape.clear();
         }
-        plans.insert(shape.clone(), Arc::clone(&plan));
+        plans.by_shape.insert(shape.clone(), Arc::clone(&plan));
+        plans.last = Some((shape.clone(), Arc::clone(&plan)));
         Ok(plan)
     }
 
@@ -364,7 +370,7 @@ impl Communicator {
             Ok(p) => p,
             Err(e) => {
                 if let (Some(r), Some(m)) = (&self.state.flight, mark) {
-                    r.finished(m, Err(&e), None);
+                    r.failed(m, &e, None);
                 }
                 return Err(e);
             }
@@ -406,6 +412,7 @@ impl Communicator {
     /// Records a call of `shape` moving `bytes` ([`Communicator::call_bytes`]) in the flight
     /// recorder (`seq`: its sequence number, when taken already; `nonblocking`: it runs in
     /// the background).
+    #[inline]
     fn flight_post(
         &self,
         shape: &Shape,
@@ -444,17 +451,30 @@ impl Communicator {
         let result = self
             .run_schedule(op, shape, plan, seq, send, recv)
             .map_err(|e| self.diagnose(shape, seq, e));
-        if let Some((r, m)) = flight {
-            // The member waited for matters to a failed call (and costs a look-up).
-            let peer = result.is_err().then(crate::observe::waited_for).flatten();
-            r.finished(m, result.as_ref().map(|_| ()), peer);
-        }
         match &result {
-            Err(Error::Timeout(_)) => flight::dump_on(flight::Reason::Timeout),
-            Err(Error::Aborted(_)) => flight::dump_on(flight::Reason::Abort),
-            _ => {}
+            Ok(()) => {
+                if let Some((r, m)) = flight {
+                    r.completed(m);
+                }
+            }
+            Err(e) => Self::flight_failed(flight, e),
         }
         result
+    }
+
+    /// Records the failure `e` of a call (in `flight`, its recorder and entry, when it has
+    /// one) and dumps the flight recorder when the call timed out or was aborted.
+    #[cold]
+    fn flight_failed(flight: Option<(&Arc<Recorder>, Mark)>, e: &Error) {
+        if let Some((r, m)) = flight {
+            // The member waited for matters to a failed call (and costs a look-up).
+            r.failed(m, e, crate::observe::waited_for());
+        }
+        match e {
+            Error::Timeout(_) => flight::dump_on(flight::Reason::Timeout),
+            Error::Aborted(_) => flight::dump_on(flight::Reason::Abort),
+            _ => {}
+        }
     }
 
     /// A call `seq` of `shape` failed with `e`: when it timed out or was abandoned (not when

@@ -6,13 +6,16 @@
 //! Each record holds the communicator, its epoch, the call's sequence number, collective,
 //! element type, count and root, when it was posted (the call made), started (its sequence
 //! number taken, its schedule begun) and completed, how it ended, and the member its thread
-//! last waited for. A blocking call costs two readings of the statistics clock (a nonblocking
-//! call, which starts later than it was posted, three; reading the TSC costs about 20 ns on
-//! a virtual machine) and relaxed loads and stores into one cache line of the ring, on its
-//! thread: no lock (a failed call also keeps its error, under a lock) and no atomic
-//! read-modify-write, whose fence would also wait for the record's cache line (calls on one
-//! communicator come one after the other); nothing else runs (the measured cost is in
-//! docs/flight-recorder.md).
+//! last waited for. A blocking call that waits for nothing costs relaxed loads and stores
+//! into one cache line of the ring, on its thread, and no reading of the clock (10 ns here, 3%
+//! of an 8-byte all-reduce between two cores): its times are the clock word
+//! ([`clock::now`]), which the watcher refreshes at every turn and every wait that yields or
+//! sleeps refreshes too. A call whose waits yielded or slept reads the clock when it ends, and
+//! a blocking one takes its start from its first pause ([`clock::take_pause`]): a call that
+//! hangs is timed from its first wait. No lock (a failed call also keeps its error, under
+//! a lock) and no atomic read-modify-write, whose fence would also wait for the record's cache
+//! line (calls on one communicator come one after the other); nothing else runs (the
+//! measured cost is in docs/flight-recorder.md).
 //!
 //! `SIGUSR1`: the handler (installed at the first world, only while the signal has its
 //! default action, which would kill the process) only raises a flag; the engine's watcher
@@ -29,7 +32,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use serde::{Deserialize, Serialize};
 
-use super::clock::monotonic_ns;
+use super::clock::{self, monotonic_ns};
 use super::OpKind;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -40,7 +43,8 @@ pub const FORMAT: &str = "hcomm-flight-recorder";
 /// The version of the dump format this build writes (and `hcomm_trace` reads).
 pub const VERSION: u32 = 1;
 
-/// Records per communicator (0: recording is off).
+/// Records per communicator (0: recording is off); rounded up to a power of two by
+/// [`Recorder::new`].
 static CAPACITY: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_TRACE_BUFFER);
 /// Where this process writes, and who it is.
 static SETUP: Mutex<Option<Setup>> = Mutex::new(None);
@@ -98,8 +102,10 @@ fn install_signal() {
     }
 }
 
-/// Writes the dump a `SIGUSR1` asked for, if one did (the watcher calls this every turn).
+/// Refreshes the recorder's clock word ([`clock::now`]) and writes the dump a `SIGUSR1` asked
+/// for, if one did (the watcher calls this every turn).
 pub(crate) fn service() {
+    clock::coarse_ns();
     let Some(flag) = REQUESTED.get() else { return };
     if flag.swap(false, Ordering::Relaxed) {
         match dump(Reason::Signal) {
@@ -173,10 +179,19 @@ struct Slot {
     ranks: AtomicU64,
     count: AtomicU64,
     bytes: AtomicU64,
-    /// When it was posted, started and ended ([`stamp`]; 0: not yet).
+    /// When it was posted, started and ended (coarse monotonic nanoseconds; 0: not yet).
     posted: AtomicU64,
     started: AtomicU64,
     completed: AtomicU64,
+}
+
+impl Slot {
+    /// Sets the status bits of the record.
+    #[inline]
+    fn set_status(&self, status: Status) {
+        let what = self.what.load(RELAXED) & !(3 << 16);
+        self.what.store(what | (status as u64) << 16, RELAXED);
+    }
 }
 
 // Eight words: one cache line per call, which a call's stores fill (a record over two lines
@@ -194,7 +209,9 @@ pub(crate) struct Recorder {
     rank: usize,
     members: Arc<[usize]>,
     slots: Box<[Slot]>,
-    /// Calls recorded so far; the next one's number (its slot is `next % capacity`).
+    /// `slots.len() - 1`: the ring holds a power of two of records.
+    mask: u64,
+    /// Calls recorded so far; the next one's number (its slot is `next & mask`).
     next: AtomicU64,
     /// One more than the highest sequence number started.
     entered: AtomicU64,
@@ -228,7 +245,9 @@ const RELAXED: Ordering = Ordering::Relaxed;
 
 impl Recorder {
     /// The recorder of communicator `comm` (epoch `epoch`), where this process is rank `rank`
-    /// of `members` (world ranks); `None` when recording is off (`HCOMM_TRACE_BUFFER=0`).
+    /// of `members` (world ranks); `None` when recording is off (`HCOMM_TRACE_BUFFER=0`). It
+    /// keeps `HCOMM_TRACE_BUFFER` records rounded up to a power of two (a record's slot is
+    /// then a mask of its number, not a division).
     pub(crate) fn new(
         comm: u64,
         epoch: u64,
@@ -255,12 +274,14 @@ impl Recorder {
         members: Arc<[usize]>,
         capacity: usize,
     ) -> Recorder {
+        let capacity = capacity.max(1).next_power_of_two();
         Recorder {
             comm,
             epoch,
             rank,
             members,
             slots: (0..capacity).map(|_| Slot::default()).collect(),
+            mask: capacity as u64 - 1,
             next: AtomicU64::new(0),
             entered: AtomicU64::new(0),
             errors: Mutex::new(VecDeque::new()),
@@ -270,20 +291,22 @@ impl Recorder {
     /// The slot of call `mark`, while it still owns it.
     #[inline]
     fn slot(&self, mark: Mark) -> Option<&Slot> {
-        let s = &self.slots[(mark.0 % self.slots.len() as u64) as usize];
+        let s = &self.slots[(mark.0 & self.mask) as usize];
         (s.owner.load(RELAXED) == mark.0 + 1).then_some(s)
     }
 
-    /// A call was made (`seq`: its sequence number, when it is taken already): one atomic
-    /// increment, a clock reading and relaxed stores.
+    /// A call was made (`seq`: its sequence number, when it is taken already): relaxed loads
+    /// and stores, its time the clock word.
     #[inline]
     pub(crate) fn post(&self, call: &Call, seq: Option<u64>) -> Mark {
+        // The pauses that count are this call's.
+        let _ = clock::take_pause();
         // A load and a store rather than an atomic increment, which fences: calls on one
         // communicator are made one after the other (two made at the same time by two
         // threads may share a record, as they may share a sequence number).
         let n = self.next.load(RELAXED);
         self.next.store(n + 1, RELAXED);
-        let s = &self.slots[(n % self.slots.len() as u64) as usize];
+        let s = &self.slots[(n & self.mask) as usize];
         s.owner.store(n + 1, RELAXED);
         s.what.store(
             call.kind as u64
@@ -298,14 +321,15 @@ impl Recorder {
         );
         s.count.store(call.count, RELAXED);
         s.bytes.store(call.bytes, RELAXED);
-        s.posted.store(stamp(), RELAXED);
+        s.posted.store(clock::now(), RELAXED);
         s.started.store(0, RELAXED);
         s.completed.store(0, RELAXED);
         Mark(n)
     }
 
-    /// The call of `mark` took sequence number `seq` and starts: now (`stamp`), or when it
-    /// was posted (a blocking call, whose planning is part of it).
+    /// The call of `mark` took sequence number `seq` and starts: now (`stamp`: a nonblocking
+    /// call, on its own thread, which reads the clock), or when it was posted (a blocking call,
+    /// whose planning is part of it).
     #[inline]
     pub(crate) fn started(&self, mark: Mark, seq: u64, stamp: bool) {
         // A blocking call: a load and a store, no read-modify-write (which fences), as the
@@ -318,7 +342,8 @@ impl Recorder {
         }
         if let Some(s) = self.slot(mark) {
             let at = if stamp {
-                self::stamp()
+                let _ = clock::take_pause();
+                clock::coarse_ns()
             } else {
                 s.posted.load(RELAXED)
             };
@@ -331,33 +356,51 @@ impl Recorder {
         }
     }
 
-    /// The call of `mark` ended with `result`; `peer`: the member its thread last waited for.
+    /// The call of `mark` completed. A call whose waits yielded or slept reads the clock now
+    /// (and a blocking one started at its first pause: [`Recorder::timed`]); a call that
+    /// waited for nothing (it took microseconds) ends at the clock word.
     #[inline]
-    pub(crate) fn finished(
-        &self,
-        mark: Mark,
-        result: std::result::Result<(), &Error>,
-        peer: Option<usize>,
-    ) {
+    pub(crate) fn completed(&self, mark: Mark) {
         let Some(s) = self.slot(mark) else { return };
-        s.completed.store(stamp(), RELAXED);
+        match clock::take_pause() {
+            None => s.completed.store(clock::now(), RELAXED),
+            paused => self.timed(s, paused),
+        }
+        s.set_status(Status::Completed);
+    }
+
+    /// The call of `mark` failed with `err`; `peer`: the member its thread last waited for.
+    #[cold]
+    pub(crate) fn failed(&self, mark: Mark, err: &Error, peer: Option<usize>) {
+        let Some(s) = self.slot(mark) else { return };
+        self.timed(s, clock::take_pause());
         if let Some(p) = peer {
             let root = s.ranks.load(RELAXED) & 0xffff_ffff;
             s.ranks.store(root | (p as u64 + 1) << 32, RELAXED);
         }
-        let status = match result {
-            Ok(()) => Status::Completed,
-            Err(err) => {
-                let mut errors = lock(&self.errors);
-                if errors.len() >= self.slots.len() {
-                    errors.pop_front();
-                }
-                errors.push_back((mark.0, err.to_string().into()));
-                Status::Failed
+        {
+            let mut errors = lock(&self.errors);
+            if errors.len() >= self.slots.len() {
+                errors.pop_front();
             }
-        };
-        let what = s.what.load(RELAXED) & !(3 << 16);
-        s.what.store(what | (status as u64) << 16, RELAXED);
+            errors.push_back((mark.0, err.to_string().into()));
+        }
+        s.set_status(Status::Failed);
+    }
+
+    /// The call of record `s`, which paused first at `paused` (or failed), ends now, by the
+    /// clock.
+    /// A blocking call that paused started, as the record says, at its first pause when the
+    /// clock word it was posted at is older: it waited from then on.
+    #[cold]
+    fn timed(&self, s: &Slot, paused: Option<u64>) {
+        s.completed.store(clock::coarse_ns(), RELAXED);
+        let blocking = s.what.load(RELAXED) & (1 << 18) == 0;
+        if let Some(at) = paused.filter(|_| blocking) {
+            if s.started.load(RELAXED) < at {
+                s.started.store(at, RELAXED);
+            }
+        }
     }
 
     /// This recorder's part of a dump.
@@ -490,19 +533,6 @@ pub struct OpRecord {
     pub error: Option<String>,
 }
 
-/// The recorder's clock: `CLOCK_MONOTONIC_COARSE` nanoseconds (never 0, which means "not
-/// yet"), the monotonic clock as of the last timer tick (4 ms on this host's kernel), read
-/// from the vDSO's data page: cheaper than the time-stamp counter, and fine enough for a
-/// record of calls that hang for seconds.
-#[inline]
-fn stamp() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
-    (t.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(t.tv_nsec as u64)
-        .max(1)
-}
-
 /// The dump file of world rank `rank` in `dir`.
 pub fn dump_path(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank{rank}.json"))
@@ -590,22 +620,24 @@ mod tests {
 
     #[test]
     fn the_ring_keeps_the_last_calls_in_order() {
+        // 5 records asked for: the ring holds 8 (a power of two).
         let r = recorder(5);
         for seq in 0..12 {
             let m = r.post(&call(), None);
             r.started(m, seq, true);
-            r.finished(m, Ok(()), None);
+            r.completed(m);
         }
         let d = r.snapshot();
-        assert_eq!(d.recorded, 12);
-        assert_eq!(d.entered, 12);
+        assert_eq!((d.capacity, d.recorded, d.entered), (8, 12, 12));
         let seqs: Vec<u64> = d.ops.iter().filter_map(|o| o.seq).collect();
-        assert_eq!(seqs, [7, 8, 9, 10, 11]);
+        assert_eq!(seqs, [4, 5, 6, 7, 8, 9, 10, 11]);
         assert!(d.ops.iter().all(|o| o.state == "completed"));
         // A call whose record was overwritten changes nothing when it ends.
-        r.finished(Mark(3), Err(&Error::timeout("late")), Some(1));
+        r.failed(Mark(3), &Error::timeout("late"), Some(1));
+        r.completed(Mark(3));
         let d = r.snapshot();
         assert!(d.ops.iter().all(|o| o.error.is_none() && o.peer.is_none()));
+        assert!(d.ops.iter().all(|o| o.state == "completed"));
     }
 
     #[test]
@@ -619,7 +651,7 @@ mod tests {
         let m = r.post(&root, None);
         assert_eq!(r.snapshot().ops[0].state, "posted");
         r.started(m, 0, true);
-        r.finished(m, Err(&Error::timeout("stuck")), Some(1));
+        r.failed(m, &Error::timeout("stuck"), Some(1));
         let op = &r.snapshot().ops[0];
         assert_eq!(op.state, "failed");
         assert_eq!(op.op, "broadcast");
@@ -627,6 +659,31 @@ mod tests {
         assert_eq!((op.root, op.peer), (Some(3), Some(1)));
         assert!(op.error.as_deref().is_some_and(|e| e.contains("stuck")));
         assert!(op.started_ns.is_some() && op.completed_ns >= op.started_ns);
+    }
+
+    /// A blocking call that waited for nothing ends at the clock word it was posted at (no
+    /// reading of the clock); one whose waits paused started at its first pause and reads
+    /// the clock when it ends.
+    #[test]
+    fn a_call_that_paused_is_timed_from_its_first_pause() {
+        let r = recorder(8);
+        let fast = r.post(&call(), None);
+        r.started(fast, 0, false);
+        r.completed(fast);
+        let slow = r.post(&call(), None);
+        r.started(slow, 1, false);
+        // Long enough for the coarse clock to tick (4 ms here, 10 ms on a 100 Hz kernel).
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        clock::pausing();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        r.completed(slow);
+        let d = r.snapshot();
+        let (f, s) = (&d.ops[0], &d.ops[1]);
+        assert_eq!(f.started_ns, Some(f.posted_ns));
+        assert!(f.completed_ns >= f.started_ns);
+        assert!(s.started_ns.is_some_and(|t| t > s.posted_ns), "{s:?}");
+        assert!(s.completed_ns > s.started_ns, "{s:?}");
+        assert!(d.ops.iter().all(|o| o.state == "completed"));
     }
 
     #[test]

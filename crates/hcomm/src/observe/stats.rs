@@ -499,6 +499,7 @@ fn create(job_id: &str, rank: usize, size: usize) -> Result<StatsMapping> {
 }
 
 /// The live segment's layout, if the process has one.
+#[inline]
 fn current() -> Option<&'static StatsLayout> {
     let p = CURRENT.load(Ordering::Acquire);
     // SAFETY: a published layout was initialised before it was published, and stays mapped
@@ -508,6 +509,7 @@ fn current() -> Option<&'static StatsLayout> {
 }
 
 /// The process's header, while it has a segment and a profiler watches it.
+#[inline]
 pub(crate) fn watched() -> Option<&'static StatsHeader> {
     current()
         .map(|l| &l.header)
@@ -565,19 +567,25 @@ thread_local! {
 static THREADS: AtomicU64 = AtomicU64::new(1);
 
 impl LaneSlot {
+    /// Claims this thread's lane of `layout` (its first operation in this segment).
+    #[cold]
+    fn claim(&self, layout: &'static StatsLayout) {
+        self.ident.set(layout.header.created_ticks);
+        let me = THREADS.fetch_add(1, Ordering::Relaxed);
+        let own = layout.lanes[..LANES - 1].iter().find(|l| {
+            l.owner
+                .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+        self.lane
+            .set(own.map_or(std::ptr::null(), |l| l as *const Lane));
+    }
+
     /// This thread's lane of `layout`, claimed on first use; `(lane, shared)`.
     #[inline]
     fn lane_in(&self, layout: &'static StatsLayout) -> (&'static Lane, bool) {
         if self.ident.get() != layout.header.created_ticks {
-            self.ident.set(layout.header.created_ticks);
-            let me = THREADS.fetch_add(1, Ordering::Relaxed);
-            let own = layout.lanes[..LANES - 1].iter().find(|l| {
-                l.owner
-                    .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            });
-            self.lane
-                .set(own.map_or(std::ptr::null(), |l| l as *const Lane));
+            self.claim(layout);
         }
         // SAFETY: `lane` points into `layout` (the identities match), which the caller has
         // from `current()` inside an operation: mapped.

@@ -327,10 +327,17 @@ impl Engine {
 
     /// Fails if communicator `comm` was aborted, by this rank or a peer (as far as this rank
     /// has read), before a call on it does anything else.
+    #[inline]
     pub(crate) fn check_aborted(&self, comm: u64) -> Result<()> {
         if !self.shared.io.any_aborted.load(Ordering::SeqCst) {
             return Ok(());
         }
+        self.aborted_comm(comm)
+    }
+
+    /// [`Engine::check_aborted`] once some communicator was aborted.
+    #[cold]
+    fn aborted_comm(&self, comm: u64) -> Result<()> {
         match lock(&self.shared.state).calls.aborted_comm(comm) {
             Some(e) => Err(e),
             None => Ok(()),
@@ -339,10 +346,17 @@ impl Engine {
 
     /// The error of an earlier call on `comm` that turned out mismatched after it returned
     /// (see `State::begin_call`), reported once; without the lock when there is none.
+    #[inline]
     pub(crate) fn late_error(&self, comm: u64) -> Result<()> {
         if !self.shared.late_news.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.late_news(comm)
+    }
+
+    /// [`Engine::late_error`] once some call turned out mismatched late.
+    #[cold]
+    fn late_news(&self, comm: u64) -> Result<()> {
         lock(&self.shared.state).calls.late_error(comm)
     }
 

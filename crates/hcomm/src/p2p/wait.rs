@@ -4,7 +4,7 @@
 
 use crate::config::Backoff;
 use crate::error::{Error, PeerRank, Result};
-use crate::observe::clock::ticks;
+use crate::observe::clock::{self, ticks};
 use crate::observe::stall::StallWatch;
 use crate::sync::lock;
 use crate::transport::shm::link::Watch;
@@ -148,6 +148,10 @@ impl Waiting {
             self.sleeps();
             return None;
         }
+        if self.yields == 0 {
+            // The flight recorder's clock (a yield costs far more than its reading).
+            clock::pausing();
+        }
         self.yields += 1;
         self.paused = true;
         std::thread::yield_now();
@@ -179,6 +183,7 @@ impl Waiting {
     #[cold]
     #[inline(never)]
     fn yield_spinning(&mut self) {
+        clock::pausing();
         let start = ticks();
         std::thread::yield_now();
         let others_ran = ticks().wrapping_sub(start) >= self.policy.yield_turn;
@@ -191,6 +196,7 @@ impl Waiting {
     #[cold]
     pub(crate) fn sleeps(&mut self) {
         if self.asleep_since.is_none() {
+            clock::pausing();
             self.asleep_since = Some(Instant::now());
         }
     }

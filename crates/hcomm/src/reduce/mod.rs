@@ -18,6 +18,18 @@ use std::sync::OnceLock;
 use crate::dtype::{DataType, ReduceOp};
 use crate::{Error, Result};
 
+/// Bytes of the widest vector a kernel set uses (AVX2's 32).
+const VECTOR: usize = 32;
+
+// `check_whole` masks with the element size: every size is a power of two.
+const _: () = {
+    let mut i = 0;
+    while i < DataType::ALL.len() {
+        assert!(DataType::ALL[i].size().is_power_of_two());
+        i += 1;
+    }
+};
+
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -30,6 +42,11 @@ mod x86;
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<()> {
     check_op(dtype, op)?;
     check_pair(dtype, dst.len(), src.len())?;
+    // Shorter than a vector: the vectorised kernels would leave it all to their scalar tail.
+    if dst.len() < VECTOR {
+        scalar::into(dtype, op, dst, src);
+        return Ok(());
+    }
     match isa() {
         Isa::Scalar => scalar::into(dtype, op, dst, src),
         #[cfg(target_arch = "x86_64")]
@@ -158,7 +175,8 @@ fn check_avg(dtype: DataType, len: usize, n: usize) -> Result<()> {
 }
 
 fn check_whole(dtype: DataType, len: usize) -> Result<()> {
-    if len % dtype.size() != 0 {
+    // Element sizes are powers of two: a mask, not a division.
+    if len & (dtype.size() - 1) != 0 {
         return Err(Error::invalid_argument(format!(
             "reduce of {dtype}: {len} bytes is not a whole number of {}-byte elements",
             dtype.size()

@@ -55,7 +55,7 @@ pub(super) fn after_failure(
     let peers = || (0..n).filter(|&p| p != os.me);
     // Every peer gives the call up (it saw this rank's, or another's, `Failed`), bounded by
     // HCOMM_TIMEOUT and by the peers' lives.
-    let until = Instant::now() + waiter.timeout;
+    let until = Instant::now() + waiter.comm.timeout();
     for p in peers() {
         while !waiter.abandoned(p) {
             if Instant::now() >= until || waiter.engine.check_peer(os.world[p]).is_err() {
