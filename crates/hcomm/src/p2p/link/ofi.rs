@@ -22,8 +22,8 @@
 //!   of each such step as it posts it ([`Link::expose`]: `OFFER`, with its address and key,
 //!   the buffer around it registered once per call); the sender parks the step's frame (and
 //!   the frames of the same call behind it) until the offer with its number came, writes the
-//!   payload into it and sends the header after it (`PUT`), which the receiver matches as a
-//!   frame whose payload is already in place. A receive given up withdraws its offer
+//!   payload into it (in pieces of at most [`READ_PIECE`]) and sends the header after it
+//!   (`PUT`), which the receiver matches as a frame whose payload is already in place. A receive given up withdraws its offer
 //!   (`WITHDRAW`) and keeps its registration until the sender answers (`WITHDRAWN`, after any
 //!   write of its).
 //!
@@ -1579,8 +1579,9 @@ impl Link for OfiLink {
     /// Completions read since a link last asked (they may be waiting for a link polled
     /// earlier in the turn), RMA in flight (posted reads and writes, payloads offered to the
     /// peer's reads or being written here: the provider moves their bytes only while it is
-    /// polled), fewer than [`QUIET_TURNS`] asks since the last completions, or work the
-    /// provider holds that its wait descriptor would not announce (`fi_trywait`).
+    /// polled), direct steps under way (parked for their offer, or offered), fewer than
+    /// [`QUIET_TURNS`] asks since the last completions, or work the provider holds that its
+    /// wait descriptor would not announce (`fi_trywait`).
     ///
     /// `fi_trywait` is left to quiet spells because it resets the descriptor (a `read`),
     /// after which the provider's next completion sets it again (a `write`): asked on every
@@ -1593,8 +1594,15 @@ impl Link for OfiLink {
             return true;
         }
         let p = &st.peers[self.peer];
+        // A direct step waiting for its offer, or a receive offered and not written yet: the
+        // peer's next message comes soon, and a waiter that slept would add a wake-up to
+        // every step (measured: 64 KiB all-reduces of two ranks 54 us polling, 120-150 us in
+        // three rounds of five sleeping).
+        let direct = !p.parked.is_empty() || !p.offered.is_empty();
         if !p.closed
-            && (!p.sending.is_empty() || p.landing.values().any(|l| l.posted && !l.arrived))
+            && (direct
+                || !p.sending.is_empty()
+                || p.landing.values().any(|l| l.posted && !l.arrived))
         {
             return true;
         }
