@@ -56,6 +56,15 @@ impl Communicator {
 
     /// The cached plan for `shape`, made on first use.
     fn plan(&self, shape: &Shape) -> Result<Arc<Plan>> {
+        self.plan_for(shape, true)
+    }
+
+    /// The plan for `shape`; `make`: whether this call may set up the communicator's
+    /// one-sided state (collective: every member waits for the others). A nonblocking start
+    /// may not: two communicators whose first calls are nonblocking, started in opposite
+    /// orders on two ranks, would each wait for the other's set-up. Its plan then takes the
+    /// message algorithms and is not cached, so that the first blocking call sets the state up.
+    fn plan_for(&self, shape: &Shape, make: bool) -> Result<Arc<Plan>> {
         // An aborted communicator fails before planning, which may talk to the peers.
         self.world.engine.check_aborted(self.id | COLL)?;
         let mut plans = lock(&self.state.plans);
@@ -71,8 +80,16 @@ impl Communicator {
         let forced = selector.forced(shape.kind);
         let mut algo = selector.choose(shape, &self.topology);
         let mut onesided = None;
+        let mut unsettled = false;
         if shape.v.is_none() && forced.is_none_or(|a| a.name() == OneSidedAlgo.name()) {
-            if let Some(os) = self.onesided()?.filter(|os| os.fits(shape)) {
+            let state = if make {
+                self.onesided()?
+            } else {
+                let slot = lock(&self.state.onesided);
+                unsettled = slot.is_none();
+                slot.clone().flatten()
+            };
+            if let Some(os) = state.filter(|os| os.fits(shape)) {
                 algo = &OneSidedAlgo;
                 onesided = Some(os);
             }
@@ -103,6 +120,9 @@ impl Communicator {
             algo_name: stats::pack_name(algo.name()),
             protocols,
         });
+        if unsettled {
+            return Ok(plan);
+        }
         // Bound the cache: a program sweeping sizes must not grow it forever.
         if plans.by_shape.len() >= 1024 {
             plans.by_shape.clear();
@@ -215,7 +235,7 @@ impl Communicator {
         // Plan and take the sequence number now: calls are matched in the order they are
         // made, whenever their threads run. They run the plan's schedule: one-sided calls
         // must run in call order on every rank.
-        let planned = self.plan(&shape)?;
+        let planned = self.plan_for(&shape, false)?;
         let plan = Plan {
             onesided: None,
             tiered: false,

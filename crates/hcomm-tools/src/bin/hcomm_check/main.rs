@@ -480,8 +480,10 @@ fn run(scenario: Scenario) -> Result<()> {
             // several pieces.
             let big = if push < 64 << 20 { push } else { 1 << 20 };
             let mut sizes = vec![0, 1, eager, eager + 1, big, big + 1, 3 * big + 5];
-            let (inline, write) = (c.ofi_eager_limit, c.ofi_write_threshold);
-            sizes.extend([inline, inline + 1, write, write + 1, 3 * write + 5]);
+            if c.transport.as_deref() == Some("ofi") {
+                let (inline, write) = (c.ofi_eager_limit, c.ofi_write_threshold);
+                sizes.extend([inline, inline + 1, write, write + 1, 3 * write + 5]);
+            }
             // Each size once (the thresholds of libfabric and shared memory may coincide: the
             // counts then stay those of each transport's own sizes).
             sizes.retain(|&s| s <= 64 << 20);
