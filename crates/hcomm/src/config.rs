@@ -731,7 +731,7 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 32] = [
+    const SETTINGS: [&str; 33] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -748,6 +748,7 @@ mod tests {
         "HCOMM_OFI_DIRECT",
         "HCOMM_SHM_EAGER_LIMIT",
         "HCOMM_SHM_PUSH_THRESHOLD",
+        "HCOMM_SHM_SPLIT_THRESHOLD",
         "HCOMM_SHM_CHUNK",
         "HCOMM_SHM_RING",
         "HCOMM_POOL_BLOCK",
