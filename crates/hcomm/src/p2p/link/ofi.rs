@@ -1207,6 +1207,11 @@ impl HubState {
     /// of it with the same communicator and tag), or writes it into the offer it has.
     fn divert(&mut self, peer: usize, ops: &Ops) -> std::result::Result<Divert, String> {
         let p = &mut self.peers[peer];
+        if p.putting.is_some() {
+            // A direct step that `unpark` began waits for room for the rest of its pieces: a
+            // second one would take its place (its pieces and notice never posted).
+            return Ok(Divert::Full);
+        }
         let Some(f) = p.out.front() else {
             return Ok(Divert::Go);
         };
