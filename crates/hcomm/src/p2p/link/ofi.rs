@@ -591,7 +591,8 @@ impl HubState {
     }
 
     /// The local descriptor of the `len` bytes at `ptr`: that of registration `mr`, else of
-    /// the pool block they lie in (null without either).
+    /// the pool block they lie in, registered or retired while a transfer names it (null
+    /// without either).
     fn desc(&self, mr: Option<MrKey>, ptr: *const u8, len: usize) -> *mut c_void {
         match mr {
             Some(k) => self
@@ -599,7 +600,16 @@ impl HubState {
                 .entries
                 .get(&k)
                 .map_or(null_mut(), |e| e.region.desc),
-            None => self.blocks.find(ptr, len).map_or(null_mut(), |f| f.desc),
+            None => match self.blocks.find(ptr, len) {
+                Some(f) => f.desc,
+                None => {
+                    let at = ptr as usize;
+                    self.retired
+                        .iter()
+                        .find(|(start, n, _)| at >= *start && at - start < *n)
+                        .map_or(null_mut(), |(_, _, r)| r.desc)
+                }
+            },
         }
     }
 
@@ -635,8 +645,8 @@ impl HubState {
         }
     }
 
-    /// Closes the retired pool regions that no transfer names any more: no send or landing
-    /// without a registration of its own lies in them.
+    /// Closes the retired pool regions that no transfer names any more: no send, landing or
+    /// receive offered to a peer without a registration of its own lies in them.
     fn sweep_retired(&mut self) {
         let mut i = 0;
         while i < self.retired.len() {
@@ -649,6 +659,9 @@ impl HubState {
                     || p.landing
                         .values()
                         .any(|l| l.mr.is_none() && inside(l.ptr as usize))
+                    || p.offered
+                        .values()
+                        .any(|o| o.mr.is_none() && inside(o.ptr as usize))
             });
             if named {
                 i += 1;
@@ -1194,6 +1207,11 @@ impl HubState {
     /// of it with the same communicator and tag), or writes it into the offer it has.
     fn divert(&mut self, peer: usize, ops: &Ops) -> std::result::Result<Divert, String> {
         let p = &mut self.peers[peer];
+        if p.putting.is_some() {
+            // A direct step that `unpark` began waits for room for the rest of its pieces: a
+            // second one would take its place (its pieces and notice never posted).
+            return Ok(Divert::Full);
+        }
         let Some(f) = p.out.front() else {
             return Ok(Divert::Go);
         };
@@ -2024,6 +2042,11 @@ mod tests {
                 "new transfers no longer find it"
             );
             assert_eq!(st.retired.len(), 1, "kept while the send names it");
+            assert_eq!(
+                st.desc(None, at, 1000),
+                st.retired[0].2.desc,
+                "the send's later pieces take the retired region's descriptor"
+            );
         }
         assert_eq!(
             count(&counts.ofi_mr_invalidations),
@@ -2033,6 +2056,20 @@ mod tests {
         {
             let mut st = lock(&hub.state);
             st.peers[1].sending.clear();
+            // A receive offered to the peer, in the block's region: the peer may write there.
+            st.peers[1].offered.insert(
+                5,
+                Offered {
+                    token: 9,
+                    ptr: at,
+                    len: 1000,
+                    mr: None,
+                    withdrawn: false,
+                },
+            );
+            st.progress();
+            assert_eq!(st.retired.len(), 1, "kept while the offer names it");
+            st.peers[1].offered.clear();
             st.progress();
             assert!(st.retired.is_empty());
         }
