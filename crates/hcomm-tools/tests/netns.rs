@@ -408,3 +408,29 @@ fn libfabric_collective_steps_write_straight_into_the_peers_receive() {
 fn libfabric_collective_steps_write_straight_into_the_peers_receive_on_three_hosts() {
     direct_steps_on(3);
 }
+
+/// Collectives in flight at once on the world and a dup of it between two hosts through
+/// libfabric, their steps written straight into the peer's receive (`hcomm_check
+/// direct-overlap`: two nonblocking all-reduces, a nonblocking barrier and all-gather, a
+/// blocking all-reduce, round after round): each result right, none stalls, and steps went
+/// direct.
+#[test]
+fn libfabric_direct_steps_of_overlapping_collectives_on_two_communicators() {
+    let Some(hosts) = Hosts::create("netns ofi overlap", 2) else {
+        return;
+    };
+    let env = [OFI[0], OFI[1], ("HCOMM_TIMEOUT", "60")];
+    let mut job = hosts.start(CHECK, &["direct-overlap", "--rounds", "40"], &env);
+    let text = succeed(&mut job, Duration::from_secs(200));
+    for r in 0..2 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK direct-overlap")), "{text}");
+    }
+    let direct: u64 = job
+        .output
+        .iter()
+        .flatten()
+        .filter_map(|l| l.strip_prefix("direct overlap "))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum();
+    assert!(direct > 0, "no step went direct:\n{text}");
+}

@@ -96,6 +96,15 @@ enum Scenario {
     /// collective, how many of its messages this rank wrote straight into the peer's receive
     /// (`direct KIND N`), then the libfabric counts.
     Direct,
+    /// Rounds of collectives in flight at once on the world and a dup of it, whose steps go
+    /// straight into the peer's receive through libfabric: a nonblocking all-reduce on each, a
+    /// nonblocking barrier and all-gather, then a blocking all-reduce; each result checked,
+    /// then how many messages this rank wrote into a peer's receive (`direct overlap N`).
+    DirectOverlap {
+        /// Rounds.
+        #[arg(long, default_value_t = 40)]
+        rounds: usize,
+    },
     /// Ring exchange at sizes around every protocol threshold, then the protocol counts and
     /// the TCP connections the rank opened and accepted (`links ...`).
     Protocols {
@@ -455,6 +464,10 @@ fn run(scenario: Scenario) -> Result<()> {
             let linger = Duration::from_millis(linger_ms);
             rails::rails(&comm, traffic, count, bytes, every, pause, linger)?;
             "rails"
+        }
+        Scenario::DirectOverlap { rounds } => {
+            direct::direct_overlap(&comm, rounds)?;
+            "direct-overlap"
         }
         Scenario::Direct => {
             direct::direct(&comm)?;

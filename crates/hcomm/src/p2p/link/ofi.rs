@@ -1126,6 +1126,11 @@ impl HubState {
                     Divert::Full => break,
                 }
             }
+            // A notice queued (a direct step's `PUT`, which `unpark` may leave waiting for
+            // room) goes before any frame: a frame of the same call must not overtake it.
+            if !self.peers[peer].control.is_empty() {
+                break;
+            }
             let Some(f) = self.peers[peer].out.front() else {
                 break;
             };
@@ -1228,7 +1233,12 @@ impl HubState {
             }
             return Ok(Divert::Parked);
         }
-        let (Some(offer), Some(f)) = (offer, p.out.pop_front()) else {
+        // A frame of another call while frames wait parked goes as usual (taken off the queue
+        // only when it is written into an offer).
+        let Some(offer) = offer else {
+            return Ok(Divert::Go);
+        };
+        let Some(f) = p.out.pop_front() else {
             return Ok(Divert::Go);
         };
         match self.put(peer, &f, offer, ops)? {
