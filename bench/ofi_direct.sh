@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ofi_direct.sh - hcomm's direct collective steps over libfabric's tcp provider (each step
-# written straight into the receive the peer offered, HCOMM_OFI_DIRECT=1, the default) against
+# written straight into the receive the peer offered, HCOMM_OFI_DIRECT=1, off by default) against
 # the same build sending collective steps as other messages (HCOMM_OFI_DIRECT=0: RDMA read up
 # to 1 MiB, announced RDMA write above), with Intel MPI and oneCCL over the same provider for
 # reference, between two "hosts" on one machine, interleaved over several rounds.

@@ -177,6 +177,8 @@ fn a_partition_leaves_the_majority_to_shrink_and_the_minority_without_quorum() {
 
 /// libfabric's tcp provider between the hosts, forced (`HCOMM_TRANSPORT=ofi`).
 const OFI: [(&str, &str); 2] = [("HCOMM_TRANSPORT", "ofi"), ("FI_PROVIDER", "tcp")];
+/// [`OFI`] with direct collective steps on (`HCOMM_OFI_DIRECT=1`; off by default).
+const DIRECT: [(&str, &str); 3] = [OFI[0], OFI[1], ("HCOMM_OFI_DIRECT", "1")];
 
 /// Every collective, and point-to-point sizes on both sides of the eager (15 KiB) and RDMA
 /// write (1 MiB) thresholds, right through libfabric between hosts, each rank's endpoint on its
@@ -285,7 +287,7 @@ fn libfabric_peers_killed_mid_transfer_are_lost_fast() {
         };
         let ranks = hosts.names.len() * PER_HOST;
         let args = ["peer-loss", "--victims", "2,3", "--pending", "allreduce"];
-        let mut job = hosts.start(CHECK, &args, &OFI);
+        let mut job = hosts.start(CHECK, &args, &DIRECT);
         let all: Vec<usize> = (0..ranks).collect();
         job.wait_for_lines(&all, "ready ", Duration::from_secs(60));
         std::thread::sleep(Duration::from_millis(300));
@@ -389,7 +391,7 @@ fn direct_steps_on(hosts: usize) {
         return;
     };
     let ranks = hosts.names.len() * PER_HOST;
-    let mut job = hosts.start(CHECK, &["direct"], &OFI);
+    let mut job = hosts.start(CHECK, &["direct"], &DIRECT);
     let text = succeed(&mut job, Duration::from_secs(200));
     for r in 0..ranks {
         assert!(text.contains(&format!("[{r}] OK direct")), "{text}");
@@ -419,7 +421,7 @@ fn libfabric_direct_steps_of_overlapping_collectives_on_two_communicators() {
     let Some(hosts) = Hosts::create("netns ofi overlap", 2) else {
         return;
     };
-    let env = [OFI[0], OFI[1], ("HCOMM_TIMEOUT", "60")];
+    let env = [DIRECT[0], DIRECT[1], DIRECT[2], ("HCOMM_TIMEOUT", "60")];
     let mut job = hosts.start(CHECK, &["direct-overlap", "--rounds", "40"], &env);
     let text = succeed(&mut job, Duration::from_secs(200));
     for r in 0..2 * PER_HOST {

@@ -125,6 +125,8 @@ pub(crate) const DEFAULT_POOL_BLOCK: usize = 64 << 20;
 pub(crate) const DEFAULT_STALL_WARN_SECS: f64 = 10.0;
 /// Calls the flight recorder keeps per communicator when `HCOMM_TRACE_BUFFER` is unset.
 pub(crate) const DEFAULT_TRACE_BUFFER: usize = 2048;
+/// The most calls `HCOMM_TRACE_BUFFER` may ask for (a GiB of records per communicator).
+const MAX_TRACE_BUFFER: usize = 1 << 24;
 /// Where the flight recorder writes its dumps when `HCOMM_TRACE_DIR` is unset.
 pub(crate) const DEFAULT_TRACE_DIR: &str = "/tmp/hcomm-trace";
 
@@ -238,7 +240,7 @@ pub struct Config {
     /// sender (RDMA write); smaller ones above the eager limit are read by the receiver.
     pub ofi_write_threshold: usize,
     /// `HCOMM_OFI_DIRECT`: collective steps through libfabric are written straight into the
-    /// receive the peer offered (default on; `0` sends them as other messages).
+    /// receive the peer offered (`1`; off by default: they go as other messages).
     pub ofi_direct: bool,
     /// `HCOMM_SPIN_US`: microseconds a waiting rank polls before it sleeps; `None` = automatic
     /// (spin when the host has a core per local rank, otherwise sleep at once).
@@ -409,7 +411,16 @@ impl Config {
             stall_warn,
             trace: get("HCOMM_TRACE"),
             trace_buffer: match get("HCOMM_TRACE_BUFFER") {
-                Some(v) => parse_num::<usize>("HCOMM_TRACE_BUFFER", &v)?,
+                Some(v) => match parse_num::<usize>("HCOMM_TRACE_BUFFER", &v)? {
+                    n if n > MAX_TRACE_BUFFER => {
+                        return Err(invalid(
+                            "HCOMM_TRACE_BUFFER",
+                            &v,
+                            "a number of calls from 0 to 16777216",
+                        ))
+                    }
+                    n => n,
+                },
                 None => DEFAULT_TRACE_BUFFER,
             },
             trace_dir: get("HCOMM_TRACE_DIR")
@@ -435,7 +446,7 @@ impl Config {
             ofi_lib: get("HCOMM_OFI_LIB").unwrap_or_else(|| DEFAULT_OFI_LIB.to_owned()),
             ofi_eager_limit,
             ofi_write_threshold,
-            ofi_direct: get("HCOMM_OFI_DIRECT").is_none_or(|v| v != "0"),
+            ofi_direct: get("HCOMM_OFI_DIRECT").is_some_and(|v| v != "0"),
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
             failover: match get("HCOMM_FAILOVER").as_deref().map(str::trim) {
@@ -723,6 +734,10 @@ mod tests {
         assert!(e.to_string().contains("HCOMM_ROOT_ADDR"), "{e}");
         let e = cfg(&[("HCOMM_TCP_STREAMS", "99")]).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        let e = cfg(&[("HCOMM_TRACE_BUFFER", "18446744073709551615")]).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_TRACE_BUFFER"), "{e}");
+        let c = cfg(&[("HCOMM_TRACE_BUFFER", "16777216")]).unwrap();
+        assert_eq!(c.trace_buffer, 1 << 24);
         let e = cfg(&[("HCOMM_TRANSPORT", "carrier pigeon")]).unwrap_err();
         assert!(e.to_string().contains("HCOMM_TRANSPORT"), "{e}");
         // Any other name may be a plug-in's: checked when the world starts.
