@@ -174,7 +174,10 @@ impl State {
             }
             None => (p.done, self.cfg.shm_chunk.max(1).min(p.len - p.done)),
         };
-        let op = self.ops.get_mut(&p.id).expect("checked above");
+        // Still there: checked above, and nothing since removes an operation.
+        let Some(op) = self.ops.get_mut(&p.id) else {
+            return Step::Over;
+        };
         let result = match op_slice(op, at, piece) {
             Some(dst) => {
                 let from = (p.addr as usize).wrapping_add(at);

@@ -164,7 +164,7 @@ fn messages_moved(comm: &Communicator) -> u64 {
 
 /// Every rank's shape of call `seed` of `kind` on `n` ranks: `count` Int32 elements, summed,
 /// in place or not, the root drawn from the seed.
-fn one_sided_shapes(
+pub(super) fn int32_shapes(
     kind: CollKind,
     n: usize,
     count: usize,
@@ -210,7 +210,7 @@ pub(super) fn one_sided_midcall(comm: &Communicator, rank: usize) -> Result<()> 
                 continue;
             }
             seed += 1;
-            let shapes = one_sided_shapes(kind, n, 262_147, in_place, seed);
+            let shapes = int32_shapes(kind, n, 262_147, in_place, seed);
             // A fresh one-sided state, made while every rank is dumpable.
             let dup = comm.dup()?;
             dup.barrier()?;
@@ -262,7 +262,7 @@ pub(super) fn one_sided(comm: &Communicator) -> Result<()> {
                     continue;
                 }
                 seed += 1;
-                let shapes = one_sided_shapes(kind, n, count, in_place, seed);
+                let shapes = int32_shapes(kind, n, count, in_place, seed);
                 check_call(comm, &shapes, seed, false)?;
                 calls += 1;
             }

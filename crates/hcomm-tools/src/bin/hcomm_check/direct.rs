@@ -1,10 +1,9 @@
 //! The `direct` scenario: collective steps written straight into the peer's receive.
 
 use anyhow::{ensure, Result};
-use hcomm::internal::coll::random::shapes;
 use hcomm::{CollKind, Communicator, DataType, ReduceOp, Shape};
 
-use super::coll::check_call;
+use super::coll::{check_call, int32_shapes};
 
 /// Int32 counts: a contribution just under and over the eager limit (4 KiB) and just under
 /// and over the RDMA write threshold (1 MiB), so that the steps of every algorithm (whole
@@ -25,17 +24,7 @@ pub(super) fn direct(comm: &Communicator) -> Result<()> {
                     continue;
                 }
                 seed += 1;
-                let root = if kind.rooted() { seed as usize % n } else { 0 };
-                let shapes = shapes(
-                    kind,
-                    n,
-                    count,
-                    root,
-                    DataType::Int32,
-                    ReduceOp::Sum,
-                    in_place,
-                    seed,
-                );
+                let shapes = int32_shapes(kind, n, count, in_place, seed);
                 check_call(comm, &shapes, seed, seed % 3 == 0)?;
             }
         }

@@ -207,6 +207,15 @@ struct PeerState {
     closed: bool,
 }
 
+impl PeerState {
+    /// A new token for a transfer with the peer (the peer names the transfer by it).
+    fn take_token(&mut self) -> u64 {
+        let token = self.next_token;
+        self.next_token += 1;
+        token
+    }
+}
+
 /// A receive the peer offered for a direct step (`msg::OFFER`).
 #[derive(Debug, Clone, Copy)]
 struct Offer {
@@ -1319,8 +1328,7 @@ impl HubState {
         let (mr, _) = unsafe { self.local(ptr, n, FI_WRITE) }?;
         ProtocolCounts::bump(&self.counts.ofi_direct);
         let p = &mut self.peers[peer];
-        let token = p.next_token;
-        p.next_token += 1;
+        let token = p.take_token();
         p.sending.insert(
             token,
             Sending {
@@ -1676,8 +1684,7 @@ impl Link for OfiLink {
                 }
             };
         let p = &mut st.peers[peer];
-        let token = p.next_token;
-        p.next_token += 1;
+        let token = p.take_token();
         if offered {
             p.offered.insert(
                 e.op,
@@ -1804,8 +1811,7 @@ impl Link for OfiLink {
                 // operation is forgotten, which drains the read first.
                 let (mr, _) = unsafe { st.local(ptr, len, FI_READ) }?;
                 let p = &mut st.peers[peer];
-                let token = p.next_token;
-                p.next_token += 1;
+                let token = p.take_token();
                 p.landing.insert(
                     token,
                     Landing {
@@ -1839,8 +1845,7 @@ impl Link for OfiLink {
                 // operation is forgotten, which waits for the write first.
                 let (mr, base, key, _) = unsafe { st.register(ptr, len, FI_REMOTE_WRITE) }?;
                 let p = &mut st.peers[peer];
-                let token = p.next_token;
-                p.next_token += 1;
+                let token = p.take_token();
                 p.landing.insert(
                     token,
                     Landing {
