@@ -65,9 +65,11 @@ test:
 test-rust:
 	$(CARGO) nextest run --workspace
 
-# The Python tests launch jobs with the tools of the Rust tests' build (target/debug).
+# The Python tests launch jobs with the tools of the Rust tests' build (target/debug). The whole
+# workspace resolves the features as the tests do, so after test-rust this compiles nothing
+# (`-p hcomm-tools` alone would build hcomm again with other features).
 test-python:
-	$(CARGO) build -p hcomm-tools --bins
+	$(CARGO) build --workspace --bins
 	$(VENV)/bin/python -m pytest python/tests
 
 lint: fmt-check clippy

