@@ -13,9 +13,9 @@
 #   from python/ (an incremental build: release, or the dev profile of the Rust tests with
 #   HCOMM_PY_PROFILE=dev, as make test does, which then compiles only pyo3 and the module).
 # The downloads run in the background (system packages, then the virtual environment and its
-# packages: torch takes minutes); with HCOMM_PREBUILD=1 (make test) the Rust tests and their
-# tools compile meanwhile (when gcc is there to link them; else the system packages come
-# first). Each step prints its wall and CPU time. Set HCOMM_TEST_SETUP=0 to skip every
+# packages: torch takes minutes); with HCOMM_PREBUILD=1 (make test) the Rust tests, their
+# tools and the loom model checks' nested build compile meanwhile (when gcc is there to link
+# them; else the system packages come first). Each step prints its wall and CPU time. Set HCOMM_TEST_SETUP=0 to skip every
 # installation step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,9 @@ cd "$(dirname "$0")/.."
 VENV=${HCOMM_VENV:-.venv}
 PY_PACKAGES=(maturin pytest pytest-timeout numpy ml_dtypes torch ruff)
 
-# Wall and CPU time (user + sys of the processes waited for) of each step, for the log.
+# Wall and CPU time (user + sys of the processes waited for) of each step, for the log. A shell
+# counts a background job's CPU when it reaps the job, whatever it is waiting for then: each
+# step therefore runs in a subshell of its own (step), or in the background one.
 CLK_TCK=$(getconf CLK_TCK)
 step_mark() {
   local -a st
@@ -39,6 +41,15 @@ step_done() {
   printf 'test-env: %s: %d.%02d s, CPU %d.%02d s\n' "$1" $((wall / 100)) $((wall % 100)) \
     $((cpu / 100)) $((cpu % 100)) >&2
   step_mark
+}
+step() {
+  local name=$1
+  shift
+  (
+    step_mark
+    "$@"
+    step_done "$name"
+  )
 }
 
 need_apt=()
@@ -58,7 +69,6 @@ install_apt() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" ca-certificates >/dev/null
-    step_done "system packages"
   else
     echo "test-env: missing ${need_apt[*]}: install them (Debian: apt-get install ${need_apt[*]})" >&2
     return 1
@@ -102,11 +112,10 @@ setup_python() {
 }
 
 if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
-  step_mark
   # Without gcc nothing links: the system packages come first. With it, they install in the
   # background with the rest while the Rust tests compile.
   if [ ${#need_apt[@]} -gt 0 ] && ! command -v gcc >/dev/null; then
-    install_apt
+    step "system packages" install_apt
     need_apt=()
   fi
   # In a process group of its own (set -m), so that a failing or interrupted build ends the
@@ -114,7 +123,10 @@ if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
   set -m
   (
     step_mark
-    if [ ${#need_apt[@]} -gt 0 ]; then install_apt; fi
+    if [ ${#need_apt[@]} -gt 0 ]; then
+      install_apt
+      step_done "system packages"
+    fi
     setup_python
   ) </dev/null &
   setup_pid=$!
@@ -123,15 +135,24 @@ if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
   trap 'exit 130' INT TERM
   if [ "${HCOMM_PREBUILD:-0}" = 1 ]; then
     echo "test-env: building the Rust tests and their tools" >&2
-    cargo test --workspace --no-run --quiet
-    step_done "Rust tests' build"
+    step "Rust tests' build" cargo test --workspace --no-run --quiet
+    # The nested build of the loom model checks (crates/hcomm/tests/loom.rs), by the command
+    # and environment of that test: it then only runs them, in seconds, instead of compiling
+    # for minutes within its time limit.
+    target_dir=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+    step "loom model checks' build" env -u CARGO_ENCODED_RUSTFLAGS \
+      RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }--cfg loom" CARGO_TARGET_DIR="$target_dir/loom" \
+      cargo test -p hcomm --lib --profile loom --no-run --quiet
   fi
+  waited=${EPOCHREALTIME//[.,]/}
   if ! wait "$setup_pid"; then
     echo "test-env: installing what the tests need failed" >&2
     exit 1
   fi
   trap - EXIT INT TERM
-  step_done "waiting for the downloads"
+  waited=$(((${EPOCHREALTIME//[.,]/} - waited) / 10000))
+  printf 'test-env: waiting for the background installations: %d.%02d s\n' \
+    $((waited / 100)) $((waited % 100)) >&2
   VENV_DIR="$(cd "$VENV" && pwd)"
   if [ -x "$VENV_DIR/tools/cargo-nextest" ]; then
     export PATH="$VENV_DIR/tools:$PATH"
@@ -140,9 +161,8 @@ if [ "${HCOMM_TEST_SETUP:-1}" != 0 ]; then
     echo "test-env: building the hcomm Python package into $VENV" >&2
     profile=--release
     [ "${HCOMM_PY_PROFILE:-release}" = dev ] && profile=
-    VIRTUAL_ENV="$VENV_DIR" PATH="$VENV_DIR/bin:$PATH" \
+    VIRTUAL_ENV="$VENV_DIR" PATH="$VENV_DIR/bin:$PATH" step "Python package (maturin develop)" \
       "$VENV/bin/maturin" develop $profile --quiet -m python/Cargo.toml
-    step_done "Python package (maturin develop)"
   fi
 fi
 

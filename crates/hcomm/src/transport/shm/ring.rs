@@ -1433,7 +1433,7 @@ mod tests {
 ///
 /// ```text
 /// RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-///     cargo test -p hcomm --release --lib -- transport::shm::ring::loom_tests
+///     cargo test -p hcomm --profile loom --lib -- transport::shm::ring::loom_tests
 /// ```
 #[cfg(all(test, loom))]
 mod loom_tests {
