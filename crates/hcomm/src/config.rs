@@ -79,7 +79,7 @@ pub(crate) struct Backoff {
     /// waited for may need this core).
     pub yields: u32,
     /// Times a wait that must not spin (more local ranks than cores) yields the CPU before it
-    /// sleeps on the futex that the rank it waits for rings (halved like `yields`). 0 here:
+    /// sleeps on the futex that the rank it waits for rings (not halved). 0 here:
     /// such waits sleep at once and leave the core to the ranks that have work; the small
     /// one-sided collectives, whose peers publish within microseconds, yield a few times
     /// first (`coll::onesided`).

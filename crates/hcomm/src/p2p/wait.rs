@@ -81,7 +81,7 @@ impl Waiting {
     /// A wait that spins for `policy.polls` looks (fewer after this thread's recent waits
     /// had to sleep: [`Backoff::max_halvings`]), then yields, then sleeps; unless `spin` is
     /// false (more local ranks than cores, or `HCOMM_SPIN_US=0`): then it never spins, and
-    /// yields only [`Backoff::oversubscribed_yields`] times (halved alike) before it sleeps,
+    /// yields only [`Backoff::oversubscribed_yields`] times (never halved) before it sleeps,
     /// leaving the core to the ranks that have work.
     pub(crate) fn new(policy: Backoff, spin: bool) -> Waiting {
         let mut waiting = Waiting::by_clock(policy, spin);
@@ -110,10 +110,15 @@ impl Waiting {
             policy,
             halvings,
             spins: 0,
+            // The yields of a wait that must not spin are not halved: halvings learnt from
+            // long sleeps (start-up, large calls, slow wake-ups) took them to none, and then
+            // every wait slept at once, where sleeps that ran long kept them there (8 ranks on
+            // 2 cores, 1 KiB all-reduce at load 10-12: 33-35 µs with the halvings held at 4,
+            // 19-20 µs yielding).
             max_yields: match spin {
-                true => policy.yields,
+                true => policy.yields >> halvings,
                 false => policy.oversubscribed_yields,
-            } >> halvings,
+            },
             polls: 0,
             yields: 0,
             paused: false,
@@ -636,6 +641,34 @@ mod tests {
             assert!(!waiting.paused);
             // Spinning waits of the same thread still spin.
             assert_eq!(Waiting::new(policy, true).pause(), Pause::Spin);
+        })
+        .join()
+        .expect("the waits' thread");
+    }
+
+    /// The bimodal 8-rank launches: halvings learnt from long sleeps (start-up, large calls)
+    /// must not take the yields of waits that must not spin to none, or every wait sleeps.
+    #[test]
+    fn long_sleeps_do_not_halve_an_oversubscribed_waits_yields() {
+        let policy = Backoff {
+            oversubscribed_yields: 8,
+            ..TEST_POLICY
+        };
+        std::thread::spawn(move || {
+            for _ in 0..policy.max_halvings {
+                phases(policy, LONG_SLEEP);
+            }
+            // A spinning wait's yields are halved to the least...
+            assert_eq!(phases(policy, LONG_SLEEP), (8, 1));
+            // ...but a wait that must not spin still yields all its times, then sleeps.
+            let mut waiting = Waiting::new(policy, false);
+            assert_eq!(waiting.halvings, policy.max_halvings);
+            let pauses: Vec<Pause> = (0..10).map(|_| waiting.pause()).collect();
+            let mut want: Vec<Pause> = (1..=8).map(Pause::Yield).collect();
+            want.extend([Pause::Sleep; 2]);
+            assert_eq!(pauses, want);
+            waiting.finish(Some(LONG_SLEEP));
+            assert_eq!(Waiting::by_clock(policy, false).max_yields, 8);
         })
         .join()
         .expect("the waits' thread");
