@@ -156,7 +156,8 @@ ns_up() {
 # PIN=1 (default; NP must be 2): rank 0 in A, rank 1 in B (ANS, BNS: namespace and CPU);
 # on one host (LOCAL=1) hcommrun starts them instead, pinned with --bind-to core (rank 0 on
 # the first allowed core, rank 1 on the second; hcommrun's store on 127.0.0.1 and a fresh
-# secret). PIN=0: every rank on this host, unpinned. Rank 0's table goes to RAW.OUTNAME.tmp and its
+# secret). NET_CHECK=0: no over_network check (for an hcomm_perf without the transport line).
+# PIN=0: every rank on this host, unpinned. Rank 0's table goes to RAW.OUTNAME.tmp and its
 # JSON to RAW.OUTNAME.json.tmp, rank r's stderr to RAW.OUTNAME.err<r>.tmp; the variables are
 # added to every rank's environment. Sets RUN_RC0 (rank 0's exit code), RUN_RC1 (the first
 # non-zero one of the other ranks, else 0) and RUN_MS (milliseconds); the caller logs them
@@ -181,7 +182,7 @@ hcomm_ranks() {
           exec "$@" >/dev/null 2>"$E.err$HCOMM_RANK.tmp"
         fi' sh "$PERF" "$@" --time-target "$TARGET" 2>"$RAW.$name.err_run.tmp" || RUN_RC0=$?
     RUN_MS=$((($(date +%s%N) - t0) / 1000000))
-    [ "$MODE" = host ] || [ $RUN_RC0 != 0 ] || over_network "$name"
+    [ "$MODE" = host ] || [ $RUN_RC0 != 0 ] || [ "${NET_CHECK:-1}" = 0 ] || over_network "$name"
     return
   fi
   for ((r = 0; r < NP; r++)); do
@@ -207,7 +208,7 @@ hcomm_ranks() {
     [ $RUN_RC1 != 0 ] || RUN_RC1=$rc
   done
   RUN_MS=$((($(date +%s%N) - t0) / 1000000))
-  [ $PIN = 0 ] || [ $RUN_RC0 != 0 ] || over_network "$name"
+  [ $PIN = 0 ] || [ $RUN_RC0 != 0 ] || [ "${NET_CHECK:-1}" = 0 ] || over_network "$name"
 }
 
 # over_network OUTNAME: after a pinned run of the netns or local mode (TCP between two hosts,

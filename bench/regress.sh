@@ -21,8 +21,9 @@
 #
 # usage: BASE_BIN=DIR bench/regress.sh [--base DIR] [--rounds N] [--target SECS] [--noise PCT]
 #                                      [--no-shm] [--no-tcp] [--no-big] [--no-build]
-#   --base DIR   the base build's folder with hcomm_perf and hcommrun (or BASE_BIN=DIR), e.g. a
-#                release folder of a27d6a5: /work/base-a27d6a5
+#   --base DIR   the base build's folder with its hcomm_perf (or BASE_BIN=DIR), e.g. a release
+#                folder of a27d6a5: /work/base-a27d6a5; both builds are launched by this
+#                build's hcommrun
 #   --rounds N   interleaved rounds (default 3); per figure the median over the rounds
 #   --target S   seconds of timed iterations per size (default 0.1)
 #   --noise PCT  a figure is called worse (better) when the median ratio is above 1 + PCT/100
@@ -60,10 +61,9 @@ CUR=${CUR_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 [ -n "$BASE" ] || { echo "$NAME: which base build? (BASE_BIN=DIR or --base DIR)" >&2; exit 2; }
 # Relative folders are the caller's.
 BASE=$(cd "$CALLER" && cd "$BASE" 2>/dev/null && pwd) CUR=$(cd "$CALLER" && cd "$CUR" 2>/dev/null && pwd)
-for d in "$BASE" "$CUR"; do
-  [ -n "$d" ] && [ -x "$d/hcomm_perf" ] && [ -x "$d/hcommrun" ] ||
-    { echo "$NAME: no hcomm_perf and hcommrun in '${d}' (set BASE_BIN or --base; CUR_BIN)" >&2; exit 2; }
-done
+[ -x "$BASE/hcomm_perf" ] || { echo "$NAME: no hcomm_perf in '$BASE' (BASE_BIN or --base)" >&2; exit 2; }
+[ -x "$CUR/hcomm_perf" ] && [ -x "$CUR/hcommrun" ] ||
+  { echo "$NAME: no hcomm_perf and hcommrun in '$CUR' (build it, or CUR_BIN)" >&2; exit 2; }
 [ "$(nproc)" -ge 2 ] || { echo "$NAME: needs 2 CPUs" >&2; exit 1; }
 if [ $BUILD = 1 ] && [ -z "${CUR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -p hcomm-tools) || { echo "$NAME: cargo build failed" >&2; exit 1; }
@@ -103,8 +103,14 @@ for v in "" spin_; do
   for op in pingpong stream; do TCP_FIGS+=("$v${op}_8|2|$vars|$op -b 8 -e 8" "$v$op|2|$vars|$op $BW"); done
 done
 
-# use_bin DIR: the hcomm_perf and hcommrun of a build for the next runs.
-use_bin() { PERF=$1/hcomm_perf HCOMMRUN=$1/hcommrun; }
+# use_bin DIR: the hcomm_perf of a build for the next runs. Both builds' ranks are started by
+# this build's hcommrun (the launcher is not measured, and older ones lack --bind-to). Only this
+# build's tcp runs are checked to go over the network (an older hcomm_perf may not print the
+# transport line; the base runs in the same namespaces with the same HCOMM_HOST_ID).
+use_bin() {
+  PERF=$1/hcomm_perf HCOMMRUN=$CUR/hcommrun NET_CHECK=1
+  [ "$1" = "$CUR" ] || NET_CHECK=0
+}
 
 # run_part PART: every figure of the part, ROUNDS times, both builds per figure; the base first
 # in odd rounds, this build first in even ones. Raw tables RAW.FIG_{cur,base}ROUND.tmp.
