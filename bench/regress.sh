@@ -4,8 +4,9 @@
 # and hcommrun, round after round, the two builds alternating which goes first.
 #
 # Parts (the same launches, pinning and namespaces as the scripts they stand for):
-#   shm  one host, 2 ranks started by hcommrun --bind-to core (rank 0 on CPU 0, rank 1 on CPU 1),
-#        the engine's transport: pingpong; allreduce, broadcast, allgather with buffers on the
+#   shm  one host, 2 ranks pinned one per core (rank 0 on CPU 0, rank 1 on CPU 1), started by
+#        hand (BY_HAND=1 of common.sh: hcommrun's launch protocol changed since a27d6a5, whose
+#        hcommrun has no --bind-to either), the engine's transport: pingpong; allreduce, broadcast, allgather with buffers on the
 #        heap and in the pool (shm.sh uses the pool, sidebyside.sh both); a 256 MiB allreduce
 #        (pool and heap); the TCP-loopback reference (HCOMM_TRANSPORT=tcp: pingpong 8 B,
 #        allreduce 16 MiB); 8 ranks unpinned on the 2 cores, allreduce 1 MiB (pool).
@@ -22,8 +23,7 @@
 # usage: BASE_BIN=DIR bench/regress.sh [--base DIR] [--rounds N] [--target SECS] [--noise PCT]
 #                                      [--no-shm] [--no-tcp] [--no-big] [--no-build]
 #   --base DIR   the base build's folder with its hcomm_perf (or BASE_BIN=DIR), e.g. a release
-#                folder of a27d6a5: /work/base-a27d6a5; both builds are launched by this
-#                build's hcommrun
+#                folder of a27d6a5: /work/base-a27d6a5
 #   --rounds N   interleaved rounds (default 3); per figure the median over the rounds
 #   --target S   seconds of timed iterations per size (default 0.1)
 #   --noise PCT  a figure is called worse (better) when the median ratio is above 1 + PCT/100
@@ -62,8 +62,7 @@ CUR=${CUR_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 # Relative folders are the caller's.
 BASE=$(cd "$CALLER" && cd "$BASE" 2>/dev/null && pwd) CUR=$(cd "$CALLER" && cd "$CUR" 2>/dev/null && pwd)
 [ -x "$BASE/hcomm_perf" ] || { echo "$NAME: no hcomm_perf in '$BASE' (BASE_BIN or --base)" >&2; exit 2; }
-[ -x "$CUR/hcomm_perf" ] && [ -x "$CUR/hcommrun" ] ||
-  { echo "$NAME: no hcomm_perf and hcommrun in '$CUR' (build it, or CUR_BIN)" >&2; exit 2; }
+[ -x "$CUR/hcomm_perf" ] || { echo "$NAME: no hcomm_perf in '$CUR' (build it, or CUR_BIN)" >&2; exit 2; }
 [ "$(nproc)" -ge 2 ] || { echo "$NAME: needs 2 CPUs" >&2; exit 1; }
 if [ $BUILD = 1 ] && [ -z "${CUR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -p hcomm-tools) || { echo "$NAME: cargo build failed" >&2; exit 1; }
@@ -103,14 +102,14 @@ for v in "" spin_; do
   for op in pingpong stream; do TCP_FIGS+=("$v${op}_8|2|$vars|$op -b 8 -e 8" "$v$op|2|$vars|$op $BW"); done
 done
 
-# use_bin DIR: the hcomm_perf of a build for the next runs. Both builds' ranks are started by
-# this build's hcommrun (the launcher is not measured, and older ones lack --bind-to). Only this
-# build's tcp runs are checked to go over the network (an older hcomm_perf may not print the
-# transport line; the base runs in the same namespaces with the same HCOMM_HOST_ID).
+# use_bin DIR: the hcomm_perf of a build for the next runs. Only this build's tcp runs are
+# checked to go over the network (an older hcomm_perf may not print the transport line; the
+# base runs in the same namespaces with the same HCOMM_HOST_ID).
 use_bin() {
-  PERF=$1/hcomm_perf HCOMMRUN=$CUR/hcommrun NET_CHECK=1
+  PERF=$1/hcomm_perf NET_CHECK=1
   [ "$1" = "$CUR" ] || NET_CHECK=0
 }
+BY_HAND=1
 
 # run_part PART: every figure of the part, ROUNDS times, both builds per figure; the base first
 # in odd rounds, this build first in even ones. Raw tables RAW.FIG_{cur,base}ROUND.tmp.
@@ -171,7 +170,7 @@ PARTS=()
 if [ $DOSHM = 1 ]; then
   bench_setup regress_shm
   RAW_SHM=$RAW LOG_SHM=$LOG
-  log "# shm: one host, hcommrun --bind-to core"
+  log "# shm: one host, ranks started by hand, taskset -c 0 and -c 1"
   run_part shm
   teardown
   PARTS+=(shm)
