@@ -135,6 +135,22 @@ run_part() {
 }
 
 # ---- comparison ------------------------------------------------------------------
+# ratio3 A B: A / B with three decimals, or n/a.
+ratio3() {
+  if [ -n "$1" ] && [ -n "$2" ]; then
+    awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "n/a" }'
+  else
+    echo n/a
+  fi
+}
+# tus NAME SIZE: the time (us) of SIZE in run NAME, from rank 0's JSON (ns digits; the table
+# rounds to 10 ns, 4 % of an 8 B call), else from its table.
+tus() {
+  local t=
+  [ -f "$RAW.$1.json.tmp" ] && t=$(awk -v s="$2" '/"size":/ { gsub(/[^0-9]/, "", $2); cur = $2 }
+    /"time_us":/ && cur == s { gsub(/,/, "", $2); print $2; exit }' "$RAW.$1.json.tmp")
+  [ -n "$t" ] && echo "$t" || hc "$1" "$2" 6
+}
 # median: the median of the numbers on stdin (the lower middle one of an even count).
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 WORSE=0 BETTER=0
@@ -148,12 +164,14 @@ part_rows() {
       awk '!/^#/ && $1 ~ /^[0-9]+$/ { print $1 }' "$RAW.${name}_cur$r.tmp" "$RAW.${name}_base$r.tmp" 2>/dev/null
     done | sort -n -u)
     for s in $sizes; do
-      c=$(for ((r = 1; r <= ROUNDS; r++)); do hc "${name}_cur$r" "$s" 6; done | median)
-      b=$(for ((r = 1; r <= ROUNDS; r++)); do hc "${name}_base$r" "$s" 6; done | median)
-      rs=$(for ((r = 1; r <= ROUNDS; r++)); do ratio "$(hc "${name}_cur$r" "$s" 6)" "$(hc "${name}_base$r" "$s" 6)"; echo; done |
-        grep -v n/a | sort -g)
+      c=$(for ((r = 1; r <= ROUNDS; r++)); do tus "${name}_cur$r" "$s"; done | median)
+      b=$(for ((r = 1; r <= ROUNDS; r++)); do tus "${name}_base$r" "$s"; done | median)
+      rs=$(for ((r = 1; r <= ROUNDS; r++)); do
+        ratio3 "$(tus "${name}_cur$r" "$s")" "$(tus "${name}_base$r" "$s")"
+        echo
+      done | grep -v n/a | sort -g)
       lo=$(head -1 <<<"$rs") hi=$(tail -1 <<<"$rs")
-      med=$(ratio "$c" "$b")
+      med=$(ratio3 "$c" "$b")
       verdict=$(awk -v m="$med" -v lo="$lo" -v hi="$hi" -v n="$NOISE" 'BEGIN {
         if (m == "n/a" || lo == "") print "n/a"
         else if (m > 1 + n / 100 && lo > 1) print "WORSE"
