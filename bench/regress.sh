@@ -32,7 +32,9 @@
 #   --no-build   do not build this tree first (cargo build --release -p hcomm-tools)
 # This build: CUR_BIN=DIR (default target/release, or CARGO_TARGET_DIR's). Environment as the
 # other scripts (HCOMM_TIMEOUT default 30 s, RUN_TIMEOUT default 300 s per run). Needs root for
-# the tcp part. About 9 minutes on a quiet 2-core machine with the defaults (shm ~4.5, tcp ~4.5).
+# the tcp part. Time: on the 2-core VM at load 10-25, 246 s (shm) and 194 s (tcp) of runs besides
+# the 256 MiB ones (3 rounds, target 0.1 s), which took 330 and 183 s before they were cut to
+# -n 3 -w 1 -c 0.
 #
 # Output: results/regress_summary.txt: per figure and size the median time of this build and of
 # the base, the ratio this / base, the range of the rounds' ratios and the verdict; raw files
