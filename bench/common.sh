@@ -156,8 +156,10 @@ ns_up() {
 # PIN=1 (default; NP must be 2): rank 0 in A, rank 1 in B (ANS, BNS: namespace and CPU);
 # on one host (LOCAL=1) hcommrun starts them instead, pinned with --bind-to core (rank 0 on
 # the first allowed core, rank 1 on the second; hcommrun's store on 127.0.0.1 and a fresh
-# secret). PIN=0: every rank on this host, unpinned. Rank 0's table goes to RAW.OUTNAME.tmp and its
-# JSON to RAW.OUTNAME.json.tmp, rank r's stderr to RAW.OUTNAME.err<r>.tmp; the variables are
+# secret), or by hand as in the other modes when BY_HAND=1 (taskset -c 0 and 1, rank 0 hosting
+# the store: for builds whose hcommrun differs). NET_CHECK=0: no over_network check (for an
+# hcomm_perf without the transport line). PIN=0: every rank on this host, unpinned. Rank 0's
+# table goes to RAW.OUTNAME.tmp and its JSON to RAW.OUTNAME.json.tmp, rank r's stderr to RAW.OUTNAME.err<r>.tmp; the variables are
 # added to every rank's environment. Sets RUN_RC0 (rank 0's exit code), RUN_RC1 (the first
 # non-zero one of the other ranks, else 0) and RUN_MS (milliseconds); the caller logs them
 # and then calls hcomm_notes.
@@ -169,7 +171,7 @@ hcomm_ranks() {
   secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
   [ $PIN = 0 ] || [ $NP = 2 ] || { echo "$NAME: pinned runs have 2 ranks, not $NP" >&2; exit 1; }
   local t0=$(date +%s%N)
-  if [ $PIN = 1 ] && [ $LOCAL = 1 ]; then
+  if [ $PIN = 1 ] && [ $LOCAL = 1 ] && [ "${BY_HAND:-0}" = 0 ]; then
     RUN_RC0=0 RUN_RC1=0
     # Rank 0's table and JSON to the raw files, the other rank's output dropped; each rank's
     # stderr to its own file, hcommrun's to err_run.
@@ -181,7 +183,7 @@ hcomm_ranks() {
           exec "$@" >/dev/null 2>"$E.err$HCOMM_RANK.tmp"
         fi' sh "$PERF" "$@" --time-target "$TARGET" 2>"$RAW.$name.err_run.tmp" || RUN_RC0=$?
     RUN_MS=$((($(date +%s%N) - t0) / 1000000))
-    [ "$MODE" = host ] || [ $RUN_RC0 != 0 ] || over_network "$name"
+    [ "$MODE" = host ] || [ $RUN_RC0 != 0 ] || [ "${NET_CHECK:-1}" = 0 ] || over_network "$name"
     return
   fi
   for ((r = 0; r < NP; r++)); do
@@ -207,7 +209,8 @@ hcomm_ranks() {
     [ $RUN_RC1 != 0 ] || RUN_RC1=$rc
   done
   RUN_MS=$((($(date +%s%N) - t0) / 1000000))
-  [ $PIN = 0 ] || [ $RUN_RC0 != 0 ] || over_network "$name"
+  [ $PIN = 0 ] || [ "$MODE" = host ] || [ $RUN_RC0 != 0 ] || [ "${NET_CHECK:-1}" = 0 ] ||
+    over_network "$name"
 }
 
 # over_network OUTNAME: after a pinned run of the netns or local mode (TCP between two hosts,

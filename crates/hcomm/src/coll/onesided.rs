@@ -1202,6 +1202,9 @@ impl Waiter<'_> {
             return Ok(());
         }
         let mut waiting = Waiting::new(*self.policy, self.os.spin);
+        if waiting.spin_until(ready) {
+            return Ok(());
+        }
         while waiting.pause() != Pause::Sleep {
             if ready() {
                 return Ok(());

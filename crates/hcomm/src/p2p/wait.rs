@@ -146,6 +146,44 @@ impl Waiting {
         }
     }
 
+    /// Spins as [`Waiting::pause`] does while it says [`Pause::Spin`], looking at `ready`
+    /// after each pause, until `ready` holds (`true`) or the spin is over (`false`; the wait
+    /// then goes on with [`Waiting::pause`], which yields next). The same looks, pauses and
+    /// yields, but the counters stay in registers while it spins: through `pause` every look
+    /// also stored three words of the wait, and an 8-byte one-sided broadcast of two ranks
+    /// spinning on each other stored 670 words a call against 346 before the policy existed
+    /// (callgrind), and took 0.247 against 0.239 µs.
+    #[inline]
+    pub(crate) fn spin_until(&mut self, mut ready: impl FnMut() -> bool) -> bool {
+        let (spins, eager) = (self.spins, self.policy.eager_polls);
+        let yielding = self.yield_every != 0;
+        let (mut polls, mut until_yield) = (self.polls, self.until_yield);
+        let mut found = false;
+        while polls < spins {
+            if polls >= eager {
+                std::hint::spin_loop();
+            }
+            polls += 1;
+            if yielding {
+                until_yield -= 1;
+                if until_yield == 0 {
+                    self.yield_spinning();
+                    until_yield = self.until_yield;
+                }
+            }
+            if ready() {
+                found = true;
+                break;
+            }
+        }
+        if polls != self.polls {
+            self.paused = true;
+        }
+        self.polls = polls;
+        self.until_yield = until_yield;
+        found
+    }
+
     /// Yields the CPU if the policy has yields left (spinning aside); returns how many times
     /// this wait yielded so far. `None` means the wait must sleep now.
     pub(crate) fn try_yield(&mut self) -> Option<u32> {
@@ -278,10 +316,8 @@ fn next_yield_every(policy: Backoff, every: u32, others_ran: bool) -> u32 {
 /// returns whether it fired.
 pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
     let mut waiting = Waiting::new(policy, true);
-    while waiting.pause() == Pause::Spin {
-        if watch.ready() {
-            return true;
-        }
+    if waiting.spin_until(|| watch.ready()) {
+        return true;
     }
     // The caller's wait goes on, and its end is the lesson.
     waiting.hand_on();
@@ -606,6 +642,49 @@ mod tests {
         let mut clocked = Waiting::by_clock(policy, true);
         assert_eq!(clocked.pause(), Pause::Yield(1));
         assert_eq!(clocked.try_yield(), Some(2));
+    }
+
+    #[test]
+    fn spinning_until_ready_keeps_the_policy_of_pause() {
+        let policy = Backoff {
+            polls: 6,
+            eager_polls: 2,
+            yield_every: 4,
+            idle_yield_every: 4,
+            yield_turn: u64::MAX,
+            yields: 2,
+            ..Backoff::DEFAULT
+        };
+        std::thread::spawn(move || {
+            // Served at the third look: three spins counted, the fourth look yields (the same
+            // count as through `pause`), and the spin goes on from there.
+            let mut waiting = Waiting::new(policy, true);
+            let mut looks = 0;
+            assert!(waiting.spin_until(|| {
+                looks += 1;
+                looks == 3
+            }));
+            assert_eq!((looks, waiting.polls, waiting.until_yield), (3, 3, 1));
+            assert!(waiting.paused);
+            // Never ready: the rest of the spin (a yield at look 4), then `pause` yields.
+            looks = 0;
+            assert!(!waiting.spin_until(|| {
+                looks += 1;
+                false
+            }));
+            assert_eq!((looks, waiting.polls, waiting.until_yield), (3, 6, 2));
+            assert_eq!(waiting.pause(), Pause::Yield(1));
+            // A spin that is over looks no more.
+            let mut spent = Waiting::new(policy, true);
+            while spent.pause() == Pause::Spin {}
+            assert!(!spent.spin_until(|| unreachable!("looked after the spin")));
+            // A wait that must not spin does not look either, and teaches nothing.
+            let mut idle = Waiting::new(policy, false);
+            assert!(!idle.spin_until(|| unreachable!("looked without spinning")));
+            assert!(!idle.paused);
+        })
+        .join()
+        .expect("the waits' thread");
     }
 
     #[test]
