@@ -164,11 +164,16 @@ fn a_pull_the_kernel_refuses_falls_back_to_the_push() {
     assert_eq!(lines, want);
 }
 
-/// The same with splits (from 1 MiB, the ranks allowed to spin): world rank 0's writes into
-/// the non-dumpable rank 1 are refused, so rank 1 copies those messages itself (exact, as
-/// the scenario checks); rank 2's pulls from rank 1 are refused too, after rank 2 offered a
-/// split that rank 1 may have begun to write: rank 2 ends the split (waiting for rank 1's
-/// piece in flight) and the message falls back to the push.
+/// The same with splits (from 1 MiB in pieces of 32 KiB, the ranks allowed to spin): world
+/// rank 0's writes into the non-dumpable rank 1 are refused, so rank 1 copies those messages
+/// itself (exact, as the scenario checks), and once rank 0 has shown it cannot write (a piece
+/// it claimed was refused: it reports the failure, and fails every later offer at once) rank
+/// 1 offers it no more splits: of rank 0's 15 pulled messages, rank 1 splits those up to the
+/// first that rank 0 claimed a piece of (on a loaded host it may miss the first few, all 15
+/// only if it never got to claim one), where it split all 15 before. Rank 2's pulls from rank
+/// 1 are refused too, after rank 2 offered a split that rank 1 may have begun to write: rank 2
+/// ends the split (waiting for rank 1's piece in flight) and the message falls back to the
+/// push.
 #[test]
 fn a_split_write_the_kernel_refuses_falls_back_to_the_pull() {
     let prefix: &[&str] = if rustix::process::geteuid().is_root() {
@@ -179,26 +184,80 @@ fn a_split_write_the_kernel_refuses_falls_back_to_the_pull() {
     let env = [
         ("HCOMM_SPIN_US", "50"),
         ("HCOMM_SHM_SPLIT_THRESHOLD", "1048576"),
+        ("HCOMM_SHM_CHUNK", "32768"),
     ];
-    let lines = protocols_lines(3, prefix, &env, &["--nodump", "1", "--rounds", "3"]);
+    let lines = protocols_lines(3, prefix, &env, &["--nodump", "1", "--rounds", "5"]);
     let want = [
-        "shm=true shm_eager=9 shm_pull=12 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
-        "shm=true shm_eager=9 shm_pull=12 shm_push=12 tcp_eager=0 tcp_rendezvous=0",
-        "shm=true shm_eager=9 shm_pull=0 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=15 shm_pull=20 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=15 shm_pull=20 shm_push=20 tcp_eager=0 tcp_rendezvous=0",
+        "shm=true shm_eager=15 shm_pull=0 shm_push=0 tcp_eager=0 tcp_rendezvous=0",
     ];
     let counts: Vec<&str> = lines.iter().map(|(c, _)| c.as_str()).collect();
     assert_eq!(counts, want);
     let split: Vec<(u64, u64)> = lines.iter().map(|(_, s)| split_counts(s)).collect();
     assert_eq!(
-        split[0].0, 9,
+        split[0].0, 15,
         "rank 0 splits what it receives from rank 2: {lines:?}"
     );
     assert_eq!(
         split[0].1, 0,
         "rank 0 wrote into the non-dumpable rank: {lines:?}"
     );
-    assert!(split[1].0 >= 1, "rank 1 offered no split: {lines:?}");
+    assert!(
+        (1..15).contains(&split[1].0),
+        "rank 1 went on offering splits to rank 0: {lines:?}"
+    );
     assert_eq!(split[2].0, 0, "rank 2 pulls nothing from rank 1: {lines:?}");
+}
+
+/// World rank 0 stops itself (`SIGSTOP`) in the middle of a 16 MiB split message to rank 1,
+/// holding the piece it claimed. Rank 1 does not hang: its receive fails with an error that
+/// names rank 0 and says it may be stopped (its heartbeats stop after half of HCOMM_TIMEOUT,
+/// 2 s here), and HCOMM_TIMEOUT after it ran out of pieces of its own it revokes the split
+/// before the buffer goes back. It then continues rank 0, whose check before its
+/// write finds the split revoked: not one byte reaches the buffer rank 1 gave back, and rank
+/// 0 counts no piece written.
+#[test]
+fn a_sender_stopped_in_the_middle_of_a_split_fails_the_pair_and_writes_nothing_after() {
+    let t0 = Instant::now();
+    let children = spawn_ranks(2, &local_root(), |_| {
+        let mut c = Command::new(CHECK);
+        c.arg("split-stop")
+            .env("HCOMM_TIMEOUT", "2")
+            .env("HCOMM_SPIN_US", "50")
+            .env("HCOMM_SHM_SPLIT_THRESHOLD", "1048576");
+        c
+    });
+    let outputs = collect_outputs(children, Duration::from_secs(90));
+    let all: String = outputs.iter().map(text).collect();
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "took {:?}:\n{all}",
+        t0.elapsed()
+    );
+    for (r, o) in outputs.iter().enumerate() {
+        assert!(o.status.success(), "rank {r} failed:\n{all}");
+    }
+    let (t0, t1) = (text(&outputs[0]), text(&outputs[1]));
+    let failed = t1
+        .lines()
+        .find_map(|l| l.strip_prefix("split-stop recv failed after "))
+        .unwrap_or_else(|| panic!("rank 1's receive did not fail:\n{all}"));
+    let ms: u64 = failed.split(' ').next().unwrap().parse().unwrap();
+    assert!(
+        (900..30_000).contains(&ms),
+        "rank 1 gave up after {ms} ms:\n{all}"
+    );
+    // Lost for its silence (no heartbeat for half of HCOMM_TIMEOUT) or for the piece it
+    // holds, whichever rank 1 sees first: either way a stopped process, named.
+    assert!(
+        failed.contains("peer lost")
+            && failed.contains("world rank 0")
+            && failed.contains("stopped"),
+        "{all}"
+    );
+    assert!(t1.contains("split-stop buffer untouched"), "{all}");
+    assert!(t0.contains("split-stop written=0"), "{all}");
 }
 
 /// Runs the `one-sided` scenario on `n` ranks with the scenario given `args`, as root without

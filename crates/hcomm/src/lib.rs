@@ -176,6 +176,7 @@ pub mod internal {
 
     /// The shared-memory transport.
     pub mod shm {
+        pub use crate::p2p::split::{arm_stop_in_split_write, stop_in_split_write_armed};
         pub use crate::transport::shm::cma::arm_nondumpable;
         pub use crate::transport::shm::link::job_id;
     }

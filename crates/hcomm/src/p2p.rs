@@ -59,7 +59,7 @@ mod requests;
 mod revoke;
 #[cfg(test)]
 mod sansio_tests;
-mod split;
+pub(crate) mod split;
 #[cfg(test)]
 mod tests;
 mod timers;

@@ -879,7 +879,13 @@ impl OneSided {
                 // non-root while they copy the rest.
                 let e = shape.elem();
                 let cut = block - block / n / e * e;
-                if me == shape.root {
+                if me == shape.root && n == 2 {
+                    // One peer: nothing to gain from cache-sized chunks (each is written once),
+                    // and each costs a system call on the heap.
+                    board
+                        .write_peer_output(signals, j, 1 - me, cut, &out[cut..block], stream)
+                        .map_err(|e| waiter.read_failed(1 - me, e))?;
+                } else if me == shape.root {
                     fan_out(board, cut, &out[cut..block])?;
                 } else {
                     board

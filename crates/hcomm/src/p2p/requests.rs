@@ -463,10 +463,16 @@ impl State {
         };
         self.disentangle(id);
         self.timers.disarm(id);
-        if self.ops.remove(&id).is_some_and(|o| o.asynchronous) {
+        let op = self.ops.remove(&id);
+        if op.as_ref().is_some_and(|o| o.asynchronous) {
             self.io.pending_async.fetch_sub(1, Ordering::SeqCst);
         }
-        err
+        match op.and_then(|o| o.result) {
+            // Ending the receive failed its peer (a split whose sender stopped in the middle
+            // of a piece, `split.rs`): that says more than the timeout.
+            Some(Err(lost @ Error::PeerLost(_))) => lost,
+            _ => err,
+        }
     }
 
     /// Cuts every tie between operation `id` and the wire, so that its buffer may go: a

@@ -10,16 +10,26 @@
 //! address, the piece size and the generation. Not offered: when ranks may not spin (more
 //! local ranks than cores, or `HCOMM_SPIN_US=0`: the two copies would take turns on one core
 //! and the sender would poll for pieces), while a split from the same peer is still in
-//! flight (one slot per pair and direction), or once the peer could not write into this
-//! rank (the kernel refused it, see below).
+//! flight (one slot per pair and direction), or once the peer has shown that it cannot write
+//! into this rank (see below).
 //!
 //! **Writes.** The sender claims one piece per turn of its engine (as the receiver pulls one
 //! per turn), writes it, and reports the pieces written in the slot; it stops when no piece
 //! is left, when its send was abandoned, or when a write fails (then it reports the failure
 //! and the receiver copies the sender's unwritten pieces itself). A refused write (`EPERM`:
 //! the receiver is not dumpable, a security policy) also stops the splits the sender is
-//! offered later: it fails them at once. A sender that is not in a call claims nothing, and
-//! the receiver takes every piece.
+//! offered later: it fails them at once, as it does when it cannot write into the receiver at
+//! all (its start-up probe of the receiver failed). A sender that is not in a call claims
+//! nothing, and the receiver takes every piece.
+//!
+//! **A sender that cannot write.** A failure reported in the slot — with pieces claimed or
+//! not, seen while the receive runs or, for a report that came after the receiver was done,
+//! when it next offers that peer a split (the report stays in the slot until then) — makes
+//! the receiver offer that peer no split again: every later large message from it is pulled
+//! by the receiver alone, with no CTS round that the sender can only decline. This lasts for
+//! the life of the world's engine and is never reset: the causes (the receiver turned
+//! non-dumpable, a security policy, a probe that failed) do not go away while the processes
+//! live, and the fallback is the plain pull, which is what a split costs at worst.
 //!
 //! **Ending.** The receive completes when every piece is in: its own, and the sender's as
 //! reported. Any other end (the receive abandoned or timed out, a failed or refused pull, the
@@ -29,9 +39,25 @@
 //! receiver opened, and a receiver returns its buffer only after that piece was reported, so
 //! nothing is written into memory the receiver no longer owns. That wait covers at most one
 //! piece being copied (`HCOMM_SHM_CHUNK` bytes, tens of microseconds); it ends early when the
-//! sender's process ends, and after `HCOMM_TIMEOUT` at the latest (only a process stopped
-//! inside one write could take that long; it is named in a warning).
+//! sender's process ends.
+//!
+//! **A sender that stops mid-piece.** Only a sender that does not run (stopped by `SIGSTOP`
+//! or a debugger, or starved for that long) holds a claimed piece for `HCOMM_TIMEOUT`,
+//! counted from when the receiver ran out of pieces of its own. The receiver then gives the
+//! buffer up, but not quietly: it *revokes* the slot (no generation is held from then on) and
+//! fails the pair — the peer is lost, named in the error of every operation with it and in a
+//! warning, and the launcher is told, so the job stops rather than run on beside a process
+//! that may still write into a buffer it no longer owns. The sender checks that the slot
+//! still holds its generation immediately before each write, so once continued it starts no
+//! write after the revocation. One window stays open: a sender stopped after that check and
+//! before (or inside) its `process_vm_writev` completes the write when it is continued, into
+//! memory the receiver has given back. It cannot be closed from the receiver's side alone: the
+//! kernel offers no way to revoke another process's access to this one's pages short of
+//! unmapping them (the buffer is the caller's, not hcomm's) or ending the writer; closing it
+//! needs the sender's cooperation, which a stopped sender cannot give. The window is a few
+//! instructions wide, and the failed pair stops the job around it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -55,6 +81,8 @@ pub(super) struct Part {
     /// After the sender failed: the pieces it claimed but did not write, which the receiver
     /// copies itself.
     pub redo: Option<std::ops::Range<usize>>,
+    /// Since when the receiver, with no piece left to claim, waits for the sender's.
+    pub stalled: Option<Instant>,
 }
 
 /// A sender's writes of its pieces of a split.
@@ -83,7 +111,8 @@ pub(super) struct Splits {
     gens: Vec<u32>,
     /// Per world rank: a split of a message from it is in flight (its slot is taken).
     busy: Vec<bool>,
-    /// Per world rank: it could not write into this rank's memory; no split is offered.
+    /// Per world rank: it has shown that it cannot write into this rank's memory (it
+    /// reported a failure); no split is offered to it again.
     no_writes: Vec<bool>,
     /// Per world rank: the kernel refused this rank's writes into it; its offers fail.
     write_refused: Vec<bool>,
@@ -107,6 +136,34 @@ impl Splits {
     pub(super) fn release(&mut self, peer: usize) {
         if let Some(busy) = self.busy.get_mut(peer) {
             *busy = false;
+        }
+    }
+}
+
+/// Armed by [`arm_stop_in_split_write`]: the next piece this process claims as a sender, it
+/// stops itself before writing.
+static STOP_ARMED: AtomicBool = AtomicBool::new(false);
+
+/// For tests: the next piece of a split this process claims as its sender, it stops itself
+/// with `SIGSTOP` right after the claim, before its check and write, as a process stopped by
+/// its user or a debugger at the worst moment would be. Its receiver gives the split up after
+/// `HCOMM_TIMEOUT` and fails the pair; once continued (`SIGCONT`), this process writes
+/// nothing into the buffer given up.
+pub fn arm_stop_in_split_write() {
+    STOP_ARMED.store(true, Ordering::SeqCst);
+}
+
+/// Whether the stop that [`arm_stop_in_split_write`] armed is still to come.
+pub fn stop_in_split_write_armed() -> bool {
+    STOP_ARMED.load(Ordering::SeqCst)
+}
+
+/// Stops this process (`SIGSTOP`) if [`arm_stop_in_split_write`] asked for it (once).
+fn stop_if_armed() {
+    if STOP_ARMED.swap(false, Ordering::SeqCst) {
+        let me = rustix::process::getpid();
+        if let Err(e) = rustix::process::kill_process(me, rustix::process::Signal::STOP) {
+            tracing::warn!("the armed stop failed: kill(SIGSTOP): {e}");
         }
     }
 }
@@ -168,7 +225,14 @@ impl State {
         let op = self.ops.get_mut(&id)?;
         let addr = op_slice(op, 0, len)?.as_mut_ptr() as u64;
         let slot = self.links.primary(peer)?.split_slot(true)?;
-        let gen = match self.split.gens[peer].wrapping_add(1) {
+        let last = self.split.gens[peer];
+        if last != 0 && slot.sent(last).failed {
+            // The sender failed the previous split after this rank was done with it (it
+            // could not write, and this rank had taken every piece by then).
+            self.split.no_writes[peer] = true;
+            return None;
+        }
+        let gen = match last.wrapping_add(1) {
             0 => 1,
             g => g,
         };
@@ -192,6 +256,7 @@ impl State {
             piece,
             pieces,
             redo: None,
+            stalled: None,
         })
     }
 
@@ -220,15 +285,19 @@ impl State {
                 continue;
             };
             let sent = slot.sent(s.gen);
+            if sent.failed {
+                // The sender cannot write into this rank (or stopped): no more splits are
+                // offered to it, even when it claimed no piece of this one.
+                self.split.no_writes[p.peer] = true;
+            }
             if sent.pieces >= s.pieces - from {
                 return Err(true);
             }
             if !sent.failed {
+                s.stalled.get_or_insert_with(Instant::now);
                 return Err(false);
             }
-            // The sender stopped: its unwritten pieces are copied here, and no more splits
-            // are offered to it.
-            self.split.no_writes[p.peer] = true;
+            // The sender stopped: its unwritten pieces are copied here.
             s.redo = Some(from..s.pieces - sent.pieces);
         }
     }
@@ -236,6 +305,8 @@ impl State {
     /// Ends split pull `p` early (abandoned, failed, refused, its sender lost): takes every
     /// piece left and waits until the pieces the sender claimed are written (see the module
     /// documentation: after this, the sender writes nothing more into the receive buffer).
+    /// A sender that holds its claim for `HCOMM_TIMEOUT` (from when this rank ran out of
+    /// pieces) is not waited for longer: the slot is revoked and the peer failed.
     pub(super) fn end_split(&mut self, p: &Pull) {
         let Some(s) = p.split.as_ref() else {
             return;
@@ -252,8 +323,8 @@ impl State {
             return;
         };
         let theirs = s.pieces - from;
-        let start = Instant::now();
-        let mut checked = start;
+        let start = s.stalled.unwrap_or_else(Instant::now);
+        let mut checked = Instant::now();
         loop {
             let sent = slot.sent(s.gen);
             if sent.pieces >= theirs || sent.failed {
@@ -266,12 +337,17 @@ impl State {
                     return;
                 }
                 if now.duration_since(start) >= self.cfg.timeout {
-                    tracing::warn!(
-                        peer = p.peer,
-                        "world rank {} did not finish writing its piece of a split message \
-                         within HCOMM_TIMEOUT (is its process stopped?); the receive buffer \
-                         is released anyway",
-                        p.peer
+                    // Revoked first: a sender continued later starts no write (its check
+                    // before each write fails).
+                    slot.revoke(s.gen);
+                    self.fail_peer(
+                        p.peer,
+                        format!(
+                            "it did not finish writing its piece of a {}-byte split message \
+                             into this rank within HCOMM_TIMEOUT (is its process stopped?); \
+                             the receive buffer is given back and the pair failed",
+                            p.len
+                        ),
                     );
                     return;
                 }
@@ -347,8 +423,21 @@ impl State {
         let Some(k) = slot.claim(w.gen, true) else {
             return false;
         };
+        stop_if_armed();
         let (off, n) = piece_range(k, w.piece, w.len);
         let result = match op_slice(op, off, n) {
+            // Immediately before the write: the receiver did not revoke the split (it gave its
+            // buffer up after waiting too long for this piece; see the module documentation).
+            Some(_) if !slot.holds(w.gen) => {
+                slot.report(w.gen, w.wrote, true);
+                tracing::warn!(
+                    peer = w.peer,
+                    "world rank {} gave up a split message of this rank's; its piece is not \
+                     written",
+                    w.peer
+                );
+                return false;
+            }
             Some(src) => {
                 let at = (w.addr as usize).wrapping_add(off);
                 // SAFETY: this rank claimed piece `k` under the generation the receiver opened

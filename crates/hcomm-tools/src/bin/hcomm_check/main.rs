@@ -62,6 +62,11 @@ enum Scenario {
     Split,
     /// Rank 1 exits with status 3 at once; the others wait for it (launcher failure test).
     Exit,
+    /// Two ranks: world rank 0 stops itself (`SIGSTOP`) in the middle of a split message to
+    /// rank 1, after claiming its first piece; rank 1's receive fails naming it, then rank 1
+    /// continues it and checks that it wrote nothing into the receive buffer (run with a
+    /// short HCOMM_TIMEOUT, HCOMM_SPIN_US and a split threshold below 16 MiB).
+    SplitStop,
     /// Rank 1 exits with status 3 in the middle of a loop of all-reduces; the others must
     /// fail fast (PeerLost or Aborted), not wait out HCOMM_TIMEOUT.
     CollExit,
@@ -650,6 +655,10 @@ fn run(scenario: Scenario) -> Result<()> {
                     .with_context(|| format!("allreduce {i}"))?;
             }
             "coll-exit"
+        }
+        Scenario::SplitStop => {
+            p2p::split_stop(&comm)?;
+            "split-stop"
         }
         Scenario::Exit => {
             if comm.rank() == 1 {

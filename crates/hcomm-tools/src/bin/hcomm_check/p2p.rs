@@ -65,6 +65,65 @@ pub(super) fn ring_sizes(comm: &Communicator, sizes: Vec<usize>) -> Result<()> {
     Ok(())
 }
 
+/// The scenario `split-stop` (see its help): 16 MiB messages from world rank 0 to rank 1,
+/// until rank 0's armed stop fires (at most 20; it fires unless rank 1 took every piece
+/// before rank 0 claimed one). Rank 1 prints `split-stop recv failed after MS ms: ERROR` and
+/// `split-stop buffer untouched`; rank 0 `split-stop send ended: RESULT` and `split-stop
+/// written=W` (the pieces it wrote as a sender).
+pub(super) fn split_stop(comm: &Communicator) -> Result<()> {
+    const LEN: usize = 16 << 20;
+    const TRIES: usize = 20;
+    ensure!(comm.size() == 2, "split-stop runs on 2 ranks");
+    if comm.rank() == 0 {
+        comm.send(&std::process::id().to_le_bytes(), 1, 1)?;
+        let msg = fill(0, 1, 0, LEN);
+        hcomm::internal::shm::arm_stop_in_split_write();
+        let before = comm.protocol_stats().shm_split_written;
+        for _ in 0..TRIES {
+            let sent = comm.send(&msg, 1, 2);
+            if sent.is_ok() && hcomm::internal::shm::stop_in_split_write_armed() {
+                continue;
+            }
+            println!("split-stop send ended: {sent:?}");
+            let written = comm.protocol_stats().shm_split_written - before;
+            println!("split-stop written={written}");
+            return Ok(());
+        }
+        bail!("the armed stop never fired in {TRIES} messages");
+    }
+    let mut pid = [0u8; 4];
+    comm.recv(&mut pid, 0, 1)?;
+    let pid =
+        rustix::process::Pid::from_raw(i32::from_le_bytes(pid)).context("rank 0 sent no pid")?;
+    let mut buf = vec![0u8; LEN];
+    for _ in 0..TRIES {
+        let t = Instant::now();
+        match comm.recv(&mut buf, 0, 2) {
+            Ok(n) => {
+                // Rank 0 claimed no piece of this one (its stop did not fire): exact anyway.
+                ensure!(n == LEN, "received {n} bytes");
+                verify(&buf, 0, 1, 0)?;
+            }
+            Err(e) => {
+                println!(
+                    "split-stop recv failed after {} ms: {e}",
+                    t.elapsed().as_millis()
+                );
+                buf.fill(0xa5);
+                rustix::process::kill_process(pid, rustix::process::Signal::CONT)
+                    .context("continuing rank 0")?;
+                std::thread::sleep(Duration::from_secs(1));
+                if let Some(i) = buf.iter().position(|&b| b != 0xa5) {
+                    bail!("byte {i} of the receive buffer was written after the receive failed");
+                }
+                println!("split-stop buffer untouched");
+                return Ok(());
+            }
+        }
+    }
+    bail!("rank 0 never stopped in {TRIES} messages")
+}
+
 /// Makes every link (each probing cross-memory attach), then world rank `rank` turns
 /// non-dumpable: its peers without `CAP_SYS_PTRACE` are refused cross-memory attach on it
 /// from then on, after their probes succeeded. Collective.

@@ -22,6 +22,9 @@
 //! When the receiver is done with its pieces, or gives the receive up, it
 //! [`closes`](SplitSlot::close) the slot (takes every piece left) and waits for the pieces the
 //! sender claimed to be reported: from then on the sender writes nothing into that buffer.
+//! A receiver that waited `HCOMM_TIMEOUT` for a claimed piece [`revokes`](SplitSlot::revoke)
+//! the slot instead (the pair is then failed), and the sender checks that the slot still
+//! [`holds`](SplitSlot::holds) its generation immediately before each write.
 //! Nothing here is trusted beyond this pair: a broken peer that scribbles on the words makes
 //! the split fail or wait for its own reports, and the receiver's waits are bounded.
 
@@ -122,6 +125,25 @@ impl SplitSlot {
                 Err(now) => word = now,
             }
         }
+    }
+
+    /// The receiver gives up the split of generation `gen` while the sender still holds
+    /// claimed pieces (it did not report them within `HCOMM_TIMEOUT`): the slot then holds no
+    /// generation (0, which no message uses), so the sender claims nothing more and its check
+    /// before each write ([`SplitSlot::holds`]) fails. Returns whether the slot held `gen`.
+    pub(crate) fn revoke(&self, gen: u32) -> bool {
+        self.claim
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
+                (parts(word).0 == gen).then_some(0)
+            })
+            .is_ok()
+    }
+
+    /// Whether the slot still holds generation `gen`: the sender checks it immediately before
+    /// each write of a piece it claimed, so that it never starts one after the receiver
+    /// [revoked](SplitSlot::revoke) the split.
+    pub(crate) fn holds(&self, gen: u32) -> bool {
+        parts(self.claim.load(Ordering::SeqCst)).0 == gen
     }
 
     /// The sender reports, under generation `gen`, that it wrote `pieces` pieces and whether
@@ -230,6 +252,23 @@ mod tests {
                 failed: false
             }
         );
+    }
+
+    #[test]
+    fn a_revoked_split_is_held_no_more_and_claims_nothing() {
+        let s = SplitSlot::default();
+        s.open(5, 4);
+        assert_eq!(s.claim(5, true), Some(3));
+        assert!(s.holds(5));
+        assert!(!s.revoke(6), "another generation is not revoked");
+        assert!(s.holds(5));
+        assert!(s.revoke(5));
+        assert!(!s.holds(5), "the sender's check before its write fails");
+        assert_eq!(s.claim(5, true), None);
+        assert_eq!(s.claim(5, false), None);
+        assert_eq!(s.close(5), None, "nothing is left to wait for");
+        s.open(6, 2);
+        assert!(s.holds(6) && !s.holds(5));
     }
 
     #[test]
