@@ -35,7 +35,7 @@
 //!   of each non-root's block into it while it reads the rest); all-to-all: each pair of
 //!   ranks splits the two blocks it exchanges, the lower rank moving the first half of both
 //!   (reading one, writing the other), the higher rank the second half (out of place, blocks
-//!   up to 64 KiB go whole: each rank writes its block into the peer's result, one transfer
+//!   up to 128 KiB go whole: each rank writes its block into the peer's result, one transfer
 //!   per peer). Contributions read in place are not copied into the slot, even when they
 //!   fit it. Nobody copies
 //!   results out of a peer afterwards, and the copying is shared by all ranks. Each rank
@@ -94,9 +94,10 @@ const DIRECT_FROM: usize = 1024;
 const DIRECT_CMA_FROM: usize = 8 << 10;
 /// All-to-alls out of place with blocks up to this size write each block whole into its
 /// peer's result (one transfer per peer); larger blocks are split between each pair. 2 ranks
-/// pinned, cross-memory attach, the copying alone (a C model of both ways): 2.4 against
-/// 3.0 µs with 32 KiB blocks, 44 against 42 µs with 512 KiB blocks.
-const ALLTOALL_WHOLE: usize = 64 << 10;
+/// pinned, heap buffers, three interleaved rounds at load 11-16: 3.2 against 3.8-3.9 µs with
+/// 32 KiB blocks, 7.8-7.9 against 8.6 µs with 128 KiB blocks; with 512 KiB blocks either
+/// way took 43-48 µs.
+const ALLTOALL_WHOLE: usize = CHUNK;
 /// Bytes reduced at a time by the large all-reduce (they stay in the core's cache).
 const CHUNK: usize = 128 << 10;
 /// Calls on at least this many bytes write their results with non-temporal stores: their
