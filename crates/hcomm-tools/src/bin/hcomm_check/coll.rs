@@ -254,9 +254,12 @@ pub(super) fn one_sided(comm: &Communicator) -> Result<()> {
     let mut seed = 1000;
     for kind in kinds {
         // Int32 elements: blocks of 3 KiB + 4 B (all-to-all and scatter contributions beyond
-        // 8 KiB from 3 ranks on, which read buffers in place), 40 KiB + 4 B (beyond a slot)
-        // and 1 MiB + 12 B (several cache-sized pieces); odd counts split unevenly.
-        for count in [769, 10_241, 262_147] {
+        // 8 KiB from 3 ranks on, which read buffers in place), 16 KiB + 4 B (fits a slot but
+        // read in place, not copied into it), 40 KiB + 4 B (beyond a slot), 128 KiB and
+        // 128 KiB + 4 B (the largest all-to-all blocks written whole into the peers, and the
+        // smallest split) and 1 MiB + 12 B (several cache-sized pieces); odd counts split
+        // unevenly.
+        for count in [769, 4_097, 10_241, 32_768, 32_769, 262_147] {
             for in_place in [false, true] {
                 if in_place && kind == CollKind::Broadcast {
                     continue;

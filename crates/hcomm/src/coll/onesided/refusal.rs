@@ -30,6 +30,16 @@ use crate::transport::shm::board::{Board, Ctr};
 /// them to give the call up.
 const LOOK_EVERY: Duration = Duration::from_micros(50);
 
+/// Whether a call of `kind` refused in the middle is always done again by its schedule: its
+/// one-sided form never writes a contribution (broadcast, all-gather, gather, scatter), in
+/// place or not.
+pub(super) fn redone(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::Broadcast | CollKind::AllGather | CollKind::Gather | CollKind::Scatter
+    )
+}
+
 /// After call `j` of `kind` (slot `slot` of `board`) failed on this rank with `err`, having
 /// told its peers: [`Outcome::Schedule`] when a member was refused cross-memory attach in
 /// this call and the call can be done again by its schedule, else the error (for a refused
@@ -64,10 +74,7 @@ pub(super) fn after_failure(
             std::thread::sleep(LOOK_EVERY);
         }
     }
-    let read_only = matches!(
-        kind,
-        CollKind::Broadcast | CollKind::AllGather | CollKind::Gather | CollKind::Scatter
-    );
+    let read_only = redone(kind);
     let in_place = (0..n).filter(|_| !read_only).find(|&p| {
         let h = board.header(p, slot);
         h.len > 0
