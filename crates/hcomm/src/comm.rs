@@ -634,6 +634,7 @@ fn open_ofi(config: &Config, rank: usize, ip: std::net::IpAddr) -> Result<Option
         lib: config.ofi_lib.clone(),
         hardware_only: !forced,
         node: Some(ip.to_string()),
+        wait_fd: config.ofi_cq_fd,
     };
     match ofi::Endpoint::open(&opts) {
         Ok(ep) => Ok(Some(ep)),

@@ -239,6 +239,9 @@ pub struct Config {
     /// `HCOMM_OFI_WRITE_THRESHOLD`: larger payloads through libfabric are written by the
     /// sender (RDMA write); smaller ones above the eager limit are read by the receiver.
     pub ofi_write_threshold: usize,
+    /// `HCOMM_OFI_CQ_WAIT`: libfabric's completion queue has a wait descriptor that sleeping
+    /// waiters watch (`fd`); else (`none`, the default) it has none and sleepers nap.
+    pub ofi_cq_fd: bool,
     /// `HCOMM_OFI_DIRECT`: collective steps through libfabric are written straight into the
     /// receive the peer offered (`1`; off by default: they go as other messages).
     pub ofi_direct: bool,
@@ -447,6 +450,11 @@ impl Config {
             ofi_eager_limit,
             ofi_write_threshold,
             ofi_direct: get("HCOMM_OFI_DIRECT").is_some_and(|v| v != "0"),
+            ofi_cq_fd: match get("HCOMM_OFI_CQ_WAIT").as_deref().map(str::trim) {
+                None | Some("none") => false,
+                Some("fd") => true,
+                Some(v) => return Err(invalid("HCOMM_OFI_CQ_WAIT", v, "none or fd")),
+            },
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
             failover: match get("HCOMM_FAILOVER").as_deref().map(str::trim) {
@@ -623,6 +631,15 @@ mod tests {
         Config::from_lookup(|k| map.get(k).cloned())
     }
 
+    #[test]
+    fn ofi_cq_wait_is_none_by_default_fd_when_asked_and_nothing_else() {
+        assert!(!cfg(&[]).unwrap().ofi_cq_fd);
+        assert!(!cfg(&[("HCOMM_OFI_CQ_WAIT", "none")]).unwrap().ofi_cq_fd);
+        assert!(cfg(&[("HCOMM_OFI_CQ_WAIT", " fd")]).unwrap().ofi_cq_fd);
+        let e = cfg(&[("HCOMM_OFI_CQ_WAIT", "epoll")]).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_OFI_CQ_WAIT"), "{e}");
+    }
+
     /// A configuration can be logged: its `Debug` shows the other settings but not the job
     /// secret, in no form (text or bytes), while the secret itself stays usable.
     #[test]
@@ -746,7 +763,7 @@ mod tests {
     }
 
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 33] = [
+    const SETTINGS: [&str; 34] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -761,6 +778,7 @@ mod tests {
         "HCOMM_OFI_EAGER_LIMIT",
         "HCOMM_OFI_WRITE_THRESHOLD",
         "HCOMM_OFI_DIRECT",
+        "HCOMM_OFI_CQ_WAIT",
         "HCOMM_SHM_EAGER_LIMIT",
         "HCOMM_SHM_PUSH_THRESHOLD",
         "HCOMM_SHM_SPLIT_THRESHOLD",

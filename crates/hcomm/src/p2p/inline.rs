@@ -3,6 +3,8 @@
 //! watches on a peer's next frame, through the links that have inline slots
 //! ([`Link::send_inline`](super::link::Link::send_inline)).
 
+use std::time::Duration;
+
 use crate::error::Result;
 use crate::transport::shm::link::{Inbox, Watch};
 use crate::transport::wire::{FrameHeader, FrameKind};
@@ -113,6 +115,19 @@ impl State {
     /// waiters sleep on its futex rather than in `epoll_wait`).
     pub(super) fn all_shm(&self) -> bool {
         self.links.doorbell_only(self.peers.len().saturating_sub(1))
+    }
+
+    /// The longest a sleeper may sleep before it polls the links that cannot wake it (see
+    /// [`Link::nap`]); `None` when every link can.
+    pub(super) fn nap(&mut self) -> Option<Duration> {
+        let mut nap: Option<Duration> = None;
+        for i in 0..self.links.polled.len() {
+            let (p, l) = self.links.polled[i];
+            if let Some(n) = self.links.get_mut(p, l).and_then(|link| link.nap()) {
+                nap = Some(nap.map_or(n, |m| m.min(n)));
+            }
+        }
+        nap
     }
 
     /// Whether this rank has something to do now: a pull in flight, or a polled link with a

@@ -39,7 +39,7 @@ pub(super) mod plugin;
 pub(super) mod shm;
 pub(super) mod tcp;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap as HashMap;
 use rustix::event::epoll;
@@ -194,6 +194,13 @@ pub(super) trait Link: Send + std::fmt::Debug {
     /// rather than sleeping.
     fn streaming(&self) -> bool {
         false
+    }
+
+    /// A polled link whose transport has no descriptor to wake a sleeper (libfabric's
+    /// completion queue opened without one): the longest a waiter may sleep before it polls
+    /// the link again.
+    fn nap(&self) -> Option<Duration> {
+        None
     }
 
     /// An epoll event for the link's descriptor `lane` (see [`token`]).
@@ -373,6 +380,10 @@ impl Link for AnyLink {
     #[inline]
     fn streaming(&self) -> bool {
         each!(self, l => l.streaming())
+    }
+    #[inline]
+    fn nap(&self) -> Option<Duration> {
+        each!(self, l => l.nap())
     }
     #[inline]
     fn event(&mut self, lane: usize, flags: epoll::EventFlags) {

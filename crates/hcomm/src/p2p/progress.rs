@@ -53,19 +53,25 @@ pub(super) fn progress_thread(sh: &Shared) {
             let _ = sh.idle_cv.wait_timeout(guard, Duration::from_millis(50));
             continue;
         }
+        // Links that cannot wake a sleeper are polled at least every nap of theirs.
+        let nap = lock(&sh.state)
+            .nap()
+            .map_or(Duration::from_millis(50), |n| {
+                n.min(Duration::from_millis(50))
+            });
         let polled = match sh.io.bell() {
             Some(bell) => {
                 bell.enter_epoll();
                 let sleep = if lock(&sh.state).shm_ready() {
                     Duration::ZERO
                 } else {
-                    Duration::from_millis(50)
+                    nap
                 };
                 let polled = poll(&sh.io, &mut events, sleep);
                 bell.leave_epoll();
                 polled
             }
-            None => poll(&sh.io, &mut events, Duration::from_millis(50)),
+            None => poll(&sh.io, &mut events, nap),
         };
         sh.io.polling.store(false, Ordering::SeqCst);
         if polled.is_ok() {

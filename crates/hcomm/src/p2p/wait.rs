@@ -435,6 +435,8 @@ impl Engine {
         // The awaited peers whose link may be read directly, with the epoll token to read.
         let mut hot: Vec<(usize, u64)> = Vec::new();
         let mut all_shm;
+        // The longest a sleep may last before the links that cannot wake it are polled.
+        let mut nap: Option<Duration>;
         let mut stall = StallWatch::new(now);
         let mut blocked = false;
         let mut armed = false;
@@ -509,6 +511,7 @@ impl Engine {
                     }
                 }
                 all_shm = st.all_shm();
+                nap = st.nap();
                 // Only small receives: large transfers use every stream and need writes
                 // progressed, which epoll tracks.
                 hot.clear();
@@ -555,7 +558,7 @@ impl Engine {
             } else {
                 waiting.sleeps();
                 let sleep = (deadline - now).min(waiting.max_sleep());
-                self.sleep(all_shm, &mut events, sleep)?;
+                self.sleep(all_shm, &mut events, nap.map_or(sleep, |n| sleep.min(n)))?;
             }
             polled = true;
         }

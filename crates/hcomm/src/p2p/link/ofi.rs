@@ -91,6 +91,9 @@ const CQ_BATCH: usize = crate::transport::ofi::CQ_BATCH;
 /// Turns without a completion before the link asks the provider whether the engine may sleep
 /// on its wait descriptor (`fi_trywait`, see [`OfiLink::streaming`]).
 const QUIET_TURNS: u32 = 64;
+/// The longest a waiter sleeps before it polls a completion queue opened without a wait
+/// descriptor (`HCOMM_OFI_CQ_WAIT=none`): nothing wakes it when a completion comes.
+pub(in crate::p2p) const NAP: Duration = Duration::from_micros(100);
 /// The lane of a link's direct-read token (the completion queue's descriptor is lane 0).
 pub(in crate::p2p) const DIRECT_LANE: usize = 1;
 /// The largest piece one RMA read moves: a larger payload is read in pieces of this size, all
@@ -1647,6 +1650,10 @@ impl Link for OfiLink {
             return true;
         }
         !st.ep.may_sleep()
+    }
+
+    fn nap(&self) -> Option<Duration> {
+        lock(&self.hub.state).ep.wait_fd().is_none().then_some(NAP)
     }
 
     fn busy(&self) -> bool {

@@ -45,6 +45,8 @@ pub(crate) struct Options {
     /// The address to open the endpoint on (`fi_getinfo`'s node with `FI_SOURCE`): tried
     /// first, then any address, since a provider may not name its devices by it.
     pub node: Option<String>,
+    /// The completion queue gets a wait descriptor (`HCOMM_OFI_CQ_WAIT=fd`); else none.
+    pub wait_fd: bool,
 }
 
 /// Registered memory: its key, its descriptor for local operations, and what remote peers
@@ -284,7 +286,7 @@ impl Endpoint {
             max_msg: 0,
         };
         // Dropping `ep` on an error closes what was opened.
-        ep.open_objects()?;
+        ep.open_objects(opts.wait_fd)?;
         Ok(ep)
     }
 
@@ -300,7 +302,7 @@ impl Endpoint {
         )))
     }
 
-    fn open_objects(&mut self) -> Result<()> {
+    fn open_objects(&mut self, wait_fd: bool) -> Result<()> {
         // SAFETY: `self.info` is a valid fi_info copy with its attribute structs; each object
         // is opened through the ops table of its parent, as the inline wrappers of the
         // headers do (fi_fabric, fi_domain, fi_cq_open, fi_av_open, fi_endpoint, fi_ep_bind,
@@ -323,16 +325,18 @@ impl Endpoint {
                 size: 0,
                 flags: 0,
                 format: FI_CQ_FORMAT_TAGGED,
-                wait_obj: FI_WAIT_FD,
+                wait_obj: if wait_fd { FI_WAIT_FD } else { FI_WAIT_NONE },
                 signaling_vector: 0,
                 wait_cond: 0,
                 wait_set: null_mut(),
             };
             let ret = ((*d.ops).cq_open)(self.domain, &mut cq_attr, &mut self.cq, null_mut());
-            if ret != 0 {
+            if ret != 0 && wait_fd {
                 // No wait descriptor: the engine polls the queue on every turn anyway.
                 cq_attr.wait_obj = FI_WAIT_NONE;
                 let ret = ((*d.ops).cq_open)(self.domain, &mut cq_attr, &mut self.cq, null_mut());
+                self.check("fi_cq_open", ret as isize)?;
+            } else if !wait_fd {
                 self.check("fi_cq_open", ret as isize)?;
             } else {
                 let mut fd: i32 = -1;
@@ -728,6 +732,7 @@ pub(crate) mod tests {
             lib: "libfabric.so.1".into(),
             hardware_only: false,
             node: None,
+            wait_fd: true,
         };
         Endpoint::open(&opts).expect("libfabric with its tcp provider")
     }
@@ -742,6 +747,7 @@ pub(crate) mod tests {
             lib: "libfabric.so.1".into(),
             hardware_only: true,
             node: None,
+            wait_fd: true,
         };
         let e = Endpoint::open(&opts).expect_err("tcp is no hardware provider");
         assert!(matches!(e, Error::NotSupported(_)), "{e}");
@@ -764,6 +770,22 @@ pub(crate) mod tests {
             assert!(std::time::Instant::now() < deadline, "no completion");
         }
         got
+    }
+
+    /// `HCOMM_OFI_CQ_WAIT`: the queue has a wait descriptor only when asked for one; without
+    /// one, the engine may always sleep (its naps are bounded instead).
+    #[test]
+    fn the_completion_queue_has_a_wait_descriptor_only_when_asked() {
+        assert!(open().wait_fd().is_some());
+        let opts = Options {
+            lib: "libfabric.so.1".into(),
+            hardware_only: false,
+            node: None,
+            wait_fd: false,
+        };
+        let without = Endpoint::open(&opts).expect("libfabric with its tcp provider");
+        assert!(without.wait_fd().is_none());
+        assert!(without.may_sleep());
     }
 
     /// Two endpoints of one process: a tagged message, then an RMA read and write, through the
