@@ -240,7 +240,7 @@ pub struct Config {
     /// sender (RDMA write); smaller ones above the eager limit are read by the receiver.
     pub ofi_write_threshold: usize,
     /// `HCOMM_OFI_DIRECT`: collective steps through libfabric are written straight into the
-    /// receive the peer offered (`1`; off by default: they go as other messages).
+    /// receive the peer offered (on by default; `0`: they go as other messages).
     pub ofi_direct: bool,
     /// `HCOMM_SPIN_US`: microseconds a waiting rank polls before it sleeps; `None` = automatic
     /// (spin when the host has a core per local rank, otherwise sleep at once).
@@ -446,7 +446,7 @@ impl Config {
             ofi_lib: get("HCOMM_OFI_LIB").unwrap_or_else(|| DEFAULT_OFI_LIB.to_owned()),
             ofi_eager_limit,
             ofi_write_threshold,
-            ofi_direct: get("HCOMM_OFI_DIRECT").is_some_and(|v| v != "0"),
+            ofi_direct: get("HCOMM_OFI_DIRECT").is_none_or(|v| v.trim() != "0"),
             spin_us,
             if_addr: get("HCOMM_IFADDR"),
             failover: match get("HCOMM_FAILOVER").as_deref().map(str::trim) {
