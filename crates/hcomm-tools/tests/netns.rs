@@ -177,7 +177,7 @@ fn a_partition_leaves_the_majority_to_shrink_and_the_minority_without_quorum() {
 
 /// libfabric's tcp provider between the hosts, forced (`HCOMM_TRANSPORT=ofi`).
 const OFI: [(&str, &str); 2] = [("HCOMM_TRANSPORT", "ofi"), ("FI_PROVIDER", "tcp")];
-/// [`OFI`] with direct collective steps on (`HCOMM_OFI_DIRECT=1`; off by default).
+/// [`OFI`] with direct collective steps on (`HCOMM_OFI_DIRECT=1`, the default, said outright).
 const DIRECT: [(&str, &str); 3] = [OFI[0], OFI[1], ("HCOMM_OFI_DIRECT", "1")];
 
 /// Every collective, and point-to-point sizes on both sides of the eager (15 KiB) and RDMA
