@@ -23,9 +23,12 @@
 //!   the buffer around it registered once per call); the sender parks the step's frame (and
 //!   the frames of the same call behind it) until the offer with its number came, writes the
 //!   payload into it (in pieces of at most [`READ_PIECE`]) and sends the header after it
-//!   (`PUT`), which the receiver matches as a frame whose payload is already in place. A receive given up withdraws its offer
-//!   (`WITHDRAW`) and keeps its registration until the sender answers (`WITHDRAWN`, after any
-//!   write of its).
+//!   (`PUT`), which the receiver matches as a frame whose payload is already in place. The
+//!   link sends parked frames itself, in their order, as offers come; a step whose offer does
+//!   not fit it goes as a plain frame. A receive given up withdraws its offer (`WITHDRAW`) and
+//!   waits at most [`REVOKE_WAIT`] for the sender's answer (`WITHDRAWN`, after any write of
+//!   its), polling without holding the hub, then releases the offer's registration anyway (a
+//!   late write fails at the writer, for that pair only); the endpoint is never closed for it.
 //!
 //! Frames above the write threshold only come as rendezvous data (the engine treats frames up
 //! to the threshold as eager: see `Route::Rma`), so the receiver's buffer is posted when a
