@@ -496,9 +496,10 @@ fn libfabric_a_receive_given_up_revokes_its_offer_without_waiting_for_the_peer()
             .unwrap_or_else(|| panic!("rank {r} printed no revocation:\n{text}"))
             .parse()
             .unwrap();
-        // Waiting for the stopped peer's answer took the 2 s of `DRAIN` before.
+        // At most 200 ms per receive offered to the stopped peer (one or two here); waiting
+        // for its answer took the 2 s of `DRAIN` per receive before.
         assert!(
-            ms < 1000,
+            ms < 1500,
             "rank {r} took {ms} ms to give up its call:\n{text}"
         );
     }
