@@ -1,4 +1,5 @@
-# common.sh - pieces shared by p2p_tcp.sh, coll_tcp.sh and shm.sh; sourced, not run.
+# common.sh - pieces shared by the benchmark scripts (p2p_tcp.sh, coll_tcp.sh, shm.sh, ofi_tcp.sh,
+# ofi_direct.sh, ...); sourced, not run.
 #
 # Sourcing sets HERE (this folder), SELF (the script), ROOT (the repository), NAME (the
 # script's file name, for messages) and changes into HERE. The functions read the settings
@@ -399,4 +400,94 @@ raw_tables() {
     echo "# ---- $title $f ----"
     cat "$RAW.$f.tmp"
   done
+}
+
+# ---- libfabric between two namespaces (ofi_tcp.sh, ofi_direct.sh) ---------------------
+# ofi_args "$@": the options of the libfabric scripts: --rounds N (ROUNDS, default 3),
+# --no-intel (INTEL=0; default 1) and common_arg's, but not --local (the peers need the
+# namespaces); sets MAXB from --max (default 16M).
+ofi_args() {
+  LOCAL=0 MAX=16M TARGET=0.2 BUILD=1 MPI=0 ROUNDS=3 INTEL=1
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --rounds) ROUNDS=${2:?--rounds needs a number}; shift 2; continue ;;
+      --no-intel) INTEL=0; shift; continue ;;
+      --local) echo "$NAME: --local is not offered: the peers need the namespaces" >&2; exit 2 ;;
+    esac
+    common_arg "$@"
+    shift $ARGN
+    shift
+  done
+  MAXB=$(to_bytes "$MAX") || exit 2
+}
+
+# ofi_setup PREFIX NS_A NS_B VETH IP_A IP_B: bench_setup in netns mode with every rank at
+# niceness NICE (default -20; rank 0 on CPU 0 in NS_A, rank 1 on CPU 1 in NS_B), hcomm built,
+# and Intel MPI and oneCCL looked for in IV (INTEL_VENV, default /opt/hcomm-peers/intel;
+# INTEL=0 when they are missing). The caller makes the namespaces (ns_up) when ready.
+ofi_setup() {
+  NICE=${NICE:--20}
+  bench_setup "$@"
+  ANS="ip netns exec $NSA nice -n $NICE taskset -c 0" BNS="ip netns exec $NSB nice -n $NICE taskset -c 1"
+  build_hcomm
+  IV=${INTEL_VENV:-/opt/hcomm-peers/intel}
+  if [ $INTEL = 1 ] && { [ ! -x "$IV/hcomm-bench/mpi_bench_impi" ] || [ ! -x "$IV/hcomm-bench/ccl_bench" ]; }; then
+    log "# Intel MPI / oneCCL not found in $IV (bench/intel/setup.sh): skipped"
+    INTEL=0
+  fi
+}
+
+# intel_run PEER OUTNAME OPS: mpi_bench (impi) or ccl_bench (ccl) at SIZES (up to MAXB)
+# between the namespaces through hydra over netns_rsh.sh, all traffic libfabric tcp over the
+# veth (I_MPI_FABRICS=ofi: the namespaces share /dev/shm, no shared-memory path may be taken;
+# oneCCL likewise CCL_ATL_SHM=0, and CCL_MNIC_NAME/CCL_KVS_IFACE on the veth); the table to
+# RAW.OUTNAME.tmp, a failed run leaves RAW.OUTNAME.failed.tmp.
+# Checked (2026-12-02, probes with I_MPI_DEBUG, gdb, strace -c attached to a running rank, the
+# veth's packet counters): Intel MPI takes libfabric 2.4's own tcp provider, whose RDM endpoint
+# is native (xnet_rdm_*, no ofi_rxm layer, unlike Debian's 1.17 "tcp;ofi_rxm"); an 8 B
+# ping-pong costs each rank one sendto and one recvfrom per message (plus ~29 empty
+# epoll_wait of its busy polling), and the veth counts about one packet per message, so no
+# shared memory is used between the namespaces and its ~3.3 us are TCP over the veth. About
+# half of those probe runs hung at start (rank 0 in connect() under xnet_rdm_tinject in
+# MPI_Barrier) until RUN_TIMEOUT.
+intel_run() {
+  local peer=$1 name=$2 ops=$3 t0 rc=0 sizes
+  sizes=$(for s in $SIZES; do [ "$s" -le "$MAXB" ] && printf '%s,' "$s"; done)
+  local args="-s ${sizes%,} -t $TARGET -o $ops"
+  export P2P_NS_A=$NSA P2P_IP_A=$IPA P2P_CPU_A=0 P2P_NS_B=$NSB P2P_IP_B=$IPB P2P_CPU_B=1
+  t0=$(date +%s%N)
+  (
+    . "$HERE/intel/env.sh"
+    unset FI_TCP_IFACE
+    hyd="mpirun -bootstrap ssh -bootstrap-exec $HERE/netns_rsh.sh -iface $IF -genv I_MPI_FABRICS=ofi -genv FI_PROVIDER=tcp"
+    if [ "$peer" = impi ]; then
+      timeout "$RUN_TIMEOUT" $ANS $hyd -np 2 -ppn 1 -hosts $IPA,$IPB "$IV/hcomm-bench/mpi_bench_impi" $args
+    else
+      P="$IV/hcomm-bench/ccl_bench $args"
+      timeout "$RUN_TIMEOUT" $ANS $hyd -genv CCL_ATL_TRANSPORT=ofi -genv CCL_ATL_SHM=0 -genv CCL_MNIC_NAME=$IF \
+        -n 1 -host $IPA -env CCL_KVS_IFACE $IF $P : -n 1 -host $IPB -env CCL_KVS_IFACE $IF $P
+    fi
+  ) >"$RAW.$name.tmp" 2>"$RAW.$name.err.tmp" || rc=$?
+  log "$(printf '%-4s %-16s rc=%-3s %5d ms' "$peer" "$name" $rc $((($(date +%s%N) - t0) / 1000000)))"
+  [ $rc = 0 ] || { : >"$RAW.$name.failed.tmp"; sed 's/^/  stderr: /' "$RAW.$name.err.tmp" | head -5 | tee -a "$LOG"; }
+}
+
+# time_of NAME SIZE [OP]: the time (us) of SIZE in raw table NAME: hcomm_perf's column 6,
+# ofi_pingpong's (bare*) column 2, mpi_bench/ccl_bench's (impi*, ccl*) column 4 under
+# "# op: OP"; nothing for a failed or missing run.
+time_of() {
+  [ -f "$RAW.$1.tmp" ] && [ ! -e "$RAW.$1.failed.tmp" ] || return 0
+  case $1 in
+    bare*) awk -v s="$2" '!/^#/ && $1 == s { print $2; exit }' "$RAW.$1.tmp" ;;
+    impi* | ccl*) awk -v op="$3" -v s="$2" '/^# op:/ { cur = $3 } !/^#/ && cur == op && $1 == s { print $4; exit }' "$RAW.$1.tmp" ;;
+    *) hc "$1" "$2" 6 ;;
+  esac
+}
+
+# median NAME SIZE [OP]: the median over the ROUNDS rounds (runs NAME.1 .. NAME.ROUNDS) of
+# time_of (empty when no round has it).
+median() {
+  local r
+  for ((r = 1; r <= ROUNDS; r++)); do time_of "$1.$r" "$2" "${3:-}"; done |
+    sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }

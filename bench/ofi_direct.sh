@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # ofi_direct.sh - hcomm's direct collective steps over libfabric's tcp provider (each step
-# written straight into the receive the peer offered, HCOMM_OFI_DIRECT=1, off by default) against
+# written straight into the receive the peer offered, HCOMM_OFI_DIRECT=1, the default) against
 # the same build sending collective steps as other messages (HCOMM_OFI_DIRECT=0: RDMA read up
 # to 1 MiB, announced RDMA write above), with Intel MPI and oneCCL over the same provider for
 # reference, between two "hosts" on one machine, interleaved over several rounds.
 #
-# The namespaces, pinning and niceness of ofi_tcp.sh (hc_da, hc_db joined by hc_dveth,
+# The namespaces, pinning and niceness of ofi_tcp.sh, set up by the same functions of
+# common.sh (ofi_args, ofi_setup, ns_up, intel_run; hc_da, hc_db joined by hc_dveth,
 # 10.80.0.1/24 and 10.80.0.2/24; rank 0 on CPU 0, rank 1 on CPU 1, nice NICE). Per round:
 #   direct    hcomm_perf allreduce and allgather, HCOMM_TRANSPORT=ofi FI_PROVIDER=tcp
 #   nodirect  the same with HCOMM_OFI_DIRECT=0
@@ -20,52 +21,11 @@
 set -u
 . "$(dirname "$0")/common.sh" || exit 1
 
-LOCAL=0 MAX=16M TARGET=0.2 BUILD=1 MPI=0 ROUNDS=3 INTEL=1
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --rounds) ROUNDS=${2:?--rounds needs a number}; shift 2; continue ;;
-    --no-intel) INTEL=0; shift; continue ;;
-  esac
-  common_arg "$@"
-  shift $ARGN
-  shift
-done
+ofi_args "$@"
 SIZES="65536 1048576 16777216"
-NICE=${NICE:--20}
 
-bench_setup ofi_direct hc_da hc_db hc_dveth 10.80.0.1 10.80.0.2
-ANS="ip netns exec $NSA nice -n $NICE taskset -c 0" BNS="ip netns exec $NSB nice -n $NICE taskset -c 1"
-build_hcomm
-IV=${INTEL_VENV:-/opt/hcomm-peers/intel}
-if [ $INTEL = 1 ] && { [ ! -x "$IV/hcomm-bench/mpi_bench_impi" ] || [ ! -x "$IV/hcomm-bench/ccl_bench" ]; }; then
-  log "# Intel MPI / oneCCL not found in $IV (bench/intel/setup.sh): skipped"
-  INTEL=0
-fi
+ofi_setup ofi_direct hc_da hc_db hc_dveth 10.80.0.1 10.80.0.2
 ns_up
-
-# intel_run PEER OUTNAME: mpi_bench (impi) or ccl_bench (ccl), allreduce and allgather at SIZES,
-# as in ofi_tcp.sh.
-intel_run() {
-  local peer=$1 name=$2 t0 rc=0 sizes
-  sizes=$(echo $SIZES | tr ' ' ,)
-  local args="-s $sizes -t $TARGET -o allreduce,allgather"
-  export P2P_NS_A=$NSA P2P_IP_A=$IPA P2P_CPU_A=0 P2P_NS_B=$NSB P2P_IP_B=$IPB P2P_CPU_B=1
-  t0=$(date +%s%N)
-  (
-    . "$HERE/intel/env.sh"
-    unset FI_TCP_IFACE
-    hyd="mpirun -bootstrap ssh -bootstrap-exec $HERE/netns_rsh.sh -iface $IF -genv I_MPI_FABRICS=ofi -genv FI_PROVIDER=tcp"
-    if [ "$peer" = impi ]; then
-      timeout "$RUN_TIMEOUT" $ANS $hyd -np 2 -ppn 1 -hosts $IPA,$IPB "$IV/hcomm-bench/mpi_bench_impi" $args
-    else
-      P="$IV/hcomm-bench/ccl_bench $args"
-      timeout "$RUN_TIMEOUT" $ANS $hyd -genv CCL_ATL_TRANSPORT=ofi -genv CCL_ATL_SHM=0 -genv CCL_MNIC_NAME=$IF \
-        -n 1 -host $IPA -env CCL_KVS_IFACE $IF $P : -n 1 -host $IPB -env CCL_KVS_IFACE $IF $P
-    fi
-  ) >"$RAW.$name.tmp" 2>"$RAW.$name.err.tmp" || rc=$?
-  log "$(printf '%-4s %-16s rc=%-3s %5d ms' "$peer" "$name" $rc $((($(date +%s%N) - t0) / 1000000)))"
-  [ $rc = 0 ] || { : >"$RAW.$name.failed.tmp"; sed 's/^/  stderr: /' "$RAW.$name.err.tmp" | head -5 | tee -a "$LOG"; }
-}
 
 OFI="HCOMM_TRANSPORT=ofi FI_PROVIDER=tcp"
 VARIANTS=("direct:$OFI HCOMM_OFI_DIRECT=1" "nodirect:$OFI HCOMM_OFI_DIRECT=0")
@@ -82,25 +42,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
     done
   done
   if [ $INTEL = 1 ]; then
-    intel_run impi "impi.$round"
-    intel_run ccl "ccl.$round"
+    intel_run impi "impi.$round" allreduce,allgather
+    intel_run ccl "ccl.$round" allreduce,allgather
   fi
 done
-
-# time_of NAME SIZE [OP]: the time (us) of SIZE in raw table NAME.
-time_of() {
-  [ -f "$RAW.$1.tmp" ] && [ ! -e "$RAW.$1.failed.tmp" ] || return 0
-  case $1 in
-    impi* | ccl*) awk -v op="$3" -v s="$2" '/^# op:/ { cur = $3 } !/^#/ && cur == op && $1 == s { print $4; exit }' "$RAW.$1.tmp" ;;
-    *) hc "$1" "$2" 6 ;;
-  esac
-}
-# median NAME SIZE [OP]: the median over the rounds of time_of.
-median() {
-  local r
-  for ((r = 1; r <= ROUNDS; r++)); do time_of "$1.$r" "$2" "${3:-}"; done |
-    sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
 
 {
   summary_head "hcomm direct collective steps over libfabric tcp vs the same without, Intel MPI, oneCCL; netns, $ROUNDS rounds, nice $NICE"

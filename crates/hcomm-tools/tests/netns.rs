@@ -177,7 +177,7 @@ fn a_partition_leaves_the_majority_to_shrink_and_the_minority_without_quorum() {
 
 /// libfabric's tcp provider between the hosts, forced (`HCOMM_TRANSPORT=ofi`).
 const OFI: [(&str, &str); 2] = [("HCOMM_TRANSPORT", "ofi"), ("FI_PROVIDER", "tcp")];
-/// [`OFI`] with direct collective steps on (`HCOMM_OFI_DIRECT=1`; off by default).
+/// [`OFI`] with direct collective steps on (`HCOMM_OFI_DIRECT=1`, the default, said outright).
 const DIRECT: [(&str, &str); 3] = [OFI[0], OFI[1], ("HCOMM_OFI_DIRECT", "1")];
 
 /// Every collective, and point-to-point sizes on both sides of the eager (15 KiB) and RDMA
@@ -233,8 +233,9 @@ fn every_ofi_protocol_taken(job: &Ranks, text: &str, protocols: &[&str]) {
 }
 
 /// `hcomm_profiler --job`, attached to a job over libfabric between two hosts once its ranks
-/// ran messages of every size, shows each rank's provider and nonzero frames of each protocol
-/// (eager, RDMA read, RDMA write).
+/// ran messages of every size and an all-reduce, shows each rank's provider and nonzero frames
+/// of each protocol (eager, RDMA read, RDMA write, and direct collective steps, on by
+/// default).
 #[test]
 fn the_profiler_shows_every_libfabric_protocol_of_a_job_between_hosts() {
     let Some(hosts) = Hosts::create("netns ofi profiler", 2) else {
@@ -263,7 +264,7 @@ fn the_profiler_shows_every_libfabric_protocol_of_a_job_between_hosts() {
             .find_map(|l| l.trim_start().strip_prefix("libfabric "))
             .unwrap_or_else(|| panic!("no libfabric line for rank {r}:\n{out}"));
         assert!(line.starts_with("tcp;ofi_rxm: "), "rank {r}: {line}");
-        for p in ["eager ", "rdma-read ", "rdma-write "] {
+        for p in ["eager ", "rdma-read ", "rdma-write ", "direct "] {
             let count: u64 = line
                 .split(p)
                 .nth(1)
@@ -435,4 +436,71 @@ fn libfabric_direct_steps_of_overlapping_collectives_on_two_communicators() {
         .map(|n| n.parse::<u64>().unwrap())
         .sum();
     assert!(direct > 0, "no step went direct:\n{text}");
+}
+
+/// Ranks calling different collectives with direct steps through libfabric (`hcomm_check
+/// mismatch`: counts, collectives, types, roots, and all-reduces of 1 MiB with other ops,
+/// whose steps between the hosts go direct): an offer whose signature does not fit the step
+/// is not used, the step goes as a plain message, and every rank learns of each mismatch at
+/// once instead of waiting until `HCOMM_TIMEOUT` (30 s here) for an offer that fits.
+#[test]
+fn libfabric_direct_steps_of_mismatched_calls_fail_at_once() {
+    let Some(hosts) = Hosts::create("netns ofi mismatch", 2) else {
+        return;
+    };
+    let env = [
+        DIRECT[0],
+        DIRECT[1],
+        DIRECT[2],
+        ("HCOMM_ALGO", "barrier:direct"),
+        ("HCOMM_TIMEOUT", "30"),
+    ];
+    let t0 = Instant::now();
+    let mut job = hosts.start(CHECK, &["mismatch"], &env);
+    let text = succeed(&mut job, Duration::from_secs(120));
+    let elapsed = t0.elapsed();
+    for r in 0..2 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK mismatch")), "{text}");
+        assert!(
+            text.contains(&format!("[{r}] op (large)")),
+            "rank {r} saw no mismatch of the large all-reduce:\n{text}"
+        );
+    }
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "took {elapsed:?}:\n{text}"
+    );
+}
+
+/// A receive offered to a peer and given up while the peer does not answer (`hcomm_check
+/// direct-revoke`: the first host's ranks abort a direct all-reduce with their partners on
+/// the second host while those are stopped): the receiver revokes its offer at once, without
+/// waiting for the stopped peer or closing its endpoint, so the call fails fast and the
+/// endpoint still carries a checked all-reduce with the other rank of the second host; the
+/// stopped ranks, resumed, find their call aborted and run theirs too.
+#[test]
+fn libfabric_a_receive_given_up_revokes_its_offer_without_waiting_for_the_peer() {
+    let Some(hosts) = Hosts::create("netns ofi revoke", 2) else {
+        return;
+    };
+    let env = [DIRECT[0], DIRECT[1], DIRECT[2], ("HCOMM_TIMEOUT", "30")];
+    let mut job = hosts.start(CHECK, &["direct-revoke", "--stop-ms", "4000"], &env);
+    let text = succeed(&mut job, Duration::from_secs(120));
+    for r in 0..2 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK direct-revoke")), "{text}");
+    }
+    for r in 0..PER_HOST {
+        let ms: u64 = job.output[r]
+            .iter()
+            .find_map(|l| l.strip_prefix("revoked in ")?.strip_suffix(" ms"))
+            .unwrap_or_else(|| panic!("rank {r} printed no revocation:\n{text}"))
+            .parse()
+            .unwrap();
+        // At most 200 ms per receive offered to the stopped peer (one or two here); waiting
+        // for its answer took the 2 s of `DRAIN` per receive before.
+        assert!(
+            ms < 1500,
+            "rank {r} took {ms} ms to give up its call:\n{text}"
+        );
+    }
 }

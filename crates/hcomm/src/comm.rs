@@ -159,8 +159,13 @@ impl World {
         }
         if let Some(provider) = self.engine.ofi_provider() {
             let counts = crate::observe::stats::OfiCounts {
-                messages: [p.ofi_eager, p.ofi_read, p.ofi_write],
-                bytes: [p.ofi_eager_bytes, p.ofi_read_bytes, p.ofi_write_bytes],
+                messages: [p.ofi_eager, p.ofi_read, p.ofi_write, p.ofi_direct],
+                bytes: [
+                    p.ofi_eager_bytes,
+                    p.ofi_read_bytes,
+                    p.ofi_write_bytes,
+                    p.ofi_direct_bytes,
+                ],
                 mr_hits: p.ofi_mr_hits,
                 mr_misses: p.ofi_mr_misses,
                 mr_invalidations: p.ofi_mr_invalidations,

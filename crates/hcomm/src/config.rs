@@ -243,7 +243,7 @@ pub struct Config {
     /// waiters watch (`fd`); else (`none`, the default) it has none and sleepers nap.
     pub ofi_cq_fd: bool,
     /// `HCOMM_OFI_DIRECT`: collective steps through libfabric are written straight into the
-    /// receive the peer offered (`1`; off by default: they go as other messages).
+    /// receive the peer offered (on by default; `0`: they go as other messages).
     pub ofi_direct: bool,
     /// `HCOMM_SPIN_US`: microseconds a waiting rank polls before it sleeps; `None` = automatic
     /// (spin when the host has a core per local rank, otherwise sleep at once).
@@ -449,7 +449,7 @@ impl Config {
             ofi_lib: get("HCOMM_OFI_LIB").unwrap_or_else(|| DEFAULT_OFI_LIB.to_owned()),
             ofi_eager_limit,
             ofi_write_threshold,
-            ofi_direct: get("HCOMM_OFI_DIRECT").is_some_and(|v| v != "0"),
+            ofi_direct: get("HCOMM_OFI_DIRECT").is_none_or(|v| v.trim() != "0"),
             ofi_cq_fd: match get("HCOMM_OFI_CQ_WAIT").as_deref().map(str::trim) {
                 None | Some("none") => false,
                 Some("fd") => true,

@@ -164,6 +164,8 @@ pub(crate) struct ProtocolCounts {
     pub ofi_read_bytes: AtomicU64,
     /// As `ofi_eager_bytes`, written by the sender.
     pub ofi_write_bytes: AtomicU64,
+    /// As `ofi_eager_bytes`, written straight into the peer's offered receive (direct steps).
+    pub ofi_direct_bytes: AtomicU64,
     /// libfabric registrations closed because their memory may go.
     pub ofi_mr_invalidations: AtomicU64,
     /// Transfers of pool memory through a pool block's own registration.
@@ -221,6 +223,8 @@ pub struct ProtocolStats {
     pub ofi_read_bytes: u64,
     /// Payload bytes of the libfabric frames the sender wrote.
     pub ofi_write_bytes: u64,
+    /// Payload bytes of the direct steps (`ofi_direct`).
+    pub ofi_direct_bytes: u64,
     /// libfabric registrations closed because their memory may go: a cached registration
     /// whose last user ended (the memory's owner may free it), or a pool block's whose memory
     /// the pool gave back.
@@ -283,6 +287,7 @@ impl ProtocolCounts {
             ofi_eager_bytes: get(&self.ofi_eager_bytes),
             ofi_read_bytes: get(&self.ofi_read_bytes),
             ofi_write_bytes: get(&self.ofi_write_bytes),
+            ofi_direct_bytes: get(&self.ofi_direct_bytes),
             ofi_mr_invalidations: get(&self.ofi_mr_invalidations),
             ofi_mr_pool: get(&self.ofi_mr_pool),
             ofi_pool_blocks: get(&self.ofi_pool_blocks),

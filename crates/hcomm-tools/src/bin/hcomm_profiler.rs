@@ -365,8 +365,8 @@ fn describe_failover(f: &FailoverCount) -> String {
     }
 }
 
-/// The libfabric line: provider, frames and bytes per protocol, registrations; `None`
-/// without libfabric.
+/// The libfabric line: provider, frames and bytes per protocol (eager, RDMA read, RDMA write,
+/// direct collective steps), registrations; `None` without libfabric.
 fn describe_ofi(o: &OfiStats) -> Option<String> {
     let provider = o.provider();
     if provider.is_empty() {
@@ -447,10 +447,12 @@ mod tests {
         o.messages[1].store(3, Ordering::Relaxed);
         o.bytes[1].store(3 << 20, Ordering::Relaxed);
         o.mr_misses.store(2, Ordering::Relaxed);
+        o.messages[3].store(5, Ordering::Relaxed);
+        o.bytes[3].store(5 << 10, Ordering::Relaxed);
         assert_eq!(
             describe_ofi(&o).unwrap(),
-            "libfabric tcp;ofi_rxm: eager 0 (0 B), rdma-read 3 (3.0 MiB), rdma-write 0 (0 B); \
-             registrations: 0 hits, 2 misses, 0 invalidations; pool blocks registered 0, pool \
+            "libfabric tcp;ofi_rxm: eager 0 (0 B), rdma-read 3 (3.0 MiB), rdma-write 0 (0 B), \
+             direct 5 (5.0 KiB); registrations: 0 hits, 2 misses, 0 invalidations; pool blocks registered 0, pool \
              transfers 0"
         );
     }

@@ -36,7 +36,7 @@ pub use crate::transport::tcp::FailoverCount;
 /// `HCSTATS1`: the first eight bytes of a [`StatsLayout`].
 pub(crate) const STATS_MAGIC: u64 = u64::from_le_bytes(*b"HCSTATS1");
 /// Version of the [`StatsLayout`]; readers refuse others.
-pub(crate) const STATS_VERSION: u32 = 3;
+pub(crate) const STATS_VERSION: u32 = 4;
 /// Lanes of a segment: threads that run operations at the same time, each with counters of
 /// its own (the last one is shared by any further threads).
 pub const LANES: usize = 32;
@@ -194,10 +194,11 @@ pub struct StatsHeader {
 pub struct OfiStats {
     /// The provider's name (`tcp;ofi_rxm`), ASCII, NUL padded; empty without libfabric.
     pub provider: [AtomicU64; 4],
-    /// Frames by protocol: eager, RDMA read, RDMA write.
-    pub messages: [AtomicU64; 3],
+    /// Frames by protocol: eager, RDMA read, RDMA write, and direct collective steps
+    /// (written straight into the receive the peer offered).
+    pub messages: [AtomicU64; 4],
     /// Their payload bytes, by protocol as `messages`.
-    pub bytes: [AtomicU64; 3],
+    pub bytes: [AtomicU64; 4],
     /// Registrations found in the registration cache.
     pub mr_hits: AtomicU64,
     /// Registrations made for a transfer (cache misses).
@@ -211,15 +212,15 @@ pub struct OfiStats {
 }
 
 /// Names of the protocols of [`OfiStats::messages`], in order.
-pub const OFI_PROTOCOLS: [&str; 3] = ["eager", "rdma-read", "rdma-write"];
+pub const OFI_PROTOCOLS: [&str; 4] = ["eager", "rdma-read", "rdma-write", "direct"];
 
 /// The values [`OfiStats`] holds, to publish.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct OfiCounts {
     /// As [`OfiStats::messages`].
-    pub messages: [u64; 3],
+    pub messages: [u64; 4],
     /// As [`OfiStats::bytes`].
-    pub bytes: [u64; 3],
+    pub bytes: [u64; 4],
     /// As [`OfiStats::mr_hits`].
     pub mr_hits: u64,
     /// As [`OfiStats::mr_misses`].
@@ -930,13 +931,13 @@ mod tests {
         let o = OfiStats::default();
         assert_eq!(o.provider(), "");
         let s = OfiCounts {
-            messages: [1, 2, 3],
-            bytes: [4, 5, 6],
-            mr_hits: 7,
-            mr_misses: 8,
-            mr_invalidations: 9,
-            mr_pool: 10,
-            pool_blocks: 11,
+            messages: [1, 2, 3, 4],
+            bytes: [5, 6, 7, 8],
+            mr_hits: 9,
+            mr_misses: 10,
+            mr_invalidations: 11,
+            mr_pool: 12,
+            pool_blocks: 13,
         };
         o.publish("tcp;ofi_rxm", &s);
         assert_eq!(o.provider(), "tcp;ofi_rxm");
@@ -954,7 +955,7 @@ mod tests {
             ])
             .map(load)
             .collect();
-        assert_eq!(got, (1..=11).collect::<Vec<u64>>());
+        assert_eq!(got, (1..=13).collect::<Vec<u64>>());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The `direct` scenario: collective steps written straight into the peer's receive.
 
-use anyhow::{ensure, Result};
-use hcomm::{CollKind, Communicator, DataType, ReduceOp, Shape};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use hcomm::{CollKind, Communicator, DataType, Error, ReduceOp, Shape};
 
 use super::coll::{check_call, int32_shapes};
 
@@ -99,5 +101,96 @@ pub(super) fn direct_overlap(comm: &Communicator, rounds: usize) -> Result<()> {
         "direct overlap {}",
         comm.protocol_stats().ofi_direct - before
     );
+    Ok(())
+}
+
+/// Int32 elements of the all-reduces of [`direct_revoke`]: steps above the eager limit, so
+/// that they go direct through libfabric.
+const REVOKE_COUNT: usize = 100_000;
+
+/// Checks a sum all-reduce of [`REVOKE_COUNT`] elements on `comm`, each rank contributing
+/// its communicator rank plus the element's index.
+pub(super) fn checked_sum(comm: &Communicator) -> Result<()> {
+    let (n, me) = (comm.size(), comm.rank());
+    let mut v: Vec<i32> = (0..REVOKE_COUNT).map(|i| (me + i) as i32).collect();
+    comm.allreduce_in_place(&mut v, ReduceOp::Sum)?;
+    let ranks = (n * (n - 1) / 2) as i32;
+    ensure!(
+        v.iter()
+            .enumerate()
+            .all(|(i, &x)| x == ranks + (n * i) as i32),
+        "the all-reduce is wrong"
+    );
+    Ok(())
+}
+
+/// A receive offered to a peer and given up while the peer does not answer (two hosts of two
+/// ranks: world ranks 0 and 1 on the first, 2 and 3 on the second). The ranks of the first
+/// host start a nonblocking all-reduce with their partner on the second (0 with 2, 1 with 3),
+/// whose direct receives they offer, while the partners stop themselves (`SIGSTOP`, resumed
+/// by a child after `stop_ms`) before calling it; after `abort_ms` the first host's ranks
+/// abort that communicator: the call fails at once, revoking its offers without waiting for
+/// the stopped peer (printed: `revoked in N ms`). Then every rank runs a checked all-reduce
+/// with its other partner on the other host (0 with 3, 1 with 2) through the same endpoint;
+/// the partners, resumed, find their first call aborted.
+pub(super) fn direct_revoke(comm: &Communicator, stop_ms: u64, abort_ms: u64) -> Result<()> {
+    ensure!(
+        comm.size() == 4,
+        "direct-revoke needs 4 ranks (two hosts of two)"
+    );
+    let me = comm.rank();
+    let first = me < 2;
+    // 0 with 2 and 1 with 3, then 0 with 3 and 1 with 2.
+    let straight = comm.split((me % 2) as i32, me as i32)?.context("no pair")?;
+    let crossed = comm
+        .split(i32::from(me == 0 || me == 3), me as i32)?
+        .context("no pair")?;
+    comm.barrier()?;
+    if first {
+        let v: Vec<i32> = (0..REVOKE_COUNT).map(|i| i as i32).collect();
+        let req = straight.iallreduce(
+            bytemuck::cast_slice(&v).to_vec(),
+            DataType::Int32,
+            ReduceOp::Sum,
+        )?;
+        std::thread::sleep(Duration::from_millis(abort_ms));
+        let t0 = Instant::now();
+        straight.abort()?;
+        match req.wait() {
+            Err(Error::Aborted(_)) => {}
+            Err(e) => bail!("the aborted all-reduce gave {e}"),
+            Ok(_) => bail!("the aborted all-reduce succeeded"),
+        }
+        println!("revoked in {} ms", t0.elapsed().as_millis());
+    } else {
+        stop_self(stop_ms)?;
+        let mut v = vec![0i32; REVOKE_COUNT];
+        match straight.allreduce_in_place(&mut v, ReduceOp::Sum) {
+            Err(Error::Aborted(_)) => {}
+            other => bail!("the all-reduce its partner aborted gave {other:?}"),
+        }
+    }
+    checked_sum(&crossed)?;
+    comm.barrier()?;
+    Ok(())
+}
+
+/// Stops this process (`SIGSTOP`: none of its threads runs) for `ms`, resumed by a child.
+fn stop_self(ms: u64) -> Result<()> {
+    let pid = std::process::id();
+    let mut waker = std::process::Command::new("sh")
+        .args([
+            "-c",
+            &format!("sleep {}; kill -CONT {pid}", ms as f64 / 1000.0),
+        ])
+        .spawn()
+        .context("starting the waker")?;
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .context("stopping")?;
+    ensure!(stopped.success(), "kill -STOP failed");
+    let woke = waker.wait().context("the waker")?;
+    ensure!(woke.success(), "the waker failed");
     Ok(())
 }

@@ -110,8 +110,21 @@ enum Scenario {
         #[arg(long, default_value_t = 40)]
         rounds: usize,
     },
-    /// Ring exchange at sizes around every protocol threshold, then the protocol counts and
-    /// the TCP connections the rank opened and accepted (`links ...`).
+    /// Two hosts of two ranks: the first host's ranks abort a direct all-reduce with their
+    /// partners on the second while those are stopped (`SIGSTOP`), which revokes the receives
+    /// they offered at once (`revoked in N ms`); then every rank runs a checked all-reduce
+    /// with its other partner on the other host, through the same endpoint.
+    DirectRevoke {
+        /// How long the second host's ranks stay stopped, in milliseconds.
+        #[arg(long, default_value_t = 4000)]
+        stop_ms: u64,
+        /// How long after starting the all-reduce the first host's ranks abort it.
+        #[arg(long, default_value_t = 500)]
+        abort_ms: u64,
+    },
+    /// Ring exchange at sizes around every protocol threshold (through libfabric, then a
+    /// checked all-reduce of 100 000 Int32, whose steps may go direct), then the protocol
+    /// counts and the TCP connections the rank opened and accepted (`links ...`).
     Protocols {
         /// This world rank makes itself non-dumpable after joining, so that peers without
         /// `CAP_SYS_PTRACE` are refused cross-memory attach on it after the start-up probe
@@ -474,6 +487,10 @@ fn run(scenario: Scenario) -> Result<()> {
             direct::direct_overlap(&comm, rounds)?;
             "direct-overlap"
         }
+        Scenario::DirectRevoke { stop_ms, abort_ms } => {
+            direct::direct_revoke(&comm, stop_ms, abort_ms)?;
+            "direct-revoke"
+        }
         Scenario::Direct => {
             direct::direct(&comm)?;
             "direct"
@@ -510,6 +527,10 @@ fn run(scenario: Scenario) -> Result<()> {
             for _ in 0..rounds {
                 p2p::ring_sizes(&comm, sizes.clone())?;
             }
+            if c.transport.as_deref() == Some("ofi") {
+                // A collective too, whose steps between hosts go direct (when they may).
+                direct::checked_sum(&comm)?;
+            }
             let s = comm.protocol_stats();
             let right = (comm.rank() + 1) % comm.size();
             println!(
@@ -531,10 +552,12 @@ fn run(scenario: Scenario) -> Result<()> {
                 s.tcp_opened, s.tcp_accepted
             );
             println!(
-                "ofi eager={} read={} write={} mr_hits={} mr_misses={} mr_pool={} pool_blocks={}",
+                "ofi eager={} read={} write={} direct={} mr_hits={} mr_misses={} mr_pool={} \
+                 pool_blocks={}",
                 s.ofi_eager,
                 s.ofi_read,
                 s.ofi_write,
+                s.ofi_direct,
                 s.ofi_mr_hits,
                 s.ofi_mr_misses,
                 s.ofi_mr_pool,

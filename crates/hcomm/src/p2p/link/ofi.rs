@@ -23,9 +23,12 @@
 //!   the buffer around it registered once per call); the sender parks the step's frame (and
 //!   the frames of the same call behind it) until the offer with its number came, writes the
 //!   payload into it (in pieces of at most [`READ_PIECE`]) and sends the header after it
-//!   (`PUT`), which the receiver matches as a frame whose payload is already in place. A receive given up withdraws its offer
-//!   (`WITHDRAW`) and keeps its registration until the sender answers (`WITHDRAWN`, after any
-//!   write of its).
+//!   (`PUT`), which the receiver matches as a frame whose payload is already in place. The
+//!   link sends parked frames itself, in their order, as offers come; a step whose offer does
+//!   not fit it goes as a plain frame. A receive given up withdraws its offer (`WITHDRAW`) and
+//!   waits at most [`REVOKE_WAIT`] for the sender's answer (`WITHDRAWN`, after any write of
+//!   its), polling without holding the hub, then releases the offer's registration anyway (a
+//!   late write fails at the writer, for that pair only); the endpoint is never closed for it.
 //!
 //! Frames above the write threshold only come as rendezvous data (the engine treats frames up
 //! to the threshold as eager: see `Route::Rma`), so the receiver's buffer is posted when a
@@ -84,6 +87,12 @@ const BOUNCES: usize = 64;
 const EXTRA: usize = 32;
 /// Longest an abandoned operation's RMA is waited for before the endpoint is closed.
 pub(in crate::p2p) const DRAIN: Duration = Duration::from_secs(2);
+/// Longest a receive given up waits for the peer's answer to the withdrawal of its offer
+/// (which comes within a round trip from a peer that progresses) before it revokes it anyway.
+const REVOKE_WAIT: Duration = Duration::from_millis(200);
+/// An offer older than this is used only after what came since from the peer was read (see
+/// `HubState::take_offer`): well below [`REVOKE_WAIT`].
+const STALE_OFFER: Duration = Duration::from_millis(20);
 /// Completion batches read per poll, so that a busy peer cannot keep the engine here.
 const CQ_ROUNDS: usize = 4;
 /// Completions one batch reads at most ([`Endpoint::read_cq`]).
@@ -177,6 +186,13 @@ struct MrCache {
 /// Key of a registration in the cache.
 type MrKey = (usize, usize, u64);
 
+/// A bit of a registration's access in its cache key, never given to the provider: the
+/// buffers around receives offered to peers (direct steps) have registrations of their own,
+/// shared by the offers of their call only (not by other transfers, nor the pool block's,
+/// which would keep pool memory writable), so that once the offers of a call are revoked
+/// (`HubState::revoke`) nothing keeps their bytes open to the peers' writes.
+const OFFERED: u64 = 1 << 63;
+
 /// What the threads of the engine see of one peer.
 #[derive(Debug, Default)]
 struct PeerState {
@@ -228,6 +244,8 @@ struct Offer {
     sig: [u64; 2],
     /// The peer's token.
     token: u64,
+    /// When it came.
+    at: Instant,
 }
 
 /// A direct step whose pieces are being posted.
@@ -551,7 +569,7 @@ impl HubState {
         len: usize,
         access: u64,
     ) -> std::result::Result<(Option<MrKey>, u64, u64, *mut c_void), String> {
-        if let Some(f) = self.blocks.find(ptr, len) {
+        if let Some(f) = self.blocks.find(ptr, len).filter(|_| access & OFFERED == 0) {
             ProtocolCounts::bump(&self.counts.ofi_mr_pool);
             return Ok((None, f.remote, f.key, f.desc));
         }
@@ -562,8 +580,8 @@ impl HubState {
             return Ok((Some(key), e.region.remote_base, e.region.key, e.region.desc));
         }
         // SAFETY: per this function's contract.
-        let region =
-            unsafe { self.ep.register(ptr, len, access) }.map_err(|e| e.detail().to_owned())?;
+        let region = unsafe { self.ep.register(ptr, len, access & !OFFERED) }
+            .map_err(|e| e.detail().to_owned())?;
         ProtocolCounts::bump(&self.counts.ofi_mr_misses);
         let out = (Some(key), region.remote_base, region.key, region.desc);
         self.cache.entries.insert(key, MrEntry { region, users: 1 });
@@ -932,16 +950,22 @@ impl HubState {
                     key: w(5),
                     len: w(6),
                     token: w(7),
+                    at: Instant::now(),
                 };
                 let at = (w(0), w(1) as u32, (w(1) >> 32) as u32);
                 self.peers[src].offers.insert(at, offer);
                 return;
             }
             msg::WITHDRAW => {
-                // Not used yet: it never will be (a write of it went before this answer).
+                // Not used yet: it never will be; being written: no more pieces go (those in
+                // flight land before the answer).
                 let token = u64_at(&body, 0);
                 let p = &mut self.peers[src];
                 p.offers.retain(|_, o| o.token != token);
+                if p.putting.as_ref().is_some_and(|u| u.offer.token == token) {
+                    self.end_putting(src, true);
+                }
+                let p = &mut self.peers[src];
                 p.control.push_back((msg::WITHDRAWN, words(&[token])));
                 return;
             }
@@ -1126,7 +1150,7 @@ impl HubState {
         if !self.go_on_putting(peer)? {
             return Ok(moved);
         }
-        moved |= self.unpark(peer, ops)?;
+        moved |= self.unpark(peer, ops, sent)?;
         while let Some(f) = self.peers[peer].out.front() {
             if f.direct.is_some() || !self.peers[peer].parked.is_empty() {
                 match self.divert(peer, ops)? {
@@ -1138,107 +1162,121 @@ impl HubState {
                     Divert::Full => break,
                 }
             }
-            // A notice queued (a direct step's `PUT`, which `unpark` may leave waiting for
-            // room) goes before any frame: a frame of the same call must not overtake it.
+            // A notice queued (a direct step's `PUT`, which may wait for room) goes before
+            // any frame: a frame of the same call must not overtake it.
             if !self.peers[peer].control.is_empty() {
                 break;
             }
-            let Some(f) = self.peers[peer].out.front() else {
+            let Some(f) = self.peers[peer].out.pop_front() else {
                 break;
             };
-            let payload = frame_payload(f, ops);
-            let (hdr, op, ptr, n) = (f.hdr, f.op, payload.as_ptr(), payload.len());
-            let len = n;
-            // SAFETY: the bytes `frame_payload` found: the frame's live operation's buffer
-            // (or its own copy, in the queue until it is popped below), valid through this
-            // turn.
-            let payload = unsafe { std::slice::from_raw_parts(ptr, n) };
-            if n <= self.limits.eager {
-                if !self.send_msg(peer, msg::FRAME, &[&hdr, payload])? {
-                    break;
-                }
-                if n > 0 {
-                    ProtocolCounts::bump(&self.counts.ofi_eager);
-                    ProtocolCounts::add(&self.counts.ofi_eager_bytes, n);
-                }
-                if let Some(op) = op {
-                    sent.push(op);
-                }
-            } else {
-                let token = self.peers[peer].next_token;
-                let read = n <= self.limits.write;
-                let access = if read { FI_REMOTE_READ } else { FI_WRITE };
-                let (mr, base, key) = if read || self.ep.local_mr() {
-                    // SAFETY: the payload is the live operation's buffer; its registration
-                    // is released when the send ends (read done, written, or dropped by the
-                    // peer), and an abandoned operation's write goes from a copy (`forget`).
-                    let (k, base, key, _) = unsafe { self.register(ptr, len, access) }?;
-                    (k, base, key)
-                } else {
-                    (None, 0, 0)
-                };
-                let sent_now = if read {
-                    self.send_msg(peer, msg::READ, &[&hdr, &words(&[base, key, token])])
-                } else {
-                    self.send_msg(peer, msg::WRITE, &[&hdr, &words(&[token])])
-                };
-                match sent_now {
-                    Ok(true) => {}
-                    other => {
-                        self.unregister(mr);
-                        other?;
-                        break;
-                    }
-                }
-                let (c, bytes) = if read {
-                    (&self.counts.ofi_read, &self.counts.ofi_read_bytes)
-                } else {
-                    (&self.counts.ofi_write, &self.counts.ofi_write_bytes)
-                };
-                ProtocolCounts::bump(c);
-                ProtocolCounts::add(bytes, n);
-                let p = &mut self.peers[peer];
-                p.next_token += 1;
-                p.sending.insert(
-                    token,
-                    Sending {
-                        op,
-                        ptr,
-                        len,
-                        mr,
-                        owned: None,
-                        target: None,
-                        read,
-                        posted: false,
-                    },
-                );
+            if !self.send_plain(peer, &f, ops, sent)? {
+                self.peers[peer].out.push_front(f);
+                break;
             }
-            self.peers[peer].out.pop_front();
             moved = true;
         }
         Ok(moved)
     }
 
+    /// Hands frame `f` to the provider by the protocol its size takes (eager, RDMA read, RDMA
+    /// write); `Ok(false)`: no room now, nothing was sent.
+    fn send_plain(
+        &mut self,
+        peer: usize,
+        f: &OutFrame,
+        ops: &Ops,
+        sent: &mut Vec<OpId>,
+    ) -> std::result::Result<bool, String> {
+        let payload = frame_payload(f, ops);
+        let (hdr, op, ptr, n) = (f.hdr, f.op, payload.as_ptr(), payload.len());
+        let len = n;
+        // SAFETY: the bytes `frame_payload` found: the frame's live operation's buffer (or its
+        // own copy), valid through this turn.
+        let payload = unsafe { std::slice::from_raw_parts(ptr, n) };
+        if n <= self.limits.eager {
+            if !self.send_msg(peer, msg::FRAME, &[&hdr, payload])? {
+                return Ok(false);
+            }
+            if n > 0 {
+                ProtocolCounts::bump(&self.counts.ofi_eager);
+                ProtocolCounts::add(&self.counts.ofi_eager_bytes, n);
+            }
+            if let Some(op) = op {
+                sent.push(op);
+            }
+            return Ok(true);
+        }
+        let token = self.peers[peer].next_token;
+        let read = n <= self.limits.write;
+        let access = if read { FI_REMOTE_READ } else { FI_WRITE };
+        let (mr, base, key) = if read || self.ep.local_mr() {
+            // SAFETY: the payload is the live operation's buffer; its registration is released
+            // when the send ends (read done, written, or dropped by the peer), and an abandoned
+            // operation's write goes from a copy (`forget`).
+            let (k, base, key, _) = unsafe { self.register(ptr, len, access) }?;
+            (k, base, key)
+        } else {
+            (None, 0, 0)
+        };
+        let sent_now = if read {
+            self.send_msg(peer, msg::READ, &[&hdr, &words(&[base, key, token])])
+        } else {
+            self.send_msg(peer, msg::WRITE, &[&hdr, &words(&[token])])
+        };
+        match sent_now {
+            Ok(true) => {}
+            other => {
+                self.unregister(mr);
+                return other;
+            }
+        }
+        let (c, bytes) = if read {
+            (&self.counts.ofi_read, &self.counts.ofi_read_bytes)
+        } else {
+            (&self.counts.ofi_write, &self.counts.ofi_write_bytes)
+        };
+        ProtocolCounts::bump(c);
+        ProtocolCounts::add(bytes, n);
+        let p = &mut self.peers[peer];
+        p.next_token += 1;
+        p.sending.insert(
+            token,
+            Sending {
+                op,
+                ptr,
+                len,
+                mr,
+                owned: None,
+                target: None,
+                read,
+                posted: false,
+            },
+        );
+        Ok(true)
+    }
+
     /// The frame at the front of `peer`'s queue when it is a direct step, or parked frames
     /// wait: parks it when it must wait for the peer's offer (its own, or one of a frame ahead
-    /// of it with the same communicator and tag), or writes it into the offer it has.
+    /// of it with the same communicator and tag), writes it into the offer it has, or, when
+    /// that offer cannot be used, leaves it at the front as a plain frame.
     fn divert(&mut self, peer: usize, ops: &Ops) -> std::result::Result<Divert, String> {
-        let p = &mut self.peers[peer];
-        if p.putting.is_some() {
+        if self.peers[peer].putting.is_some() {
             // A direct step that `unpark` began waits for room for the rest of its pieces: a
             // second one would take its place (its pieces and notice never posted).
             return Ok(Divert::Full);
         }
-        let Some(f) = p.out.front() else {
+        let Some(f) = self.peers[peer].out.front() else {
             return Ok(Divert::Go);
         };
-        let key = frame_key(f);
-        let behind = key.is_some() && p.parked.iter().any(|g| frame_key(g) == key);
-        let offer = match (f.direct, key) {
-            (Some(k), Some((comm, tag))) if !behind => p.offers.remove(&(comm, tag, k)),
+        let (key, number) = (frame_key(f), f.direct);
+        let behind = key.is_some() && self.peers[peer].parked.iter().any(|g| frame_key(g) == key);
+        let offer = match (number, key) {
+            (Some(k), Some((comm, tag))) if !behind => self.take_offer(peer, (comm, tag, k)),
             _ => None,
         };
-        let direct = f.direct.is_some() && key.is_some();
+        let direct = number.is_some() && key.is_some();
+        let p = &mut self.peers[peer];
         if behind || (direct && offer.is_none()) {
             if let Some(f) = p.out.pop_front() {
                 p.parked.push_back(f);
@@ -1250,7 +1288,7 @@ impl HubState {
         let Some(offer) = offer else {
             return Ok(Divert::Go);
         };
-        let Some(f) = p.out.pop_front() else {
+        let Some(mut f) = p.out.pop_front() else {
             return Ok(Divert::Go);
         };
         match self.put(peer, &f, offer, ops)? {
@@ -1258,56 +1296,79 @@ impl HubState {
             // The rest, or the notice, waits for room: nothing may overtake it.
             Put::Done | Put::Partial => Ok(Divert::Full),
             Put::Unusable => {
+                // Its offer is spent: it goes as a plain frame (the receiver's matching then
+                // reports calls that differ), not back to wait for another.
+                f.direct = None;
                 self.peers[peer].out.push_front(f);
                 Ok(Divert::Go)
             }
         }
     }
 
-    /// Sends what of `peer`'s parked frames may go now, in order: direct steps whose offer
-    /// came are written, the frames behind them go back to the front of the queue.
-    fn unpark(&mut self, peer: usize, ops: &Ops) -> std::result::Result<bool, String> {
+    /// Sends what of `peer`'s parked frames may go now, in their order: direct steps whose
+    /// offer came are written into it, plain frames (and direct steps whose offer cannot be
+    /// used) are handed to the provider. A frame whose call has one waiting for its offer
+    /// stays, as does everything once the provider has no room or a notice waits for it, so
+    /// that no frame overtakes an earlier one of its call.
+    fn unpark(
+        &mut self,
+        peer: usize,
+        ops: &Ops,
+        sent: &mut Vec<OpId>,
+    ) -> std::result::Result<bool, String> {
         if self.peers[peer].parked.is_empty() {
             return Ok(false);
         }
         let parked = std::mem::take(&mut self.peers[peer].parked);
         let mut keep = VecDeque::new();
-        let mut go = Vec::new();
         let mut blocked: Vec<Option<(u64, u32)>> = Vec::new();
-        let (mut moved, mut full) = (false, false);
-        for f in parked {
+        let (mut moved, mut stop) = (false, false);
+        for mut f in parked {
             let key = frame_key(&f);
-            if full || blocked.contains(&key) {
+            if stop || blocked.contains(&key) {
                 keep.push_back(f);
                 continue;
             }
-            let offer = match (f.direct, key) {
-                (Some(k), Some((comm, tag))) => self.peers[peer].offers.remove(&(comm, tag, k)),
-                _ => None,
-            };
-            match (f.direct.is_some() && key.is_some(), offer) {
-                (true, None) => {
+            if let (Some(k), Some((comm, tag))) = (f.direct, key) {
+                let Some(o) = self.take_offer(peer, (comm, tag, k)) else {
                     blocked.push(key);
                     keep.push_back(f);
-                }
-                (true, Some(o)) => match self.put(peer, &f, o, ops)? {
-                    Put::Done => moved = true,
+                    continue;
+                };
+                match self.put(peer, &f, o, ops)? {
+                    Put::Done => {
+                        moved = true;
+                        stop = !self.peers[peer].control.is_empty();
+                        continue;
+                    }
                     Put::Partial => {
                         moved = true;
-                        full = true;
+                        stop = true;
+                        continue;
                     }
-                    Put::Unusable => go.push(f),
-                },
-                (false, _) => go.push(f),
+                    Put::Unusable => f.direct = None,
+                }
             }
+            if !self.peers[peer].control.is_empty() || !self.send_plain(peer, &f, ops, sent)? {
+                keep.push_back(f);
+                stop = true;
+                continue;
+            }
+            moved = true;
         }
-        let p = &mut self.peers[peer];
-        p.parked = keep;
-        moved |= !go.is_empty();
-        for f in go.into_iter().rev() {
-            p.out.push_front(f);
-        }
+        self.peers[peer].parked = keep;
         Ok(moved)
+    }
+
+    /// Takes `peer`'s offer `at` (communicator, tag, number) to write into. One that came
+    /// more than [`STALE_OFFER`] ago is taken only after the completions that arrived since
+    /// were read: the peer may have given up its receive meanwhile (its `WITHDRAW` waiting
+    /// there), and after [`REVOKE_WAIT`] no longer keeps it registered.
+    fn take_offer(&mut self, peer: usize, at: (u64, u32, u32)) -> Option<Offer> {
+        if self.peers[peer].offers.get(&at)?.at.elapsed() > STALE_OFFER {
+            self.progress();
+        }
+        self.peers[peer].offers.remove(&at)
     }
 
     /// Writes the payload of direct frame `f` into the peer's `offer`, then sends the frame's
@@ -1330,6 +1391,7 @@ impl HubState {
         // released when the write ends, and `forget` waits for a write in flight.
         let (mr, _) = unsafe { self.local(ptr, n, FI_WRITE) }?;
         ProtocolCounts::bump(&self.counts.ofi_direct);
+        ProtocolCounts::add(&self.counts.ofi_direct_bytes, n);
         let p = &mut self.peers[peer];
         let token = p.take_token();
         p.sending.insert(
@@ -1419,51 +1481,82 @@ impl HubState {
     /// Operation `op`'s direct step under way posts no more pieces: it ends with the last one
     /// in flight (at once when none is).
     fn abandon_put(&mut self, peer: usize, op: OpId) {
-        let p = &mut self.peers[peer];
-        let Some(token) = p
+        let p = &self.peers[peer];
+        let mine = p
             .putting
             .as_ref()
-            .map(|u| u.token)
-            .filter(|t| p.sending.get(t).is_some_and(|s| s.op == Some(op)))
-        else {
+            .is_some_and(|u| p.sending.get(&u.token).is_some_and(|s| s.op == Some(op)));
+        if mine {
+            self.end_putting(peer, false);
+        }
+    }
+
+    /// `peer`'s direct step under way posts no more pieces: it ends with the last one in
+    /// flight, or at once when none is (then, when `sent`, its operation counts as sent: the
+    /// peer gave up the receive it was written into).
+    fn end_putting(&mut self, peer: usize, sent: bool) {
+        let p = &mut self.peers[peer];
+        let Some(token) = p.putting.take().map(|u| u.token) else {
             return;
         };
-        p.putting = None;
         match p.pieces.get_mut(&token) {
             Some(c) if c.0 > 0 => c.1 = true,
             _ => {
                 p.pieces.remove(&token);
                 if let Some(s) = p.sending.remove(&token) {
+                    if let Some(op) = s.op.filter(|_| sent) {
+                        p.inbox.push_back(In::Sent(op));
+                    }
                     self.unregister(s.mr);
                 }
             }
         }
     }
 
-    /// Withdraws the offer of receive `op`, if it made one the peer did not use: the peer
-    /// answers once it will not write into it (a write of its comes before the answer), which
-    /// is waited for (see [`DRAIN`]) before the registration goes.
-    fn withdraw(&mut self, peer: usize, op: OpId) {
+    /// Withdraws the offer of receive `op`, if it made one the peer did not use yet: tells
+    /// the peer (`WITHDRAW`), which answers (`WITHDRAWN`) once it will not write into it, after
+    /// any write of its. Whether that answer is awaited (see `OfiLink::forget`).
+    fn withdraw(&mut self, peer: usize, op: OpId) -> bool {
         let Some(o) = self.peers[peer].offered.get_mut(&op) else {
-            return;
+            return false;
         };
-        o.withdrawn = true;
-        let token = o.token;
-        self.peers[peer]
-            .control
-            .push_back((msg::WITHDRAW, words(&[token])));
-        if let Err(why) = self.push_peer(peer) {
-            self.fail(peer, why);
+        if !std::mem::replace(&mut o.withdrawn, true) {
+            let token = o.token;
+            self.peers[peer]
+                .control
+                .push_back((msg::WITHDRAW, words(&[token])));
+            if let Err(why) = self.push_peer(peer) {
+                self.fail(peer, why);
+            }
         }
-        self.drain(|st| {
-            let p = &st.peers[peer];
-            p.closed
-                || !p.offered.contains_key(&op)
-                || p.inbox.iter().any(|i| matches!(i, In::Failed(_)))
-        });
+        true
+    }
+
+    /// Whether the withdrawn offer of receive `op` is settled: the peer answered (the offer
+    /// is gone), or the peer is lost, or the endpoint.
+    fn withdrawn(&self, peer: usize, op: OpId) -> bool {
+        self.lost(peer) || !self.peers[peer].offered.contains_key(&op)
+    }
+
+    /// Revokes the offer of receive `op`, answered or not: its registration is released (and
+    /// closed once no other offer of its call uses it), so that a write of the peer's that
+    /// comes later fails at the peer, for that peer only; the endpoint is not touched.
+    fn revoke(&mut self, peer: usize, op: OpId) {
         if let Some(o) = self.peers[peer].offered.remove(&op) {
+            if o.withdrawn && !self.lost(peer) {
+                tracing::debug!(
+                    "libfabric: world rank {peer} did not answer the withdrawal of an offered \
+                     receive within {REVOKE_WAIT:?}: its registration is released"
+                );
+            }
             self.unregister(o.mr);
         }
+    }
+
+    /// Whether `peer` is lost, or the endpoint (no answer comes then).
+    fn lost(&self, peer: usize) -> bool {
+        let p = &self.peers[peer];
+        self.dead.is_some() || p.closed || p.inbox.iter().any(|i| matches!(i, In::Failed(_)))
     }
 
     /// Waits (reading completions) until `done` says so or [`DRAIN`] passes; then closes the
@@ -1567,6 +1660,26 @@ impl OfiLink {
                 drain_on_loss: false,
                 liveness: Liveness::Connection,
             },
+        }
+    }
+}
+
+impl OfiLink {
+    /// Waits, at most [`REVOKE_WAIT`] and without holding the hub between its polls, for the
+    /// peer's answer to the withdrawal of receive `op`'s offer (after any write of its), then
+    /// revokes the offer: a peer that does not answer (stopped, or not progressing) is not
+    /// waited for longer, and should it write later, the write fails at its end.
+    fn await_withdrawn(&self, op: OpId) {
+        let deadline = Instant::now() + REVOKE_WAIT;
+        loop {
+            let mut st = lock(&self.hub.state);
+            st.progress();
+            if st.withdrawn(self.peer, op) || Instant::now() >= deadline {
+                st.revoke(self.peer, op);
+                return;
+            }
+            drop(st);
+            std::thread::yield_now();
         }
     }
 }
@@ -1683,7 +1796,7 @@ impl Link for OfiLink {
         // ends; the registration is released when the peer's notice came, or when the
         // operation is forgotten once the peer gave up the offer.
         let (offered, mr, addr, key) =
-            match unsafe { st.register(e.span.0, e.span.1, FI_REMOTE_WRITE) } {
+            match unsafe { st.register(e.span.0, e.span.1, FI_REMOTE_WRITE | OFFERED) } {
                 Ok((k, base, key, _)) => (true, k, base + at, key),
                 Err(why) => {
                     tracing::debug!("libfabric: a receive was not offered: {why}");
@@ -1884,12 +1997,18 @@ impl Link for OfiLink {
     /// peer waits to have written goes from a copy. A payload landing in the operation's
     /// buffer is waited for (see [`DRAIN`]).
     fn forget(&mut self, op: OpId, _ops: &Ops) {
-        let mut st = lock(&self.hub.state);
         let peer = self.peer;
-        st.peers[peer].out.retain(|f| f.op != Some(op));
-        st.peers[peer].parked.retain(|f| f.op != Some(op));
-        st.abandon_put(peer, op);
-        st.withdraw(peer, op);
+        let offered = {
+            let mut st = lock(&self.hub.state);
+            st.peers[peer].out.retain(|f| f.op != Some(op));
+            st.peers[peer].parked.retain(|f| f.op != Some(op));
+            st.abandon_put(peer, op);
+            st.withdraw(peer, op)
+        };
+        if offered {
+            self.await_withdrawn(op);
+        }
+        let mut st = lock(&self.hub.state);
         let mut copies = Vec::new();
         for (t, s) in st.peers[peer].sending.iter_mut() {
             if s.op == Some(op) {
@@ -2007,6 +2126,278 @@ impl Link for OfiLink {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Protocol limits of the tests' hubs: eager up to 4 KiB, direct steps on.
+    const LIMITS: OfiLimits = OfiLimits {
+        eager: 4096,
+        write: 1 << 20,
+        direct: true,
+    };
+    /// Communicator, tag and signature of the tests' frames.
+    const COMM: u64 = 0x5eed;
+    const TAG: u32 = 9;
+    const SIG: [u64; 2] = [0xa11, 0x7ed];
+
+    /// Two hubs of one process, world ranks 0 and 1, each reaching the other.
+    fn two_hubs() -> (Hub, Hub) {
+        let (a, b) = (
+            crate::transport::ofi::tests::open(),
+            crate::transport::ofi::tests::open(),
+        );
+        let names = [Some(a.name().unwrap()), Some(b.name().unwrap())];
+        let counts = || Arc::new(ProtocolCounts::default());
+        (
+            Hub::start(a, 0, &names, LIMITS, counts()).unwrap(),
+            Hub::start(b, 1, &names, LIMITS, counts()).unwrap(),
+        )
+    }
+
+    /// Sends of the tests' call to world rank 1, by operation id: the payload of send `id`
+    /// is `payloads[id]`, which must outlive the operations' use.
+    fn sends(payloads: &[Vec<u8>]) -> Ops {
+        let target = crate::p2p::Target {
+            comm: COMM,
+            peer: 1,
+            comm_rank: 1,
+            tag: TAG,
+            sig: SIG,
+            seq: 0,
+            epoch: 0,
+        };
+        (0..)
+            .zip(payloads)
+            .map(|(id, p)| {
+                let op = crate::p2p::Op {
+                    kind: crate::p2p::OpKind::Send,
+                    target,
+                    buf: crate::p2p::BufPtr(p.as_ptr().cast_mut()),
+                    cap: p.len(),
+                    remaining: 1,
+                    asynchronous: false,
+                    detached: None,
+                    members: None,
+                    result: None,
+                };
+                (id, op)
+            })
+            .collect()
+    }
+
+    /// The eager frame of send `id` of `ops` (its header's message id is `id` too);
+    /// `direct`: the number of a direct step.
+    fn frame(ops: &Ops, id: OpId, direct: Option<u32>) -> OutFrame {
+        let mut hdr = FrameHeader::new(FrameKind::Eager);
+        let len = ops[&id].cap;
+        (hdr.comm, hdr.tag, hdr.sig, hdr.msg_id, hdr.len) = (COMM, TAG, SIG, id, len as u64);
+        OutFrame {
+            op: Some(id),
+            len,
+            direct,
+            ..OutFrame::control(hdr)
+        }
+    }
+
+    /// Hands `frames` to `a`'s queue for world rank 1 and flushes it.
+    fn flush_frames(a: &Hub, ops: &Ops, frames: Vec<OutFrame>) {
+        let mut st = lock(&a.state);
+        st.peers[1].out.extend(frames);
+        st.flush(1, ops, &mut Vec::new()).unwrap();
+    }
+
+    /// Progresses both hubs, flushing `a`'s queue for rank 1 (the provider takes transfers
+    /// to a peer only once it connected to it), until `b` has `n` items from rank 0 for the
+    /// engine (at most 10 s); returns their message ids and kinds (`'f'` inline, `'r'` to read, `'p'` written into an
+    /// offer).
+    fn arrivals(a: &Hub, b: &Hub, ops: &Ops, n: usize) -> Vec<(u64, char)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            {
+                let mut st = lock(&a.state);
+                st.progress();
+                st.flush(1, ops, &mut Vec::new()).unwrap();
+            }
+            let mut st = lock(&b.state);
+            st.progress();
+            let inbox = &st.peers[0].inbox;
+            if inbox.len() >= n {
+                return inbox
+                    .iter()
+                    .map(|i| match i {
+                        In::Frame(h, _) => (h.msg_id, 'f'),
+                        In::Read(h, ..) => (h.msg_id, 'r'),
+                        In::Put(h, _) => (h.msg_id, 'p'),
+                        other => panic!("unexpected {other:?}"),
+                    })
+                    .collect();
+            }
+            assert!(Instant::now() < deadline, "only {inbox:?} arrived");
+        }
+    }
+
+    /// A receive of `b` offered to rank 0 for direct step `ordinal`: `len` bytes of `buf`,
+    /// registered at `b` (the registration stays until `b` goes).
+    fn offer(b: &Hub, buf: &mut [u8], ordinal: u32, token: u64) -> ((u64, u32, u32), Offer) {
+        let mut st = lock(&b.state);
+        // SAFETY: the buffers outlive the hubs in the tests.
+        let (_, base, key, _) =
+            unsafe { st.register(buf.as_mut_ptr(), buf.len(), FI_REMOTE_WRITE) }.unwrap();
+        let o = Offer {
+            addr: base,
+            key,
+            len: buf.len() as u64,
+            sig: SIG,
+            token,
+            at: Instant::now(),
+        };
+        ((COMM, TAG, ordinal), o)
+    }
+
+    /// A direct step whose offer cannot be used (the receiver could not register its buffer,
+    /// or the offer is of another call: another signature, another length) goes at once as a
+    /// plain message, instead of waiting among the parked frames for an offer that never
+    /// comes.
+    #[test]
+    fn a_direct_step_whose_offer_is_unusable_goes_as_a_plain_message() {
+        let (a, b) = two_hubs();
+        let refused = Offer {
+            addr: 0,
+            key: u64::MAX,
+            len: 8192,
+            sig: SIG,
+            token: 1,
+            at: Instant::now(),
+        };
+        let other_call = Offer {
+            key: 5,
+            sig: [1, 2],
+            ..refused
+        };
+        let other_len = Offer {
+            key: 5,
+            len: 4096,
+            ..refused
+        };
+        let payloads = vec![vec![7u8; 8192]; 3];
+        let ops = sends(&payloads);
+        for (k, o) in (0..).zip([refused, other_call, other_len]) {
+            lock(&a.state).peers[1].offers.insert((COMM, TAG, k), o);
+            flush_frames(&a, &ops, vec![frame(&ops, u64::from(k), Some(k))]);
+        }
+        assert_eq!(arrivals(&a, &b, &ops, 3), [(0, 'r'), (1, 'r'), (2, 'r')]);
+        assert_eq!(lock(&a.state).counts.ofi_direct.load(Ordering::Relaxed), 0);
+    }
+
+    /// Frames of one call parked behind direct steps leave in their order when the offers
+    /// come: a small frame between two direct steps goes after the first and before the
+    /// second, never after both (the receiver matches a call's messages in order).
+    #[test]
+    fn parked_frames_of_one_call_leave_in_order() {
+        let (a, b) = two_hubs();
+        let (mut first, mut second) = (vec![0u8; 8192], vec![0u8; 8192]);
+        let payloads = [vec![], vec![1u8; 8192], vec![2u8; 100], vec![3u8; 8192]];
+        let ops = sends(&payloads);
+        let frames = vec![
+            frame(&ops, 1, Some(0)),
+            frame(&ops, 2, None),
+            frame(&ops, 3, Some(1)),
+        ];
+        flush_frames(&a, &ops, frames);
+        assert_eq!(
+            lock(&a.state).peers[1].parked.len(),
+            3,
+            "all wait for offers"
+        );
+        let offers = [offer(&b, &mut first, 0, 10), offer(&b, &mut second, 1, 11)];
+        lock(&a.state).peers[1].offers.extend(offers);
+        flush_frames(&a, &ops, Vec::new());
+        assert_eq!(arrivals(&a, &b, &ops, 3), [(1, 'p'), (2, 'f'), (3, 'p')]);
+        assert!(first.iter().all(|&x| x == 1) && second.iter().all(|&x| x == 3));
+        drop((a, b));
+    }
+
+    /// An offer that came a while ago is used only after what came since from the peer was
+    /// read: a withdrawal waiting there (the peer gave up its receive, and may no longer keep
+    /// it registered) keeps the step parked instead of written into the peer's memory.
+    #[test]
+    fn a_stale_offer_is_not_used_once_the_peer_withdrew_it() {
+        let (a, b) = two_hubs();
+        let payloads = [vec![4u8; 100], vec![4u8; 8192]];
+        let ops = sends(&payloads);
+        // The pair connected first (a message from each side).
+        flush_frames(&a, &ops, vec![frame(&ops, 0, None)]);
+        assert_eq!(arrivals(&a, &b, &ops, 1), [(0, 'f')]);
+        let mut buf = vec![0u8; 8192];
+        let (at, mut o) = offer(&b, &mut buf, 0, 77);
+        o.at = Instant::now() - 2 * STALE_OFFER;
+        lock(&a.state).peers[1].offers.insert(at, o);
+        {
+            let mut st = lock(&b.state);
+            st.peers[0].control.push_back((msg::WITHDRAW, words(&[77])));
+            st.push_peer(0).unwrap();
+            assert!(st.peers[0].control.is_empty(), "the withdrawal left");
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&a.state).peers[1].offers.contains_key(&at) {
+            // Only `b` progresses: `a` reads what came when it takes the offer.
+            lock(&b.state).progress();
+            std::thread::sleep(Duration::from_millis(30));
+            flush_frames(&a, &ops, vec![frame(&ops, 1, Some(0))]);
+            let st = lock(&a.state);
+            assert_eq!(st.counts.ofi_direct.load(Ordering::Relaxed), 0, "written");
+            assert!(Instant::now() < deadline, "the withdrawal never came");
+        }
+        assert!(buf.iter().all(|&x| x == 0));
+    }
+
+    /// A receive offered to a peer that does not answer (it does not progress) and then given
+    /// up is revoked after a short wait (`REVOKE_WAIT`, not the 2 s of `DRAIN`): its
+    /// registration is closed (a late write of the peer would fail at the peer), and the
+    /// endpoint is not, so it still carries messages; the peer, when it progresses, drops the
+    /// offer.
+    #[test]
+    fn a_receive_given_up_revokes_its_offer_without_waiting_for_a_silent_peer() {
+        let (a, b) = two_hubs();
+        let a = Arc::new(a);
+        let mut link = OfiLink::new(&a, 1, 0);
+        let mut buf = vec![0u8; 1 << 16];
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        let e = Exposure {
+            op: 42,
+            ptr: ptr.wrapping_add(4096),
+            len: 8192,
+            span: (ptr, len),
+            comm: COMM,
+            tag: TAG,
+            sig: SIG,
+            ordinal: 0,
+        };
+        assert_eq!(link.expose(e), Ok(true));
+        assert_eq!(
+            lock(&a.state).cache.entries.len(),
+            1,
+            "the span is registered"
+        );
+        let t0 = Instant::now();
+        link.forget(42, &Ops::default());
+        let took = t0.elapsed();
+        assert!(took < Duration::from_millis(500), "forget took {took:?}");
+        {
+            let st = lock(&a.state);
+            assert!(st.dead.is_none(), "{:?}", st.dead);
+            assert!(
+                st.cache.entries.is_empty(),
+                "the offer's registration is closed"
+            );
+            assert!(st.peers[1].offered.is_empty());
+        }
+        let payloads = [vec![5u8; 100]];
+        let ops = sends(&payloads);
+        flush_frames(&a, &ops, vec![frame(&ops, 0, None)]);
+        // The peer gets the offer, its withdrawal, and the message after them.
+        assert_eq!(arrivals(&a, &b, &ops, 1), [(0, 'f')]);
+        assert!(lock(&b.state).peers[0].offers.is_empty());
+        drop(buf);
+    }
 
     /// Pool memory takes its block's region, with no registration of its own; when the pool
     /// says the block's memory goes, the region is closed, but only once no transfer names it
