@@ -10,7 +10,7 @@ use pyo3::types::PyDict;
 use crate::buffer::Buffer;
 use crate::dtype::{moving, op_from, reducing, Dtype};
 use crate::errors::{invalid, to_py};
-use crate::interrupt::{self, Guard};
+use crate::interrupt;
 use crate::pool::PoolMemory;
 
 type Core = hcomm::Communicator;
@@ -21,8 +21,9 @@ fn call<R: Send>(
     comm: &Arc<Core>,
     f: impl FnOnce(&Core) -> hcomm::Result<R> + Send,
 ) -> PyResult<R> {
-    let r = py.detach(|| {
-        let _guard = Guard::enter(comm);
+    let guard = interrupt::enter(py, comm)?;
+    let r = py.detach(move || {
+        let _guard = guard;
         f(comm)
     });
     r.map_err(|e| interrupt::error(py, e))
@@ -1328,8 +1329,21 @@ impl Request {
                 bufs,
                 p2p,
             } => {
-                let r = py.detach(|| {
-                    let _guard = Guard::enter(&comm);
+                let guard = match interrupt::enter(py, &comm) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        // Not waited for: the request stays pending (its communicator aborted).
+                        self.put(ReqState::Pending {
+                            req,
+                            comm,
+                            bufs,
+                            p2p,
+                        });
+                        return Err(e);
+                    }
+                };
+                let r = py.detach(move || {
+                    let _guard = guard;
                     req.wait()
                 });
                 drop(bufs);

@@ -5,6 +5,14 @@
 //! thread is blocked on: the call returns `Aborted` at once, and the binding then lets
 //! Python raise `KeyboardInterrupt`.
 //!
+//! A Ctrl-C that lands while the call is being entered — after Python last ran its signal
+//! handlers, before the call is marked in progress — finds no call to abort, and the GIL is
+//! released before Python would raise it: the call would block until `HCOMM_TIMEOUT`. So the
+//! call is marked first, and then, with the GIL still held, Python's pending handlers run:
+//! a `KeyboardInterrupt` there aborts the communicator and is raised without the call, as if
+//! it had come a moment later. Either way a `KeyboardInterrupt` out of a blocking call leaves
+//! its communicator aborted.
+//!
 //! The handler is installed once, at the first communicator, and only when SIGINT has a
 //! handler (Python's default or the program's): SIG_DFL and SIG_IGN are left as they are.
 
@@ -65,6 +73,24 @@ fn try_install() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Enters a blocking call on `comm` (see the module's documentation): marks it in progress
+/// on this thread until the guard is dropped (effective on the main thread only), then runs
+/// Python's pending signal handlers; a `KeyboardInterrupt` among them aborts `comm` and is
+/// returned, and the call must not be made. Call it with the GIL held, and drop the guard
+/// after the call, which runs with the GIL released.
+pub fn enter(py: Python<'_>, comm: &Arc<hcomm::Communicator>) -> PyResult<Guard> {
+    let guard = Guard::enter(comm);
+    if guard.armed {
+        if let Err(e) = py.check_signals() {
+            if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) {
+                let _ = py.detach(|| comm.abort());
+            }
+            return Err(e);
+        }
+    }
+    Ok(guard)
+}
+
 /// Marks a blocking call on `comm` in progress on this thread until dropped.
 pub struct Guard {
     armed: bool,
@@ -72,7 +98,7 @@ pub struct Guard {
 
 impl Guard {
     /// Enters a blocking call (effective on the main thread only).
-    pub fn enter(comm: &Arc<hcomm::Communicator>) -> Guard {
+    fn enter(comm: &Arc<hcomm::Communicator>) -> Guard {
         let armed = MAIN.with(|m| *m);
         if armed {
             if let Ok(mut a) = ACTIVE.lock() {
