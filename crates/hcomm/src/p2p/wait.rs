@@ -146,6 +146,22 @@ impl Waiting {
         }
     }
 
+    /// The caller looked `looks` times without pausing before this wait began (its first
+    /// looks, which keep no counters): they count as the first looks of the spin, so that the
+    /// wait spins, pauses and yields as often in all as [`Waiting::pause`] would have made it
+    /// (the yield due among them comes at the next look).
+    pub(crate) fn looked(&mut self, looks: u32) {
+        let looks = looks.min(self.spins.saturating_sub(self.polls));
+        if looks == 0 {
+            return;
+        }
+        self.polls += looks;
+        self.paused = true;
+        if self.yield_every != 0 {
+            self.until_yield = self.until_yield.saturating_sub(looks).max(1);
+        }
+    }
+
     /// Spins as [`Waiting::pause`] does while it says [`Pause::Spin`], looking at `ready`
     /// after each pause, until `ready` holds (`true`) or the spin is over (`false`; the wait
     /// then goes on with [`Waiting::pause`], which yields next). The same looks, pauses and
@@ -684,6 +700,53 @@ mod tests {
             // A wait that must not spin does not look either, and teaches nothing.
             let mut idle = Waiting::new(policy, false);
             assert!(!idle.spin_until(|| unreachable!("looked without spinning")));
+            assert!(!idle.paused);
+        })
+        .join()
+        .expect("the waits' thread");
+    }
+
+    #[test]
+    fn looks_taken_before_a_wait_count_as_its_first_spins() {
+        let policy = Backoff {
+            polls: 10,
+            eager_polls: 4,
+            yield_every: 6,
+            idle_yield_every: 6,
+            yield_turn: u64::MAX,
+            yields: 2,
+            ..Backoff::DEFAULT
+        };
+        std::thread::spawn(move || {
+            // Through `pause` alone: ten spins, a yield at the sixth.
+            let mut paused = Waiting::new(policy, true);
+            let mut spins = 0;
+            while paused.pause() == Pause::Spin {
+                spins += 1;
+            }
+            assert_eq!((spins, paused.polls, paused.until_yield), (10, 10, 2));
+            // Four looks by the caller first: six more, the yield at the second of them, and
+            // the wait ends where `pause` left it.
+            let mut waiting = Waiting::new(policy, true);
+            waiting.looked(4);
+            assert_eq!((waiting.polls, waiting.until_yield), (4, 2));
+            assert!(waiting.paused);
+            let mut looks = 0;
+            assert!(!waiting.spin_until(|| {
+                looks += 1;
+                false
+            }));
+            assert_eq!((looks, waiting.polls, waiting.until_yield), (6, 10, 2));
+            assert_eq!(waiting.pause(), Pause::Yield(1));
+            // More looks than the spin: it is over, and the yield it owes comes first.
+            let mut spent = Waiting::new(policy, true);
+            spent.looked(100);
+            assert_eq!((spent.polls, spent.until_yield), (10, 1));
+            assert!(!spent.spin_until(|| unreachable!("looked after the spin")));
+            // A wait that must not spin counts none.
+            let mut idle = Waiting::new(policy, false);
+            idle.looked(4);
+            assert_eq!(idle.polls, 0);
             assert!(!idle.paused);
         })
         .join()
