@@ -75,7 +75,7 @@ use crate::dtype::ReduceOp;
 use crate::error::{Error, PeerRank, Result};
 use crate::observe::stall::StallWatch;
 use crate::p2p::lease::Lease;
-use crate::p2p::wait::{Pause, Waiting};
+use crate::p2p::wait::{Pause, Waiting, QUIET_LOOKS};
 use crate::p2p::Engine;
 use crate::reduce;
 use crate::sync::lock;
@@ -1240,15 +1240,21 @@ impl Waiter<'_> {
         }
         // Spinning (when this rank has a core to itself), then yielding. The policy's looks
         // without a pause come first, without its bookkeeping (a wait they serve teaches the
-        // thread's next waits nothing), then the rest of its spin, counted from there. In an
-        // 8-byte broadcast of 2 ranks pinned one per core, half the waits see the line at the
-        // first look; of the others 1 in 100 end within 64 looks, 12 (one rank) and 42 (the
-        // other) within 256, the rest mostly by 1024. With 64 looks outside the policy, every
-        // wait past them also set up and ended a `Waiting` (30 interleaved rounds at load 15:
-        // 0.2405 µs with 64, 0.2355 with these, 0.2300 at a27d6a5).
+        // thread's next waits as a `Waiting` would, unless within the first `QUIET_LOOKS`),
+        // then the rest of its spin, counted from there. In an 8-byte broadcast of 2 ranks
+        // pinned one per core, half the waits see the line at the first look; of the others
+        // 1 in 100 end within 64 looks, 12 (one rank) and 42 (the other) within 256, the rest
+        // mostly by 1024. With 64 looks outside the policy, every wait past them also set up
+        // and ended a `Waiting` (30 interleaved rounds at load 15: 0.2405 µs with 64, 0.2355
+        // with these, 0.2300 at a27d6a5).
         let eager = self.policy.eager_polls.min(self.policy.polls);
-        if self.os.spin && (0..eager).any(|_| ready()) {
-            return Ok(());
+        if self.os.spin {
+            if let Some(look) = (0..eager).position(|_| ready()) {
+                if look >= QUIET_LOOKS as usize {
+                    Waiting::served_by_looks(*self.policy);
+                }
+                return Ok(());
+            }
         }
         let mut waiting = Waiting::new(*self.policy, self.os.spin);
         if self.os.spin {

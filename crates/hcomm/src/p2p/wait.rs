@@ -20,6 +20,10 @@ use super::{
     MAX_DIRECT_PEERS, SHM_POLLS_PER_EPOLL,
 };
 
+/// Looks of a spinning wait that teach the thread's next waits nothing when they serve it:
+/// the first few of a wait, which its caller may take without a [`Waiting`].
+pub(crate) const QUIET_LOOKS: u32 = 64;
+
 /// What a waiter that found nothing did before its next look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pause {
@@ -160,6 +164,18 @@ impl Waiting {
         if self.yield_every != 0 {
             self.until_yield = self.until_yield.saturating_sub(looks).max(1);
         }
+    }
+
+    /// A wait that its caller's own looks served before any `Waiting` began, after
+    /// [`QUIET_LOOKS`] of them or more: it teaches the thread's next waits what a wait that
+    /// spinning served teaches (one halving fewer), as it would have through [`Waiting`].
+    pub(crate) fn served_by_looks(policy: Backoff) {
+        HALVINGS.with(|h| {
+            let halvings = h.get();
+            if halvings > 0 {
+                h.set(next_halvings(policy, halvings, Outcome::Served));
+            }
+        });
     }
 
     /// Spins as [`Waiting::pause`] does while it says [`Pause::Spin`], looking at `ready`
@@ -748,6 +764,16 @@ mod tests {
             idle.looked(4);
             assert_eq!(idle.polls, 0);
             assert!(!idle.paused);
+            // A wait its caller's looks served teaches what one that spinning served does.
+            HALVINGS.with(|h| h.set(2));
+            Waiting::served_by_looks(policy);
+            assert_eq!(HALVINGS.with(Cell::get), 1);
+            let mut served = Waiting::new(policy, true);
+            served.looked(4);
+            drop(served);
+            assert_eq!(HALVINGS.with(Cell::get), 0);
+            Waiting::served_by_looks(policy);
+            assert_eq!(HALVINGS.with(Cell::get), 0);
         })
         .join()
         .expect("the waits' thread");
