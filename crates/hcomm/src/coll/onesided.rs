@@ -1245,8 +1245,8 @@ impl Waiter<'_> {
         // pinned one per core, half the waits see the line at the first look; of the others
         // 1 in 100 end within 64 looks, 12 (one rank) and 42 (the other) within 256, the rest
         // mostly by 1024. With 64 looks outside the policy, every wait past them also set up
-        // and ended a `Waiting` (30 interleaved rounds at load 15: 0.2405 µs with 64, 0.2355
-        // with these, 0.2300 at a27d6a5).
+        // and ended a `Waiting` (30 interleaved rounds, medians: 0.2460 µs with 64, 0.2380
+        // with these, 0.2335 at a27d6a5).
         let eager = self.policy.eager_polls.min(self.policy.polls);
         if self.os.spin {
             if let Some(look) = (0..eager).position(|_| ready()) {
