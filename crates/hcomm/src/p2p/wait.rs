@@ -20,6 +20,10 @@ use super::{
     MAX_DIRECT_PEERS, SHM_POLLS_PER_EPOLL,
 };
 
+/// Looks of a spinning wait that teach the thread's next waits nothing when they serve it:
+/// the first few of a wait, which its caller may take without a [`Waiting`].
+pub(crate) const QUIET_LOOKS: u32 = 64;
+
 /// What a waiter that found nothing did before its next look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pause {
@@ -144,6 +148,34 @@ impl Waiting {
             Some(n) => Pause::Yield(n),
             None => Pause::Sleep,
         }
+    }
+
+    /// The caller looked `looks` times without pausing before this wait began (its first
+    /// looks, which keep no counters): they count as the first looks of the spin, so that the
+    /// wait spins, pauses and yields as often in all as [`Waiting::pause`] would have made it
+    /// (the yield due among them comes at the next look).
+    pub(crate) fn looked(&mut self, looks: u32) {
+        let looks = looks.min(self.spins.saturating_sub(self.polls));
+        if looks == 0 {
+            return;
+        }
+        self.polls += looks;
+        self.paused = true;
+        if self.yield_every != 0 {
+            self.until_yield = self.until_yield.saturating_sub(looks).max(1);
+        }
+    }
+
+    /// A wait that its caller's own looks served before any `Waiting` began, after
+    /// [`QUIET_LOOKS`] of them or more: it teaches the thread's next waits what a wait that
+    /// spinning served teaches (one halving fewer), as it would have through [`Waiting`].
+    pub(crate) fn served_by_looks(policy: Backoff) {
+        HALVINGS.with(|h| {
+            let halvings = h.get();
+            if halvings > 0 {
+                h.set(next_halvings(policy, halvings, Outcome::Served));
+            }
+        });
     }
 
     /// Spins as [`Waiting::pause`] does while it says [`Pause::Spin`], looking at `ready`
@@ -685,6 +717,63 @@ mod tests {
             let mut idle = Waiting::new(policy, false);
             assert!(!idle.spin_until(|| unreachable!("looked without spinning")));
             assert!(!idle.paused);
+        })
+        .join()
+        .expect("the waits' thread");
+    }
+
+    #[test]
+    fn looks_taken_before_a_wait_count_as_its_first_spins() {
+        let policy = Backoff {
+            polls: 10,
+            eager_polls: 4,
+            yield_every: 6,
+            idle_yield_every: 6,
+            yield_turn: u64::MAX,
+            yields: 2,
+            ..Backoff::DEFAULT
+        };
+        std::thread::spawn(move || {
+            // Through `pause` alone: ten spins, a yield at the sixth.
+            let mut paused = Waiting::new(policy, true);
+            let mut spins = 0;
+            while paused.pause() == Pause::Spin {
+                spins += 1;
+            }
+            assert_eq!((spins, paused.polls, paused.until_yield), (10, 10, 2));
+            // Four looks by the caller first: six more, the yield at the second of them, and
+            // the wait ends where `pause` left it.
+            let mut waiting = Waiting::new(policy, true);
+            waiting.looked(4);
+            assert_eq!((waiting.polls, waiting.until_yield), (4, 2));
+            assert!(waiting.paused);
+            let mut looks = 0;
+            assert!(!waiting.spin_until(|| {
+                looks += 1;
+                false
+            }));
+            assert_eq!((looks, waiting.polls, waiting.until_yield), (6, 10, 2));
+            assert_eq!(waiting.pause(), Pause::Yield(1));
+            // More looks than the spin: it is over, and the yield it owes comes first.
+            let mut spent = Waiting::new(policy, true);
+            spent.looked(100);
+            assert_eq!((spent.polls, spent.until_yield), (10, 1));
+            assert!(!spent.spin_until(|| unreachable!("looked after the spin")));
+            // A wait that must not spin counts none.
+            let mut idle = Waiting::new(policy, false);
+            idle.looked(4);
+            assert_eq!(idle.polls, 0);
+            assert!(!idle.paused);
+            // A wait its caller's looks served teaches what one that spinning served does.
+            HALVINGS.with(|h| h.set(2));
+            Waiting::served_by_looks(policy);
+            assert_eq!(HALVINGS.with(Cell::get), 1);
+            let mut served = Waiting::new(policy, true);
+            served.looked(4);
+            drop(served);
+            assert_eq!(HALVINGS.with(Cell::get), 0);
+            Waiting::served_by_looks(policy);
+            assert_eq!(HALVINGS.with(Cell::get), 0);
         })
         .join()
         .expect("the waits' thread");
