@@ -472,6 +472,22 @@ fn libfabric_direct_steps_of_mismatched_calls_fail_at_once() {
     );
 }
 
+/// How long each rank of the first host took to give up its call (`revoked in N ms`, printed
+/// by `hcomm_check direct-revoke` and `write-revoke`); `text`: the job's output, for failures.
+fn revocations(job: &Ranks, text: &str) -> Vec<(usize, u64)> {
+    (0..PER_HOST)
+        .map(|r| {
+            let ms = job.output[r]
+                .iter()
+                .find_map(|l| l.strip_prefix("revoked in ")?.strip_suffix(" ms"))
+                .unwrap_or_else(|| panic!("rank {r} printed no revocation:\n{text}"))
+                .parse()
+                .unwrap();
+            (r, ms)
+        })
+        .collect()
+}
+
 /// A receive offered to a peer and given up while the peer does not answer (`hcomm_check
 /// direct-revoke`: the first host's ranks abort a direct all-reduce with their partners on
 /// the second host while those are stopped): the receiver revokes its offer at once, without
@@ -489,18 +505,40 @@ fn libfabric_a_receive_given_up_revokes_its_offer_without_waiting_for_the_peer()
     for r in 0..2 * PER_HOST {
         assert!(text.contains(&format!("[{r}] OK direct-revoke")), "{text}");
     }
-    for r in 0..PER_HOST {
-        let ms: u64 = job.output[r]
-            .iter()
-            .find_map(|l| l.strip_prefix("revoked in ")?.strip_suffix(" ms"))
-            .unwrap_or_else(|| panic!("rank {r} printed no revocation:\n{text}"))
-            .parse()
-            .unwrap();
+    for (r, ms) in revocations(&job, &text) {
         // At most 200 ms per receive offered to the stopped peer (one or two here); waiting
         // for its answer took the 2 s of `DRAIN` per receive before.
         assert!(
             ms < 1500,
             "rank {r} took {ms} ms to give up its call:\n{text}"
+        );
+    }
+}
+
+/// The destination of an RDMA write given up while its writer does not answer (`hcomm_check
+/// write-revoke`: the second host's ranks are stopped from announcing their 2 MiB send until
+/// after the first host's ranks aborted the receive that named its destination):
+/// the receiver withdraws and revokes the destination within the short wait for the writer's
+/// answer, instead of waiting 2 s and then closing its endpoint; the endpoint still carries a
+/// checked all-reduce with the other rank of the second host, and, once the writers resume, a
+/// checked exchange of 2 MiB by RDMA write with the same peer.
+#[test]
+fn libfabric_a_receive_given_up_revokes_the_destination_of_a_write_without_closing_the_endpoint() {
+    let Some(hosts) = Hosts::create("netns ofi write revoke", 2) else {
+        return;
+    };
+    let env = [OFI[0], OFI[1], ("HCOMM_TIMEOUT", "30")];
+    let mut job = hosts.start(CHECK, &["write-revoke", "--stop-ms", "4000"], &env);
+    let text = succeed(&mut job, Duration::from_secs(120));
+    for r in 0..2 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK write-revoke")), "{text}");
+    }
+    for (r, ms) in revocations(&job, &text) {
+        // The receive waited for the stopped writer's answer (200 ms), so its destination
+        // was announced; then gave up well before the 2 s of `DRAIN`.
+        assert!(
+            (150..1500).contains(&ms),
+            "rank {r} took {ms} ms to give up its receive:\n{text}"
         );
     }
 }
