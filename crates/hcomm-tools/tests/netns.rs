@@ -180,7 +180,7 @@ const OFI: [(&str, &str); 2] = [("HCOMM_TRANSPORT", "ofi"), ("FI_PROVIDER", "tcp
 /// [`OFI`] with direct collective steps on (`HCOMM_OFI_DIRECT=1`, the default, said outright).
 const DIRECT: [(&str, &str); 3] = [OFI[0], OFI[1], ("HCOMM_OFI_DIRECT", "1")];
 
-/// Every collective, and point-to-point sizes on both sides of the eager (15 KiB) and RDMA
+/// Every collective, and point-to-point sizes on both sides of the eager (64 KiB) and RDMA
 /// write (1 MiB) thresholds, right through libfabric between hosts, each rank's endpoint on its
 /// host's interface; every protocol taken.
 #[test]

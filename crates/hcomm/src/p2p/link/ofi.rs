@@ -5,7 +5,7 @@
 //! and the message's kind; the receive side posts a ring of buffers that take any tag. A
 //! frame's payload goes by one of three protocols, chosen by its size:
 //!
-//! * **eager** (up to `HCOMM_OFI_EAGER_LIMIT`, 15 KiB): header and payload are copied into a
+//! * **eager** (up to `HCOMM_OFI_EAGER_LIMIT`, 64 KiB): header and payload are copied into a
 //!   registered bounce buffer and sent as one message; the receiver copies the payload into
 //!   its destination when the engine places it.
 //! * **RDMA read** (up to `HCOMM_OFI_WRITE_THRESHOLD`, 1 MiB): the sender registers the
