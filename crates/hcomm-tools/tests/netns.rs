@@ -316,8 +316,9 @@ fn libfabric_peers_killed_mid_transfer_are_lost_fast() {
     }
 }
 
-/// Three hosts (six ranks) over libfabric's tcp provider, the RDMA write threshold lowered to
-/// 64 KiB so that the collectives' pieces fall on all three sides of the thresholds: every
+/// Three hosts (six ranks) over libfabric's tcp provider, the eager limit at 15 KiB and the
+/// RDMA write threshold lowered to 64 KiB so that the collectives' pieces fall on all three
+/// sides of the thresholds: every
 /// collective, type and op at counts from 0 to 70 000 (up to 560 kB per buffer), then a soak of
 /// random collectives (world, split and dup communicators, heap and pool memory), each against
 /// the sequential reference, once with direct steps (every rank takes the eager protocol and
@@ -328,7 +329,12 @@ fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
     let Some(hosts) = Hosts::create("netns ofi 3 hosts", 3) else {
         return;
     };
-    let env = [OFI[0], OFI[1], ("HCOMM_OFI_WRITE_THRESHOLD", "65536")];
+    let env = [
+        OFI[0],
+        OFI[1],
+        ("HCOMM_OFI_EAGER_LIMIT", "15360"),
+        ("HCOMM_OFI_WRITE_THRESHOLD", "65536"),
+    ];
     let mut job = hosts.start(CHECK, &["collectives"], &env);
     let text = succeed(&mut job, Duration::from_secs(200));
     for r in 0..3 * PER_HOST {
@@ -336,7 +342,7 @@ fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
     }
     let soak = ["soak", "--calls", "120", "--seed", "17"];
     for direct in ["1", "0"] {
-        let env = [env[0], env[1], env[2], ("HCOMM_OFI_DIRECT", direct)];
+        let env = [env[0], env[1], env[2], env[3], ("HCOMM_OFI_DIRECT", direct)];
         let mut job = hosts.start(CHECK, &soak, &env);
         let text = succeed(&mut job, Duration::from_secs(200));
         for r in 0..3 * PER_HOST {
@@ -392,7 +398,14 @@ fn direct_steps_on(hosts: usize) {
         return;
     };
     let ranks = hosts.names.len() * PER_HOST;
-    let mut job = hosts.start(CHECK, &["direct"], &DIRECT);
+    // Eager up to 4 KiB: the steps of every collective (a broadcast's pieces, too) are above.
+    let env = [
+        DIRECT[0],
+        DIRECT[1],
+        DIRECT[2],
+        ("HCOMM_OFI_EAGER_LIMIT", "4096"),
+    ];
+    let mut job = hosts.start(CHECK, &["direct"], &env);
     let text = succeed(&mut job, Duration::from_secs(200));
     for r in 0..ranks {
         assert!(text.contains(&format!("[{r}] OK direct")), "{text}");
