@@ -491,3 +491,39 @@ median() {
   for ((r = 1; r <= ROUNDS; r++)); do time_of "$1.$r" "$2" "${3:-}"; done |
     sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+
+# ab_round ROUND OPS INTEL_OPS HCOMM_PERF_ARGS...: one round of the two hcomm variants of
+# VARIANTS ("name:variables" each) in turns for each op of OPS (hcomm_perf OP ARGS, runs
+# NAME_OP.ROUND), the first one alternating between rounds; then Intel MPI and oneCCL at
+# INTEL_OPS (runs impi.ROUND, ccl.ROUND) unless INTEL=0.
+ab_round() {
+  local round=$1 ops=$2 iops=$3 op i t
+  shift 3
+  local order=(0 1)
+  [ $((round % 2)) = 0 ] && order=(1 0)
+  for op in $ops; do
+    for i in "${order[@]}"; do
+      t=${VARIANTS[$i]}
+      hcomm_job "${t%%:*}_$op.$round" "${t#*:}" "$op" "$@"
+    done
+  done
+  if [ $INTEL = 1 ]; then
+    intel_run impi "impi.$round" "$iops"
+    intel_run ccl "ccl.$round" "$iops"
+  fi
+}
+
+# ab_table A B OPS: per op of OPS and size of SIZES, the medians of variants A and B, Intel
+# MPI and oneCCL, and A/B (columns A(us), B(us), impi(us), ccl(us), A/B).
+ab_table() {
+  local a=$1 b=$2 op s x y impi ccl
+  printf '%-10s %9s %12s %12s %9s %9s %16s\n' op size "$a(us)" "$b(us)" "impi(us)" "ccl(us)" "$a/$b"
+  for op in $3; do
+    for s in $SIZES; do
+      x=$(median "${a}_$op" "$s") y=$(median "${b}_$op" "$s")
+      impi=$(median impi "$s" "$op") ccl=$(median ccl "$s" "$op")
+      printf '%-10s %9s %12s %12s %9s %9s %16s\n' "$op" "$s" "${x:-n/a}" "${y:-n/a}" "${impi:-n/a}" \
+        "${ccl:-n/a}" "$(ratio "$x" "$y")"
+    done
+  done
+}

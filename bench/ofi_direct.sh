@@ -31,35 +31,15 @@ OFI="HCOMM_TRANSPORT=ofi FI_PROVIDER=tcp"
 VARIANTS=("direct:$OFI HCOMM_OFI_DIRECT=1" "nodirect:$OFI HCOMM_OFI_DIRECT=0")
 for ((round = 1; round <= ROUNDS; round++)); do
   log "# round $round"
-  # The two variants in turns, the first one alternating between rounds.
-  order=(0 1)
-  [ $((round % 2)) = 0 ] && order=(1 0)
-  for op in allreduce allgather; do
-    for i in "${order[@]}"; do
-      t=${VARIANTS[$i]}
-      # From 4 KiB: the first size also absorbs the making of the connections.
-      hcomm_job "${t%%:*}_$op.$round" "${t#*:}" "$op" -b 4096 -e 16M -f 4
-    done
-  done
-  if [ $INTEL = 1 ]; then
-    intel_run impi "impi.$round" allreduce,allgather
-    intel_run ccl "ccl.$round" allreduce,allgather
-  fi
+  # From 4 KiB: the first size also absorbs the making of the connections.
+  ab_round $round "allreduce allgather" allreduce,allgather -b 4096 -e 16M -f 4
 done
 
 {
   summary_head "hcomm direct collective steps over libfabric tcp vs the same without, Intel MPI, oneCCL; netns, $ROUNDS rounds, nice $NICE"
   echo "# total time: $(($(date +%s) - START)) s"
   echo "# time (us) = median over the rounds; direct/nodirect below 1: the direct steps are faster"
-  printf '%-10s %9s %12s %12s %9s %9s %16s\n' op size "direct(us)" "nodirect(us)" "impi(us)" "ccl(us)" direct/nodirect
-  for op in allreduce allgather; do
-    for s in $SIZES; do
-      d=$(median "direct_$op" "$s") n=$(median "nodirect_$op" "$s")
-      impi=$(median impi "$s" $op) ccl=$(median ccl "$s" $op)
-      printf '%-10s %9s %12s %12s %9s %9s %16s\n' "$op" "$s" "${d:-n/a}" "${n:-n/a}" "${impi:-n/a}" \
-        "${ccl:-n/a}" "$(ratio "$d" "$n")"
-    done
-  done
+  ab_table direct nodirect "allreduce allgather"
   run_log
   failed_runs
   raw_tables "round $ROUNDS:" "direct_allreduce.$ROUNDS" "nodirect_allreduce.$ROUNDS" \

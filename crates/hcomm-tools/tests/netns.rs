@@ -180,7 +180,7 @@ const OFI: [(&str, &str); 2] = [("HCOMM_TRANSPORT", "ofi"), ("FI_PROVIDER", "tcp
 /// [`OFI`] with direct collective steps on (`HCOMM_OFI_DIRECT=1`, the default, said outright).
 const DIRECT: [(&str, &str); 3] = [OFI[0], OFI[1], ("HCOMM_OFI_DIRECT", "1")];
 
-/// Every collective, and point-to-point sizes on both sides of the eager (15 KiB) and RDMA
+/// Every collective, and point-to-point sizes on both sides of the eager (64 KiB) and RDMA
 /// write (1 MiB) thresholds, right through libfabric between hosts, each rank's endpoint on its
 /// host's interface; every protocol taken.
 #[test]
@@ -316,8 +316,9 @@ fn libfabric_peers_killed_mid_transfer_are_lost_fast() {
     }
 }
 
-/// Three hosts (six ranks) over libfabric's tcp provider, the RDMA write threshold lowered to
-/// 64 KiB so that the collectives' pieces fall on all three sides of the thresholds: every
+/// Three hosts (six ranks) over libfabric's tcp provider, the eager limit at 15 KiB and the
+/// RDMA write threshold lowered to 64 KiB so that the collectives' pieces fall on all three
+/// sides of the thresholds: every
 /// collective, type and op at counts from 0 to 70 000 (up to 560 kB per buffer), then a soak of
 /// random collectives (world, split and dup communicators, heap and pool memory), each against
 /// the sequential reference, once with direct steps (every rank takes the eager protocol and
@@ -328,7 +329,12 @@ fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
     let Some(hosts) = Hosts::create("netns ofi 3 hosts", 3) else {
         return;
     };
-    let env = [OFI[0], OFI[1], ("HCOMM_OFI_WRITE_THRESHOLD", "65536")];
+    let env = [
+        OFI[0],
+        OFI[1],
+        ("HCOMM_OFI_EAGER_LIMIT", "15360"),
+        ("HCOMM_OFI_WRITE_THRESHOLD", "65536"),
+    ];
     let mut job = hosts.start(CHECK, &["collectives"], &env);
     let text = succeed(&mut job, Duration::from_secs(200));
     for r in 0..3 * PER_HOST {
@@ -336,7 +342,7 @@ fn libfabric_three_hosts_every_collective_across_the_thresholds_and_a_soak() {
     }
     let soak = ["soak", "--calls", "120", "--seed", "17"];
     for direct in ["1", "0"] {
-        let env = [env[0], env[1], env[2], ("HCOMM_OFI_DIRECT", direct)];
+        let env = [env[0], env[1], env[2], env[3], ("HCOMM_OFI_DIRECT", direct)];
         let mut job = hosts.start(CHECK, &soak, &env);
         let text = succeed(&mut job, Duration::from_secs(200));
         for r in 0..3 * PER_HOST {
@@ -392,7 +398,14 @@ fn direct_steps_on(hosts: usize) {
         return;
     };
     let ranks = hosts.names.len() * PER_HOST;
-    let mut job = hosts.start(CHECK, &["direct"], &DIRECT);
+    // Eager up to 4 KiB: the steps of every collective (a broadcast's pieces, too) are above.
+    let env = [
+        DIRECT[0],
+        DIRECT[1],
+        DIRECT[2],
+        ("HCOMM_OFI_EAGER_LIMIT", "4096"),
+    ];
+    let mut job = hosts.start(CHECK, &["direct"], &env);
     let text = succeed(&mut job, Duration::from_secs(200));
     for r in 0..ranks {
         assert!(text.contains(&format!("[{r}] OK direct")), "{text}");
@@ -472,6 +485,22 @@ fn libfabric_direct_steps_of_mismatched_calls_fail_at_once() {
     );
 }
 
+/// How long each rank of the first host took to give up its call (`revoked in N ms`, printed
+/// by `hcomm_check direct-revoke` and `write-revoke`); `text`: the job's output, for failures.
+fn revocations(job: &Ranks, text: &str) -> Vec<(usize, u64)> {
+    (0..PER_HOST)
+        .map(|r| {
+            let ms = job.output[r]
+                .iter()
+                .find_map(|l| l.strip_prefix("revoked in ")?.strip_suffix(" ms"))
+                .unwrap_or_else(|| panic!("rank {r} printed no revocation:\n{text}"))
+                .parse()
+                .unwrap();
+            (r, ms)
+        })
+        .collect()
+}
+
 /// A receive offered to a peer and given up while the peer does not answer (`hcomm_check
 /// direct-revoke`: the first host's ranks abort a direct all-reduce with their partners on
 /// the second host while those are stopped): the receiver revokes its offer at once, without
@@ -489,18 +518,40 @@ fn libfabric_a_receive_given_up_revokes_its_offer_without_waiting_for_the_peer()
     for r in 0..2 * PER_HOST {
         assert!(text.contains(&format!("[{r}] OK direct-revoke")), "{text}");
     }
-    for r in 0..PER_HOST {
-        let ms: u64 = job.output[r]
-            .iter()
-            .find_map(|l| l.strip_prefix("revoked in ")?.strip_suffix(" ms"))
-            .unwrap_or_else(|| panic!("rank {r} printed no revocation:\n{text}"))
-            .parse()
-            .unwrap();
+    for (r, ms) in revocations(&job, &text) {
         // At most 200 ms per receive offered to the stopped peer (one or two here); waiting
         // for its answer took the 2 s of `DRAIN` per receive before.
         assert!(
             ms < 1500,
             "rank {r} took {ms} ms to give up its call:\n{text}"
+        );
+    }
+}
+
+/// The destination of an RDMA write given up while its writer does not answer (`hcomm_check
+/// write-revoke`: the second host's ranks are stopped from announcing their 2 MiB send until
+/// after the first host's ranks aborted the receive that named its destination):
+/// the receiver withdraws and revokes the destination within the short wait for the writer's
+/// answer, instead of waiting 2 s and then closing its endpoint; the endpoint still carries a
+/// checked all-reduce with the other rank of the second host, and, once the writers resume, a
+/// checked exchange of 2 MiB by RDMA write with the same peer.
+#[test]
+fn libfabric_a_receive_given_up_revokes_the_destination_of_a_write_without_closing_the_endpoint() {
+    let Some(hosts) = Hosts::create("netns ofi write revoke", 2) else {
+        return;
+    };
+    let env = [OFI[0], OFI[1], ("HCOMM_TIMEOUT", "30")];
+    let mut job = hosts.start(CHECK, &["write-revoke", "--stop-ms", "4000"], &env);
+    let text = succeed(&mut job, Duration::from_secs(120));
+    for r in 0..2 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK write-revoke")), "{text}");
+    }
+    for (r, ms) in revocations(&job, &text) {
+        // The receive waited for the stopped writer's answer (200 ms), so its destination
+        // was announced; then gave up well before the 2 s of `DRAIN`.
+        assert!(
+            (150..1500).contains(&ms),
+            "rank {r} took {ms} ms to give up its receive:\n{text}"
         );
     }
 }

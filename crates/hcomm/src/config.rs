@@ -20,13 +20,14 @@ const DEFAULT_LINK_TIMEOUT_SECS: f64 = 5.0;
 pub(crate) const DEFAULT_TCP_STREAMS: usize = 2;
 /// The library the `ofi` transport loads (`HCOMM_OFI_LIB`).
 pub(crate) const DEFAULT_OFI_LIB: &str = "libfabric.so.1";
-/// Default largest payload inline through libfabric (`HCOMM_OFI_EAGER_LIMIT`): 15 KiB, so that
-/// the message (payload, hcomm's 64-byte header, the provider's own) stays within one eager
-/// buffer of `ofi_rxm` (16 KiB by default, `FI_OFI_RXM_BUFFER_SIZE`). Over the tcp provider
-/// between two namespaces an eager 8 KiB / 15 KiB ping-pong took 8.6 / 10.8 us where the RDMA
-/// read took 22.9 / 22.6 us (a read adds a round trip); at 16 KiB, past rxm's buffer, eager
-/// took 27 us and the read 24 us.
-pub(crate) const DEFAULT_OFI_EAGER_LIMIT: usize = 15 << 10;
+/// Default largest payload inline through libfabric (`HCOMM_OFI_EAGER_LIMIT`): 64 KiB, so that
+/// the message (payload, hcomm's 64-byte header, its protocol fields) stays within one eager
+/// buffer of `ofi_rxm`, whose size hcomm sets to 65 KiB unless the user set it
+/// (`FI_OFI_RXM_BUFFER_SIZE`, see `transport::ofi::RXM_BUFFER`). Over the tcp provider between
+/// two namespaces (`bench/ofi_eager.sh`, three interleaved rounds, loaded machine) a 16 KiB /
+/// 64 KiB ping-pong took 10.0 / 21.0 us eager and 22.2 / 29.1 us with 15 KiB eager (RDMA read
+/// above), a 16 KiB / 64 KiB all-reduce of two ranks 13.7 / 34.0 us and 29.2 / 64.7 us.
+pub(crate) const DEFAULT_OFI_EAGER_LIMIT: usize = 64 << 10;
 /// Default threshold above which the sender writes a payload (`HCOMM_OFI_WRITE_THRESHOLD`).
 pub(crate) const DEFAULT_OFI_WRITE_THRESHOLD: usize = 1 << 20;
 /// Default chunk of a large message on one stream (`HCOMM_TCP_CHUNK`).

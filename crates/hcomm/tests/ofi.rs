@@ -22,7 +22,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Ring exchanges at sizes around 4 KiB, the default eager limit (15 KiB) and 1 MiB; every
+/// Ring exchanges at sizes around 4 KiB, the default eager limit (64 KiB) and 1 MiB; every
 /// protocol counted.
 fn sizes(comm: &Communicator) {
     let (r, n) = (comm.rank(), comm.size());
@@ -32,9 +32,9 @@ fn sizes(comm: &Communicator) {
         4095,
         4096,
         4097,
-        (15 << 10) - 1,
-        15 << 10,
-        (15 << 10) + 1,
+        (64 << 10) - 1,
+        64 << 10,
+        (64 << 10) + 1,
         100_000,
         (1 << 20) - 1,
         1 << 20,
@@ -136,9 +136,10 @@ fn cache(comm: &Communicator) {
 }
 
 /// Pool memory is registered with its block, when the block is made: transfers from and to it
-/// (RDMA read and write sizes) make no registration of their own, in rounds that free the
-/// buffers and allocate them again (an ordinary block, kept; a grown one, given back and
-/// reserved anew); the bytes arrive exactly.
+/// (RDMA read and write sizes) make no registration of their own, but for the destination of
+/// each RDMA write, which is exposed to the peer's write and so registered on its own (a
+/// receive given up revokes it), in rounds that free the buffers and allocate them again (an
+/// ordinary block, kept; a grown one, given back and reserved anew); the bytes arrive exactly.
 fn pool(comm: &Communicator) {
     let (r, n) = (comm.rank(), comm.size());
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
@@ -147,7 +148,8 @@ fn pool(comm: &Communicator) {
     let grown = 6 << 20;
     for round in 0..3u8 {
         let before = comm.protocol_stats();
-        for len in [64 << 10, 1 << 20, (1 << 20) + 1, grown] {
+        // Read, read, written, written.
+        for len in [128 << 10, 1 << 20, (1 << 20) + 1, grown] {
             let mut out = comm.alloc::<u8>(len).unwrap();
             let mut got = comm.alloc::<u8>(len).unwrap();
             assert!(
@@ -164,15 +166,17 @@ fn pool(comm: &Communicator) {
         }
         let s = comm.protocol_stats();
         assert_eq!(
-            s.ofi_mr_misses, before.ofi_mr_misses,
-            "round {round}: {s:?}"
+            s.ofi_mr_misses - before.ofi_mr_misses,
+            2,
+            "round {round}: the two destinations of writes only: {s:?}"
         );
         assert_eq!(s.ofi_mr_hits, before.ofi_mr_hits, "round {round}: {s:?}");
         assert!(s.ofi_read > before.ofi_read, "round {round}: {s:?}");
         assert!(s.ofi_write > before.ofi_write, "round {round}: {s:?}");
-        // Each transfer's sender and receiver found their block's region.
+        // Each read's sender found its block's region (the readers and writers over the tcp
+        // provider need no local one).
         assert!(
-            s.ofi_mr_pool - before.ofi_mr_pool >= 4,
+            s.ofi_mr_pool - before.ofi_mr_pool >= 2,
             "round {round}: {s:?}"
         );
     }

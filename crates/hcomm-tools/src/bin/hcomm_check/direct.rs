@@ -175,6 +175,109 @@ pub(super) fn direct_revoke(comm: &Communicator, stop_ms: u64, abort_ms: u64) ->
     Ok(())
 }
 
+/// Bytes of the messages of [`write_revoke`]: above the RDMA write threshold (1 MiB), so that
+/// they go by RDMA write through libfabric.
+const WRITE_BYTES: usize = 2 << 20;
+
+/// The margin of [`write_revoke`]'s steps: how long a rank waits for its peer to have stopped
+/// itself (a few milliseconds, unless the machine is loaded).
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// The destination of an RDMA write given up while its writer does not answer (two hosts of
+/// two ranks, as [`direct_revoke`]: 2 sends [`WRITE_BYTES`] to 0, 3 to 1), its steps ordered
+/// by stops (`SIGSTOP`, each resumed by a child) so that the writer is stopped from the moment
+/// it announced the write until well after the receiver gave it up:
+///
+/// 1. the sender starts its send (its request to send goes out; no receive matches it yet)
+///    and stops itself for `stop_ms / 3`;
+/// 2. the receiver posts its receive after [`SETTLE`] (the sender is stopped by then), which
+///    answers the request, and after [`SETTLE`] / 4 stops itself for `stop_ms / 3`;
+/// 3. the sender, resumed, announces the write (its `ofi_write` count grows) and stops
+///    itself for `stop_ms`, before the stopped receiver could tell it where to write;
+/// 4. the receiver, resumed, names the destination, and `abort_ms` later aborts the
+///    communicator: the receive fails within the short wait for the stopped writer's answer
+///    (printed: `revoked in N ms`), without closing the endpoint;
+/// 5. the sender, resumed, finds its send dropped by the receiver (it counts as sent) or
+///    aborted, not written into the revoked destination.
+///
+/// Then every rank runs a checked all-reduce with its other partner on the other host, and
+/// each pair exchanges [`WRITE_BYTES`] on the world, checked: the same peer, by RDMA write.
+pub(super) fn write_revoke(comm: &Communicator, stop_ms: u64, abort_ms: u64) -> Result<()> {
+    ensure!(
+        comm.size() == 4,
+        "write-revoke needs 4 ranks (two hosts of two)"
+    );
+    ensure!(
+        stop_ms / 3 > 2 * SETTLE.as_millis() as u64,
+        "write-revoke needs --stop-ms above {} ms",
+        6 * SETTLE.as_millis()
+    );
+    let me = comm.rank();
+    // 0 with 2 and 1 with 3 (the first host's rank first), then 0 with 3 and 1 with 2.
+    let straight = comm.split((me % 2) as i32, me as i32)?.context("no pair")?;
+    let crossed = comm
+        .split(i32::from(me == 0 || me == 3), me as i32)?
+        .context("no pair")?;
+    comm.barrier()?;
+    let pending = |req: &mut hcomm::Request, ms: u64| -> Result<()> {
+        let until = Instant::now() + Duration::from_millis(ms);
+        while Instant::now() < until {
+            ensure!(
+                !req.test()?,
+                "the transfer ended although its peer was stopped"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    };
+    if me < 2 {
+        std::thread::sleep(SETTLE);
+        let mut req = straight.irecv(vec![0u8; WRITE_BYTES], 1, 7)?;
+        pending(&mut req, SETTLE.as_millis() as u64 / 4)?;
+        stop_self(stop_ms / 3)?;
+        pending(&mut req, abort_ms)?;
+        let t0 = Instant::now();
+        straight.abort()?;
+        match req.wait() {
+            Err(Error::Aborted(_)) => {}
+            Err(e) => bail!("the aborted receive gave {e}"),
+            Ok(_) => bail!("the aborted receive succeeded"),
+        }
+        println!("revoked in {} ms", t0.elapsed().as_millis());
+    } else {
+        let before = comm.protocol_stats().ofi_write;
+        let mut req = straight.isend(vec![0x5a; WRITE_BYTES], 0, 7)?;
+        stop_self(stop_ms / 3)?;
+        let until = Instant::now() + Duration::from_secs(20);
+        while comm.protocol_stats().ofi_write == before {
+            ensure!(
+                !req.test()?,
+                "the send ended before its write was announced"
+            );
+            ensure!(Instant::now() < until, "the write was never announced");
+        }
+        stop_self(stop_ms)?;
+        match req.wait() {
+            Ok(_) => println!("send dropped"),
+            Err(Error::Aborted(_)) => println!("send aborted"),
+            Err(e) => bail!("the send its partner gave up gave {e}"),
+        }
+    }
+    checked_sum(&crossed)?;
+    let partner = (me + 2) % 4;
+    let mine: Vec<u8> = (0..WRITE_BYTES).map(|i| (i + me) as u8).collect();
+    let mut got = vec![0u8; WRITE_BYTES];
+    comm.sendrecv(&mine, partner, 9, &mut got, partner, 9)?;
+    ensure!(
+        got.iter()
+            .enumerate()
+            .all(|(i, &x)| x == (i + partner) as u8),
+        "the exchange with the same peer is wrong"
+    );
+    comm.barrier()?;
+    Ok(())
+}
+
 /// Stops this process (`SIGSTOP`: none of its threads runs) for `ms`, resumed by a child.
 fn stop_self(ms: u64) -> Result<()> {
     let pid = std::process::id();

@@ -122,6 +122,22 @@ enum Scenario {
         #[arg(long, default_value_t = 500)]
         abort_ms: u64,
     },
+    /// Two hosts of two ranks: the second host's ranks send 2 MiB (by RDMA write through
+    /// libfabric) to their partner on the first, and are stopped (`SIGSTOP`, steps ordered by
+    /// stops of both sides) from announcing the write until well after the first host's
+    /// ranks, whose receive named its destination, aborted it, which revokes that destination
+    /// at once (`revoked in N ms`); then every rank runs a checked all-reduce with its other
+    /// partner on the other host, and each pair exchanges 2 MiB again, checked, through the
+    /// same endpoint.
+    WriteRevoke {
+        /// How long the senders stay stopped after announcing the write, in milliseconds (a
+        /// third of it: each earlier stop).
+        #[arg(long, default_value_t = 4000)]
+        stop_ms: u64,
+        /// How long after naming the destination the first host's ranks abort the receive.
+        #[arg(long, default_value_t = 300)]
+        abort_ms: u64,
+    },
     /// Ring exchange at sizes around every protocol threshold (through libfabric, then a
     /// checked all-reduce of 100 000 Int32, whose steps may go direct), then the protocol
     /// counts and the TCP connections the rank opened and accepted (`links ...`).
@@ -490,6 +506,10 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::DirectRevoke { stop_ms, abort_ms } => {
             direct::direct_revoke(&comm, stop_ms, abort_ms)?;
             "direct-revoke"
+        }
+        Scenario::WriteRevoke { stop_ms, abort_ms } => {
+            direct::write_revoke(&comm, stop_ms, abort_ms)?;
+            "write-revoke"
         }
         Scenario::Direct => {
             direct::direct(&comm)?;

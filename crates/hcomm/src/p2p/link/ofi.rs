@@ -5,7 +5,7 @@
 //! and the message's kind; the receive side posts a ring of buffers that take any tag. A
 //! frame's payload goes by one of three protocols, chosen by its size:
 //!
-//! * **eager** (up to `HCOMM_OFI_EAGER_LIMIT`, 15 KiB): header and payload are copied into a
+//! * **eager** (up to `HCOMM_OFI_EAGER_LIMIT`, 64 KiB): header and payload are copied into a
 //!   registered bounce buffer and sent as one message; the receiver copies the payload into
 //!   its destination when the engine places it.
 //! * **RDMA read** (up to `HCOMM_OFI_WRITE_THRESHOLD`, 1 MiB): the sender registers the
@@ -15,7 +15,9 @@
 //! * **RDMA write** (larger): the sender announces the frame; the receiver registers the
 //!   destination and answers with its address and key; the sender `fi_write`s into it and
 //!   sends a completion notice after it (ordered after the write by `FI_ORDER_SAW`, or the
-//!   write asks for delivery completion first), upon which the payload has landed.
+//!   write asks for delivery completion first), upon which the payload has landed. A receive
+//!   given up meanwhile withdraws the destination (`WITHDRAW`: a write not posted yet is
+//!   dropped) and revokes it after at most [`REVOKE_WAIT`], as an offer (below).
 //!
 //! * **direct** (a collective's steps above the eager limit, up to 16 MiB, when the provider
 //!   orders sends after writes and `HCOMM_OFI_DIRECT` is on): the receiver offers the receive
@@ -41,11 +43,20 @@
 //! anew. Shared-memory pool memory needs none of this: the hub registers every pool block
 //! whole when its memory is backed and closes the region when it goes (the hub is the pool's
 //! [`BlockWatcher`]; the regions are filed in a [`BlockRegs`]), so a transfer from or to pool
-//! memory finds its region by address, with no registration of its own. An operation
-//! abandoned while the NIC still writes into its buffer (a read in flight, a write announced
-//! to the peer) is drained first ([`Link::forget`], [`Link::close`]): completions are read
+//! memory finds its region by address, with no registration of its own; memory exposed to a
+//! peer's writes (offers, the destinations of RDMA writes) is registered on its own
+//! ([`OFFERED`]), so that it can be revoked. A receive given up withdraws what it exposed to
+//! the peer's writes (`WITHDRAW`) and waits at most [`REVOKE_WAIT`] for the answer, then
+//! releases the registration: a late write fails at the writer, for that pair only (a
+//! limit: the tcp provider checks a write's key once, when its header comes, and places the
+//! rest as it comes, so a writer stalled halfway through a write for longer than
+//! [`REVOKE_WAIT`] would still finish it into the revoked bytes; hardware checks every
+//! packet). This
+//! rank's own RMA on an abandoned operation's buffer (a read in flight into it, a write in
+//! flight from it) is drained first ([`Link::forget`], [`Link::close`]): completions are read
 //! until it ends, at most [`DRAIN`]; should that pass, the endpoint is closed for every peer,
-//! which stops the NIC.
+//! which stops the NIC (nothing else stops an operation the provider is carrying out: a
+//! region's descriptor is not checked by the tcp provider for local buffers).
 //!
 //! Completions are read when the engine polls a link (every turn: the links are `polled`, and
 //! the queue's wait descriptor, when the provider has one, sits in the engine's epoll set);
@@ -130,9 +141,11 @@ mod msg {
     /// A frame whose payload was written into the offer of token (after it: `FI_ORDER_SAW`):
     /// header, token.
     pub(super) const PUT: u64 = 8;
-    /// The receiver withdraws the offer of token.
+    /// The receiver withdraws the offer of token, or the destination of token it named in a
+    /// `WRITE_CTS` (its receive was given up).
     pub(super) const WITHDRAW: u64 = 9;
-    /// The sender will not write into the offer of token (any write of its came first).
+    /// The sender will not write into the offer or destination of token (any write of its
+    /// came first; a write already posted is answered by its `WRITE_DONE` instead).
     pub(super) const WITHDRAWN: u64 = 10;
 }
 
@@ -186,11 +199,12 @@ struct MrCache {
 /// Key of a registration in the cache.
 type MrKey = (usize, usize, u64);
 
-/// A bit of a registration's access in its cache key, never given to the provider: the
-/// buffers around receives offered to peers (direct steps) have registrations of their own,
-/// shared by the offers of their call only (not by other transfers, nor the pool block's,
-/// which would keep pool memory writable), so that once the offers of a call are revoked
-/// (`HubState::revoke`) nothing keeps their bytes open to the peers' writes.
+/// A bit of a registration's access in its cache key, never given to the provider: memory
+/// exposed to a peer's writes (the buffers around receives offered for direct steps, and the
+/// destinations of RDMA writes) has registrations of its own, shared by the offers of one
+/// call only (not by other transfers, nor the pool block's, which would keep pool memory
+/// writable), so that once a receive given up revokes them (`HubState::revoke`) nothing keeps
+/// its bytes open to the peers' writes.
 const OFFERED: u64 = 1 << 63;
 
 /// What the threads of the engine see of one peer.
@@ -325,6 +339,36 @@ struct Landing {
     pieces: usize,
     /// Read: a piece failed (the landing goes when the others have ended).
     broken: Option<String>,
+    /// Write: its receive was given up, and the writer asked not to write (`msg::WITHDRAW`).
+    withdrawn: bool,
+}
+
+impl Landing {
+    /// The destination of a payload the sender writes (its token `theirs`): `len` bytes at
+    /// `ptr`, registered as `mr`.
+    fn write(
+        hdr: FrameHeader,
+        dest: Dest,
+        (ptr, len): (*mut u8, usize),
+        mr: Option<MrKey>,
+        theirs: u64,
+    ) -> Landing {
+        Landing {
+            hdr,
+            dest,
+            ptr,
+            len,
+            mr,
+            remote: (0, 0, theirs),
+            read: false,
+            posted: true,
+            arrived: false,
+            read_at: 0,
+            pieces: 0,
+            broken: None,
+            withdrawn: false,
+        }
+    }
 }
 
 // SAFETY: the raw pointers name operation buffers the engine keeps alive while the entries
@@ -965,6 +1009,10 @@ impl HubState {
                 if p.putting.as_ref().is_some_and(|u| u.offer.token == token) {
                     self.end_putting(src, true);
                 }
+                if !self.drop_write(src, token) {
+                    // Its write is on the wire: its `WRITE_DONE` answers, after it.
+                    return;
+                }
                 let p = &mut self.peers[src];
                 p.control.push_back((msg::WITHDRAWN, words(&[token])));
                 return;
@@ -979,6 +1027,12 @@ impl HubState {
                     .map(|(op, _)| *op);
                 if let Some(o) = op.and_then(|op| p.offered.remove(&op)) {
                     self.unregister(o.mr);
+                }
+                let p = &mut self.peers[src];
+                if p.landing.get(&token).is_some_and(|l| l.withdrawn) {
+                    if let Some(l) = p.landing.remove(&token) {
+                        self.unregister(l.mr);
+                    }
                 }
                 return;
             }
@@ -1027,6 +1081,33 @@ impl HubState {
         };
         let item = item.unwrap_or_else(In::Failed);
         self.peers[src].inbox.push_back(item);
+    }
+
+    /// The receiver `peer` gave up the destination of token (its token, from `WRITE_CTS`):
+    /// a write of this rank's not posted yet is dropped, and its frame counts as sent (as when
+    /// the receiver drops a payload at once). `false`: the write is posted (its `WRITE_DONE`
+    /// follows it).
+    fn drop_write(&mut self, peer: usize, token: u64) -> bool {
+        let p = &mut self.peers[peer];
+        let mine = p
+            .sending
+            .iter()
+            .find(|(_, s)| !s.read && s.target.is_some_and(|t| t.2 == token))
+            .map(|(t, s)| (*t, s.posted));
+        match mine {
+            None => true,
+            Some((_, true)) => false,
+            Some((t, false)) => {
+                p.writes.retain(|&w| w != t);
+                if let Some(s) = p.sending.remove(&t) {
+                    if let Some(op) = s.op {
+                        p.inbox.push_back(In::Sent(op));
+                    }
+                    self.unregister(s.mr);
+                }
+                true
+            }
+        }
     }
 
     /// Posts what `peer` has waiting: protocol messages, reads, writes, then frames.
@@ -1513,43 +1594,79 @@ impl HubState {
         }
     }
 
-    /// Withdraws the offer of receive `op`, if it made one the peer did not use yet: tells
-    /// the peer (`WITHDRAW`), which answers (`WITHDRAWN`) once it will not write into it, after
-    /// any write of its. Whether that answer is awaited (see `OfiLink::forget`).
+    /// Withdraws what receive `op` exposed to the peer's writes and the peer did not use yet:
+    /// its offer (a direct step), and the destinations it named for RDMA writes not yet
+    /// landed (`WRITE_CTS`). Tells the peer (`WITHDRAW`, once each), which answers
+    /// (`WITHDRAWN`, or a write's `WRITE_DONE`) once it will not write into it, after any
+    /// write of its. Whether an answer is awaited (see `OfiLink::forget`).
     fn withdraw(&mut self, peer: usize, op: OpId) -> bool {
-        let Some(o) = self.peers[peer].offered.get_mut(&op) else {
-            return false;
-        };
-        if !std::mem::replace(&mut o.withdrawn, true) {
-            let token = o.token;
-            self.peers[peer]
-                .control
-                .push_back((msg::WITHDRAW, words(&[token])));
-            if let Err(why) = self.push_peer(peer) {
-                self.fail(peer, why);
+        let p = &mut self.peers[peer];
+        let mut tokens = Vec::new();
+        if let Some(o) = p.offered.get_mut(&op) {
+            if !std::mem::replace(&mut o.withdrawn, true) {
+                tokens.push(o.token);
             }
         }
-        true
+        for (t, l) in p.landing.iter_mut() {
+            if writes_into(l, op) && !std::mem::replace(&mut l.withdrawn, true) {
+                tokens.push(*t);
+            }
+        }
+        for token in tokens {
+            p.control.push_back((msg::WITHDRAW, words(&[token])));
+        }
+        if let Err(why) = self.push_peer(peer) {
+            self.fail(peer, why);
+        }
+        !self.withdrawn(peer, op)
     }
 
-    /// Whether the withdrawn offer of receive `op` is settled: the peer answered (the offer
-    /// is gone), or the peer is lost, or the endpoint.
+    /// Whether what receive `op` withdrew is settled: the peer answered (the offer is gone,
+    /// the writes landed or were dropped), or the peer is lost, or the endpoint.
     fn withdrawn(&self, peer: usize, op: OpId) -> bool {
-        self.lost(peer) || !self.peers[peer].offered.contains_key(&op)
+        let p = &self.peers[peer];
+        self.lost(peer)
+            || (!p.offered.contains_key(&op) && !p.landing.values().any(|l| writes_into(l, op)))
     }
 
-    /// Revokes the offer of receive `op`, answered or not: its registration is released (and
+    /// Revokes what receive `op` exposed to the peer's writes, answered or not: the offer and
+    /// the destinations of writes not landed; their registrations are released (an offer's
     /// closed once no other offer of its call uses it), so that a write of the peer's that
     /// comes later fails at the peer, for that peer only; the endpoint is not touched.
     fn revoke(&mut self, peer: usize, op: OpId) {
-        if let Some(o) = self.peers[peer].offered.remove(&op) {
-            if o.withdrawn && !self.lost(peer) {
+        let silent = !self.lost(peer);
+        let mut keys = Vec::new();
+        let p = &mut self.peers[peer];
+        if let Some(o) = p.offered.remove(&op) {
+            if o.withdrawn && silent {
                 tracing::debug!(
                     "libfabric: world rank {peer} did not answer the withdrawal of an offered \
                      receive within {REVOKE_WAIT:?}: its registration is released"
                 );
             }
-            self.unregister(o.mr);
+            keys.push(o.mr);
+        }
+        let writes: Vec<u64> = p
+            .landing
+            .iter()
+            .filter(|(_, l)| writes_into(l, op))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in writes {
+            if let Some(l) = p.landing.remove(&t) {
+                if silent {
+                    tracing::debug!(
+                        "libfabric: world rank {peer} did not answer the withdrawal of the \
+                         destination of a write ({} B) within {REVOKE_WAIT:?}: its \
+                         registration is released",
+                        l.len
+                    );
+                }
+                keys.push(l.mr);
+            }
+        }
+        for k in keys {
+            self.unregister(k);
         }
     }
 
@@ -1614,6 +1731,12 @@ fn frame_key(f: &OutFrame) -> Option<(u64, u32)> {
     }
 }
 
+/// Whether `l` is the destination of an RDMA write into receive `op`'s buffer that has not
+/// landed (the peer may still write into it).
+fn writes_into(l: &Landing, op: OpId) -> bool {
+    !l.read && !l.arrived && matches!(l.dest, Dest::Op { op: o, .. } if o == op)
+}
+
 /// The link to one peer through the hub.
 #[derive(Debug)]
 pub(in crate::p2p) struct OfiLink {
@@ -1666,9 +1789,10 @@ impl OfiLink {
 
 impl OfiLink {
     /// Waits, at most [`REVOKE_WAIT`] and without holding the hub between its polls, for the
-    /// peer's answer to the withdrawal of receive `op`'s offer (after any write of its), then
-    /// revokes the offer: a peer that does not answer (stopped, or not progressing) is not
-    /// waited for longer, and should it write later, the write fails at its end.
+    /// peer's answer to the withdrawal of what receive `op` exposed to its writes (its offer,
+    /// the destinations of its RDMA writes), after any write of its, then revokes them: a peer
+    /// that does not answer (stopped, or not progressing) is not waited for longer, and should
+    /// it write later, the write fails at its end.
     fn await_withdrawn(&self, op: OpId) {
         let deadline = Instant::now() + REVOKE_WAIT;
         loop {
@@ -1947,6 +2071,7 @@ impl Link for OfiLink {
                         read_at: 0,
                         pieces: 0,
                         broken: None,
+                        withdrawn: false,
                     },
                 );
                 p.reads.push_back(token);
@@ -1962,27 +2087,14 @@ impl Link for OfiLink {
                     return Ok(true);
                 };
                 // SAFETY: the destination stays valid until the payload lands or the
-                // operation is forgotten, which waits for the write first.
-                let (mr, base, key, _) = unsafe { st.register(ptr, len, FI_REMOTE_WRITE) }?;
+                // operation is forgotten, which revokes the registration first (a registration
+                // of its own, not the pool block's: see `OFFERED`).
+                let (mr, base, key, _) =
+                    unsafe { st.register(ptr, len, FI_REMOTE_WRITE | OFFERED) }?;
                 let p = &mut st.peers[peer];
                 let token = p.take_token();
-                p.landing.insert(
-                    token,
-                    Landing {
-                        hdr: *hdr,
-                        dest,
-                        ptr,
-                        len,
-                        mr,
-                        remote: (0, 0, theirs),
-                        read: false,
-                        posted: true,
-                        arrived: false,
-                        read_at: 0,
-                        pieces: 0,
-                        broken: None,
-                    },
-                );
+                let landing = Landing::write(*hdr, dest, (ptr, len), mr, theirs);
+                p.landing.insert(token, landing);
                 p.control
                     .push_back((msg::WRITE_CTS, words(&[theirs, base, key, token])));
                 st.push_peer(peer)?;
@@ -1994,8 +2106,11 @@ impl Link for OfiLink {
 
     /// Drops the operation's frames not yet sent. A send whose payload the peer reads keeps
     /// its registration until the peer says it read it (the memory is only read); one the
-    /// peer waits to have written goes from a copy. A payload landing in the operation's
-    /// buffer is waited for (see [`DRAIN`]).
+    /// peer waits to have written goes from a copy. What a receive exposed to the peer's
+    /// writes (an offer, the destination of an RDMA write) is withdrawn and revoked within
+    /// [`REVOKE_WAIT`] (see `OfiLink::await_withdrawn`); this rank's own RMA in flight on the
+    /// operation's buffer (a read landing in it, a write from it) is waited for (see
+    /// [`DRAIN`]).
     fn forget(&mut self, op: OpId, _ops: &Ops) {
         let peer = self.peer;
         let offered = {
@@ -2041,8 +2156,8 @@ impl Link for OfiLink {
                 s.mr = mr;
             }
         }
-        // A write in flight from the operation's buffer reads it until it completes; a
-        // payload landing in it writes it until it has arrived.
+        // A write in flight from the operation's buffer reads it until it completes; a read
+        // landing in it writes it until it has arrived (the peer's writes were revoked above).
         let mine = move |l: &Landing| matches!(l.dest, Dest::Op { op: o, .. } if o == op);
         let busy = move |st: &HubState| {
             let p = &st.peers[peer];
@@ -2053,7 +2168,7 @@ impl Link for OfiLink {
             let landing = p
                 .landing
                 .values()
-                .any(|l| mine(l) && !l.arrived && (l.posted || !l.read));
+                .any(|l| mine(l) && !l.arrived && l.read && l.posted);
             writing || landing
         };
         st.drain(|st| !busy(st));
@@ -2349,6 +2464,26 @@ mod tests {
         assert!(buf.iter().all(|&x| x == 0));
     }
 
+    /// [`two_hubs`], the first shared, and its link to world rank 1.
+    fn receiver() -> (Arc<Hub>, Hub, OfiLink) {
+        let (a, b) = two_hubs();
+        let a = Arc::new(a);
+        let link = OfiLink::new(&a, 1, 0);
+        (a, b, link)
+    }
+
+    /// `link` (to world rank 1, on `a`) forgets receive `op` within 500 ms (well below the 2 s
+    /// of `DRAIN`), leaving the endpoint alive and no registration open.
+    fn forget_quickly(a: &Hub, link: &mut OfiLink, op: OpId) {
+        let t0 = Instant::now();
+        link.forget(op, &Ops::default());
+        let took = t0.elapsed();
+        assert!(took < Duration::from_millis(500), "forget took {took:?}");
+        let st = lock(&a.state);
+        assert!(st.dead.is_none(), "{:?}", st.dead);
+        assert!(st.cache.entries.is_empty(), "the registration is closed");
+    }
+
     /// A receive offered to a peer that does not answer (it does not progress) and then given
     /// up is revoked after a short wait (`REVOKE_WAIT`, not the 2 s of `DRAIN`): its
     /// registration is closed (a late write of the peer would fail at the peer), and the
@@ -2356,9 +2491,7 @@ mod tests {
     /// offer.
     #[test]
     fn a_receive_given_up_revokes_its_offer_without_waiting_for_a_silent_peer() {
-        let (a, b) = two_hubs();
-        let a = Arc::new(a);
-        let mut link = OfiLink::new(&a, 1, 0);
+        let (a, b, mut link) = receiver();
         let mut buf = vec![0u8; 1 << 16];
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
         let e = Exposure {
@@ -2377,19 +2510,8 @@ mod tests {
             1,
             "the span is registered"
         );
-        let t0 = Instant::now();
-        link.forget(42, &Ops::default());
-        let took = t0.elapsed();
-        assert!(took < Duration::from_millis(500), "forget took {took:?}");
-        {
-            let st = lock(&a.state);
-            assert!(st.dead.is_none(), "{:?}", st.dead);
-            assert!(
-                st.cache.entries.is_empty(),
-                "the offer's registration is closed"
-            );
-            assert!(st.peers[1].offered.is_empty());
-        }
+        forget_quickly(&a, &mut link, 42);
+        assert!(lock(&a.state).peers[1].offered.is_empty());
         let payloads = [vec![5u8; 100]];
         let ops = sends(&payloads);
         flush_frames(&a, &ops, vec![frame(&ops, 0, None)]);
@@ -2397,6 +2519,83 @@ mod tests {
         assert_eq!(arrivals(&a, &b, &ops, 1), [(0, 'f')]);
         assert!(lock(&b.state).peers[0].offers.is_empty());
         drop(buf);
+    }
+
+    /// The destination of an RDMA write whose receive is given up while the writer is silent
+    /// is revoked after a short wait (`REVOKE_WAIT`, not the 2 s of `DRAIN` and then the
+    /// endpoint closed): its own registration is closed and the endpoint still carries
+    /// messages; the writer, when it progresses, drops the write it had not posted yet (its
+    /// frame counts as sent) instead of writing into the revoked region.
+    #[test]
+    fn a_receive_given_up_revokes_the_destination_of_a_write_without_waiting_for_the_writer() {
+        let (a, b, mut link) = receiver();
+        let mut buf = vec![0u8; 1 << 16];
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        let (token, base, key) = {
+            let mut st = lock(&a.state);
+            // SAFETY: `buf` outlives the registration, which `forget` releases.
+            let (mr, base, key, _) =
+                unsafe { st.register(ptr, len, FI_REMOTE_WRITE | OFFERED) }.unwrap();
+            let p = &mut st.peers[1];
+            let token = p.take_token();
+            let hdr = FrameHeader::new(FrameKind::Eager);
+            let dest = Dest::Op { op: 42, base: 0 };
+            let landing = Landing::write(hdr, dest, (ptr, len), mr, 3);
+            p.landing.insert(token, landing);
+            (token, base, key)
+        };
+        // The writer has the destination (its `WRITE_CTS` came) and has not written yet.
+        let payload = vec![6u8; 1 << 16];
+        {
+            let mut st = lock(&b.state);
+            let p = &mut st.peers[0];
+            let sending = Sending {
+                op: Some(5),
+                ptr: payload.as_ptr(),
+                len: payload.len(),
+                mr: None,
+                owned: None,
+                target: Some((base, key, token)),
+                read: false,
+                posted: false,
+            };
+            p.sending.insert(3, sending);
+            p.writes.push_back(3);
+        }
+        forget_quickly(&a, &mut link, 42);
+        assert!(lock(&a.state).peers[1].landing.is_empty());
+        let small = [vec![5u8; 100]];
+        let ops = sends(&small);
+        flush_frames(&a, &ops, vec![frame(&ops, 0, None)]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            {
+                let mut st = lock(&a.state);
+                st.progress();
+                st.flush(1, &ops, &mut Vec::new()).unwrap();
+            }
+            let mut st = lock(&b.state);
+            st.progress();
+            let p = &st.peers[0];
+            assert!(
+                !p.inbox.iter().any(|i| matches!(i, In::Failed(_))),
+                "{:?}",
+                p.inbox
+            );
+            let dropped = p.inbox.iter().any(|i| matches!(i, In::Sent(5)));
+            let came = p
+                .inbox
+                .iter()
+                .any(|i| matches!(i, In::Frame(h, _) if h.msg_id == 0));
+            if dropped && came {
+                assert!(p.sending.is_empty() && p.writes.is_empty());
+                assert_eq!(st.counts.ofi_direct.load(Ordering::Relaxed), 0);
+                break;
+            }
+            assert!(Instant::now() < deadline, "only {:?} arrived", p.inbox);
+        }
+        assert!(buf.iter().all(|&x| x == 0), "nothing was written");
+        drop(payload);
     }
 
     /// Pool memory takes its block's region, with no registration of its own; when the pool
