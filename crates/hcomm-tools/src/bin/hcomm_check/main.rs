@@ -704,6 +704,11 @@ fn run(scenario: Scenario) -> Result<()> {
             "split-stop"
         }
         Scenario::Exit => {
+            // Every rank finishes init before rank 1 exits: otherwise rank 0 could lose rank 1
+            // and exit, taking the store it hosts with it, while another rank was still in
+            // init (waiting for the store's acknowledgement of its last key), which then
+            // could only report the store lost, not rank 1.
+            comm.barrier().context("barrier before rank 1 exits")?;
             if comm.rank() == 1 {
                 std::process::exit(3);
             }
