@@ -94,7 +94,7 @@ impl FastBox {
     /// # Safety
     /// `base` must be valid for [`REGION_LEN`] bytes, aligned to 128, and not in use by
     /// anyone else until the box is published.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) unsafe fn init(base: *mut u8) -> FastBox {
         let region = base.cast::<Region>();
         // SAFETY: the caller's promise: the memory is ours, large and aligned enough; a

@@ -174,7 +174,7 @@ impl RingLayout {
     }
 
     /// Slots in the ring.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn slot_count(&self) -> usize {
         self.slot_count
     }
@@ -363,7 +363,7 @@ impl ShmRing {
     }
 
     /// The ring's shape.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn layout(&self) -> RingLayout {
         self.layout
     }
@@ -656,7 +656,7 @@ impl Consumer {
     }
 
     /// The ring's shape.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn layout(&self) -> RingLayout {
         self.ring.layout
     }
