@@ -1120,7 +1120,8 @@ impl StoreClient {
                 .with_source(e),
                 io::ErrorKind::UnexpectedEof => Error::transport_failed(format!(
                     "the rendezvous store at {} closed the connection during the {what}: the \
-                     store stopped or dropped us",
+                     store stopped (it ends with the process that serves it, rank 0 unless a \
+                     launcher serves it: that process's own error says why) or dropped us",
                     self.addr
                 ))
                 .with_source(e),
