@@ -10,7 +10,8 @@
 //   MODE:
 //     read        sum a buffer (user loads, AVX2)
 //     memcpy      glibc memcpy of a buffer into another
-//     nt          copy with non-temporal stores
+//     nt          copy with non-temporal stores (32 bytes each, AVX2: two per cache line)
+//     nt64        the same with 64-byte stores (AVX-512F: a whole line each)
 //     readv       process_vm_readv of the buffer in CHUNK pieces into one cache-sized buffer
 //     readv_hot   the same, each piece summed in user space first (so the kernel reads cache)
 //     writev      process_vm_writev of one cache-sized buffer over the buffer in CHUNK pieces
@@ -20,7 +21,10 @@
 //     allreduce   one rank's half of the heap all-reduce of hcomm (coll/onesided.rs): per piece
 //                 readv the peer's contribution, reduce with its own, non-temporal stores into
 //                 its result, writev into the peer's result; prints the time of each phase
-//     pool        the same without the kernel: both contributions read in place, the result
+//     allgather   one rank's block of the heap all-gather of hcomm: per piece non-temporal
+//                 stores of its own contribution into its result, then writev of the piece into
+//                 the peer's result (allgather64: the stores of nt64); readv shows as 0
+//     pool        the all-reduce without the kernel: both contributions read in place, the result
 //                 streamed into both results (the pool path)
 // Prints the best of REPS repetitions, GB/s of the buffer (N MiB / time), and user/system shares.
 #define _GNU_SOURCE
@@ -71,6 +75,11 @@ __attribute__((target("avx2"))) static void nt_copy(char *d, const char *s, size
     _mm256_stream_si256((__m256i *)(d + i), _mm256_loadu_si256((const __m256i *)(s + i)));
 }
 
+__attribute__((target("avx512f"))) static void nt_copy64(char *d, const char *s, size_t n) {
+  for (size_t i = 0; i < n; i += 64)
+    _mm512_stream_si512((void *)(d + i), _mm512_loadu_si512((const void *)(s + i)));
+}
+
 __attribute__((target("avx2"))) static void add(char *d, const char *a, const char *b, size_t n) {
   for (size_t i = 0; i < n; i += 32)
     _mm256_storeu_ps((float *)(d + i), _mm256_add_ps(_mm256_loadu_ps((const float *)(a + i)),
@@ -114,6 +123,20 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "nt")) {
       nt_copy(out, src, n);
       _mm_sfence();
+    } else if (!strcmp(mode, "nt64")) {
+      nt_copy64(out, src, n);
+      _mm_sfence();
+    } else if (!strcmp(mode, "allgather") || !strcmp(mode, "allgather64")) {
+      for (size_t o = 0; o < n; o += c) {
+        double a = now();
+        if (mode[9]) nt_copy64(out + o, own + o, c);
+        else nt_copy(out + o, own + o, c);
+        _mm_sfence();
+        double b = now();
+        cma(1, own + o, peer_out + o, c);
+        t_reduce += b - a;
+        t_write += now() - b;
+      }
     } else if (!strcmp(mode, "readv") || !strcmp(mode, "readv_hot")) {
       for (size_t o = 0; o < n; o += c) {
         if (mode[5]) sink += sum(src + o, c);
@@ -161,7 +184,7 @@ int main(int argc, char **argv) {
   printf("%-10s %5zu MiB chunk %4zu KiB %-8s best %8.2f ms %6.2f GB/s user %3.0f%% sys %3.0f%%", mode,
          n >> 20, c >> 10, pages, best * 1e3, n / best / 1e9, 100 * user / (user + sys + 1e-9),
          100 * sys / (user + sys + 1e-9));
-  if (t_read > 0)
+  if (t_read > 0 || t_write > 0)
     printf(" | per call: readv %.2f reduce+stream %.2f writev %.2f ms", t_read * 1e3 / reps,
            t_reduce * 1e3 / reps, t_write * 1e3 / reps);
   printf("\n");
