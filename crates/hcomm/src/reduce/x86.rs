@@ -260,8 +260,9 @@ unsafe fn avg<L: Divide>(buf: &mut [u8], n: usize) {
 
 /// How far ahead of its reads `to` asks for its operands' cache lines. A 2-rank heap
 /// all-reduce of 256 MiB (the own half comes from memory) took 72.1 against 77.9 ms without
-/// (medians of 4 interleaved rounds, pinned; docs/tuning.md#heap-buffers-at-256-mib); 1 MiB
-/// and 16 MiB calls, whose operands are in the caches, took as long as without.
+/// (medians of 4 interleaved rounds, pinned; docs/tuning.md#heap-buffers-at-256-mib); 512 B
+/// and 2 KiB ahead gained nothing there, and 64 KiB to 16 MiB calls, whose operands are in the
+/// caches, took as long as without.
 const PREFETCH_AHEAD: usize = 1024;
 
 /// Asks for the cache line at `p` into every cache level; any address, since a prefetch never
