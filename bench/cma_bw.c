@@ -13,7 +13,9 @@
 //     nt          copy with non-temporal stores (32 bytes each, AVX2: two per cache line)
 //     nt64        the same with 64-byte stores (AVX-512F: a whole line each)
 //     readv       process_vm_readv of the buffer in CHUNK pieces into one cache-sized buffer
-//     readv_hot   the same, each piece summed in user space first (so the kernel reads cache)
+//     readv_copy  one process_vm_readv of the whole buffer into another (memory to memory, as
+//                 a large point-to-point message's share of each rank)
+//     readv_hot   the readv above, each piece summed in user space first (so the kernel reads cache)
 //     writev      process_vm_writev of one cache-sized buffer over the buffer in CHUNK pieces
 //     writev_hot  the same, each destination piece summed in user space first
 //     reduce      float sum of a buffer's pieces and a cache-sized operand into a cache-sized
@@ -137,6 +139,8 @@ int main(int argc, char **argv) {
         t_reduce += b - a;
         t_write += now() - b;
       }
+    } else if (!strcmp(mode, "readv_copy")) {
+      cma(0, out, src, n);
     } else if (!strcmp(mode, "readv") || !strcmp(mode, "readv_hot")) {
       for (size_t o = 0; o < n; o += c) {
         if (mode[5]) sink += sum(src + o, c);

@@ -5,12 +5,12 @@
 # on a shared machine.
 #   usage: cma_bw.sh [-r REPS] [-s "MIB ..."] [-m "MODE ..."] [-p "PAGES ..."] [-c CHUNK_KIB]
 #   defaults: REPS 5, MIB "8 128" (per core: the half of a 16 MiB and of a 256 MiB all-reduce),
-#   MODE "read memcpy nt nt64 readv readv_hot writev writev_hot reduce allreduce pool allgather
+#   MODE "read memcpy nt nt64 readv_copy readv readv_hot writev writev_hot reduce allreduce pool allgather
 #   allgather64", PAGES 4k, chunk 128
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPS=5 SIZES="8 128" CHUNK=128 PAGES=4k
-MODES="read memcpy nt nt64 readv readv_hot writev writev_hot reduce allreduce pool allgather allgather64"
+MODES="read memcpy nt nt64 readv_copy readv readv_hot writev writev_hot reduce allreduce pool allgather allgather64"
 while getopts "r:s:m:p:c:" o; do
   case $o in
     r) REPS=$OPTARG ;; s) SIZES=$OPTARG ;; m) MODES=$OPTARG ;; p) PAGES=$OPTARG ;; c) CHUNK=$OPTARG ;;
