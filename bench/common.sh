@@ -492,17 +492,17 @@ median() {
     sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-# ab_round ROUND OPS INTEL_OPS HCOMM_PERF_ARGS...: one round of the two hcomm variants of
-# VARIANTS ("name:variables" each) in turns for each op of OPS (hcomm_perf OP ARGS, runs
-# NAME_OP.ROUND), the first one alternating between rounds; then Intel MPI and oneCCL at
-# INTEL_OPS (runs impi.ROUND, ccl.ROUND) unless INTEL=0.
+# ab_round ROUND OPS INTEL_OPS HCOMM_PERF_ARGS...: one round of the hcomm variants of
+# VARIANTS ("name:variables" each, two or more) in turns for each op of OPS (hcomm_perf OP
+# ARGS, runs NAME_OP.ROUND), the order rotated by one from round to round (with two: the first
+# one alternates); then Intel MPI and oneCCL at INTEL_OPS (runs impi.ROUND, ccl.ROUND) unless
+# INTEL=0.
 ab_round() {
-  local round=$1 ops=$2 iops=$3 op i t
+  local round=$1 ops=$2 iops=$3 op i k t n=${#VARIANTS[@]}
   shift 3
-  local order=(0 1)
-  [ $((round % 2)) = 0 ] && order=(1 0)
   for op in $ops; do
-    for i in "${order[@]}"; do
+    for ((k = 0; k < n; k++)); do
+      i=$(((k + round - 1) % n))
       t=${VARIANTS[$i]}
       hcomm_job "${t%%:*}_$op.$round" "${t#*:}" "$op" "$@"
     done

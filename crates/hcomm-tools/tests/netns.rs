@@ -214,6 +214,57 @@ fn libfabric_between_hosts_every_collective_and_protocol_right() {
     }
 }
 
+/// A libfabric of major version 2 to test against: `HCOMM_TEST_OFI_LIB2` when set (empty: no
+/// such test), else Intel's 2.4 where `bench/intel/setup.sh` put it.
+fn libfabric_2() -> Option<String> {
+    let lib = std::env::var("HCOMM_TEST_OFI_LIB2")
+        .unwrap_or_else(|_| "/opt/hcomm-peers/intel/lib/libfabric.so.1".into());
+    (!lib.is_empty() && std::path::Path::new(&lib).exists()).then_some(lib)
+}
+
+/// hcomm on a libfabric 2.x (`HCOMM_OFI_LIB`, here Intel's 2.4, whose tcp provider offers a
+/// native reliable-datagram endpoint rather than Debian 1.17's `tcp;ofi_rxm`): every
+/// collective and point-to-point sizes across the eager and RDMA write thresholds right
+/// between hosts, every protocol taken.
+#[test]
+fn libfabric_2_between_hosts_every_collective_and_protocol_right() {
+    let Some(lib) = libfabric_2() else {
+        eprintln!("no libfabric 2.x (HCOMM_TEST_OFI_LIB2, or bench/intel/setup.sh): skipped");
+        return;
+    };
+    let Some(hosts) = Hosts::create("netns ofi 2.x", 2) else {
+        return;
+    };
+    // Intel's build keeps its providers (libtcp-fi.so) beside the library, where it finds
+    // them only when told.
+    let dir = std::path::Path::new(&lib)
+        .parent()
+        .map(|d| d.display().to_string());
+    let env = [
+        OFI[0],
+        OFI[1],
+        ("HCOMM_OFI_LIB", lib.as_str()),
+        ("FI_PROVIDER_PATH", dir.as_deref().unwrap_or(".")),
+        ("HCOMM_DEBUG", "1"),
+    ];
+    let mut job = hosts.start(CHECK, &["collectives"], &env);
+    let text = succeed(&mut job, Duration::from_secs(300));
+    for r in 0..2 * PER_HOST {
+        let line = format!("[{r}] hcomm: rank {r}: libfabric: provider tcp, fabric ");
+        assert!(
+            text.contains(&line),
+            "rank {r} did not use {lib}'s tcp:\n{text}"
+        );
+        assert!(text.contains(&format!("[{r}] OK collectives")), "{text}");
+    }
+    let mut job = hosts.start(CHECK, &["protocols"], &env[..4]);
+    let text = succeed(&mut job, Duration::from_secs(300));
+    for r in 0..2 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK protocols")), "{text}");
+    }
+    every_ofi_protocol_taken(&job, &text, &["eager=", "read=", "write="]);
+}
+
 /// Every rank of `job` printed its libfabric counts (`ofi eager= read= write= ...`), each of
 /// `protocols` nonzero.
 fn every_ofi_protocol_taken(job: &Ranks, text: &str, protocols: &[&str]) {

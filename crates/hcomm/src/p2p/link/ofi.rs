@@ -289,6 +289,8 @@ unsafe impl Send for Offered {}
 /// What the engine gets from a peer's link, in order.
 #[derive(Debug)]
 enum In {
+    /// An eager frame: the whole message as it came, header first (the payload follows it at
+    /// [`HEADER_LEN`], copied once more only into its destination).
     Frame(FrameHeader, Vec<u8>),
     /// A payload to read: address, key, the sender's token.
     Read(FrameHeader, u64, u64, u64),
@@ -975,7 +977,7 @@ impl HubState {
                 .map_err(|e| format!("it sent a malformed frame through libfabric ({e})"))
         };
         let item = match kind {
-            msg::FRAME => hdr(&body).map(|h| In::Frame(h, body[HEADER_LEN..].to_vec())),
+            msg::FRAME => hdr(&body).map(|h| In::Frame(h, body)),
             msg::READ => hdr(&body).map(|h| {
                 In::Read(
                     h,
@@ -2036,7 +2038,8 @@ impl Link for OfiLink {
             st.unregister(o.mr);
         }
         match item {
-            In::Frame(_, payload) => {
+            In::Frame(_, body) => {
+                let payload = &body[HEADER_LEN..];
                 if let Some(dst) = dests.whole(hdr, dest) {
                     let n = dst.len().min(payload.len());
                     dst[..n].copy_from_slice(&payload[..n]);
