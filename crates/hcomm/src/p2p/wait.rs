@@ -366,9 +366,8 @@ fn next_halvings(policy: Backoff, halvings: u32, outcome: Outcome) -> u32 {
 
 /// Whether a yield that took `took` ticks of the statistics clock was slow: the kernel gave
 /// the core to threads that kept it for a time slice, and every further yield would cost as
-/// much (16 busy loops on the 2-core host: about 8 ms a `sched_yield`, against 0.1-0.5 µs
-/// on an idle core and a few µs when only the peer ran), where a sleep is ended by the
-/// peer's wake-up.
+/// much (16 busy loops on the 2-core host: 12 ms a `sched_yield`, median, against 0.3 µs
+/// without them), where a sleep is ended by the peer's wake-up.
 fn yield_was_slow(policy: Backoff, took: u64) -> bool {
     took >= policy.slow_yield
 }
