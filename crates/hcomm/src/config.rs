@@ -62,6 +62,13 @@ pub(crate) struct Backoff {
     /// (`observe::clock::ticks`: the TSC, 1.5 µs at 2.6 GHz; else nanoseconds) let another
     /// thread run; a `sched_yield` that finds nobody else takes 0.1-0.5 µs.
     pub yield_turn: u64,
+    /// A yield that took at least this many ticks of the same clock (130 000: 50 µs at
+    /// 2.6 GHz, `short_sleep`) gave the core to threads that kept it for a whole time slice
+    /// (more busy threads than cores, not just the peer): the wait yields no more and sleeps
+    /// at its next pause, and it teaches the thread's next waits what a long sleep does.
+    /// Yielding on would cost a slice per yield: with 16 busy loops on the 2-core host a
+    /// `sched_yield` took 12 ms (median), and a wait's 64 yields most of a second.
+    pub slow_yield: u64,
     /// Most times a thread's waits halve their spinning (never below `eager_polls` looks)
     /// and their yields: one halving more after each wait of the thread that slept longer
     /// than `short_sleep`, one fewer after each that spinning, yielding or a short sleep
@@ -97,6 +104,7 @@ impl Backoff {
         yield_every: 256,
         idle_yield_every: 4096,
         yield_turn: 4000,
+        slow_yield: 130_000,
         max_halvings: 8,
         short_sleep: Duration::from_micros(50),
         yields: 64,

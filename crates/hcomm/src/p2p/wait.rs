@@ -53,6 +53,9 @@ enum Outcome {
     Served,
     /// It slept this long (from its first sleep to its end).
     Slept(Duration),
+    /// A yield of it kept the core away for a time slice ([`Backoff::slow_yield`]): what a
+    /// long sleep teaches, however it ended.
+    Contended,
 }
 
 /// One wait's place in the [`Backoff`] policy.
@@ -75,6 +78,8 @@ pub(crate) struct Waiting {
     handed_on: bool,
     /// Its lesson was taught already ([`Waiting::finish`]).
     finished: bool,
+    /// One of its yields was slow ([`Backoff::slow_yield`]): it yields no more.
+    contended: bool,
     /// Looks between two yields while spinning (0: never).
     yield_every: u32,
     /// Looks left before the next yield while spinning.
@@ -129,6 +134,7 @@ impl Waiting {
             asleep_since: None,
             handed_on: false,
             finished: false,
+            contended: false,
             yield_every,
             until_yield: yield_every,
         }
@@ -201,6 +207,10 @@ impl Waiting {
                 if until_yield == 0 {
                     self.yield_spinning();
                     until_yield = self.until_yield;
+                    if self.contended {
+                        // A slow yield: the spin ends at this look.
+                        polls = spins;
+                    }
                 }
             }
             if ready() {
@@ -229,8 +239,29 @@ impl Waiting {
         }
         self.yields += 1;
         self.paused = true;
-        std::thread::yield_now();
+        self.timed_yield();
         Some(self.yields)
+    }
+
+    /// Yields the CPU and returns how many ticks of the statistics clock that took. A slow
+    /// yield ([`yield_was_slow`]) ends the wait's spin by count and its yields (its next pause
+    /// sleeps; a [`Waiting::reset`] brings no yields back), and its lesson is a long sleep's.
+    fn timed_yield(&mut self) -> u64 {
+        let start = ticks();
+        std::thread::yield_now();
+        let took = ticks().wrapping_sub(start);
+        if yield_was_slow(self.policy, took) {
+            self.contended();
+        }
+        took
+    }
+
+    /// A yield of this wait was slow: it spins (by count) and yields no more.
+    #[cold]
+    fn contended(&mut self) {
+        self.contended = true;
+        self.spins = self.polls;
+        self.max_yields = 0;
     }
 
     /// How long a wait that spins by the clock spins: `spin`, halved as this thread's recent
@@ -254,14 +285,13 @@ impl Waiting {
     }
 
     /// Yields while spinning, and learns from how long the yield took how often this
-    /// thread's spinning waits yield ([`Backoff::idle_yield_every`]).
+    /// thread's spinning waits yield ([`Backoff::idle_yield_every`]); a slow yield ends the
+    /// spin by count and the yields ([`Waiting::timed_yield`]).
     #[cold]
     #[inline(never)]
     fn yield_spinning(&mut self) {
         clock::pausing();
-        let start = ticks();
-        std::thread::yield_now();
-        let others_ran = ticks().wrapping_sub(start) >= self.policy.yield_turn;
+        let others_ran = self.timed_yield() >= self.policy.yield_turn;
         self.yield_every = next_yield_every(self.policy, self.yield_every, others_ran);
         self.until_yield = self.yield_every;
         YIELD_EVERY.with(|e| e.set(self.yield_every));
@@ -300,6 +330,7 @@ impl Waiting {
             return;
         }
         let outcome = match asleep {
+            _ if self.contended => Outcome::Contended,
             Some(d) => Outcome::Slept(d),
             // A wait that never paused teaches nothing.
             None if !self.paused => return,
@@ -328,8 +359,17 @@ impl Drop for Waiting {
 fn next_halvings(policy: Backoff, halvings: u32, outcome: Outcome) -> u32 {
     match outcome {
         Outcome::Slept(d) if d > policy.short_sleep => (halvings + 1).min(policy.max_halvings),
+        Outcome::Contended => (halvings + 1).min(policy.max_halvings),
         Outcome::Served | Outcome::Slept(_) => halvings.saturating_sub(1),
     }
+}
+
+/// Whether a yield that took `took` ticks of the statistics clock was slow: the kernel gave
+/// the core to threads that kept it for a time slice, and every further yield would cost as
+/// much (16 busy loops on the 2-core host: 12 ms a `sched_yield`, median, against 0.3 µs
+/// without them), where a sleep is ended by the peer's wake-up.
+fn yield_was_slow(policy: Backoff, took: u64) -> bool {
+    took >= policy.slow_yield
 }
 
 /// Looks between a spinning wait's yields after one that let another thread run
@@ -653,6 +693,7 @@ mod tests {
     #[test]
     fn a_wait_spins_then_yields_then_sleeps_and_starts_over_when_reset() {
         let policy = Backoff {
+            slow_yield: u64::MAX,
             polls: 5,
             eager_polls: 2,
             yield_every: 2,
@@ -682,6 +723,7 @@ mod tests {
     #[test]
     fn spinning_until_ready_keeps_the_policy_of_pause() {
         let policy = Backoff {
+            slow_yield: u64::MAX,
             polls: 6,
             eager_polls: 2,
             yield_every: 4,
@@ -725,6 +767,7 @@ mod tests {
     #[test]
     fn looks_taken_before_a_wait_count_as_its_first_spins() {
         let policy = Backoff {
+            slow_yield: u64::MAX,
             polls: 10,
             eager_polls: 4,
             yield_every: 6,
@@ -782,6 +825,7 @@ mod tests {
     #[test]
     fn an_oversubscribed_wait_never_spins_and_yields_a_few_times_before_it_sleeps() {
         let policy = Backoff {
+            slow_yield: u64::MAX,
             yield_every: 1,
             oversubscribed_yields: 2,
             ..Backoff::DEFAULT
@@ -804,6 +848,7 @@ mod tests {
             }
             // Without yields (the default) it sleeps at once, never having paused.
             let none = Backoff {
+                slow_yield: u64::MAX,
                 yield_every: 1,
                 ..Backoff::DEFAULT
             };
@@ -848,6 +893,7 @@ mod tests {
     #[test]
     fn yields_that_find_the_core_idle_make_spinning_yield_less_often() {
         let policy = Backoff {
+            slow_yield: u64::MAX,
             yield_every: 4,
             idle_yield_every: 32,
             ..Backoff::DEFAULT
@@ -909,6 +955,7 @@ mod tests {
     }
 
     const TEST_POLICY: Backoff = Backoff {
+        slow_yield: u64::MAX,
         polls: 64,
         eager_polls: 4,
         yield_every: 0,
@@ -996,5 +1043,91 @@ mod tests {
         least.halvings = p.max_halvings;
         assert!(least.spin_time(Duration::from_micros(50)) < Duration::from_micros(1));
         least.hand_on();
+    }
+
+    /// A yield that took a time slice (a host with more busy threads than cores) ends the
+    /// wait's yielding and spinning at once, and teaches what a long sleep does, however the
+    /// wait ends. The threshold is injected: at 0 every yield is slow.
+    #[test]
+    fn a_slow_yield_makes_the_wait_sleep_next_and_the_threads_next_waits_spin_less() {
+        let p = Backoff::DEFAULT;
+        assert!(!yield_was_slow(p, p.slow_yield - 1));
+        assert!(yield_was_slow(p, p.slow_yield));
+        assert_eq!(next_halvings(p, 2, Outcome::Contended), 3);
+        assert_eq!(
+            next_halvings(p, p.max_halvings, Outcome::Contended),
+            p.max_halvings
+        );
+        let slow = Backoff {
+            slow_yield: 0,
+            ..TEST_POLICY
+        };
+        std::thread::spawn(move || {
+            // After the spin, one yield, then it sleeps (of TEST_POLICY's 8 yields); the
+            // wait ended without sleeping, and the next one spins and yields half as much.
+            let mut waiting = Waiting::new(slow, true);
+            let pauses: Vec<Pause> = (0..66).map(|_| waiting.pause()).collect();
+            let mut want = vec![Pause::Spin; 64];
+            want.extend([Pause::Yield(1), Pause::Sleep]);
+            assert_eq!(pauses, want);
+            // A reset (something moved) brings no yields back.
+            waiting.reset();
+            while waiting.pause() == Pause::Spin {}
+            assert_eq!(waiting.try_yield(), None);
+            waiting.finish(None);
+            assert_eq!(HALVINGS.with(Cell::get), 1);
+            // The same wait whose yields come back at once yields all its (halved) times.
+            assert_eq!(phases(TEST_POLICY, SHORT_SLEEP), (32, 4));
+            assert_eq!(HALVINGS.with(Cell::get), 0);
+            // A wait that must not spin yields once of its `oversubscribed_yields`.
+            let idle = Backoff {
+                oversubscribed_yields: 8,
+                ..slow
+            };
+            let mut waiting = Waiting::new(idle, false);
+            assert_eq!(waiting.pause(), Pause::Yield(1));
+            assert_eq!(waiting.pause(), Pause::Sleep);
+        })
+        .join()
+        .expect("the waits' thread");
+    }
+
+    /// A slow yield while spinning ends the spin at the look after it, through
+    /// [`Waiting::pause`] and [`Waiting::spin_until`] alike, and the wait sleeps next.
+    #[test]
+    fn a_slow_yield_while_spinning_ends_the_spin() {
+        let slow = Backoff {
+            polls: 10,
+            eager_polls: 2,
+            yield_every: 4,
+            idle_yield_every: 4,
+            yield_turn: u64::MAX,
+            slow_yield: 0,
+            yields: 3,
+            ..Backoff::DEFAULT
+        };
+        std::thread::spawn(move || {
+            let mut paused = Waiting::new(slow, true);
+            let pauses: Vec<Pause> = (0..6).map(|_| paused.pause()).collect();
+            let mut want = vec![Pause::Spin; 4];
+            want.extend([Pause::Sleep; 2]);
+            assert_eq!(pauses, want);
+            drop(paused);
+            assert_eq!(HALVINGS.with(Cell::get), 1);
+            HALVINGS.with(|h| h.set(0));
+            let mut spinning = Waiting::new(slow, true);
+            let mut looks = 0;
+            assert!(!spinning.spin_until(|| {
+                looks += 1;
+                false
+            }));
+            assert_eq!(looks, 4);
+            assert_eq!(spinning.pause(), Pause::Sleep);
+            // Served at the look after the slow yield: still a long sleep's lesson.
+            drop(spinning);
+            assert_eq!(HALVINGS.with(Cell::get), 1);
+        })
+        .join()
+        .expect("the waits' thread");
     }
 }
