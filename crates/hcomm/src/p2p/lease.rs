@@ -537,26 +537,12 @@ impl Ops<'_> {
 
     /// Waits until one of `ids` completes or `deadline` passes, as
     /// [`Engine::wait_any`]; the operation it returns is no longer live.
-    ///
-    /// One of `ids` already over (an eager send is, once its transport took it) is taken
-    /// without a progress turn: a turn polls every link, and a libfabric link's poll reads
-    /// its completion queue, a system call or more in the provider; a collective whose
-    /// send and receive are both pending would pay one such read for the send alone.
     pub(crate) fn wait_any(
         &mut self,
         ids: &[OpId],
         deadline: Instant,
     ) -> Result<(usize, Result<usize>)> {
-        let over = {
-            let mut st = crate::sync::lock(&self.engine.shared.state);
-            ids.iter()
-                .enumerate()
-                .find_map(|(i, &id)| st.take(id).map(|r| (i, r)))
-        };
-        let (k, r) = match over {
-            Some(done) => done,
-            None => self.engine.wait_any(ids, deadline)?,
-        };
+        let (k, r) = self.engine.wait_any(ids, deadline)?;
         if let Some(id) = ids.get(k) {
             self.live.retain(|h| h.id != *id);
         }

@@ -463,14 +463,28 @@ impl Engine {
         deadline: Deadline,
     ) -> Result<(usize, Result<usize>)> {
         let sh = &*self.shared;
-        // A look before reading the clock: a small send is usually complete already.
-        let look = || {
+        // A look before reading the clock: a small send is usually complete already. The
+        // first look takes an operation already over before it runs a progress turn: a turn
+        // polls every link, and a libfabric link's poll reads its completion queue (a system
+        // call or more in the provider), which a collective whose eager send is over (the
+        // transport took it) would pay for the send alone (2-rank 8 B all-reduce over
+        // libfabric 1.17: 8.4 against 7.4 us, 2.3 against 1.0 completion-queue reads a call).
+        let mut first = true;
+        let mut look = || {
             let mut st = lock(&sh.state);
-            st.handle(&[], true);
-            for (i, &id) in ids.iter().enumerate() {
-                if let Some(r) = st.take(id) {
-                    return ControlFlow::Break((i, r));
+            let take = |st: &mut super::State| {
+                ids.iter()
+                    .enumerate()
+                    .find_map(|(i, &id)| st.take(id).map(|r| (i, r)))
+            };
+            if std::mem::take(&mut first) {
+                if let Some(done) = take(&mut st) {
+                    return ControlFlow::Break(done);
                 }
+            }
+            st.handle(&[], true);
+            if let Some(done) = take(&mut st) {
+                return ControlFlow::Break(done);
             }
             ControlFlow::Continue(match (sh.io.inbox.as_ref(), ids) {
                 (Some(inbox), &[id]) if !sh.spin.is_zero() => st.watch(inbox, id),
