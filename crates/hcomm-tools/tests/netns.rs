@@ -552,6 +552,23 @@ fn revocations(job: &Ranks, text: &str) -> Vec<(usize, u64)> {
         .collect()
 }
 
+/// Runs `hcomm_check SCENARIO --stop-ms 4000` on two hosts of two ranks (`None` where the
+/// namespaces cannot be made), checks that every rank passed, and returns the first host's
+/// revocation times ([`revocations`]) with the job's output.
+fn revoking(
+    name: &str,
+    scenario: &str,
+    env: &[(&str, &str)],
+) -> Option<(Vec<(usize, u64)>, String)> {
+    let hosts = Hosts::create(name, 2)?;
+    let mut job = hosts.start(CHECK, &[scenario, "--stop-ms", "4000"], env);
+    let text = succeed(&mut job, Duration::from_secs(120));
+    for r in 0..2 * PER_HOST {
+        assert!(text.contains(&format!("[{r}] OK {scenario}")), "{text}");
+    }
+    Some((revocations(&job, &text), text))
+}
+
 /// A receive offered to a peer and given up while the peer does not answer (`hcomm_check
 /// direct-revoke`: the first host's ranks abort a direct all-reduce with their partners on
 /// the second host while those are stopped): the receiver revokes its offer at once, without
@@ -560,16 +577,11 @@ fn revocations(job: &Ranks, text: &str) -> Vec<(usize, u64)> {
 /// stopped ranks, resumed, find their call aborted and run theirs too.
 #[test]
 fn libfabric_a_receive_given_up_revokes_its_offer_without_waiting_for_the_peer() {
-    let Some(hosts) = Hosts::create("netns ofi revoke", 2) else {
+    let env = [DIRECT[0], DIRECT[1], DIRECT[2], ("HCOMM_TIMEOUT", "30")];
+    let Some((times, text)) = revoking("netns ofi revoke", "direct-revoke", &env) else {
         return;
     };
-    let env = [DIRECT[0], DIRECT[1], DIRECT[2], ("HCOMM_TIMEOUT", "30")];
-    let mut job = hosts.start(CHECK, &["direct-revoke", "--stop-ms", "4000"], &env);
-    let text = succeed(&mut job, Duration::from_secs(120));
-    for r in 0..2 * PER_HOST {
-        assert!(text.contains(&format!("[{r}] OK direct-revoke")), "{text}");
-    }
-    for (r, ms) in revocations(&job, &text) {
+    for (r, ms) in times {
         // At most 200 ms per receive offered to the stopped peer (one or two here); waiting
         // for its answer took the 2 s of `DRAIN` per receive before.
         assert!(
@@ -588,16 +600,11 @@ fn libfabric_a_receive_given_up_revokes_its_offer_without_waiting_for_the_peer()
 /// checked exchange of 2 MiB by RDMA write with the same peer.
 #[test]
 fn libfabric_a_receive_given_up_revokes_the_destination_of_a_write_without_closing_the_endpoint() {
-    let Some(hosts) = Hosts::create("netns ofi write revoke", 2) else {
+    let env = [OFI[0], OFI[1], ("HCOMM_TIMEOUT", "30")];
+    let Some((times, text)) = revoking("netns ofi write revoke", "write-revoke", &env) else {
         return;
     };
-    let env = [OFI[0], OFI[1], ("HCOMM_TIMEOUT", "30")];
-    let mut job = hosts.start(CHECK, &["write-revoke", "--stop-ms", "4000"], &env);
-    let text = succeed(&mut job, Duration::from_secs(120));
-    for r in 0..2 * PER_HOST {
-        assert!(text.contains(&format!("[{r}] OK write-revoke")), "{text}");
-    }
-    for (r, ms) in revocations(&job, &text) {
+    for (r, ms) in times {
         // The receive waited for the stopped writer's answer (200 ms), so its destination
         // was announced; then gave up well before the 2 s of `DRAIN`.
         assert!(

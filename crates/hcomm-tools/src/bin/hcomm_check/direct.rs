@@ -154,14 +154,7 @@ pub(super) fn direct_revoke(comm: &Communicator, stop_ms: u64, abort_ms: u64) ->
             ReduceOp::Sum,
         )?;
         std::thread::sleep(Duration::from_millis(abort_ms));
-        let t0 = Instant::now();
-        straight.abort()?;
-        match req.wait() {
-            Err(Error::Aborted(_)) => {}
-            Err(e) => bail!("the aborted all-reduce gave {e}"),
-            Ok(_) => bail!("the aborted all-reduce succeeded"),
-        }
-        println!("revoked in {} ms", t0.elapsed().as_millis());
+        abort_timed(&straight, req, "all-reduce")?;
     } else {
         stop_self(stop_ms)?;
         let mut v = vec![0i32; REVOKE_COUNT];
@@ -236,14 +229,7 @@ pub(super) fn write_revoke(comm: &Communicator, stop_ms: u64, abort_ms: u64) -> 
         pending(&mut req, SETTLE.as_millis() as u64 / 4)?;
         stop_self(stop_ms / 3)?;
         pending(&mut req, abort_ms)?;
-        let t0 = Instant::now();
-        straight.abort()?;
-        match req.wait() {
-            Err(Error::Aborted(_)) => {}
-            Err(e) => bail!("the aborted receive gave {e}"),
-            Ok(_) => bail!("the aborted receive succeeded"),
-        }
-        println!("revoked in {} ms", t0.elapsed().as_millis());
+        abort_timed(&straight, req, "receive")?;
     } else {
         let before = comm.protocol_stats().ofi_write;
         let mut req = straight.isend(vec![0x5a; WRITE_BYTES], 0, 7)?;
@@ -275,6 +261,20 @@ pub(super) fn write_revoke(comm: &Communicator, stop_ms: u64, abort_ms: u64) -> 
         "the exchange with the same peer is wrong"
     );
     comm.barrier()?;
+    Ok(())
+}
+
+/// Aborts `comm` and waits for `req`, its `what`, which must fail as aborted; prints how long
+/// that took (`revoked in N ms`, which the netns tests read).
+fn abort_timed(comm: &Communicator, req: hcomm::Request, what: &str) -> Result<()> {
+    let t0 = Instant::now();
+    comm.abort()?;
+    match req.wait() {
+        Err(Error::Aborted(_)) => {}
+        Err(e) => bail!("the aborted {what} gave {e}"),
+        Ok(_) => bail!("the aborted {what} succeeded"),
+    }
+    println!("revoked in {} ms", t0.elapsed().as_millis());
     Ok(())
 }
 

@@ -346,14 +346,16 @@ struct Landing {
 }
 
 impl Landing {
-    /// The destination of a payload the sender writes (its token `theirs`): `len` bytes at
-    /// `ptr`, registered as `mr`.
-    fn write(
+    /// The destination of a payload: `len` bytes at `ptr`, registered as `mr`; `remote` the
+    /// peer's (address, key, token): this rank reads it (`read`; its pieces are posted
+    /// later), or the peer writes it (address and key unused).
+    fn new(
         hdr: FrameHeader,
         dest: Dest,
         (ptr, len): (*mut u8, usize),
         mr: Option<MrKey>,
-        theirs: u64,
+        remote: (u64, u64, u64),
+        read: bool,
     ) -> Landing {
         Landing {
             hdr,
@@ -361,9 +363,9 @@ impl Landing {
             ptr,
             len,
             mr,
-            remote: (0, 0, theirs),
-            read: false,
-            posted: true,
+            remote,
+            read,
+            posted: !read,
             arrived: false,
             read_at: 0,
             pieces: 0,
@@ -2059,24 +2061,8 @@ impl Link for OfiLink {
                 let (mr, _) = unsafe { st.local(ptr, len, FI_READ) }?;
                 let p = &mut st.peers[peer];
                 let token = p.take_token();
-                p.landing.insert(
-                    token,
-                    Landing {
-                        hdr: *hdr,
-                        dest,
-                        ptr,
-                        len,
-                        mr,
-                        remote: (addr, key, theirs),
-                        read: true,
-                        posted: false,
-                        arrived: false,
-                        read_at: 0,
-                        pieces: 0,
-                        broken: None,
-                        withdrawn: false,
-                    },
-                );
+                let landing = Landing::new(*hdr, dest, (ptr, len), mr, (addr, key, theirs), true);
+                p.landing.insert(token, landing);
                 p.reads.push_back(token);
                 st.push_peer(peer)?;
                 Ok(false)
@@ -2096,7 +2082,7 @@ impl Link for OfiLink {
                     unsafe { st.register(ptr, len, FI_REMOTE_WRITE | OFFERED) }?;
                 let p = &mut st.peers[peer];
                 let token = p.take_token();
-                let landing = Landing::write(*hdr, dest, (ptr, len), mr, theirs);
+                let landing = Landing::new(*hdr, dest, (ptr, len), mr, (0, 0, theirs), false);
                 p.landing.insert(token, landing);
                 p.control
                     .push_back((msg::WRITE_CTS, words(&[theirs, base, key, token])));
@@ -2543,7 +2529,7 @@ mod tests {
             let token = p.take_token();
             let hdr = FrameHeader::new(FrameKind::Eager);
             let dest = Dest::Op { op: 42, base: 0 };
-            let landing = Landing::write(hdr, dest, (ptr, len), mr, 3);
+            let landing = Landing::new(hdr, dest, (ptr, len), mr, (0, 0, 3), false);
             p.landing.insert(token, landing);
             (token, base, key)
         };
