@@ -189,9 +189,10 @@ pub(super) trait Link: Send + std::fmt::Debug {
         false
     }
 
-    /// A polled link whose transport moves data only while it is polled (libfabric with
-    /// manual progress): whether a transfer is under way, so that a waiter keeps polling
-    /// rather than sleeping.
+    /// Whether a transfer is under way, so that a waiter keeps polling rather than sleeping:
+    /// asked of a polled link whose transport moves data only while it is polled (libfabric
+    /// with manual progress) at every turn, and of a link with descriptors after an event of
+    /// it (a TCP stream partway through a frame's payload: a piece of it was just read).
     fn streaming(&self) -> bool {
         false
     }

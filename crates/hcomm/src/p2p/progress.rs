@@ -434,12 +434,17 @@ impl State {
             if flags.intersects(
                 epoll::EventFlags::OUT | epoll::EventFlags::ERR | epoll::EventFlags::HUP,
             ) {
-                self.flush_link(peer, l);
+                moved |= self.flush_link(peer, l);
             }
             if flags
                 .intersects(epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP)
             {
-                self.drive(peer, l);
+                moved |= self.drive(peer, l);
+                // A piece of a large frame came (the frame is not whole yet): data moved.
+                moved |= self
+                    .links
+                    .get_mut(peer, l)
+                    .is_some_and(|link| link.streaming());
             }
         }
         // Wake other sleeping waiters whose operations may have completed here.

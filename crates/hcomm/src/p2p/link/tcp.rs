@@ -1122,6 +1122,12 @@ impl Link for TcpLink {
         !self.waiting.is_empty() || self.streams.iter().any(|s| !s.out.is_empty())
     }
 
+    fn streaming(&self) -> bool {
+        self.streams
+            .iter()
+            .any(|s| matches!(s.rx, RxState::Payload { .. } | RxState::Skip { .. }))
+    }
+
     fn want(&mut self) {
         if self.conn == Conn::Idle && !self.closed {
             self.conn = Conn::Connecting;
