@@ -136,7 +136,7 @@ fn run_steps(
     loop {
         // Issue, in order, every step whose dependencies are done.
         while next < steps.len() && call.sched.deps(next).iter().all(|&d| done[d as usize]) {
-            if let Some(id) = issue(ops, call, steps[next], direct[next])? {
+            if let Some(id) = issue(ops, call, steps[next], direct.get(next).copied().flatten())? {
                 pending.push((next, id));
             } else {
                 done[next] = true;
@@ -171,8 +171,12 @@ fn run_steps(
 /// the call's direct steps with its peer in the same direction, in program order: the
 /// transfers whose size the link to the peer writes straight into the receive. The peer
 /// numbers its side alike (the n-th send to a rank matches the rank's n-th receive from it,
-/// of the same size), which pairs each receive the peer offers with its send here.
+/// of the same size), which pairs each receive the peer offers with its send here. Empty
+/// (no step is direct) where no link has direct steps.
 fn direct_steps(ops: &Ops<'_>, call: &Call<'_>) -> Vec<Option<u32>> {
+    if !ops.any_direct() {
+        return Vec::new();
+    }
     let mut sizes: HashMap<usize, Option<(usize, usize)>> = HashMap::default();
     let mut next: HashMap<(usize, bool), u32> = HashMap::default();
     let mut number = |step: &Step| {

@@ -529,6 +529,11 @@ impl Ops<'_> {
         Ok(self.hold(id, start, end, writes))
     }
 
+    /// Whether any link may take direct steps (see [`Engine::any_direct`]).
+    pub(crate) fn any_direct(&self) -> bool {
+        self.engine.any_direct()
+    }
+
     /// The sizes of messages to world rank `peer` that go as direct steps (see
     /// [`Engine::direct_sizes`]).
     pub(crate) fn direct_sizes(&self, peer: usize) -> Option<(usize, usize)> {

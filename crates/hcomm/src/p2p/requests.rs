@@ -222,10 +222,19 @@ impl Engine {
         }
     }
 
+    /// Whether any link may write messages straight into the peers' receives (direct steps):
+    /// only libfabric's do.
+    pub(crate) fn any_direct(&self) -> bool {
+        self.shared.ofi.is_some()
+    }
+
     /// The sizes of the messages that the link to world rank `peer` writes straight into the
     /// peer's receives (direct steps of collectives), `min..=max` bytes; `None` when it does
     /// not.
     pub(crate) fn direct_sizes(&self, peer: usize) -> Option<(usize, usize)> {
+        if !self.any_direct() {
+            return None;
+        }
         let st = lock(&self.shared.state);
         st.links.primary(peer).and_then(Link::puts)
     }
