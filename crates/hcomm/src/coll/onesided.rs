@@ -108,11 +108,22 @@ const STREAM_FROM: usize = 64 << 20;
 /// runnable rank, maybe the one that must publish next, for a system call; a sleep costs the
 /// waiter a futex wait, the waker a futex wake and the scheduler two switches. Measured on the
 /// 2-core host at load 14-17, 1 KiB all-reduce: 8 ranks 18 µs with 8 yields against 34 µs
-/// sleeping at once, 32 ranks 143 against 362 µs. Larger calls sleep at once: with 8 yields
-/// a 1 MiB all-reduce of 8 ranks took 2.1-2.5 ms in two runs of four but 5.2-5.4 ms in the
-/// others, against 2.1 ms in all four sleeping at once.
+/// sleeping at once, 32 ranks 143 against 362 µs. A yield that took a time slice (threads
+/// that are not ranks keep the cores) stops the yields of the thread's next waits until
+/// yields or short sleeps serve waits again (`Waiting`): 8 ranks beside 8 busy loops, 1 KiB
+/// all-reduce 0.04-2.2 ms against 8 ms yielding on.
 const SMALL_CALLS: Backoff = Backoff {
     oversubscribed_yields: 8,
+    ..Backoff::DEFAULT
+};
+/// The backoff of larger calls: with more ranks than cores, 64 yields before a sleep (8 ranks
+/// on the 2 cores, 1 MiB all-reduce, quiet host: 338-386 µs against 446-530 µs sleeping at
+/// once). Another rank that takes the core at a yield works for up to hundreds of
+/// microseconds on such calls: only a yield ten times as long as the default's slow one
+/// (500 µs at 2.6 GHz) is taken as threads that are not ranks holding the cores.
+const LARGE_CALLS: Backoff = Backoff {
+    oversubscribed_yields: 64,
+    slow_yield: 10 * Backoff::DEFAULT.slow_yield,
     ..Backoff::DEFAULT
 };
 
@@ -317,7 +328,7 @@ impl OneSided {
             policy: if most <= SLOT {
                 &SMALL_CALLS
             } else {
-                &Backoff::DEFAULT
+                &LARGE_CALLS
             },
             deadline: OnceCell::new(),
         };
