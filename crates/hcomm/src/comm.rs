@@ -864,7 +864,7 @@ impl World {
         let waits = format!(
             "hcomm: rank {rank}: {local_size} local ranks on {cores} core(s): waits {}",
             if spin.is_zero() {
-                "sleep at once (no spinning; small one-sided collectives yield a few times \
+                "sleep at once (no spinning; one-sided collectives yield a few times \
                  first), woken by the rank they wait for"
             } else {
                 "spin, then yield, then sleep"

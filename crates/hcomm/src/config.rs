@@ -87,11 +87,10 @@ pub(crate) struct Backoff {
     /// waited for may need this core).
     pub yields: u32,
     /// Times a wait that must not spin (more local ranks than cores) yields the CPU before it
-    /// sleeps on the futex that the rank it waits for rings (not halved by `max_halvings`;
-    /// none after a slow yield, until yields or short sleeps serve the thread's waits again).
-    /// 0 here: such waits sleep at once and leave the core to the ranks that have work; the
-    /// one-sided collectives, whose peers publish within microseconds, yield first
-    /// (`coll::onesided`).
+    /// sleeps on the futex that the rank it waits for rings (not halved). 0 here:
+    /// such waits sleep at once and leave the core to the ranks that have work; the small
+    /// one-sided collectives, whose peers publish within microseconds, yield a few times
+    /// first (`coll::onesided`).
     pub oversubscribed_yields: u32,
     /// Longest sleep between a wait's looks at its peers and its deadline.
     pub max_sleep: Duration,

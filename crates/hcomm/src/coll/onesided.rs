@@ -108,22 +108,22 @@ const STREAM_FROM: usize = 64 << 20;
 /// runnable rank, maybe the one that must publish next, for a system call; a sleep costs the
 /// waiter a futex wait, the waker a futex wake and the scheduler two switches. Measured on the
 /// 2-core host at load 14-17, 1 KiB all-reduce: 8 ranks 18 µs with 8 yields against 34 µs
-/// sleeping at once, 32 ranks 143 against 362 µs. A yield that took a time slice (threads
-/// that are not ranks keep the cores) stops the yields of the thread's next waits until
-/// yields or short sleeps serve waits again (`Waiting`): 8 ranks beside 8 busy loops, 1 KiB
-/// all-reduce 0.04-2.2 ms against 8 ms yielding on.
+/// sleeping at once, 32 ranks 143 against 362 µs.
 const SMALL_CALLS: Backoff = Backoff {
     oversubscribed_yields: 8,
     ..Backoff::DEFAULT
 };
-/// The backoff of larger calls: with more ranks than cores, 64 yields before a sleep (8 ranks
-/// on the 2 cores, 1 MiB all-reduce, quiet host: 338-386 µs against 446-530 µs sleeping at
-/// once). Another rank that takes the core at a yield works for up to hundreds of
-/// microseconds on such calls: only a yield ten times as long as the default's slow one
-/// (500 µs at 2.6 GHz) is taken as threads that are not ranks holding the cores.
+/// The backoff of larger calls: with more ranks than cores, 64 yields before a sleep, as
+/// a27d6a5's waits did. On the quiet 2-core host, 1 MiB all-reduce, interleaved runs:
+/// 8 ranks 347 µs (a27d6a5 334 µs) against 477 µs sleeping at once, 32 ranks 1.85 ms
+/// (a27d6a5 2.07 ms) against 4.6 ms. Another rank that takes the core at such a yield works
+/// for up to milliseconds (32 ranks: 5.3-6.0 ms where a yield of 50 or 500 µs counted as
+/// slow and ended the yields), so only a yield of a whole time slice under load (5 ms at
+/// 2.6 GHz; busy loops keep the cores that long) ends them: each wait then pays one such
+/// yield (8 ranks beside 8 busy loops: 16 ms against 8 ms sleeping at once), not 64.
 const LARGE_CALLS: Backoff = Backoff {
     oversubscribed_yields: 64,
-    slow_yield: 10 * Backoff::DEFAULT.slow_yield,
+    slow_yield: 100 * Backoff::DEFAULT.slow_yield,
     ..Backoff::DEFAULT
 };
 

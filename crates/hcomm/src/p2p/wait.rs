@@ -44,16 +44,7 @@ thread_local! {
     /// Looks between two yields of this thread's spinning waits (see
     /// [`Backoff::idle_yield_every`]); 0 until its first such yield.
     static YIELD_EVERY: Cell<u32> = const { Cell::new(0) };
-    /// How many times this thread's waits that must not spin currently halve their
-    /// [`Backoff::oversubscribed_yields`]: one more after such a wait whose yield was slow
-    /// (threads that are not ranks keep the cores), one fewer after one that a yield or a
-    /// short sleep served (see [`next_yield_halvings`]).
-    static YIELD_HALVINGS: Cell<u32> = const { Cell::new(0) };
 }
-
-/// Most halvings of the yields of waits that must not spin: none of a policy's 64 or fewer
-/// are left.
-const MAX_YIELD_HALVINGS: u32 = 7;
 
 /// How one wait ended, for what it teaches the thread's next waits ([`next_halvings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,8 +80,6 @@ pub(crate) struct Waiting {
     finished: bool,
     /// One of its yields was slow ([`Backoff::slow_yield`]): it yields no more.
     contended: bool,
-    /// It may spin (else it is a wait of more ranks than cores).
-    spin: bool,
     /// Looks between two yields while spinning (0: never).
     yield_every: u32,
     /// Looks left before the next yield while spinning.
@@ -137,9 +126,8 @@ impl Waiting {
             // 19-20 µs yielding).
             max_yields: match spin {
                 true => policy.yields >> halvings,
-                false => policy.oversubscribed_yields >> YIELD_HALVINGS.with(Cell::get),
+                false => policy.oversubscribed_yields,
             },
-            spin,
             polls: 0,
             yields: 0,
             paused: false,
@@ -357,9 +345,6 @@ impl Waiting {
         };
         let policy = self.policy;
         HALVINGS.with(|h| h.set(next_halvings(policy, h.get(), outcome)));
-        if !self.spin {
-            YIELD_HALVINGS.with(|h| h.set(next_yield_halvings(policy, h.get(), outcome)));
-        }
     }
 }
 
@@ -382,21 +367,6 @@ fn next_halvings(policy: Backoff, halvings: u32, outcome: Outcome) -> u32 {
     match outcome {
         Outcome::Slept(d) if d > policy.short_sleep => (halvings + 1).min(policy.max_halvings),
         Outcome::Contended => (halvings + 1).min(policy.max_halvings),
-        Outcome::Served | Outcome::Slept(_) => halvings.saturating_sub(1),
-    }
-}
-
-/// The halvings of a thread's waits that must not spin after such a wait that ended as
-/// `outcome`, when they were `halvings`. Only a slow yield adds one: a long sleep is the
-/// usual end of such a wait (the rank it waits for had no core), where a slow yield means
-/// that threads other than the ranks took the cores for time slices, and each wait of the
-/// thread would pay one again (8 ranks and 8 busy loops on the 2 cores, 1 MiB all-reduce:
-/// 16 ms against 8 ms sleeping at once). A wait that a yield or a short sleep served takes
-/// one back, so the yields return once the cores do.
-fn next_yield_halvings(policy: Backoff, halvings: u32, outcome: Outcome) -> u32 {
-    match outcome {
-        Outcome::Contended => MAX_YIELD_HALVINGS,
-        Outcome::Slept(d) if d > policy.short_sleep => halvings,
         Outcome::Served | Outcome::Slept(_) => halvings.saturating_sub(1),
     }
 }
@@ -1173,73 +1143,6 @@ mod tests {
             let mut waiting = Waiting::new(idle, false);
             assert_eq!(waiting.pause(), Pause::Yield(1));
             assert_eq!(waiting.pause(), Pause::Sleep);
-        })
-        .join()
-        .expect("the waits' thread");
-    }
-
-    /// Waits that must not spin: a slow yield (threads that are not ranks hold the cores)
-    /// takes the yields of the thread's next such waits away, a long sleep leaves them as
-    /// they are, and each wait that a yield or a short sleep served brings them back a
-    /// halving at a time.
-    #[test]
-    fn a_slow_yield_stops_the_next_oversubscribed_waits_yields_until_waits_are_served() {
-        let p = Backoff::DEFAULT;
-        let slept = |us| Outcome::Slept(Duration::from_micros(us));
-        assert_eq!(
-            next_yield_halvings(p, 0, Outcome::Contended),
-            MAX_YIELD_HALVINGS
-        );
-        assert_eq!(next_yield_halvings(p, 3, slept(1000)), 3);
-        assert_eq!(next_yield_halvings(p, 3, slept(10)), 2);
-        assert_eq!(next_yield_halvings(p, 3, Outcome::Served), 2);
-        assert_eq!(next_yield_halvings(p, 0, Outcome::Served), 0);
-        assert_eq!(64 >> MAX_YIELD_HALVINGS, 0);
-        let policy = Backoff {
-            oversubscribed_yields: 4,
-            slow_yield: u64::MAX,
-            ..TEST_POLICY
-        };
-        let slow = Backoff {
-            slow_yield: 0,
-            ..policy
-        };
-        std::thread::spawn(move || {
-            let pauses = |waiting: &mut Waiting| {
-                let mut n = 0;
-                while waiting.pause() != Pause::Sleep {
-                    n += 1;
-                }
-                n
-            };
-            // Long sleeps take no yields away.
-            for _ in 0..3 {
-                let mut waiting = Waiting::new(policy, false);
-                assert_eq!(pauses(&mut waiting), 4);
-                waiting.finish(Some(LONG_SLEEP));
-            }
-            // A slow yield: the wait sleeps next, and the next waits do not yield.
-            let mut contended = Waiting::new(slow, false);
-            assert_eq!(pauses(&mut contended), 1);
-            contended.finish(Some(LONG_SLEEP));
-            let mut next = Waiting::new(policy, false);
-            assert_eq!(pauses(&mut next), 0);
-            next.finish(Some(LONG_SLEEP));
-            let mut again = Waiting::new(policy, false);
-            assert_eq!(pauses(&mut again), 0);
-            again.finish(Some(LONG_SLEEP));
-            // Short sleeps bring them back: 4 >> 7 ... 4 >> 2 is none, then 1, 2, 4.
-            let seen: Vec<u32> = (0..MAX_YIELD_HALVINGS + 1)
-                .map(|_| {
-                    let mut waiting = Waiting::new(policy, false);
-                    let n = pauses(&mut waiting);
-                    waiting.finish(Some(SHORT_SLEEP));
-                    n
-                })
-                .collect();
-            assert_eq!(seen, [0, 0, 0, 0, 0, 1, 2, 4]);
-            // Spinning waits of the same thread keep their yields throughout.
-            assert_eq!(HALVINGS.with(Cell::get), 0);
         })
         .join()
         .expect("the waits' thread");
