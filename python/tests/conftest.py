@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -65,6 +66,15 @@ def clean_env() -> dict[str, str]:
     return e
 
 
+def _default_sigint() -> None:
+    """In a rank's process before it runs Python: Ctrl-C at its default, whatever the test run
+    inherited. A run started in the background by a shell without job control (`make test &`
+    inside a script) ignores SIGINT, the ranks would inherit that, and Python then installs no
+    KeyboardInterrupt handler (nor hcomm its watcher): test_interrupt's recv ran into
+    HCOMM_TIMEOUT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def job_procs(
     nranks: int,
     body: str,
@@ -89,6 +99,7 @@ def job_procs(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                preexec_fn=_default_sigint,
             )
         )
 
