@@ -115,8 +115,8 @@ const SMALL_CALLS: Backoff = Backoff {
 };
 /// The backoff of larger calls: with more ranks than cores, 64 yields before a sleep, as
 /// a27d6a5's waits did. On the quiet 2-core host, 1 MiB all-reduce, interleaved runs:
-/// 8 ranks 347 µs (a27d6a5 334 µs) against 477 µs sleeping at once, 32 ranks 1.85 ms
-/// (a27d6a5 2.07 ms) against 4.6 ms. Another rank that takes the core at such a yield works
+/// 8 ranks 351 µs (a27d6a5 378 µs) against 477 µs sleeping at once, 32 ranks 2.08 ms
+/// (a27d6a5 2.09 ms) against 4.6 ms. Another rank that takes the core at such a yield works
 /// for up to milliseconds (32 ranks: 5.3-6.0 ms where a yield of 50 or 500 µs counted as
 /// slow and ended the yields), so only a yield of a whole time slice under load (5 ms at
 /// 2.6 GHz; busy loops keep the cores that long) ends them: each wait then pays one such
