@@ -166,7 +166,9 @@ ns_up() {
 # and then calls hcomm_notes.
 hcomm_ranks() {
   local name=$1 vars=$2; shift 2
-  local port=$((30000 + RANDOM % 20000))
+  # Below the kernel's ephemeral ports (32768 up by default): the connections of the many-rank
+  # runs took ports in 30000-50000 that a later run then drew for its store.
+  local port=$((20000 + RANDOM % 12000))
   local secret r wrap rc
   local pids=()
   secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')

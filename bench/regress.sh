@@ -9,7 +9,7 @@
 #        hcommrun has no --bind-to either), the engine's transport: pingpong; allreduce, broadcast, allgather with buffers on the
 #        heap and in the pool (shm.sh uses the pool, sidebyside.sh both); a 256 MiB allreduce
 #        (pool and heap); the TCP-loopback reference (HCOMM_TRANSPORT=tcp: pingpong 8 B,
-#        allreduce 16 MiB); 8 ranks unpinned on the 2 cores, allreduce 1 MiB (pool).
+#        allreduce 16 MiB); 8 and 32 ranks unpinned on the 2 cores, allreduce 1 KiB and 1 MiB (pool).
 #   tcp  two network namespaces (hcr_a 10.75.0.1, hcr_b 10.75.0.2, veth hcr_veth), one rank in
 #        each (CPU 0, CPU 1), HCOMM_HOST_ID per namespace, checked to go over TCP: allreduce,
 #        broadcast, allgather, a 256 MiB allreduce, allreduce with HCOMM_MISMATCH_CHECK=0 and
@@ -90,7 +90,10 @@ BIG="-b 256M -e 256M -n 3 -w 1 -c 0"
 SHM_FIGS+=(
   "tcp_pingpong_8|2|HCOMM_TRANSPORT=tcp|pingpong -b 8 -e 8"
   "tcp_allreduce_16M|2|HCOMM_TRANSPORT=tcp|allreduce -b 16M -e 16M"
+  "over8_allreduce_1K|8|-|allreduce -b 1K -e 1K --mem pool"
   "over8_allreduce_1M|8|-|allreduce -b 1M -e 1M --mem pool"
+  "over32_allreduce_1K|32|-|allreduce -b 1K -e 1K --mem pool"
+  "over32_allreduce_1M|32|-|allreduce -b 1M -e 1M --mem pool"
 )
 TCP_FIGS=()
 for op in allreduce broadcast allgather; do TCP_FIGS+=("${op}_8|2|-|$op -b 8 -e 8" "$op|2|-|$op $BW"); done
