@@ -101,6 +101,11 @@ cleanup() {
   return 0
 }
 
+# store_port: a port for a job's store, below the kernel's ephemeral ports (32768 up by
+# default): the connections of many-rank runs held ports in 30000-50000 that a later run then
+# drew for its store, which failed to bind.
+store_port() { echo $((20000 + RANDOM % 12000)); }
+
 # teardown: after the last run, kill what is left and remove the namespaces.
 teardown() {
   cleanup
@@ -166,9 +171,8 @@ ns_up() {
 # and then calls hcomm_notes.
 hcomm_ranks() {
   local name=$1 vars=$2; shift 2
-  # Below the kernel's ephemeral ports (32768 up by default): the connections of the many-rank
-  # runs took ports in 30000-50000 that a later run then drew for its store.
-  local port=$((20000 + RANDOM % 12000))
+  local port
+  port=$(store_port)
   local secret r wrap rc
   local pids=()
   secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')

@@ -66,7 +66,8 @@ run_job() {
         FT_MODE=$mode timeout "$RUN_TIMEOUT" "$BIN/hcommrun" -n "$n" "${opt[@]}" -- "$PROG" \
             >"$work/out" 2>&1 || true
     else
-        local port=$((30000 + RANDOM % 20000)) secret r h pids=()
+        local port secret r h pids=()
+        port=$(store_port)
         secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
         for r in $(seq 0 $((n - 1))); do
             h=$((r < split ? 0 : 1))

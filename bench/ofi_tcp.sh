@@ -52,7 +52,8 @@ ns_up
 
 # bare_run OUTNAME: bench/ofi_pingpong between the namespaces, the client's table to RAW.OUTNAME.tmp.
 bare_run() {
-  local port=$((30000 + RANDOM % 20000)) t0 rc=0
+  local port t0 rc=0
+  port=$(store_port)
   t0=$(date +%s%N)
   FI_PROVIDER=tcp $BNS timeout "$RUN_TIMEOUT" "$BARE" -s -p $port -b 4 -e "$MAXB" -t "$TARGET" \
     >/dev/null 2>"$RAW.$1.err1.tmp" &

@@ -65,7 +65,7 @@ run() { run_prog "$PERF" "$@"; }
 
 run_prog() {
   local prog=$1 name=$2 ifname=$3; shift 3
-  local port=$((30000 + RANDOM % 20000)) secret
+  local port=$((20000 + RANDOM % 12000)) secret
   secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   local envs=(HCOMM_SIZE=2 HCOMM_ROOT_ADDR=10.79.0.1:$port HCOMM_JOB_SECRET=$secret
     HCOMM_TIMEOUT=60 HCOMM_SOCKET_IFNAME=$ifname ${FAILOVER:+HCOMM_FAILOVER=$FAILOVER}

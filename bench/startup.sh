@@ -78,7 +78,7 @@ fi
 # hcomm_hosts: the hcomm job over the namespaces (each rank under `timeout RUN_TIMEOUT`);
 # fails when a rank fails.
 hcomm_hosts() {
-    local port=$((30000 + RANDOM % 20000)) secret h pids=() rc=0
+    local port=$((20000 + RANDOM % 12000)) secret h pids=() rc=0
     secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
     for h in $(seq 0 $((HOSTS - 1))); do
         ip netns exec "hcs_h$h" env HCOMM_SIZE="$N" HCOMM_ROOT_ADDR="10.79.0.1:$port" \
