@@ -232,9 +232,6 @@ impl Engine {
     /// peer's receives (direct steps of collectives), `min..=max` bytes; `None` when it does
     /// not.
     pub(crate) fn direct_sizes(&self, peer: usize) -> Option<(usize, usize)> {
-        if !self.any_direct() {
-            return None;
-        }
         let st = lock(&self.shared.state);
         st.links.primary(peer).and_then(Link::puts)
     }

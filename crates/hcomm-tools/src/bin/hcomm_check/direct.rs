@@ -288,11 +288,9 @@ fn stop_self(ms: u64) -> Result<()> {
         ])
         .spawn()
         .context("starting the waker")?;
-    let stopped = std::process::Command::new("kill")
-        .args(["-STOP", &pid.to_string()])
-        .status()
+    // The signal itself, not a `kill` program (procps, which a minimal system lacks).
+    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::STOP)
         .context("stopping")?;
-    ensure!(stopped.success(), "kill -STOP failed");
     let woke = waker.wait().context("the waker")?;
     ensure!(woke.success(), "the waker failed");
     Ok(())

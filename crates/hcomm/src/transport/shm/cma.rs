@@ -161,7 +161,9 @@ pub fn arm_nondumpable() {
 
 /// Turns this process non-dumpable if [`arm_nondumpable`] asked for it (once).
 pub(crate) fn nondumpable_if_armed() {
-    if NODUMP_ARMED.swap(false, Ordering::SeqCst) {
+    // A plain load first: every one-sided call on heap buffers asks, and the hook is armed
+    // only in tests.
+    if NODUMP_ARMED.load(Ordering::Relaxed) && NODUMP_ARMED.swap(false, Ordering::SeqCst) {
         if let Err(e) =
             rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         {
