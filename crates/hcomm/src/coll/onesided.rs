@@ -15,7 +15,13 @@
 //! every rank of the call), and read what they need in place.
 //!
 //! * **Tiny** (every contribution up to 32 bytes): the contribution travels in one cache line
-//!   with the call number (stored last), so a peer sees both with one transfer.
+//!   with the call number (stored last), so a peer sees both with one transfer. A rank whose
+//!   result needs nothing of its peers' (a broadcast's or scatter's root, a gather's or
+//!   reduce's other ranks) returns once its line is out, as an MPI root returns once its
+//!   eager message is queued: a stream of small broadcasts runs its root a call ahead. The
+//!   peers check its call against theirs as usual; it checks theirs at its next call on the
+//!   communicator (before it publishes a one-sided one, after one that ran its schedule),
+//!   which then reports a mismatch (having run).
 //! * **Inline** (every rank's contribution fits a slot): each rank computes its result
 //!   straight from the peers' slots, reductions folded in rank order, so every rank gets the
 //!   same bits as the rank-order reference. One round of cache-line transfers, no message.
@@ -143,8 +149,24 @@ struct Calls {
     last: u64,
     /// The latest call each peer is known to have started.
     known: Vec<u64>,
+    /// The previous call, when this rank returned from it without the peers' calls (its
+    /// result needed nothing of theirs): checked against theirs at the start of the next.
+    unchecked: Option<Unchecked>,
     /// The segments and the way to the peers' buffers.
     board: Board,
+}
+
+/// A tiny call this rank returned from before its peers had published theirs (a broadcast
+/// or scatter from this rank, a gather or reduce to another): the root of a stream of small
+/// broadcasts runs ahead of the others, as an MPI root's eager messages do.
+#[derive(Debug, Clone, Copy)]
+struct Unchecked {
+    /// Its number.
+    call: u64,
+    /// Its signature.
+    sig: [u64; 2],
+    /// Bytes every peer contributes to it.
+    peer_len: u64,
 }
 
 /// The one-sided state of a communicator.
@@ -276,6 +298,7 @@ impl OneSided {
             calls: Mutex::new(Calls {
                 last: 0,
                 known: vec![0; n],
+                unchecked: None,
                 board,
             }),
         }))
@@ -344,21 +367,36 @@ impl OneSided {
                 waiter.wait(p, Ctr::Seq, j - 1)?;
             }
         }
+        // Every peer has published call j - 1 now, and overwrites its slot only after this
+        // rank publishes call j: a mismatch of the call this rank returned from early is
+        // found here, and reported once this call is done (so that no peer waits for this
+        // rank's part of it in vain), as the next call's error.
+        let late = match calls.unchecked.take() {
+            Some(u) => self.check_unchecked(&calls.board, u),
+            None => Ok(()),
+        };
         let (own, len) = contribution(shape, self.me, &bufs);
         let slot = (j % 2) as usize;
         let board = &mut calls.board;
         if most <= TINY_MAX {
-            return self
-                .tiny(
-                    &waiter,
-                    board,
-                    shape,
-                    (j, slot),
-                    (own, len),
-                    &mut bufs,
-                    &mut calls.known,
-                )
-                .map(|()| Outcome::Done);
+            let eager = needs_no_peer(shape, self.me);
+            self.tiny(
+                &waiter,
+                board,
+                shape,
+                (j, slot),
+                (own, len),
+                &mut bufs,
+                (&mut calls.known, eager),
+            )?;
+            if eager {
+                calls.unchecked = Some(Unchecked {
+                    call: j,
+                    sig,
+                    peer_len: contribution_len(shape, (self.me + 1) % n) as u64,
+                });
+            }
+            return late.map(|()| Outcome::Done);
         }
         // A call that may read or write heap buffers with cross-memory attach: a rank that
         // turned non-dumpable since the start-up probe says so before it publishes the call
@@ -441,8 +479,63 @@ impl OneSided {
         }
         match outcome {
             Err(e) => refusal::after_failure(&waiter, shape.kind, board, slot, j, e),
-            done => done,
+            Ok(done) => late.map(|()| done),
         }
+    }
+
+    /// After a call of the communicator that did not run here (its message schedule): checks
+    /// the one-sided call before it, when this rank returned from that one early, against
+    /// every peer's, if each has published it (each has once it took part in a call after
+    /// it: the check is exact after a call that waited for every peer, such as a barrier).
+    /// No peer overwrites its part of that call before this rank starts its next one-sided
+    /// call, so a check left for later stays exact. Skipped while another thread runs a
+    /// one-sided call of the communicator, which makes the check itself.
+    pub(crate) fn check_late(&self) -> Result<()> {
+        let Ok(mut guard) = self.calls.try_lock() else {
+            return Ok(());
+        };
+        let calls = &mut *guard;
+        let Some(u) = calls.unchecked else {
+            return Ok(());
+        };
+        let published = (0..self.signals.len())
+            .filter(|&p| p != self.me)
+            .all(|p| self.signals.counter(p, Ctr::Seq).load(Ordering::Acquire) >= u.call);
+        if !published {
+            return Ok(());
+        }
+        calls.unchecked = None;
+        self.check_unchecked(&calls.board, u)
+    }
+
+    /// Checks the peers' calls against `u`, a tiny call this rank returned from early, once
+    /// each has published the call after it. A peer whose tiny line holds `u`'s number shows
+    /// its signature there; one whose line holds an older call made another call than a tiny
+    /// one (its slot's header says which); one whose line holds a newer call has moved on (a
+    /// call of this rank ended before it published), which leaves nothing to check.
+    fn check_unchecked(&self, board: &Board, u: Unchecked) -> Result<()> {
+        let slot = (u.call % 2) as usize;
+        for p in (0..self.signals.len()).filter(|&p| p != self.me) {
+            let at = self.signals.tiny_seq(p, slot).load(Ordering::Acquire);
+            let (theirs, len) = match at.cmp(&u.call) {
+                std::cmp::Ordering::Equal => board.tiny_header(p, slot),
+                std::cmp::Ordering::Less => {
+                    let h = board.header(p, slot);
+                    (h.sig, h.len)
+                }
+                std::cmp::Ordering::Greater => continue,
+            };
+            if theirs != u.sig || len != u.peer_len {
+                return Err(late_mismatch(peer_mismatch(
+                    u.sig,
+                    p,
+                    theirs,
+                    len,
+                    u.peer_len as usize,
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Tells the peers (and this rank) that cross-memory attach on this rank may be refused
@@ -471,6 +564,8 @@ impl OneSided {
 
     /// A call whose every contribution fits a cache line: it goes with the call number in
     /// one line of the tiny slot, and each rank computes its result from the peers' lines.
+    /// An `eager` rank, whose result needs nothing of the peers', returns once its line is
+    /// out: its peers check its call against theirs, and it checks theirs at its next call.
     #[allow(clippy::too_many_arguments)]
     fn tiny(
         &self,
@@ -480,7 +575,7 @@ impl OneSided {
         (j, slot): (u64, usize),
         (own, len): (Own, usize),
         bufs: &mut Buffers<'_>,
-        known: &mut [u64],
+        (known, eager): (&mut [u64], bool),
     ) -> Result<()> {
         board.publish_tiny(slot, waiter.sig, bufs.own(own, len)?, j)?;
         // The call counter too (after the line, which is what the peers watch now): a later
@@ -488,23 +583,32 @@ impl OneSided {
         self.signals
             .counter(self.me, Ctr::Seq)
             .store(j, Ordering::Release);
-        // Spinning ranks ring the peers' doorbells after the waits below: ringing fences,
-        // which would hold this rank until its line reached the peers' caches, and a peer
-        // asleep on this call has published its own line already, so the waits end without
-        // it. (The last rank to publish finds every line there and rings everyone.) With more
-        // ranks than cores only that last rank rings, once (`last_to_publish`).
-        if !self.spin && self.last_to_publish(|p| self.signals.tiny_seq(p, slot), j) {
-            self.ring_all(waiter.engine);
-        }
-        let n = self.signals.len();
-        for p in (0..n).filter(|&p| p != self.me) {
-            waiter.wait_on(p, self.signals.tiny_seq(p, slot), j)?;
-            known[p] = j;
-            let (theirs, len) = board.tiny_header(p, slot);
-            check_peer_call(shape, waiter.sig, p, theirs, len)?;
-        }
-        if self.spin {
-            self.ring_all(waiter.engine);
+        if eager {
+            // Peers may sleep on this line, and this rank will not wait for theirs: spinning
+            // ranks ring at once, the others when they are the last to publish (as below).
+            if self.spin || self.last_to_publish(|p| self.signals.tiny_seq(p, slot), j) {
+                self.ring_all(waiter.engine);
+            }
+        } else {
+            // Spinning ranks ring the peers' doorbells after the waits below: ringing fences,
+            // which would hold this rank until its line reached the peers' caches, and a peer
+            // asleep on this call has published its own line already, so the waits end
+            // without it. (The last rank to publish finds every line there and rings
+            // everyone.) With more ranks than cores only that last rank rings, once
+            // (`last_to_publish`).
+            if !self.spin && self.last_to_publish(|p| self.signals.tiny_seq(p, slot), j) {
+                self.ring_all(waiter.engine);
+            }
+            let n = self.signals.len();
+            for p in (0..n).filter(|&p| p != self.me) {
+                waiter.wait_on(p, self.signals.tiny_seq(p, slot), j)?;
+                known[p] = j;
+                let (theirs, len) = board.tiny_header(p, slot);
+                check_peer_call(shape, waiter.sig, p, theirs, len)?;
+            }
+            if self.spin {
+                self.ring_all(waiter.engine);
+            }
         }
         // This rank's own contribution comes from its buffer, which stays in its cache, rather
         // than from its line, which the peers are fetching; not when it lies in the receive
@@ -1386,6 +1490,35 @@ fn peer_mismatch(sig: [u64; 2], p: usize, theirs: [u64; 2], len: u64, want: usiz
         )
     };
     Error::mismatch(what).with_peer(PeerRank::comm(p))
+}
+
+/// The error of a mismatch found at the call after the mismatched one, which this rank had
+/// returned from early.
+#[cold]
+fn late_mismatch(e: Error) -> Error {
+    match e {
+        Error::Mismatch(mut info) => {
+            info.message = format!(
+                "the previous collective on this communicator: {} (this rank's part of it \
+                 needed nothing from its peers, so it returned before they called; found at \
+                 this call, which ran)",
+                info.message
+            );
+            Error::Mismatch(info)
+        }
+        other => other,
+    }
+}
+
+/// Whether rank `me`'s result of a call of `shape` needs nothing of its peers' contributions:
+/// a broadcast's or scatter's root, a gather's or reduce's other ranks.
+#[inline]
+fn needs_no_peer(shape: &Shape, me: usize) -> bool {
+    match shape.kind {
+        CollKind::Broadcast | CollKind::Scatter => me == shape.root,
+        CollKind::Gather | CollKind::Reduce => me != shape.root,
+        _ => false,
+    }
 }
 
 /// Whether collective `kind` has a large one-sided algorithm (contributions beyond a slot).

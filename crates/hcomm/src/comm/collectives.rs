@@ -562,6 +562,7 @@ impl Communicator {
             let send = send.filter(|_| !shape.in_place).map(Lease::as_slice);
             return tiers
                 .allreduce(shape, send, recv.as_mut_slice()?)
+                .and_then(|()| self.onesided_late())
                 .map_err(|e| self.explain(shape, seq, e));
         }
         let deadline = Instant::now() + self.world.config.timeout;
@@ -598,7 +599,9 @@ impl Communicator {
                 *s = scratch;
             }
         }
-        result.map_err(|e| self.explain(shape, seq, e))?;
+        result
+            .and_then(|()| self.onesided_late())
+            .map_err(|e| self.explain(shape, seq, e))?;
         let has_result = shape.kind != CollKind::Reduce || self.rank == shape.root;
         if shape.kind.reduces() && shape.op == ReduceOp::Avg && has_result {
             let region = shape.output(self.rank, 0, shape.count * shape.elem());
@@ -609,6 +612,14 @@ impl Communicator {
             reduce::finish_avg(shape.dtype, out, self.size())?;
         }
         Ok(())
+    }
+
+    /// The mismatch of a one-sided call that this rank returned from before its peers had
+    /// called (the root of a small broadcast), found after a call that ran its schedule
+    /// ([`OneSided::check_late`]).
+    fn onesided_late(&self) -> Result<()> {
+        let state = lock(&self.state.onesided).clone().flatten();
+        state.map_or(Ok(()), |os| os.check_late())
     }
 
     /// Prefixes an error with the call it interrupted (sequence number `seq`), which it

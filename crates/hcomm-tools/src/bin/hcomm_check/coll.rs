@@ -371,6 +371,33 @@ pub(super) fn expect_mismatch(
     }
 }
 
+/// Tiny one-sided calls of the ranks that return without waiting for their peers (a
+/// gather's other ranks, a reduce's), mismatched: on `c` (a fresh communicator), then on
+/// another one made from `comm`.
+fn tiny_one_sided_mismatches(comm: &Communicator, c: &Communicator) -> Result<()> {
+    let r = comm.rank();
+    let mut small = [1.0f32; 2];
+    let mut all = vec![0.0f32; 2 * comm.size()];
+    let res = c.gather(&small, &mut all, if r == 0 { 0 } else { 1 });
+    expect_mismatch(c, "tiny gather root", res)?;
+    let c = comm.dup()?;
+    let res = if r == 0 {
+        c.broadcast(&mut small, 0)
+    } else {
+        let mine = small;
+        c.reduce(&mine, &mut small, ReduceOp::Sum, 0)
+    };
+    ensure!(
+        res.is_ok(),
+        "tiny broadcast against reduce: the rank returns before it hears of its peers, got {res:?}"
+    );
+    match c.allreduce_in_place(&mut small, ReduceOp::Sum) {
+        Err(Error::Mismatch(m)) => println!("tiny, found by the next one-sided call: {m}"),
+        other => bail!("tiny, found by the next one-sided call: expected Mismatch, got {other:?}"),
+    }
+    Ok(())
+}
+
 pub(super) fn mismatch(comm: &Communicator) -> Result<()> {
     ensure!(comm.size() >= 2, "mismatch needs 2 ranks");
     let r = comm.rank();
@@ -410,6 +437,27 @@ pub(super) fn mismatch(comm: &Communicator) -> Result<()> {
         c.allreduce_in_place(&mut big, ReduceOp::Min)
     };
     expect_mismatch(&c, "op (large)", res)?;
+    // Tiny calls whose root (a broadcast's) or other ranks (a gather's, a reduce's) return
+    // without waiting for the peers: such a rank learns of the mismatch at its next call,
+    // one that ran its schedule (the barrier) or a one-sided one.
+    let mut small = [1.0f32; 2];
+    let c = comm.dup()?;
+    let res = if r == 0 {
+        c.broadcast(&mut small, 0)
+    } else {
+        c.allreduce_in_place(&mut small, ReduceOp::Sum)
+    };
+    expect_mismatch(&c, "tiny collective", res)?;
+    let c = comm.dup()?;
+    let res = c.broadcast(&mut small, if r == 0 { 0 } else { 1 });
+    expect_mismatch(&c, "tiny root", res)?;
+    // Inside one host only (the calls run one-sided): between hosts a gather root that
+    // nobody sends to cannot learn that the others took another root, and the ranks of a
+    // reduce tree hear of the broadcast's messages in the call itself.
+    let c = comm.dup()?;
+    if c.algorithm_for(CollKind::Gather, DataType::Float32, ReduceOp::Sum, 2, 0) == "onesided" {
+        tiny_one_sided_mismatches(comm, &c)?;
+    }
     // The communicator that saw no mismatch still works.
     let mut ok = vec![1.0f32; 1000];
     comm.allreduce_in_place(&mut ok, ReduceOp::Sum)?;
