@@ -16,8 +16,8 @@
 //! (a renamed module or a filter that matches nothing must not pass silently).
 //!
 //! Cost: the first run compiles loom, hcomm and its dependencies in the `loom` profile of the
-//! workspace's Cargo.toml (release at opt-level 1 without debug info: 150 s of CPU time, where
-//! plain release took 215 s); later runs reuse `<target>/loom` and take a few seconds. The nextest
+//! workspace's Cargo.toml (unoptimised but for loom itself, without debug info: 40 s on the
+//! 2-core VM, 84 s at opt-level 1); later runs reuse `<target>/loom` and take a few seconds. The nextest
 //! override in `.config/nextest.toml` gives this test a longer slow-timeout and both test
 //! threads. The model checks explore every interleaving by default (under a second today);
 //! should they grow too slow, bound loom's search with `LOOM_MAX_PREEMPTIONS=2` (or 3) in the
