@@ -152,6 +152,9 @@ struct Calls {
     /// The previous call, when this rank returned from it without the peers' calls (its
     /// result needed nothing of theirs): checked against theirs at the start of the next.
     unchecked: Option<Unchecked>,
+    /// The mismatch of such a call, found at the start of a call that then ran its schedule
+    /// instead ([`Outcome::Schedule`]): reported once that schedule is done.
+    late: Option<Error>,
     /// The segments and the way to the peers' buffers.
     board: Board,
 }
@@ -299,6 +302,7 @@ impl OneSided {
                 last: 0,
                 known: vec![0; n],
                 unchecked: None,
+                late: None,
                 board,
             }),
         }))
@@ -479,12 +483,18 @@ impl OneSided {
         }
         match outcome {
             Err(e) => refusal::after_failure(&waiter, shape.kind, board, slot, j, e),
-            Ok(done) => late.map(|()| done),
+            // Every member runs the call's schedule now: the mismatch waits for its end.
+            Ok(Outcome::Schedule) => {
+                calls.late = late.err();
+                Ok(Outcome::Schedule)
+            }
+            Ok(Outcome::Done) => late.map(|()| Outcome::Done),
         }
     }
 
-    /// After a call of the communicator that did not run here (its message schedule): checks
-    /// the one-sided call before it, when this rank returned from that one early, against
+    /// After a call of the communicator that did not run here (its message schedule): the
+    /// mismatch found at its start when it was to run here ([`Outcome::Schedule`]); else
+    /// checks the one-sided call before it, when this rank returned from that one early, against
     /// every peer's, if each has published it (each has once it took part in a call after
     /// it: the check is exact after a call that waited for every peer, such as a barrier).
     /// No peer overwrites its part of that call before this rank starts its next one-sided
@@ -495,6 +505,9 @@ impl OneSided {
             return Ok(());
         };
         let calls = &mut *guard;
+        if let Some(e) = calls.late.take() {
+            return Err(e);
+        }
         let Some(u) = calls.unchecked else {
             return Ok(());
         };
