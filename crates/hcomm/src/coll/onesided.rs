@@ -153,8 +153,10 @@ struct Calls {
     /// result needed nothing of theirs): checked against theirs at the start of the next.
     unchecked: Option<Unchecked>,
     /// The mismatch of such a call, found at the start of a call that then ran its schedule
-    /// instead ([`Outcome::Schedule`]): reported once that schedule is done.
-    late: Option<Error>,
+    /// instead ([`Outcome::Schedule`]): reported once that schedule is done. Boxed: with the
+    /// error inline the one-sided call compiled to a 2-rank 16 MiB pool all-reduce 14 % slower
+    /// (1421 against 1238 us, 5 interleaved rounds; 1217 against 1205 us boxed).
+    late: Option<Box<Error>>,
     /// The segments and the way to the peers' buffers.
     board: Board,
 }
@@ -485,7 +487,7 @@ impl OneSided {
             Err(e) => refusal::after_failure(&waiter, shape.kind, board, slot, j, e),
             // Every member runs the call's schedule now: the mismatch waits for its end.
             Ok(Outcome::Schedule) => {
-                calls.late = late.err();
+                calls.late = late.err().map(Box::new);
                 Ok(Outcome::Schedule)
             }
             Ok(Outcome::Done) => late.map(|()| Outcome::Done),
@@ -506,7 +508,7 @@ impl OneSided {
         };
         let calls = &mut *guard;
         if let Some(e) = calls.late.take() {
-            return Err(e);
+            return Err(*e);
         }
         let Some(u) = calls.unchecked else {
             return Ok(());
