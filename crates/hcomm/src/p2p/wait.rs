@@ -394,7 +394,20 @@ fn next_yield_every(policy: Backoff, every: u32, others_ran: bool) -> u32 {
 /// Polls `watch` while the policy spins, without the engine's lock and without the clock;
 /// returns whether it fired.
 pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
+    // The policy's looks without a pause come first, without its bookkeeping (as the
+    // one-sided collectives' waits do): a wait they serve teaches the thread's next waits as
+    // a `Waiting` would, unless within the first `QUIET_LOOKS`. 8-byte ping-pong of 2 pinned
+    // ranks, 15 interleaved rounds: 0.2135 us against 0.2175 with a `Waiting` from the first
+    // look (a27d6a5, which had no policy here: 0.198).
+    let eager = policy.eager_polls.min(policy.polls);
+    if let Some(look) = (0..eager).position(|_| watch.ready()) {
+        if look >= QUIET_LOOKS as usize {
+            Waiting::served_by_looks(policy);
+        }
+        return true;
+    }
     let mut waiting = Waiting::new(policy, true);
+    waiting.looked(eager);
     if waiting.spin_until(|| watch.ready()) {
         return true;
     }
