@@ -635,6 +635,16 @@ fn open_ofi(config: &Config, rank: usize, ip: std::net::IpAddr) -> Result<Option
         Some(_) => return Ok(None),
         None => false,
     };
+    if !forced && !ofi::hardware_visible() {
+        let why = "no RDMA device or Slingshot NIC on this host (/sys/class/infiniband, \
+                   /dev/infiniband, /sys/class/cxi, /dev/cxi*): libfabric not asked";
+        tracing::debug!(rank, "libfabric not used: {why}");
+        if config.debug {
+            // HCOMM_DEBUG=1 asks for exactly this on the terminal.
+            eprintln!("hcomm: rank {rank}: libfabric not used: {why}");
+        }
+        return Ok(None);
+    }
     let opts = ofi::Options {
         lib: config.ofi_lib.clone(),
         hardware_only: !forced,

@@ -159,6 +159,32 @@ pub(crate) fn preflight(lib: &str) -> Result<()> {
     load(lib).map(drop)
 }
 
+/// Whether this machine shows a device that a provider of [`HARDWARE`] drives: an RDMA device
+/// (verbs, EFA and PSM3 go through one: an entry of `/sys/class/infiniband`, or a
+/// `/dev/infiniband/uverbs*` node) or a Slingshot NIC (cxi: an entry of `/sys/class/cxi`, or a
+/// `/dev/cxi*` node). Without one the default choice does not ask libfabric at all: the first
+/// `fi_getinfo` of a process loads every provider, which (libfabric 1.17 on this project's VM)
+/// read /proc/kallsyms twice, a kilobyte a system call: 260 ms of a rank's init between two
+/// network namespaces, against 3 ms for all the rest of it.
+pub(crate) fn hardware_visible() -> bool {
+    hardware_visible_in(std::path::Path::new("/"))
+}
+
+/// [`hardware_visible`] under `root` instead of `/`.
+fn hardware_visible_in(root: &std::path::Path) -> bool {
+    let any_entry = |dir: &str, prefix: &str| {
+        std::fs::read_dir(root.join(dir)).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        })
+    };
+    any_entry("sys/class/infiniband", "")
+        || any_entry("dev/infiniband", "uverbs")
+        || any_entry("sys/class/cxi", "")
+        || any_entry("dev", "cxi")
+}
+
 /// Whether the provider named `prov` (`verbs;ofi_rxm`) does RMA in hardware.
 pub(crate) fn is_hardware(prov: &str) -> bool {
     prov.split(';').any(|p| HARDWARE.contains(&p))
@@ -750,6 +776,45 @@ pub(crate) mod tests {
             wait_fd: true,
         };
         Endpoint::open(&opts).expect("libfabric with its tcp provider")
+    }
+
+    /// An RDMA device or a Slingshot NIC, in sysfs or as a device node, is what makes the
+    /// default choice ask libfabric; a host without one (an `rdma_cm` node alone, other
+    /// devices) is left to TCP without loading any provider.
+    #[test]
+    fn hardware_is_seen_through_its_devices() {
+        let root = std::env::temp_dir().join(format!(
+            "hcomm-ofi-devices-{}-{}",
+            std::process::id(),
+            hcomm_testkit::unix_ns()
+        ));
+        let at = |p: &str| root.join(p);
+        std::fs::create_dir_all(at("dev/infiniband")).unwrap();
+        std::fs::create_dir_all(at("sys/class/infiniband")).unwrap();
+        std::fs::write(at("dev/infiniband/rdma_cm"), b"").unwrap();
+        std::fs::write(at("dev/null"), b"").unwrap();
+        assert!(!hardware_visible_in(&root), "no device yet");
+        for (made, dir) in [
+            ("sys/class/infiniband/mlx5_0", false),
+            ("dev/infiniband/uverbs0", false),
+            ("sys/class/cxi/cxi0", true),
+            ("dev/cxi0", false),
+        ] {
+            if dir {
+                std::fs::create_dir_all(at(made)).unwrap();
+            } else {
+                std::fs::create_dir_all(at(made).parent().unwrap()).unwrap();
+                std::fs::write(at(made), b"").unwrap();
+            }
+            assert!(hardware_visible_in(&root), "{made}");
+            if dir {
+                std::fs::remove_dir_all(at(made)).unwrap();
+            } else {
+                std::fs::remove_file(at(made)).unwrap();
+            }
+            assert!(!hardware_visible_in(&root), "{made} removed");
+        }
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     /// By default only providers with hardware RMA are taken: the tcp provider never is.
