@@ -247,8 +247,10 @@ struct CommState {
     /// Scratch space reused by blocking collectives.
     scratch: Mutex<Vec<u8>>,
     /// The one-sided state, made at the first call that may use it (`Some(None)`: this
-    /// communicator cannot use one-sided collectives).
-    onesided: Mutex<Option<Option<Arc<OneSided>>>>,
+    /// communicator cannot use one-sided collectives); read without a lock once made.
+    onesided: std::sync::OnceLock<Option<Arc<OneSided>>>,
+    /// Held while the first call that may use the one-sided state makes it.
+    onesided_making: Mutex<()>,
     /// The host and host-leader sub-communicators of the tiered all-reduce, made at its first
     /// call.
     tiers: Mutex<Option<Arc<Tiers<Communicator>>>>,

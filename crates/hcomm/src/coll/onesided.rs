@@ -71,7 +71,7 @@
 mod refusal;
 
 use std::cell::OnceCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -187,6 +187,9 @@ pub(crate) struct OneSided {
     cma: bool,
     /// Calls so far; held for the length of a call.
     calls: Mutex<Calls>,
+    /// Whether `calls` holds a call to check or a mismatch to report
+    /// ([`OneSided::check_late`]), for a look without the lock.
+    late_pending: AtomicBool,
 }
 
 /// One call's buffers: the send buffer (`None` when there is none or the call is in place)
@@ -307,6 +310,7 @@ impl OneSided {
                 late: None,
                 board,
             }),
+            late_pending: AtomicBool::new(false),
         }))
     }
 
@@ -402,6 +406,7 @@ impl OneSided {
                     peer_len: contribution_len(shape, (self.me + 1) % n) as u64,
                 });
             }
+            self.note_late(calls);
             return late.map(|()| Outcome::Done);
         }
         // A call that may read or write heap buffers with cross-memory attach: a rank that
@@ -488,9 +493,13 @@ impl OneSided {
             // Every member runs the call's schedule now: the mismatch waits for its end.
             Ok(Outcome::Schedule) => {
                 calls.late = late.err().map(Box::new);
+                self.note_late(calls);
                 Ok(Outcome::Schedule)
             }
-            Ok(Outcome::Done) => late.map(|()| Outcome::Done),
+            Ok(Outcome::Done) => {
+                self.note_late(calls);
+                late.map(|()| Outcome::Done)
+            }
         }
     }
 
@@ -503,11 +512,15 @@ impl OneSided {
     /// call, so a check left for later stays exact. Skipped while another thread runs a
     /// one-sided call of the communicator, which makes the check itself.
     pub(crate) fn check_late(&self) -> Result<()> {
+        if !self.late_pending.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let Ok(mut guard) = self.calls.try_lock() else {
             return Ok(());
         };
         let calls = &mut *guard;
         if let Some(e) = calls.late.take() {
+            self.note_late(calls);
             return Err(*e);
         }
         let Some(u) = calls.unchecked else {
@@ -520,7 +533,17 @@ impl OneSided {
             return Ok(());
         }
         calls.unchecked = None;
+        self.note_late(calls);
         self.check_unchecked(&calls.board, u)
+    }
+
+    /// Says in `late_pending` whether `calls` holds something for [`OneSided::check_late`]
+    /// (a store only when that changes).
+    fn note_late(&self, calls: &Calls) {
+        let pending = calls.unchecked.is_some() || calls.late.is_some();
+        if self.late_pending.load(Ordering::Relaxed) != pending {
+            self.late_pending.store(pending, Ordering::Release);
+        }
     }
 
     /// Checks the peers' calls against `u`, a tiny call this rank returned from early, once

@@ -85,9 +85,9 @@ impl Communicator {
             let state = if make {
                 self.onesided()?
             } else {
-                let slot = lock(&self.state.onesided);
+                let slot = self.state.onesided.get();
                 unsettled = slot.is_none();
-                slot.clone().flatten()
+                slot.cloned().flatten()
             };
             if let Some(os) = state.filter(|os| os.fits(shape)) {
                 algo = &OneSidedAlgo;
@@ -150,12 +150,16 @@ impl Communicator {
     /// The one-sided state of this communicator, made by its first caller (every member
     /// makes it at the same call).
     fn onesided(&self) -> Result<Option<Arc<OneSided>>> {
-        let mut slot = lock(&self.state.onesided);
-        if let Some(made) = &*slot {
+        if let Some(made) = self.state.onesided.get() {
+            return Ok(made.clone());
+        }
+        let _making = lock(&self.state.onesided_making);
+        if let Some(made) = self.state.onesided.get() {
             return Ok(made.clone());
         }
         let made = OneSided::create(self)?.map(Arc::new);
-        *slot = Some(made.clone());
+        // Set only here, under `onesided_making`: the slot is empty.
+        let _ = self.state.onesided.set(made.clone());
         Ok(made)
     }
 
@@ -618,8 +622,10 @@ impl Communicator {
     /// called (the root of a small broadcast), found after a call that ran its schedule
     /// ([`OneSided::check_late`]).
     fn onesided_late(&self) -> Result<()> {
-        let state = lock(&self.state.onesided).clone().flatten();
-        state.map_or(Ok(()), |os| os.check_late())
+        match self.state.onesided.get() {
+            Some(Some(os)) => os.check_late(),
+            _ => Ok(()),
+        }
     }
 
     /// Prefixes an error with the call it interrupted (sequence number `seq`), which it
