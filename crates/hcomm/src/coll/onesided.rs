@@ -17,11 +17,11 @@
 //! * **Tiny** (every contribution up to 32 bytes): the contribution travels in one cache line
 //!   with the call number (stored last), so a peer sees both with one transfer. A rank whose
 //!   result needs nothing of its peers' (a broadcast's or scatter's root, a gather's or
-//!   reduce's other ranks) returns once its line is out, as an MPI root returns once its
-//!   eager message is queued: a stream of small broadcasts runs its root a call ahead. The
-//!   peers check its call against theirs as usual; it checks theirs at its next call on the
-//!   communicator (before it publishes a one-sided one, after one that ran its schedule),
-//!   which then reports a mismatch (having run).
+//!   reduce's other ranks) returns once its line is out when it has a core to itself, as an
+//!   MPI root returns once its eager message is queued: a stream of small broadcasts runs its
+//!   root a call ahead. The peers check its call against theirs as usual; it checks theirs at
+//!   its next call on the communicator (before it publishes a one-sided one, after one that
+//!   ran its schedule), which then reports a mismatch (having run).
 //! * **Inline** (every rank's contribution fits a slot): each rank computes its result
 //!   straight from the peers' slots, reductions folded in rank order, so every rank gets the
 //!   same bits as the rank-order reference. One round of cache-line transfers, no message.
@@ -389,7 +389,13 @@ impl OneSided {
         let slot = (j % 2) as usize;
         let board = &mut calls.board;
         if most <= TINY_MAX {
-            let eager = needs_no_peer(shape, self.me);
+            // Only with a core per rank: with more ranks than cores the early ranks of a
+            // gather or reduce took the cores from the root in their waits for the next call's
+            // slot (8 ranks on 2 cores, 8-byte reduce, 11 interleaved rounds: 9.5 us against
+            // 5.0 us waiting as before; bimodal, 8 of 11 rounds in the slow mode against 4),
+            // and a broadcast's early root showed no gain there (8 of 14 rounds slow against
+            // 7 of 14).
+            let eager = self.spin && needs_no_peer(shape, self.me);
             self.tiny(
                 &waiter,
                 board,
