@@ -350,14 +350,7 @@ pub(super) fn expect_mismatch(
     what: &str,
     res: hcomm::Result<()>,
 ) -> Result<()> {
-    let now = match res {
-        Err(Error::Mismatch(m)) => {
-            println!("{what}: {m}");
-            true
-        }
-        Ok(()) => false,
-        Err(e) => bail!("{what}: expected Mismatch, got {e}"),
-    };
+    let now = mismatched_now(what, res)?;
     match comm.barrier() {
         Ok(()) if now => Ok(()),
         Ok(()) => bail!("{what}: this rank never learned of the mismatch"),
@@ -368,6 +361,19 @@ pub(super) fn expect_mismatch(
             Ok(())
         }
         Err(e) => bail!("{what}: the barrier after the mismatch gave {e}"),
+    }
+}
+
+/// Whether `res`, the call of the case `what`, failed with the mismatch itself (printed), or
+/// returned (`false`); any other error fails the check.
+fn mismatched_now(what: &str, res: hcomm::Result<()>) -> Result<bool> {
+    match res {
+        Err(Error::Mismatch(m)) => {
+            println!("{what}: {m}");
+            Ok(true)
+        }
+        Ok(()) => Ok(false),
+        Err(e) => bail!("{what}: expected Mismatch, got {e}"),
     }
 }
 
@@ -390,14 +396,7 @@ fn tiny_one_sided_mismatches(comm: &Communicator, c: &Communicator) -> Result<()
     // With a core per rank every rank returns at once and learns of the mismatch at the next
     // one-sided call; with more ranks than cores nobody returns early, and the call itself
     // fails.
-    let early = match res {
-        Ok(()) => true,
-        Err(Error::Mismatch(m)) => {
-            println!("tiny broadcast against reduce: {m}");
-            false
-        }
-        Err(e) => bail!("tiny broadcast against reduce: expected Mismatch, got {e}"),
-    };
+    let early = !mismatched_now("tiny broadcast against reduce", res)?;
     match (early, c.allreduce_in_place(&mut small, ReduceOp::Sum)) {
         (true, Err(Error::Mismatch(m))) => println!("tiny, found by the next one-sided call: {m}"),
         (false, Ok(())) => {}
