@@ -233,10 +233,10 @@ def test_ddp_survivors_shrink_and_train_on_as_a_fresh_job_of_them_would(tmp_path
 
 
 @pytest.mark.timeout(120)
-def test_skipped_collective_is_named() -> None:
+def test_skipped_collective_is_named(tmp_path: Path) -> None:
     """The last of 3 ranks skips an all-reduce: the others raise, naming all_reduce, its
     sequence number and the missing rank."""
-    results = spawn(3, "fault_skip", 100, JOB_TIMEOUT="5")
+    results = spawn(3, "fault_skip", 100, JOB_TIMEOUT="5", JOB_DONE_DIR=str(tmp_path))
     for res in results[:2]:
         m = re.search(r"RAISED rank \d+: (.*)", res.stdout)
         assert m, res.stdout[-4000:]

@@ -683,17 +683,23 @@ def ddp_resume() -> None:
 
 def fault_skip() -> None:
     """The last rank skips the second all-reduce: the others raise naming the op, its
-    sequence number and the missing rank."""
+    sequence number and the missing rank. The skipper stays alive (so that the others time
+    out rather than lose it) until each of them left a file in JOB_DONE_DIR, or for
+    JOB_TIMEOUT + 6 s at most."""
     rank, n = dist.get_rank(), dist.get_world_size()
+    done = os.environ["JOB_DONE_DIR"]
     t = torch.ones(4)
     dist.all_reduce(t)
     if rank == n - 1:
-        time.sleep(float(os.environ.get("JOB_TIMEOUT", "5")) + 6)
+        end = time.monotonic() + float(os.environ.get("JOB_TIMEOUT", "5")) + 6
+        while len(os.listdir(done)) < n - 1 and time.monotonic() < end:
+            time.sleep(0.05)
         os._exit(0)
     try:
         dist.all_reduce(t)
     except Exception as e:
         print(f"RAISED rank {rank}: {e}", flush=True)
+        open(os.path.join(done, str(rank)), "w").close()
         os._exit(0)
     fail("no error though a rank skipped the all-reduce")
 

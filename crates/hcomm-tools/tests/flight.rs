@@ -76,67 +76,76 @@ fn stuck_job(n: usize, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Strin
 /// through the API), with the skipper's last completed call.
 #[test]
 fn a_rank_that_skips_a_collective_is_named_by_the_errors_and_by_hcomm_trace() {
-    for (n, skip, at, transport) in [(3, 1, 5, "shm"), (4, 2, 3, "tcp")] {
-        let dir = fresh_dir(&format!("stuck-{transport}"));
-        let (skip_s, at_s) = (skip.to_string(), at.to_string());
-        let out = stuck_job(
-            n,
-            &dir,
-            &[
-                ("HCOMM_TRANSPORT", transport),
-                ("HCOMM_TIMEOUT", "4"),
-                ("HCOMM_STALL_WARN", "1"),
-            ],
-            &["--skip", &skip_s, "--at", &at_s, "--hold-ms", "6500"],
-        );
-        for r in (0..n).filter(|&r| r != skip) {
-            // The members are asked half an interval before each warning; the second
-            // warning has their answers whatever the load.
-            let stall = format!("[{r}] hcomm: rank {r}: stall: allreduce #{at} (");
-            let named = format!(
-                "; not entered #{at} yet: rank {skip} (world rank {skip}; its last entered: #{})",
-                at - 1
-            );
-            assert!(
-                out.lines()
-                    .any(|l| l.starts_with(&stall) && l.contains(&named)),
-                "{transport}: rank {r} warned of no {named:?}:\n{out}"
-            );
-            let line = format!("[{r}] not-entered allreduce {at} [{skip}] ");
-            assert!(out.contains(&line), "{transport}: no {line:?}:\n{out}");
-            let d = dump(&dir, r);
-            assert!(
-                d["reason"] == "timeout" || d["reason"] == "abort",
-                "{transport}: rank {r}: {}",
-                d["reason"]
-            );
-            let w = world(&d);
-            assert_eq!(w["entered"], at as u64 + 1, "{transport}: rank {r}");
-            let last = w["ops"].as_array().and_then(|o| o.last()).expect("ops");
-            assert_eq!(last["seq"], at as u64);
-            assert_eq!(last["state"], "failed");
-            assert_eq!(last["op"], "allreduce");
-            assert_eq!(last["dtype"], "int64");
-            assert_eq!(last["count"], 16);
+    // Both jobs at once: each mostly waits for its stall warnings and its timeout.
+    std::thread::scope(|s| {
+        for case in [(3, 1, 5, "shm"), (4, 2, 3, "tcp")] {
+            s.spawn(move || skipped_collective_is_named(case));
         }
-        let d = dump(&dir, skip);
-        assert_eq!(d["reason"], "api");
-        assert_eq!(world(&d)["entered"], at as u64);
-        let t = trace(&dir);
-        let want = format!(
-            "comm 0x1, seq {at}, allreduce: rank {skip} never entered; its last completed seq \
-             is {}",
+    });
+}
+
+/// [`a_rank_that_skips_a_collective_is_named_by_the_errors_and_by_hcomm_trace`] on `n` ranks
+/// over `transport`, rank `skip` skipping collective `at`.
+fn skipped_collective_is_named((n, skip, at, transport): (usize, usize, usize, &str)) {
+    let dir = fresh_dir(&format!("stuck-{transport}"));
+    let (skip_s, at_s) = (skip.to_string(), at.to_string());
+    let out = stuck_job(
+        n,
+        &dir,
+        &[
+            ("HCOMM_TRANSPORT", transport),
+            ("HCOMM_TIMEOUT", "4"),
+            ("HCOMM_STALL_WARN", "1"),
+        ],
+        &["--skip", &skip_s, "--at", &at_s, "--hold-ms", "6500"],
+    );
+    for r in (0..n).filter(|&r| r != skip) {
+        // The members are asked half an interval before each warning; the second
+        // warning has their answers whatever the load.
+        let stall = format!("[{r}] hcomm: rank {r}: stall: allreduce #{at} (");
+        let named = format!(
+            "; not entered #{at} yet: rank {skip} (world rank {skip}; its last entered: #{})",
             at - 1
         );
-        assert!(t.contains(&want), "{transport}: no {want:?}:\n{t}");
-        // Exactly that rank.
-        assert_eq!(
-            t.matches(" never entered; ").count(),
-            1,
-            "{transport}:\n{t}"
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&stall) && l.contains(&named)),
+            "{transport}: rank {r} warned of no {named:?}:\n{out}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
+        let line = format!("[{r}] not-entered allreduce {at} [{skip}] ");
+        assert!(out.contains(&line), "{transport}: no {line:?}:\n{out}");
+        let d = dump(&dir, r);
+        assert!(
+            d["reason"] == "timeout" || d["reason"] == "abort",
+            "{transport}: rank {r}: {}",
+            d["reason"]
+        );
+        let w = world(&d);
+        assert_eq!(w["entered"], at as u64 + 1, "{transport}: rank {r}");
+        let last = w["ops"].as_array().and_then(|o| o.last()).expect("ops");
+        assert_eq!(last["seq"], at as u64);
+        assert_eq!(last["state"], "failed");
+        assert_eq!(last["op"], "allreduce");
+        assert_eq!(last["dtype"], "int64");
+        assert_eq!(last["count"], 16);
     }
+    let d = dump(&dir, skip);
+    assert_eq!(d["reason"], "api");
+    assert_eq!(world(&d)["entered"], at as u64);
+    let t = trace(&dir);
+    let want = format!(
+        "comm 0x1, seq {at}, allreduce: rank {skip} never entered; its last completed seq \
+         is {}",
+        at - 1
+    );
+    assert!(t.contains(&want), "{transport}: no {want:?}:\n{t}");
+    // Exactly that rank.
+    assert_eq!(
+        t.matches(" never entered; ").count(),
+        1,
+        "{transport}:\n{t}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Rank 1 calls a broadcast where the others call an all-reduce: `hcomm_trace` reports the
