@@ -72,6 +72,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -289,9 +290,9 @@ unsafe impl Send for Offered {}
 /// What the engine gets from a peer's link, in order.
 #[derive(Debug)]
 enum In {
-    /// An eager frame: the whole message as it came, header first (the payload follows it at
-    /// [`HEADER_LEN`], copied once more only into its destination).
-    Frame(FrameHeader, Vec<u8>),
+    /// An eager frame, still in the receive slot it came into (header first, the payload at
+    /// [`HEADER_LEN`]): copied from there into its destination, then the slot is posted again.
+    Frame(FrameHeader, HeldSlot),
     /// A payload to read: address, key, the sender's token.
     Read(FrameHeader, u64, u64, u64),
     /// A payload the sender will write: its token.
@@ -302,6 +303,41 @@ enum In {
     /// This rank's payload `token` landed.
     Landed(u64),
     Failed(String),
+}
+
+/// A receive slot that holds an eager frame the engine has not placed yet: posted again
+/// once the frame is placed ([`HeldSlot::release`]); one dropped unplaced (its peer's link
+/// closed) is handed back for the next progress turn to post.
+#[derive(Debug)]
+struct HeldSlot {
+    slot: usize,
+    /// The message's length (header included).
+    len: usize,
+    back: Option<Arc<Returned>>,
+}
+
+impl HeldSlot {
+    /// The slot, which the caller posts again.
+    fn release(mut self) -> usize {
+        self.back = None;
+        self.slot
+    }
+}
+
+impl Drop for HeldSlot {
+    fn drop(&mut self) {
+        if let Some(back) = self.back.take() {
+            lock(&back.slots).push(self.slot);
+            back.any.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// Receive slots dropped with their frames unplaced, to post again.
+#[derive(Debug, Default)]
+struct Returned {
+    any: AtomicBool,
+    slots: Mutex<Vec<usize>>,
 }
 
 /// A send whose payload stays registered until the peer read it or this rank wrote it.
@@ -399,6 +435,8 @@ struct HubState {
     slot: usize,
     /// Contexts of operations in flight.
     live: HashMap<usize, Box<Ctx>>,
+    /// Receive slots whose frames were dropped unplaced, to post again.
+    returned: Arc<Returned>,
     cache: MrCache,
     /// The shared-memory pool's blocks, registered whole.
     blocks: BlockRegs,
@@ -486,6 +524,7 @@ impl Hub {
             free_bounces: (0..BOUNCES).rev().collect(),
             slot,
             live: HashMap::default(),
+            returned: Arc::default(),
             cache: MrCache::default(),
             blocks: BlockRegs::default(),
             retired: Vec::new(),
@@ -819,6 +858,7 @@ impl HubState {
         if self.dead.is_some() {
             return;
         }
+        self.repost_returned();
         let mut done: Vec<Completion> = Vec::with_capacity(16);
         for _ in 0..CQ_ROUNDS {
             done.clear();
@@ -912,14 +952,7 @@ impl HubState {
             return;
         };
         match ctx.what {
-            What::Recv(s) => {
-                let at = s * self.slot;
-                let body = self.recv_buf[at..at + c.len.min(self.slot)].to_vec();
-                if let Err(e) = self.post_recv(s) {
-                    self.kill(e.detail().to_owned());
-                }
-                self.arrived(c.tag, body);
-            }
+            What::Recv(s) => self.arrived(c.tag, s, c.len.min(self.slot)),
             What::Send { slot, .. } => self.free_bounces.push(slot),
             What::Read { peer, token } => {
                 if let Some(l) = self.peers[peer].landing.get_mut(&token) {
@@ -964,9 +997,58 @@ impl HubState {
         }
     }
 
-    /// A message arrived with `tag`.
-    fn arrived(&mut self, tag: u64, body: Vec<u8>) {
+    /// Posts receive slot `s` again; the endpoint cannot go on without it.
+    fn repost(&mut self, s: usize) {
+        if let Err(e) = self.post_recv(s) {
+            self.kill(e.detail().to_owned());
+        }
+    }
+
+    /// Posts again the slots whose frames were dropped unplaced.
+    fn repost_returned(&mut self) {
+        if !self.returned.any.load(Ordering::Relaxed)
+            || !self.returned.any.swap(false, Ordering::Acquire)
+        {
+            return;
+        }
+        let back = Arc::clone(&self.returned);
+        let mut slots = lock(&back.slots);
+        while let Some(s) = slots.pop() {
+            if self.dead.is_some() {
+                return;
+            }
+            self.repost(s);
+        }
+    }
+
+    /// A message of `len` bytes arrived with `tag` in receive slot `s`: an eager frame stays
+    /// there until the engine placed it (one copy, into its destination); any other message
+    /// is read now and the slot posted again.
+    fn arrived(&mut self, tag: u64, s: usize, len: usize) {
         let (kind, src) = (tag >> 32, (tag & 0xffff_ffff) as usize);
+        let at = s * self.slot;
+        if kind == msg::FRAME && src < self.peers.len() && !self.peers[src].closed {
+            let held = HeldSlot {
+                slot: s,
+                len,
+                back: Some(Arc::clone(&self.returned)),
+            };
+            let raw = &self.recv_buf[at..at + len];
+            let item = match raw.get(..HEADER_LEN).and_then(|h| h.try_into().ok()) {
+                Some(h) => FrameHeader::decode(h)
+                    .map(|h| In::Frame(h, held))
+                    .map_err(|e| format!("it sent a malformed frame through libfabric ({e})")),
+                None => {
+                    Err("it sent a message shorter than a frame header through libfabric".into())
+                }
+            };
+            self.peers[src]
+                .inbox
+                .push_back(item.unwrap_or_else(In::Failed));
+            return;
+        }
+        let body = self.recv_buf[at..at + len].to_vec();
+        self.repost(s);
         if src >= self.peers.len() || self.peers[src].closed {
             return;
         }
@@ -979,7 +1061,6 @@ impl HubState {
                 .map_err(|e| format!("it sent a malformed frame through libfabric ({e})"))
         };
         let item = match kind {
-            msg::FRAME => hdr(&body).map(|h| In::Frame(h, body)),
             msg::READ => hdr(&body).map(|h| {
                 In::Read(
                     h,
@@ -2040,12 +2121,15 @@ impl Link for OfiLink {
             st.unregister(o.mr);
         }
         match item {
-            In::Frame(_, body) => {
-                let payload = &body[HEADER_LEN..];
+            In::Frame(_, held) => {
+                let at = held.slot * st.slot;
+                let payload = &st.recv_buf[at + HEADER_LEN.min(held.len)..at + held.len];
                 if let Some(dst) = dests.whole(hdr, dest) {
                     let n = dst.len().min(payload.len());
                     dst[..n].copy_from_slice(&payload[..n]);
                 }
+                let slot = held.release();
+                st.repost(slot);
                 Ok(true)
             }
             In::Read(_, addr, key, theirs) => {
@@ -2336,6 +2420,32 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "only {inbox:?} arrived");
         }
+    }
+
+    /// Posted receives of `hub`.
+    fn posted(hub: &Hub) -> usize {
+        let st = lock(&hub.state);
+        st.live
+            .values()
+            .filter(|c| matches!(c.what, What::Recv(_)))
+            .count()
+    }
+
+    /// An eager frame stays in its receive slot until placed; frames dropped unplaced (their
+    /// peer's link closed) give their slots back, posted again at the next progress turn.
+    #[test]
+    fn eager_frames_hold_their_slots_until_placed_or_dropped() {
+        let (a, b) = two_hubs();
+        let payloads = vec![vec![7u8; 100]; 3];
+        let ops = sends(&payloads);
+        flush_frames(&a, &ops, (0..3).map(|id| frame(&ops, id, None)).collect());
+        assert_eq!(arrivals(&a, &b, &ops, 3), [(0, 'f'), (1, 'f'), (2, 'f')]);
+        assert_eq!(posted(&b), RECVS - 3);
+        let mut st = lock(&b.state);
+        st.peers[0].inbox.clear();
+        st.progress();
+        drop(st);
+        assert_eq!(posted(&b), RECVS);
     }
 
     /// A receive of `b` offered to rank 0 for direct step `ordinal`: `len` bytes of `buf`,
