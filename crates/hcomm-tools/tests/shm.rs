@@ -951,3 +951,25 @@ fn ranks_pinned_one_per_core_still_spin() {
         assert!(t.lines().any(|l| l.starts_with(&line)), "rank {r}:\n{t}");
     }
 }
+
+/// With many more ranks than cores (9 ranks held to one core), heap all-reduces of 256 KiB
+/// and more go through pool memory (their input copied in, the result out): every result
+/// equals the reference, and every rank counted such calls.
+#[test]
+fn heap_allreduces_of_many_ranks_per_core_go_through_pool_memory() {
+    let mut c = Command::new("taskset");
+    c.args(["-c", "0", HCOMMRUN, "-n", "9", "--timeout", "150"])
+        .args(["--", CHECK, "collectives", "--only", "allreduce"])
+        .args(["--max-count", "100000"]);
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(180));
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for r in 0..9 {
+        let staged: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[{r}] staged ")))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("rank {r} printed no staged count:\n{out}"));
+        assert!(staged > 0, "rank {r} staged no all-reduce:\n{out}");
+    }
+}

@@ -179,6 +179,8 @@ pub(crate) struct ProtocolCounts {
     pub full_naps: AtomicU64,
     /// Message frames dropped as stale: of a revoked communicator's epoch.
     pub stale_frames: AtomicU64,
+    /// One-sided all-reduces of heap buffers run through pool memory.
+    pub shm_staged: AtomicU64,
 }
 
 /// How many messages took each protocol so far, and how waiters slept.
@@ -255,6 +257,11 @@ pub struct ProtocolStats {
     /// Message frames dropped because their communicator was revoked at their epoch (a
     /// member stopped and resumed after the others shrank it sends them).
     pub stale_frames: u64,
+    /// Shared-memory all-reduces of heap buffers that went through pool memory: their input
+    /// copied into the communicator's pool memory and the result out of it, with many more
+    /// local ranks than cores, where the peers' mapped pool blocks save the system calls of
+    /// cross-memory attach.
+    pub shm_staged: u64,
 }
 
 impl ProtocolCounts {
@@ -294,6 +301,7 @@ impl ProtocolCounts {
             naps: get(&self.naps),
             full_naps: get(&self.full_naps),
             stale_frames: get(&self.stale_frames),
+            shm_staged: get(&self.shm_staged),
             tcp_opened: 0,
             tcp_accepted: 0,
             tcp_failovers: 0,
@@ -947,6 +955,11 @@ impl Engine {
             thread: Some(thread),
             watcher: Some(watcher),
         })
+    }
+
+    /// A one-sided all-reduce went through pool memory (`ProtocolStats::shm_staged`).
+    pub(crate) fn count_staged(&self) {
+        ProtocolCounts::bump(&self.shared.counts.shm_staged);
     }
 
     /// How many messages took each protocol so far.

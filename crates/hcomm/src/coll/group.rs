@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::p2p::Engine;
-use crate::transport::shm::pool::ShmPool;
+use crate::transport::shm::pool::{PoolMem, ShmPool};
 
 /// The ranks of a communicator as the one-sided collectives see them.
 pub(crate) trait Group {
@@ -23,6 +23,8 @@ pub(crate) trait Group {
     fn engine(&self) -> &Engine;
     /// This rank's shared-memory pool, if it has one.
     fn pool(&self) -> Option<&ShmPool>;
+    /// `len` zeroed bytes of this rank's pool, if it has one with room.
+    fn pool_mem(&self, len: usize) -> Option<PoolMem>;
     /// Whether waiting ranks may spin (the host has a core per local rank).
     fn spin(&self) -> bool;
     /// `HCOMM_TIMEOUT`.

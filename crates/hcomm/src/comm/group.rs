@@ -9,7 +9,7 @@ use crate::coll::{Group, Shape};
 use crate::error::Result;
 use crate::p2p::Engine;
 use crate::topology::Topology;
-use crate::transport::shm::pool::ShmPool;
+use crate::transport::shm::pool::{PoolMem, ShmPool};
 
 impl Group for Communicator {
     fn rank(&self) -> usize {
@@ -38,6 +38,13 @@ impl Group for Communicator {
 
     fn pool(&self) -> Option<&ShmPool> {
         self.world.pool.as_deref()
+    }
+
+    fn pool_mem(&self, len: usize) -> Option<PoolMem> {
+        let pool = self.world.pool.as_ref()?;
+        PoolMem::alloc(Some(pool), len)
+            .ok()
+            .filter(PoolMem::in_pool)
     }
 
     fn spin(&self) -> bool {

@@ -145,6 +145,7 @@ pub(super) fn collectives(
         }
     }
     println!("checked {seed} calls");
+    println!("staged {}", comm.protocol_stats().shm_staged);
     if pool {
         let stats = comm.pool_stats();
         ensure!(
