@@ -381,7 +381,7 @@ impl OneSided {
         send: Option<&Lease<'_>>,
         recv: &mut Lease<'_>,
     ) -> Result<Option<Outcome>> {
-        let len = recv.as_slice().len();
+        let len = shape.recv_bytes(self.me);
         if !self.stages
             || shape.kind != CollKind::AllReduce
             || !(STAGE_FROM..=STAGE_MAX).contains(&len)
@@ -403,12 +403,15 @@ impl OneSided {
         let Some(mem) = stage.as_mut() else {
             return Ok(None);
         };
+        let short = || Error::internal("a staged all-reduce's buffer is shorter than its call");
+        let input = send.map_or(recv.as_slice(), Lease::as_slice);
         let staged = &mut mem.as_bytes_mut()[..len];
-        staged.copy_from_slice(send.map_or(recv.as_slice(), Lease::as_slice));
+        staged.copy_from_slice(input.get(..len).ok_or_else(short)?);
         let mut staged_recv = Lease::from(&mut *staged);
         let outcome = self.run_on(comm, shape, tag, sig, None, &mut staged_recv)?;
         if let Outcome::Done = outcome {
-            recv.as_mut_slice()?.copy_from_slice(staged);
+            let out = recv.as_mut_slice()?.get_mut(..len).ok_or_else(short)?;
+            out.copy_from_slice(staged);
             comm.engine().count_staged();
         }
         Ok(Some(outcome))

@@ -41,10 +41,7 @@ impl Group for Communicator {
     }
 
     fn pool_mem(&self, len: usize) -> Option<PoolMem> {
-        let pool = self.world.pool.as_ref()?;
-        PoolMem::alloc(Some(pool), len)
-            .ok()
-            .filter(PoolMem::in_pool)
+        PoolMem::alloc_in(self.world.pool.as_ref()?, len)
     }
 
     fn spin(&self) -> bool {

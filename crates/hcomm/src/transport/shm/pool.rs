@@ -226,15 +226,8 @@ unsafe impl Sync for PoolMem {}
 impl PoolMem {
     /// `len` zeroed bytes from `pool` (when it can serve them) or the heap.
     pub(crate) fn alloc(pool: Option<&Arc<ShmPool>>, len: usize) -> Result<PoolMem> {
-        if let Some((pool, got)) = pool.and_then(|p| Some((p, p.alloc(len)?))) {
-            // SAFETY: the allocation holds at least `len` writable bytes, 64-byte aligned,
-            // owned by nobody else until it is freed.
-            unsafe { got.as_ptr().write_bytes(0, len) };
-            return Ok(PoolMem {
-                ptr: got.ptr,
-                len,
-                from: Ok(Arc::clone(pool)),
-            });
+        if let Some(mem) = pool.and_then(|p| PoolMem::alloc_in(p, len)) {
+            return Ok(mem);
         }
         let layout = Layout::from_size_align(len.max(1), POOL_ALIGN).map_err(|_| {
             Error::invalid_argument(format!(
@@ -249,6 +242,19 @@ impl PoolMem {
             ptr,
             len,
             from: Err(layout),
+        })
+    }
+
+    /// `len` zeroed bytes from `pool`; `None` when it cannot serve them.
+    pub(crate) fn alloc_in(pool: &Arc<ShmPool>, len: usize) -> Option<PoolMem> {
+        let got = pool.alloc(len)?;
+        // SAFETY: the allocation holds at least `len` writable bytes, 64-byte aligned, owned
+        // by nobody else until it is freed.
+        unsafe { got.as_ptr().write_bytes(0, len) };
+        Some(PoolMem {
+            ptr: got.ptr,
+            len,
+            from: Ok(Arc::clone(pool)),
         })
     }
 
