@@ -359,18 +359,20 @@ impl OneSided {
         send: Option<&Lease<'_>>,
         recv: &mut Lease<'_>,
     ) -> Result<Outcome> {
-        if let Some(outcome) = self.staged(comm, shape, tag, sig, send, recv)? {
-            return Ok(outcome);
+        if self.stages {
+            if let Some(outcome) = self.staged(comm, shape, tag, sig, send, recv)? {
+                return Ok(outcome);
+            }
         }
         self.run_on(comm, shape, tag, sig, send, recv)
     }
 
-    /// A large all-reduce of heap buffers with many more ranks than cores: the input is
-    /// copied into pool memory, reduced there in place, and the result copied out (`None`: not
-    /// such a call, or the pool has no room). Read in place from the peers' mapped pool
-    /// blocks, its contributions cost no system call; on the heap each rank's reads and writes
-    /// of its peers' buffers are cross-memory attach calls of a chunk each, whose kernel copies
-    /// took most of the time (32 ranks on 2 cores, 1 MiB: 7.1-8.9 ms on the heap, 2.1-2.9 ms
+    /// A large all-reduce of heap buffers with many more ranks than cores (`stages`): the
+    /// input is copied into pool memory, reduced there in place, and the result copied out
+    /// (`None`: not such a call, or the pool has no room). Read in place from the peers'
+    /// mapped pool blocks, its contributions cost no system call; on the heap each rank's reads
+    /// and writes of its peers' buffers are cross-memory attach calls of a chunk each, whose
+    /// kernel copies took most of the time (32 ranks on 2 cores, 1 MiB: 7.1-8.9 ms on the heap, 2.1-2.9 ms
     /// in the pool, with 2 MiB of copies per rank besides: 5.8-7.4 ms staged).
     fn staged(
         &self,
@@ -382,10 +384,7 @@ impl OneSided {
         recv: &mut Lease<'_>,
     ) -> Result<Option<Outcome>> {
         let len = shape.recv_bytes(self.me);
-        if !self.stages
-            || shape.kind != CollKind::AllReduce
-            || !(STAGE_FROM..=STAGE_MAX).contains(&len)
-        {
+        if shape.kind != CollKind::AllReduce || !(STAGE_FROM..=STAGE_MAX).contains(&len) {
             return Ok(None);
         }
         let Some(pool) = comm.pool() else {
@@ -717,11 +716,9 @@ impl OneSided {
             .counter(self.me, Ctr::Seq)
             .store(j, Ordering::Release);
         if eager {
-            // Peers may sleep on this line, and this rank will not wait for theirs: spinning
-            // ranks ring at once, the others when they are the last to publish (as below).
-            if self.spin || self.last_to_publish(|p| self.signals.tiny_seq(p, slot), j) {
-                self.ring_all(waiter.engine);
-            }
+            // Peers may sleep on this line, and this rank will not wait for theirs: it rings
+            // at once (only a spinning rank returns early).
+            self.ring_all(waiter.engine);
         } else {
             // Spinning ranks ring the peers' doorbells after the waits below: ringing fences,
             // which would hold this rank until its line reached the peers' caches, and a peer

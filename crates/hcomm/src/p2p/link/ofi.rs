@@ -305,6 +305,16 @@ enum In {
     Failed(String),
 }
 
+/// The frame header at the start of message `b` from a peer.
+fn header_of(b: &[u8]) -> std::result::Result<FrameHeader, String> {
+    let raw: &[u8; HEADER_LEN] = b
+        .get(..HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or("it sent a message shorter than a frame header through libfabric")?;
+    FrameHeader::decode(raw)
+        .map_err(|e| format!("it sent a malformed frame through libfabric ({e})"))
+}
+
 /// A receive slot that holds an eager frame the engine has not placed yet: posted again
 /// once the frame is placed ([`HeldSlot::release`]); one dropped unplaced (its peer's link
 /// closed) is handed back for the next progress turn to post.
@@ -1033,15 +1043,7 @@ impl HubState {
                 len,
                 back: Some(Arc::clone(&self.returned)),
             };
-            let raw = &self.recv_buf[at..at + len];
-            let item = match raw.get(..HEADER_LEN).and_then(|h| h.try_into().ok()) {
-                Some(h) => FrameHeader::decode(h)
-                    .map(|h| In::Frame(h, held))
-                    .map_err(|e| format!("it sent a malformed frame through libfabric ({e})")),
-                None => {
-                    Err("it sent a message shorter than a frame header through libfabric".into())
-                }
-            };
+            let item = header_of(&self.recv_buf[at..at + len]).map(|h| In::Frame(h, held));
             self.peers[src]
                 .inbox
                 .push_back(item.unwrap_or_else(In::Failed));
@@ -1052,16 +1054,8 @@ impl HubState {
         if src >= self.peers.len() || self.peers[src].closed {
             return;
         }
-        let hdr = |b: &[u8]| -> std::result::Result<FrameHeader, String> {
-            let raw: &[u8; HEADER_LEN] = b
-                .get(..HEADER_LEN)
-                .and_then(|h| h.try_into().ok())
-                .ok_or("it sent a message shorter than a frame header through libfabric")?;
-            FrameHeader::decode(raw)
-                .map_err(|e| format!("it sent a malformed frame through libfabric ({e})"))
-        };
         let item = match kind {
-            msg::READ => hdr(&body).map(|h| {
+            msg::READ => header_of(&body).map(|h| {
                 In::Read(
                     h,
                     u64_at(&body, HEADER_LEN),
@@ -1069,8 +1063,8 @@ impl HubState {
                     u64_at(&body, HEADER_LEN + 16),
                 )
             }),
-            msg::WRITE => hdr(&body).map(|h| In::Write(h, u64_at(&body, HEADER_LEN))),
-            msg::PUT => hdr(&body).map(|h| In::Put(h, u64_at(&body, HEADER_LEN))),
+            msg::WRITE => header_of(&body).map(|h| In::Write(h, u64_at(&body, HEADER_LEN))),
+            msg::PUT => header_of(&body).map(|h| In::Put(h, u64_at(&body, HEADER_LEN))),
             msg::OFFER => {
                 let w = |i: usize| u64_at(&body, 8 * i);
                 let offer = Offer {
