@@ -854,6 +854,7 @@ impl World {
                 // A rail must be given up before the heartbeats (HCOMM_TIMEOUT / 2) give up
                 // the peer.
                 link_timeout: config.link_timeout.min(config.timeout / 4),
+                congestion: config.tcp_congestion.clone(),
             };
             (
                 Some(mesh),

@@ -241,6 +241,11 @@ pub struct Config {
     pub tcp_eager_limit: usize,
     /// `HCOMM_TCP_CHUNK`: bytes of a large message sent on one stream at a time.
     pub tcp_chunk: usize,
+    /// `HCOMM_TCP_CONGESTION`: the congestion control of the TCP connections between ranks
+    /// (Linux's `TCP_CONGESTION`): a name the kernel allows (`reno`, `cubic`, `dctcp`, ...),
+    /// or `system` for the system's default. `None` (unset): `cubic` where the kernel allows
+    /// it, else the system's default.
+    pub tcp_congestion: Option<String>,
     /// `HCOMM_OFI_LIB`: the libfabric library the `ofi` transport loads.
     pub ofi_lib: String,
     /// `HCOMM_OFI_EAGER_LIMIT`: largest payload sent inline through libfabric.
@@ -455,6 +460,25 @@ impl Config {
             tcp_streams,
             tcp_eager_limit,
             tcp_chunk,
+            tcp_congestion: match get("HCOMM_TCP_CONGESTION") {
+                None => None,
+                Some(v) => {
+                    let name = v.trim();
+                    let ok = (1..=15).contains(&name.len())
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                    if !ok {
+                        return Err(invalid(
+                            "HCOMM_TCP_CONGESTION",
+                            &v,
+                            "a congestion control's name (1 to 15 letters, digits, '_' or \
+                             '-'; see net.ipv4.tcp_allowed_congestion_control), or system",
+                        ));
+                    }
+                    Some(name.to_string())
+                }
+            },
             ofi_lib: get("HCOMM_OFI_LIB").unwrap_or_else(|| DEFAULT_OFI_LIB.to_owned()),
             ofi_eager_limit,
             ofi_write_threshold,
@@ -771,8 +795,22 @@ mod tests {
         assert_eq!(c.transport.as_deref(), Some("carrier-pigeon"));
     }
 
+    #[test]
+    fn the_congestion_control_is_a_name_or_system() {
+        assert_eq!(cfg(&[]).unwrap().tcp_congestion, None);
+        let c = cfg(&[("HCOMM_TCP_CONGESTION", " reno ")]).unwrap();
+        assert_eq!(c.tcp_congestion.as_deref(), Some("reno"));
+        let c = cfg(&[("HCOMM_TCP_CONGESTION", "system")]).unwrap();
+        assert_eq!(c.tcp_congestion.as_deref(), Some("system"));
+        for bad in ["cubic reno", "a_name_far_too_long", "bbr;rm"] {
+            let e = cfg(&[("HCOMM_TCP_CONGESTION", bad)]).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{bad:?}: {e}");
+            assert!(e.to_string().contains("HCOMM_TCP_CONGESTION"), "{e}");
+        }
+    }
+
     /// The settings `from_lookup` reads besides the launcher variables.
-    const SETTINGS: [&str; 34] = [
+    const SETTINGS: [&str; 35] = [
         "HCOMM_TIMEOUT",
         "HCOMM_STALL_WARN",
         "HCOMM_TRACE",
@@ -783,6 +821,7 @@ mod tests {
         "HCOMM_TCP_STREAMS",
         "HCOMM_TCP_EAGER_LIMIT",
         "HCOMM_TCP_CHUNK",
+        "HCOMM_TCP_CONGESTION",
         "HCOMM_OFI_LIB",
         "HCOMM_OFI_EAGER_LIMIT",
         "HCOMM_OFI_WRITE_THRESHOLD",

@@ -64,6 +64,7 @@ fn world_with(n: usize, streams: usize, failover: Option<bool>) -> Vec<Engine> {
                 timeout: WAIT,
                 failover,
                 link_timeout: WAIT,
+                congestion: None,
             };
             Engine::new(n, Some(mesh), None, None, config(rank)).expect("an engine")
         })

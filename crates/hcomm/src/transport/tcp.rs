@@ -136,12 +136,74 @@ pub(crate) fn parse_addrs(text: &str) -> Option<Vec<SocketAddr>> {
     (!addrs.is_empty()).then_some(addrs)
 }
 
-/// Sets the options of a data-path socket.
-pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
+/// The congestion control of the TCP connections between ranks when `HCOMM_TCP_CONGESTION`
+/// is unset (and the kernel allows it). A pacing one (`bbr`, this machine's default) spreads
+/// each burst of a collective over its estimate of the path's rate, an estimate that traffic
+/// in bursts keeps low: 2 ranks in two network namespaces, all-reduce, 3 runs each, 512 KiB
+/// 180 us with `cubic` against 320-450 us with `bbr`, 8 MiB 3.3 against 6.0-6.8 ms, 64 KiB
+/// 27-33 us against 25-63 us (a run in one of two modes).
+pub(crate) const DEFAULT_TCP_CONGESTION: &str = "cubic";
+
+/// A connection to `addr` within `timeout`, its congestion control set to `congestion` before
+/// it connects: a connection that starts with a pacing one (`bbr`) keeps pacing its bursts
+/// when it is switched to another later (2 ranks, 8 MiB all-reduce: 8.4-9.0 ms switched after
+/// connecting, against 3.3 ms with `cubic` from the start).
+fn dial_with(
+    addr: SocketAddr,
+    timeout: Duration,
+    congestion: Option<&[u8]>,
+) -> io::Result<TcpStream> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if let Some(name) = congestion {
+        sock.set_tcp_congestion(name)?;
+    }
+    sock.connect_timeout(&addr.into(), timeout)?;
+    Ok(sock.into())
+}
+
+/// Sets the options of a data-path socket: `congestion` is its congestion control, `None`
+/// for the system's default ([`congestion_control`]).
+pub(crate) fn tune(stream: &TcpStream, congestion: Option<&[u8]>) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let sock = socket2::SockRef::from(stream);
     sock.set_keepalive(true)?;
+    if let Some(name) = congestion {
+        sock.set_tcp_congestion(name)?;
+    }
     Ok(())
+}
+
+/// The congestion control the data-path sockets take (`HCOMM_TCP_CONGESTION`: `wanted`, as
+/// read), tried on `listener` (its accepted connections start with it): `None` for the
+/// system's default. A name the user gave that the kernel refuses is an error; the default,
+/// [`DEFAULT_TCP_CONGESTION`], is taken only where the kernel allows it.
+pub(crate) fn congestion_control(
+    listener: &TcpListener,
+    wanted: Option<&str>,
+) -> Result<Option<Vec<u8>>> {
+    let sock = socket2::SockRef::from(listener);
+    match wanted {
+        Some("system") => Ok(None),
+        Some(name) => match sock.set_tcp_congestion(name.as_bytes()) {
+            Ok(()) => Ok(Some(name.as_bytes().to_vec())),
+            Err(e) => Err(Error::invalid_argument(format!(
+                "HCOMM_TCP_CONGESTION={name}: the kernel refuses it ({e}); \
+                 net.ipv4.tcp_allowed_congestion_control lists those a process may choose, \
+                 or give system for the system's default"
+            ))
+            .with_source(e)),
+        },
+        None => match sock.set_tcp_congestion(DEFAULT_TCP_CONGESTION.as_bytes()) {
+            Ok(()) => Ok(Some(DEFAULT_TCP_CONGESTION.as_bytes().to_vec())),
+            Err(e) => {
+                tracing::debug!(
+                    "TCP congestion control {DEFAULT_TCP_CONGESTION} not allowed here ({e}): \
+                     the connections take the system's default"
+                );
+                Ok(None)
+            }
+        },
+    }
 }
 
 /// Bytes written to `stream` (its end included, once shut down) that the peer's kernel has
@@ -282,6 +344,8 @@ pub(crate) struct MeshConfig {
     /// `HCOMM_LINK_TIMEOUT`: how long a stream that can fail over may leave data
     /// unacknowledged.
     pub link_timeout: Duration,
+    /// `HCOMM_TCP_CONGESTION`, as read ([`congestion_control`]).
+    pub congestion: Option<String>,
 }
 
 impl MeshConfig {
@@ -337,6 +401,8 @@ pub(crate) struct Mesh {
 
 struct MeshShared {
     cfg: MeshConfig,
+    /// The congestion control of the connections (`None`: the system's default).
+    congestion: Option<Vec<u8>>,
     /// This rank's hello as an acceptor.
     hello: Vec<u8>,
     pairs: Mutex<Vec<Pair>>,
@@ -373,6 +439,7 @@ impl Mesh {
         cfg.listener
             .set_nonblocking(true)
             .map_err(|e| Error::transport("configuring the listener", e))?;
+        let congestion = congestion_control(&cfg.listener, cfg.congestion.as_deref())?;
         let hello = Hello {
             rank: cfg.rank as u32,
             size: cfg.addrs.len() as u32,
@@ -384,6 +451,7 @@ impl Mesh {
         Ok(Mesh {
             sh: Arc::new(MeshShared {
                 cfg,
+                congestion,
                 hello,
                 pairs: Mutex::new(pairs),
                 ready: Mutex::new(Vec::new()),
@@ -790,7 +858,7 @@ fn connect_one(
             ))
             .with_peer(PeerRank::world(peer)));
         }
-        let conn = match TcpStream::connect_timeout(&addr, left.min(CONNECT_STEP)) {
+        let conn = match dial_with(addr, left.min(CONNECT_STEP), sh.congestion.as_deref()) {
             Ok(c) => c,
             // A rank listens from before its address is published until it ends (a full
             // backlog drops connections, it does not refuse them): its process is gone.
@@ -813,7 +881,7 @@ fn connect_one(
             Err(e) if e.kind() == io::ErrorKind::TimedOut && !replaces => continue,
             Err(e) => return Err(fail(addr, e.to_string())),
         };
-        tune(&conn).map_err(|e| fail(addr, e.to_string()))?;
+        tune(&conn, sh.congestion.as_deref()).map_err(|e| fail(addr, e.to_string()))?;
         let _live = Live::track(sh, &conn).map_err(|e| fail(addr, e.to_string()))?;
         let theirs = match auth::client_handshake_detailed(
             &conn,
@@ -875,7 +943,8 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
     let deadline = Instant::now() + HANDSHAKE_LIMIT;
     conn.set_nonblocking(false)
         .map_err(|e| Error::transport("configuring a connection", e))?;
-    tune(&conn).map_err(|e| Error::transport("configuring a connection", e))?;
+    tune(&conn, sh.congestion.as_deref())
+        .map_err(|e| Error::transport("configuring a connection", e))?;
     let live = Live::track(sh, &conn).map_err(|e| Error::transport("tracking a connection", e))?;
     let theirs = auth::server_handshake(&mut conn, sh.cfg.secret.expose(), &sh.hello, deadline)?;
     let h = Hello::decode(&theirs)
@@ -1205,6 +1274,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             failover: None,
             link_timeout: Duration::from_secs(1),
+            congestion: None,
         };
         assert_eq!(cfg.streams_with(1), 2);
         assert_eq!(cfg.streams_with(2), 1);
@@ -1234,6 +1304,51 @@ mod tests {
             ..forced
         };
         assert!(off.failover_with(1).is_none());
+    }
+
+    /// The congestion control of a data-path socket, as the kernel reports it.
+    fn congestion_of(sock: impl std::os::fd::AsFd) -> String {
+        let name = socket2::SockRef::from(&sock).tcp_congestion().unwrap();
+        String::from_utf8_lossy(&name)
+            .trim_end_matches('\0')
+            .to_string()
+    }
+
+    #[test]
+    fn connections_start_with_the_congestion_control_asked_for() {
+        // `reno` is built into every Linux kernel and always allowed.
+        let listener = listen(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
+        let asked = congestion_control(&listener, Some("reno")).unwrap();
+        assert_eq!(asked.as_deref(), Some(&b"reno"[..]));
+        let addr = listener.local_addr().unwrap();
+        let dialed = dial_with(addr, Duration::from_secs(5), asked.as_deref()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        // The dialer set it before connecting; the accepted end inherits the listener's.
+        assert_eq!(congestion_of(&dialed), "reno");
+        assert_eq!(congestion_of(&accepted), "reno");
+        tune(&accepted, asked.as_deref()).unwrap();
+        assert_eq!(congestion_of(&accepted), "reno");
+
+        // `system` leaves the listener as it is; a name the kernel does not know is an error
+        // that names the variable.
+        let listener = listen(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
+        let before = congestion_of(&listener);
+        assert_eq!(congestion_control(&listener, Some("system")).unwrap(), None);
+        assert_eq!(congestion_of(&listener), before);
+        let e = congestion_control(&listener, Some("no_such_cc")).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(
+            e.to_string().contains("HCOMM_TCP_CONGESTION=no_such_cc"),
+            "{e}"
+        );
+        // Unset: the default where the kernel allows it, else the system's.
+        match congestion_control(&listener, None).unwrap() {
+            Some(name) => {
+                assert_eq!(name, DEFAULT_TCP_CONGESTION.as_bytes());
+                assert_eq!(congestion_of(&listener), DEFAULT_TCP_CONGESTION);
+            }
+            None => assert_eq!(congestion_of(&listener), before),
+        }
     }
 
     /// Whatever an authenticated peer says in its hello: decoding never panics or allocates,
