@@ -139,9 +139,10 @@ pub(crate) fn parse_addrs(text: &str) -> Option<Vec<SocketAddr>> {
 /// The congestion control of the TCP connections between ranks when `HCOMM_TCP_CONGESTION`
 /// is unset (and the kernel allows it). A pacing one (`bbr`, this machine's default) spreads
 /// each burst of a collective over its estimate of the path's rate, an estimate that traffic
-/// in bursts keeps low: 2 ranks in two network namespaces, all-reduce, 3 runs each, 512 KiB
-/// 180 us with `cubic` against 320-450 us with `bbr`, 8 MiB 3.3 against 6.0-6.8 ms, 64 KiB
-/// 27-33 us against 25-63 us (a run in one of two modes).
+/// in bursts keeps low: 2 ranks between two network namespaces created afresh for each run,
+/// all-reduce, medians of 4 runs, 256 KiB 157 against 306 us, 1 MiB 0.61 against 0.90 ms,
+/// 4 MiB 2.3 against 3.7 ms, 16 MiB 11.5 against 16.9 ms (64 KiB: one of two speeds a run,
+/// 25-39 or 57-69 us, with either).
 pub(crate) const DEFAULT_TCP_CONGESTION: &str = "cubic";
 
 /// A connection to `addr` within `timeout`, its congestion control set to `congestion` before
@@ -440,6 +441,13 @@ impl Mesh {
             .set_nonblocking(true)
             .map_err(|e| Error::transport("configuring the listener", e))?;
         let congestion = congestion_control(&cfg.listener, cfg.congestion.as_deref())?;
+        tracing::debug!(
+            "rank {}: TCP connections take congestion control {}",
+            cfg.rank,
+            congestion
+                .as_deref()
+                .map_or("of the system".into(), String::from_utf8_lossy)
+        );
         let hello = Hello {
             rank: cfg.rank as u32,
             size: cfg.addrs.len() as u32,
