@@ -78,10 +78,15 @@ pub(crate) struct Backoff {
     /// on the 2-core host at load 14-22, torch's 8-byte all-reduce of 2 ranks took 940-1130 µs
     /// with the full spin against 260-340 µs without it.
     pub max_halvings: u32,
-    /// A wait that slept no longer than this would have been served by the full spin
-    /// (`HCOMM_SPIN_US`'s default): it counts as served for `max_halvings`. Without it a
-    /// thread whose spin was halved to a fraction of a microsecond, which serves no wait, saw
-    /// every later wait end asleep and kept that spin for good.
+    /// A wait that slept no longer than this would have been served by a full spin, or by
+    /// one whose peer had not slept either: it counts as served for `max_halvings`. Without it
+    /// a thread whose spin was halved to a fraction of a microsecond, which serves no wait,
+    /// saw every later wait end asleep and kept that spin for good. Twice `HCOMM_SPIN_US`'s
+    /// default: at 50 us, a 2-rank 64 KiB TCP ping-pong whose waits once slept kept sleeping,
+    /// each sleep (a wake-up, 50-100 us) lengthening the peer's next wait past the halved
+    /// spin (one-way 20, 33, 48 or 54 us a run; 100 us: 20-33 us in 11 runs, as with a full
+    /// spin). Under 14 busy loops on the 2 cores an 8 B all-reduce took 2.3-3.3 us against
+    /// 2.7-3.7 us at 50 us, and with 2 an 8 B ping-pong 0.22 us either way.
     pub short_sleep: Duration,
     /// Times a wait yields the CPU after spinning, before it sleeps (a loaded host: the rank
     /// waited for may need this core).
@@ -106,7 +111,7 @@ impl Backoff {
         yield_turn: 4000,
         slow_yield: 130_000,
         max_halvings: 8,
-        short_sleep: Duration::from_micros(50),
+        short_sleep: Duration::from_micros(100),
         yields: 64,
         oversubscribed_yields: 0,
         max_sleep: Duration::from_millis(100),

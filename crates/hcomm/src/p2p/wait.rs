@@ -1149,8 +1149,9 @@ mod tests {
         assert_eq!(next_halvings(p, 0, Outcome::Served), 0);
         assert_eq!(next_halvings(p, 3, Outcome::Served), 2);
         assert_eq!(next_halvings(p, 3, slept(10)), 2);
-        assert_eq!(next_halvings(p, 3, slept(50)), 2);
-        assert_eq!(next_halvings(p, 3, slept(51)), 4);
+        let edge = u64::try_from(p.short_sleep.as_micros()).unwrap();
+        assert_eq!(next_halvings(p, 3, slept(edge)), 2);
+        assert_eq!(next_halvings(p, 3, slept(edge + 1)), 4);
         assert_eq!(
             next_halvings(p, p.max_halvings, slept(100_000)),
             p.max_halvings

@@ -142,7 +142,9 @@ pub(crate) fn parse_addrs(text: &str) -> Option<Vec<SocketAddr>> {
 /// in bursts keeps low: 2 ranks between two network namespaces created afresh for each run,
 /// all-reduce, medians of 4 runs, 256 KiB 157 against 306 us, 1 MiB 0.61 against 0.90 ms,
 /// 4 MiB 2.3 against 3.7 ms, 16 MiB 11.5 against 16.9 ms (64 KiB: one of two speeds a run,
-/// 25-39 or 57-69 us, with either).
+/// 25-39 or 57-69 us, with either). Ping-pong with a full spin (`HCOMM_SPIN_US`), 3 runs:
+/// 128 KiB 37-44 against 36-64 us, 256 KiB 53 against 111-161 us; 64 KiB is where `bbr`
+/// does better, 18.5-20.4 against 20-31 us (one of two speeds a run).
 pub(crate) const DEFAULT_TCP_CONGESTION: &str = "cubic";
 
 /// A connection to `addr` within `timeout`, its congestion control set to `congestion` before
