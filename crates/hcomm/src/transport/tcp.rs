@@ -149,8 +149,9 @@ pub(crate) const DEFAULT_TCP_CONGESTION: &str = "cubic";
 
 /// A connection to `addr` within `timeout`, its congestion control set to `congestion` before
 /// it connects: a connection that starts with a pacing one (`bbr`) keeps pacing its bursts
-/// when it is switched to another later (2 ranks, 8 MiB all-reduce: 8.4-9.0 ms switched after
-/// connecting, against 3.3 ms with `cubic` from the start).
+/// when it is switched to another later (2 ranks between two network namespaces, 8 MiB
+/// all-reduce, 3 runs each in the same namespaces: 8.4-9.0 ms switched to `cubic` after
+/// connecting, 5.2-5.9 ms with `cubic` from the start).
 fn dial_with(
     addr: SocketAddr,
     timeout: Duration,
