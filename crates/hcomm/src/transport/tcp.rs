@@ -191,9 +191,9 @@ pub(crate) fn congestion_control(
         Some(name) => match sock.set_tcp_congestion(name.as_bytes()) {
             Ok(()) => Ok(Some(name.as_bytes().to_vec())),
             Err(e) => Err(Error::invalid_argument(format!(
-                "HCOMM_TCP_CONGESTION={name}: the kernel refuses it ({e}); \
-                 net.ipv4.tcp_allowed_congestion_control lists those a process may choose, \
-                 or give system for the system's default"
+                "HCOMM_TCP_CONGESTION={name}: the kernel refuses it \
+                 (net.ipv4.tcp_allowed_congestion_control lists those a process may choose; \
+                 system takes the system's default)"
             ))
             .with_source(e)),
         },
