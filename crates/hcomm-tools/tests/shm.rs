@@ -669,17 +669,13 @@ fn a_local_peer_wakes_a_rank_asleep_in_epoll() {
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     for r in 0..2 {
-        let naps: u64 = t
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("[{r}] wakeups naps=")))
-            .and_then(|l| l.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("rank {r} printed no naps:\n{t}"));
-        let full: u64 = t
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("[{r}] wakeups naps={naps} full_naps=")))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("rank {r} printed no full naps:\n{t}"));
+        let naps: u64 = number(said(&t, r, "wakeups naps=").split(' ').next(), &t);
+        let full: u64 = number(
+            said(&t, r, &format!("wakeups naps={naps} full_naps="))
+                .split(' ')
+                .next(),
+            &t,
+        );
         assert!(
             naps >= 150,
             "rank {r} slept {naps} times in epoll_wait:\n{t}"
@@ -722,20 +718,13 @@ fn links_after(traffic: &str, env: &[(&str, &str)]) -> Vec<(usize, usize, usize)
     assert!(o.status.success(), "{traffic}:\n{t}");
     (0..8)
         .map(|r| {
-            let line = t
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("[{r}] inbox ")))
-                .unwrap_or_else(|| panic!("rank {r} printed no use:\n{t}"));
+            let line = said(&t, r, "inbox ");
             let n: Vec<usize> = line
                 .split_whitespace()
                 .filter_map(|w| w.parse().ok())
                 .collect();
             assert_eq!(n.len(), 2, "{line}");
-            let tcp = t
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("[{r}] tcp ")))
-                .and_then(|l| l.split_whitespace().next()?.parse().ok())
-                .unwrap_or_else(|| panic!("rank {r} printed no TCP count:\n{t}"));
+            let tcp = number(said(&t, r, "tcp ").split_whitespace().next(), &t);
             (n[0], n[1], tcp)
         })
         .collect()
@@ -806,10 +795,7 @@ fn local_peers_never_sent_to_finalize_by_a_mark_not_a_goodbye() {
             let line = format!("[{r}] finalized {peer} ");
             assert!(t.lines().any(|l| l.starts_with(&line)), "{line}:\n{t}");
         }
-        let inbox = t
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("[{r}] inbox ")))
-            .unwrap_or_else(|| panic!("rank {r} printed no inbox use:\n{t}"));
+        let inbox = said(&t, r, "inbox ");
         let kb: Vec<&str> = inbox.split_whitespace().collect();
         assert_eq!(
             kb[0], kb[1],
@@ -965,11 +951,21 @@ fn heap_allreduces_of_many_ranks_per_core_go_through_pool_memory() {
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     for r in 0..9 {
-        let staged: u64 = out
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("[{r}] staged ")))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("rank {r} printed no staged count:\n{out}"));
+        let staged: u64 = number(Some(said(&out, r, "staged ").trim()), &out);
         assert!(staged > 0, "rank {r} staged no all-reduce:\n{out}");
     }
+}
+
+/// The rest of the line of `out` where rank `r` said `what` (hcommrun's `[r] ` prefix).
+fn said<'a>(out: &'a str, r: usize, what: &str) -> &'a str {
+    let prefix = format!("[{r}] {what}");
+    out.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("rank {r} printed no {what:?}:\n{out}"))
+}
+
+/// `word` as a number, or a panic that shows the job's output `out`.
+fn number<T: std::str::FromStr>(word: Option<&str>, out: &str) -> T {
+    word.and_then(|w| w.trim().parse().ok())
+        .unwrap_or_else(|| panic!("not a number: {word:?} in:\n{out}"))
 }

@@ -27,6 +27,9 @@ pub(crate) trait Group {
     fn pool_mem(&self, len: usize) -> Option<PoolMem>;
     /// Whether waiting ranks may spin (the host has a core per local rank).
     fn spin(&self) -> bool;
+    /// The cores this rank's host offers its local ranks
+    /// ([`Topology::local_cores`](crate::topology::Topology::local_cores)).
+    fn cores(&self) -> usize;
     /// `HCOMM_TIMEOUT`.
     fn timeout(&self) -> Duration;
     /// Whether every member says `ok` (collective over the group; each rank talks to about

@@ -320,8 +320,7 @@ impl OneSided {
             world: members.to_vec(),
             signals,
             spin: comm.spin(),
-            stages: n > STAGE_PER_CORE
-                * std::thread::available_parallelism().map_or(1, |c| c.get()),
+            stages: n > STAGE_PER_CORE * comm.cores(),
             cma,
             calls: Mutex::new(Calls {
                 last: 0,

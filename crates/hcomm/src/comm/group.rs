@@ -48,6 +48,10 @@ impl Group for Communicator {
         self.world.spin
     }
 
+    fn cores(&self) -> usize {
+        self.topology.local_cores(self.rank)
+    }
+
     fn timeout(&self) -> Duration {
         self.world.config.timeout
     }
