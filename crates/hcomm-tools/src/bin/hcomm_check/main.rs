@@ -46,7 +46,9 @@ enum Scenario {
     /// whole job; rank 0 of a job without a launcher's store also the store's), its threads,
     /// and the TCP connections it dialed (the store's: links are made on first use; a faster
     /// peer may already have dialed this rank, which is not counted); after the
-    /// exchange, `after all-pairs tcp C`: its connected TCP sockets then.
+    /// exchange, once no connection is in its handshake (the one refused when two ranks dialed
+    /// each other at once is closed by then), `after all-pairs tcp C`: its connected TCP
+    /// sockets then.
     AllPairs {
         /// Largest message, in bytes.
         #[arg(long, default_value_t = 4 << 20)]
@@ -271,8 +273,10 @@ enum Scenario {
     /// One kind of traffic, then each rank prints `inbox K of M kB`: how much of its
     /// shared-memory inbox has memory (its pages resident in /dev/shm, by `mincore`) and how
     /// large the inbox is, and `tcp N connected`: its connected TCP sockets (the store's
-    /// included); then a dup (a dissemination among the ranks 1, 2, 4, ... away). The rings of an inbox take memory only once their
-    /// peer sends (the barrier's frames of peers that measured first are counted too).
+    /// included; counted once no connection is in its handshake); then a dup (a
+    /// dissemination among the ranks 1, 2, 4, ... away). The rings of an inbox take memory
+    /// only once their peer sends (the barrier's frames of peers that measured first are
+    /// counted too).
     InboxUse {
         /// What the ranks do between init and the measurement.
         #[arg(long, value_enum)]
@@ -390,6 +394,7 @@ fn run(scenario: Scenario) -> Result<()> {
             let (listening, _, dialed) = resources::tcp_sockets()?;
             println!("listening {listening} threads {threads} tcp {dialed}");
             p2p::all_pairs(&comm, max_size)?;
+            resources::handshakes_ended()?;
             let (_, connected, _) = resources::tcp_sockets()?;
             println!("after all-pairs tcp {connected}");
             // No rank finalizes (and closes its connections) before every rank counted.
@@ -653,6 +658,7 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::InboxUse { traffic } => {
             resources::traffic(&comm, traffic)?;
             let (resident, size) = resources::inbox_use(comm.rank())?;
+            resources::handshakes_ended()?;
             let (_, connected, _) = resources::tcp_sockets()?;
             println!("inbox {} of {} kB", resident >> 10, size >> 10);
             println!("tcp {connected} connected");

@@ -41,6 +41,26 @@ fn settled(
     }
 }
 
+/// How long a connection may stay in its handshake: the library's limit (10 s) and a margin.
+const HANDSHAKE_GRACE: Duration = Duration::from_secs(12);
+
+/// Waits until no connection of this process is in its handshake (no dialing or handshaking
+/// thread of hcomm is left), for at most [`HANDSHAKE_GRACE`]. When two ranks dial each other at
+/// once, the connection that loses the tie is refused and closed, but it stays connected until
+/// the threads on both ends have passed the verdict, which on a loaded host may come after the
+/// exchange that needed the link: such a connection is not a link.
+pub(super) fn handshakes_ended() -> Result<()> {
+    let limit = Instant::now() + HANDSHAKE_GRACE;
+    while Instant::now() < limit
+        && thread_names()?
+            .iter()
+            .any(|n| n == "hcomm-dial" || n == "hcomm-handshake")
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
 /// The names of this process's threads.
 fn thread_names() -> Result<Vec<String>> {
     let mut names = Vec::new();
