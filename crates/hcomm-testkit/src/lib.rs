@@ -21,10 +21,36 @@ pub use run::{run_bounded, text};
 pub use shm::left_in_dev_shm;
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Ports [`free_addr`] chooses from: below the kernel's ephemeral range, where `bind` to port
+/// 0 and outgoing connections take theirs, so that no other socket takes the port between the
+/// test's choice and its bind (an outgoing connection of a concurrent test once took the port
+/// of a rendezvous store that way).
+const TEST_PORTS: std::ops::Range<u16> = 20000..32000;
 
 /// An address of 127.0.0.1 with a port that was free when asked (the port is released, so a
-/// test binds it soon after).
+/// test binds it soon after): a random one of [`TEST_PORTS`] below the ephemeral range, or one
+/// the kernel picks where that range starts too low to leave room.
 pub fn free_addr() -> SocketAddr {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(TEST_PORTS.end);
+    let ports = TEST_PORTS.start..TEST_PORTS.end.min(ephemeral);
+    let seed = (unix_ns() as u64)
+        ^ u64::from(std::process::id()) << 32
+        ^ CALLS.fetch_add(1, Ordering::Relaxed);
+    let mut rng = Rng::new(seed);
+    let ports: Vec<u16> = ports.collect();
+    let tries = if ports.is_empty() { 0 } else { 200 };
+    for _ in 0..tries {
+        let port = *rng.pick(&ports);
+        if let Ok(addr) = TcpListener::bind(("127.0.0.1", port)).and_then(|l| l.local_addr()) {
+            return addr;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port on 127.0.0.1")
