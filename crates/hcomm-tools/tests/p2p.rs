@@ -533,6 +533,29 @@ fn bad_environment_is_a_clear_error() {
     assert!(text(&o).contains("HCOMM_ROOT_ADDR"), "{}", text(&o));
 }
 
+/// Rank 0 hosts the rendezvous store at `HCOMM_ROOT_ADDR` even when another socket held that
+/// port as it started (another job's listener took it between the launcher's choice and rank
+/// 0's bind, and never answers as a store): rank 0 tries again and hosts the store once the
+/// port is free, instead of failing at `HCOMM_TIMEOUT` for want of a store nobody runs.
+#[test]
+fn rank_0_hosts_the_store_once_a_socket_holding_its_port_is_gone() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let root = holder.local_addr().unwrap().to_string();
+    let ranks = spawn_ranks(2, &root, |_| {
+        let mut c = Command::new(CHECK);
+        c.arg("hello").env("HCOMM_TIMEOUT", "20");
+        c
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(holder);
+    for (r, o) in collect_outputs(ranks, Duration::from_secs(60))
+        .iter()
+        .enumerate()
+    {
+        assert!(o.status.success(), "rank {r}: {}", text(o));
+    }
+}
+
 #[test]
 fn a_wrong_secret_cannot_join() {
     let root = format!("127.0.0.1:{}", free_port());

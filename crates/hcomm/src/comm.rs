@@ -998,21 +998,12 @@ impl Communicator {
             let root = config.launch.root_addr.clone().ok_or_else(|| {
                 Error::init("HCOMM_ROOT_ADDR is not set: the ranks cannot find each other")
             })?;
-            let (store, bind_err) = if config.launch.rank == 0 {
-                host_store(&root, secret.expose())
+            let (client, store) = if config.launch.rank == 0 {
+                host_or_join(&root, secret.expose(), config.timeout)?
             } else {
-                (None, None)
+                let client = StoreClient::connect(&root, secret.expose(), config.timeout)?;
+                (client, None)
             };
-            let client =
-                StoreClient::connect(&root, secret.expose(), config.timeout).map_err(|e| {
-                    match &bind_err {
-                        Some(b) => Error::init(format!(
-                            "{} (rank 0 could not host the store there either: {b})",
-                            e.detail()
-                        )),
-                        None => e,
-                    }
-                })?;
             Ok(Boot {
                 client,
                 store,
@@ -1575,6 +1566,46 @@ fn listen_on_rails(
         .map_err(|e| Error::transport("reading the listen address", e))?
         .port();
     Ok((listener, tcp::format_addrs(&ips, port)))
+}
+
+/// How long rank 0 tries to join a store at the root address before it tries again to host
+/// one there itself.
+const HOST_RETRY: Duration = Duration::from_secs(1);
+
+/// Rank 0's store client, and the store when rank 0 hosts it: the store at `root` when rank 0
+/// can bind it, else the one already listening there (a launcher's, such as `hcommrun`'s).
+/// When neither (the port is held by a socket that does not listen, such as another
+/// process's connection), rank 0 tries both again every [`HOST_RETRY`] until `timeout`, so
+/// that it hosts the store once the port is free.
+fn host_or_join(
+    root: &str,
+    secret: &[u8],
+    timeout: Duration,
+) -> Result<(StoreClient, Option<RendezvousStore>)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (store, bind_err) = host_store(root, secret);
+        let retry = Instant::now() + HOST_RETRY;
+        let until = if store.is_some() {
+            deadline
+        } else {
+            deadline.min(retry)
+        };
+        match StoreClient::connect_until(root, secret, timeout, until) {
+            Ok(client) => return Ok((client, store)),
+            Err(Error::Timeout(_)) if until < deadline => {}
+            Err(e) => {
+                return Err(match &bind_err {
+                    Some(b) => Error::init(format!(
+                        "{} (rank 0 could not host the store there either: {b})",
+                        e.detail()
+                    )),
+                    None => e,
+                })
+            }
+        }
+        tracing::debug!("rank 0: no store answers at {root} and its port is taken; retrying");
+    }
 }
 
 /// Rank 0 hosts the store at `HCOMM_ROOT_ADDR` unless something (hcommrun's store) already

@@ -919,8 +919,9 @@ pub struct StoreClient {
 /// Outcome of one connection attempt.
 enum Attempt {
     Done(StoreClient),
-    /// Worth trying again (refused, unreachable, shed by a busy store); the reason.
-    Retry(String),
+    /// Worth trying again (refused, unreachable, shed by a busy store); the reason, `None`
+    /// when the deadline came before any address was tried.
+    Retry(Option<String>),
     Fatal(Error),
 }
 
@@ -932,19 +933,31 @@ impl StoreClient {
     /// when the store cannot be reached in time, [`Error::Init`] when authentication fails
     /// (wrong secret), [`Error::InvalidArgument`] for an unparsable address or empty secret.
     pub fn connect(addr: &str, secret: &[u8], timeout: Duration) -> Result<StoreClient> {
+        StoreClient::connect_until(addr, secret, timeout, deadline_after(timeout))
+    }
+
+    /// [`StoreClient::connect`], its tries ending at `deadline` (`timeout` still bounds each
+    /// later request, and is the time the error of a store not reached says was spent).
+    pub(crate) fn connect_until(
+        addr: &str,
+        secret: &[u8],
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Result<StoreClient> {
         if secret.is_empty() {
             return Err(Error::invalid_argument(
                 "the job secret is empty: set HCOMM_JOB_SECRET to the store's secret",
             ));
         }
-        let deadline = deadline_after(timeout);
         let mut backoff = Duration::from_millis(10);
+        let mut why = String::from("none made");
         loop {
-            let why = match attempt(addr, secret, timeout, deadline) {
+            match attempt(addr, secret, timeout, deadline) {
                 Attempt::Done(client) => return Ok(client),
                 Attempt::Fatal(e) => return Err(e),
-                Attempt::Retry(why) => why,
-            };
+                Attempt::Retry(Some(last)) => why = last,
+                Attempt::Retry(None) => {}
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::timeout(format!(
@@ -1274,9 +1287,11 @@ fn attempt(addr: &str, secret: &[u8], io_timeout: Duration, deadline: Instant) -
             )))
         }
         // Name resolution may fail while the store's host is still coming up.
-        Err(e) => return Attempt::Retry(format!("resolving {addr}: {e}")),
+        Err(e) => return Attempt::Retry(Some(format!("resolving {addr}: {e}"))),
     };
-    let mut why = format!("{addr} resolved to no address");
+    let mut why = targets
+        .is_empty()
+        .then(|| format!("{addr} resolved to no address"));
     for target in targets {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -1285,7 +1300,7 @@ fn attempt(addr: &str, secret: &[u8], io_timeout: Duration, deadline: Instant) -
         let stream = match TcpStream::connect_timeout(&target, left) {
             Ok(s) => s,
             Err(e) => {
-                why = format!("connecting to {target}: {e}");
+                why = Some(format!("connecting to {target}: {e}"));
                 continue;
             }
         };
@@ -1305,7 +1320,7 @@ fn attempt(addr: &str, secret: &[u8], io_timeout: Duration, deadline: Instant) -
                 )))
             }
             Err(e) if e.retryable => {
-                why = e.error.to_string();
+                why = Some(e.error.to_string());
                 continue;
             }
             Err(e) => return Attempt::Fatal(*e.error),
