@@ -97,6 +97,11 @@ const RECVS: usize = 64;
 const BOUNCES: usize = 64;
 /// Room after a header for a protocol's fields.
 const EXTRA: usize = 32;
+/// Eager payloads of at least this many bytes go from the sending operation's buffer itself
+/// (gathered behind their header), not through a bounce buffer: the operation then completes
+/// when the provider is done with its buffer, one completion-queue read later. Below it the
+/// copy costs less than that read.
+const FROM_BUFFER: usize = 16 << 10;
 /// Longest an abandoned operation's RMA is waited for before the endpoint is closed.
 pub(in crate::p2p) const DRAIN: Duration = Duration::from_secs(2);
 /// Longest a receive given up waits for the peer's answer to the withdrawal of its offer
@@ -176,6 +181,13 @@ enum What {
     Recv(usize),
     /// A send from bounce buffer `slot`, to `peer`.
     Send { slot: usize, peer: usize },
+    /// A send to `peer` of a header in bounce buffer `slot` and the payload of this rank's
+    /// send `token`, from the operation's buffer.
+    SendFrom {
+        slot: usize,
+        peer: usize,
+        token: u64,
+    },
     /// A read for `peer`'s payload `token` (receiver's token).
     Read { peer: usize, token: u64 },
     /// A write of this rank's payload `token` to `peer`.
@@ -221,7 +233,8 @@ struct PeerState {
     reads: VecDeque<u64>,
     /// What arrived for the engine, in order.
     inbox: VecDeque<In>,
-    /// Sends whose payload the peer reads or this rank writes, by this rank's token.
+    /// Sends whose payload the peer reads, this rank writes, or the provider sends from the
+    /// operation's buffer, by this rank's token.
     sending: HashMap<u64, Sending>,
     /// Payloads landing in this rank's memory, by this rank's token.
     landing: HashMap<u64, Landing>,
@@ -863,6 +876,75 @@ impl HubState {
         settled
     }
 
+    /// Sends frame header `hdr` and `payload`, the buffer of live send `op`, to `peer` as one
+    /// message gathered from the header's bounce buffer and the payload where it is: the
+    /// operation completes when the provider is done with its buffer (an operation forgotten
+    /// meanwhile waits for that, see [`OfiLink::forget`]). `Ok(false)`: no room now.
+    fn send_from(
+        &mut self,
+        peer: usize,
+        hdr: &[u8],
+        op: OpId,
+        payload: &[u8],
+    ) -> std::result::Result<bool, String> {
+        let Some(dest) = self.addrs.get(peer).copied().flatten() else {
+            return Err(format!("world rank {peer} has no libfabric address"));
+        };
+        let (ptr, len) = (payload.as_ptr(), payload.len());
+        let Some(slot) = self.free_bounces.pop() else {
+            return Ok(false);
+        };
+        // SAFETY: the payload is the live operation's buffer, valid until the operation ends,
+        // which is after the send completes; its registration is released then.
+        let (mr, desc) = match unsafe { self.local(ptr, len, FI_SEND) } {
+            Ok(r) => r,
+            Err(why) => {
+                self.free_bounces.push(slot);
+                return Err(why);
+            }
+        };
+        let start = slot * self.slot;
+        self.send_buf[start..start + hdr.len()].copy_from_slice(hdr);
+        let token = self.peers[peer].next_token;
+        let ctx = self.new_ctx(What::SendFrom { slot, peer, token });
+        let hdr_desc = self.send_mr.as_ref().map_or(null_mut(), |r| r.desc);
+        // SAFETY: the bounce slot stays reserved (off the free list) and the context in `live`
+        // until the send completes; the payload as above.
+        let posted = unsafe {
+            self.ep.post_send2(
+                [
+                    (self.send_buf.as_ptr().add(start), hdr.len(), hdr_desc),
+                    (ptr, len, desc),
+                ],
+                dest,
+                tag(msg::FRAME, self.rank),
+                ctx,
+            )
+        };
+        let settled = self.settle(ctx, posted);
+        if settled != Ok(true) {
+            self.free_bounces.push(slot);
+            self.unregister(mr);
+            return settled;
+        }
+        let p = &mut self.peers[peer];
+        p.next_token += 1;
+        p.sending.insert(
+            token,
+            Sending {
+                op: Some(op),
+                ptr,
+                len,
+                mr,
+                owned: None,
+                target: None,
+                read: false,
+                posted: true,
+            },
+        );
+        Ok(true)
+    }
+
     /// Reads completions and does what each means, then posts what waited for room.
     fn progress(&mut self) {
         if self.dead.is_some() {
@@ -931,6 +1013,13 @@ impl HubState {
                 self.free_bounces.push(slot);
                 self.fail(peer, why);
             }
+            What::SendFrom { slot, peer, token } => {
+                self.free_bounces.push(slot);
+                if let Some(s) = self.peers[peer].sending.remove(&token) {
+                    self.unregister(s.mr);
+                }
+                self.fail(peer, why);
+            }
             What::Read { peer, token } => {
                 let Some(l) = self.peers[peer].landing.get_mut(&token) else {
                     return;
@@ -964,6 +1053,15 @@ impl HubState {
         match ctx.what {
             What::Recv(s) => self.arrived(c.tag, s, c.len.min(self.slot)),
             What::Send { slot, .. } => self.free_bounces.push(slot),
+            What::SendFrom { slot, peer, token } => {
+                self.free_bounces.push(slot);
+                if let Some(s) = self.peers[peer].sending.remove(&token) {
+                    self.unregister(s.mr);
+                    if let Some(op) = s.op {
+                        self.peers[peer].inbox.push_back(In::Sent(op));
+                    }
+                }
+            }
             What::Read { peer, token } => {
                 if let Some(l) = self.peers[peer].landing.get_mut(&token) {
                     l.pieces -= 1;
@@ -1355,6 +1453,16 @@ impl HubState {
         // own copy), valid through this turn.
         let payload = unsafe { std::slice::from_raw_parts(ptr, n) };
         if n <= self.limits.eager {
+            let from_buffer =
+                op.filter(|_| n >= FROM_BUFFER && f.owned.is_none() && self.ep.gathers());
+            if let Some(op) = from_buffer {
+                if !self.send_from(peer, &hdr, op, payload)? {
+                    return Ok(false);
+                }
+                ProtocolCounts::bump(&self.counts.ofi_eager);
+                ProtocolCounts::add(&self.counts.ofi_eager_bytes, n);
+                return Ok(true);
+            }
             if !self.send_msg(peer, msg::FRAME, &[&hdr, payload])? {
                 return Ok(false);
             }
@@ -2322,6 +2430,11 @@ mod tests {
 
     /// Two hubs of one process, world ranks 0 and 1, each reaching the other.
     fn two_hubs() -> (Hub, Hub) {
+        two_hubs_with(LIMITS)
+    }
+
+    /// [`two_hubs`] with the protocol limits `limits`.
+    fn two_hubs_with(limits: OfiLimits) -> (Hub, Hub) {
         let (a, b) = (
             crate::transport::ofi::tests::open(),
             crate::transport::ofi::tests::open(),
@@ -2329,8 +2442,8 @@ mod tests {
         let names = [Some(a.name().unwrap()), Some(b.name().unwrap())];
         let counts = || Arc::new(ProtocolCounts::default());
         (
-            Hub::start(a, 0, &names, LIMITS, counts()).unwrap(),
-            Hub::start(b, 1, &names, LIMITS, counts()).unwrap(),
+            Hub::start(a, 0, &names, limits, counts()).unwrap(),
+            Hub::start(b, 1, &names, limits, counts()).unwrap(),
         )
     }
 
@@ -2440,6 +2553,66 @@ mod tests {
         st.progress();
         drop(st);
         assert_eq!(posted(&b), RECVS);
+    }
+
+    /// An eager payload of [`FROM_BUFFER`] bytes or more goes from the sending operation's
+    /// buffer behind its header: its send is not over when the provider took it (a smaller
+    /// one's is, its bytes copied), but once the provider is done with the buffer, and the
+    /// bytes arrive whole.
+    #[test]
+    fn large_eager_payloads_go_from_the_operations_buffer_until_the_provider_is_done() {
+        let (a, b) = two_hubs_with(OfiLimits {
+            eager: 2 * FROM_BUFFER,
+            ..LIMITS
+        });
+        let big: Vec<u8> = (0..FROM_BUFFER + 5).map(|i| (i % 251) as u8).collect();
+        let payloads = vec![vec![3u8; 100], big.clone()];
+        let ops = sends(&payloads);
+        assert!(
+            lock(&a.state).ep.gathers(),
+            "the test provider gathers two pieces"
+        );
+        let mut sent = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        lock(&a.state).peers[1]
+            .out
+            .extend([frame(&ops, 0, None), frame(&ops, 1, None)]);
+        // The provider takes transfers to a peer once it connected to it: both progress.
+        while !lock(&a.state).peers[1].out.is_empty() {
+            let mut st = lock(&a.state);
+            st.flush(1, &ops, &mut sent).unwrap();
+            st.progress();
+            drop(st);
+            lock(&b.state).progress();
+            assert!(Instant::now() < deadline, "the provider took no frame");
+        }
+        assert_eq!(
+            sent,
+            [0],
+            "the copied send is over at once, the other is not"
+        );
+        assert_eq!(arrivals(&a, &b, &ops, 2), [(0, 'f'), (1, 'f')]);
+        {
+            let st = lock(&b.state);
+            let Some(In::Frame(h, held)) = st.peers[0].inbox.get(1) else {
+                panic!("no frame");
+            };
+            let at = held.slot * st.slot + HEADER_LEN;
+            assert_eq!(h.len as usize, big.len());
+            assert!(
+                st.recv_buf[at..at + big.len()] == big[..],
+                "the payload arrived whole"
+            );
+        }
+        loop {
+            let mut st = lock(&a.state);
+            st.progress();
+            if st.peers[1].inbox.iter().any(|i| matches!(i, In::Sent(1))) {
+                assert!(st.peers[1].sending.is_empty());
+                break;
+            }
+            assert!(Instant::now() < deadline, "the send never completed");
+        }
     }
 
     /// A receive of `b` offered to rank 0 for direct step `ordinal`: `len` bytes of `buf`,

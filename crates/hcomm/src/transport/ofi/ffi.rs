@@ -91,7 +91,9 @@ pub(crate) struct fi_xx_attr_head {
 #[repr(C)]
 pub(crate) struct fi_tx_attr {
     pub(crate) head: fi_xx_attr_head,
-    pub(crate) _sizes: [usize; 4],
+    pub(crate) _inject_size_size: [usize; 2],
+    pub(crate) iov_limit: usize,
+    pub(crate) _rma_iov_limit: usize,
     pub(crate) _tclass: u32,
 }
 
@@ -373,6 +375,15 @@ pub(crate) struct fi_ops_tagged {
         *const c_void,
         usize,
         *mut c_void,
+        u64,
+        u64,
+        *mut c_void,
+    ) -> isize,
+    pub(crate) sendv: unsafe extern "C" fn(
+        *mut fid_ep,
+        *const iovec,
+        *mut *mut c_void,
+        usize,
         u64,
         u64,
         *mut c_void,

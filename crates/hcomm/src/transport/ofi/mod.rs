@@ -109,6 +109,8 @@ pub(crate) struct Endpoint {
     next_key: u64,
     /// The provider keeps sends after RMA writes in order (`FI_ORDER_SAW`).
     ordered_writes: bool,
+    /// The most pieces one send may gather (`tx_attr.iov_limit`).
+    iov_limit: usize,
     wait_fd: Option<i32>,
     /// The provider's name (`tcp;ofi_rxm`).
     pub provider: String,
@@ -320,6 +322,7 @@ impl Endpoint {
             mr_mode: 0,
             next_key: 1,
             ordered_writes: false,
+            iov_limit: 1,
             wait_fd: None,
             provider: String::new(),
             fabric_name: String::new(),
@@ -356,6 +359,7 @@ impl Endpoint {
             self.mr_mode = (*info.domain_attr).mr_mode;
             self.max_msg = (*info.ep_attr).max_msg_size;
             self.ordered_writes = (*info.tx_attr).head.msg_order & FI_ORDER_SAW != 0;
+            self.iov_limit = (*info.tx_attr).iov_limit;
             let ret = (self.api.fabric)(info.fabric_attr, &mut self.fabric, null_mut());
             self.check("fi_fabric", ret as isize)?;
             let f = &*self.fabric;
@@ -570,6 +574,35 @@ impl Endpoint {
         // SAFETY: fi_tsend through the tagged ops, per the caller's promise.
         self.post("sending (fi_tsend)", |ep| unsafe {
             ((*ep.tagged).send)(self.ep, buf.cast(), len, desc, dest, tag, ctx)
+        })
+    }
+
+    /// Whether one send may gather two pieces ([`Endpoint::post_send2`]).
+    pub(crate) fn gathers(&self) -> bool {
+        self.iov_limit >= 2
+    }
+
+    /// Posts a tagged send of two pieces, `(address, length, descriptor)` each, gathered into
+    /// one message to `dest`; `Ok(false)`: try again later. Only where [`Endpoint::gathers`].
+    ///
+    /// # Safety
+    /// As [`Endpoint::post_recv`], for both pieces of the send.
+    pub(crate) unsafe fn post_send2(
+        &self,
+        pieces: [(*const u8, usize, *mut c_void); 2],
+        dest: u64,
+        tag: u64,
+        ctx: *mut c_void,
+    ) -> Result<bool> {
+        let iov = pieces.map(|(base, len, _)| iovec {
+            base: base.cast_mut().cast(),
+            len,
+        });
+        let mut desc = pieces.map(|(_, _, d)| d);
+        // SAFETY: fi_tsendv through the tagged ops; `iov` and `desc` live across the call, the
+        // buffers per the caller's promise.
+        self.post("sending (fi_tsendv)", |ep| unsafe {
+            ((*ep.tagged).sendv)(self.ep, iov.as_ptr(), desc.as_mut_ptr(), 2, dest, tag, ctx)
         })
     }
 
