@@ -592,17 +592,17 @@ impl Engine {
                     }
                 }
                 let moved = st.handle(&events, true);
-                // Keep polling while data moves: sleeping between the bursts of a large
-                // transfer costs a wake-up each time.
-                // Reading the clock costs as much as a look at the rings: while spinning, read
-                // it every few rounds only.
-                if moved || polled || rounds % CLOCK_ROUNDS == 0 {
-                    now = Instant::now();
-                }
                 for (i, &id) in ids.iter().enumerate() {
                     if let Some(r) = st.take(id) {
                         return Ok((i, r));
                     }
+                }
+                // Keep polling while data moves: sleeping between the bursts of a large
+                // transfer costs a wake-up each time.
+                // Reading the clock costs as much as a look at the rings: while spinning, read
+                // it every few rounds only (and not before an operation that completed returns).
+                if moved || polled || rounds % CLOCK_ROUNDS == 0 {
+                    now = Instant::now();
                 }
                 if moved || (polled && !events.is_empty()) {
                     // Data that moved is this rank's own work too (a large transfer goes out a

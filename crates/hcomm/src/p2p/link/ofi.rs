@@ -110,6 +110,9 @@ const REVOKE_WAIT: Duration = Duration::from_millis(200);
 /// An offer older than this is used only after what came since from the peer was read (see
 /// `HubState::take_offer`): well below [`REVOKE_WAIT`].
 const STALE_OFFER: Duration = Duration::from_millis(20);
+/// Contexts of ended operations kept for later ones (the receives and bounce sends in flight
+/// at once).
+const SPARE_CTXS: usize = RECVS + BOUNCES;
 /// Completion batches read per poll, so that a busy peer cannot keep the engine here.
 const CQ_ROUNDS: usize = 4;
 /// Completions one batch reads at most ([`Endpoint::read_cq`]).
@@ -474,6 +477,12 @@ struct HubState {
     fresh: bool,
     /// Turns without completions since the last ones (see [`OfiLink::streaming`]).
     quiet: u32,
+    /// Room for the completions one read of the queue brings, kept between reads.
+    done: Vec<Completion>,
+    /// Contexts of operations that ended, for the next ones ([`HubState::new_ctx`]): boxed,
+    /// as in `live`, where a context's address is the provider's handle on it.
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<Ctx>>,
 }
 
 // SAFETY: the contexts' and regions' raw pointers are only used under the hub's lock.
@@ -555,6 +564,8 @@ impl Hub {
             dead: None,
             fresh: false,
             quiet: 0,
+            done: Vec::with_capacity(CQ_BATCH),
+            spare: Vec::new(),
         };
         for s in 0..RECVS {
             st.post_recv(s)?;
@@ -644,10 +655,7 @@ impl Drop for HubState {
 
 impl HubState {
     fn post_recv(&mut self, s: usize) -> Result<()> {
-        let mut ctx = Box::new(Ctx {
-            fi: [0; 8],
-            what: What::Recv(s),
-        });
+        let mut ctx = self.ctx_box(What::Recv(s));
         let key = &mut *ctx as *mut Ctx as usize;
         let desc = self.recv_mr.as_ref().map_or(null_mut(), |r| r.desc);
         let slot = self.slot;
@@ -823,15 +831,37 @@ impl HubState {
         if posted.as_ref().is_ok_and(|&p| p) {
             return Ok(true);
         }
-        self.live.remove(&(ctx as usize));
+        self.end_ctx(ctx as usize);
         posted.map_err(|e| e.detail().to_owned())
     }
 
+    /// A context for an operation that is `what`: a spare one when there is.
+    fn ctx_box(&mut self, what: What) -> Box<Ctx> {
+        match self.spare.pop() {
+            Some(mut c) => {
+                *c = Ctx { fi: [0; 8], what };
+                c
+            }
+            None => Box::new(Ctx { fi: [0; 8], what }),
+        }
+    }
+
     fn new_ctx(&mut self, what: What) -> *mut c_void {
-        let mut ctx = Box::new(Ctx { fi: [0; 8], what });
+        let mut ctx = self.ctx_box(what);
         let key = &mut *ctx as *mut Ctx as usize;
         self.live.insert(key, ctx);
         key as *mut c_void
+    }
+
+    /// What the operation of context `key` was, once the provider is done with the context
+    /// (kept for a later operation); `None` for a context not in flight.
+    fn end_ctx(&mut self, key: usize) -> Option<What> {
+        let ctx = self.live.remove(&key)?;
+        let what = ctx.what;
+        if self.spare.len() < SPARE_CTXS {
+            self.spare.push(ctx);
+        }
+        Some(what)
     }
 
     /// Sends `body` (whose first bytes may be a frame header) as a message of `kind` to
@@ -951,7 +981,7 @@ impl HubState {
             return;
         }
         self.repost_returned();
-        let mut done: Vec<Completion> = Vec::with_capacity(16);
+        let mut done = std::mem::take(&mut self.done);
         for _ in 0..CQ_ROUNDS {
             done.clear();
             match self.ep.read_cq(&mut done) {
@@ -974,6 +1004,8 @@ impl HubState {
                 break;
             }
         }
+        done.clear();
+        self.done = done;
         for p in 0..self.peers.len() {
             if self.peers[p].closed {
                 continue;
@@ -997,10 +1029,10 @@ impl HubState {
     }
 
     fn failed(&mut self, context: usize, why: String) {
-        let Some(ctx) = self.live.remove(&context) else {
+        let Some(what) = self.end_ctx(context) else {
             return;
         };
-        match ctx.what {
+        match what {
             What::Recv(s) => {
                 // A receive failed (the provider cancelled it, or a peer's message broke it):
                 // post it again; the peer's connection tells whether the peer is gone.
@@ -1047,10 +1079,10 @@ impl HubState {
     }
 
     fn completed(&mut self, c: &Completion) {
-        let Some(ctx) = self.live.remove(&c.context) else {
+        let Some(what) = self.end_ctx(c.context) else {
             return;
         };
-        match ctx.what {
+        match what {
             What::Recv(s) => self.arrived(c.tag, s, c.len.min(self.slot)),
             What::Send { slot, .. } => self.free_bounces.push(slot),
             What::SendFrom { slot, peer, token } => {
