@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 
 use crate::coll::schedule::{Buf, Region, Schedule, Step};
 use crate::dtype::{DataType, ReduceOp};
@@ -18,6 +18,13 @@ use crate::p2p::lease::{Lease, Ops, Part};
 use crate::p2p::{Blocking, Engine, OpId, Target};
 
 /// The buffers of a call in the engine's scope, by index.
+/// Steps a schedule may have, and operations it may have in flight, before its bookkeeping
+/// leaves the stack (a small call's schedule takes a few steps).
+const SMALL_SCHEDULE: usize = 16;
+/// The operations of a schedule in flight: step and operation.
+type Pending = SmallVec<[(usize, OpId); SMALL_SCHEDULE]>;
+/// The sizes of the transfers a link to a peer takes as direct steps (smallest, largest).
+type DirectSizes = Option<(usize, usize)>;
 const SEND: usize = 0;
 const RECV: usize = 1;
 const SCRATCH: usize = 2;
@@ -99,7 +106,7 @@ pub(crate) fn execute(
         Lease::from(scratch),
     ];
     engine.scope(&mut bufs, |ops| {
-        let mut pending: Vec<(usize, OpId)> = Vec::new();
+        let mut pending = Pending::new();
         let result = match engine.begin_call(call.comm, call.tag, call.sig) {
             Err(e) => Err(e),
             Ok(()) => run_steps(ops, call, deadline, &mut pending),
@@ -126,13 +133,13 @@ fn run_steps(
     ops: &mut Ops<'_>,
     call: &Call<'_>,
     deadline: Instant,
-    pending: &mut Vec<(usize, OpId)>,
+    pending: &mut Pending,
 ) -> Result<()> {
     let steps = &call.sched.steps;
-    let mut done = vec![false; steps.len()];
+    let mut done: SmallVec<[bool; SMALL_SCHEDULE]> = smallvec::smallvec![false; steps.len()];
     let direct = direct_steps(ops, call);
     let mut next = 0;
-    let mut ids: Vec<OpId> = Vec::new();
+    let mut ids: SmallVec<[OpId; SMALL_SCHEDULE]> = SmallVec::new();
     loop {
         // Issue, in order, every step whose dependencies are done.
         while next < steps.len() && call.sched.deps(next).iter().all(|&d| done[d as usize]) {
@@ -173,12 +180,13 @@ fn run_steps(
 /// numbers its side alike (the n-th send to a rank matches the rank's n-th receive from it,
 /// of the same size), which pairs each receive the peer offers with its send here. Empty
 /// (no step is direct) where no link has direct steps.
-fn direct_steps(ops: &Ops<'_>, call: &Call<'_>) -> Vec<Option<u32>> {
+fn direct_steps(ops: &Ops<'_>, call: &Call<'_>) -> SmallVec<[Option<u32>; SMALL_SCHEDULE]> {
     if !ops.any_direct() {
-        return Vec::new();
+        return SmallVec::new();
     }
-    let mut sizes: HashMap<usize, Option<(usize, usize)>> = HashMap::default();
-    let mut next: HashMap<(usize, bool), u32> = HashMap::default();
+    // A schedule talks to a few peers: small maps searched in order.
+    let mut sizes: SmallVec<[(usize, DirectSizes); 4]> = SmallVec::new();
+    let mut next: SmallVec<[((usize, bool), u32); 4]> = SmallVec::new();
     let mut number = |step: &Step| {
         let (peer, len, send) = match *step {
             Step::Send { peer, src } => (peer, src.len, true),
@@ -189,13 +197,25 @@ fn direct_steps(ops: &Ops<'_>, call: &Call<'_>) -> Vec<Option<u32>> {
             return None;
         }
         let world = *call.members.get(peer)?;
-        let (min, max) = (*sizes
-            .entry(world)
-            .or_insert_with(|| ops.direct_sizes(world)))?;
+        let range = match sizes.iter().find(|(w, _)| *w == world) {
+            Some(&(_, r)) => r,
+            None => {
+                let r = ops.direct_sizes(world);
+                sizes.push((world, r));
+                r
+            }
+        };
+        let (min, max) = range?;
         if !(min..=max).contains(&len) {
             return None;
         }
-        let n = next.entry((peer, send)).or_insert(0);
+        let n = match next.iter_mut().find(|(k, _)| *k == (peer, send)) {
+            Some((_, n)) => n,
+            None => {
+                next.push(((peer, send), 0));
+                &mut next.last_mut()?.1
+            }
+        };
         *n += 1;
         Some(*n - 1)
     };

@@ -21,6 +21,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use super::{Blocking, Engine, OpId, Target};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
@@ -360,7 +362,7 @@ impl Engine {
                     writable: b.writable,
                 })
                 .collect(),
-            live: Vec::new(),
+            live: SmallVec::new(),
             _bufs: PhantomData,
         };
         f(&mut ops)
@@ -439,8 +441,10 @@ impl Held {
 /// Operations on the buffers of one [`Engine::scope`].
 pub(crate) struct Ops<'s> {
     engine: &'s Engine,
-    bufs: Vec<Span>,
-    live: Vec<Held>,
+    /// A collective's send, receive and scratch buffers, or a call's own.
+    bufs: SmallVec<[Span; 3]>,
+    /// The operations in flight: a schedule's few steps at a time, without an allocation.
+    live: SmallVec<[Held; 8]>,
     /// The buffers are borrowed for the scope.
     _bufs: PhantomData<&'s mut [u8]>,
 }

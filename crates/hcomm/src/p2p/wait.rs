@@ -45,6 +45,45 @@ thread_local! {
     /// Looks between two yields of this thread's spinning waits (see
     /// [`Backoff::idle_yield_every`]); 0 until its first such yield.
     static YIELD_EVERY: Cell<u32> = const { Cell::new(0) };
+    /// The event buffer of this thread's waits, kept between them (a wait inside a wait takes
+    /// a new one).
+    static EVENTS: Cell<Vec<epoll::Event>> = const { Cell::new(Vec::new()) };
+}
+
+/// This thread's event buffer for one wait, empty, with room for [`EVENT_ROOM`] events; it
+/// goes back to the thread when dropped, so that waits allocate none.
+struct Events(Vec<epoll::Event>);
+
+/// Events one `epoll_wait` of a wait takes at most.
+const EVENT_ROOM: usize = 64;
+
+impl Events {
+    fn take() -> Events {
+        let mut v = EVENTS.take();
+        v.clear();
+        v.reserve(EVENT_ROOM);
+        Events(v)
+    }
+}
+
+impl std::ops::Deref for Events {
+    type Target = Vec<epoll::Event>;
+
+    fn deref(&self) -> &Vec<epoll::Event> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Events {
+    fn deref_mut(&mut self) -> &mut Vec<epoll::Event> {
+        &mut self.0
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        EVENTS.set(std::mem::take(&mut self.0));
+    }
 }
 
 /// How one wait ended, for what it teaches the thread's next waits ([`next_halvings`]).
@@ -564,12 +603,12 @@ impl Engine {
         let mut spin_until = now + spin;
         // The end of the extra spin for sends that local peers pull (set once armed).
         let mut pulled_until = now;
-        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        let mut events = Events::take();
         // Whether `events` came from epoll (rather than being direct reads of awaited peers).
         let mut polled = false;
         let mut rounds: u32 = 0;
         // The awaited peers whose link may be read directly, with the epoll token to read.
-        let mut hot: Vec<(usize, u64)> = Vec::new();
+        let mut hot: smallvec::SmallVec<[(usize, u64); MAX_DIRECT_PEERS]> = Default::default();
         let mut all_shm;
         // The longest a sleep may last before the links that cannot wake it are polled.
         let mut nap: Option<Duration>;
