@@ -1574,8 +1574,8 @@ const HOST_RETRY: Duration = Duration::from_secs(1);
 
 /// Rank 0's store client, and the store when rank 0 hosts it: the store at `root` when rank 0
 /// can bind it, else the one already listening there (a launcher's, such as `hcommrun`'s).
-/// When neither (the port is held by a socket that does not listen, such as another
-/// process's connection), rank 0 tries both again every [`HOST_RETRY`] until `timeout`, so
+/// When neither (another socket holds the port, such as another job's listener, which does
+/// not answer as a store), rank 0 tries both again every [`HOST_RETRY`] until `timeout`, so
 /// that it hosts the store once the port is free.
 fn host_or_join(
     root: &str,

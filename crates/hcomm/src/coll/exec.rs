@@ -17,7 +17,6 @@ use crate::error::{Error, PeerRank, Result};
 use crate::p2p::lease::{Lease, Ops, Part};
 use crate::p2p::{Blocking, Engine, OpId, Target};
 
-/// The buffers of a call in the engine's scope, by index.
 /// Steps a schedule may have, and operations it may have in flight, before its bookkeeping
 /// leaves the stack (a small call's schedule takes a few steps).
 const SMALL_SCHEDULE: usize = 16;
@@ -25,6 +24,8 @@ const SMALL_SCHEDULE: usize = 16;
 type Pending = SmallVec<[(usize, OpId); SMALL_SCHEDULE]>;
 /// The sizes of the transfers a link to a peer takes as direct steps (smallest, largest).
 type DirectSizes = Option<(usize, usize)>;
+
+/// The buffers of a call in the engine's scope, by index.
 const SEND: usize = 0;
 const RECV: usize = 1;
 const SCRATCH: usize = 2;
