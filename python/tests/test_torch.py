@@ -7,24 +7,17 @@ from __future__ import annotations
 import ast
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import tool_bin
+from conftest import free_port, tool_bin
 
 torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent
 JOBS = HERE / "torch_jobs.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torchrun(n: int, scenario: str, timeout: float, **env: str) -> str:
