@@ -248,8 +248,8 @@ pub struct Config {
     pub tcp_chunk: usize,
     /// `HCOMM_TCP_CONGESTION`: the congestion control of the TCP connections between ranks
     /// (Linux's `TCP_CONGESTION`): a name the kernel allows (`reno`, `cubic`, `dctcp`, ...),
-    /// or `system` for the system's default. `None` (unset): `cubic` where the kernel allows
-    /// it, else the system's default.
+    /// or `system` for the system's default. `None` (unset): `reno` where the kernel allows
+    /// it (every Linux kernel does), else the system's default.
     pub tcp_congestion: Option<String>,
     /// `HCOMM_OFI_LIB`: the libfabric library the `ofi` transport loads.
     pub ofi_lib: String,

@@ -137,15 +137,17 @@ pub(crate) fn parse_addrs(text: &str) -> Option<Vec<SocketAddr>> {
 }
 
 /// The congestion control of the TCP connections between ranks when `HCOMM_TCP_CONGESTION`
-/// is unset (and the kernel allows it). A pacing one (`bbr`, this machine's default) spreads
-/// each burst of a collective over its estimate of the path's rate, an estimate that traffic
-/// in bursts keeps low: 2 ranks between two network namespaces created afresh for each run,
-/// all-reduce, medians of 4 runs, 256 KiB 157 against 306 us, 1 MiB 0.61 against 0.90 ms,
-/// 4 MiB 2.3 against 3.7 ms, 16 MiB 11.5 against 16.9 ms (64 KiB: one of two speeds a run,
-/// 25-39 or 57-69 us, with either). Ping-pong with a full spin (`HCOMM_SPIN_US`), 3 runs:
-/// 128 KiB 37-44 against 36-64 us, 256 KiB 53 against 111-161 us; 64 KiB is where `bbr`
-/// does better, 18.5-20.4 against 20-31 us (one of two speeds a run).
-pub(crate) const DEFAULT_TCP_CONGESTION: &str = "cubic";
+/// is unset: `reno`, which every Linux kernel has and lets every process choose. A pacing one
+/// (`bbr`, this machine's default) spreads each burst of a collective over its estimate of
+/// the path's rate, an estimate that traffic in bursts keeps low: 2 ranks between two network
+/// namespaces created afresh for each run, all-reduce, medians of 4 runs, `cubic` against
+/// `bbr`: 256 KiB 157 against 306 us, 1 MiB 0.61 against 0.90 ms, 4 MiB 2.3 against 3.7 ms,
+/// 16 MiB 11.5 against 16.9 ms. `cubic` in turn ran a 64 KiB message at one of two speeds a
+/// run, where `reno` kept the fast one (fresh namespaces, 4 runs each, `reno` against
+/// `cubic`): ping-pong 64 KiB 17.4-19.9 against 17.6-27.9 us, all-reduce 64 KiB 21.5-22.8
+/// against 22.0-53.3 us, 1 MiB 358-389 against 378-501 us, 16 MiB 6.7-7.3 against 7.0-8.7
+/// ms; ping-pong 256 KiB level (48-50 against 49-51 us).
+pub(crate) const DEFAULT_TCP_CONGESTION: &str = "reno";
 
 /// A connection to `addr` within `timeout`, its congestion control set to `congestion` before
 /// it connects: a connection that starts with a pacing one (`bbr`) keeps pacing its bursts
