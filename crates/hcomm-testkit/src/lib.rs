@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Ports [`free_addr`] chooses from: below the kernel's ephemeral range, where `bind` to port
 /// 0 and outgoing connections take theirs, so that no other socket takes the port between the
-/// test's choice and its bind (an outgoing connection of a concurrent test once took the port
-/// of a rendezvous store that way).
+/// test's choice and its bind (a concurrent job's listener once took a rendezvous store's port
+/// that way).
 const TEST_PORTS: std::ops::Range<u16> = 20000..32000;
 
 /// An address of 127.0.0.1 with a port that was free when asked (the port is released, so a
