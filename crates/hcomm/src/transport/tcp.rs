@@ -167,16 +167,11 @@ fn dial_with(
     Ok(sock.into())
 }
 
-/// Sets the options of a data-path socket: `congestion` is its congestion control, `None`
-/// for the system's default ([`congestion_control`]).
-pub(crate) fn tune(stream: &TcpStream, congestion: Option<&[u8]>) -> io::Result<()> {
+/// Sets the options of a data-path socket. Its congestion control it has from the start: a
+/// dialed socket from [`dial_with`], an accepted one from the listener ([`congestion_control`]).
+pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    let sock = socket2::SockRef::from(stream);
-    sock.set_keepalive(true)?;
-    if let Some(name) = congestion {
-        sock.set_tcp_congestion(name)?;
-    }
-    Ok(())
+    socket2::SockRef::from(stream).set_keepalive(true)
 }
 
 /// The congestion control the data-path sockets take (`HCOMM_TCP_CONGESTION`: `wanted`, as
@@ -894,7 +889,7 @@ fn connect_one(
             Err(e) if e.kind() == io::ErrorKind::TimedOut && !replaces => continue,
             Err(e) => return Err(fail(addr, e.to_string())),
         };
-        tune(&conn, sh.congestion.as_deref()).map_err(|e| fail(addr, e.to_string()))?;
+        tune(&conn).map_err(|e| fail(addr, e.to_string()))?;
         let _live = Live::track(sh, &conn).map_err(|e| fail(addr, e.to_string()))?;
         let theirs = match auth::client_handshake_detailed(
             &conn,
@@ -956,8 +951,7 @@ fn admit(sh: &Arc<MeshShared>, mut conn: TcpStream) -> Result<()> {
     let deadline = Instant::now() + HANDSHAKE_LIMIT;
     conn.set_nonblocking(false)
         .map_err(|e| Error::transport("configuring a connection", e))?;
-    tune(&conn, sh.congestion.as_deref())
-        .map_err(|e| Error::transport("configuring a connection", e))?;
+    tune(&conn).map_err(|e| Error::transport("configuring a connection", e))?;
     let live = Live::track(sh, &conn).map_err(|e| Error::transport("tracking a connection", e))?;
     let theirs = auth::server_handshake(&mut conn, sh.cfg.secret.expose(), &sh.hello, deadline)?;
     let h = Hello::decode(&theirs)
@@ -1339,7 +1333,7 @@ mod tests {
         // The dialer set it before connecting; the accepted end inherits the listener's.
         assert_eq!(congestion_of(&dialed), "reno");
         assert_eq!(congestion_of(&accepted), "reno");
-        tune(&accepted, asked.as_deref()).unwrap();
+        tune(&accepted).unwrap();
         assert_eq!(congestion_of(&accepted), "reno");
 
         // `system` leaves the listener as it is; a name the kernel does not know is an error

@@ -864,13 +864,31 @@ impl HubState {
         Some(what)
     }
 
-    /// Sends `body` (whose first bytes may be a frame header) as a message of `kind` to
+    /// Sends `parts` (whose first bytes may be a frame header) as a message of `kind` to
     /// `peer` from a bounce buffer; `Ok(false)`: no room now.
     fn send_msg(
         &mut self,
         peer: usize,
         kind: u64,
         parts: &[&[u8]],
+    ) -> std::result::Result<bool, String> {
+        // SAFETY: nothing outside the bounce buffer is sent.
+        unsafe { self.post_bounced(peer, kind, parts, None, |slot| What::Send { slot, peer }) }
+    }
+
+    /// Posts `parts`, copied into a bounce buffer, followed by `from` (address, length,
+    /// descriptor) where it lies when given, as one message of `kind` to `peer`, its context
+    /// saying `what(slot)`; `Ok(false)`: no room now (nothing posted, the slot free again).
+    ///
+    /// # Safety
+    /// `from`'s bytes stay valid until the send completes.
+    unsafe fn post_bounced(
+        &mut self,
+        peer: usize,
+        kind: u64,
+        parts: &[&[u8]],
+        from: Option<(*const u8, usize, *mut c_void)>,
+        what: impl FnOnce(usize) -> What,
     ) -> std::result::Result<bool, String> {
         let Some(dest) = self.addrs.get(peer).copied().flatten() else {
             return Err(format!("world rank {peer} has no libfabric address"));
@@ -885,19 +903,17 @@ impl HubState {
             self.send_buf[at..at + p.len()].copy_from_slice(p);
             at += p.len();
         }
-        let ctx = self.new_ctx(What::Send { slot, peer });
+        let ctx = self.new_ctx(what(slot));
         let desc = self.send_mr.as_ref().map_or(null_mut(), |r| r.desc);
         // SAFETY: the bounce slot stays reserved (off the free list) and the context in
-        // `live` until the send completes.
+        // `live` until the send completes; `from` per this function's contract.
         let posted = unsafe {
-            self.ep.post_send(
-                self.send_buf.as_ptr().add(start),
-                len,
-                desc,
-                dest,
-                tag(kind, self.rank),
-                ctx,
-            )
+            let bounced = (self.send_buf.as_ptr().add(start), len, desc);
+            let tag = tag(kind, self.rank);
+            match from {
+                None => self.ep.post_send(bounced.0, len, desc, dest, tag, ctx),
+                Some(from) => self.ep.post_send2([bounced, from], dest, tag, ctx),
+            }
         };
         let settled = self.settle(ctx, posted);
         if settled != Ok(true) {
@@ -917,43 +933,19 @@ impl HubState {
         op: OpId,
         payload: &[u8],
     ) -> std::result::Result<bool, String> {
-        let Some(dest) = self.addrs.get(peer).copied().flatten() else {
-            return Err(format!("world rank {peer} has no libfabric address"));
-        };
-        let (ptr, len) = (payload.as_ptr(), payload.len());
-        let Some(slot) = self.free_bounces.pop() else {
+        if self.free_bounces.is_empty() {
             return Ok(false);
-        };
+        }
+        let (ptr, len) = (payload.as_ptr(), payload.len());
         // SAFETY: the payload is the live operation's buffer, valid until the operation ends,
         // which is after the send completes; its registration is released then.
-        let (mr, desc) = match unsafe { self.local(ptr, len, FI_SEND) } {
-            Ok(r) => r,
-            Err(why) => {
-                self.free_bounces.push(slot);
-                return Err(why);
-            }
-        };
-        let start = slot * self.slot;
-        self.send_buf[start..start + hdr.len()].copy_from_slice(hdr);
+        let (mr, desc) = unsafe { self.local(ptr, len, FI_SEND) }?;
         let token = self.peers[peer].next_token;
-        let ctx = self.new_ctx(What::SendFrom { slot, peer, token });
-        let hdr_desc = self.send_mr.as_ref().map_or(null_mut(), |r| r.desc);
-        // SAFETY: the bounce slot stays reserved (off the free list) and the context in `live`
-        // until the send completes; the payload as above.
-        let posted = unsafe {
-            self.ep.post_send2(
-                [
-                    (self.send_buf.as_ptr().add(start), hdr.len(), hdr_desc),
-                    (ptr, len, desc),
-                ],
-                dest,
-                tag(msg::FRAME, self.rank),
-                ctx,
-            )
-        };
-        let settled = self.settle(ctx, posted);
+        let what = |slot| What::SendFrom { slot, peer, token };
+        // SAFETY: as above, the payload outlives the send.
+        let settled =
+            unsafe { self.post_bounced(peer, msg::FRAME, &[hdr], Some((ptr, len, desc)), what) };
         if settled != Ok(true) {
-            self.free_bounces.push(slot);
             self.unregister(mr);
             return settled;
         }
