@@ -597,8 +597,9 @@ fn hcommrun_sweeps_a_grown_pool_block_of_a_killed_rank() {
 
 /// Runs `hcomm_check all-pairs` on 4 ranks under hcommrun, each rank's host id from
 /// `host_of` (a shell expression of `HCOMM_RANK`), with `env`; returns each rank's counts of
-/// connected TCP sockets once init is done and once every pair exchanged messages.
-fn tcp_after_all_pairs(host_of: &str, env: &[(&str, &str)]) -> Vec<(usize, usize)> {
+/// connected TCP sockets once init is done and once every pair exchanged messages, and what
+/// the ranks printed.
+fn tcp_after_all_pairs(host_of: &str, env: &[(&str, &str)]) -> (Vec<(usize, usize)>, String) {
     let mut c = Command::new(HCOMMRUN);
     let script = format!("HCOMM_HOST_ID={host_of} exec {CHECK} all-pairs --max-size 65536");
     c.args(["-n", "4", "--timeout", "100", "--", "sh", "-c", &script])
@@ -618,9 +619,10 @@ fn tcp_after_all_pairs(host_of: &str, env: &[(&str, &str)]) -> Vec<(usize, usize
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or_else(|| panic!("rank {r} printed no count:\n{t}"))
     };
-    (0..4)
+    let counts = (0..4)
         .map(|r| (count(r, "listening "), count(r, "after all-pairs ")))
-        .collect()
+        .collect();
+    (counts, t)
 }
 
 /// Ranks of one host are linked by shared memory alone: besides its connection to the store
@@ -630,23 +632,23 @@ fn tcp_after_all_pairs(host_of: &str, env: &[(&str, &str)]) -> Vec<(usize, usize
 /// store's connection until the exchange (a faster peer may already have dialed it).
 #[test]
 fn local_ranks_open_no_tcp_connection_between_them() {
-    let after = |counts: &[(usize, usize)]| -> Vec<usize> {
+    let after = |(counts, t): (Vec<(usize, usize)>, String)| -> Vec<usize> {
         assert!(
             counts.iter().all(|&(init, _)| init == 1),
-            "after init: {counts:?}"
+            "after init: {counts:?}:\n{t}"
         );
         counts.iter().map(|&(_, all)| all).collect()
     };
-    assert_eq!(after(&tcp_after_all_pairs("one", &[])), [1; 4], "one host");
+    assert_eq!(after(tcp_after_all_pairs("one", &[])), [1; 4], "one host");
     // Hosts {0, 1} and {2, 3}: two remote peers each.
     assert_eq!(
-        after(&tcp_after_all_pairs("host$((HCOMM_RANK / 2))", &[])),
+        after(tcp_after_all_pairs("host$((HCOMM_RANK / 2))", &[])),
         [1 + 2 * 2; 4],
         "two hosts"
     );
     // Every pair connected.
     let want = 1 + 3 * 2;
-    let tcp = after(&tcp_after_all_pairs("one", &[("HCOMM_TRANSPORT", "tcp")]));
+    let tcp = after(tcp_after_all_pairs("one", &[("HCOMM_TRANSPORT", "tcp")]));
     assert!(tcp.iter().all(|&n| n == want), "TCP only: {tcp:?}");
 }
 

@@ -391,12 +391,23 @@ fn run(scenario: Scenario) -> Result<()> {
         Scenario::AllPairs { max_size } => {
             let threads = std::fs::read_dir("/proc/self/task")?.count();
             // Dialed only: a faster peer may already have connected to this rank.
-            let (listening, _, dialed) = resources::tcp_sockets()?;
-            println!("listening {listening} threads {threads} tcp {dialed}");
+            let tcp = resources::tcp_sockets()?;
+            println!(
+                "listening {} threads {threads} tcp {}",
+                tcp.listening.len(),
+                tcp.dialed.len()
+            );
+            println!(
+                "dialed {} (listening on {})",
+                tcp.dialed.join(", "),
+                tcp.listening.join(", ")
+            );
             p2p::all_pairs(&comm, max_size)?;
             resources::handshakes_ended()?;
-            let (_, connected, _) = resources::tcp_sockets()?;
-            println!("after all-pairs tcp {connected}");
+            println!(
+                "after all-pairs tcp {}",
+                resources::tcp_sockets()?.connected
+            );
             // No rank finalizes (and closes its connections) before every rank counted.
             comm.barrier()?;
             "all-pairs"
@@ -659,7 +670,7 @@ fn run(scenario: Scenario) -> Result<()> {
             resources::traffic(&comm, traffic)?;
             let (resident, size) = resources::inbox_use(comm.rank())?;
             resources::handshakes_ended()?;
-            let (_, connected, _) = resources::tcp_sockets()?;
+            let connected = resources::tcp_sockets()?.connected;
             println!("inbox {} of {} kB", resident >> 10, size >> 10);
             println!("tcp {connected} connected");
             // Nobody says goodbye (a frame to every peer) before every rank has measured; a

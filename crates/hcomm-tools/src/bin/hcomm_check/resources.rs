@@ -1,6 +1,7 @@
 //! What a process holds (threads, sockets, descriptors) and the life cycle of
 //! communicators: nothing of hcomm is left once they are gone.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
@@ -88,48 +89,149 @@ pub(super) fn nothing_left(comm: Communicator, before: (usize, usize)) -> Result
     Ok(())
 }
 
+/// This process's TCP sockets (see [`tcp_sockets`]).
+pub(super) struct TcpSockets {
+    /// In the listening state, as their addresses.
+    pub listening: Vec<String>,
+    /// Connected (established).
+    pub connected: usize,
+    /// Of those, the ones this process dialed, as `local -> remote` addresses.
+    pub dialed: Vec<String>,
+}
+
 /// This process's TCP sockets: in the listening state, connected (established), and of
 /// those the ones this process dialed (its local port is none of its listening ports; a
 /// connection a peer dialed to this process's listener has the listener's port).
-pub(super) fn tcp_sockets() -> Result<(usize, usize, usize)> {
-    // Sockets of this process by inode, from /proc/self/fd ("socket:[INODE]").
-    let mut mine = std::collections::HashSet::new();
+///
+/// Each socket descriptor listed in /proc/self/fd is asked of the kernel itself, once per
+/// socket (a duplicated descriptor names the same socket). Not from /proc/self/net/tcp: that
+/// table holds every socket of the network namespace and is read a page at a time, each
+/// read resuming at the previous one's position in a hash bucket, so sockets that other
+/// processes open and close meanwhile can make it skip or repeat a line of this process.
+pub(super) fn tcp_sockets() -> Result<TcpSockets> {
+    let mut seen = std::collections::HashSet::new();
+    let mut listening = Vec::new();
+    let mut connected = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
-        if let Ok(link) = std::fs::read_link(entry?.path()) {
-            let link = link.to_string_lossy().into_owned();
-            if let Some(inode) = link
-                .strip_prefix("socket:[")
-                .and_then(|l| l.strip_suffix(']'))
-            {
-                mine.insert(inode.to_owned());
-            }
-        }
-    }
-    // The namespace's TCP sockets: column 2 the local address (HEXIP:HEXPORT), column 4 the
-    // state (0A: listening, 01: established), column 10 the inode.
-    let port = |addr: &str| addr.rsplit(':').next().map(str::to_owned);
-    let mut listening_ports = Vec::new();
-    let mut connected_ports = Vec::new();
-    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
+        let entry = entry?;
+        // A descriptor closed since the listing has no link any more.
+        let Ok(link) = std::fs::read_link(entry.path()) else {
             continue;
         };
-        for line in text.lines().skip(1) {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            if cols.len() > 9 && mine.contains(cols[9]) {
-                match cols[3] {
-                    "0A" => listening_ports.push(port(cols[1])),
-                    "01" => connected_ports.push(port(cols[1])),
-                    _ => {}
-                }
-            }
+        let link = link.to_string_lossy().into_owned();
+        if !link.starts_with("socket:[") || !seen.insert(link) {
+            continue;
+        }
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        match tcp_socket(fd) {
+            Some(TcpState::Listening(local)) => listening.push(local),
+            Some(TcpState::Established(local, remote)) => connected.push((local, remote)),
+            None => {}
         }
     }
-    let dialed = connected_ports
+    let dialed = connected
         .iter()
-        .filter(|p| !listening_ports.contains(p))
-        .count();
-    Ok((listening_ports.len(), connected_ports.len(), dialed))
+        .filter(|(local, _)| !listening.iter().any(|l| l.port() == local.port()))
+        .map(|(local, remote)| format!("{local} -> {remote}"))
+        .collect();
+    Ok(TcpSockets {
+        listening: listening.iter().map(ToString::to_string).collect(),
+        connected: connected.len(),
+        dialed,
+    })
+}
+
+/// A TCP socket's state, as [`tcp_sockets`] counts it.
+enum TcpState {
+    /// Listening, at this address.
+    Listening(SocketAddr),
+    /// Established, between these addresses (local, remote).
+    Established(SocketAddr, SocketAddr),
+}
+
+/// What socket descriptor `fd` of this process is: a listening or established TCP socket
+/// (`None` for any other socket or state, or a descriptor closed since it was listed).
+fn tcp_socket(fd: i32) -> Option<TcpState> {
+    let mut listening: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `listening`; `fd` is a number, not a
+    // borrowed descriptor: closed (or reused) since it was listed, the call fails (or
+    // answers for the socket it names now).
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            std::ptr::addr_of_mut!(listening).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // `tcpi_state`, the first byte of `struct tcp_info`: 1 is TCP_ESTABLISHED, 10 TCP_LISTEN.
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: as above; the kernel copies at most `len` bytes of its `tcp_info`, and refuses
+    // (ENOPROTOOPT, EOPNOTSUPP) a socket that is not TCP.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || len == 0 {
+        return None;
+    }
+    let local = socket_addr(fd, libc::getsockname)?;
+    match info[0] {
+        10 if listening != 0 => Some(TcpState::Listening(local)),
+        1 => Some(TcpState::Established(
+            local,
+            socket_addr(fd, libc::getpeername)?,
+        )),
+        _ => None,
+    }
+}
+
+/// The address `get` (`getsockname` or `getpeername`) gives for descriptor `fd`, if it is an
+/// IPv4 or IPv6 one.
+fn socket_addr(
+    fd: i32,
+    get: unsafe extern "C" fn(
+        libc::c_int,
+        *mut libc::sockaddr,
+        *mut libc::socklen_t,
+    ) -> libc::c_int,
+) -> Option<SocketAddr> {
+    // SAFETY: an all-zero sockaddr_storage is a valid value (plain integers and arrays).
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `get` writes at most `len` bytes into `storage`, which has room for any address.
+    if unsafe { get(fd, std::ptr::addr_of_mut!(storage).cast(), &mut len) } != 0 {
+        return None;
+    }
+    match libc::c_int::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (its family says so), which fits in and is
+            // aligned like sockaddr_storage.
+            let a: libc::sockaddr_in = unsafe { *std::ptr::addr_of!(storage).cast() };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for a sockaddr_in6.
+            let a: libc::sockaddr_in6 = unsafe { *std::ptr::addr_of!(storage).cast() };
+            let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))))
+        }
+        _ => None,
+    }
 }
 
 /// Traffic of the `inbox-use` scenario.
