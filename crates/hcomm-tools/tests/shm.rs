@@ -632,24 +632,31 @@ fn tcp_after_all_pairs(host_of: &str, env: &[(&str, &str)]) -> (Vec<(usize, usiz
 /// store's connection until the exchange (a faster peer may already have dialed it).
 #[test]
 fn local_ranks_open_no_tcp_connection_between_them() {
-    let after = |(counts, t): (Vec<(usize, usize)>, String)| -> Vec<usize> {
+    // Each rank's counts (dialed after init, connected after the exchange) against `want`
+    // connected after it; a failure shows what every rank printed (its connections).
+    let check = |(counts, t): (Vec<(usize, usize)>, String), want: usize, case: &str| {
         assert!(
             counts.iter().all(|&(init, _)| init == 1),
-            "after init: {counts:?}:\n{t}"
+            "{case}, after init: {counts:?}:\n{t}"
         );
-        counts.iter().map(|&(_, all)| all).collect()
+        assert!(
+            counts.iter().all(|&(_, all)| all == want),
+            "{case}, after all-pairs (want {want}): {counts:?}:\n{t}"
+        );
     };
-    assert_eq!(after(tcp_after_all_pairs("one", &[])), [1; 4], "one host");
+    check(tcp_after_all_pairs("one", &[]), 1, "one host");
     // Hosts {0, 1} and {2, 3}: two remote peers each.
-    assert_eq!(
-        after(tcp_after_all_pairs("host$((HCOMM_RANK / 2))", &[])),
-        [1 + 2 * 2; 4],
-        "two hosts"
+    check(
+        tcp_after_all_pairs("host$((HCOMM_RANK / 2))", &[]),
+        1 + 2 * 2,
+        "two hosts",
     );
     // Every pair connected.
-    let want = 1 + 3 * 2;
-    let tcp = after(tcp_after_all_pairs("one", &[("HCOMM_TRANSPORT", "tcp")]));
-    assert!(tcp.iter().all(|&n| n == want), "TCP only: {tcp:?}");
+    check(
+        tcp_after_all_pairs("one", &[("HCOMM_TRANSPORT", "tcp")]),
+        1 + 3 * 2,
+        "TCP only",
+    );
 }
 
 /// A rank with local and remote peers sleeps in `epoll_wait` (not on its doorbell's futex):
