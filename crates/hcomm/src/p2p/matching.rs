@@ -14,6 +14,7 @@
 
 use crate::error::{Error, PeerRank, Result};
 use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -531,7 +532,9 @@ impl Matching {
 
     /// The messages held for call `(comm, tag)` from any of world ranks `0..peers` that carry
     /// another signature than `sig`, taken away (the call fails; a rendezvous among them is
-    /// to be refused). Every call asks: costs nothing while nothing is held.
+    /// to be refused), in the order of their senders. Every call asks: costs nothing while
+    /// nothing is held, and then the fewer of a look-up per rank and a look at each held key
+    /// (a large job's call does not hash every rank's key because one message came early).
     pub(super) fn strangers(
         &mut self,
         comm: u64,
@@ -542,8 +545,23 @@ impl Matching {
         if self.unexpected.is_empty() {
             return Vec::new();
         }
+        // On the stack for the usual few senders: no allocation per call.
+        let senders: SmallVec<[usize; 8]> = if self.unexpected.len() < peers {
+            let mut held: SmallVec<[usize; 8]> = self
+                .unexpected
+                .keys()
+                .filter(|k| k.comm == comm && k.tag == tag && k.peer < peers)
+                .map(|k| k.peer)
+                .collect();
+            held.sort_unstable();
+            held
+        } else {
+            (0..peers)
+                .filter(|&peer| self.unexpected.contains_key(&MatchKey { comm, peer, tag }))
+                .collect()
+        };
         let mut found = Vec::new();
-        for peer in 0..peers {
+        for peer in senders {
             let key = MatchKey { comm, peer, tag };
             let Some(q) = self.unexpected.get(&key) else {
                 continue;

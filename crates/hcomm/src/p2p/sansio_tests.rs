@@ -268,6 +268,44 @@ fn a_call_refuses_the_messages_of_another_call_that_came_before_it() {
 }
 
 #[test]
+fn a_call_finds_the_strangers_among_few_held_messages_of_a_large_job_in_rank_order() {
+    let (ours, theirs) = ([1, 2], [1, 3]);
+    let found = |m: &mut Matching, peers| -> Vec<usize> {
+        let s = m.strangers(COMM, 4, ours, peers);
+        assert!(s.iter().all(|s| s.sig == theirs && s.rts.is_none()));
+        s.iter().map(|s| s.peer).collect()
+    };
+    // Fewer held keys than ranks: the held keys are looked at, not every rank's.
+    let mut m = Matching::default();
+    for (k, sig) in [
+        (key(900, 4), theirs),
+        (key(5, 4), theirs),
+        (key(2, 4), ours),
+        (key(7, 9), theirs),
+        (
+            MatchKey {
+                comm: COMM + 1,
+                peer: 3,
+                tag: 4,
+            },
+            theirs,
+        ),
+    ] {
+        m.arrive(k, sig, eager(8), never);
+    }
+    assert_eq!(found(&mut m, 1000), [5, 900]);
+    assert!(m.has_unexpected(&key(2, 4)) && m.has_unexpected(&key(7, 9)));
+    assert!(m.idle(&key(5, 4)) && m.idle(&key(900, 4)));
+    // As many held keys as ranks: every rank's key is looked up.
+    let mut m = Matching::default();
+    for (k, sig) in [(key(2, 4), theirs), (key(0, 4), theirs), (key(1, 4), ours)] {
+        m.arrive(k, sig, eager(8), never);
+    }
+    assert_eq!(found(&mut m, 3), [0, 2]);
+    assert!(m.has_unexpected(&key(1, 4)));
+}
+
+#[test]
 fn a_mismatch_found_after_the_call_is_reported_once_by_the_next_call() {
     let late = Arc::new(AtomicBool::new(false));
     let mut calls = Calls::new(|sig| format!("call {sig:?}"), Arc::clone(&late));
