@@ -154,28 +154,13 @@ enum TcpState {
 /// What socket descriptor `fd` of this process is: a listening or established TCP socket
 /// (`None` for any other socket or state, or a descriptor closed since it was listed).
 fn tcp_socket(fd: i32) -> Option<TcpState> {
-    let mut listening: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `listening`; `fd` is a number, not a
-    // borrowed descriptor: closed (or reused) since it was listed, the call fails (or
-    // answers for the socket it names now).
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
-            std::ptr::addr_of_mut!(listening).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return None;
-    }
     // `tcpi_state`, the first byte of `struct tcp_info`: 1 is TCP_ESTABLISHED, 10 TCP_LISTEN.
     let mut info = [0u8; 8];
     let mut len = info.len() as libc::socklen_t;
-    // SAFETY: as above; the kernel copies at most `len` bytes of its `tcp_info`, and refuses
-    // (ENOPROTOOPT, EOPNOTSUPP) a socket that is not TCP.
+    // SAFETY: the kernel copies at most `len` bytes of its `tcp_info` into `info`, and refuses
+    // (ENOPROTOOPT, EOPNOTSUPP) a socket that is not TCP; `fd` is a number, not a borrowed
+    // descriptor: closed (or reused) since it was listed, the call fails (or answers for the
+    // socket it names now).
     let r = unsafe {
         libc::getsockopt(
             fd,
@@ -190,7 +175,7 @@ fn tcp_socket(fd: i32) -> Option<TcpState> {
     }
     let local = socket_addr(fd, libc::getsockname)?;
     match info[0] {
-        10 if listening != 0 => Some(TcpState::Listening(local)),
+        10 => Some(TcpState::Listening(local)),
         1 => Some(TcpState::Established(
             local,
             socket_addr(fd, libc::getpeername)?,

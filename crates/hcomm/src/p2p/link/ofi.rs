@@ -967,6 +967,16 @@ impl HubState {
         Ok(true)
     }
 
+    /// The provider is done with send `token` to `peer` from an operation's buffer (header in
+    /// bounce buffer `slot`), sent or failed: frees the slot and the buffer's registration;
+    /// the operation, unless it was forgotten meanwhile.
+    fn sent_from(&mut self, slot: usize, peer: usize, token: u64) -> Option<OpId> {
+        self.free_bounces.push(slot);
+        let s = self.peers[peer].sending.remove(&token)?;
+        self.unregister(s.mr);
+        s.op
+    }
+
     /// Reads completions and does what each means, then posts what waited for room.
     fn progress(&mut self) {
         if self.dead.is_some() {
@@ -1038,10 +1048,7 @@ impl HubState {
                 self.fail(peer, why);
             }
             What::SendFrom { slot, peer, token } => {
-                self.free_bounces.push(slot);
-                if let Some(s) = self.peers[peer].sending.remove(&token) {
-                    self.unregister(s.mr);
-                }
+                self.sent_from(slot, peer, token);
                 self.fail(peer, why);
             }
             What::Read { peer, token } => {
@@ -1078,12 +1085,8 @@ impl HubState {
             What::Recv(s) => self.arrived(c.tag, s, c.len.min(self.slot)),
             What::Send { slot, .. } => self.free_bounces.push(slot),
             What::SendFrom { slot, peer, token } => {
-                self.free_bounces.push(slot);
-                if let Some(s) = self.peers[peer].sending.remove(&token) {
-                    self.unregister(s.mr);
-                    if let Some(op) = s.op {
-                        self.peers[peer].inbox.push_back(In::Sent(op));
-                    }
+                if let Some(op) = self.sent_from(slot, peer, token) {
+                    self.peers[peer].inbox.push_back(In::Sent(op));
                 }
             }
             What::Read { peer, token } => {
