@@ -62,7 +62,7 @@ impl State {
     ) -> Option<usize> {
         // The inline slot first: most calls (other transports, nothing arrived yet) end there
         // without a map lookup.
-        let (hdr, payload) = self.links.primary(t.peer)?.peek_inline()?;
+        let hdr = self.links.primary(t.peer)?.peek_inline()?;
         let len = hdr.len as usize;
         if hdr.comm != t.comm
             || hdr.epoch != t.epoch
@@ -77,8 +77,8 @@ impl State {
         }
         let peer = self.peers.get_mut(t.peer)?.as_mut()?;
         // SAFETY: the caller's promise; `len <= cap`.
-        unsafe { buf.copy_from_nonoverlapping(payload.as_ptr(), len) };
-        self.links.primary_mut(t.peer)?.consume_inline();
+        let out = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+        self.links.primary_mut(t.peer)?.take_inline(out);
         peer.heard = peer.heard.wrapping_add(1);
         Some(len)
     }

@@ -49,7 +49,7 @@ use super::requests::dest_slice;
 use super::{Dest, Op, OpId, OutFrame};
 use crate::transport::shm::link::{Inbox, Watch};
 use crate::transport::shm::split::SplitSlot;
-use crate::transport::wire::{FrameHeader, FrameKind, FAST_PAYLOAD};
+use crate::transport::wire::{FrameHeader, FrameKind};
 
 /// The engine's operations by id: outgoing payloads are read from their buffers.
 pub(super) type Ops = HashMap<OpId, Op>;
@@ -263,13 +263,14 @@ pub(super) trait Link: Send + std::fmt::Debug {
         None
     }
 
-    /// The next frame when it is a small one in an inline slot, not taken.
-    fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
+    /// The header of the next frame when it is a small one in an inline slot, not taken.
+    fn peek_inline(&self) -> Option<FrameHeader> {
         None
     }
 
-    /// Takes the frame [`Link::peek_inline`] returned.
-    fn consume_inline(&mut self) {}
+    /// Takes the frame whose header [`Link::peek_inline`] returned, copying the first
+    /// `out.len()` bytes of its payload into `out`.
+    fn take_inline(&mut self, _out: &mut [u8]) {}
 
     /// A watch on the next frame, when nothing is queued to go out.
     fn watch<'a>(&self, _inbox: &'a Inbox) -> Option<Watch<'a>> {
@@ -436,7 +437,7 @@ impl Link for AnyLink {
         each!(self, l => l.send_inline(hdr, data))
     }
     #[inline]
-    fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
+    fn peek_inline(&self) -> Option<FrameHeader> {
         each!(self, l => l.peek_inline())
     }
     #[inline]
@@ -444,8 +445,8 @@ impl Link for AnyLink {
         each!(self, l => l.split_slot(incoming))
     }
     #[inline]
-    fn consume_inline(&mut self) {
-        each!(self, l => l.consume_inline())
+    fn take_inline(&mut self, out: &mut [u8]) {
+        each!(self, l => l.take_inline(out))
     }
     #[inline]
     fn watch<'a>(&self, inbox: &'a Inbox) -> Option<Watch<'a>> {

@@ -231,6 +231,16 @@ impl FrameHeader {
     pub(crate) fn decode_fast(
         body: &[u64; FAST_WORDS],
     ) -> Result<(FrameHeader, [u8; FAST_PAYLOAD]), WireError> {
+        let h = Self::decode_fast_header(body)?;
+        let mut payload = [0u8; FAST_PAYLOAD];
+        Self::fast_payload_into(body, &mut payload[..h.len as usize]);
+        Ok((h, payload))
+    }
+
+    /// Decodes and validates the header of a fast box body: [`FrameHeader::decode_fast`]
+    /// without the payload, which [`FrameHeader::fast_payload_into`] copies out afterwards
+    /// (a small receive copies it straight into the user's buffer, not through the stack).
+    pub(crate) fn decode_fast_header(body: &[u64; FAST_WORDS]) -> Result<FrameHeader, WireError> {
         let len = (body[1] >> 32) & 0xff;
         let signed = match (body[1] >> 40) & 0xff {
             0 => false,
@@ -248,17 +258,9 @@ impl FrameHeader {
                 limit: room as u64,
             });
         }
-        let (sig, at) = if signed {
-            ([body[3], body[4]], 5)
-        } else {
-            ([0; 2], 3)
-        };
+        let sig = if signed { [body[3], body[4]] } else { [0; 2] };
         if signed && sig == [0; 2] {
             return Err(WireError::BadField("fast frame signature"));
-        }
-        let mut payload = [0u8; FAST_PAYLOAD];
-        for (chunk, word) in payload.chunks_exact_mut(8).zip(&body[at..]) {
-            chunk.copy_from_slice(&word.to_le_bytes());
         }
         let h = FrameHeader {
             kind: FrameKind::Eager,
@@ -272,7 +274,18 @@ impl FrameHeader {
             epoch: 0,
         };
         h.validate()?;
-        Ok((h, payload))
+        Ok(h)
+    }
+
+    /// Copies the first `out.len()` bytes of the payload of `body`, a fast box body whose
+    /// header [`FrameHeader::decode_fast_header`] accepted, into `out` (at most the
+    /// payload's room).
+    #[inline]
+    pub(crate) fn fast_payload_into(body: &[u64; FAST_WORDS], out: &mut [u8]) {
+        let at = if (body[1] >> 40) & 0xff == 0 { 3 } else { 5 };
+        for (chunk, word) in out.chunks_mut(8).zip(&body[at..]) {
+            chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
+        }
     }
 
     /// Decodes and validates a header.

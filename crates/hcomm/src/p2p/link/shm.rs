@@ -394,16 +394,19 @@ impl Link for ShmPeerLink {
     }
 
     #[inline]
-    fn peek_inline(&self) -> Option<(FrameHeader, [u8; FAST_PAYLOAD])> {
+    fn peek_inline(&self) -> Option<FrameHeader> {
         if !self.link.started() {
             return None;
         }
         let body = self.link.fast_in.peek(self.in_seq + 1)?;
-        FrameHeader::decode_fast(&body).ok()
+        FrameHeader::decode_fast_header(&body).ok()
     }
 
     #[inline]
-    fn consume_inline(&mut self) {
+    fn take_inline(&mut self, out: &mut [u8]) {
+        if let Some(body) = self.link.fast_in.peek(self.in_seq + 1) {
+            FrameHeader::fast_payload_into(&body, out);
+        }
         self.link.fast_in.consume();
         self.in_seq += 1;
     }
