@@ -137,6 +137,15 @@ fn a_ring_over_tcp_connects_each_rank_to_its_two_neighbours_only() {
 }
 
 #[test]
+fn small_messages_of_every_length_arrive_whole() {
+    check(2, &["small"]);
+    let mut c = hcommrun(2, &["small"]);
+    c.env("HCOMM_TRANSPORT", "tcp");
+    let (o, _) = run_bounded(&mut c, Duration::from_secs(150));
+    assert_all_ok(&o, 2, "small");
+}
+
+#[test]
 fn tags_keep_order_per_source_and_tag() {
     check(2, &["tags"]);
     check(3, &["tags"]);

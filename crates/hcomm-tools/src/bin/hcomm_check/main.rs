@@ -54,6 +54,10 @@ enum Scenario {
         #[arg(long, default_value_t = 4 << 20)]
         max_size: usize,
     },
+    /// Two ranks: a blocking message of every length from 0 to 40 bytes each way, each
+    /// received once it is there (through the shared-memory fast box where it fits), into a
+    /// longer buffer whose bytes past the message must stay as they were.
+    Small,
     /// Messages of one source and tag arrive in order, whatever other tags do.
     Tags,
     /// A message longer than the receive buffer gives Error::Truncated, small and large.
@@ -411,6 +415,10 @@ fn run(scenario: Scenario) -> Result<()> {
             // No rank finalizes (and closes its connections) before every rank counted.
             comm.barrier()?;
             "all-pairs"
+        }
+        Scenario::Small => {
+            p2p::small(&comm)?;
+            "small"
         }
         Scenario::Tags => {
             p2p::tags(&comm)?;

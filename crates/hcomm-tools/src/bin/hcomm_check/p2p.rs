@@ -185,6 +185,37 @@ pub(super) fn all_pairs(comm: &Communicator, max: usize) -> Result<()> {
     Ok(())
 }
 
+/// The scenario `small` (see its help).
+pub(super) fn small(comm: &Communicator) -> Result<()> {
+    const MAX: usize = 40;
+    const UNTOUCHED: u8 = 0xee;
+    ensure!(comm.size() == 2, "small runs on 2 ranks");
+    let (me, peer) = (comm.rank(), 1 - comm.rank());
+    for len in 0..=MAX {
+        for from in [0, 1] {
+            if me == from {
+                comm.send(&fill(me, peer, len, len), peer, 4)?;
+            }
+            // The message is there before its receive starts.
+            comm.barrier()?;
+            if me != from {
+                let mut buf = [UNTOUCHED; MAX + 8];
+                let k = comm.recv(&mut buf, peer, 4)?;
+                ensure!(
+                    k == len,
+                    "small: received {k} bytes from rank {peer}, expected {len}"
+                );
+                verify(&buf[..k], peer, me, len)?;
+                ensure!(
+                    buf[k..].iter().all(|&b| b == UNTOUCHED),
+                    "small: a {len}-byte message from rank {peer} wrote past its length"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn tags(comm: &Communicator) -> Result<()> {
     ensure!(comm.size() >= 2, "tags needs 2 ranks");
     const N: usize = 40;
