@@ -32,8 +32,8 @@ const SHM_ROUNDS: usize = 64;
 /// Where the frame handed to the engine waits.
 #[derive(Debug)]
 enum Held {
-    /// In the fast box, with its payload.
-    Fast([u8; FAST_PAYLOAD]),
+    /// In the fast box (its payload is copied from there when placed).
+    Fast,
     /// At the front of the ring.
     Ring,
 }
@@ -67,6 +67,15 @@ pub(in crate::p2p) struct ShmPeerLink {
 }
 
 impl ShmPeerLink {
+    /// Copies the first `out.len()` payload bytes of the next frame, in the fast box (read,
+    /// not taken), straight into `out`.
+    #[inline]
+    fn copy_fast(&self, out: &mut [u8]) {
+        if let Some(body) = self.link.fast_in.peek(self.in_seq + 1) {
+            FrameHeader::fast_payload_into(&body, out);
+        }
+    }
+
     /// The engine's side of `link`.
     pub(in crate::p2p) fn new(link: ShmLink) -> ShmPeerLink {
         // Without a connection beside it, the link carries the goodbye and the wake-ups.
@@ -275,9 +284,9 @@ impl Link for ShmPeerLink {
         // The next frame is in the fast box or at the front of the ring, whichever holds its
         // number (in neither yet: it is still being written).
         if let Some(body) = self.link.fast_in.peek(seq + 1) {
-            return match FrameHeader::decode_fast(&body) {
-                Ok((hdr, payload)) => {
-                    self.held = Some(Held::Fast(payload));
+            return match FrameHeader::decode_fast_header(&body) {
+                Ok(hdr) => {
+                    self.held = Some(Held::Fast);
                     Rx::Header(hdr)
                 }
                 Err(e) => Rx::Failed(format!("it sent a malformed frame ({e})")),
@@ -330,9 +339,9 @@ impl Link for ShmPeerLink {
     ) -> Result<bool, String> {
         let dst = dests.whole(hdr, dest);
         match self.held.take() {
-            Some(Held::Fast(payload)) => {
+            Some(Held::Fast) => {
                 if let Some(dst) = dst {
-                    dst.copy_from_slice(&payload[..dst.len()]);
+                    self.copy_fast(dst);
                 }
                 self.link.fast_in.consume();
             }
@@ -404,9 +413,7 @@ impl Link for ShmPeerLink {
 
     #[inline]
     fn take_inline(&mut self, out: &mut [u8]) {
-        if let Some(body) = self.link.fast_in.peek(self.in_seq + 1) {
-            FrameHeader::fast_payload_into(&body, out);
-        }
+        self.copy_fast(out);
         self.link.fast_in.consume();
         self.in_seq += 1;
     }
