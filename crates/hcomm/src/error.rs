@@ -23,33 +23,33 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// Initialization failed: bad launcher environment, store unreachable, handshake refused.
-    Init(ErrorInfo),
+    Init(Box<ErrorInfo>),
     /// Memory could not be allocated.
-    NoMem(ErrorInfo),
+    NoMem(Box<ErrorInfo>),
     /// A bounded wait ran out (`HCOMM_TIMEOUT`).
-    Timeout(ErrorInfo),
+    Timeout(Box<ErrorInfo>),
     /// An argument was invalid (rank out of range, bad tag, bad configuration value).
-    InvalidArgument(ErrorInfo),
+    InvalidArgument(Box<ErrorInfo>),
     /// A peer rank died or closed its connection.
-    PeerLost(ErrorInfo),
+    PeerLost(Box<ErrorInfo>),
     /// Ranks called different operations, counts, types or roots.
-    Mismatch(ErrorInfo),
+    Mismatch(Box<ErrorInfo>),
     /// A message was longer than the receive buffer.
-    Truncated(ErrorInfo),
+    Truncated(Box<ErrorInfo>),
     /// A transport (socket, shared memory) failed.
-    Transport(ErrorInfo),
+    Transport(Box<ErrorInfo>),
     /// The operation is not supported in this build or configuration.
-    NotSupported(ErrorInfo),
+    NotSupported(Box<ErrorInfo>),
     /// The communicator was aborted.
-    Aborted(ErrorInfo),
+    Aborted(Box<ErrorInfo>),
     /// A bug in hcomm: please report it.
-    Internal(ErrorInfo),
+    Internal(Box<ErrorInfo>),
     /// The communicator was revoked (`Communicator::revoke`, by this rank or another member):
     /// only the fault-tolerance calls (agree, shrink) still work on it.
-    Revoked(ErrorInfo),
+    Revoked(Box<ErrorInfo>),
     /// Too few members are reachable to go on: only a side holding a strict majority of the
     /// communicator may shrink it.
-    Quorum(ErrorInfo),
+    Quorum(Box<ErrorInfo>),
 }
 
 /// What an [`Error`] says beyond its code.
@@ -347,68 +347,68 @@ impl fmt::Display for ErrorCode {
 impl Error {
     /// An [`Error::Init`] saying `message`.
     pub fn init(message: impl Into<String>) -> Error {
-        Error::Init(ErrorInfo::new(message))
+        Error::Init(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::NoMem`] saying `message`.
     pub fn no_mem(message: impl Into<String>) -> Error {
-        Error::NoMem(ErrorInfo::new(message))
+        Error::NoMem(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::Timeout`] saying `message`.
     pub fn timeout(message: impl Into<String>) -> Error {
-        Error::Timeout(ErrorInfo::new(message))
+        Error::Timeout(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::InvalidArgument`] saying `message`.
     pub fn invalid_argument(message: impl Into<String>) -> Error {
-        Error::InvalidArgument(ErrorInfo::new(message))
+        Error::InvalidArgument(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::PeerLost`] about `peer`, saying `message`.
     pub fn peer_lost(peer: PeerRank, message: impl Into<String>) -> Error {
-        Error::PeerLost(ErrorInfo::new(message)).with_peer(peer)
+        Error::PeerLost(Box::new(ErrorInfo::new(message))).with_peer(peer)
     }
 
     /// An [`Error::Mismatch`] saying `message`.
     pub fn mismatch(message: impl Into<String>) -> Error {
-        Error::Mismatch(ErrorInfo::new(message))
+        Error::Mismatch(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::Truncated`] saying `message`.
     pub fn truncated(message: impl Into<String>) -> Error {
-        Error::Truncated(ErrorInfo::new(message))
+        Error::Truncated(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::Transport`] saying `message` (see [`Error::transport`] for one over an I/O
     /// error).
     pub fn transport_failed(message: impl Into<String>) -> Error {
-        Error::Transport(ErrorInfo::new(message))
+        Error::Transport(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::NotSupported`] saying `message`.
     pub fn not_supported(message: impl Into<String>) -> Error {
-        Error::NotSupported(ErrorInfo::new(message))
+        Error::NotSupported(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::Aborted`] saying `message`.
     pub fn aborted(message: impl Into<String>) -> Error {
-        Error::Aborted(ErrorInfo::new(message))
+        Error::Aborted(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::Internal`] saying `message`.
     pub fn internal(message: impl Into<String>) -> Error {
-        Error::Internal(ErrorInfo::new(message))
+        Error::Internal(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::Revoked`] saying `message`.
     pub fn revoked(message: impl Into<String>) -> Error {
-        Error::Revoked(ErrorInfo::new(message))
+        Error::Revoked(Box::new(ErrorInfo::new(message)))
     }
 
     /// An [`Error::Quorum`] saying `message`.
     pub fn quorum(message: impl Into<String>) -> Error {
-        Error::Quorum(ErrorInfo::new(message))
+        Error::Quorum(Box::new(ErrorInfo::new(message)))
     }
 
     /// This error, about `peer`.

@@ -27,19 +27,19 @@ fn sections() -> (String, Vec<(String, String)>) {
 fn one_of_each() -> Vec<Error> {
     let m = || "rank 3 did something".to_string();
     vec![
-        Error::Init(ErrorInfo::new(m())),
-        Error::NoMem(ErrorInfo::new(m())),
-        Error::Timeout(ErrorInfo::new(m())),
-        Error::InvalidArgument(ErrorInfo::new(m())),
-        Error::PeerLost(ErrorInfo::new(m())),
-        Error::Mismatch(ErrorInfo::new(m())),
-        Error::Truncated(ErrorInfo::new(m())),
-        Error::Transport(ErrorInfo::new(m())),
-        Error::NotSupported(ErrorInfo::new(m())),
-        Error::Aborted(ErrorInfo::new(m())),
-        Error::Internal(ErrorInfo::new(m())),
-        Error::Revoked(ErrorInfo::new(m())),
-        Error::Quorum(ErrorInfo::new(m())),
+        Error::Init(ErrorInfo::new(m()).into()),
+        Error::NoMem(ErrorInfo::new(m()).into()),
+        Error::Timeout(ErrorInfo::new(m()).into()),
+        Error::InvalidArgument(ErrorInfo::new(m()).into()),
+        Error::PeerLost(ErrorInfo::new(m()).into()),
+        Error::Mismatch(ErrorInfo::new(m()).into()),
+        Error::Truncated(ErrorInfo::new(m()).into()),
+        Error::Transport(ErrorInfo::new(m()).into()),
+        Error::NotSupported(ErrorInfo::new(m()).into()),
+        Error::Aborted(ErrorInfo::new(m()).into()),
+        Error::Internal(ErrorInfo::new(m()).into()),
+        Error::Revoked(ErrorInfo::new(m()).into()),
+        Error::Quorum(ErrorInfo::new(m()).into()),
     ]
 }
 

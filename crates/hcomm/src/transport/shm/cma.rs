@@ -360,18 +360,24 @@ impl Failure {
                 || "no progress".to_string(),
                 |e| io::Error::from_raw_os_error(e).to_string(),
             );
-            let err = Error::PeerLost(ErrorInfo::new(format!(
-                "{what}: the process is exiting; it died during the transfer ({syscall}: {why})"
-            )));
+            let err = Error::PeerLost(
+                ErrorInfo::new(format!(
+                    "{what}: the process is exiting; it died during the transfer ({syscall}: {why})"
+                ))
+                .into(),
+            );
             return match self.errno {
                 Some(e) => err.with_source(io::Error::from_raw_os_error(e)),
                 None => err,
             };
         }
         let err = match self.errno {
-            Some(libc::ESRCH) => Error::PeerLost(ErrorInfo::new(format!(
-                "{what}: the process no longer exists ({syscall}: ESRCH)"
-            ))),
+            Some(libc::ESRCH) => Error::PeerLost(
+                ErrorInfo::new(format!(
+                    "{what}: the process no longer exists ({syscall}: ESRCH)"
+                ))
+                .into(),
+            ),
             Some(libc::EPERM) => Error::transport_failed(format!(
                 "{what}: refused by the kernel ({syscall}: EPERM): this process may not \
                  ptrace that one (another user, a non-dumpable process, a seccomp filter, or \
