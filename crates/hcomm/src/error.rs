@@ -601,6 +601,21 @@ mod tests {
 
     fn shareable<T: Clone + Send + Sync + 'static>() {}
 
+    /// Two words: a `Result<usize>` or `Result<()>` comes back in registers (120 bytes of
+    /// facts inline made every result of the hot path go through memory: 8 B shared-memory
+    /// stream 0.419 against 0.368 us boxed).
+    #[test]
+    fn an_error_is_two_words() {
+        assert_eq!(
+            std::mem::size_of::<Error>(),
+            2 * std::mem::size_of::<usize>()
+        );
+        assert_eq!(
+            std::mem::size_of::<Result<usize>>(),
+            std::mem::size_of::<Error>()
+        );
+    }
+
     #[test]
     fn an_error_is_clone_send_sync() {
         shareable::<Error>();
