@@ -154,16 +154,18 @@ enum TcpState {
 /// What socket descriptor `fd` of this process is: a listening or established TCP socket
 /// (`None` for any other socket or state, or a descriptor closed since it was listed).
 fn tcp_socket(fd: i32) -> Option<TcpState> {
+    // SAFETY: `fd` is one of this process's descriptors as listed a moment ago, borrowed for
+    // the three system calls below only; one closed (or reused) meanwhile makes them fail
+    // (or answer for the socket it names now), which the counts then miss.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     // `tcpi_state`, the first byte of `struct tcp_info`: 1 is TCP_ESTABLISHED, 10 TCP_LISTEN.
     let mut info = [0u8; 8];
     let mut len = info.len() as libc::socklen_t;
     // SAFETY: the kernel copies at most `len` bytes of its `tcp_info` into `info`, and refuses
-    // (ENOPROTOOPT, EOPNOTSUPP) a socket that is not TCP; `fd` is a number, not a borrowed
-    // descriptor: closed (or reused) since it was listed, the call fails (or answers for the
-    // socket it names now).
+    // (ENOPROTOOPT, EOPNOTSUPP) a socket that is not TCP.
     let r = unsafe {
         libc::getsockopt(
-            fd,
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
             libc::IPPROTO_TCP,
             libc::TCP_INFO,
             info.as_mut_ptr().cast(),
@@ -173,48 +175,14 @@ fn tcp_socket(fd: i32) -> Option<TcpState> {
     if r != 0 || len == 0 {
         return None;
     }
-    let local = socket_addr(fd, libc::getsockname)?;
+    let ip = |a: rustix::net::SocketAddrAny| SocketAddr::try_from(a).ok();
+    let local = ip(rustix::net::getsockname(fd).ok()?)?;
     match info[0] {
         10 => Some(TcpState::Listening(local)),
         1 => Some(TcpState::Established(
             local,
-            socket_addr(fd, libc::getpeername)?,
+            ip(rustix::net::getpeername(fd).ok()??)?,
         )),
-        _ => None,
-    }
-}
-
-/// The address `get` (`getsockname` or `getpeername`) gives for descriptor `fd`, if it is an
-/// IPv4 or IPv6 one.
-fn socket_addr(
-    fd: i32,
-    get: unsafe extern "C" fn(
-        libc::c_int,
-        *mut libc::sockaddr,
-        *mut libc::socklen_t,
-    ) -> libc::c_int,
-) -> Option<SocketAddr> {
-    // SAFETY: an all-zero sockaddr_storage is a valid value (plain integers and arrays).
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: `get` writes at most `len` bytes into `storage`, which has room for any address.
-    if unsafe { get(fd, std::ptr::addr_of_mut!(storage).cast(), &mut len) } != 0 {
-        return None;
-    }
-    match libc::c_int::from(storage.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the kernel wrote a sockaddr_in (its family says so), which fits in and is
-            // aligned like sockaddr_storage.
-            let a: libc::sockaddr_in = unsafe { *std::ptr::addr_of!(storage).cast() };
-            let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for a sockaddr_in6.
-            let a: libc::sockaddr_in6 = unsafe { *std::ptr::addr_of!(storage).cast() };
-            let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
-            Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))))
-        }
         _ => None,
     }
 }
