@@ -1185,6 +1185,24 @@ impl State {
         self.links.add(peer, AnyLink::Plugin(link));
     }
 
+    /// Hands eager `frame` (header `hdr`) to the link [`Links::route`] picks for `peer` when
+    /// that link sends it at once ([`Link::send_inline`]); whether it did (then nothing is
+    /// queued: the frame is on its way). Not while a transport plug-in is configured, which
+    /// may claim every frame ([`State::queue`]).
+    fn send_at_once(&mut self, peer: usize, hdr: &FrameHeader, frame: &OutFrame) -> bool {
+        if self.plugin.is_some() || frame.direct.is_some() {
+            return false;
+        }
+        let Some(l) = self.links.route(peer, frame.kind) else {
+            return false;
+        };
+        let payload = requests::frame_payload(frame, &self.ops);
+        self.links
+            .get_mut(peer, l)
+            .and_then(|link| link.send_inline(hdr, payload))
+            .is_some()
+    }
+
     /// Sends a frame to `peer` on the link [`Links::route`] picks for it, and writes what
     /// the link takes now.
     #[inline]

@@ -235,18 +235,16 @@ fn issue(
         Step::Send { peer, src } => {
             let (t, p) = (call.target(peer)?, call.part(src)?);
             match direct {
-                Some(k) => ops.post_direct(Blocking::Send, t, p, k),
-                None => ops.post(Blocking::Send, t, p),
+                Some(k) => ops.post_direct(Blocking::Send, t, p, k).map(Some),
+                None => ops.start(Blocking::Send, t, p),
             }
-            .map(Some)
         }
         Step::Recv { peer, dst } => {
             let (t, p) = (call.target(peer)?, call.part(dst)?);
             match direct {
-                Some(k) => ops.post_direct(Blocking::Recv, t, p, k),
-                None => ops.post(Blocking::Recv, t, p),
+                Some(k) => ops.post_direct(Blocking::Recv, t, p, k).map(Some),
+                None => ops.start(Blocking::Recv, t, p),
             }
-            .map(Some)
         }
         Step::Copy { dst, src } => {
             ops.copy(call.part(dst)?, call.part(src)?)?;

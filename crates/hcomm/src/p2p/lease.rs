@@ -497,6 +497,18 @@ impl Ops<'_> {
         Ok(self.hold(id, start, end, writes))
     }
 
+    /// [`Ops::post`], but an operation that completed while it was posted (a small send its
+    /// link took at once, a receive whose message was here) is not held: `None`, its result
+    /// checked (an error is the operation's). The collectives' steps start so: a step over
+    /// at once costs no wait.
+    pub(crate) fn start(&mut self, kind: Blocking, t: Target, p: Part) -> Result<Option<OpId>> {
+        let writes = kind == Blocking::Recv;
+        let (ptr, start, end) = self.range(p, writes)?;
+        // SAFETY: as in `post` (a receive's buffer writable, checked by `range`).
+        let id = unsafe { self.engine.post_or_done(kind, t, ptr, p.len)? };
+        Ok(id.map(|id| self.hold(id, start, end, writes)))
+    }
+
     /// Records that live operation `id` holds `start..end` (and writes it).
     fn hold(&mut self, id: OpId, start: usize, end: usize, writes: bool) -> OpId {
         self.live.push(Held {
@@ -691,6 +703,57 @@ mod tests {
         });
         assert_eq!(buf[..8], [14u8; 8]);
         assert_eq!(buf[8..], [9u8; 8]);
+    }
+
+    /// A step that completes while it starts (its message is here already) is not held: its
+    /// bytes are in place and free at once; one that must wait is held until collected.
+    #[test]
+    fn a_step_over_at_its_start_is_not_held() {
+        let (e0, e1) = pair();
+        let (early, later) = ([5u8; 8], [6u8; 8]);
+        for (tag, data) in [(6, &early), (7, &later)] {
+            e0.transfer(
+                Blocking::Send,
+                target(1, tag, [0; 2]),
+                &mut Lease::from(&data[..]),
+                WAIT,
+            )
+            .expect("send");
+        }
+        // Receiving the later message reads the early one too, which then waits unmatched.
+        let mut got = [0u8; 8];
+        e1.transfer(
+            Blocking::Recv,
+            target(0, 7, [0; 2]),
+            &mut Lease::from(&mut got[..]),
+            WAIT,
+        )
+        .expect("the later message");
+        let mut buf = [0u8; 16];
+        let mut other = [1u8; 8];
+        let mut bufs = [Lease::from(&mut buf[..]), Lease::from(&mut other[..])];
+        e1.scope(&mut bufs, |ops| {
+            let started = ops.start(Blocking::Recv, target(0, 6, [0; 2]), part(0, 0, 8));
+            assert!(matches!(started, Ok(None)), "{started:?}");
+            ops.copy(part(1, 0, 8), part(0, 0, 8))
+                .expect("its bytes are free");
+            let waiting = ops.start(Blocking::Recv, target(0, 8, [0; 2]), part(0, 8, 8));
+            let Ok(Some(id)) = waiting else {
+                panic!("{waiting:?}");
+            };
+            let copy = ops.copy(part(0, 8, 8), part(1, 0, 8));
+            assert!(matches!(copy, Err(Error::Internal(_))), "{copy:?}");
+            e0.transfer(
+                Blocking::Send,
+                target(1, 8, [0; 2]),
+                &mut Lease::from(&later[..]),
+                WAIT,
+            )
+            .expect("send the awaited message");
+            let (_, got) = ops.wait_any(&[id], Instant::now() + WAIT).expect("wait");
+            assert_eq!(got.expect("the receive"), 8);
+        });
+        assert_eq!((other, &buf[8..]), (early, &later[..]));
     }
 
     #[test]

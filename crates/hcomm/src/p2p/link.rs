@@ -256,9 +256,10 @@ pub(super) trait Link: Send + std::fmt::Debug {
         None
     }
 
-    /// Writes a small message (`hdr` and `data`) into the peer's memory at once, when the link
-    /// has such a slot with room and nothing is queued before it; `Some(wake)` when it did
-    /// (`wake`: the peer must be woken out of `epoll_wait`).
+    /// Sends a small message (`hdr` and `data`) at once, when the link has room for it
+    /// (shared memory: a slot in the peer's memory; libfabric: a bounce buffer) and nothing is
+    /// queued before it; `Some(wake)` when it did (`wake`: the peer must be woken out of
+    /// `epoll_wait`). The message is then on its way: its send is over.
     fn send_inline(&mut self, _hdr: &FrameHeader, _data: &[u8]) -> Option<bool> {
         None
     }

@@ -94,6 +94,30 @@ impl Engine {
         Ok(id)
     }
 
+    /// Posts a send of `len` bytes at `buf` (`Blocking::Send`) or a receive into them, and
+    /// takes its result at once when it completed while it was posted: `None` then (an error
+    /// is the operation's).
+    ///
+    /// # Safety
+    /// As for [`Engine::post_send`] and [`Engine::post_recv`].
+    pub(super) unsafe fn post_or_done(
+        &self,
+        kind: Blocking,
+        t: Target,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<Option<OpId>> {
+        let mut st = lock(&self.shared.state);
+        let id = match kind {
+            Blocking::Send => st.post_send(t, BufPtr(buf), len, false)?,
+            Blocking::Recv => st.post_recv(t, BufPtr(buf), len, false)?,
+        };
+        match st.take(id) {
+            Some(result) => result.map(|_| None),
+            None => Ok(Some(id)),
+        }
+    }
+
     /// A blocking send or receive: posts it, looks at the links once under the same lock,
     /// and waits only if it did not complete there (a small send, or a receive whose
     /// message is already in, costs one lock and no clock read).

@@ -1464,6 +1464,36 @@ impl HubState {
         Ok(moved)
     }
 
+    /// Sends an eager frame (`hdr`, then `payload`) to `peer` at once, copied into a bounce
+    /// buffer, when the peer's link is open and nothing waits to go out before it (queued
+    /// frames and notices, parked direct steps, a put under way); whether it did. Otherwise
+    /// nothing was sent (a provider's refusal included: the queue's turn meets it again and
+    /// reports it).
+    fn send_now(&mut self, peer: usize, hdr: &FrameHeader, payload: &[u8]) -> bool {
+        let Some(p) = self.peers.get(peer) else {
+            return false;
+        };
+        if self.dead.is_some()
+            || p.closed
+            || !p.out.is_empty()
+            || !p.control.is_empty()
+            || !p.parked.is_empty()
+            || p.putting.is_some()
+            || payload.len() > self.limits.eager
+            || payload.len() >= FROM_BUFFER
+        {
+            return false;
+        }
+        if self.send_msg(peer, msg::FRAME, &[&hdr.encode(), payload]) != Ok(true) {
+            return false;
+        }
+        if !payload.is_empty() {
+            ProtocolCounts::bump(&self.counts.ofi_eager);
+            ProtocolCounts::add(&self.counts.ofi_eager_bytes, payload.len());
+        }
+        true
+    }
+
     /// Hands frame `f` to the provider by the protocol its size takes (eager, RDMA read, RDMA
     /// write); `Ok(false)`: no room now, nothing was sent.
     fn send_plain(
@@ -2041,6 +2071,16 @@ impl Link for OfiLink {
         }
     }
 
+    /// An eager frame below [`FROM_BUFFER`] bytes goes to the provider at once, copied into a
+    /// bounce buffer, when nothing is queued before it (`HubState::send_now`): the send is
+    /// then over, with no queue and no later turn (2-rank 8 B all-reduce over libfabric's tcp
+    /// provider: 4.40 against 4.56 us, 6 interleaved rounds).
+    fn send_inline(&mut self, hdr: &FrameHeader, data: &[u8]) -> Option<bool> {
+        lock(&self.hub.state)
+            .send_now(self.peer, hdr, data)
+            .then_some(false)
+    }
+
     fn push(&mut self, frame: OutFrame) -> bool {
         let mut st = lock(&self.hub.state);
         let out = &mut st.peers[self.peer].out;
@@ -2580,6 +2620,61 @@ mod tests {
         st.progress();
         drop(st);
         assert_eq!(posted(&b), RECVS);
+    }
+
+    /// A small eager frame goes to the provider at once only when nothing of the peer's waits
+    /// before it (a queued frame, a queued notice) and it is below [`FROM_BUFFER`] bytes;
+    /// it then arrives after what was sent before it.
+    #[test]
+    fn a_small_frame_goes_at_once_only_when_nothing_waits_before_it() {
+        let (a, b) = two_hubs_with(OfiLimits {
+            eager: 2 * FROM_BUFFER,
+            ..LIMITS
+        });
+        let payloads = vec![vec![1u8; 8], vec![2u8; 8], vec![3u8; FROM_BUFFER]];
+        let ops = sends(&payloads);
+        let hdr = |id: OpId| {
+            let mut h = FrameHeader::new(FrameKind::Eager);
+            (h.comm, h.tag, h.sig, h.msg_id, h.len) = (COMM, TAG, SIG, id, ops[&id].cap as u64);
+            h
+        };
+        {
+            let mut st = lock(&a.state);
+            st.peers[1].out.push_back(frame(&ops, 0, None));
+            assert!(
+                !st.send_now(1, &hdr(1), &payloads[1]),
+                "a frame waits before it"
+            );
+            st.peers[1].out.clear();
+            st.peers[1].control.push_back((msg::READ_DONE, words(&[0])));
+            assert!(
+                !st.send_now(1, &hdr(1), &payloads[1]),
+                "a notice waits before it"
+            );
+            st.peers[1].control.clear();
+            assert!(!st.send_now(1, &hdr(2), &payloads[2]), "too large to copy");
+        }
+        flush_frames(&a, &ops, vec![frame(&ops, 0, None)]);
+        // The provider takes transfers to a peer once it connected to it: both progress.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut st = lock(&a.state);
+            st.progress();
+            st.flush(1, &ops, &mut Vec::new()).unwrap();
+            if st.peers[1].out.is_empty() && st.send_now(1, &hdr(1), &payloads[1]) {
+                break;
+            }
+            drop(st);
+            lock(&b.state).progress();
+            assert!(Instant::now() < deadline, "the provider took no frame");
+        }
+        assert_eq!(arrivals(&a, &b, &ops, 2), [(0, 'f'), (1, 'f')]);
+        let st = lock(&b.state);
+        let Some(In::Frame(h, held)) = st.peers[0].inbox.get(1) else {
+            panic!("no frame second");
+        };
+        let at = held.slot * st.slot + HEADER_LEN;
+        assert_eq!((h.len, &st.recv_buf[at..at + 8]), (8, &payloads[1][..]));
     }
 
     /// An eager payload of [`FROM_BUFFER`] bytes or more goes from the sending operation's
