@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::transport::shm::link::{Inbox, Watch};
 use crate::transport::wire::{FrameHeader, FrameKind};
 
+use super::link::ofi::OfiWatch;
 use super::link::{Kind, Link};
 use super::{OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
 
@@ -48,12 +49,18 @@ impl State {
     }
 
     /// Receives the next frame of peer `t.peer` straight into `buf` (`cap` bytes) when it is
-    /// a small message in an inline slot that this receive matches and nothing else could
-    /// (no receive posted before it, specific or from any source, no message held for it);
+    /// a small message in an inline slot (shared memory: the fast box; libfabric: an eager
+    /// frame in its receive slot) that this receive matches and nothing else could (no
+    /// receive posted before it, specific or from any source, no message held for it);
     /// returns its length. Anything else (errors included) is left to the general path.
+    ///
+    /// Inlined into its callers: called as a function (once the libfabric link's take made
+    /// the link's dispatch larger), the 8 B shared-memory ping-pong took 0.2046 against
+    /// 0.1970 us (7 interleaved rounds).
     ///
     /// # Safety
     /// `buf..buf+cap` must be valid for writes.
+    #[inline(always)]
     pub(super) unsafe fn recv_fast(
         &mut self,
         t: &Target,
@@ -91,6 +98,16 @@ impl State {
             return None;
         }
         self.links.primary(t.peer)?.watch(inbox)
+    }
+
+    /// A libfabric link's watch on the next frame of peer `t.peer`, for a receive that
+    /// [`State::recv_fast`] may complete once it comes.
+    pub(super) fn recv_cq_watch(&self, t: &Target) -> Option<OfiWatch> {
+        let peer = self.peers.get(t.peer)?.as_ref()?;
+        if peer.lost.is_some() {
+            return None;
+        }
+        self.links.primary(t.peer)?.cq_watch()
     }
 
     /// A watch on the next frame of the peer that `id`, a receive, waits for, when nothing

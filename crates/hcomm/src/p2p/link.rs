@@ -278,6 +278,12 @@ pub(super) trait Link: Send + std::fmt::Debug {
         None
     }
 
+    /// A watch on the next frame of a link whose provider moves frames only while polled
+    /// (libfabric): each look reads its completion queue.
+    fn cq_watch(&self) -> Option<ofi::OfiWatch> {
+        None
+    }
+
     /// The pair's split slot of the messages this rank receives from the peer (`incoming`)
     /// or sends it, for links in shared memory with the peer (see `p2p/split.rs`).
     fn split_slot(&self, _incoming: bool) -> Option<&SplitSlot> {
@@ -452,6 +458,9 @@ impl Link for AnyLink {
     #[inline]
     fn watch<'a>(&self, inbox: &'a Inbox) -> Option<Watch<'a>> {
         each!(self, l => l.watch(inbox))
+    }
+    fn cq_watch(&self) -> Option<ofi::OfiWatch> {
+        each!(self, l => l.cq_watch())
     }
     #[inline]
     fn puts(&self) -> Option<(usize, usize)> {

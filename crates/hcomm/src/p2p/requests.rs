@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::link::{Exposure, Link};
 use super::matching::Matching;
-use super::wait::spin_on;
+use super::wait::{spin_cq, spin_on};
 use super::{
     rank_name, Blocking, BufPtr, Deadline, Dest, Engine, Op, OpId, OpKind, OutFrame, State, Target,
     ANY_PEER,
@@ -150,10 +150,20 @@ impl Engine {
                     _ => None,
                 }
             };
-            if watch.is_some_and(|w| spin_on(&w, Backoff::DEFAULT)) {
-                // SAFETY: forwarded from the caller.
-                if let Some(n) = unsafe { lock(&sh.state).recv_fast(&t, buf, len) } {
-                    return Ok(n);
+            match watch {
+                Some(w) => {
+                    if spin_on(&w, Backoff::DEFAULT) {
+                        // SAFETY: forwarded from the caller.
+                        if let Some(n) = unsafe { lock(&sh.state).recv_fast(&t, buf, len) } {
+                            return Ok(n);
+                        }
+                    }
+                }
+                None => {
+                    // SAFETY: forwarded from the caller.
+                    if let Some(n) = unsafe { self.recv_polled(&t, buf, len) } {
+                        return Ok(n);
+                    }
                 }
             }
         }
@@ -180,6 +190,33 @@ impl Engine {
             id
         };
         self.wait(id, Deadline::After(timeout))
+    }
+
+    /// A blocking receive of `len` bytes into `buf` from a peer on a libfabric link, when no
+    /// shared-memory watch served it: watches the link (each look reads its completion queue,
+    /// as a turn would, without the engine's lock and the turn's other work) and takes a small
+    /// message that comes straight from its receive slot (`State::recv_fast`); `None` when
+    /// none came within the watch, or it was something else. 8 B ping-pong over libfabric
+    /// tcp between two network namespaces: 3.49 against 3.73 us (6 interleaved rounds).
+    /// Apart from the shared-memory path, which it would slow down.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must be valid for writes.
+    #[inline(never)]
+    unsafe fn recv_polled(&self, t: &Target, buf: *mut u8, len: usize) -> Option<usize> {
+        let sh = &*self.shared;
+        let watch = {
+            let st = lock(&sh.state);
+            if sh.spin.is_zero() || len > st.cfg.eager_limit {
+                return None;
+            }
+            st.recv_cq_watch(t)?
+        };
+        if !spin_cq(&watch) {
+            return None;
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { lock(&sh.state).recv_fast(t, buf, len) }
     }
 
     /// Posts a receive into `cap` bytes at `buf`.

@@ -1464,6 +1464,42 @@ impl HubState {
         Ok(moved)
     }
 
+    /// The header of `peer`'s next frame for the engine when it is a whole eager message
+    /// still in its receive slot (read from the completion queue first when none is there).
+    fn peek_eager(&mut self, peer: usize) -> Option<FrameHeader> {
+        if self.peers.get(peer)?.inbox.is_empty() {
+            self.progress();
+        }
+        let p = self.peers.get(peer)?;
+        match p.inbox.front()? {
+            In::Frame(h, held)
+                if !p.closed
+                    && h.kind == FrameKind::Eager
+                    && held.len.checked_sub(HEADER_LEN) == usize::try_from(h.len).ok() =>
+            {
+                Some(*h)
+            }
+            _ => None,
+        }
+    }
+
+    /// Takes `peer`'s next frame, an eager one ([`HubState::peek_eager`]), copying the first
+    /// `out.len()` bytes of its payload into `out`, and posts its slot again.
+    fn take_eager(&mut self, peer: usize, out: &mut [u8]) {
+        let Some(p) = self.peers.get_mut(peer) else {
+            return;
+        };
+        let Some(In::Frame(_, held)) = p.inbox.pop_front() else {
+            return;
+        };
+        let at = held.slot * self.slot;
+        let payload = &self.recv_buf[(at + HEADER_LEN).min(at + held.len)..at + held.len];
+        let n = out.len().min(payload.len());
+        out[..n].copy_from_slice(&payload[..n]);
+        let slot = held.release();
+        self.repost(slot);
+    }
+
     /// Sends an eager frame (`hdr`, then `payload`) to `peer` at once, copied into a bounce
     /// buffer, when the peer's link is open and nothing waits to go out before it (queued
     /// frames and notices, parked direct steps, a put under way); whether it did. Otherwise
@@ -1981,6 +2017,28 @@ fn writes_into(l: &Landing, op: OpId) -> bool {
     !l.read && !l.arrived && matches!(l.dest, Dest::Op { op: o, .. } if o == op)
 }
 
+/// A look at whether a peer's next frame came through libfabric, made by [`OfiLink`]'s
+/// `cq_watch`: each look reads the completion queue.
+#[derive(Debug)]
+pub(in crate::p2p) struct OfiWatch {
+    hub: Arc<Hub>,
+    peer: usize,
+}
+
+impl OfiWatch {
+    /// Whether something came for the engine from the peer (or its link ended).
+    pub(in crate::p2p) fn ready(&self) -> bool {
+        let mut st = lock(&self.hub.state);
+        if st.dead.is_some() {
+            return true;
+        }
+        st.progress();
+        st.peers
+            .get(self.peer)
+            .is_none_or(|p| p.closed || !p.inbox.is_empty())
+    }
+}
+
 /// The link to one peer through the hub.
 #[derive(Debug)]
 pub(in crate::p2p) struct OfiLink {
@@ -2079,6 +2137,31 @@ impl Link for OfiLink {
         lock(&self.hub.state)
             .send_now(self.peer, hdr, data)
             .then_some(false)
+    }
+
+    /// The next frame when it is a whole eager message in its receive slot (the completion
+    /// queue read first when nothing is in): a blocking receive it matches copies it straight
+    /// from there. Not inlined (nor the take): they stay out of the shared-memory receive's
+    /// code, into which the link's dispatch is inlined.
+    #[inline(never)]
+    fn peek_inline(&self) -> Option<FrameHeader> {
+        if self.held.is_some() {
+            return None;
+        }
+        lock(&self.hub.state).peek_eager(self.peer)
+    }
+
+    #[inline(never)]
+    fn take_inline(&mut self, out: &mut [u8]) {
+        lock(&self.hub.state).take_eager(self.peer, out);
+    }
+
+    /// A blocking receive's watch: each look reads the completion queue.
+    fn cq_watch(&self) -> Option<OfiWatch> {
+        self.held.is_none().then(|| OfiWatch {
+            hub: Arc::clone(&self.hub),
+            peer: self.peer,
+        })
     }
 
     fn push(&mut self, frame: OutFrame) -> bool {
@@ -2675,6 +2758,32 @@ mod tests {
         };
         let at = held.slot * st.slot + HEADER_LEN;
         assert_eq!((h.len, &st.recv_buf[at..at + 8]), (8, &payloads[1][..]));
+    }
+
+    /// A blocking receive takes a whole eager frame straight from its slot (`peek_eager`,
+    /// `take_eager`: the payload copied, the slot posted again); a frame of another kind
+    /// (here a payload to read) is left to the engine's turn.
+    #[test]
+    fn an_eager_frame_is_taken_from_its_slot_and_anything_else_left_for_the_turn() {
+        let (a, b) = two_hubs();
+        let payloads = vec![vec![4u8; 24], vec![5u8; 8192]];
+        let ops = sends(&payloads);
+        flush_frames(&a, &ops, vec![frame(&ops, 0, None), frame(&ops, 1, None)]);
+        assert_eq!(arrivals(&a, &b, &ops, 2), [(0, 'f'), (1, 'r')]);
+        let mut st = lock(&b.state);
+        let h = st.peek_eager(0).expect("the eager frame first");
+        assert_eq!((h.msg_id, h.len), (0, 24));
+        let mut out = [0u8; 32];
+        st.take_eager(0, &mut out[..24]);
+        assert_eq!(out, [&[4u8; 24][..], &[0u8; 8][..]].concat()[..]);
+        assert!(
+            st.peek_eager(0).is_none(),
+            "a payload to read is the turn's"
+        );
+        assert!(matches!(st.peers[0].inbox.front(), Some(In::Read(..))));
+        st.progress();
+        drop(st);
+        assert_eq!(posted(&b), RECVS, "the taken slot is posted again");
     }
 
     /// An eager payload of [`FROM_BUFFER`] bytes or more goes from the sending operation's
