@@ -284,6 +284,13 @@ pub(super) trait Link: Send + std::fmt::Debug {
         None
     }
 
+    /// Whether a small message may wait in an inline slot now, for [`Link::peek_inline`] to
+    /// see (a libfabric link reads its completion queue first, where that is cheap); false
+    /// where looking costs more than it saves.
+    fn may_hold_inline(&self) -> bool {
+        false
+    }
+
     /// The pair's split slot of the messages this rank receives from the peer (`incoming`)
     /// or sends it, for links in shared memory with the peer (see `p2p/split.rs`).
     fn split_slot(&self, _incoming: bool) -> Option<&SplitSlot> {
@@ -461,6 +468,9 @@ impl Link for AnyLink {
     }
     fn cq_watch(&self) -> Option<ofi::OfiWatch> {
         each!(self, l => l.cq_watch())
+    }
+    fn may_hold_inline(&self) -> bool {
+        each!(self, l => l.may_hold_inline())
     }
     #[inline]
     fn puts(&self) -> Option<(usize, usize)> {

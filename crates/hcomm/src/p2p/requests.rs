@@ -109,8 +109,11 @@ impl Engine {
     ) -> Result<Option<OpId>> {
         let mut st = lock(&self.shared.state);
         // A small message that is here already is taken straight from its slot, unposted.
-        // SAFETY: forwarded from the caller (a receive's buffer is writable).
-        if kind == Blocking::Recv && unsafe { st.recv_fast(&t, buf, len) }.is_some() {
+        if kind == Blocking::Recv
+            && st.links.primary(t.peer).is_some_and(Link::may_hold_inline)
+            // SAFETY: forwarded from the caller (a receive's buffer is writable).
+            && unsafe { st.recv_fast(&t, buf, len) }.is_some()
+        {
             return Ok(None);
         }
         let id = match kind {
