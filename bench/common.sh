@@ -434,7 +434,11 @@ ofi_args() {
 ofi_setup() {
   NICE=${NICE:--20}
   bench_setup "$@"
-  ANS="ip netns exec $NSA nice -n $NICE taskset -c 0" BNS="ip netns exec $NSB nice -n $NICE taskset -c 1"
+  # Each namespace a host of its own to hcomm, as in bench_setup (without HCOMM_HOST_ID both
+  # ranks share the hostname and boot id: hcomm's topology then holds one host, and its cost
+  # model picks one host's algorithms, e.g. the ring all-reduce from 64 KiB).
+  ANS="ip netns exec $NSA env HCOMM_HOST_ID=$NSA nice -n $NICE taskset -c 0"
+  BNS="ip netns exec $NSB env HCOMM_HOST_ID=$NSB nice -n $NICE taskset -c 1"
   build_hcomm
   IV=${INTEL_VENV:-/opt/hcomm-peers/intel}
   if [ $INTEL = 1 ] && { [ ! -x "$IV/hcomm-bench/mpi_bench_impi" ] || [ ! -x "$IV/hcomm-bench/ccl_bench" ]; }; then
