@@ -49,6 +49,11 @@ use crate::p2p::{Dest, Io, OpId, OutFrame};
 use crate::transport::tcp::{self, Mesh};
 use crate::transport::wire::{FrameHeader, FrameKind, HEADER_LEN};
 
+/// Largest frame (with its record) copied into one buffer and sent with `send` rather than
+/// gathered by `sendmsg`: between two network namespaces, 8 B ping-pong 3.72 against 3.84 us,
+/// all-reduce 4.14 against 4.38 us (3 interleaved rounds).
+const SMALL_SEND: usize = 256;
+
 /// Bytes buffered per stream for small frames; larger payloads are read in place.
 const RX_BUF: usize = 64 * 1024;
 /// Read and write rounds per stream per event, so one busy peer cannot starve the others.
@@ -646,7 +651,8 @@ impl TcpLink {
         s.rec_done = 0;
     }
 
-    /// Writes queued frames of stream `i` until the socket is full or the queue empty.
+    /// Writes queued frames of stream `i` until the socket is full or the queue empty (a
+    /// small frame copied into one buffer first: `send` rather than `sendmsg`).
     fn flush_stream(&mut self, i: usize, ops: &Ops, sent: &mut Vec<OpId>) -> Result<bool, String> {
         let reliable = self.failover.is_some();
         self.streams[i].ready_out = false;
@@ -674,11 +680,22 @@ impl TcpLink {
                 None => (&[][..], &[][..]),
             };
             let bufs = [IoSlice::new(rec), IoSlice::new(hdr), IoSlice::new(payload)];
+            let sock = socket2::SockRef::from(&s.sock);
+            let total = rec.len() + hdr.len() + payload.len();
             // MSG_NOSIGNAL: a peer gone raises no SIGPIPE in the process (a C program keeps
             // the default action, which kills it); the error says so instead.
-            match socket2::SockRef::from(&s.sock)
-                .send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL)
-            {
+            let written = if total <= SMALL_SEND {
+                let mut one = [0u8; SMALL_SEND];
+                let mut at = 0;
+                for part in [rec, hdr, payload] {
+                    one[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+                sock.send_with_flags(&one[..total], libc::MSG_NOSIGNAL)
+            } else {
+                sock.send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL)
+            };
+            match written {
                 Ok(0) => {
                     outcome = Err("the connection accepts no more data".to_string());
                     break;
