@@ -485,7 +485,7 @@ struct HubState {
     spare: Vec<Box<Ctx>>,
     /// A read of the completion queue costs about a system call: the provider's endpoint is
     /// its own, not layered on `ofi_rxm` (whose reads progress its connections' queues too,
-    /// several calls each). See [`OfiLink::refresh`].
+    /// several calls each). See `OfiLink::may_hold_inline`.
     cheap_reads: bool,
 }
 
@@ -547,6 +547,7 @@ impl Hub {
                 ep.register(send_buf.as_ptr(), send_buf.len(), FI_SEND)?,
             )
         };
+        let cheap_reads = !ep.provider.contains("ofi_rxm");
         let mut st = HubState {
             ep,
             rank,
@@ -570,9 +571,8 @@ impl Hub {
             quiet: 0,
             done: Vec::with_capacity(CQ_BATCH),
             spare: Vec::new(),
-            cheap_reads: false,
+            cheap_reads,
         };
-        st.cheap_reads = !st.ep.provider.contains("ofi_rxm");
         for s in 0..RECVS {
             st.post_recv(s)?;
         }
