@@ -10,7 +10,7 @@ use crate::transport::shm::link::{Inbox, Watch};
 use crate::transport::wire::{FrameHeader, FrameKind};
 
 use super::link::ofi::OfiWatch;
-use super::link::{Kind, Link};
+use super::link::{AnyLink, Kind, Link};
 use super::{OpId, OpKind, OutFrame, ProtocolCounts, State, Target};
 
 impl State {
@@ -93,21 +93,22 @@ impl State {
     /// A watch on the next frame of peer `t.peer`, for a receive that [`State::recv_fast`]
     /// may complete once it comes.
     pub(super) fn recv_watch<'a>(&self, inbox: &'a Inbox, t: &Target) -> Option<Watch<'a>> {
-        let peer = self.peers.get(t.peer)?.as_ref()?;
-        if peer.lost.is_some() {
-            return None;
-        }
-        self.links.primary(t.peer)?.watch(inbox)
+        self.live_primary(t.peer)?.watch(inbox)
     }
 
     /// A libfabric link's watch on the next frame of peer `t.peer`, for a receive that
     /// [`State::recv_fast`] may complete once it comes.
     pub(super) fn recv_cq_watch(&self, t: &Target) -> Option<OfiWatch> {
-        let peer = self.peers.get(t.peer)?.as_ref()?;
-        if peer.lost.is_some() {
+        self.live_primary(t.peer)?.cq_watch()
+    }
+
+    /// The link carrying `peer`'s messages, unless the peer is lost.
+    fn live_primary(&self, peer: usize) -> Option<&AnyLink> {
+        let p = self.peers.get(peer)?.as_ref()?;
+        if p.lost.is_some() {
             return None;
         }
-        self.links.primary(t.peer)?.cq_watch()
+        self.links.primary(peer)
     }
 
     /// A watch on the next frame of the peer that `id`, a receive, waits for, when nothing

@@ -10,9 +10,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::link::ofi::OfiWatch;
 use super::link::{Exposure, Link};
 use super::matching::Matching;
-use super::wait::{spin_cq, spin_on};
+use super::wait::{spin_on, CQ_WATCH};
 use super::{
     rank_name, Blocking, BufPtr, Deadline, Dest, Engine, Op, OpId, OpKind, OutFrame, State, Target,
     ANY_PEER,
@@ -145,33 +146,38 @@ impl Engine {
         if kind == Blocking::Recv {
             // A small message from a local peer: taken straight from its fast box when it is
             // there, or once it comes within a short watch.
-            let watch = {
+            let (watch, cq) = {
                 let mut st = lock(&sh.state);
                 // SAFETY: forwarded from the caller.
                 if let Some(n) = unsafe { st.recv_fast(&t, buf, len) } {
                     return Ok(n);
                 }
-                match sh.io.inbox.as_ref() {
-                    Some(inbox) if !sh.spin.is_zero() && len <= st.cfg.shm_eager_limit => {
+                let spin = !sh.spin.is_zero();
+                let watch = match sh.io.inbox.as_ref() {
+                    Some(inbox) if spin && len <= st.cfg.shm_eager_limit => {
                         st.recv_watch(inbox, &t)
                     }
                     _ => None,
-                }
+                };
+                // A peer on a libfabric link: its completion queue is watched instead (larger
+                // messages come by a rendezvous, which the engine's turns carry on).
+                let cq = match watch {
+                    None if spin && len <= st.cfg.eager_limit => st.recv_cq_watch(&t),
+                    _ => None,
+                };
+                (watch, cq)
             };
-            match watch {
-                Some(w) => {
-                    if spin_on(&w, Backoff::DEFAULT) {
-                        // SAFETY: forwarded from the caller.
-                        if let Some(n) = unsafe { lock(&sh.state).recv_fast(&t, buf, len) } {
-                            return Ok(n);
-                        }
-                    }
-                }
-                None => {
+            if let Some(w) = watch {
+                if spin_on(|| w.ready(), Backoff::DEFAULT) {
                     // SAFETY: forwarded from the caller.
-                    if let Some(n) = unsafe { self.recv_polled(&t, buf, len) } {
+                    if let Some(n) = unsafe { lock(&sh.state).recv_fast(&t, buf, len) } {
                         return Ok(n);
                     }
+                }
+            } else if let Some(w) = cq {
+                // SAFETY: forwarded from the caller.
+                if let Some(n) = unsafe { self.recv_watched(&w, &t, buf, len) } {
+                    return Ok(n);
                 }
             }
         }
@@ -200,35 +206,29 @@ impl Engine {
         self.wait(id, Deadline::After(timeout))
     }
 
-    /// A blocking receive of `len` bytes into `buf` from a peer on a libfabric link, when no
-    /// shared-memory watch served it: watches the link (each look reads its completion queue,
-    /// as a turn would, without the engine's lock and the turn's other work) and takes a small
-    /// message that comes straight from its receive slot (`State::recv_fast`); `None` when
-    /// none came within the watch, or it was something else. 8 B ping-pong over libfabric
-    /// tcp between two network namespaces: 3.49 against 3.73 us (6 interleaved rounds). Not
-    /// inlined into `blocking`, whose shared-memory path it would slow down.
+    /// A blocking receive of `len` bytes into `buf` from a peer on a libfabric link: watches
+    /// the link (`watch`: each look reads its completion queue, as a turn would, without the
+    /// engine's lock and the turn's other work) and takes a small message that comes straight
+    /// from its receive slot (`State::recv_fast`); `None` when none came within the watch, or
+    /// it was something else. 8 B ping-pong over libfabric tcp between two network
+    /// namespaces: 3.49 against 3.73 us (6 interleaved rounds). Not inlined into `blocking`,
+    /// whose shared-memory path it would slow down.
     ///
     /// # Safety
     /// `buf..buf+len` must be valid for writes.
     #[inline(never)]
-    unsafe fn recv_polled(&self, t: &Target, buf: *mut u8, len: usize) -> Option<usize> {
-        let sh = &*self.shared;
-        if sh.spin.is_zero() {
-            return None;
-        }
-        let watch = {
-            let st = lock(&sh.state);
-            // Larger messages come by a rendezvous, which the engine's turns carry on.
-            if len > st.cfg.eager_limit {
-                return None;
-            }
-            st.recv_cq_watch(t)?
-        };
-        if !spin_cq(&watch) {
+    unsafe fn recv_watched(
+        &self,
+        watch: &OfiWatch,
+        t: &Target,
+        buf: *mut u8,
+        len: usize,
+    ) -> Option<usize> {
+        if !spin_on(|| watch.ready(), CQ_WATCH) {
             return None;
         }
         // SAFETY: forwarded from the caller.
-        unsafe { lock(&sh.state).recv_fast(t, buf, len) }
+        unsafe { lock(&self.shared.state).recv_fast(t, buf, len) }
     }
 
     /// Posts a receive into `cap` bytes at `buf`.

@@ -2,13 +2,11 @@
 //! [`Backoff`]), and the engine's waits for operations, which sleep in `epoll_wait` or on the
 //! doorbell.
 
-use super::link::ofi::OfiWatch;
 use crate::config::Backoff;
 use crate::error::{Error, PeerRank, Result};
 use crate::observe::clock::{self, ticks};
 use crate::observe::stall::StallWatch;
 use crate::sync::lock;
-use crate::transport::shm::link::Watch;
 use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, Timespec};
 use std::cell::Cell;
@@ -432,16 +430,16 @@ fn next_yield_every(policy: Backoff, every: u32, others_ran: bool) -> u32 {
     }
 }
 
-/// Polls `watch` while the policy spins, without the engine's lock and without the clock;
+/// Looks with `ready` while the policy spins, without the engine's lock and without the clock;
 /// returns whether it fired.
-pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
+pub(super) fn spin_on(ready: impl Fn() -> bool, policy: Backoff) -> bool {
     // The policy's looks without a pause come first, without its bookkeeping (as the
     // one-sided collectives' waits do): a wait they serve teaches the thread's next waits as
     // a `Waiting` would, unless within the first `QUIET_LOOKS`. 8-byte ping-pong of 2 pinned
     // ranks, 15 interleaved rounds: 0.2135 us against 0.2175 with a `Waiting` from the first
     // look (a27d6a5, which had no policy here: 0.198).
     let eager = policy.eager_polls.min(policy.polls);
-    if let Some(look) = (0..eager).position(|_| watch.ready()) {
+    if let Some(look) = (0..eager).position(|_| ready()) {
         if look >= QUIET_LOOKS as usize {
             Waiting::served_by_looks(policy);
         }
@@ -449,7 +447,7 @@ pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
     }
     let mut waiting = Waiting::new(policy, true);
     waiting.looked(eager);
-    if waiting.spin_until(|| watch.ready()) {
+    if waiting.spin_until(&ready) {
         return true;
     }
     // The caller's wait goes on, and its end is the lesson.
@@ -457,20 +455,12 @@ pub(super) fn spin_on(watch: &Watch<'_>, policy: Backoff) -> bool {
     false
 }
 
-/// [`spin_on`] for a libfabric link's watch, whose looks read the completion queue (a system
-/// call each): a tenth of the looks.
-pub(super) fn spin_cq(watch: &OfiWatch) -> bool {
-    const POLICY: Backoff = Backoff {
-        polls: Backoff::DEFAULT.polls / 10,
-        ..Backoff::DEFAULT
-    };
-    let mut waiting = Waiting::new(POLICY, true);
-    let found = waiting.spin_until(|| watch.ready());
-    if !found {
-        waiting.hand_on();
-    }
-    found
-}
+/// The backoff of a watch on a libfabric link, whose looks read the completion queue (a
+/// system call each): a tenth of a shared-memory watch's looks.
+pub(super) const CQ_WATCH: Backoff = Backoff {
+    polls: Backoff::DEFAULT.polls / 10,
+    ..Backoff::DEFAULT
+};
 
 pub(super) fn timespec(d: Duration) -> Timespec {
     Timespec {
@@ -602,7 +592,7 @@ impl Engine {
         match look() {
             ControlFlow::Break(done) => return Ok(done),
             ControlFlow::Continue(Some(watch)) => {
-                if spin_on(&watch, Backoff::DEFAULT) {
+                if spin_on(|| watch.ready(), Backoff::DEFAULT) {
                     if let ControlFlow::Break(done) = look() {
                         return Ok(done);
                     }

@@ -483,10 +483,6 @@ struct HubState {
     /// as in `live`, where a context's address is the provider's handle on it.
     #[allow(clippy::vec_box)]
     spare: Vec<Box<Ctx>>,
-    /// A read of the completion queue costs about a system call: the provider's endpoint is
-    /// its own, not layered on `ofi_rxm` (whose reads progress its connections' queues too,
-    /// several calls each). See `OfiLink::may_hold_inline`.
-    cheap_reads: bool,
 }
 
 // SAFETY: the contexts' and regions' raw pointers are only used under the hub's lock.
@@ -547,7 +543,6 @@ impl Hub {
                 ep.register(send_buf.as_ptr(), send_buf.len(), FI_SEND)?,
             )
         };
-        let cheap_reads = !ep.provider.contains("ofi_rxm");
         let mut st = HubState {
             ep,
             rank,
@@ -571,7 +566,6 @@ impl Hub {
             quiet: 0,
             done: Vec::with_capacity(CQ_BATCH),
             spare: Vec::new(),
-            cheap_reads,
         };
         for s in 0..RECVS {
             st.post_recv(s)?;
@@ -1492,15 +1486,36 @@ impl HubState {
         let Some(p) = self.peers.get_mut(peer) else {
             return;
         };
-        let Some(In::Frame(_, held)) = p.inbox.pop_front() else {
-            return;
-        };
+        if let Some(In::Frame(_, held)) = p.inbox.pop_front() {
+            self.land_eager(held, Some(out));
+        }
+    }
+
+    /// Copies the payload of the eager frame in `held` (as much as fits) into `dst`, when it
+    /// goes somewhere, and posts the slot again.
+    fn land_eager(&mut self, held: HeldSlot, dst: Option<&mut [u8]>) {
         let at = held.slot * self.slot;
-        let payload = &self.recv_buf[(at + HEADER_LEN).min(at + held.len)..at + held.len];
-        let n = out.len().min(payload.len());
-        out[..n].copy_from_slice(&payload[..n]);
+        if let Some(dst) = dst {
+            let payload = &self.recv_buf[at + HEADER_LEN.min(held.len)..at + held.len];
+            let n = dst.len().min(payload.len());
+            dst[..n].copy_from_slice(&payload[..n]);
+        }
         let slot = held.release();
         self.repost(slot);
+    }
+
+    /// Whether something of `peer`'s waits for the engine (or its link ended), the completion
+    /// queue read first when nothing did.
+    fn awaits_engine(&mut self, peer: usize) -> bool {
+        if self.dead.is_some() {
+            return true;
+        }
+        if self.peers.get(peer).is_some_and(|p| p.inbox.is_empty()) {
+            self.progress();
+        }
+        self.peers
+            .get(peer)
+            .is_none_or(|p| p.closed || !p.inbox.is_empty())
     }
 
     /// Sends an eager frame (`hdr`, then `payload`) to `peer` at once, copied into a bounce
@@ -2031,14 +2046,7 @@ pub(in crate::p2p) struct OfiWatch {
 impl OfiWatch {
     /// Whether something came for the engine from the peer (or its link ended).
     pub(in crate::p2p) fn ready(&self) -> bool {
-        let mut st = lock(&self.hub.state);
-        if st.dead.is_some() {
-            return true;
-        }
-        st.progress();
-        st.peers
-            .get(self.peer)
-            .is_none_or(|p| p.closed || !p.inbox.is_empty())
+        lock(&self.hub.state).awaits_engine(self.peer)
     }
 }
 
@@ -2056,7 +2064,9 @@ pub(in crate::p2p) struct OfiLink {
     caps: Caps,
     /// The sizes of the messages written straight into the peer's offers (`Link::puts`).
     puts: Option<(usize, usize)>,
-    /// The hub's `cheap_reads`.
+    /// A read of the completion queue costs about a system call: the provider's endpoint is
+    /// its own, not layered on `ofi_rxm` (whose reads progress its connections' queues too,
+    /// several calls each). See `may_hold_inline`.
     cheap_reads: bool,
 }
 
@@ -2069,7 +2079,7 @@ impl OfiLink {
             // The notice of a direct step must arrive after its bytes.
             let puts = (st.limits.direct && st.ep.orders_writes())
                 .then_some((st.limits.eager + 1, MAX_EAGER as usize));
-            (puts, st.cheap_reads)
+            (puts, !st.ep.provider.contains("ofi_rxm"))
         };
         OfiLink {
             hub: Arc::clone(hub),
@@ -2163,7 +2173,7 @@ impl Link for OfiLink {
         lock(&self.hub.state).take_eager(self.peer, out);
     }
 
-    /// Only where the provider's reads are cheap (`HubState::cheap_reads`): reads the
+    /// Only where the provider's reads are cheap (`OfiLink::cheap_reads`): reads the
     /// completion queue when nothing of the peer's waits in the inbox, so that a collective's
     /// receive takes a message already in the socket unposted. 2-rank 8 B all-reduce over
     /// libfabric tcp: Intel's 2.4 (its own tcp endpoint) 4.23 against 4.57 us so; Debian's
@@ -2171,14 +2181,7 @@ impl Link for OfiLink {
     /// so it does neither there (4 and 5 interleaved rounds).
     #[inline(never)]
     fn may_hold_inline(&self) -> bool {
-        if !self.cheap_reads || self.held.is_some() {
-            return false;
-        }
-        let mut st = lock(&self.hub.state);
-        if st.peers[self.peer].inbox.is_empty() {
-            st.progress();
-        }
-        !st.peers[self.peer].inbox.is_empty()
+        self.cheap_reads && self.held.is_none() && lock(&self.hub.state).awaits_engine(self.peer)
     }
 
     /// A blocking receive's watch: each look reads the completion queue.
@@ -2399,14 +2402,7 @@ impl Link for OfiLink {
         }
         match item {
             In::Frame(_, held) => {
-                let at = held.slot * st.slot;
-                let payload = &st.recv_buf[at + HEADER_LEN.min(held.len)..at + held.len];
-                if let Some(dst) = dests.whole(hdr, dest) {
-                    let n = dst.len().min(payload.len());
-                    dst[..n].copy_from_slice(&payload[..n]);
-                }
-                let slot = held.release();
-                st.repost(slot);
+                st.land_eager(held, dests.whole(hdr, dest));
                 Ok(true)
             }
             In::Read(_, addr, key, theirs) => {
@@ -2653,17 +2649,22 @@ mod tests {
             .collect()
     }
 
-    /// The eager frame of send `id` of `ops` (its header's message id is `id` too);
-    /// `direct`: the number of a direct step.
-    fn frame(ops: &Ops, id: OpId, direct: Option<u32>) -> OutFrame {
+    /// The eager frame header of send `id` of `ops` (its message id is `id` too).
+    fn header(ops: &Ops, id: OpId) -> FrameHeader {
         let mut hdr = FrameHeader::new(FrameKind::Eager);
         let len = ops[&id].cap;
         (hdr.comm, hdr.tag, hdr.sig, hdr.msg_id, hdr.len) = (COMM, TAG, SIG, id, len as u64);
+        hdr
+    }
+
+    /// The eager frame of send `id` of `ops` ([`header`]); `direct`: the number of a direct
+    /// step.
+    fn frame(ops: &Ops, id: OpId, direct: Option<u32>) -> OutFrame {
         OutFrame {
             op: Some(id),
-            len,
+            len: ops[&id].cap,
             direct,
-            ..OutFrame::control(hdr)
+            ..OutFrame::control(header(ops, id))
         }
     }
 
@@ -2741,11 +2742,7 @@ mod tests {
         });
         let payloads = vec![vec![1u8; 8], vec![2u8; 8], vec![3u8; FROM_BUFFER]];
         let ops = sends(&payloads);
-        let hdr = |id: OpId| {
-            let mut h = FrameHeader::new(FrameKind::Eager);
-            (h.comm, h.tag, h.sig, h.msg_id, h.len) = (COMM, TAG, SIG, id, ops[&id].cap as u64);
-            h
-        };
+        let hdr = |id: OpId| header(&ops, id);
         {
             let mut st = lock(&a.state);
             st.peers[1].out.push_back(frame(&ops, 0, None));
