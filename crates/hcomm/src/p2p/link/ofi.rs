@@ -11,21 +11,21 @@
 //! * **RDMA read** (up to `HCOMM_OFI_WRITE_THRESHOLD`, 1 MiB): the sender registers the
 //!   payload where it lies and sends the header with the region's address and key; the
 //!   receiver, told by the engine where the payload goes, `fi_read`s it straight into that
-//!   buffer and answers `ReadDone`, upon which the sender's frame counts as sent.
+//!   buffer (in [`piece`]s, all in flight at once) and answers `ReadDone`, upon which the sender's frame counts as sent.
 //! * **RDMA write** (larger): the sender announces the frame; the receiver registers the
 //!   destination and answers with its address and key; the sender `fi_write`s into it (in
-//!   pieces of at most [`READ_PIECE`], all in flight at once) and sends a completion notice
-//!   after the last (ordered after the write by `FI_ORDER_SAW`, or the write asks for
-//!   delivery completion first), upon which the payload has landed. A receive given up
-//!   meanwhile withdraws the destination (`WITHDRAW`: a write not posted yet is dropped) and
-//!   revokes it after at most [`REVOKE_WAIT`], as an offer (below).
+//!   [`piece`]s, all in flight at once) and sends a completion notice after the last
+//!   (ordered after the write by `FI_ORDER_SAW`, or the write asks for delivery completion
+//!   first), upon which the payload has landed. A receive given up meanwhile withdraws the
+//!   destination (`WITHDRAW`: a write not posted yet is dropped) and revokes it after at most
+//!   [`REVOKE_WAIT`], as an offer (below).
 //!
 //! * **direct** (a collective's steps above the eager limit, up to 16 MiB, when the provider
 //!   orders sends after writes and `HCOMM_OFI_DIRECT` is on): the receiver offers the receive
 //!   of each such step as it posts it ([`Link::expose`]: `OFFER`, with its address and key,
 //!   the buffer around it registered once per call); the sender parks the step's frame (and
 //!   the frames of the same call behind it) until the offer with its number came, writes the
-//!   payload into it (in pieces of at most [`READ_PIECE`]) and sends the header after it
+//!   payload into it (in [`piece`]s) and sends the header after it
 //!   (`PUT`), which the receiver matches as a frame whose payload is already in place. The
 //!   link sends parked frames itself, in their order, as offers come; a step whose offer does
 //!   not fit it goes as a plain frame. A receive given up withdraws its offer (`WITHDRAW`) and
@@ -127,11 +127,23 @@ pub(in crate::p2p) const NAP: Duration = Duration::from_micros(100);
 /// The lane of a link's direct-read token (the completion queue's descriptor is lane 0).
 pub(in crate::p2p) const DIRECT_LANE: usize = 1;
 /// The largest piece one RMA read or write moves: a larger payload is read or written in
-/// pieces of this size, all in flight at once. Over the tcp provider one read is one response
+/// pieces ([`piece`]), all in flight at once. Over the tcp provider one read is one response
 /// on the socket, and on this kernel responses much above half a MiB stalled for milliseconds
 /// where pieces did not; a 16 MiB RDMA write took 7.2-7.4 ms whole and 2.3-4.1 ms in pieces
-/// (ping-pong between two network namespaces, 3 interleaved rounds).
+/// of 256 KiB (ping-pong between two network namespaces, 3 interleaved rounds).
 pub(in crate::p2p) const READ_PIECE: usize = 256 << 10;
+
+/// The pieces of an RMA transfer of `len` bytes: up to [`READ_PIECE`] whole, else an eighth
+/// of it (whole pages), from 64 KiB to [`READ_PIECE`]. Read ping-pong (3 interleaved rounds,
+/// the namespaces above), us: 256 KiB 41-42 whole, 51-52 in 64 KiB pieces; 512 KiB 84-85 in
+/// 64 KiB pieces, 100-171 in 256 KiB pieces; 1 MiB 134-145 in 128 KiB pieces, 161-338 in
+/// 256 KiB pieces; from 4 MiB on 256 KiB pieces were the fastest.
+fn piece(len: usize) -> usize {
+    if len <= READ_PIECE {
+        return len;
+    }
+    ((len / 8) & !4095).clamp(64 << 10, READ_PIECE)
+}
 
 /// Message kinds, in the tag's bits 32..40 (bits 0..32: the sender's world rank).
 mod msg {
@@ -1366,7 +1378,7 @@ impl HubState {
             if l.read_at >= l.len.max(1) || l.broken.is_some() {
                 return Ok(true);
             }
-            let (at, n) = (l.read_at, (l.len - l.read_at).min(READ_PIECE));
+            let (at, n) = (l.read_at, (l.len - l.read_at).min(piece(l.len)));
             let (ptr, (addr, key, _)) = (l.ptr, l.remote);
             let desc = self.desc(l.mr, ptr, l.len);
             let ctx = self.new_ctx(What::Read { peer, token });
@@ -1430,7 +1442,7 @@ impl HubState {
         // In pieces, all in flight at once, as a read (see `READ_PIECE`).
         let mut at = s.written;
         while at < len.max(1) {
-            let n = (len - at).min(READ_PIECE);
+            let n = (len - at).min(piece(len));
             let ctx = self.new_ctx(What::Write { peer, token });
             // SAFETY: the source stays valid while the send exists (its operation is live,
             // or the payload was copied into `owned` when it was abandoned before its first
@@ -1833,9 +1845,9 @@ impl HubState {
         }
     }
 
-    /// Posts the pieces of `peer`'s direct step under way (each at most [`READ_PIECE`], all
-    /// in flight at once: single large transfers stall over the tcp provider, see
-    /// [`READ_PIECE`]), then its notice; `Ok(false)`: the provider has no room for the rest
+    /// Posts the pieces of `peer`'s direct step under way ([`piece`]s, all in flight at
+    /// once: single large transfers stall over the tcp provider, see [`READ_PIECE`]), then
+    /// its notice; `Ok(false)`: the provider has no room for the rest
     /// now (nothing else goes to the peer meanwhile).
     fn go_on_putting(&mut self, peer: usize) -> std::result::Result<bool, String> {
         let Some(pu) = self.peers[peer].putting.take() else {
@@ -1851,7 +1863,7 @@ impl HubState {
         let (ptr, n, desc) = (s.ptr, s.len, self.desc(s.mr, s.ptr, s.len));
         let mut at = pu.at;
         while at < n {
-            let k = (n - at).min(READ_PIECE);
+            let k = (n - at).min(piece(n));
             let ctx = self.new_ctx(What::Put { peer, token });
             // SAFETY: the source stays valid until its last piece completes (`forget` waits
             // for the pieces in flight and posts no more); the peer's region is the receive
@@ -3153,7 +3165,7 @@ mod tests {
         drop(payload);
     }
 
-    /// An RDMA write larger than a piece goes in pieces of `READ_PIECE`, all posted at once
+    /// An RDMA write larger than a piece goes in pieces ([`piece`]), all posted at once
     /// into their places of the destination; the send is over, and the receiver hears the
     /// payload landed, only once the last piece completed.
     #[test]
@@ -3227,7 +3239,9 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "the write never landed");
         }
-        assert_eq!(most, 3, "all three pieces were in flight at once");
+        let pieces = len.div_ceil(piece(len));
+        assert!(pieces > 1);
+        assert_eq!(most as usize, pieces, "all pieces were in flight at once");
         assert!(lock(&a.state).peers[1].sending.is_empty());
         assert!(buf == payload, "every piece landed in its place");
     }
