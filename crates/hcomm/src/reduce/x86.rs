@@ -195,7 +195,10 @@ unsafe fn into<L: Lanes, O: Op>(dst: &mut [u8], src: &[u8]) {
         unsafe { store(d.add(i), L::apply::<O>(load(d.add(i)), load(s.add(i)))) };
         i += 32;
     }
-    scalar::into(L::DTYPE, O::OP, &mut dst[body..len], &src[body..len]);
+    // The tail, where there is one (its scalar loop divides to count its elements).
+    if body < len {
+        scalar::into(L::DTYPE, O::OP, &mut dst[body..len], &src[body..len]);
+    }
 }
 
 /// `dst = a (O) b` over the whole elements of the shortest slice.
@@ -234,13 +237,15 @@ unsafe fn to<L: Lanes, O: Op>(dst: &mut [u8], a: &[u8], b: &[u8]) {
         unsafe { store(d.add(i), L::apply::<O>(load(x.add(i)), load(y.add(i)))) };
         i += 32;
     }
-    scalar::to(
-        L::DTYPE,
-        O::OP,
-        &mut dst[body..len],
-        &a[body..len],
-        &b[body..len],
-    );
+    if body < len {
+        scalar::to(
+            L::DTYPE,
+            O::OP,
+            &mut dst[body..len],
+            &a[body..len],
+            &b[body..len],
+        );
+    }
 }
 
 /// `buf = buf / n` over the whole elements of `buf`; `n` must be at least 1.
@@ -259,7 +264,9 @@ unsafe fn avg<L: Divide>(buf: &mut [u8], n: usize) {
         unsafe { store(p.add(i), L::div(load(p.add(i)), n)) };
         i += 32;
     }
-    scalar::avg(L::DTYPE, &mut buf[body..], n);
+    if body < buf.len() {
+        scalar::avg(L::DTYPE, &mut buf[body..], n);
+    }
 }
 
 /// How far ahead of its reads `to` asks for its operands' cache lines. A 2-rank heap
