@@ -104,9 +104,13 @@ const DIRECT_CMA_FROM: usize = 8 << 10;
 /// pinned, heap buffers, three interleaved rounds at load 11-16: 3.2 against 3.8-3.9 µs with
 /// 32 KiB blocks, 7.8-7.9 against 8.6 µs with 128 KiB blocks; with 512 KiB blocks either
 /// way took 43-48 µs.
-const ALLTOALL_WHOLE: usize = CHUNK;
+const ALLTOALL_WHOLE: usize = 128 << 10;
 /// Bytes reduced at a time by the large all-reduce (they stay in the core's cache).
 const CHUNK: usize = 128 << 10;
+/// Bytes copied at a time by the large calls that only copy (all-gather, gather, scatter,
+/// all-to-all): a piece goes on to the peers while it is in the core's cache, and each piece
+/// of a heap buffer costs a system call.
+const COPY_CHUNK: usize = 512 << 10;
 /// Heap all-reduces of at least this many bytes (and at most `STAGE_MAX`) go through pool
 /// memory when the members outnumber the host's cores by more than `STAGE_PER_CORE` times
 /// ([`OneSided::staged`]).
@@ -885,10 +889,10 @@ impl OneSided {
         // Writes `src`, this rank's bytes at `pos` of the result, into every peer's receive
         // buffer, a cache-sized chunk to all peers at a time.
         let fan_out = |board: &mut Board, pos: usize, src: &[u8]| -> Result<()> {
-            for (i, chunk) in src.chunks(CHUNK).enumerate() {
+            for (i, chunk) in src.chunks(COPY_CHUNK).enumerate() {
                 for p in peers() {
                     board
-                        .write_peer_output(signals, j, p, pos + i * CHUNK, chunk, stream)
+                        .write_peer_output(signals, j, p, pos + i * COPY_CHUNK, chunk, stream)
                         .map_err(|e| waiter.read_failed(p, e))?;
                 }
             }
@@ -1106,8 +1110,8 @@ impl OneSided {
                     })?;
                     // Each piece goes to the peers right after this rank copied it, while it
                     // is still in the cache.
-                    for (i, chunk) in own.chunks(CHUNK).enumerate() {
-                        let at = pos + i * CHUNK;
+                    for (i, chunk) in own.chunks(COPY_CHUNK).enumerate() {
+                        let at = pos + i * COPY_CHUNK;
                         put(&mut out[at..at + chunk.len()], chunk, stream)?;
                         fan_out(board, at, chunk)?;
                     }
@@ -1130,13 +1134,13 @@ impl OneSided {
                         Own::Recv(at) => out.get(at..at + block),
                     }
                     .ok_or_else(outside)?;
-                    for (i, chunk) in own.chunks(CHUNK).enumerate() {
+                    for (i, chunk) in own.chunks(COPY_CHUNK).enumerate() {
                         board
                             .write_peer_output(
                                 signals,
                                 j,
                                 shape.root,
-                                pos + i * CHUNK,
+                                pos + i * COPY_CHUNK,
                                 chunk,
                                 stream,
                             )
@@ -1182,9 +1186,16 @@ impl OneSided {
                     };
                     for p in peers() {
                         let src = &all[p * block + cut..(p + 1) * block];
-                        for (i, chunk) in src.chunks(CHUNK).enumerate() {
+                        for (i, chunk) in src.chunks(COPY_CHUNK).enumerate() {
                             board
-                                .write_peer_output(signals, j, p, cut + i * CHUNK, chunk, stream)
+                                .write_peer_output(
+                                    signals,
+                                    j,
+                                    p,
+                                    cut + i * COPY_CHUNK,
+                                    chunk,
+                                    stream,
+                                )
                                 .map_err(|e| waiter.read_failed(p, e))?;
                         }
                     }
@@ -1251,7 +1262,7 @@ impl OneSided {
                     let (lo, hi) = if me < p { (0, half) } else { (half, block) };
                     let mut at = lo;
                     while at < hi {
-                        let m = CHUNK.min(hi - at);
+                        let m = COPY_CHUNK.min(hi - at);
                         let mine = p * block + at;
                         let theirs = me * block + at;
                         match input {
@@ -1279,7 +1290,7 @@ impl OneSided {
                             }
                             None => {
                                 if tmp.is_empty() {
-                                    tmp = vec![0u8; CHUNK.min(block)];
+                                    tmp = vec![0u8; COPY_CHUNK.min(block)];
                                 }
                                 let got = &mut tmp[..m];
                                 board
