@@ -214,6 +214,23 @@ enum What {
     Put { peer: usize, token: u64 },
 }
 
+/// Which way an RMA transfer goes.
+#[derive(Debug, Clone, Copy)]
+enum Rma {
+    Read,
+    Write,
+}
+
+/// An RMA transfer: `len` bytes at `local` (the destination of a read, the source of a
+/// write; `desc` its descriptor) and at `remote` (address and key) of the peer at `dest`.
+struct Span {
+    local: *mut u8,
+    len: usize,
+    desc: *mut c_void,
+    dest: u64,
+    remote: (u64, u64),
+}
+
 /// A registration in use, counted.
 #[derive(Debug)]
 struct MrEntry {
@@ -398,7 +415,7 @@ struct Sending {
     posted: bool,
     /// Write: bytes whose write is posted (from the start), and the pieces in flight.
     written: usize,
-    flying: u32,
+    flying: usize,
 }
 
 /// A payload landing in this rank's memory.
@@ -1371,33 +1388,69 @@ impl HubState {
         let Some(src) = self.addrs.get(peer).copied().flatten() else {
             return Err(format!("world rank {peer} has no libfabric address"));
         };
-        loop {
-            let Some(l) = self.peers[peer].landing.get(&token) else {
-                return Ok(true);
-            };
-            if l.read_at >= l.len.max(1) || l.broken.is_some() {
-                return Ok(true);
-            }
-            let (at, n) = (l.read_at, (l.len - l.read_at).min(piece(l.len)));
-            let (ptr, (addr, key, _)) = (l.ptr, l.remote);
-            let desc = self.desc(l.mr, ptr, l.len);
-            let ctx = self.new_ctx(What::Read { peer, token });
-            // SAFETY: the destination stays valid while the landing exists (the engine keeps
-            // its operation or unexpected message until the payload lands, and
-            // `forget`/`close` drain the reads in flight first); the context stays in `live`.
-            let posted = unsafe {
-                self.ep
-                    .post_read(ptr.add(at), n, desc, src, addr + at as u64, key, ctx)
-            };
-            if !self.settle(ctx, posted)? {
-                return Ok(false);
-            }
-            if let Some(l) = self.peers[peer].landing.get_mut(&token) {
-                l.posted = true;
-                l.read_at = at + n.max(1);
-                l.pieces += 1;
-            }
+        let Some(l) = self.peers[peer].landing.get(&token) else {
+            return Ok(true);
+        };
+        if l.read_at >= l.len.max(1) || l.broken.is_some() {
+            return Ok(true);
         }
+        let span = Span {
+            local: l.ptr,
+            len: l.len,
+            desc: self.desc(l.mr, l.ptr, l.len),
+            dest: src,
+            remote: (l.remote.0, l.remote.1),
+        };
+        // SAFETY: the destination stays valid while the landing exists (the engine keeps its
+        // operation or unexpected message until the payload lands, and `forget`/`close` drain
+        // the reads in flight first).
+        let (at, pieces, result) =
+            unsafe { self.post_pieces(Rma::Read, What::Read { peer, token }, &span, l.read_at) };
+        if let Some(l) = self.peers[peer].landing.get_mut(&token) {
+            l.posted |= pieces > 0;
+            l.read_at = at;
+            l.pieces += pieces;
+        }
+        result
+    }
+
+    /// Posts the pieces of `span` from byte `from` on ([`piece`]s, all in flight at once),
+    /// each with a context saying `what`, while the provider takes them; returns the bytes
+    /// posted by then (from the start), how many pieces this posted, and `Ok(false)` when the
+    /// provider had no room for the rest (or the error of the piece it refused).
+    ///
+    /// # Safety
+    /// `span.local` must stay valid for `span.len` bytes (for writes by a read, for reads by
+    /// a write) until every piece posted completes.
+    unsafe fn post_pieces(
+        &mut self,
+        rma: Rma,
+        what: What,
+        span: &Span,
+        from: usize,
+    ) -> (usize, usize, std::result::Result<bool, String>) {
+        let (mut at, mut pieces) = (from, 0);
+        while at < span.len.max(1) {
+            let n = (span.len - at).min(piece(span.len));
+            let ctx = self.new_ctx(what);
+            let (local, addr) = (span.local.wrapping_add(at), span.remote.0 + at as u64);
+            let (dest, key, desc) = (span.dest, span.remote.1, span.desc);
+            // SAFETY: `local` by the caller's promise; the peer's region holds `span.len`
+            // bytes from its address; the context stays in `live`.
+            let posted = unsafe {
+                match rma {
+                    Rma::Read => self.ep.post_read(local, n, desc, dest, addr, key, ctx),
+                    Rma::Write => self.ep.post_write(local, n, desc, dest, addr, key, ctx),
+                }
+            };
+            match self.settle(ctx, posted) {
+                Ok(true) => {}
+                other => return (at, pieces, other),
+            }
+            at += n.max(1);
+            pieces += 1;
+        }
+        (at, pieces, Ok(true))
     }
 
     /// A piece of landing `token`'s read ended: once the last has, the payload arrived (and
@@ -1438,31 +1491,24 @@ impl HubState {
             Some(v) => (v.as_ptr(), v.len()),
             None => (s.ptr, s.len),
         };
-        let desc = self.desc(s.mr, ptr, len);
-        // In pieces, all in flight at once, as a read (see `READ_PIECE`).
-        let mut at = s.written;
-        while at < len.max(1) {
-            let n = (len - at).min(piece(len));
-            let ctx = self.new_ctx(What::Write { peer, token });
-            // SAFETY: the source stays valid while the send exists (its operation is live,
-            // or the payload was copied into `owned` when it was abandoned before its first
-            // piece; once one is posted, `forget` waits for the last); the context stays in
-            // `live`.
-            let posted = unsafe {
-                self.ep
-                    .post_write(ptr.add(at), n, desc, dest, addr + at as u64, key, ctx)
-            };
-            if !self.settle(ctx, posted)? {
-                return Ok(false);
-            }
-            at += n.max(1);
-            if let Some(s) = self.peers[peer].sending.get_mut(&token) {
-                s.posted = true;
-                s.written = at;
-                s.flying += 1;
-            }
+        let span = Span {
+            local: ptr.cast_mut(),
+            len,
+            desc: self.desc(s.mr, ptr, len),
+            dest,
+            remote: (addr, key),
+        };
+        // SAFETY: the source stays valid while the send exists (its operation is live, or the
+        // payload was copied into `owned` when it was abandoned before its first piece; once
+        // one is posted, `forget` waits for the last).
+        let (at, pieces, result) =
+            unsafe { self.post_pieces(Rma::Write, What::Write { peer, token }, &span, s.written) };
+        if let Some(s) = self.peers[peer].sending.get_mut(&token) {
+            s.posted |= pieces > 0;
+            s.written = at;
+            s.flying += pieces;
         }
-        Ok(true)
+        result
     }
 
     /// Hands `peer`'s queued frames to the provider while it takes them.
@@ -1860,39 +1906,31 @@ impl HubState {
         let Some(s) = self.peers[peer].sending.get(&token) else {
             return Ok(true);
         };
-        let (ptr, n, desc) = (s.ptr, s.len, self.desc(s.mr, s.ptr, s.len));
-        let mut at = pu.at;
-        while at < n {
-            let k = (n - at).min(piece(n));
-            let ctx = self.new_ctx(What::Put { peer, token });
-            // SAFETY: the source stays valid until its last piece completes (`forget` waits
-            // for the pieces in flight and posts no more); the peer's region is the receive
-            // it offered, of this length; the context stays in `live`.
-            let posted = unsafe {
-                self.ep.post_write(
-                    ptr.add(at),
-                    k,
-                    desc,
-                    dest,
-                    pu.offer.addr + at as u64,
-                    pu.offer.key,
-                    ctx,
-                )
-            };
-            if !self.settle(ctx, posted)? {
-                self.peers[peer].putting = Some(Putting { at, ..pu });
-                return Ok(false);
-            }
-            at += k;
-            let p = &mut self.peers[peer];
+        let span = Span {
+            local: s.ptr.cast_mut(),
+            len: s.len,
+            desc: self.desc(s.mr, s.ptr, s.len),
+            dest,
+            remote: (pu.offer.addr, pu.offer.key),
+        };
+        // SAFETY: the source stays valid until its last piece completes (`forget` waits for
+        // the pieces in flight and posts no more); the peer's region is the receive it
+        // offered, of this length.
+        let (at, pieces, result) =
+            unsafe { self.post_pieces(Rma::Write, What::Put { peer, token }, &span, pu.at) };
+        let p = &mut self.peers[peer];
+        if pieces > 0 {
             if let Some(s) = p.sending.get_mut(&token) {
                 s.posted = true;
             }
-            if let Some(c) = p.pieces.get_mut(&token) {
-                c.0 += 1;
-            }
         }
-        let p = &mut self.peers[peer];
+        if let Some(c) = p.pieces.get_mut(&token) {
+            c.0 += pieces;
+        }
+        if !result? {
+            p.putting = Some(Putting { at, ..pu });
+            return Ok(false);
+        }
         if let Some(c) = p.pieces.get_mut(&token) {
             c.1 = true;
         }
@@ -3086,6 +3124,44 @@ mod tests {
         drop(buf);
     }
 
+    /// The destination of an RDMA write from world rank `from` on `hub`: `buf` registered for
+    /// the writer (the registration stays until `hub` goes, or `forget` releases it), with
+    /// its landing for operation 42; returns its address, key and token.
+    fn write_destination(hub: &Hub, from: usize, buf: &mut [u8]) -> (u64, u64, u64) {
+        let mut st = lock(&hub.state);
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        // SAFETY: the buffers outlive the hubs in the tests.
+        let (mr, base, key, _) =
+            unsafe { st.register(ptr, len, FI_REMOTE_WRITE | OFFERED) }.unwrap();
+        let p = &mut st.peers[from];
+        let token = p.take_token();
+        let hdr = FrameHeader::new(FrameKind::Eager);
+        let dest = Dest::Op { op: 42, base: 0 };
+        let landing = Landing::new(hdr, dest, (ptr, len), mr, (0, 0, 3), false);
+        p.landing.insert(token, landing);
+        (base, key, token)
+    }
+
+    /// Send 5 of `hub`, `payload` to world rank `to`, whose destination `target` (address,
+    /// key and token) came and which is not written yet: its token 3, queued to write.
+    fn pending_write(hub: &Hub, to: usize, payload: &[u8], target: (u64, u64, u64)) {
+        let mut st = lock(&hub.state);
+        let sending = Sending {
+            op: Some(5),
+            ptr: payload.as_ptr(),
+            len: payload.len(),
+            mr: None,
+            owned: None,
+            target: Some(target),
+            read: false,
+            posted: false,
+            written: 0,
+            flying: 0,
+        };
+        st.peers[to].sending.insert(3, sending);
+        st.peers[to].writes.push_back(3);
+    }
+
     /// The destination of an RDMA write whose receive is given up while the writer is silent
     /// is revoked after a short wait (`REVOKE_WAIT`, not the 2 s of `DRAIN` and then the
     /// endpoint closed): its own registration is closed and the endpoint still carries
@@ -3095,40 +3171,10 @@ mod tests {
     fn a_receive_given_up_revokes_the_destination_of_a_write_without_waiting_for_the_writer() {
         let (a, b, mut link) = receiver();
         let mut buf = vec![0u8; 1 << 16];
-        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        let (token, base, key) = {
-            let mut st = lock(&a.state);
-            // SAFETY: `buf` outlives the registration, which `forget` releases.
-            let (mr, base, key, _) =
-                unsafe { st.register(ptr, len, FI_REMOTE_WRITE | OFFERED) }.unwrap();
-            let p = &mut st.peers[1];
-            let token = p.take_token();
-            let hdr = FrameHeader::new(FrameKind::Eager);
-            let dest = Dest::Op { op: 42, base: 0 };
-            let landing = Landing::new(hdr, dest, (ptr, len), mr, (0, 0, 3), false);
-            p.landing.insert(token, landing);
-            (token, base, key)
-        };
+        let target = write_destination(&a, 1, &mut buf);
         // The writer has the destination (its `WRITE_CTS` came) and has not written yet.
         let payload = vec![6u8; 1 << 16];
-        {
-            let mut st = lock(&b.state);
-            let p = &mut st.peers[0];
-            let sending = Sending {
-                op: Some(5),
-                ptr: payload.as_ptr(),
-                len: payload.len(),
-                mr: None,
-                owned: None,
-                target: Some((base, key, token)),
-                read: false,
-                posted: false,
-                written: 0,
-                flying: 0,
-            };
-            p.sending.insert(3, sending);
-            p.writes.push_back(3);
-        }
+        pending_write(&b, 0, &payload, target);
         forget_quickly(&a, &mut link, 42);
         assert!(lock(&a.state).peers[1].landing.is_empty());
         let small = [vec![5u8; 100]];
@@ -3174,37 +3220,8 @@ mod tests {
         let len = 2 * READ_PIECE + 1000;
         let payload: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
         let mut buf = vec![0u8; len];
-        let target = {
-            let mut st = lock(&b.state);
-            let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-            // SAFETY: the buffer outlives the hubs.
-            let (mr, base, key, _) =
-                unsafe { st.register(ptr, len, FI_REMOTE_WRITE | OFFERED) }.unwrap();
-            let p = &mut st.peers[0];
-            let token = p.take_token();
-            let hdr = FrameHeader::new(FrameKind::Eager);
-            let dest = Dest::Op { op: 42, base: 0 };
-            let landing = Landing::new(hdr, dest, (ptr, len), mr, (0, 0, 3), false);
-            p.landing.insert(token, landing);
-            (base, key, token)
-        };
-        {
-            let mut st = lock(&a.state);
-            let sending = Sending {
-                op: Some(5),
-                ptr: payload.as_ptr(),
-                len,
-                mr: None,
-                owned: None,
-                target: Some(target),
-                read: false,
-                posted: false,
-                written: 0,
-                flying: 0,
-            };
-            st.peers[1].sending.insert(3, sending);
-            st.peers[1].writes.push_back(3);
-        }
+        let target = write_destination(&b, 0, &mut buf);
+        pending_write(&a, 1, &payload, target);
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut most = 0;
         loop {
@@ -3241,7 +3258,7 @@ mod tests {
         }
         let pieces = len.div_ceil(piece(len));
         assert!(pieces > 1);
-        assert_eq!(most as usize, pieces, "all pieces were in flight at once");
+        assert_eq!(most, pieces, "all pieces were in flight at once");
         assert!(lock(&a.state).peers[1].sending.is_empty());
         assert!(buf == payload, "every piece landed in its place");
     }
