@@ -633,8 +633,9 @@ impl Drop for Ops<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{pair, target, WAIT};
+    use super::super::tests::{pair, shm_pair, target, WAIT};
     use super::*;
+    use crate::transport::wire::FAST_PAYLOAD;
 
     fn part(buf: usize, off: usize, len: usize) -> Part {
         Part { buf, off, len }
@@ -754,6 +755,39 @@ mod tests {
             assert_eq!(got.expect("the receive"), 8);
         });
         assert_eq!((other, &buf[8..]), (early, &later[..]));
+    }
+
+    /// A small send of a step to a local peer goes into the peer's inline slot at its start
+    /// and is not held (no operation); a larger one is posted and held until collected. Both
+    /// arrive, in their order.
+    #[test]
+    fn a_small_step_send_to_a_local_peer_goes_inline_unposted() {
+        let (e0, e1) = shm_pair(WAIT);
+        let small = [4u8; 8];
+        let large = vec![9u8; FAST_PAYLOAD + 1];
+        let (mut got_small, mut got_large) = ([0u8; 8], vec![0u8; large.len()]);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for (tag, buf) in [(2, &mut got_small[..]), (3, &mut got_large[..])] {
+                    let mut lease = Lease::from(buf);
+                    e1.transfer(Blocking::Recv, target(0, tag, [0; 2]), &mut lease, WAIT)
+                        .expect("receive");
+                }
+            });
+            let mut bufs = [Lease::from(&small[..]), Lease::from(&large[..])];
+            e0.scope(&mut bufs, |ops| {
+                let inline = ops.start(Blocking::Send, target(1, 2, [0; 2]), part(0, 0, 8));
+                assert!(matches!(inline, Ok(None)), "{inline:?}");
+                let to = target(1, 3, [0; 2]);
+                let posted = ops.start(Blocking::Send, to, part(1, 0, large.len()));
+                let Ok(Some(id)) = posted else {
+                    panic!("{posted:?}");
+                };
+                let (_, sent) = ops.wait_any(&[id], Instant::now() + WAIT).expect("wait");
+                assert_eq!(sent.expect("the larger send"), large.len());
+            });
+        });
+        assert_eq!((got_small, got_large), (small, large));
     }
 
     #[test]

@@ -109,6 +109,15 @@ impl Engine {
         len: usize,
     ) -> Result<Option<OpId>> {
         let mut st = lock(&self.shared.state);
+        // A small message goes straight into the peer's inline slot when its link has one with
+        // room (as a blocking send's does), unposted.
+        if kind == Blocking::Send && len <= FAST_PAYLOAD {
+            // SAFETY: forwarded from the caller (a send's buffer holds `len` readable bytes).
+            let data = unsafe { std::slice::from_raw_parts(buf, len) };
+            if st.send_fast(&t, data)? {
+                return Ok(None);
+            }
+        }
         // A small message that is here already is taken straight from its slot, unposted.
         if kind == Blocking::Recv
             && st.links.primary(t.peer).is_some_and(Link::may_hold_inline)

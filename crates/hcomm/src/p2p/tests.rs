@@ -633,7 +633,7 @@ fn a_wait_on_a_dead_peer_never_talked_to_fails_naming_it() {
 /// Ranks 0 and 1 of a world of two on one host, linked by shared memory alone (the pair needs
 /// no TCP connection: one process, so one pid and network namespace), with `HCOMM_TIMEOUT`
 /// = `timeout` (it sets the watcher's heartbeats).
-fn shm_pair(timeout: Duration) -> (Engine, Engine) {
+pub(super) fn shm_pair(timeout: Duration) -> (Engine, Engine) {
     static JOBS: AtomicUsize = AtomicUsize::new(0);
     let cfg = LinkConfig {
         job_id: format!(
