@@ -11,7 +11,8 @@
 //! * **RDMA read** (up to `HCOMM_OFI_WRITE_THRESHOLD`, 1 MiB): the sender registers the
 //!   payload where it lies and sends the header with the region's address and key; the
 //!   receiver, told by the engine where the payload goes, `fi_read`s it straight into that
-//!   buffer (in [`piece`]s, all in flight at once) and answers `ReadDone`, upon which the sender's frame counts as sent.
+//!   buffer (in [`piece`]s, all in flight at once) and answers `ReadDone`, upon which the
+//!   sender's frame counts as sent.
 //! * **RDMA write** (larger): the sender announces the frame; the receiver registers the
 //!   destination and answers with its address and key; the sender `fi_write`s into it (in
 //!   [`piece`]s, all in flight at once) and sends a completion notice after the last
@@ -25,10 +26,10 @@
 //!   of each such step as it posts it ([`Link::expose`]: `OFFER`, with its address and key,
 //!   the buffer around it registered once per call); the sender parks the step's frame (and
 //!   the frames of the same call behind it) until the offer with its number came, writes the
-//!   payload into it (in [`piece`]s) and sends the header after it
-//!   (`PUT`), which the receiver matches as a frame whose payload is already in place. The
-//!   link sends parked frames itself, in their order, as offers come; a step whose offer does
-//!   not fit it goes as a plain frame. A receive given up withdraws its offer (`WITHDRAW`) and
+//!   payload into it (in [`piece`]s) and sends the header after it (`PUT`), which the
+//!   receiver matches as a frame whose payload is already in place. The link sends parked
+//!   frames itself, in their order, as offers come; a step whose offer does not fit it goes
+//!   as a plain frame. A receive given up withdraws its offer (`WITHDRAW`) and
 //!   waits at most [`REVOKE_WAIT`] for the sender's answer (`WITHDRAWN`, after any write of
 //!   its), polling without holding the hub, then releases the offer's registration anyway (a
 //!   late write fails at the writer, for that pair only); the endpoint is never closed for it.
@@ -2761,8 +2762,8 @@ mod tests {
 
     /// Progresses both hubs, flushing `a`'s queue for rank 1 (the provider takes transfers
     /// to a peer only once it connected to it), until `b` has `n` items from rank 0 for the
-    /// engine (at most 10 s); returns their message ids and kinds (`'f'` inline, `'r'` to read, `'p'` written into an
-    /// offer).
+    /// engine (at most 10 s); returns their message ids and kinds (`'f'` inline, `'r'` to
+    /// read, `'p'` written into an offer).
     fn arrivals(a: &Hub, b: &Hub, ops: &Ops, n: usize) -> Vec<(u64, char)> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
