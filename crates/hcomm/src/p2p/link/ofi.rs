@@ -1894,8 +1894,8 @@ impl HubState {
 
     /// Posts the pieces of `peer`'s direct step under way ([`piece`]s, all in flight at
     /// once: single large transfers stall over the tcp provider, see [`READ_PIECE`]), then
-    /// its notice; `Ok(false)`: the provider has no room for the rest
-    /// now (nothing else goes to the peer meanwhile).
+    /// its notice; `Ok(false)`: the provider has no room for the rest now (nothing else goes
+    /// to the peer meanwhile).
     fn go_on_putting(&mut self, peer: usize) -> std::result::Result<bool, String> {
         let Some(pu) = self.peers[peer].putting.take() else {
             return Ok(true);
