@@ -8,6 +8,9 @@
 //
 // usage: ofi_pingpong -s                 server (rank 1), listens on PORT
 //        ofi_pingpong HOST                client (rank 0), prints the table
+//   -x        (both sides) an exchange instead: each side posts its receive, sends (with
+//             fi_tinject up to the provider's inject size, else fi_tsend) and waits for both,
+//             as a 2-rank all-reduce's one step does; time = the whole exchange
 //   -p PORT   TCP port of the name exchange (default 47611)
 //   -b SIZE   smallest message (8), -e SIZE largest (16777216), doubling
 //   -t SECS   timed seconds per size (0.2), at least 5 and at most 100000 round trips
@@ -43,6 +46,8 @@
 static struct fid_ep *ep;
 static struct fid_cq *cq;
 static fi_addr_t peer;
+// The provider's largest injected send (tx_attr->inject_size).
+static size_t inject_size;
 // The providers' per-operation contexts (FI_CONTEXT2: eight words each).
 static struct fi_context2 send_ctx, recv_ctx;
 
@@ -74,6 +79,18 @@ static void post_send(void *buf, size_t len) {
     ssize_t r = fi_tsend(ep, buf, len, NULL, peer, 1, &send_ctx);
     if (r == 0) return;
     if (r != -FI_EAGAIN) CHECK("fi_tsend", r);
+    struct fi_cq_tagged_entry e;
+    ssize_t n = fi_cq_read(cq, &e, 0); // progress only
+    (void)n;
+  }
+}
+
+// Sends `len` bytes without a completion to wait for (the provider copied them).
+static void inject(void *buf, size_t len) {
+  for (;;) {
+    ssize_t r = fi_tinject(ep, buf, len, peer, 1);
+    if (r == 0) return;
+    if (r != -FI_EAGAIN) CHECK("fi_tinject", r);
     struct fi_cq_tagged_entry e;
     ssize_t n = fi_cq_read(cq, &e, 0); // progress only
     (void)n;
@@ -115,17 +132,18 @@ static int exchange_socket(const char *host, int port) {
 }
 
 int main(int argc, char **argv) {
-  int server = 0, port = 47611, opt;
+  int server = 0, exchange = 0, port = 47611, opt;
   size_t lo = 8, hi = 16 << 20;
   double target = 0.2;
-  while ((opt = getopt(argc, argv, "sp:b:e:t:")) != -1) {
+  while ((opt = getopt(argc, argv, "xsp:b:e:t:")) != -1) {
     switch (opt) {
       case 's': server = 1; break;
+      case 'x': exchange = 1; break;
       case 'p': port = atoi(optarg); break;
       case 'b': lo = strtoull(optarg, NULL, 0); break;
       case 'e': hi = strtoull(optarg, NULL, 0); break;
       case 't': target = atof(optarg); break;
-      default: fprintf(stderr, "usage: ofi_pingpong [-s | HOST] [-p PORT] [-b MIN] [-e MAX] [-t SECS]\n"); return 2;
+      default: fprintf(stderr, "usage: ofi_pingpong [-s | HOST] [-x] [-p PORT] [-b MIN] [-e MAX] [-t SECS]\n"); return 2;
     }
   }
   const char *host = server ? NULL : (optind < argc ? argv[optind] : NULL);
@@ -170,11 +188,14 @@ int main(int argc, char **argv) {
   }
   if (fi_av_insert(av, theirs, 1, &peer, 0, NULL) != 1) { fprintf(stderr, "ofi_pingpong: fi_av_insert failed\n"); return 1; }
 
-  char *buf = aligned_alloc(4096, hi);
-  memset(buf, 1, hi);
+  inject_size = info->tx_attr->inject_size;
+  // An exchange sends from the second half while it receives into the first.
+  char *buf = aligned_alloc(4096, 2 * hi);
+  memset(buf, 1, 2 * hi);
   if (!server) {
-    printf("# ofi_pingpong: provider %s, fabric %s; time = median half round trip\n",
-           info->fabric_attr->prov_name, info->fabric_attr->name);
+    printf("# ofi_pingpong: provider %s, fabric %s; time = median %s\n",
+           info->fabric_attr->prov_name, info->fabric_attr->name,
+           exchange ? "exchange (both sides send and receive at once)" : "half round trip");
     printf("#%11s %12s\n", "size", "time_us");
   }
   double *times = malloc(100000 * sizeof(double));
@@ -185,6 +206,19 @@ int main(int argc, char **argv) {
       uint32_t n = phase == 0 ? 5 : iters;
       for (uint32_t i = 0; i < n; i++) {
         double t0 = now_us();
+        if (exchange) {
+          post_recv(buf, len);
+          if (len <= inject_size) {
+            inject(buf + hi, len);
+            wait_one();
+          } else {
+            post_send(buf + hi, len);
+            wait_one();
+            wait_one();
+          }
+          times[i] = now_us() - t0;
+          continue;
+        }
         if (server) {
           post_recv(buf, len);
           wait_one();
@@ -201,7 +235,7 @@ int main(int argc, char **argv) {
       if (phase == 0) {
         if (!server) {
           double rt = 0;
-          for (int i = 0; i < 5; i++) rt += times[i] * 2 / 5;
+          for (int i = 0; i < 5; i++) rt += times[i] * (exchange ? 1 : 2) / 5;
           double want = target * 1e6 / (rt > 1 ? rt : 1);
           iters = want < 5 ? 5 : want > 100000 ? 100000 : (uint32_t)want;
           if (write(s, &iters, 4) != 4) return 1;
