@@ -109,15 +109,6 @@ impl Engine {
         len: usize,
     ) -> Result<Option<OpId>> {
         let mut st = lock(&self.shared.state);
-        // A small message goes straight into the peer's inline slot when its link has one with
-        // room (as a blocking send's does), unposted.
-        if kind == Blocking::Send && len <= FAST_PAYLOAD {
-            // SAFETY: forwarded from the caller (a send's buffer holds `len` readable bytes).
-            let data = unsafe { std::slice::from_raw_parts(buf, len) };
-            if st.send_fast(&t, data)? {
-                return Ok(None);
-            }
-        }
         // A small message that is here already is taken straight from its slot, unposted.
         if kind == Blocking::Recv
             && st.links.primary(t.peer).is_some_and(Link::may_hold_inline)
@@ -126,13 +117,10 @@ impl Engine {
         {
             return Ok(None);
         }
-        let id = match kind {
-            Blocking::Send => st.post_send(t, BufPtr(buf), len, false)?,
-            Blocking::Recv => st.post_recv(t, BufPtr(buf), len, false)?,
-        };
-        match st.take(id) {
-            Some(result) => result.map(|_| None),
-            None => Ok(Some(id)),
+        // SAFETY: forwarded from the caller.
+        match unsafe { st.start_op(kind, t, buf, len) }? {
+            Started::Done(result) => result.map(|_| None),
+            Started::Posted(id) => Ok(Some(id)),
         }
     }
 
@@ -192,20 +180,11 @@ impl Engine {
         }
         let id = {
             let mut st = lock(&sh.state);
-            if kind == Blocking::Send && len <= FAST_PAYLOAD {
-                // SAFETY: the caller's promise: `buf` holds `len` readable bytes.
-                let data = unsafe { std::slice::from_raw_parts(buf, len) };
-                if st.send_fast(&t, data)? {
-                    return Ok(len);
-                }
-            }
-            let id = match kind {
-                Blocking::Send => st.post_send(t, BufPtr(buf), len, false)?,
-                Blocking::Recv => st.post_recv(t, BufPtr(buf), len, false)?,
+            // SAFETY: forwarded from the caller.
+            let id = match unsafe { st.start_op(kind, t, buf, len) }? {
+                Started::Done(result) => return result,
+                Started::Posted(id) => id,
             };
-            if let Some(r) = st.take(id) {
-                return r;
-            }
             st.handle(&[], false);
             if let Some(r) = st.take(id) {
                 return r;
@@ -366,7 +345,48 @@ impl Engine {
     }
 }
 
+/// How [`State::start_op`] left an operation.
+enum Started {
+    /// Over already (a small send written inline, or completed while it was posted): its
+    /// result.
+    Done(Result<usize>),
+    /// Posted, not over yet.
+    Posted(OpId),
+}
+
 impl State {
+    /// Starts a send of `len` bytes at `buf` (`Blocking::Send`) or a receive into them, as a
+    /// blocking call and a collective's step do: a small send goes inline when the peer's link
+    /// takes it (`State::send_fast`, no operation), else the operation is posted and its
+    /// result taken when it completed while it was posted.
+    ///
+    /// # Safety
+    /// As for [`Engine::post_send`] and [`Engine::post_recv`].
+    #[inline]
+    unsafe fn start_op(
+        &mut self,
+        kind: Blocking,
+        t: Target,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<Started> {
+        if kind == Blocking::Send && len <= FAST_PAYLOAD {
+            // SAFETY: the caller's promise: `buf` holds `len` readable bytes.
+            let data = unsafe { std::slice::from_raw_parts(buf, len) };
+            if self.send_fast(&t, data)? {
+                return Ok(Started::Done(Ok(len)));
+            }
+        }
+        let id = match kind {
+            Blocking::Send => self.post_send(t, BufPtr(buf), len, false)?,
+            Blocking::Recv => self.post_recv(t, BufPtr(buf), len, false)?,
+        };
+        Ok(match self.take(id) {
+            Some(result) => Started::Done(result),
+            None => Started::Posted(id),
+        })
+    }
+
     /// A receive of a direct step (see [`Engine::post_direct`]): posted as usual, then, when
     /// it waits for its message, offered to the peer's link.
     fn post_recv_direct(
