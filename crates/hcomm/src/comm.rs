@@ -234,7 +234,8 @@ struct CommState {
     /// Communicators derived from this one so far (all members derive in the same order).
     derived: AtomicU64,
     /// Collectives called so far: the sequence number tags each call's messages. The engine
-    /// answers the peers' questions about it (`Engine::track_entered`).
+    /// answers the peers' questions about it (`Engine::track_entered`). Written only under
+    /// `plans`' lock (`Communicator::next_seq`, `Communicator::cached`), read without it.
     coll_seq: Arc<AtomicU32>,
     /// Point-to-point sends started so far (send, isend, the send of a sendrecv): each one's
     /// number names it in its errors (`Operation::seq`).
@@ -289,14 +290,21 @@ struct Plans {
 }
 
 /// A cached choice of algorithm and its schedule for one call shape.
-#[derive(Clone)]
 struct Plan {
-    algo: &'static dyn Algorithm,
+    head: Head,
     sched: Arc<Schedule>,
+}
+
+/// What a call takes of its plan besides the schedule: copied out of the cache under its
+/// lock, so that a call that runs one-sided touches no reference count.
+#[derive(Clone, Copy)]
+struct Head {
+    algo: &'static dyn Algorithm,
     /// The selector's counter of this (collective, algorithm).
     slot: usize,
-    /// Blocking calls run one-sided (the schedule is for nonblocking ones).
-    onesided: Option<Arc<OneSided>>,
+    /// Blocking calls run one-sided, on the communicator's one-sided state (the schedule is
+    /// for nonblocking ones, and for calls whose cross-memory attach is refused).
+    onesided: bool,
     /// Blocking calls run the tiered all-reduce: one-sided within hosts.
     tiered: bool,
     /// The algorithm's name for the statistics (`observe::stats::pack_name`).

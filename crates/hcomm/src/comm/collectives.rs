@@ -1,10 +1,11 @@
 //! The collective operations of a communicator: argument checks, planning (algorithm choice
 //! and schedule, cached per call shape), execution, nonblocking and batched forms.
 
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
-use super::{Communicator, Completion, Plan, Request, RequestInner, COLL};
+use super::{Communicator, Completion, Head, Plan, Plans, Request, RequestInner, COLL};
 use crate::coll::algos::hier::tiered::Tiers;
 use crate::coll::algos::onesided::OneSided as OneSidedAlgo;
 use crate::coll::onesided::{OneSided, Outcome};
@@ -57,6 +58,34 @@ impl Communicator {
     /// The cached plan for `shape`, made on first use.
     fn plan(&self, shape: &Shape) -> Result<Arc<Plan>> {
         self.plan_for(shape, true)
+    }
+
+    /// The head of the last call's plan when `shape` is that call's again, its schedule when
+    /// the call runs it, and the call's sequence number, taken under the same lock: a
+    /// repeated call, the common case, touches no reference count when it runs one-sided.
+    #[inline]
+    fn cached(&self, shape: &Shape) -> Option<(Head, Option<Arc<Schedule>>, u32)> {
+        let plans = lock(&self.state.plans);
+        let (_, plan) = plans.last.as_ref().filter(|(last, _)| last == shape)?;
+        let head = plan.head;
+        let sched = (!head.onesided && !head.tiered).then(|| Arc::clone(&plan.sched));
+        Some((head, sched, self.take_seq(&plans)))
+    }
+
+    /// The next collective's sequence number.
+    fn next_seq(&self) -> u32 {
+        let plans = lock(&self.state.plans);
+        self.take_seq(&plans)
+    }
+
+    /// The next collective's sequence number, taken while `_plans` is held (its writers'
+    /// lock: a load and a store instead of a locked addition).
+    fn take_seq(&self, _plans: &MutexGuard<'_, Plans>) -> u32 {
+        let seq = self.state.coll_seq.load(Ordering::Relaxed);
+        self.state
+            .coll_seq
+            .store(seq.wrapping_add(1), Ordering::Relaxed);
+        seq
     }
 
     /// The plan for `shape`; `make`: whether this call may set up the communicator's
@@ -112,13 +141,15 @@ impl Communicator {
             (None, false) => self.schedule_protocols(&sched),
         };
         let plan = Arc::new(Plan {
-            algo,
+            head: Head {
+                algo,
+                slot,
+                onesided: onesided.is_some(),
+                tiered,
+                algo_name: stats::pack_name(algo.name()),
+                protocols,
+            },
             sched,
-            slot,
-            onesided,
-            tiered,
-            algo_name: stats::pack_name(algo.name()),
-            protocols,
         });
         if unsettled {
             return Ok(plan);
@@ -192,7 +223,7 @@ impl Communicator {
         root: usize,
     ) -> &'static str {
         let shape = Shape::new(kind, dtype, op, count, root, self.size());
-        self.plan(&shape).map_or("none", |p| p.algo.name())
+        self.plan(&shape).map_or("none", |p| p.head.algo.name())
     }
 
     /// Calls per (collective, algorithm) in this world so far.
@@ -240,16 +271,14 @@ impl Communicator {
         // made, whenever their threads run. They run the plan's schedule: one-sided calls
         // must run in call order on every rank.
         let planned = self.plan_for(&shape, false)?;
-        let plan = Plan {
-            onesided: None,
+        let head = Head {
+            onesided: false,
             tiered: false,
             protocols: self.schedule_protocols(&planned.sched),
-            ..(*planned).clone()
+            ..planned.head
         };
-        let seq = self
-            .state
-            .coll_seq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let sched = Arc::clone(&planned.sched);
+        let seq = self.next_seq();
         let mark = self.flight_post(&shape, self.call_bytes(&shape), Some(seq), true);
         let comm = self.handle();
         let name = shape.kind.name();
@@ -260,7 +289,7 @@ impl Communicator {
                 let result = comm.run_planned(
                     &mut op,
                     &shape,
-                    &plan,
+                    (&head, Some(&sched)),
                     (seq, mark, true),
                     send.as_ref(),
                     &mut recv,
@@ -390,7 +419,20 @@ impl Communicator {
         let bytes = self.call_bytes(shape);
         let mut op = self.record(shape, bytes);
         let mark = self.flight_post(shape, bytes, None, false);
-        let plan = match self.plan(shape) {
+        let planned = self
+            .world
+            .engine
+            .check_aborted(self.id | COLL)
+            .and_then(|()| {
+                self.cached(shape).map_or_else(
+                    || {
+                        let plan = self.plan(shape)?;
+                        Ok((plan.head, Some(Arc::clone(&plan.sched)), self.next_seq()))
+                    },
+                    Ok,
+                )
+            });
+        let (head, sched, seq) = match planned {
             Ok(p) => p,
             Err(e) => {
                 if let (Some(r), Some(m)) = (&self.state.flight, mark) {
@@ -399,11 +441,8 @@ impl Communicator {
                 return Err(e);
             }
         };
-        let seq = self
-            .state
-            .coll_seq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let result = self.run_planned(&mut op, shape, &plan, (seq, mark, false), send, recv);
+        let plan = (&head, sched.as_ref());
+        let result = self.run_planned(&mut op, shape, plan, (seq, mark, false), send, recv);
         drop(op);
         self.world.publish_counters();
         result
@@ -412,10 +451,7 @@ impl Communicator {
     /// Starts recording a call of `shape` moving `bytes` for the profiler, the stall warnings and
     /// the trace (sequence number and algorithm come with [`Communicator::run_planned`]).
     fn record(&self, shape: &Shape, bytes: u64) -> OpScope {
-        let next = self
-            .state
-            .coll_seq
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let next = self.state.coll_seq.load(Ordering::Relaxed);
         OpScope::start(
             observe_kind(shape.kind),
             u64::from(next),
@@ -456,14 +492,15 @@ impl Communicator {
         Some(r.post(&call, seq.map(u64::from)))
     }
 
-    /// Runs a planned call with sequence number `seq` (flight recorder entry `mark`, of a
+    /// Runs a planned call (its plan's head and its schedule, `None` when the plan runs
+    /// one-sided or tiered) with sequence number `seq` (flight recorder entry `mark`, of a
     /// call that is `nonblocking`), recorded by `op`, on buffers checked against `shape`. A call that times out or is
     /// abandoned names the members that never entered it, and dumps the flight recorder.
     fn run_planned(
         &self,
         op: &mut OpScope,
         shape: &Shape,
-        plan: &Plan,
+        plan: (&Head, Option<&Arc<Schedule>>),
         (seq, mark, nonblocking): (u32, Option<Mark>, bool),
         send: Option<&Lease<'_>>,
         recv: &mut Lease<'_>,
@@ -530,28 +567,35 @@ impl Communicator {
         })
     }
 
-    /// Runs the schedule (or one-sided or tiered form) of a planned call `seq`.
+    /// Runs the schedule (or one-sided or tiered form) of a planned call `seq`: its plan's
+    /// head and its schedule (`None`: the plan's, looked up when the call needs it).
     fn run_schedule(
         &self,
         op: &mut OpScope,
         shape: &Shape,
-        plan: &Plan,
+        (head, sched): (&Head, Option<&Arc<Schedule>>),
         seq: u32,
         send: Option<&Lease<'_>>,
         recv: &mut Lease<'_>,
     ) -> Result<()> {
-        self.world.selector.count(plan.slot);
-        let steps = match (&plan.onesided, plan.tiered) {
-            (None, false) => plan.sched.steps.len(),
+        self.world.selector.count(head.slot);
+        let steps = match (head.onesided, head.tiered, sched) {
+            (false, false, Some(s)) => s.steps.len(),
             _ => 0,
         };
-        op.planned(u64::from(seq), plan.algo_name, plan.protocols, steps);
+        op.planned(u64::from(seq), head.algo_name, head.protocols, steps);
         let sig = if self.world.config.mismatch_check {
-            shape.signature_with(plan.slot % crate::coll::algos::all().len())
+            shape.signature_with(head.slot % crate::coll::algos::all().len())
         } else {
             [0; 2]
         };
-        if let Some(os) = &plan.onesided {
+        if head.onesided {
+            let os = self
+                .state
+                .onesided
+                .get()
+                .and_then(Option::as_deref)
+                .ok_or_else(|| Error::internal("a one-sided plan without one-sided state"))?;
             let outcome = os
                 .run(self, shape, seq, sig, send, recv)
                 .map_err(|e| self.explain(shape, seq, e))?;
@@ -561,7 +605,7 @@ impl Communicator {
             // Cross-memory attach may be refused on some member's buffers now: every member
             // runs the schedule below instead.
         }
-        if plan.tiered {
+        if head.tiered {
             let tiers = self.tiers()?;
             let send = send.filter(|_| !shape.in_place).map(Lease::as_slice);
             return tiers
@@ -569,9 +613,17 @@ impl Communicator {
                 .and_then(|()| self.onesided_late())
                 .map_err(|e| self.explain(shape, seq, e));
         }
+        let planned;
+        let sched = match sched {
+            Some(s) => s,
+            None => {
+                planned = self.plan(shape)?;
+                &planned.sched
+            }
+        };
         let deadline = Instant::now() + self.world.config.timeout;
         let call = exec::Call {
-            sched: &plan.sched,
+            sched,
             comm: self.id | COLL,
             tag: seq,
             sig,
@@ -581,7 +633,7 @@ impl Communicator {
             op: shape.op,
             in_place: shape.in_place_at(self.rank),
         };
-        let need = plan.sched.scratch;
+        let need = sched.scratch;
         // Reuse the communicator's scratch unless another thread holds it.
         let mut scratch = match self.state.scratch.try_lock() {
             Ok(mut s) => std::mem::take(&mut *s),
