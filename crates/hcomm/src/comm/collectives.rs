@@ -41,6 +41,17 @@ fn bytes<T: Element>(s: &[T]) -> &[u8] {
     T::as_bytes(s)
 }
 
+impl Plans {
+    /// The plan of `shape`, made before: the last one used first, which it then is.
+    fn find(&mut self, shape: &Shape) -> Option<&Arc<Plan>> {
+        if !self.last.as_ref().is_some_and(|(last, _)| last == shape) {
+            let plan = Arc::clone(self.by_shape.get(shape)?);
+            self.last = Some((shape.clone(), plan));
+        }
+        self.last.as_ref().map(|(_, plan)| plan)
+    }
+}
+
 impl Communicator {
     /// Another handle on this communicator (nonblocking collectives run on one).
     fn handle(&self) -> Communicator {
@@ -60,16 +71,20 @@ impl Communicator {
         self.plan_for(shape, true)
     }
 
-    /// The head of the last call's plan when `shape` is that call's again, its schedule when
-    /// the call runs it, and the call's sequence number, taken under the same lock: a
-    /// repeated call, the common case, touches no reference count when it runs one-sided.
+    /// The head of the cached plan of `shape`, its schedule when the call runs it, and the
+    /// call's sequence number, taken under the same lock (`None`: no plan yet): a repeated
+    /// call touches no reference count when it runs one-sided.
     #[inline]
     fn cached(&self, shape: &Shape) -> Option<(Head, Option<Arc<Schedule>>, u32)> {
-        let plans = lock(&self.state.plans);
-        let (_, plan) = plans.last.as_ref().filter(|(last, _)| last == shape)?;
-        let head = plan.head;
-        let sched = (!head.onesided && !head.tiered).then(|| Arc::clone(&plan.sched));
+        let mut plans = lock(&self.state.plans);
+        let plan = plans.find(shape)?;
+        let (head, sched) = (plan.head, Self::sched_of(plan));
         Some((head, sched, self.take_seq(&plans)))
+    }
+
+    /// The schedule of `plan` when a blocking call runs it (not one-sided or tiered).
+    fn sched_of(plan: &Plan) -> Option<Arc<Schedule>> {
+        (!plan.head.onesided && !plan.head.tiered).then(|| Arc::clone(&plan.sched))
     }
 
     /// The next collective's sequence number.
@@ -97,13 +112,8 @@ impl Communicator {
         // An aborted communicator fails before planning, which may talk to the peers.
         self.world.engine.check_aborted(self.id | COLL)?;
         let mut plans = lock(&self.state.plans);
-        match &plans.last {
-            Some((last, p)) if last == shape => return Ok(Arc::clone(p)),
-            _ => {}
-        }
-        if let Some(p) = plans.by_shape.get(shape).cloned() {
-            plans.last = Some((shape.clone(), Arc::clone(&p)));
-            return Ok(p);
+        if let Some(p) = plans.find(shape) {
+            return Ok(Arc::clone(p));
         }
         let selector = &self.world.selector;
         let forced = selector.forced(shape.kind);
