@@ -1126,3 +1126,52 @@ impl BatchOp<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn calls_from_several_threads_take_every_sequence_number_once() {
+        // The plan cache's lock guards the sequence number (a load and a store): calls of
+        // two alternating shapes (the last plan, then one found by its shape), blocking and
+        // nonblocking, from four threads at once must each take a number of their own.
+        let comm = Communicator::init_with(Config::from_lookup(|_| None).unwrap()).unwrap();
+        let (threads, calls) = (4, 200);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let comm = &comm;
+                s.spawn(move || {
+                    let mut a = [1u32; 4];
+                    let mut b = [2u64; 16];
+                    for i in 0..calls {
+                        match (i + t) % 3 {
+                            0 => comm.allreduce_in_place(&mut a, ReduceOp::Sum).unwrap(),
+                            1 => comm.broadcast(&mut b, 0).unwrap(),
+                            _ => {
+                                let shape = Shape::new(
+                                    CollKind::AllReduce,
+                                    DataType::Uint32,
+                                    ReduceOp::Max,
+                                    4,
+                                    0,
+                                    1,
+                                );
+                                let done = comm
+                                    .start_collective(shape, Some(vec![3; 16]), vec![0; 16])
+                                    .unwrap()
+                                    .wait()
+                                    .unwrap();
+                                assert_eq!(done.buffer, vec![3; 16]);
+                            }
+                        }
+                    }
+                    assert_eq!((a, b), ([1; 4], [2; 16]));
+                });
+            }
+        });
+        let taken = comm.state.coll_seq.load(Ordering::Relaxed);
+        assert_eq!(taken, threads * calls);
+    }
+}
