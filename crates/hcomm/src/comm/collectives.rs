@@ -1135,7 +1135,7 @@ mod tests {
     #[test]
     fn calls_from_several_threads_take_every_sequence_number_once() {
         // The plan cache's lock guards the sequence number (a load and a store): calls of
-        // two alternating shapes (the last plan, then one found by its shape), blocking and
+        // three shapes in turn (the last plan, or one found by its shape), blocking and
         // nonblocking, from four threads at once must each take a number of their own.
         let comm = Communicator::init_with(Config::from_lookup(|_| None).unwrap()).unwrap();
         let (threads, calls) = (4, 200);
