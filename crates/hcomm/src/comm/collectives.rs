@@ -41,6 +41,13 @@ fn bytes<T: Element>(s: &[T]) -> &[u8] {
     T::as_bytes(s)
 }
 
+impl Plan {
+    /// The schedule when a blocking call runs it (`None`: it runs one-sided or tiered).
+    fn blocking_sched(&self) -> Option<Arc<Schedule>> {
+        (!self.head.onesided && !self.head.tiered).then(|| Arc::clone(&self.sched))
+    }
+}
+
 impl Plans {
     /// The plan of `shape`, made before: the last one used first, which it then is.
     fn find(&mut self, shape: &Shape) -> Option<&Arc<Plan>> {
@@ -78,13 +85,8 @@ impl Communicator {
     fn cached(&self, shape: &Shape) -> Option<(Head, Option<Arc<Schedule>>, u32)> {
         let mut plans = lock(&self.state.plans);
         let plan = plans.find(shape)?;
-        let (head, sched) = (plan.head, Self::sched_of(plan));
+        let (head, sched) = (plan.head, plan.blocking_sched());
         Some((head, sched, self.take_seq(&plans)))
-    }
-
-    /// The schedule of `plan` when a blocking call runs it (not one-sided or tiered).
-    fn sched_of(plan: &Plan) -> Option<Arc<Schedule>> {
-        (!plan.head.onesided && !plan.head.tiered).then(|| Arc::clone(&plan.sched))
     }
 
     /// The next collective's sequence number.
@@ -437,7 +439,7 @@ impl Communicator {
                 self.cached(shape).map_or_else(
                     || {
                         let plan = self.plan(shape)?;
-                        Ok((plan.head, Some(Arc::clone(&plan.sched)), self.next_seq()))
+                        Ok((plan.head, plan.blocking_sched(), self.next_seq()))
                     },
                     Ok,
                 )
